@@ -1,0 +1,99 @@
+/*
+ * dispatch.c - which kernel runs a given call.
+ *
+ * The table below lists every instantiation compiled into this library (CMake defines
+ * FC_HAVE_<FAMILY>_HDIM<d>_<dtype> for each file it builds, so a trimmed build simply has a
+ * shorter table). A family runs on a device only if the library holds machine code for that
+ * device's architecture: sm_89 code for Ada (8.9), sm_90a code for Hopper (9.0). No PTX is
+ * embedded, so no other device can JIT these kernels; they fall back.
+ */
+#include "dispatch.h"
+
+#include <stddef.h>
+
+#define FC_DECLARE(name) cudaError_t name(const fc_params *p, cudaStream_t stream);
+#if defined(FC_HAVE_SM80_HDIM64_fp16)
+FC_DECLARE(fc_sm80_fwd_hdim64_fp16)
+#endif
+#if defined(FC_HAVE_SM80_HDIM64_bf16)
+FC_DECLARE(fc_sm80_fwd_hdim64_bf16)
+#endif
+#if defined(FC_HAVE_SM80_HDIM128_fp16)
+FC_DECLARE(fc_sm80_fwd_hdim128_fp16)
+#endif
+#if defined(FC_HAVE_SM80_HDIM128_bf16)
+FC_DECLARE(fc_sm80_fwd_hdim128_bf16)
+#endif
+
+typedef struct kernel_entry {
+    fc_family family;
+    int head_dim;
+    fc_dtype dtype;
+    fc_launch_fn launch;
+} kernel_entry;
+
+static const kernel_entry kKernels[] = {
+#if defined(FC_HAVE_SM80_HDIM64_fp16)
+    {FC_FAMILY_SM80, 64, FC_DTYPE_FP16, fc_sm80_fwd_hdim64_fp16},
+#endif
+#if defined(FC_HAVE_SM80_HDIM64_bf16)
+    {FC_FAMILY_SM80, 64, FC_DTYPE_BF16, fc_sm80_fwd_hdim64_bf16},
+#endif
+#if defined(FC_HAVE_SM80_HDIM128_fp16)
+    {FC_FAMILY_SM80, 128, FC_DTYPE_FP16, fc_sm80_fwd_hdim128_fp16},
+#endif
+#if defined(FC_HAVE_SM80_HDIM128_bf16)
+    {FC_FAMILY_SM80, 128, FC_DTYPE_BF16, fc_sm80_fwd_hdim128_bf16},
+#endif
+    {FC_FAMILY_AUTO, 0, FC_DTYPE_FP16, NULL} /* sentinel: keeps the array non-empty */
+};
+
+/* Does this library hold machine code of `family` for the device? */
+static int family_runs_on(fc_family family, int cc_major, int cc_minor) {
+    switch (family) {
+    case FC_FAMILY_SM80:
+#if defined(FC_BUILT_SM89)
+        if (cc_major == 8 && cc_minor == 9) return 1;
+#endif
+#if defined(FC_BUILT_SM90)
+        if (cc_major == 9 && cc_minor == 0) return 1;
+#endif
+        return 0;
+    case FC_FAMILY_SM90: /* the Hopper family is not written yet */
+    default:
+        return 0;
+    }
+}
+
+static const kernel_entry *find_kernel(fc_family family, const fc_params *p) {
+    for (size_t i = 0; kKernels[i].launch != NULL; ++i) {
+        const kernel_entry *e = &kKernels[i];
+        if (e->family == family && e->head_dim == p->head_dim && e->dtype == p->dtype) return e;
+    }
+    return NULL;
+}
+
+fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_fn *launch,
+                      fc_family *family) {
+    if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
+    if (p->mask_kind != FC_MASK_NONE) return FC_UNSUPPORTED_MASK;
+
+    /* Families in order of preference; a forced family is the only candidate. */
+    const fc_family preference[] = {FC_FAMILY_SM90, FC_FAMILY_SM80};
+    const size_t n_candidates = p->family == FC_FAMILY_AUTO ? 2 : 1;
+    int any_family_runs = 0;
+    for (size_t i = 0; i < n_candidates; ++i) {
+        const fc_family f = p->family == FC_FAMILY_AUTO ? preference[i] : p->family;
+        if (!family_runs_on(f, cc_major, cc_minor)) continue;
+        any_family_runs = 1;
+        const kernel_entry *e = find_kernel(f, p);
+        if (e != NULL) {
+            if (launch != NULL) *launch = e->launch;
+            if (family != NULL) *family = f;
+            return FC_OK;
+        }
+    }
+    if (!any_family_runs)
+        return p->family == FC_FAMILY_AUTO ? FC_UNSUPPORTED_ARCH : FC_UNSUPPORTED_FAMILY;
+    return FC_UNSUPPORTED_HEAD_DIM;
+}

@@ -1,0 +1,28 @@
+/*
+ * dispatch.h - internal: the table of compiled kernels and the choice of kernel family.
+ * Not part of the public API (flashcore.h is).
+ */
+#ifndef FLASHCORE_DISPATCH_H
+#define FLASHCORE_DISPATCH_H
+
+#include "flashcore.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Every kernel instantiation exposes one launcher of this type (kernels/fwd_*_hdim*_*.cu). */
+typedef cudaError_t (*fc_launch_fn)(const fc_params *p, cudaStream_t stream);
+
+/*
+ * Pick the launcher for validated params on a device of compute capability cc_major.cc_minor.
+ * Returns FC_OK and sets *launch (and *family, if not NULL), or the FC_UNSUPPORTED_* reason.
+ */
+fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_fn *launch,
+                      fc_family *family);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHCORE_DISPATCH_H */

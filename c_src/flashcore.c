@@ -1,0 +1,229 @@
+/*
+ * flashcore.c - the C layer: status strings, validation, the support query, and the launch.
+ * See flashcore.h for the contract. Nothing here allocates, synchronizes or exits.
+ */
+#include "flashcore.h"
+#include "dispatch.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define FC_API __attribute__((visibility("default")))
+
+/* Kernels index inside one (batch, head) slice with 32-bit ints and launch one CTA per
+ * 64-row query block in gridDim.y (at most 65535). */
+#define FC_MAX_SLICE_OFFSET INT32_MAX
+#define FC_MAX_GRID_Y 65535
+#define FC_MIN_BLOCK_M 64
+
+static _Thread_local cudaError_t last_cuda_error = cudaSuccess;
+
+static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
+    [FC_OK] = "success",
+    [FC_ERR_NULL_PARAMS] = "params is NULL",
+    [FC_ERR_NULL_POINTER] = "a required device pointer is NULL (q, k, v and out always; mask when mask_kind is not NONE)",
+    [FC_ERR_NEGATIVE_DIM] = "a size (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim) is negative",
+    [FC_UNSUPPORTED_EMPTY] = "a size is zero: there is nothing to launch",
+    [FC_ERR_HEADS_NOT_DIVISIBLE] = "heads_q must be a multiple of heads_kv",
+    [FC_ERR_LAST_DIM_STRIDE] = "the head_dim stride of q, k, v and out must be 1 (last dim contiguous)",
+    [FC_ERR_STRIDE_ALIGNMENT] = "batch, head and sequence strides of q, k, v and out must be multiples of 16 bytes",
+    [FC_ERR_POINTER_ALIGNMENT] = "q, k, v and out must be 16-byte aligned",
+    [FC_ERR_NEGATIVE_STRIDE] = "strides must not be negative",
+    [FC_ERR_BAD_DTYPE] = "dtype is not a valid fc_dtype",
+    [FC_ERR_BAD_MASK_KIND] = "mask_kind is not a valid fc_mask_kind",
+    [FC_ERR_BAD_FAMILY] = "family is not a valid fc_family",
+    [FC_ERR_BAD_SCALE] = "scale must be finite",
+    [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice exceeds 2^31-1 elements, the grid exceeds CUDA's limits, or an offset overflows 64 bits",
+    [FC_UNSUPPORTED_DTYPE] = "no kernel for this dtype (fp16 and bf16 only)",
+    [FC_UNSUPPORTED_HEAD_DIM] = "no kernel for this head_dim in the selected family",
+    [FC_UNSUPPORTED_MASK] = "no kernel takes an attention mask yet",
+    [FC_UNSUPPORTED_ARCH] = "no FlashCore kernel for this GPU architecture (kernels exist for sm_89 and sm_90)",
+    [FC_UNSUPPORTED_FAMILY] = "the forced kernel family is not built into this library or cannot run on this GPU",
+    [FC_ERR_CUDA] = "a CUDA call or kernel launch failed (fc_last_cuda_error() has the CUDA error)",
+};
+
+FC_API const char *fc_status_string(fc_status status) {
+    if ((int)status < 0 || status >= FC_STATUS_COUNT_ || kStatusStrings[status] == NULL)
+        return "unknown fc_status value";
+    return kStatusStrings[status];
+}
+
+FC_API cudaError_t fc_last_cuda_error(void) { return last_cuda_error; }
+
+FC_API void fc_params_init(fc_params *p) {
+    if (p == NULL) return;
+    memset(p, 0, sizeof(*p));
+    p->dtype = FC_DTYPE_FP16;
+    p->mask_kind = FC_MASK_NONE;
+    p->family = FC_FAMILY_AUTO;
+}
+
+FC_API void fc_params_set_contiguous_strides(fc_params *p) {
+    if (p == NULL) return;
+    const int64_t D = p->head_dim;
+    p->q_stride_d = p->k_stride_d = p->v_stride_d = p->o_stride_d = 1;
+    p->q_stride_s = p->o_stride_s = D;
+    p->q_stride_h = p->o_stride_h = p->seqlen_q * D;
+    p->q_stride_b = p->o_stride_b = p->heads_q * p->seqlen_q * D;
+    p->k_stride_s = p->v_stride_s = D;
+    p->k_stride_h = p->v_stride_h = p->seqlen_k * D;
+    p->k_stride_b = p->v_stride_b = p->heads_kv * p->seqlen_k * D;
+    p->lse_stride_s = 1;
+    p->lse_stride_h = p->seqlen_q;
+    p->lse_stride_b = p->heads_q * p->seqlen_q;
+}
+
+/* One 4-D operand: sizes (b, h, s, d) and strides, for the stride and offset checks. */
+typedef struct operand {
+    int64_t size[4];
+    int64_t stride[4];
+} operand;
+
+static int64_t element_bytes(fc_dtype dtype) { return dtype == FC_DTYPE_FP32 ? 4 : 2; }
+
+static fc_status check_strides(const operand *t, int64_t elem_bytes) {
+    for (int i = 0; i < 4; ++i)
+        if (t->stride[i] < 0) return FC_ERR_NEGATIVE_STRIDE;
+    if (t->size[3] > 1 && t->stride[3] != 1) return FC_ERR_LAST_DIM_STRIDE;
+    /* A dim of size 1 is never stepped over, so its stride is irrelevant (PyTorch leaves
+     * arbitrary strides on such dims, e.g. Sq = 1 in decoding). */
+    for (int i = 0; i < 3; ++i)
+        if (t->size[i] > 1 && t->stride[i] % (16 / elem_bytes) != 0) return FC_ERR_STRIDE_ALIGNMENT;
+    return FC_OK;
+}
+
+/* Largest element offset of the operand; fails on int64 overflow or a slice offset past 2^31. */
+static fc_status check_offsets(const operand *t) {
+    int64_t slice = 0, term = 0, total = 0;
+    if (__builtin_mul_overflow(t->size[2] - 1, t->stride[2], &term)) return FC_ERR_OFFSET_OVERFLOW;
+    if (__builtin_add_overflow(term, t->size[3], &slice)) return FC_ERR_OFFSET_OVERFLOW;
+    if (slice > FC_MAX_SLICE_OFFSET) return FC_ERR_OFFSET_OVERFLOW;
+    total = slice;
+    for (int i = 0; i < 2; ++i) {
+        if (__builtin_mul_overflow(t->size[i] - 1, t->stride[i], &term)) return FC_ERR_OFFSET_OVERFLOW;
+        if (__builtin_add_overflow(total, term, &total)) return FC_ERR_OFFSET_OVERFLOW;
+    }
+    return FC_OK;
+}
+
+static int aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
+
+FC_API fc_status fc_params_validate(const fc_params *p) {
+    if (p == NULL) return FC_ERR_NULL_PARAMS;
+    if ((int)p->dtype < FC_DTYPE_FP16 || (int)p->dtype > FC_DTYPE_FP32) return FC_ERR_BAD_DTYPE;
+    if ((int)p->mask_kind < FC_MASK_NONE || (int)p->mask_kind > FC_MASK_ADDITIVE)
+        return FC_ERR_BAD_MASK_KIND;
+    if ((int)p->family < FC_FAMILY_AUTO || (int)p->family > FC_FAMILY_SM90) return FC_ERR_BAD_FAMILY;
+
+    const int64_t dims[6] = {p->batch, p->heads_q, p->heads_kv, p->seqlen_q, p->seqlen_k, p->head_dim};
+    for (int i = 0; i < 6; ++i)
+        if (dims[i] < 0) return FC_ERR_NEGATIVE_DIM;
+    for (int i = 0; i < 6; ++i)
+        if (dims[i] == 0) return FC_UNSUPPORTED_EMPTY;
+    if (p->heads_q % p->heads_kv != 0) return FC_ERR_HEADS_NOT_DIVISIBLE;
+
+    if (p->q == NULL || p->k == NULL || p->v == NULL || p->out == NULL) return FC_ERR_NULL_POINTER;
+    if (p->mask_kind != FC_MASK_NONE && p->mask == NULL) return FC_ERR_NULL_POINTER;
+    if (!isfinite(p->scale)) return FC_ERR_BAD_SCALE;
+
+    const operand ops[4] = {
+        {{p->batch, p->heads_q, p->seqlen_q, p->head_dim},
+         {p->q_stride_b, p->q_stride_h, p->q_stride_s, p->q_stride_d}},
+        {{p->batch, p->heads_kv, p->seqlen_k, p->head_dim},
+         {p->k_stride_b, p->k_stride_h, p->k_stride_s, p->k_stride_d}},
+        {{p->batch, p->heads_kv, p->seqlen_k, p->head_dim},
+         {p->v_stride_b, p->v_stride_h, p->v_stride_s, p->v_stride_d}},
+        {{p->batch, p->heads_q, p->seqlen_q, p->head_dim},
+         {p->o_stride_b, p->o_stride_h, p->o_stride_s, p->o_stride_d}},
+    };
+    const int64_t elem = element_bytes(p->dtype);
+    for (int i = 0; i < 4; ++i) {
+        const fc_status s = check_strides(&ops[i], elem);
+        if (s != FC_OK) return s;
+    }
+    if (!aligned16(p->q) || !aligned16(p->k) || !aligned16(p->v) || !aligned16(p->out))
+        return FC_ERR_POINTER_ALIGNMENT;
+    if (p->lse != NULL) {
+        if (p->lse_stride_b < 0 || p->lse_stride_h < 0 || p->lse_stride_s < 0)
+            return FC_ERR_NEGATIVE_STRIDE;
+        if (((uintptr_t)p->lse & 3u) != 0) return FC_ERR_POINTER_ALIGNMENT;
+    }
+    if (p->mask_kind != FC_MASK_NONE &&
+        (p->mask_stride_b < 0 || p->mask_stride_h < 0 || p->mask_stride_q < 0 || p->mask_stride_k < 0))
+        return FC_ERR_NEGATIVE_STRIDE;
+
+    for (int i = 0; i < 4; ++i) {
+        const fc_status s = check_offsets(&ops[i]);
+        if (s != FC_OK) return s;
+    }
+    if (p->lse != NULL) {
+        const operand lse = {{p->batch, p->heads_q, p->seqlen_q, 1},
+                             {p->lse_stride_b, p->lse_stride_h, p->lse_stride_s, 1}};
+        const fc_status s = check_offsets(&lse);
+        if (s != FC_OK) return s;
+    }
+    /* Grid: (batch * heads_q) CTAs in x, query blocks in y. */
+    int64_t bh = 0;
+    if (__builtin_mul_overflow(p->batch, p->heads_q, &bh) || bh > INT32_MAX) return FC_ERR_OFFSET_OVERFLOW;
+    if ((p->seqlen_q + FC_MIN_BLOCK_M - 1) / FC_MIN_BLOCK_M > FC_MAX_GRID_Y) return FC_ERR_OFFSET_OVERFLOW;
+    if (p->seqlen_k > INT32_MAX) return FC_ERR_OFFSET_OVERFLOW;
+    return FC_OK;
+}
+
+FC_API fc_status fc_sdpa_support(const fc_params *p, int cc_major, int cc_minor) {
+    const fc_status s = fc_params_validate(p);
+    if (s != FC_OK) return s;
+    return fc_dispatch(p, cc_major, cc_minor, NULL, NULL);
+}
+
+FC_API fc_family fc_sdpa_family(const fc_params *p, int cc_major, int cc_minor) {
+    fc_family family = FC_FAMILY_AUTO;
+    if (fc_params_validate(p) != FC_OK) return FC_FAMILY_AUTO;
+    if (fc_dispatch(p, cc_major, cc_minor, NULL, &family) != FC_OK) return FC_FAMILY_AUTO;
+    return family;
+}
+
+/* Compute capability of a device, cached: 0 means not read yet. */
+#define FC_MAX_DEVICES 64
+static _Atomic int cc_cache[FC_MAX_DEVICES];
+
+static fc_status device_capability(int *major, int *minor) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) goto fail;
+    if (device >= 0 && device < FC_MAX_DEVICES) {
+        const int cached = atomic_load_explicit(&cc_cache[device], memory_order_relaxed);
+        if (cached != 0) {
+            *major = cached / 10;
+            *minor = cached % 10;
+            return FC_OK;
+        }
+    }
+    err = cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err != cudaSuccess) goto fail;
+    err = cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (err != cudaSuccess) goto fail;
+    if (device >= 0 && device < FC_MAX_DEVICES)
+        atomic_store_explicit(&cc_cache[device], *major * 10 + *minor, memory_order_relaxed);
+    return FC_OK;
+fail:
+    last_cuda_error = err;
+    return FC_ERR_CUDA;
+}
+
+FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
+    fc_status s = fc_params_validate(p);
+    if (s != FC_OK) return s;
+    int major = 0, minor = 0;
+    s = device_capability(&major, &minor);
+    if (s != FC_OK) return s;
+    fc_launch_fn launch = NULL;
+    s = fc_dispatch(p, major, minor, &launch, NULL);
+    if (s != FC_OK) return s;
+    const cudaError_t err = launch(p, stream);
+    last_cuda_error = err;
+    return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}

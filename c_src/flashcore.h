@@ -1,0 +1,148 @@
+/*
+ * flashcore.h - the public C API of FlashCore, a fused scaled-dot-product attention forward.
+ *
+ * Computes, for every batch b and query head h,
+ *     out[b, h] = softmax(scale * q[b, h] @ k[b, h / (Hq / Hkv)]^T + mask) @ v[b, h / (Hq / Hkv)]
+ * in one kernel (QK^T, online softmax in fp32, PV), with nothing of size Sq x Sk in device
+ * memory. Semantics follow torch.nn.functional.scaled_dot_product_attention: `causal` is
+ * top-left aligned (query i sees keys 0..i) when Sq != Sk.
+ *
+ * Usage from C (no PyTorch needed):
+ *     fc_params p;
+ *     fc_params_init(&p);                      // zeroes the struct, sets defaults
+ *     p.q = dq; p.k = dk; p.v = dv; p.out = dout;
+ *     p.batch = B; p.heads_q = Hq; p.heads_kv = Hkv; p.seqlen_q = Sq; p.seqlen_k = Sk;
+ *     p.head_dim = D; p.scale = 1.0f / sqrtf(D); p.dtype = FC_DTYPE_FP16;
+ *     fc_params_set_contiguous_strides(&p);    // or fill the *_stride_* fields yourself
+ *     fc_status s = fc_sdpa_fwd(&p, stream);
+ *     if (s != FC_OK) fprintf(stderr, "%s\n", fc_status_string(s));
+ *
+ * Rules: the library never allocates, never synchronizes and never exits. Every field is
+ * validated before anything is launched; a failing call returns a status and launches nothing.
+ */
+#ifndef FLASHCORE_H
+#define FLASHCORE_H
+
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLASHCORE_VERSION_MAJOR 0
+#define FLASHCORE_VERSION_MINOR 1
+
+typedef enum fc_dtype {
+    FC_DTYPE_FP16 = 0,
+    FC_DTYPE_BF16 = 1,
+    FC_DTYPE_FP32 = 2, /* describable, so the support query can name it; no kernel takes it */
+} fc_dtype;
+
+/* Which kernel family to run. AUTO picks the best one for the device; the others force a
+ * family (for testing and timing the sm80 family on Hopper) and fail if it cannot run. */
+typedef enum fc_family {
+    FC_FAMILY_AUTO = 0,
+    FC_FAMILY_SM80 = 1, /* mma.sync + cp.async: sm_89 (Ada), also built for sm_90 */
+    FC_FAMILY_SM90 = 2, /* TMA + wgmma + warp specialization: sm_90a (not built yet) */
+} fc_family;
+
+/* Kinds of attention mask. Only NONE has a kernel today; the others are described so the
+ * support query can say why a masked call falls back. */
+typedef enum fc_mask_kind {
+    FC_MASK_NONE = 0,
+    FC_MASK_BOOL = 1,     /* uint8/bool, nonzero = attend */
+    FC_MASK_ADDITIVE = 2, /* same dtype as q, added to the scaled scores */
+} fc_mask_kind;
+
+/* Every outcome of a call. fc_status_string() gives a sentence for each. Statuses from
+ * FC_ERR_NULL_PARAMS to FC_ERR_OFFSET_OVERFLOW mean the struct is inconsistent (a caller bug);
+ * FC_UNSUPPORTED_* mean the struct is valid but no kernel covers it (the op falls back). */
+typedef enum fc_status {
+    FC_OK = 0,
+    FC_ERR_NULL_PARAMS,          /* the params pointer is NULL */
+    FC_ERR_NULL_POINTER,         /* q, k, v or out is NULL, or lse/mask NULL while requested */
+    FC_ERR_NEGATIVE_DIM,         /* a size is negative */
+    FC_UNSUPPORTED_EMPTY,        /* a size is zero: nothing to launch, the caller handles it */
+    FC_ERR_HEADS_NOT_DIVISIBLE,  /* heads_q is not a multiple of heads_kv */
+    FC_ERR_LAST_DIM_STRIDE,      /* a tensor's head_dim stride is not 1 */
+    FC_ERR_STRIDE_ALIGNMENT,     /* a batch/head/seq stride is not a multiple of 16 bytes */
+    FC_ERR_POINTER_ALIGNMENT,    /* q, k, v or out is not 16-byte aligned */
+    FC_ERR_NEGATIVE_STRIDE,      /* a stride is negative */
+    FC_ERR_BAD_DTYPE,            /* dtype is not an fc_dtype value */
+    FC_ERR_BAD_MASK_KIND,        /* mask_kind is not an fc_mask_kind value */
+    FC_ERR_BAD_FAMILY,           /* family is not an fc_family value */
+    FC_ERR_BAD_SCALE,            /* scale is NaN or infinite */
+    FC_ERR_OFFSET_OVERFLOW,      /* an element offset exceeds what the kernels index (2^31-1) */
+    FC_UNSUPPORTED_DTYPE,        /* valid dtype, but no kernel for it (fp32) */
+    FC_UNSUPPORTED_HEAD_DIM,     /* no kernel for this head_dim */
+    FC_UNSUPPORTED_MASK,         /* no kernel takes this mask kind yet */
+    FC_UNSUPPORTED_ARCH,         /* no kernel family for this compute capability */
+    FC_UNSUPPORTED_FAMILY,       /* the forced family is not built or cannot run on this device */
+    FC_ERR_CUDA,                 /* a CUDA runtime call or the launch failed (see fc_last_cuda_error) */
+    FC_STATUS_COUNT_             /* number of statuses; not a status */
+} fc_status;
+
+/*
+ * One attention call. Tensors are (batch, heads, seqlen, head_dim) in any strides whose last
+ * dim is contiguous; strides are in elements, not bytes. A broadcast dim may have stride 0.
+ */
+typedef struct fc_params {
+    /* device pointers */
+    const void *q;   /* (B, Hq,  Sq, D) */
+    const void *k;   /* (B, Hkv, Sk, D) */
+    const void *v;   /* (B, Hkv, Sk, D) */
+    void *out;       /* (B, Hq,  Sq, D), same dtype as q */
+    float *lse;      /* optional (B, Hq, Sq) fp32 natural-log log-sum-exp; NULL = not written */
+    const void *mask;/* optional, see mask_kind; NULL when mask_kind == FC_MASK_NONE */
+
+    int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+
+    int64_t q_stride_b, q_stride_h, q_stride_s, q_stride_d;
+    int64_t k_stride_b, k_stride_h, k_stride_s, k_stride_d;
+    int64_t v_stride_b, v_stride_h, v_stride_s, v_stride_d;
+    int64_t o_stride_b, o_stride_h, o_stride_s, o_stride_d;
+    int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+    int64_t mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_k;
+
+    float scale;        /* multiplies q.k; PyTorch's default is 1/sqrt(head_dim) */
+    int causal;         /* nonzero: query i attends to keys 0..i (top-left aligned) */
+    fc_dtype dtype;     /* of q, k, v and out */
+    fc_mask_kind mask_kind;
+    fc_family family;   /* FC_FAMILY_AUTO unless forcing a family */
+} fc_params;
+
+/* Zero every field, then set scale = 0 (caller must set it), family = AUTO, mask NONE. */
+void fc_params_init(fc_params *p);
+
+/* Fill every stride for contiguous (B, H, S, D) tensors from the sizes already set. */
+void fc_params_set_contiguous_strides(fc_params *p);
+
+/* A sentence describing the status; never NULL. */
+const char *fc_status_string(fc_status status);
+
+/* Check the struct alone: FC_OK when every field is consistent, else the first problem. */
+fc_status fc_params_validate(const fc_params *p);
+
+/*
+ * Would fc_sdpa_fwd run a kernel for these params on a device of compute capability
+ * cc_major.cc_minor? Returns FC_OK if so, otherwise the validation error or the
+ * FC_UNSUPPORTED_* reason. Needs no GPU and touches no pointer.
+ */
+fc_status fc_sdpa_support(const fc_params *p, int cc_major, int cc_minor);
+
+/* The kernel family fc_sdpa_fwd would run (FC_FAMILY_AUTO if none), for reporting. */
+fc_family fc_sdpa_family(const fc_params *p, int cc_major, int cc_minor);
+
+/* Launch the forward on `stream` (on the current device). Asynchronous: returns once the
+ * kernel is queued. Returns FC_OK, a validation/support status, or FC_ERR_CUDA. */
+fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream);
+
+/* The CUDA error behind the last FC_ERR_CUDA returned on this thread (cudaSuccess if none). */
+cudaError_t fc_last_cuda_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHCORE_H */

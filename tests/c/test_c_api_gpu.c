@@ -1,0 +1,216 @@
+/*
+ * test_c_api_gpu.c - FlashCore used from plain C, with no PyTorch: cudaMalloc'd buffers,
+ * fc_sdpa_fwd on a stream, results checked against a float64 CPU reference computed from the
+ * same (rounded) 16-bit inputs. Also checks the LSE output and that every output element was
+ * written (the output is poisoned with NaN bytes first).
+ *
+ * Exits 77 (ctest's "skipped") when no CUDA device is present; 0 when all cases pass.
+ * Tolerance: |out - ref| <= atol + rtol * |ref|, where rtol covers rounding the output and P to
+ * 16 bits (fp16: 2^-11 each; bf16: 2^-8 each) with a 4x margin.
+ */
+#include "flashcore.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CUDA_OK(call)                                                                        \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) {                                                             \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+/* ---- 16-bit float conversions (round to nearest even) ---- */
+static uint16_t float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t mant = x & 0x7fffffu;
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u); /* overflow (inputs here never are) */
+    if (exp <= 0) {                                   /* subnormal or zero */
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        const int shift = 14 - exp;
+        uint32_t h = mant >> shift;
+        const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) ++h;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13);
+    const uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ++h;
+    return (uint16_t)(sign | h);
+}
+
+static float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
+    uint32_t x;
+    if (exp == 0) {
+        if (mant == 0) {
+            x = sign;
+        } else { /* subnormal */
+            float f = ldexpf((float)mant, -24);
+            return sign ? -f : f;
+        }
+    } else if (exp == 31) {
+        x = sign | 0x7f800000u | (mant << 13);
+    } else {
+        x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t float_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+static float bf16_to_float(uint16_t b) {
+    const uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static float to_float(uint16_t v, fc_dtype dt) { return dt == FC_DTYPE_FP16 ? half_to_float(v) : bf16_to_float(v); }
+static uint16_t from_float(float f, fc_dtype dt) { return dt == FC_DTYPE_FP16 ? float_to_half(f) : float_to_bf16(f); }
+
+/* Standard normal via Box-Muller on a fixed-seed LCG: deterministic, but different per case. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static double uniform01(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return ((rng_state >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+static float randn(void) { return (float)(sqrt(-2.0 * log(uniform01())) * cos(6.283185307179586 * uniform01())); }
+
+typedef struct test_case {
+    int64_t B, Hq, Hkv, Sq, Sk, D;
+    int causal;
+    fc_dtype dtype;
+} test_case;
+
+static int run_case(const test_case *tc) {
+    const int64_t B = tc->B, Hq = tc->Hq, Hkv = tc->Hkv, Sq = tc->Sq, Sk = tc->Sk, D = tc->D;
+    const size_t nq = (size_t)(B * Hq * Sq * D), nk = (size_t)(B * Hkv * Sk * D);
+    uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hv = malloc(nk * 2), *ho = malloc(nq * 2);
+    float *hlse = malloc((size_t)(B * Hq * Sq) * sizeof(float));
+    for (size_t i = 0; i < nq; ++i) hq[i] = from_float(randn(), tc->dtype);
+    for (size_t i = 0; i < nk; ++i) hk[i] = from_float(randn(), tc->dtype);
+    for (size_t i = 0; i < nk; ++i) hv[i] = from_float(randn(), tc->dtype);
+
+    void *dq, *dk, *dv, *dout;
+    float *dlse;
+    CUDA_OK(cudaMalloc(&dq, nq * 2));
+    CUDA_OK(cudaMalloc(&dk, nk * 2));
+    CUDA_OK(cudaMalloc(&dv, nk * 2));
+    CUDA_OK(cudaMalloc(&dout, nq * 2));
+    CUDA_OK(cudaMalloc((void **)&dlse, (size_t)(B * Hq * Sq) * sizeof(float)));
+    CUDA_OK(cudaMemcpy(dq, hq, nq * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dk, hk, nk * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, hv, nk * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dout, 0xff, nq * 2)); /* 0xffff is NaN in fp16 and bf16 */
+    CUDA_OK(cudaMemset(dlse, 0xff, (size_t)(B * Hq * Sq) * sizeof(float)));
+
+    fc_params p;
+    fc_params_init(&p);
+    p.q = dq; p.k = dk; p.v = dv; p.out = dout; p.lse = dlse;
+    p.batch = B; p.heads_q = Hq; p.heads_kv = Hkv; p.seqlen_q = Sq; p.seqlen_k = Sk; p.head_dim = D;
+    p.scale = 1.0f / sqrtf((float)D);
+    p.causal = tc->causal;
+    p.dtype = tc->dtype;
+    fc_params_set_contiguous_strides(&p);
+
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    const fc_status st = fc_sdpa_fwd(&p, stream);
+    if (st != FC_OK) {
+        fprintf(stderr, "FAIL fc_sdpa_fwd: %s (cuda: %s)\n", fc_status_string(st),
+                cudaGetErrorString(fc_last_cuda_error()));
+        return 1;
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    CUDA_OK(cudaMemcpy(ho, dout, nq * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(hlse, dlse, (size_t)(B * Hq * Sq) * sizeof(float), cudaMemcpyDeviceToHost));
+
+    const double rtol = tc->dtype == FC_DTYPE_FP16 ? 4 * 2 * 4.9e-4 : 4 * 2 * 3.9e-3;
+    const double atol = tc->dtype == FC_DTYPE_FP16 ? 2e-3 : 1.6e-2;
+    double max_err = 0, max_lse_err = 0;
+    int bad = 0;
+    double *scores = malloc((size_t)Sk * sizeof(double));
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < Hq; ++h) {
+            const int64_t hk_ = h / (Hq / Hkv);
+            for (int64_t i = 0; i < Sq; ++i) {
+                const uint16_t *qrow = hq + ((b * Hq + h) * Sq + i) * D;
+                const int64_t n_keys = tc->causal ? (i + 1 < Sk ? i + 1 : Sk) : Sk;
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < n_keys; ++j) {
+                    const uint16_t *krow = hk + ((b * Hkv + hk_) * Sk + j) * D;
+                    double dot = 0;
+                    for (int64_t d = 0; d < D; ++d) dot += (double)to_float(qrow[d], tc->dtype) * to_float(krow[d], tc->dtype);
+                    scores[j] = dot * p.scale;
+                    if (scores[j] > mx) mx = scores[j];
+                }
+                double sum = 0;
+                for (int64_t j = 0; j < n_keys; ++j) { scores[j] = exp(scores[j] - mx); sum += scores[j]; }
+                const float got_lse = hlse[(b * Hq + h) * Sq + i];
+                const double lse_err = fabs(got_lse - (mx + log(sum)));
+                if (!(lse_err <= 1e-3 * (1 + fabs(mx + log(sum))))) ++bad;
+                if (lse_err > max_lse_err || isnan(lse_err)) max_lse_err = lse_err;
+                for (int64_t d = 0; d < D; ++d) {
+                    double ref = 0;
+                    for (int64_t j = 0; j < n_keys; ++j)
+                        ref += scores[j] * to_float(hv[((b * Hkv + hk_) * Sk + j) * D + d], tc->dtype);
+                    ref /= sum;
+                    const double got = to_float(ho[((b * Hq + h) * Sq + i) * D + d], tc->dtype);
+                    const double err = fabs(got - ref);
+                    if (!(err <= atol + rtol * fabs(ref))) ++bad; /* NaN fails here too */
+                    if (err > max_err || isnan(err)) max_err = err;
+                }
+            }
+        }
+    printf("%s B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s: max|err| %.2e, max|lse err| %.2e, %d bad\n",
+           bad ? "FAIL" : "ok  ", (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk,
+           (long long)D, tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", max_err, max_lse_err, bad);
+
+    free(scores); free(hq); free(hk); free(hv); free(ho); free(hlse);
+    CUDA_OK(cudaFree(dq)); CUDA_OK(cudaFree(dk)); CUDA_OK(cudaFree(dv)); CUDA_OK(cudaFree(dout)); CUDA_OK(cudaFree(dlse));
+    CUDA_OK(cudaStreamDestroy(stream));
+    return bad != 0;
+}
+
+int main(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    static const test_case kCases[] = {
+        {1, 2, 2, 128, 128, 64, 0, FC_DTYPE_FP16},
+        {2, 4, 1, 17, 300, 64, 1, FC_DTYPE_FP16},
+        {1, 8, 2, 127, 65, 128, 0, FC_DTYPE_BF16},
+        {1, 2, 2, 200, 77, 128, 1, FC_DTYPE_FP16},   /* Sq > Sk, causal: top-left alignment */
+        {1, 4, 4, 1, 513, 128, 0, FC_DTYPE_BF16},     /* one query row */
+        {3, 1, 1, 1000, 1000, 64, 1, FC_DTYPE_BF16},
+    };
+    int failed = 0;
+    for (size_t i = 0; i < sizeof(kCases) / sizeof(kCases[0]); ++i) failed += run_case(&kCases[i]);
+    if (failed) {
+        fprintf(stderr, "%d case(s) failed\n", failed);
+        return 1;
+    }
+    printf("all C API GPU cases passed\n");
+    return 0;
+}

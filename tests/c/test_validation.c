@@ -1,0 +1,176 @@
+/*
+ * test_validation.c - every status of fc_params_validate / fc_sdpa_support is reachable,
+ * with its own message. Runs on the CPU: validation touches no device memory, so the
+ * "device pointers" here are fake aligned addresses that are never dereferenced.
+ *
+ * Each case starts from a valid struct, changes one thing, and names the status it expects.
+ */
+#include "flashcore.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static int failures = 0;
+
+#define CHECK_STATUS(label, got, want)                                                         \
+    do {                                                                                       \
+        fc_status g_ = (got), w_ = (want);                                                     \
+        if (g_ != w_) {                                                                        \
+            fprintf(stderr, "FAIL %-40s got %d (%s), want %d (%s)\n", label, g_,               \
+                    fc_status_string(g_), w_, fc_status_string(w_));                           \
+            ++failures;                                                                        \
+        } else {                                                                               \
+            printf("ok   %-40s %s\n", label, fc_status_string(g_));                            \
+        }                                                                                      \
+    } while (0)
+
+/* A valid fp16 problem: B=2, Hq=8, Hkv=2, Sq=100, Sk=300, D=128, contiguous. */
+static fc_params valid_params(void) {
+    fc_params p;
+    fc_params_init(&p);
+    p.q = (const void *)0x10000;
+    p.k = (const void *)0x20000;
+    p.v = (const void *)0x30000;
+    p.out = (void *)0x40000;
+    p.batch = 2;
+    p.heads_q = 8;
+    p.heads_kv = 2;
+    p.seqlen_q = 100;
+    p.seqlen_k = 300;
+    p.head_dim = 128;
+    p.scale = 1.0f / sqrtf(128.0f);
+    p.dtype = FC_DTYPE_FP16;
+    fc_params_set_contiguous_strides(&p);
+    return p;
+}
+
+typedef void (*mutate_fn)(fc_params *p);
+
+static void m_none(fc_params *p) { (void)p; }
+static void m_null_q(fc_params *p) { p->q = NULL; }
+static void m_null_out(fc_params *p) { p->out = NULL; }
+static void m_mask_without_pointer(fc_params *p) { p->mask_kind = FC_MASK_BOOL; }
+static void m_negative_dim(fc_params *p) { p->seqlen_k = -1; }
+static void m_empty(fc_params *p) { p->batch = 0; }
+static void m_empty_seq(fc_params *p) { p->seqlen_q = 0; }
+static void m_heads(fc_params *p) { p->heads_kv = 3; }
+static void m_last_dim(fc_params *p) { p->k_stride_d = 2; }
+static void m_stride_align(fc_params *p) { p->v_stride_s = 130; }
+static void m_ptr_align(fc_params *p) { p->q = (const void *)0x10008; }
+static void m_negative_stride(fc_params *p) { p->o_stride_h = -128; }
+static void m_dtype(fc_params *p) { p->dtype = (fc_dtype)7; }
+static void m_mask_kind(fc_params *p) { p->mask_kind = (fc_mask_kind)9; }
+static void m_family(fc_params *p) { p->family = (fc_family)5; }
+static void m_scale_nan(fc_params *p) { p->scale = NAN; }
+static void m_scale_inf(fc_params *p) { p->scale = INFINITY; }
+static void m_slice_overflow(fc_params *p) { p->q_stride_s = (int64_t)1 << 26; p->q_stride_h = (int64_t)1 << 33; p->q_stride_b = (int64_t)1 << 36; }
+static void m_int64_overflow(fc_params *p) { p->batch = 3; p->k_stride_b = (INT64_MAX / 2) & ~(int64_t)7; }
+static void m_grid_overflow(fc_params *p) { p->batch = (int64_t)1 << 29; p->heads_q = 8; p->q_stride_b = 128; p->o_stride_b = 128; p->k_stride_b = 0; p->v_stride_b = 0; }
+static void m_fp32(fc_params *p) { p->dtype = FC_DTYPE_FP32; }
+static void m_head_dim(fc_params *p) { p->head_dim = 80; fc_params_set_contiguous_strides(p); }
+static void m_mask(fc_params *p) { p->mask_kind = FC_MASK_ADDITIVE; p->mask = (const void *)0x50000; }
+static void m_force_sm90(fc_params *p) { p->family = FC_FAMILY_SM90; }
+static void m_lse_misaligned(fc_params *p) { p->lse = (float *)0x60002; }
+static void m_size1_odd_stride(fc_params *p) { p->seqlen_q = 1; p->q_stride_s = 3; p->o_stride_s = 5; }
+static void m_broadcast_kv(fc_params *p) { p->k_stride_b = 0; p->v_stride_b = 0; }
+
+typedef struct validation_case {
+    const char *label;
+    mutate_fn mutate;
+    fc_status want_validate;   /* from fc_params_validate */
+    fc_status want_hopper;     /* from fc_sdpa_support(p, 9, 0) */
+    fc_status want_ampere;     /* from fc_sdpa_support(p, 8, 0): no family runs on sm_80 */
+} validation_case;
+
+static const validation_case kCases[] = {
+    {"valid struct", m_none, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"q is NULL", m_null_q, FC_ERR_NULL_POINTER, FC_ERR_NULL_POINTER, FC_ERR_NULL_POINTER},
+    {"out is NULL", m_null_out, FC_ERR_NULL_POINTER, FC_ERR_NULL_POINTER, FC_ERR_NULL_POINTER},
+    {"mask kind set, mask NULL", m_mask_without_pointer, FC_ERR_NULL_POINTER, FC_ERR_NULL_POINTER, FC_ERR_NULL_POINTER},
+    {"negative seqlen_k", m_negative_dim, FC_ERR_NEGATIVE_DIM, FC_ERR_NEGATIVE_DIM, FC_ERR_NEGATIVE_DIM},
+    {"batch 0", m_empty, FC_UNSUPPORTED_EMPTY, FC_UNSUPPORTED_EMPTY, FC_UNSUPPORTED_EMPTY},
+    {"seqlen_q 0", m_empty_seq, FC_UNSUPPORTED_EMPTY, FC_UNSUPPORTED_EMPTY, FC_UNSUPPORTED_EMPTY},
+    {"heads_q % heads_kv != 0", m_heads, FC_ERR_HEADS_NOT_DIVISIBLE, FC_ERR_HEADS_NOT_DIVISIBLE, FC_ERR_HEADS_NOT_DIVISIBLE},
+    {"k head_dim stride 2", m_last_dim, FC_ERR_LAST_DIM_STRIDE, FC_ERR_LAST_DIM_STRIDE, FC_ERR_LAST_DIM_STRIDE},
+    {"v seq stride not 16-byte multiple", m_stride_align, FC_ERR_STRIDE_ALIGNMENT, FC_ERR_STRIDE_ALIGNMENT, FC_ERR_STRIDE_ALIGNMENT},
+    {"q 8-byte aligned", m_ptr_align, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT},
+    {"negative out head stride", m_negative_stride, FC_ERR_NEGATIVE_STRIDE, FC_ERR_NEGATIVE_STRIDE, FC_ERR_NEGATIVE_STRIDE},
+    {"dtype 7", m_dtype, FC_ERR_BAD_DTYPE, FC_ERR_BAD_DTYPE, FC_ERR_BAD_DTYPE},
+    {"mask_kind 9", m_mask_kind, FC_ERR_BAD_MASK_KIND, FC_ERR_BAD_MASK_KIND, FC_ERR_BAD_MASK_KIND},
+    {"family 5", m_family, FC_ERR_BAD_FAMILY, FC_ERR_BAD_FAMILY, FC_ERR_BAD_FAMILY},
+    {"scale NaN", m_scale_nan, FC_ERR_BAD_SCALE, FC_ERR_BAD_SCALE, FC_ERR_BAD_SCALE},
+    {"scale inf", m_scale_inf, FC_ERR_BAD_SCALE, FC_ERR_BAD_SCALE, FC_ERR_BAD_SCALE},
+    {"slice offset past 2^31", m_slice_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"offset overflows int64", m_int64_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"batch*heads past grid limit", m_grid_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"lse 2-byte aligned", m_lse_misaligned, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT},
+    {"fp32", m_fp32, FC_OK, FC_UNSUPPORTED_DTYPE, FC_UNSUPPORTED_DTYPE},
+    {"head_dim 80", m_head_dim, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_ARCH},
+    {"additive mask", m_mask, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_MASK},
+    {"forced sm90 family", m_force_sm90, FC_OK, FC_UNSUPPORTED_FAMILY, FC_UNSUPPORTED_FAMILY},
+    {"seqlen_q 1 with odd stride", m_size1_odd_stride, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"K/V broadcast over batch", m_broadcast_kv, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+};
+
+int main(void) {
+    /* Build-dependent expectations: a library built without sm_90a code cannot run on Hopper. */
+    fc_params probe = valid_params();
+    const int hopper_built = fc_sdpa_support(&probe, 9, 0) == FC_OK;
+    const int ada_built = fc_sdpa_support(&probe, 8, 9) == FC_OK;
+    printf("library runs on: %s%s\n", hopper_built ? "sm_90 " : "", ada_built ? "sm_89" : "");
+    if (!hopper_built && !ada_built) {
+        fprintf(stderr, "FAIL library has no kernel for sm_89 or sm_90\n");
+        ++failures;
+    }
+
+    for (size_t i = 0; i < sizeof(kCases) / sizeof(kCases[0]); ++i) {
+        const validation_case *c = &kCases[i];
+        fc_params p = valid_params();
+        c->mutate(&p);
+        char label[96];
+        snprintf(label, sizeof label, "%s: validate", c->label);
+        CHECK_STATUS(label, fc_params_validate(&p), c->want_validate);
+        if (hopper_built) {
+            snprintf(label, sizeof label, "%s: sm_90", c->label);
+            CHECK_STATUS(label, fc_sdpa_support(&p, 9, 0), c->want_hopper);
+        }
+        snprintf(label, sizeof label, "%s: sm_80", c->label);
+        CHECK_STATUS(label, fc_sdpa_support(&p, 8, 0), c->want_ampere);
+    }
+
+    CHECK_STATUS("NULL params: validate", fc_params_validate(NULL), FC_ERR_NULL_PARAMS);
+    CHECK_STATUS("NULL params: support", fc_sdpa_support(NULL, 9, 0), FC_ERR_NULL_PARAMS);
+    CHECK_STATUS("NULL params: fwd", fc_sdpa_fwd(NULL, 0), FC_ERR_NULL_PARAMS);
+    {
+        fc_params p = valid_params();
+        p.q = NULL;
+        CHECK_STATUS("fwd validates before touching the GPU", fc_sdpa_fwd(&p, 0), FC_ERR_NULL_POINTER);
+    }
+
+    /* Every status has its own, non-empty message; out-of-range values get a fallback text. */
+    for (int s = 0; s < FC_STATUS_COUNT_; ++s) {
+        const char *msg = fc_status_string((fc_status)s);
+        if (msg == NULL || msg[0] == '\0' || strcmp(msg, "unknown fc_status value") == 0) {
+            fprintf(stderr, "FAIL status %d has no message\n", s);
+            ++failures;
+        }
+        for (int t = 0; t < s; ++t)
+            if (strcmp(msg, fc_status_string((fc_status)t)) == 0) {
+                fprintf(stderr, "FAIL statuses %d and %d share a message\n", t, s);
+                ++failures;
+            }
+    }
+    if (strcmp(fc_status_string((fc_status)-1), "unknown fc_status value") != 0 ||
+        strcmp(fc_status_string(FC_STATUS_COUNT_), "unknown fc_status value") != 0) {
+        fprintf(stderr, "FAIL out-of-range status not reported as unknown\n");
+        ++failures;
+    }
+
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("all validation checks passed\n");
+    return 0;
+}
