@@ -1,0 +1,514 @@
+#!/usr/bin/env python3
+"""FlashCore attention-forward benchmark, side by side with PyTorch's SDPA backends.
+
+What it measures
+  The forward time of scaled-dot-product attention, per call, for these implementations,
+  all in one process on the same inputs:
+    flashcore       torch.ops.flashcore.sdpa with FLASHCORE_FAMILY=auto
+    flashcore-sm80  torch.ops.flashcore.sdpa with FLASHCORE_FAMILY=sm80 (forced family)
+    cudnn / flash / efficient
+                    F.scaled_dot_product_attention inside
+                    torch.nn.attention.sdpa_kernel(CUDNN_ATTENTION / FLASH_ATTENTION /
+                    EFFICIENT_ATTENTION). A backend that refuses a shape is skipped there.
+  Shapes (default set; fp16, bf16 too with --bf16):
+    small:  B=1, H=8, S=512, D=64, causal and not; also timed inside a CUDA graph.
+    sweep:  16k tokens per batch (B = 16384/S), hidden 2048 (H = 2048/D),
+            S in 512 1k 2k 4k 8k 16k, D in 64 128, causal and not.
+    --extra adds decode (B=8, H=32, Sq=1, Sk=8192, D=128) and a GQA 32:8 shape.
+    --quick runs a handful of these (smoke test).
+
+Method
+  * Correctness first: before any timing, every implementation's output on the shape is
+    compared with the reference backend's (cuDNN, else flash, else efficient) and the
+    max abs diff printed. A flashcore output is produced right after filling the caching
+    allocator with NaN, so unwritten elements show up. Rows that are wrong (NaN or diff
+    above tolerance) are flagged WRONG and NOT timed.
+  * flashcore.explain() is asked for each flashcore row; a row that does not run a
+    FlashCore kernel is timed but marked "fallback".
+  * Eager timing: 5 warm-up calls, then 30 timed calls (--warmup/--iters); each timed call
+    is bracketed by its own pair of CUDA events, and before each one L2 is flushed by
+    writing a 256 MB buffer (not timed). Reported: the median.
+  * Graph timing (small shape): 20 calls captured in one CUDA graph, replayed --iters
+    times, each replay bracketed by events; reported median replay time / 20 (L2 warm:
+    the same inputs are reused inside the graph).
+  * TFLOP/s = 4 * B * Hq * D * pairs / time, pairs = Sq * Sk; causal with Sq == Sk counts
+    Sq * Sk / 2 (the FlashAttention convention), other causal shapes the exact number of
+    unmasked (query, key) pairs under PyTorch's top-left alignment.
+  * "vs cuDNN" = cuDNN time / this time on the same shape in this run (> 1: faster).
+
+Run
+  python bench/bench.py                      # default set, JSON to bench/results/<card>_<date>.json
+  python bench/bench.py --quick              # smoke test
+  python bench/bench.py --json out.json      # explicit JSON path (--out-dir DIR: folder for the default name)
+  python bench/bench.py --dry-run            # no GPU: fake timings, exercises shapes/table/JSON only
+
+JSON: {"sha", "dirty", "torch", "card", "date", "method", "rows": [...]}; each row has impl,
+dtype, B, Hq, Hkv, Sq, Sk, D, causal, us, tflops, graph_us (null unless graph-timed),
+vs_cudnn, maxdiff, status ("ok", "fallback", "WRONG", "skipped: <why>", "unverified"),
+path (flashcore.explain() for flashcore rows). Rows not timed have us = null.
+"""
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMPLS = ["cudnn", "flash", "efficient", "flashcore", "flashcore-sm80"]  # cuDNN first: ratios need it
+REF_ORDER = ["cudnn", "flash", "efficient"]
+TOL = {"fp16": 1e-2, "bf16": 4e-2}  # max abs diff vs the reference backend that counts as WRONG
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+FLUSH_BYTES = 256 << 20
+GRAPH_CALLS = 20
+
+
+# --------------------------------------------------------------------------- shapes and FLOPs
+
+@dataclass(frozen=True)
+class Shape:
+    B: int
+    Hq: int
+    Hkv: int
+    Sq: int
+    Sk: int
+    D: int
+    causal: bool
+    dtype: str = "fp16"
+    graph: bool = False  # also time inside a CUDA graph
+
+    @property
+    def label(self):
+        h = f"{self.Hq}" if self.Hq == self.Hkv else f"{self.Hq}/{self.Hkv}"
+        s = f"{self.Sq}" if self.Sq == self.Sk else f"{self.Sq}x{self.Sk}"
+        return f"B={self.B} H={h} S={s} D={self.D}"
+
+
+def causal_pairs(sq, sk):
+    """Unmasked (query, key) pairs with is_causal top-left aligned: query i sees keys 0..i."""
+    if sq <= sk:
+        return sq * (sq + 1) // 2
+    return sk * (sk + 1) // 2 + (sq - sk) * sk
+
+
+def flops(s):
+    if not s.causal:
+        pairs = s.Sq * s.Sk
+    elif s.Sq == s.Sk:
+        pairs = s.Sq * s.Sk / 2
+    else:
+        pairs = causal_pairs(s.Sq, s.Sk)
+    return 4.0 * s.B * s.Hq * s.D * pairs
+
+
+def shape_set(quick, bf16, extra):
+    dtypes = ["fp16", "bf16"] if bf16 else ["fp16"]
+    out = []
+    for dt in dtypes:
+        for causal in (False, True):
+            out.append(Shape(1, 8, 8, 512, 512, 64, causal, dt, graph=True))
+        seqs = [512, 4096] if quick else [512, 1024, 2048, 4096, 8192, 16384]
+        dims = [128] if quick else [64, 128]
+        for D in dims:
+            for causal in (False, True):
+                for S in seqs:
+                    B, H = 16384 // S, 2048 // D
+                    out.append(Shape(B, H, H, S, S, D, causal, dt))
+        if extra:
+            out.append(Shape(8, 32, 32, 1, 8192, 128, False, dt))
+            out.append(Shape(4, 32, 8, 2048, 2048, 128, True, dt))
+    if quick:
+        out = [s for s in out if s.graph and not s.causal] + [s for s in out if not s.graph]
+    return out
+
+
+# --------------------------------------------------------------------------- environment
+
+def git_info():
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
+                               text=True, timeout=10)
+        s = sha.stdout.strip() if sha.returncode == 0 else ""
+        return (s or "unknown"), (bool(dirty.stdout.strip()) if dirty.returncode == 0 else None)
+    except Exception:
+        return "unknown", None
+
+
+def slug(name):
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-card"
+
+
+class family_env:
+    """Set FLASHCORE_FAMILY for the duration (the op reads it at every call)."""
+
+    def __init__(self, value):
+        self.value, self.old = value, None
+
+    def __enter__(self):
+        self.old = os.environ.get("FLASHCORE_FAMILY")
+        if self.value is not None:
+            os.environ["FLASHCORE_FAMILY"] = self.value
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("FLASHCORE_FAMILY", None)
+        else:
+            os.environ["FLASHCORE_FAMILY"] = self.old
+
+
+# --------------------------------------------------------------------------- implementations
+
+class Impl:
+    """One implementation: context() wraps every call (backend choice / env var), call() runs it."""
+
+    def __init__(self, name, flashcore_mod=None):
+        self.name = name
+        self.fc = flashcore_mod
+
+    def context(self):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        if self.name == "flashcore":
+            return family_env("auto")
+        if self.name == "flashcore-sm80":
+            return family_env("sm80")
+        backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                   "efficient": SDPBackend.EFFICIENT_ATTENTION}[self.name]
+        return sdpa_kernel(backend)
+
+    def fn(self, q, k, v, s):
+        gqa = s.Hq != s.Hkv
+        if self.name.startswith("flashcore"):
+            op = torch.ops.flashcore.sdpa
+            if gqa:
+                return lambda: op(q, k, v, None, 0.0, s.causal, enable_gqa=True)
+            return lambda: op(q, k, v, None, 0.0, s.causal)
+        if gqa:
+            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=s.causal, enable_gqa=True)
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=s.causal)
+
+    def explain(self, q, k, v, s):
+        if not self.name.startswith("flashcore"):
+            return None
+        with self.context():
+            return self.fc.explain(q, k, v, is_causal=s.causal, enable_gqa=s.Hq != s.Hkv)
+
+
+# --------------------------------------------------------------------------- timing
+
+class Timer:
+    def __init__(self, warmup, iters):
+        self.warmup, self.iters = warmup, iters
+        self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+    def eager_us(self, fn):
+        for _ in range(self.warmup):
+            fn()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(self.iters)]
+        for start, end in ev:
+            self.flush_buf.zero_()  # evict L2 (50 MB on H100); not inside the events
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in ev) * 1e3
+
+    def graph_us(self, fn):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(GRAPH_CALLS):
+                fn()
+        for _ in range(self.warmup):
+            g.replay()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(self.iters)]
+        for start, end in ev:
+            start.record()
+            g.replay()
+            end.record()
+        torch.cuda.synchronize()
+        us = statistics.median(s.elapsed_time(e) for s, e in ev) * 1e3 / GRAPH_CALLS
+        del g
+        return us
+
+
+def poison_allocator(shape, dtype):
+    """Fill a block of the output's size with NaN and free it: the op's fresh output likely
+    reuses it, so unwritten elements read as NaN."""
+    junk = torch.empty(shape, dtype=dtype, device="cuda")
+    junk.fill_(float("nan"))
+    del junk
+
+
+def make_inputs(s, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = DTYPES[s.dtype]
+    q = torch.randn(s.B, s.Hq, s.Sq, s.D, dtype=dt, device="cuda", generator=g)
+    k = torch.randn(s.B, s.Hkv, s.Sk, s.D, dtype=dt, device="cuda", generator=g)
+    v = torch.randn(s.B, s.Hkv, s.Sk, s.D, dtype=dt, device="cuda", generator=g)
+    return q, k, v
+
+
+def try_call(impl, fn):
+    """Run once under the impl's context; return (output, None) or (None, reason)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # sdpa_kernel's "X not used because ..." chatter
+            with impl.context():
+                out = fn()
+        torch.cuda.synchronize()
+        return out, None
+    except RuntimeError as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return None, msg[:120]
+
+
+def run_shape(s, impls, timer, seed, graph):
+    """Verify every impl on one shape, then time the ones that are right. Returns rows."""
+    q, k, v = make_inputs(s, seed)
+    f = flops(s)
+    rows = []
+    outputs, skip = {}, {}
+    for impl in impls:
+        fn = impl.fn(q, k, v, s)
+        if impl.name.startswith("flashcore"):
+            poison_allocator((s.B, s.Hq, s.Sq, s.D), q.dtype)
+        out, why = try_call(impl, fn)
+        if out is None:
+            skip[impl.name] = why
+        else:
+            outputs[impl.name] = out
+    ref_name = next((n for n in REF_ORDER if n in outputs), None)
+    ref = outputs.get(ref_name)
+    cudnn_us = None
+    for impl in impls:
+        row = dict(impl=impl.name, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk,
+                   D=s.D, causal=s.causal, us=None, tflops=None, graph_us=None, vs_cudnn=None,
+                   maxdiff=None, status="ok", path=impl.explain(q, k, v, s))
+        rows.append(row)
+        if impl.name in skip:
+            row["status"] = f"skipped: {skip[impl.name]}"
+            report(s, row, ref_name)
+            continue
+        out = outputs.pop(impl.name) if impl.name != ref_name else ref
+        nan = bool(torch.isnan(out).any())
+        if ref is not None and impl.name != ref_name:
+            row["maxdiff"] = (out.float() - ref.float()).abs().max().item()
+        if nan or (row["maxdiff"] is not None and not row["maxdiff"] <= TOL[s.dtype]):
+            row["status"] = "WRONG" + (" (NaN in output)" if nan else "")
+            report(s, row, ref_name)
+            continue  # never time garbage
+        if ref is None:
+            row["status"] = "unverified"
+        elif row["path"] is not None and not row["path"].startswith("kernel"):
+            row["status"] = "fallback"
+        del out
+        fn = impl.fn(q, k, v, s)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with impl.context():
+                row["us"] = timer.eager_us(fn)
+                if graph:
+                    try:
+                        row["graph_us"] = timer.graph_us(fn)
+                    except Exception as e:  # report, keep going
+                        row["graph_note"] = f"graph capture failed: {str(e).splitlines()[0][:100]}"
+        row["tflops"] = f / row["us"] / 1e6
+        if impl.name == "cudnn":
+            cudnn_us = row["us"]
+        if cudnn_us:
+            row["vs_cudnn"] = cudnn_us / row["us"]
+        report(s, row, ref_name)
+    return rows
+
+
+# --------------------------------------------------------------------------- output
+
+HEADER = (f"{'shape':<26} {'dtype':<5} {'causal':<6} {'impl':<15} {'us':>9} {'graph_us':>9} "
+          f"{'TFLOP/s':>8} {'vs cuDNN':>8} {'maxdiff':>9}  status")
+
+
+def fmt(x, spec, none="-"):
+    return none if x is None else format(x, spec)
+
+
+def report(s, row, ref_name):
+    status = row["status"]
+    if status.startswith("WRONG"):
+        status = f"!!!!!! {status} vs {ref_name} (tol {TOL[s.dtype]:g}) !!!!!!"
+    elif status == "fallback":
+        status = f"fallback ({row['path']})"
+    if row.get("graph_note"):
+        status += f"; {row['graph_note']}"
+    print(f"{s.label:<26} {s.dtype:<5} {str(s.causal):<6} {row['impl']:<15} "
+          f"{fmt(row['us'], '9.1f'):>9} {fmt(row['graph_us'], '9.2f'):>9} "
+          f"{fmt(row['tflops'], '8.1f'):>8} {fmt(row['vs_cudnn'], '8.2f'):>8} "
+          f"{fmt(row['maxdiff'], '9.2e'):>9}  {status}", flush=True)
+
+
+def summary(rows, impls):
+    """TFLOP/s pivot: one line per shape, one column per impl."""
+    names = [i.name for i in impls]
+    print("\nTFLOP/s summary (WRONG rows never timed: 'WRONG'; skipped: '-'; fallback: '*')")
+    print(f"{'shape':<26} {'dtype':<5} {'causal':<6} " + " ".join(f"{n:>15}" for n in names))
+    keyed = {}
+    for r in rows:
+        key = (r["dtype"], r["B"], r["Hq"], r["Hkv"], r["Sq"], r["Sk"], r["D"], r["causal"])
+        keyed.setdefault(key, {})[r["impl"]] = r
+    for key, by in keyed.items():
+        dt, B, Hq, Hkv, Sq, Sk, D, causal = key
+        label = Shape(B, Hq, Hkv, Sq, Sk, D, causal, dt).label
+        cells = []
+        for n in names:
+            r = by.get(n)
+            if r is None or r["us"] is None:
+                cells.append("WRONG" if r is not None and r["status"].startswith("WRONG") else "-")
+            else:
+                cells.append(f"{r['tflops']:.1f}" + ("*" if r["status"] == "fallback" else ""))
+        print(f"{label:<26} {dt:<5} {str(causal):<6} " + " ".join(f"{c:>15}" for c in cells))
+
+
+# --------------------------------------------------------------------------- dry run
+
+def dry_run_rows(shapes, impl_names):
+    """Fake, deterministic timings (no GPU): exercises FLOPs, table, summary and JSON."""
+    rows = []
+    speed = {"cudnn": 450, "flash": 300, "efficient": 150, "flashcore": 200, "flashcore-sm80": 190}
+    for s in shapes:
+        f = flops(s)
+        cudnn_us = None
+        for n in impl_names:
+            row = dict(impl=n, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk, D=s.D,
+                       causal=s.causal, us=None, tflops=None, graph_us=None, vs_cudnn=None,
+                       maxdiff=None, status="ok", path=None)
+            if n.startswith("flashcore"):
+                row["path"] = "kernel: (dry run)"
+                row["maxdiff"] = 1e-3
+            if n == "flash" and s.Hq != s.Hkv:
+                row["status"] = "skipped: (dry run)"
+            else:
+                row["us"] = f / (speed[n] * 1e6) + 5.0
+                row["tflops"] = f / row["us"] / 1e6
+                if s.graph:
+                    row["graph_us"] = row["us"] * 0.8
+                if n == "cudnn":
+                    cudnn_us = row["us"]
+                row["vs_cudnn"] = cudnn_us / row["us"] if cudnn_us else None
+            rows.append(row)
+            report(s, row, "cudnn")
+    return rows
+
+
+# --------------------------------------------------------------------------- main
+
+def cpu_demo():
+    """Without a GPU there is nothing to time: show the op working and saying it fell back."""
+    import flashcore
+
+    print("bench.py: no CUDA device, so nothing to time. A FlashCore call on the CPU instead:")
+    torch.manual_seed(0)
+    q = torch.randn(1, 8, 512, 64)
+    k, v = torch.randn(1, 8, 512, 64), torch.randn(1, 8, 512, 64)
+    out = torch.ops.flashcore.sdpa(q, k, v, is_causal=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    print(f"  torch.ops.flashcore.sdpa(q, k, v, is_causal=True), q {tuple(q.shape)} {q.dtype} on cpu")
+    print(f"  path: {flashcore.explain(q, k, v, is_causal=True)}")
+    print(f"  equal to F.scaled_dot_product_attention: {torch.equal(out, ref)}")
+    print("  (--dry-run exercises the benchmark's tables and JSON with fake timings)")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small subset (smoke test)")
+    ap.add_argument("--bf16", action="store_true", help="also bf16 (default: fp16 only)")
+    ap.add_argument("--extra", action="store_true", help="add decode and GQA shapes")
+    ap.add_argument("--json", metavar="PATH", help="JSON output path (default: OUT_DIR/<card>_<date>.json)")
+    ap.add_argument("--out-dir", metavar="DIR", default=os.path.join(REPO, "bench", "results"))
+    ap.add_argument("--no-json", action="store_true", help="do not write JSON")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--impls", default=",".join(IMPLS),
+                    help=f"comma-separated subset of {','.join(IMPLS)}")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: fake timings (tests the plumbing)")
+    args = ap.parse_args(argv)
+
+    names = [n.strip() for n in args.impls.split(",") if n.strip()]
+    bad = [n for n in names if n not in IMPLS]
+    if bad:
+        ap.error(f"unknown impl(s) {bad}; choose from {IMPLS}")
+    names = [n for n in IMPLS if n in names]  # cuDNN first, whatever the order given
+    shapes = shape_set(args.quick, args.bf16, args.extra)
+    sha, dirty = git_info()
+    now = _dt.datetime.now()
+
+    if args.dry_run:
+        card = "dry-run"
+    else:
+        if not torch.cuda.is_available():
+            cpu_demo()
+            return 0
+        card = torch.cuda.get_device_name()
+    fc = None
+    if any(n.startswith("flashcore") for n in names) and not args.dry_run:
+        import flashcore as fc  # a failure here is an error: the point is to time it
+
+    method = (f"eager: {args.warmup} warm-up, median of {args.iters} calls, each between its own "
+              f"CUDA events, L2 flushed before each call by writing a {FLUSH_BYTES >> 20} MB buffer "
+              f"(untimed); graph: {GRAPH_CALLS} calls per CUDA graph, median of {args.iters} replays "
+              f"/ {GRAPH_CALLS}, L2 warm; inputs randn, one set per shape")
+    print(f"FlashCore bench  sha={sha}{' (dirty)' if dirty else ''}  torch={torch.__version__}  "
+          f"card={card}  {now:%Y-%m-%d %H:%M}")
+    print(f"method: {method}")
+    print(f"TFLOP/s: 4*B*Hq*D*pairs (causal Sq==Sk: half the pairs); vs cuDNN = cuDNN us / us; "
+          f"maxdiff vs {'/'.join(REF_ORDER)} (first that runs)\n")
+    print(HEADER, flush=True)
+
+    t0 = time.time()
+    impls = [Impl(n, fc) for n in names]
+    if args.dry_run:
+        rows = dry_run_rows(shapes, names)
+    else:
+        timer = Timer(args.warmup, args.iters)
+        rows = []
+        for i, s in enumerate(shapes):
+            rows += run_shape(s, impls, timer, args.seed + i, s.graph)
+            torch.cuda.empty_cache()
+    elapsed = time.time() - t0
+    summary(rows, impls)
+    wrong = [r for r in rows if r["status"].startswith("WRONG")]
+    print(f"\n{len(rows)} rows, {len(shapes)} shapes, {elapsed:.1f} s"
+          + (f"; {len(wrong)} WRONG rows (not timed)" if wrong else ""))
+
+    if not args.no_json:
+        path = args.json or os.path.join(args.out_dir, f"{slug(card)}_{now:%Y-%m-%d_%H%M}.json")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        doc = dict(sha=sha, dirty=dirty, torch=torch.__version__, card=card,
+                   date=now.isoformat(timespec="seconds"), method=method,
+                   args=vars(args), elapsed_s=round(elapsed, 1), rows=rows)
+        with open(path, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        print(f"JSON: {path}")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The one script for a GPU machine: build (sm_89 + sm_90a), C tests, the full pytest suite,
+# compute-sanitizer on the C API test (small and ragged shapes), a SASS check, and the bench.
+# Everything it reports lands in $OUT (default ./gpu-out): build.log, ctest.log, pytest.log,
+# sanitizer.log, sass.txt, bench.log, bench.json.
+#
+# Usage: bash ci/gpu.sh [--no-bench] [--quick-bench] [pytest -k expression]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+BENCH=full
+KEXPR=""
+for arg in "$@"; do
+  case "$arg" in
+    --no-bench) BENCH=none ;;
+    --quick-bench) BENCH=quick ;;
+    *) KEXPR="$arg" ;;
+  esac
+done
+status=0
+step() { echo; echo "=== $* ($(date +%T))"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/machine.txt"
+"$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/machine.txt"
+
+step "build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v "$PY")" \
+  > "$OUT/build.log" 2>&1 && cmake --build build >> "$OUT/build.log" 2>&1
+if [ $? -ne 0 ]; then tail -n 40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; fi
+grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -n 12
+
+step "SASS: tensor-core and async-copy instructions per kernel"
+cuobjdump -sass python/flashcore/libflashcore.so > "$OUT/sass_full.txt" 2>&1
+awk '/Function :/ {f=$3} /HMMA/ {h[f]++} /LDGSTS/ {l[f]++} /HGMMA/ {g[f]++}
+     END {for (k in h) printf "%-90s HMMA %5d  LDGSTS %4d  HGMMA %4d\n", k, h[k], l[k], g[k]}' \
+  "$OUT/sass_full.txt" | tee "$OUT/sass.txt"
+rm -f "$OUT/sass_full.txt"
+
+step "C tests"
+ctest --test-dir build --output-on-failure 2>&1 | tee "$OUT/ctest.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+step "compute-sanitizer (memcheck, racecheck) on the C API test"
+for tool in memcheck racecheck; do
+  compute-sanitizer --tool "$tool" --error-exitcode 9 build/tests/c/test_c_api_gpu > "$OUT/sanitizer_$tool.log" 2>&1
+  rc=$?
+  tail -n 3 "$OUT/sanitizer_$tool.log"
+  if [ $rc -ne 0 ]; then echo "SANITIZER $tool FAILED (rc $rc)"; status=1; fi
+done
+cat "$OUT"/sanitizer_*.log > "$OUT/sanitizer.log"; rm -f "$OUT"/sanitizer_*.log
+
+step "pytest"
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+PYTHONUNBUFFERED=1 "$PY" -m pytest tests -q -ra ${KEXPR:+-k "$KEXPR"} 2>&1 | tee "$OUT/pytest.log" | tail -n 30
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+if [ "$BENCH" != none ]; then
+  step "bench ($BENCH)"
+  extra=""; [ "$BENCH" = quick ] && extra="--quick"
+  PYTHONUNBUFFERED=1 "$PY" bench/bench.py $extra --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+step "done: status $status"
+exit $status

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs every test: the C tests (ctest, from ./build) and the op tests (pytest).
+# GPU tests run where a CUDA device is present and are skipped (with a reason) elsewhere.
+# Run after `bash ci/install.sh`. Usage: bash ci/test.sh [extra pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+echo "== C tests"
+ctest --test-dir build --output-on-failure
+echo "== op tests"
+"$PY" -m pytest tests -ra "$@"

@@ -1,0 +1,88 @@
+"""FlashCore: a fused scaled-dot-product attention op for PyTorch.
+
+Importing this package loads ``libflashcore_op.so`` (built beside this file) and registers
+``torch.ops.flashcore.sdpa``, a drop-in for ``torch.nn.functional.scaled_dot_product_attention``
+with the same schema. On CUDA devices FlashCore has kernels for, it runs a FlashCore kernel on
+the current stream; everything else (CPU tensors, dropout, masks, other dtypes / head dims /
+devices) goes to PyTorch's own SDPA.
+
+Usage::
+
+    import torch, flashcore
+    q = k = v = torch.randn(2, 8, 1024, 64, device="cuda", dtype=torch.float16)
+    out = flashcore.sdpa(q, k, v, is_causal=True)        # or torch.ops.flashcore.sdpa(...)
+    print(flashcore.explain(q, k, v, is_causal=True))     # "kernel sm80" / "fallback: <why>"
+
+The environment variable ``FLASHCORE_FAMILY`` (``auto`` | ``sm80`` | ``sm90``, read at each
+call) forces a kernel family; forcing one that cannot run on the device raises.
+"""
+
+import ctypes
+import os
+
+import torch
+
+__version__ = "0.1.0"
+__all__ = ["sdpa", "explain", "__version__"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_OP_LIB = os.path.join(_HERE, "libflashcore_op.so")
+_C_LIB = os.path.join(_HERE, "libflashcore.so")
+
+if not os.path.exists(_OP_LIB):
+    raise ImportError(
+        f"flashcore: {_OP_LIB} not found. Build and install the package first "
+        "(`pip install .` from the FlashCore checkout, or `cmake -S . -B build -G Ninja && "
+        "cmake --build build`, which puts the libraries in python/flashcore/).")
+try:
+    torch.ops.load_library(_OP_LIB)
+except OSError as e:
+    raise ImportError(f"flashcore: cannot load {_OP_LIB}: {e}. Rebuild it against this "
+                      "PyTorch (it needs torch >= 2.11 with CUDA).") from e
+
+# Reason codes returned by torch.ops.flashcore.explain (see torch_op/flashcore_op.cpp).
+_OP_REASONS = {
+    1: "a tensor is not on a CUDA device",
+    2: "query, key and value are not all 4-D (batch, heads, seq_len, head_dim)",
+    3: "sizes need broadcasting (batch, heads or key/value length differ)",
+    4: "value's head dim differs from query's",
+    5: "query and key/value head counts differ and enable_gqa is False",
+    6: "dropout_p > 0",
+    7: "dtype is not float16, bfloat16 or float32",
+    8: "attn_mask is a float mask whose dtype differs from query's",
+    9: "attn_mask does not broadcast to (batch, heads, seq_len_q, seq_len_k)",
+    10: "attn_mask is on a different device than query",
+}
+_STATUS_BASE = 100
+_FAMILIES = {0: "auto", 1: "sm80", 2: "sm90"}
+_clib = None
+
+
+def _status_string(status: int) -> str:
+    """fc_status_string() from libflashcore.so (the C API), through ctypes."""
+    global _clib
+    if _clib is None:
+        _clib = ctypes.CDLL(_C_LIB)
+        _clib.fc_status_string.restype = ctypes.c_char_p
+        _clib.fc_status_string.argtypes = [ctypes.c_int]
+    return _clib.fc_status_string(status).decode()
+
+
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+         enable_gqa=False):
+    """Same arguments and result as ``torch.nn.functional.scaled_dot_product_attention``."""
+    return torch.ops.flashcore.sdpa(query, key, value, attn_mask, dropout_p, is_causal,
+                                    scale=scale, enable_gqa=enable_gqa)
+
+
+def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+            enable_gqa=False) -> str:
+    """Which path ``sdpa`` takes for these arguments: ``"kernel sm80"``, ``"kernel sm90"`` or
+    ``"fallback: <reason>"``. Raises for the same bad inputs ``sdpa`` raises for."""
+    family, reason = torch.ops.flashcore.explain(query, key, value, attn_mask, dropout_p,
+                                                 is_causal, scale=scale, enable_gqa=enable_gqa)
+    if reason == 0:
+        return f"kernel {_FAMILIES.get(family, family)}"
+    if reason >= _STATUS_BASE:
+        return f"fallback: {_status_string(reason - _STATUS_BASE)}"
+    return f"fallback: {_OP_REASONS.get(reason, f'reason {reason}')}"

@@ -1,0 +1,362 @@
+"""GPU correctness tests for torch.ops.flashcore.sdpa.
+
+What it checks, on a CUDA machine:
+  * kernel cases (fp16/bf16, D 64/128, causal or not, many Sq/Sk, GQA, strided
+    and transposed inputs) match a float64 reference within a tolerance derived
+    from the error of the same math done in the input's low precision:
+        max|out - ref_hi| <= 2 * max|ref_lp - ref_hi| + atol
+    and flashcore.explain() says a FlashCore kernel ran (no silent fallback);
+  * every output element is written (the caching allocator is filled with NaN
+    right before each call, so the op's fresh output reuses poisoned memory);
+  * fallback cases (fp32, masks, D=80, dropout) equal F.scaled_dot_product_attention
+    bit for bit and explain() says "fallback";
+  * the op runs on the caller's current stream and inside a CUDA graph capture.
+Each kernel case runs twice: FLASHCORE_FAMILY=sm80 (forced) and =auto.
+
+Run:  python -m pytest tests/test_gpu_sdpa.py -q
+Without a CUDA device the module skips with a reason. With one, a failed
+`import flashcore` is an error, never a skip. Set FLASHCORE_REQUIRE_GPU=1 to make
+a missing CUDA device an error too (for the GPU machine's script).
+"""
+
+import math
+import os
+import zlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+if not torch.cuda.is_available():
+    if os.environ.get("FLASHCORE_REQUIRE_GPU") == "1":
+        raise RuntimeError("FLASHCORE_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
+    try:
+        import flashcore  # noqa: F401  (only to say in the reason whether it loads)
+        _why = "flashcore imports"
+    except Exception as e:  # not built yet on this machine
+        _why = f"flashcore does not import here ({type(e).__name__}: {e})"
+    pytest.skip(f"no CUDA device: GPU tests of flashcore.sdpa skipped; {_why}",
+                allow_module_level=True)
+
+# On a GPU machine the package must load: let ImportError fail the run.
+import flashcore  # noqa: E402
+
+sdpa = torch.ops.flashcore.sdpa
+DEVICE = "cuda"
+# The sm80 kernel family is built for sm_89 and sm_90; elsewhere the op falls back to aten.
+KERNEL_CARD = torch.cuda.get_device_capability() in ((8, 9), (9, 0))
+
+# atol covers the final rounding of the output, which ref_lp can get luckily right:
+# one fp16 ulp at |x| ~ 1 is 2^-10 ~ 9.8e-4 -> 1e-3; one bf16 ulp at 1 is 2^-7 ~ 7.8e-3 -> 1e-2.
+# Outputs are convex combinations of randn rows, so |out| is rarely above ~3.
+ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+# --------------------------------------------------------------------------- references
+
+def _expand_kv(x, hq):
+    """(B, Hkv, S, D) -> (B, Hq, S, D) the way enable_gqa does (repeat_interleave)."""
+    hkv = x.shape[1]
+    return x if hkv == hq else x.repeat_interleave(hq // hkv, dim=1)
+
+
+def _causal_keep(sq, sk, device):
+    """Top-left aligned causal mask as PyTorch defines is_causal: key j visible to query i iff j <= i."""
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).tril(diagonal=0)
+
+
+def reference(q, k, v, is_causal, scale, compute_dtype):
+    """SDPA by explicit matmul + softmax in compute_dtype, result in compute_dtype.
+
+    compute_dtype=float64: the high-precision reference (inputs upcast exactly).
+    compute_dtype=q.dtype (fp16/bf16): the same math in low precision; every matmul
+    and softmax output is rounded to the low dtype, like the P->fp16 rounding a fused
+    kernel does (aten's MATH backend would upcast to fp32 by default, hiding that error).
+    Heads are processed in chunks so the score matrix stays under ~2^27 elements.
+    """
+    B, Hq, Sq, D = q.shape
+    Sk = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    kk = _expand_kv(k, Hq)
+    vv = _expand_kv(v, Hq)
+    out = torch.empty(B, Hq, Sq, v.shape[-1], dtype=compute_dtype, device=q.device)
+    keep = _causal_keep(Sq, Sk, q.device) if is_causal else None
+    step = max(1, (1 << 27) // max(1, Sq * Sk))
+    # fp32 accumulation in the low-precision matmuls, so ref_lp's error (and so the
+    # tolerance) does not depend on cuBLAS choosing a reduced-precision split-K.
+    m = torch.backends.cuda.matmul
+    saved = (m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction)
+    m.allow_fp16_reduced_precision_reduction = False
+    m.allow_bf16_reduced_precision_reduction = False
+    try:
+        _reference_chunks(q, kk, vv, out, keep, scale, step, compute_dtype)
+    finally:
+        m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction = saved
+    return out
+
+
+def _reference_chunks(q, kk, vv, out, keep, scale, step, compute_dtype):
+    B, Hq = q.shape[:2]
+    for b in range(B):
+        for h0 in range(0, Hq, step):
+            h1 = min(Hq, h0 + step)
+            qc = q[b, h0:h1].to(compute_dtype)
+            kc = kk[b, h0:h1].to(compute_dtype)
+            vc = vv[b, h0:h1].to(compute_dtype)
+            s = torch.matmul(qc, kc.transpose(-1, -2)) * scale
+            if keep is not None:
+                s = s.masked_fill(~keep, float("-inf"))
+            p = torch.softmax(s, dim=-1)
+            out[b, h0:h1] = torch.matmul(p, vc)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def poison_allocator(shape, dtype):
+    """Fill a block of the output's size with NaN and free it, so that the op's own
+    output allocation (same size, same stream) likely reuses it: unwritten elements
+    then show as NaN instead of whatever stale data was there."""
+    junk = torch.empty(shape, dtype=dtype, device=DEVICE)
+    junk.fill_(float("nan"))
+    del junk
+
+
+def make_inputs(B, Hq, Hkv, Sq, Sk, D, dtype, layout, gen=None):
+    """Fresh randn q, k, v as (B, H, S, D) views in the requested memory layout.
+
+    bhsd:   contiguous (B, H, S, D).
+    bshd:   contiguous (B, S, H, D) transposed to (B, H, S, D) (HuggingFace layout).
+    sliced: a (B, H, S, D) view at a 16-byte offset inside a (B, H, S, D + 24) buffer:
+            row stride is not D and the base is only 16-byte aligned.
+    """
+    def one(H, S):
+        if layout == "bhsd":
+            return torch.randn(B, H, S, D, dtype=dtype, device=DEVICE, generator=gen)
+        if layout == "bshd":
+            return torch.randn(B, S, H, D, dtype=dtype, device=DEVICE, generator=gen).transpose(1, 2)
+        if layout == "sliced":
+            off = 16 // torch.empty((), dtype=dtype).element_size()
+            buf = torch.randn(B, H, S, D + 24, dtype=dtype, device=DEVICE, generator=gen)
+            return buf[..., off:off + D]
+        raise ValueError(layout)
+
+    q, k, v = one(Hq, Sq), one(Hkv, Sk), one(Hkv, Sk)
+    if layout != "bhsd":
+        assert not q.is_contiguous() and q.stride(-1) == 1
+    return q, k, v
+
+
+def check_close(out, q, k, v, is_causal, scale, what):
+    ref_hi = reference(q, k, v, is_causal, scale, torch.float64)
+    ref_lp = reference(q, k, v, is_causal, scale, q.dtype)
+    assert out.shape == ref_hi.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref_hi.shape)}"
+    assert out.dtype == q.dtype and out.device == q.device, f"{what}: dtype/device"
+    n_nan = torch.isnan(out).sum().item()
+    assert n_nan == 0, f"{what}: {n_nan} NaN elements in the output (unwritten or bad softmax)"
+    assert torch.isfinite(out).all(), f"{what}: non-finite output"
+    err = (out.double() - ref_hi).abs().max().item()
+    lp_err = (ref_lp.double() - ref_hi).abs().max().item()
+    tol = 2 * lp_err + ATOL[q.dtype]
+    assert err <= tol, f"{what}: max|out-ref|={err:.3e} > tol={tol:.3e} (low-precision ref err {lp_err:.3e})"
+    return err, tol
+
+
+def family_kwargs(enable_gqa, scale):
+    kw = {}
+    if enable_gqa:
+        kw["enable_gqa"] = True
+    if scale is not None:
+        kw["scale"] = scale
+    return kw
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    """Fresh inputs per test, yet reproducible: seed from the test's own id."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(params=["sm80", "auto"])
+def family(request, monkeypatch):
+    """The op reads FLASHCORE_FAMILY at every call; os.environ writes reach getenv()."""
+    if request.param == "sm80" and not KERNEL_CARD:
+        pytest.skip("forcing the sm80 family raises on cards other than sm_89 / sm_90")
+    monkeypatch.setenv("FLASHCORE_FAMILY", request.param)
+    return request.param
+
+
+# --------------------------------------------------------------------------- kernel cases
+
+@dataclass(frozen=True)
+class Case:
+    dtype: torch.dtype
+    D: int
+    causal: bool
+    Sq: int
+    Sk: int
+    Hkv: int = 2
+    ratio: int = 1          # Hq = ratio * Hkv
+    layout: str = "bhsd"
+    B: int = 2
+    scale: float = None
+
+    @property
+    def id(self):
+        dt = {torch.float16: "fp16", torch.bfloat16: "bf16"}[self.dtype]
+        s = f"{dt}-d{self.D}-{'causal' if self.causal else 'full'}-q{self.Sq}-k{self.Sk}"
+        s += f"-b{self.B}-hkv{self.Hkv}x{self.ratio}-{self.layout}"
+        if self.scale is not None:
+            s += f"-scale{self.scale}"
+        return s
+
+
+def _cases():
+    fp16, bf16 = torch.float16, torch.bfloat16
+    cases = []
+    # Core grid, every dtype x D x causal: S=1, odd sizes, Sq != Sk both ways,
+    # Sq > Sk (causal: top-left alignment, rows past Sk see every key), tile edges 127/128.
+    core = [(1, 1), (17, 17), (128, 128), (127, 128), (128, 127), (1, 1000), (1000, 1),
+            (64, 1000), (1000, 64), (1000, 1000)]
+    for dt in (fp16, bf16):
+        for D in (64, 128):
+            for causal in (False, True):
+                for sq, sk in core:
+                    cases.append(Case(dt, D, causal, sq, sk, Hkv=2, ratio=1 if D == 64 else 4))
+    # Long sequences (4097 = 4096 + 1 crosses every power-of-two tile): fp16 full grid, bf16 one each.
+    for D in (64, 128):
+        for causal in (False, True):
+            for sq, sk in ((4097, 4097), (1, 4097), (4097, 17), (17, 4097)):
+                cases.append(Case(fp16, D, causal, sq, sk, Hkv=1, ratio=8, B=1))
+            cases.append(Case(bf16, D, causal, 4097, 4097, Hkv=2, ratio=4, B=1))
+    # GQA: every ratio x every Hkv, short-q/long-k causal and long-q/short-k full.
+    for ratio in (1, 4, 8):
+        for hkv in (1, 2, 8):
+            cases.append(Case(fp16, 64, True, 127, 1000, Hkv=hkv, ratio=ratio, B=1))
+            cases.append(Case(bf16, 128, False, 1000, 127, Hkv=hkv, ratio=ratio, B=1))
+    # Non-contiguous layouts.
+    for layout in ("bshd", "sliced"):
+        for dt in (fp16, bf16):
+            for D in (64, 128):
+                for causal in (False, True):
+                    for sq, sk in ((1000, 1000), (17, 128)):
+                        cases.append(Case(dt, D, causal, sq, sk, Hkv=2, ratio=4, layout=layout))
+    # Explicit scale.
+    for dt in (fp16, bf16):
+        cases.append(Case(dt, 128, True, 300, 300, scale=0.05))
+        cases.append(Case(dt, 64, False, 300, 200, Hkv=1, ratio=8, scale=0.3, layout="bshd"))
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_kernel_matches_reference(case, family):
+    c = case
+    q, k, v = make_inputs(c.B, c.Hkv * c.ratio, c.Hkv, c.Sq, c.Sk, c.D, c.dtype, c.layout)
+    kw = family_kwargs(c.ratio > 1, c.scale)
+    path = flashcore.explain(q, k, v, is_causal=c.causal, scale=c.scale, enable_gqa=c.ratio > 1)
+    if KERNEL_CARD:
+        assert path.startswith("kernel"), f"expected a FlashCore kernel, explain() says: {path!r}"
+    poison_allocator((c.B, c.Hkv * c.ratio, c.Sq, c.D), c.dtype)
+    out = sdpa(q, k, v, None, 0.0, c.causal, **kw)
+    torch.cuda.synchronize()
+    check_close(out, q, k, v, c.causal, c.scale, f"{c.id} [{family}] ({path})")
+
+
+def test_repeated_calls_are_deterministic(family):
+    """Same inputs twice -> bit-identical outputs (a race or stale-state bug shows here)."""
+    q, k, v = make_inputs(2, 8, 2, 1000, 1000, 128, torch.float16, "bhsd")
+    outs = []
+    for _ in range(3):
+        poison_allocator((2, 8, 1000, 128), torch.float16)
+        outs.append(sdpa(q, k, v, None, 0.0, True, enable_gqa=True))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+# --------------------------------------------------------------------------- fallbacks
+
+def _fallback_cases():
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    r = lambda *s, dt=torch.float16: torch.randn(*s, dtype=dt, device=DEVICE, generator=g)  # noqa: E731
+    cases = {}
+    q, k, v = r(2, 4, 100, 64, dt=torch.float32), r(2, 4, 90, 64, dt=torch.float32), r(2, 4, 90, 64, dt=torch.float32)
+    cases["fp32"] = (q, k, v, dict(is_causal=True))
+    q, k, v = r(2, 4, 100, 80), r(2, 4, 90, 80), r(2, 4, 90, 80)
+    cases["d80"] = (q, k, v, dict())
+    q, k, v = r(2, 4, 100, 64), r(2, 4, 90, 64), r(2, 4, 90, 64)
+    bool_mask = torch.rand(2, 1, 100, 90, device=DEVICE, generator=g) > 0.3
+    bool_mask[..., 0] = True  # no fully masked rows
+    cases["bool_mask"] = (q, k, v, dict(attn_mask=bool_mask))
+    cases["additive_mask"] = (q, k, v, dict(attn_mask=r(100, 90)))
+    return cases
+
+
+FALLBACKS = ["fp32", "d80", "bool_mask", "additive_mask"]
+
+
+@pytest.mark.parametrize("name", FALLBACKS)
+def test_fallback_equals_aten(name, family):
+    q, k, v, kw = _fallback_cases()[name]
+    path = flashcore.explain(q, k, v, attn_mask=kw.get("attn_mask"), is_causal=kw.get("is_causal", False))
+    assert path.startswith("fallback"), f"{name}: expected a fallback, explain() says: {path!r}"
+    out = sdpa(q, k, v, kw.get("attn_mask"), 0.0, kw.get("is_causal", False))
+    expected = F.scaled_dot_product_attention(q, k, v, **kw)
+    assert torch.equal(out, expected), (
+        f"{name}: fallback differs from aten, max diff {(out.float() - expected.float()).abs().max().item():.3e}")
+
+
+def test_dropout_falls_back(family):
+    q, k, v = make_inputs(2, 4, 4, 128, 128, 64, torch.float16, "bhsd")
+    path = flashcore.explain(q, k, v, dropout_p=0.1)
+    assert path.startswith("fallback"), f"dropout: expected a fallback, explain() says: {path!r}"
+    out = sdpa(q, k, v, None, 0.1, False)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+# --------------------------------------------------------------------------- streams and graphs
+
+def test_runs_on_current_stream(family):
+    """Launch on a non-default stream that is still busy (sleep, then the copy that
+    produces q). A kernel launched on any other stream reads q before the copy lands
+    and returns NaN/garbage."""
+    q_src, k, v = make_inputs(2, 8, 8, 1000, 1000, 128, torch.float16, "bhsd")
+    q = torch.full_like(q_src, float("nan"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # ~25-30 ms of GPU time on the side stream
+        q.copy_(q_src)
+        poison_allocator(q.shape, q.dtype)
+        out = sdpa(q, k, v, None, 0.0, True)
+    torch.cuda.current_stream().wait_stream(side)
+    out.record_stream(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    check_close(out, q_src, k, v, True, None, f"side stream [{family}]")
+
+
+@pytest.mark.parametrize("causal,sq,sk,hkv,ratio", [(False, 512, 512, 8, 1), (True, 1000, 777, 2, 4)])
+def test_cuda_graph_capture_and_replay(family, causal, sq, sk, hkv, ratio):
+    dt, D, B = torch.float16, 64, 2
+    q, k, v = make_inputs(B, hkv * ratio, hkv, sq, sk, D, dt, "bhsd")
+    kw = family_kwargs(ratio > 1, None)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture, as torch.cuda.graph expects
+        for _ in range(2):
+            sdpa(q, k, v, None, 0.0, causal, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = sdpa(q, k, v, None, 0.0, causal, **kw)
+    for i in range(3):
+        nq, nk, nv = make_inputs(B, hkv * ratio, hkv, sq, sk, D, dt, "bhsd")
+        q.copy_(nq)
+        k.copy_(nk)
+        v.copy_(nv)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        check_close(out, nq, nk, nv, causal, None, f"graph replay {i} [{family}]")

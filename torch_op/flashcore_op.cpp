@@ -1,0 +1,372 @@
+// flashcore_op.cpp - registers torch.ops.flashcore.sdpa (and flashcore.explain) on PyTorch's
+// stable ABI only, so one binary loads on every torch >= the target version (2.11).
+//
+//   flashcore::sdpa    - same schema as aten::scaled_dot_product_attention. On CUDA it fills an
+//                        fc_params from the tensors' real strides and calls fc_sdpa_fwd on the
+//                        current stream; everything no kernel covers goes to aten SDPA through
+//                        the dispatcher (CPU tensors always do).
+//   flashcore::explain - same arguments, returns (family, reason) from the same decision
+//                        function; the Python package turns it into a sentence.
+//
+// Reason codes (returned by explain, mirrored in python/flashcore/__init__.py):
+//   0                      kernel path
+//   1 .. 99                op-level fallback reasons (enum OpReason below)
+//   FC_REASON_STATUS_BASE + s   fallback because fc_sdpa_support said fc_status s
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include <array>
+#include <cmath>
+#include <dlfcn.h>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "flashcore.h"
+
+// Declared in aoti_torch/c/shim.h only under USE_CUDA; exported by libtorch_cuda since 2.x.
+extern "C" AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_index,
+                                                             void** ret_stream);
+
+namespace {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+// Like STD_TORCH_CHECK (throws std::runtime_error, which the dispatcher turns into a Python
+// RuntimeError), but the message is only ours: no function name, file or line in front of it.
+template <typename... Args>
+[[noreturn]] void fail(const Args&... args) {
+  std::ostringstream oss;
+  ((oss << args), ...);
+  throw std::runtime_error(oss.str());
+}
+#define FC_CHECK(cond, ...) \
+  do {                      \
+    if (!(cond)) fail(__VA_ARGS__); \
+  } while (0)
+
+// ---- reasons -------------------------------------------------------------------------------
+
+enum OpReason : int64_t {
+  kKernel = 0,
+  kNotCuda = 1,            // a tensor is not on a CUDA device
+  kNot4D = 2,              // query/key/value are not all 4-D (B, H, S, D)
+  kShapeBroadcast = 3,     // sizes need broadcasting (batch, heads, key/value length)
+  kValueHeadDim = 4,       // value's head dim differs from query's
+  kHeadsNoGqa = 5,         // query and key/value head counts differ without enable_gqa
+  kDropout = 6,            // dropout_p > 0
+  kDtype = 7,              // dtype is not fp16 / bf16 / fp32
+  kMaskDtype = 8,          // float mask whose dtype is not query's
+  kMaskShape = 9,          // mask cannot be described as a broadcast (B, H, Sq, Sk) view
+  kMaskDevice = 10,        // mask on another device than query
+};
+constexpr int64_t FC_REASON_STATUS_BASE = 100;
+
+struct Decision {
+  fc_params p;
+  int64_t reason = kKernel;    // kKernel, an OpReason, or FC_REASON_STATUS_BASE + fc_status
+  fc_family family = FC_FAMILY_AUTO;  // kernel family that runs (when reason == kKernel)
+  bool family_forced = false;
+};
+
+const char* dtype_name(ScalarType t) { return torch::headeronly::toString(t); }
+
+// A size-1 dim's stride is meaningless; report 0 so it never trips alignment checks.
+int64_t stride_or_0(const Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
+
+std::string device_str(const Tensor& t) {
+  if (t.is_cpu()) return "cpu";
+  if (t.is_cuda()) return "cuda:" + std::to_string(t.get_device_index());
+  return "device type " + std::to_string(static_cast<int>(t.device().type())) + ":" +
+         std::to_string(t.get_device_index());
+}
+
+fc_family family_from_env() {
+  const char* env = std::getenv("FLASHCORE_FAMILY");
+  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return FC_FAMILY_AUTO;
+  if (std::strcmp(env, "sm80") == 0) return FC_FAMILY_SM80;
+  if (std::strcmp(env, "sm90") == 0) return FC_FAMILY_SM90;
+  fail("flashcore: environment variable FLASHCORE_FAMILY must be one of "
+                  "'auto', 'sm80', 'sm90' (got '", env, "')");
+  return FC_FAMILY_AUTO;  // unreachable
+}
+
+// Compute capability per device, asked once from the CUDA runtime.
+std::pair<int, int> compute_capability(int32_t device) {
+  static std::mutex mu;
+  static std::vector<std::pair<int, int>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0) device = 0;
+  if (static_cast<size_t>(device) >= cache.size()) cache.resize(device + 1, {-1, -1});
+  if (cache[device].first < 0) {
+    int major = 0, minor = 0;
+    cudaError_t e1 = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaError_t e2 = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    FC_CHECK(e1 == cudaSuccess && e2 == cudaSuccess,
+             "flashcore.sdpa: cannot read the compute capability of cuda:", device, ": ",
+             cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
+    cache[device] = {major, minor};
+  }
+  return cache[device];
+}
+
+// fc statuses that describe the caller's layout or a case aten handles: fall back, don't raise.
+bool status_means_fallback(fc_status s) {
+  switch (s) {
+    case FC_UNSUPPORTED_EMPTY:
+    case FC_UNSUPPORTED_DTYPE:
+    case FC_UNSUPPORTED_HEAD_DIM:
+    case FC_UNSUPPORTED_MASK:
+    case FC_UNSUPPORTED_ARCH:
+    case FC_UNSUPPORTED_FAMILY:
+    case FC_ERR_LAST_DIM_STRIDE:
+    case FC_ERR_STRIDE_ALIGNMENT:
+    case FC_ERR_POINTER_ALIGNMENT:
+    case FC_ERR_NEGATIVE_STRIDE:
+    case FC_ERR_OFFSET_OVERFLOW:
+    case FC_ERR_BAD_SCALE:  // scale=inf/nan: aten computes it, so let aten do so
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Raise for inputs aten rejects too, where a clear message helps (on torch < 2.13 an aten error
+// raised through the dispatcher shim loses its message).
+void check_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                const std::optional<Tensor>& mask, bool is_causal, bool enable_gqa) {
+  const std::array<const Tensor*, 3> qkv{&q, &k, &v};
+  const std::array<const char*, 3> names{"query", "key", "value"};
+  for (int i = 0; i < 3; ++i) {
+    FC_CHECK(qkv[i]->dim() >= 2, "flashcore.sdpa: ", names[i],
+             " must have at least 2 dimensions (..., seq_len, head_dim), got ",
+             qkv[i]->dim(), "-D");
+  }
+  for (int i = 1; i < 3; ++i) {
+    FC_CHECK(qkv[i]->scalar_type() == q.scalar_type(), "flashcore.sdpa: ", names[i],
+             " must have the same dtype as query (query: ", dtype_name(q.scalar_type()),
+             ", ", names[i], ": ", dtype_name(qkv[i]->scalar_type()), ")");
+    FC_CHECK(qkv[i]->device() == q.device(), "flashcore.sdpa: ", names[i],
+             " must be on the same device as query (query: ", device_str(q), ", ",
+             names[i], ": ", device_str(*qkv[i]), ")");
+  }
+  FC_CHECK(k.size(-1) == q.size(-1), "flashcore.sdpa: key must have the same head dim "
+           "(last size) as query (query: ", q.size(-1), ", key: ", k.size(-1), ")");
+  if (mask.has_value()) {
+    const ScalarType mt = mask->scalar_type();
+    FC_CHECK(mt == ScalarType::Bool || mt == ScalarType::Float || mt == q.scalar_type(),
+             "flashcore.sdpa: attn_mask must be bool, float32 or query's dtype (query: ",
+             dtype_name(q.scalar_type()), ", attn_mask: ", dtype_name(mt), ")");
+    FC_CHECK(!is_causal, "flashcore.sdpa: attn_mask must be None when is_causal=True");
+  }
+  if (q.dim() == 4 && k.dim() == 4 && v.dim() == 4) {
+    // Batch sizes broadcast like aten's; two different sizes neither of which is 1 is an error.
+    for (int i = 1; i < 3; ++i) {
+      const int64_t a = q.size(0), b = qkv[i]->size(0);
+      FC_CHECK(a == b || a == 1 || b == 1, "flashcore.sdpa: ", names[i],
+               " must have the same batch size (dim 0) as query (query: ", a, ", ",
+               names[i], ": ", b, ")");
+    }
+    const int64_t hq = q.size(1);
+    for (int i = 1; i < 3; ++i) {
+      const int64_t h = qkv[i]->size(1);
+      if (enable_gqa) {
+        FC_CHECK(h > 0 && hq % h == 0, "flashcore.sdpa: with enable_gqa=True the number "
+                 "of query heads must be a multiple of ", names[i], "'s (query: ", hq,
+                 " heads, ", names[i], ": ", h, " heads)");
+      } else {
+        FC_CHECK(h == hq || h == 1 || hq == 1, "flashcore.sdpa: ", names[i], " has ", h,
+                 " heads and query has ", hq, ": they must match unless "
+                 "enable_gqa=True (query heads a multiple of ", names[i], "'s)");
+      }
+    }
+  }
+}
+
+// Describe the mask as a (B, Hq, Sq, Sk) view with broadcast dims at stride 0. False: it can't.
+bool describe_mask(const Tensor& mask, const fc_params& p, fc_params* out) {
+  const int64_t nd = mask.dim();
+  if (nd > 4) return false;
+  const std::array<int64_t, 4> target{p.batch, p.heads_q, p.seqlen_q, p.seqlen_k};
+  std::array<int64_t, 4> st{0, 0, 0, 0};
+  for (int64_t i = 0; i < nd; ++i) {
+    const int64_t td = 4 - nd + i;
+    const int64_t sz = mask.size(i);
+    if (sz == target[td]) st[td] = sz == 1 ? 0 : mask.stride(i);
+    else if (sz == 1) st[td] = 0;
+    else return false;
+  }
+  out->mask = mask.data_ptr();
+  out->mask_stride_b = st[0];
+  out->mask_stride_h = st[1];
+  out->mask_stride_q = st[2];
+  out->mask_stride_k = st[3];
+  return true;
+}
+
+// THE decision: raises for bad input, otherwise says kernel (with params filled) or why not.
+Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
+                const std::optional<Tensor>& mask, double dropout_p, bool is_causal,
+                std::optional<double> scale, bool enable_gqa) {
+  check_args(q, k, v, mask, is_causal, enable_gqa);
+  Decision d;
+  fc_params_init(&d.p);
+  d.family = family_from_env();
+  d.family_forced = d.family != FC_FAMILY_AUTO;
+  d.p.family = d.family;
+
+  auto fallback = [&](int64_t reason) {
+    d.reason = reason;
+    d.family = FC_FAMILY_AUTO;
+    return d;
+  };
+  if (!q.is_cuda()) return fallback(kNotCuda);
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return fallback(kNot4D);
+  const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Sk = k.size(2);
+  if (k.size(0) != B || v.size(0) != B || v.size(1) != Hkv || v.size(2) != Sk)
+    return fallback(kShapeBroadcast);
+  if (v.size(3) != D) return fallback(kValueHeadDim);
+  if (Hq != Hkv && !enable_gqa) return fallback(kHeadsNoGqa);  // (check_args: Hkv or Hq is 1)
+  if (dropout_p > 0.0) return fallback(kDropout);
+
+  switch (q.scalar_type()) {
+    case ScalarType::Half: d.p.dtype = FC_DTYPE_FP16; break;
+    case ScalarType::BFloat16: d.p.dtype = FC_DTYPE_BF16; break;
+    case ScalarType::Float: d.p.dtype = FC_DTYPE_FP32; break;
+    default: return fallback(kDtype);
+  }
+  d.p.batch = B; d.p.heads_q = Hq; d.p.heads_kv = Hkv;
+  d.p.seqlen_q = Sq; d.p.seqlen_k = Sk; d.p.head_dim = D;
+  if (q.numel() == 0 || k.numel() == 0 || v.numel() == 0)
+    return fallback(FC_REASON_STATUS_BASE + FC_UNSUPPORTED_EMPTY);
+
+  d.p.q = q.data_ptr(); d.p.k = k.data_ptr(); d.p.v = v.data_ptr();
+  d.p.q_stride_b = stride_or_0(q, 0); d.p.q_stride_h = stride_or_0(q, 1);
+  d.p.q_stride_s = stride_or_0(q, 2); d.p.q_stride_d = D == 1 ? 1 : q.stride(3);
+  d.p.k_stride_b = stride_or_0(k, 0); d.p.k_stride_h = stride_or_0(k, 1);
+  d.p.k_stride_s = stride_or_0(k, 2); d.p.k_stride_d = D == 1 ? 1 : k.stride(3);
+  d.p.v_stride_b = stride_or_0(v, 0); d.p.v_stride_h = stride_or_0(v, 1);
+  d.p.v_stride_s = stride_or_0(v, 2); d.p.v_stride_d = D == 1 ? 1 : v.stride(3);
+  // out: contiguous (B, Hq, Sq, D), allocated only if the kernel runs. A stand-in pointer
+  // (the caching allocator's blocks are 512-byte aligned) lets the support query check the rest.
+  d.p.out = reinterpret_cast<void*>(static_cast<uintptr_t>(512));
+  d.p.o_stride_d = 1; d.p.o_stride_s = D; d.p.o_stride_h = Sq * D; d.p.o_stride_b = Hq * Sq * D;
+  d.p.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(double(D)));
+  d.p.causal = is_causal ? 1 : 0;
+
+  if (mask.has_value()) {
+    if (mask->device() != q.device()) return fallback(kMaskDevice);
+    if (mask->scalar_type() == ScalarType::Bool) d.p.mask_kind = FC_MASK_BOOL;
+    else if (mask->scalar_type() == q.scalar_type()) d.p.mask_kind = FC_MASK_ADDITIVE;
+    else return fallback(kMaskDtype);
+    if (!describe_mask(*mask, d.p, &d.p)) return fallback(kMaskShape);
+  }
+
+  const auto [major, minor] = compute_capability(q.get_device_index());
+  const fc_status s = fc_sdpa_support(&d.p, major, minor);
+  if (s != FC_OK) {
+    if (status_means_fallback(s)) return fallback(FC_REASON_STATUS_BASE + s);
+    fail("flashcore.sdpa: internal error, the op built inconsistent parameters: ",
+         fc_status_string(s));
+  }
+  d.family = fc_sdpa_family(&d.p, major, minor);
+  d.reason = kKernel;
+  return d;
+}
+
+// torch >= 2.13 keeps the message of an exception caught at the C shim boundary and exports
+// torch_exception_get_what_without_backtrace() to read it. Looked up at run time (as torch's own
+// headers do), so the library builds against 2.11 headers and still loads on 2.11.
+const char* aten_error_message() {
+  using Fn = const char* (*)();
+  static const Fn fn = []() -> Fn {
+    const char* name = "torch_exception_get_what_without_backtrace";
+    void* sym = dlsym(RTLD_DEFAULT, name);
+    if (sym == nullptr) {
+      if (void* lib = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD)) sym = dlsym(lib, name);
+    }
+    return reinterpret_cast<Fn>(sym);
+  }();
+  return fn != nullptr ? fn() : nullptr;
+}
+
+Tensor aten_sdpa(const Tensor& q, const Tensor& k, const Tensor& v,
+                 const std::optional<Tensor>& mask, double dropout_p, bool is_causal,
+                 std::optional<double> scale, bool enable_gqa) {
+  using torch::stable::detail::from;
+  std::array<StableIValue, 8> stack{from(q), from(k), from(v), from(mask), from(dropout_p),
+                                    from(is_causal), from(scale), from(enable_gqa)};
+  if (torch_call_dispatcher("aten::scaled_dot_product_attention", "", stack.data(),
+                            TORCH_ABI_VERSION) != TORCH_SUCCESS) {
+    // aten rejected the inputs: raise its message (torch < 2.13 only logs it to stderr).
+    const char* msg = aten_error_message();
+    fail(msg != nullptr ? msg : "aten::scaled_dot_product_attention failed (its error "
+         "message was logged above)", " [flashcore.sdpa fell back to aten]");
+  }
+  return torch::stable::detail::to<Tensor>(stack[0]);
+}
+
+Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dropout_p,
+            bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+  if (d.reason != kKernel) {
+    // A forced family that cannot run is an error, not a silent fallback (it is for testing).
+    FC_CHECK(!(d.family_forced && d.reason == FC_REASON_STATUS_BASE + FC_UNSUPPORTED_FAMILY),
+             "flashcore.sdpa: FLASHCORE_FAMILY=", std::getenv("FLASHCORE_FAMILY"),
+             " forces a kernel family that cannot run here: ",
+             fc_status_string(FC_UNSUPPORTED_FAMILY));
+    return aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+  }
+  const int32_t dev = q.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(dev);
+  Tensor out = torch::stable::empty({d.p.batch, d.p.heads_q, d.p.seqlen_q, d.p.head_dim},
+                                    q.scalar_type(), std::nullopt, q.device());
+  d.p.out = out.data_ptr();
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
+  const fc_status s = fc_sdpa_fwd(&d.p, static_cast<cudaStream_t>(stream));
+  if (s == FC_ERR_CUDA) {
+    fail("flashcore.sdpa: ", fc_status_string(s), ": ",
+         cudaGetErrorString(fc_last_cuda_error()));
+  }
+  FC_CHECK(s == FC_OK, "flashcore.sdpa: ", fc_status_string(s));
+  return out;
+}
+
+std::tuple<int64_t, int64_t> explain(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
+                                     double dropout_p, bool is_causal,
+                                     std::optional<double> scale, bool enable_gqa) {
+  const Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+  return {static_cast<int64_t>(d.family), d.reason};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY(flashcore, m) {
+  m.def("sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+        "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
+        "bool enable_gqa=False) -> Tensor");
+  m.def("explain(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+        "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
+        "bool enable_gqa=False) -> (int, int)");
+}
+
+// One function for both keys: on CPU tensors the decision says "not CUDA" and aten runs.
+// No Meta kernel: the fake is registered from Python (torch.library.register_fake).
+STABLE_TORCH_LIBRARY_IMPL(flashcore, CUDA, m) { m.impl("sdpa", TORCH_BOX(&sdpa)); }
+STABLE_TORCH_LIBRARY_IMPL(flashcore, CPU, m) { m.impl("sdpa", TORCH_BOX(&sdpa)); }
+// explain only reads metadata, so it answers for tensors on any device.
+STABLE_TORCH_LIBRARY_IMPL(flashcore, CompositeExplicitAutograd, m) {
+  m.impl("explain", TORCH_BOX(&explain));
+}
