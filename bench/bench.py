@@ -135,6 +135,10 @@ def shape_set(quick, bf16, extra):
 # --------------------------------------------------------------------------- environment
 
 def git_info():
+    # The GPU machine gets a copy of the tree without .git: the caller passes the commit in
+    # FLASHCORE_SHA (ci/gpu.sh reads it from .git-sha, written before the tree is sent).
+    if os.environ.get("FLASHCORE_SHA"):
+        return os.environ["FLASHCORE_SHA"], None
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                              text=True, timeout=10)

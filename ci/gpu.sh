@@ -22,6 +22,12 @@ done
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
 
+# The tree may arrive without .git (device copies): `git rev-parse HEAD > .git-sha` beforehand.
+if [ -z "${FLASHCORE_SHA:-}" ]; then
+  FLASHCORE_SHA=$(git rev-parse HEAD 2>/dev/null || cat .git-sha 2>/dev/null || echo unknown)
+fi
+export FLASHCORE_SHA
+
 step "machine"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/machine.txt"
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/machine.txt"
