@@ -25,6 +25,19 @@ FC_DECLARE(fc_sm80_fwd_hdim128_fp16)
 FC_DECLARE(fc_sm80_fwd_hdim128_bf16)
 #endif
 
+#if defined(FC_HAVE_SM90_HDIM64_fp16)
+FC_DECLARE(fc_sm90_fwd_hdim64_fp16)
+#endif
+#if defined(FC_HAVE_SM90_HDIM64_bf16)
+FC_DECLARE(fc_sm90_fwd_hdim64_bf16)
+#endif
+#if defined(FC_HAVE_SM90_HDIM128_fp16)
+FC_DECLARE(fc_sm90_fwd_hdim128_fp16)
+#endif
+#if defined(FC_HAVE_SM90_HDIM128_bf16)
+FC_DECLARE(fc_sm90_fwd_hdim128_bf16)
+#endif
+
 typedef struct kernel_entry {
     fc_family family;
     int head_dim;
@@ -33,6 +46,18 @@ typedef struct kernel_entry {
 } kernel_entry;
 
 static const kernel_entry kKernels[] = {
+#if defined(FC_HAVE_SM90_HDIM64_fp16)
+    {FC_FAMILY_SM90, 64, FC_DTYPE_FP16, fc_sm90_fwd_hdim64_fp16},
+#endif
+#if defined(FC_HAVE_SM90_HDIM64_bf16)
+    {FC_FAMILY_SM90, 64, FC_DTYPE_BF16, fc_sm90_fwd_hdim64_bf16},
+#endif
+#if defined(FC_HAVE_SM90_HDIM128_fp16)
+    {FC_FAMILY_SM90, 128, FC_DTYPE_FP16, fc_sm90_fwd_hdim128_fp16},
+#endif
+#if defined(FC_HAVE_SM90_HDIM128_bf16)
+    {FC_FAMILY_SM90, 128, FC_DTYPE_BF16, fc_sm90_fwd_hdim128_bf16},
+#endif
 #if defined(FC_HAVE_SM80_HDIM64_fp16)
     {FC_FAMILY_SM80, 64, FC_DTYPE_FP16, fc_sm80_fwd_hdim64_fp16},
 #endif
@@ -59,10 +84,28 @@ static int family_runs_on(fc_family family, int cc_major, int cc_minor) {
         if (cc_major == 9 && cc_minor == 0) return 1;
 #endif
         return 0;
-    case FC_FAMILY_SM90: /* the Hopper family is not written yet */
+    case FC_FAMILY_SM90:
+#if defined(FC_BUILT_SM90)
+        if (cc_major == 9 && cc_minor == 0) return 1;
+#endif
+        return 0;
     default:
         return 0;
     }
+}
+
+/* A dim that is stepped over (size > 1) must have a nonzero stride. */
+static int stepped_strides_nonzero(int64_t s0, int64_t st0, int64_t s1, int64_t st1, int64_t s2, int64_t st2) {
+    return (s0 <= 1 || st0 != 0) && (s1 <= 1 || st1 != 0) && (s2 <= 1 || st2 != 0);
+}
+
+/* Layout requirements beyond validation. The Hopper family loads through TMA tensor maps,
+ * which cannot describe a broadcast (stride-0) dim; such inputs go to the sm80 family. */
+static int family_takes_layout(fc_family family, const fc_params *p) {
+    if (family != FC_FAMILY_SM90) return 1;
+    return stepped_strides_nonzero(p->seqlen_q, p->q_stride_s, p->heads_q, p->q_stride_h, p->batch, p->q_stride_b) &&
+           stepped_strides_nonzero(p->seqlen_k, p->k_stride_s, p->heads_kv, p->k_stride_h, p->batch, p->k_stride_b) &&
+           stepped_strides_nonzero(p->seqlen_k, p->v_stride_s, p->heads_kv, p->v_stride_h, p->batch, p->v_stride_b);
 }
 
 static const kernel_entry *find_kernel(fc_family family, const fc_params *p) {
@@ -87,7 +130,7 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
         if (!family_runs_on(f, cc_major, cc_minor)) continue;
         any_family_runs = 1;
         const kernel_entry *e = find_kernel(f, p);
-        if (e != NULL) {
+        if (e != NULL && family_takes_layout(f, p)) {
             if (launch != NULL) *launch = e->launch;
             if (family != NULL) *family = f;
             return FC_OK;
@@ -95,5 +138,6 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
     }
     if (!any_family_runs)
         return p->family == FC_FAMILY_AUTO ? FC_UNSUPPORTED_ARCH : FC_UNSUPPORTED_FAMILY;
+    if (p->family == FC_FAMILY_SM90 && find_kernel(FC_FAMILY_SM90, p) != NULL) return FC_UNSUPPORTED_LAYOUT;
     return FC_UNSUPPORTED_HEAD_DIM;
 }

@@ -44,7 +44,7 @@ typedef enum fc_dtype {
 typedef enum fc_family {
     FC_FAMILY_AUTO = 0,
     FC_FAMILY_SM80 = 1, /* mma.sync + cp.async: sm_89 (Ada), also built for sm_90 */
-    FC_FAMILY_SM90 = 2, /* TMA + wgmma + warp specialization: sm_90a (not built yet) */
+    FC_FAMILY_SM90 = 2, /* TMA + wgmma + warp specialization: sm_90a */
 } fc_family;
 
 /* Kinds of attention mask. Only NONE has a kernel today; the others are described so the
@@ -79,6 +79,7 @@ typedef enum fc_status {
     FC_UNSUPPORTED_MASK,         /* no kernel takes this mask kind yet */
     FC_UNSUPPORTED_ARCH,         /* no kernel family for this compute capability */
     FC_UNSUPPORTED_FAMILY,       /* the forced family is not built or cannot run on this device */
+    FC_UNSUPPORTED_LAYOUT,       /* the forced family cannot read this layout (sm90: a broadcast dim) */
     FC_ERR_CUDA,                 /* a CUDA runtime call or the launch failed (see fc_last_cuda_error) */
     FC_STATUS_COUNT_             /* number of statuses; not a status */
 } fc_status;

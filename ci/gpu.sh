@@ -49,8 +49,8 @@ step "C tests"
 ctest --test-dir build --output-on-failure 2>&1 | tee "$OUT/ctest.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-step "compute-sanitizer (memcheck, racecheck) on the C API test"
-for tool in memcheck racecheck; do
+step "compute-sanitizer (memcheck, racecheck, synccheck) on the C API test"
+for tool in memcheck racecheck synccheck; do
   compute-sanitizer --tool "$tool" --error-exitcode 9 build/tests/c/test_c_api_gpu > "$OUT/sanitizer_$tool.log" 2>&1
   rc=$?
   tail -n 3 "$OUT/sanitizer_$tool.log"

@@ -11,7 +11,7 @@ What it checks, on a CUDA machine:
   * fallback cases (fp32, masks, D=80, dropout) equal F.scaled_dot_product_attention
     bit for bit and explain() says "fallback";
   * the op runs on the caller's current stream and inside a CUDA graph capture.
-Each kernel case runs twice: FLASHCORE_FAMILY=sm80 (forced) and =auto.
+Each kernel case runs under FLASHCORE_FAMILY=sm80 and =sm90 (forced; sm90 on Hopper only) and =auto.
 
 Run:  python -m pytest tests/test_gpu_sdpa.py -q
 Without a CUDA device the module skips with a reason. With one, a failed
@@ -178,11 +178,13 @@ def _seed(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
-@pytest.fixture(params=["sm80", "auto"])
+@pytest.fixture(params=["sm80", "sm90", "auto"])
 def family(request, monkeypatch):
     """The op reads FLASHCORE_FAMILY at every call; os.environ writes reach getenv()."""
     if request.param == "sm80" and not KERNEL_CARD:
         pytest.skip("forcing the sm80 family raises on cards other than sm_89 / sm_90")
+    if request.param == "sm90" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
     monkeypatch.setenv("FLASHCORE_FAMILY", request.param)
     return request.param
 

@@ -101,7 +101,7 @@ typedef struct test_case {
     fc_dtype dtype;
 } test_case;
 
-static int run_case(const test_case *tc) {
+static int run_case(const test_case *tc, fc_family family) {
     const int64_t B = tc->B, Hq = tc->Hq, Hkv = tc->Hkv, Sq = tc->Sq, Sk = tc->Sk, D = tc->D;
     const size_t nq = (size_t)(B * Hq * Sq * D), nk = (size_t)(B * Hkv * Sk * D);
     uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hv = malloc(nk * 2), *ho = malloc(nq * 2);
@@ -130,6 +130,7 @@ static int run_case(const test_case *tc) {
     p.scale = 1.0f / sqrtf((float)D);
     p.causal = tc->causal;
     p.dtype = tc->dtype;
+    p.family = family;
     fc_params_set_contiguous_strides(&p);
 
     cudaStream_t stream;
@@ -181,8 +182,8 @@ static int run_case(const test_case *tc) {
                 }
             }
         }
-    printf("%s B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s: max|err| %.2e, max|lse err| %.2e, %d bad\n",
-           bad ? "FAIL" : "ok  ", (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk,
+    printf("%s family=%s B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s: max|err| %.2e, max|lse err| %.2e, %d bad\n",
+           bad ? "FAIL" : "ok  ", family == FC_FAMILY_SM80 ? "sm80" : "auto", (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk,
            (long long)D, tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", max_err, max_lse_err, bad);
 
     free(scores); free(hq); free(hk); free(hv); free(ho); free(hlse);
@@ -206,7 +207,10 @@ int main(void) {
         {3, 1, 1, 1000, 1000, 64, 1, FC_DTYPE_BF16},
     };
     int failed = 0;
-    for (size_t i = 0; i < sizeof(kCases) / sizeof(kCases[0]); ++i) failed += run_case(&kCases[i]);
+    /* AUTO picks the best family for the device (sm90 on Hopper); then the sm80 family forced. */
+    const fc_family families[] = {FC_FAMILY_AUTO, FC_FAMILY_SM80};
+    for (size_t f = 0; f < 2; ++f)
+        for (size_t i = 0; i < sizeof(kCases) / sizeof(kCases[0]); ++i) failed += run_case(&kCases[i], families[f]);
     if (failed) {
         fprintf(stderr, "%d case(s) failed\n", failed);
         return 1;

@@ -71,6 +71,8 @@ static void m_fp32(fc_params *p) { p->dtype = FC_DTYPE_FP32; }
 static void m_head_dim(fc_params *p) { p->head_dim = 80; fc_params_set_contiguous_strides(p); }
 static void m_mask(fc_params *p) { p->mask_kind = FC_MASK_ADDITIVE; p->mask = (const void *)0x50000; }
 static void m_force_sm90(fc_params *p) { p->family = FC_FAMILY_SM90; }
+static void m_force_sm80(fc_params *p) { p->family = FC_FAMILY_SM80; }
+static void m_force_sm90_broadcast(fc_params *p) { p->family = FC_FAMILY_SM90; p->k_stride_b = 0; p->v_stride_b = 0; }
 static void m_lse_misaligned(fc_params *p) { p->lse = (float *)0x60002; }
 static void m_size1_odd_stride(fc_params *p) { p->seqlen_q = 1; p->q_stride_s = 3; p->o_stride_s = 5; }
 static void m_broadcast_kv(fc_params *p) { p->k_stride_b = 0; p->v_stride_b = 0; }
@@ -108,7 +110,9 @@ static const validation_case kCases[] = {
     {"fp32", m_fp32, FC_OK, FC_UNSUPPORTED_DTYPE, FC_UNSUPPORTED_DTYPE},
     {"head_dim 80", m_head_dim, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_ARCH},
     {"additive mask", m_mask, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_MASK},
-    {"forced sm90 family", m_force_sm90, FC_OK, FC_UNSUPPORTED_FAMILY, FC_UNSUPPORTED_FAMILY},
+    {"forced sm90 family", m_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"forced sm90, K/V broadcast over batch", m_force_sm90_broadcast, FC_OK, FC_UNSUPPORTED_LAYOUT, FC_UNSUPPORTED_FAMILY},
+    {"forced sm80 family", m_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"seqlen_q 1 with odd stride", m_size1_odd_stride, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"K/V broadcast over batch", m_broadcast_kv, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
 };

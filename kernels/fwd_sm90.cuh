@@ -1,0 +1,469 @@
+// fwd_sm90.cuh - the Hopper (sm_90a) fused attention forward: TMA + wgmma + warp specialization.
+//
+// What it computes: the same as fwd_sm80.cuh, O = softmax(scale * Q K^T [causal]) V and the
+// natural-log LSE, for one (batch, query head) and a block of kBlockM = 128 query rows per CTA.
+//
+// How (one CTA = 3 warpgroups, 384 threads):
+//   * Warpgroup 0 is the producer. It gives most of its registers away (setmaxnreg.dec) and
+//     one thread issues every load with the tensor memory accelerator: Q once, then K and V
+//     tiles of kBlockN rows into a kStages-deep ring. Each load completes on an mbarrier
+//     ("full"); the consumers release a stage through another mbarrier ("empty").
+//   * Warpgroups 1 and 2 are consumers, 64 query rows each (setmaxnreg.inc to 240 registers).
+//     Per K/V tile: S = Q K^T with wgmma (both operands in shared memory, K-major), the online
+//     softmax in fp32 registers (exp2, scale folded into log2(e)), then O += P V with wgmma
+//     taking P straight from registers (the accumulator layout of S is the A-fragment layout)
+//     and V from shared memory read N-major (no transpose pass).
+//   * Tiles use the 128-byte swizzle that TMA writes and wgmma reads: a row of 64 elements is
+//     128 bytes, so a head dim of 128 is stored as two 64-column panels.
+//   * Ragged edges cost nothing: the tensor maps describe each (batch, head) slice as 4-D, so
+//     TMA zero-fills rows past Sq or Sk; only the keys past Sk (and, causal, past the diagonal)
+//     are masked, and only in the tiles that contain them.
+//   * Epilogue: each consumer warp normalises its 16 rows, stages them in its own rows of the
+//     (now idle) Q tile and writes 16-byte chunks to global memory; rows past Sq are skipped.
+//
+// Tensor maps are built on the host per call (cuTensorMapEncodeTiled, fetched through the
+// runtime's driver entry point so the library does not link libcuda) and passed as
+// __grid_constant__ parameters. Instantiated per (head dim, dtype) in fwd_sm90_hdim*_*.cu.
+// Run it through the C API; tests force it with FLASHCORE_FAMILY=sm90.
+#pragma once
+
+#include "common/sm80_ptx.cuh"
+#include "common/wgmma_generated.cuh"
+#include "flashcore.h"
+
+#include <cuda.h>
+#include <cuda/ptx>
+#include <cuda_runtime.h>
+#include <math.h>
+
+namespace flashcore {
+namespace sm90 {
+
+namespace ptx = cuda::ptx;
+
+template <int kHeadDim>
+struct FwdTraits {
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // query rows per CTA
+    static constexpr int kBlockN = 128;                       // keys per K/V tile
+    static constexpr int kStages = 2;
+    static constexpr int kThreads = 128 * (kConsumerWarpgroups + 1);
+    static constexpr int kPanels = kHeadDim / 64;     // 64-column (128-byte) panels per row
+    static constexpr int kQPanelBytes = kBlockM * 128;
+    static constexpr int kKVPanelBytes = kBlockN * 128;
+    static constexpr int kQBytes = kPanels * kQPanelBytes;
+    static constexpr int kKVTileBytes = kPanels * kKVPanelBytes;
+    // Q, then kStages K tiles, then kStages V tiles; every tile 1024-byte aligned (swizzle atom).
+    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + 1024 /* alignment */;
+    static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte panels)");
+    static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
+};
+
+// Barriers live in static shared memory, apart from the tiles.
+template <int kStages>
+struct Barriers {
+    uint64_t q_full;
+    uint64_t k_full[kStages];
+    uint64_t v_full[kStages];
+    uint64_t kv_empty[kStages];
+};
+
+// wgmma shared-memory descriptor for a 128-byte-swizzled tile (layout type 1 in bits 62-63).
+// lbo/sbo in bytes: K-major operands step 8-row groups by sbo (1024) and ignore lbo;
+// N-major V steps 64-column panels by lbo and 8-row groups by sbo.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+           (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
+           (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keep the compiler from moving accumulator reads/writes across an asynchronous wgmma.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+__device__ __forceinline__ void wait_barrier(uint64_t *bar, uint32_t parity) {
+    while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
+    }
+}
+
+// TMA load of one box into shared memory, completing on `bar`. Coordinates are in the tensor
+// map's dim order (see make_tensor_map on the host).
+__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, const int32_t (&coords)[4],
+                                         uint64_t *bar) {
+    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, map, coords, bar);
+}
+
+// Where the tensor map puts the (column, row, head, batch) coordinates: the host orders the
+// map's dims 1-3 by stride, so this small permutation travels with the kernel parameters.
+struct MapOrder {
+    int8_t row_dim, head_dim, batch_dim;  // positions 1..3 in the coordinate array
+};
+
+__device__ __forceinline__ void set_coords(int32_t (&c)[4], const MapOrder &o, int col, int row,
+                                           int head, int batch) {
+    // Selects, not c[o.row_dim] = ...: a run-time index would put the array in local memory.
+    c[0] = col;
+#pragma unroll
+    for (int i = 1; i < 4; ++i) c[i] = i == o.row_dim ? row : (i == o.head_dim ? head : batch);
+}
+
+struct FwdMaps {
+    CUtensorMap q, k, v;
+    MapOrder q_order, k_order, v_order;
+};
+
+template <typename Elem, int kHeadDim, bool kCausal>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
+fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
+    using T = FwdTraits<kHeadDim>;
+    constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
+    constexpr int kNTiles = kBlockN / 8;  // 8-column accumulator tiles of S
+    constexpr int kDTiles = kHeadDim / 8; // 8-column accumulator tiles of O
+
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ Barriers<kStages> bars;
+    // Swizzled tiles need 1024-byte alignment.
+    unsigned char *smem = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+    unsigned char *smem_q = smem;
+    unsigned char *smem_k = smem_q + T::kQBytes;
+    unsigned char *smem_v = smem_k + kStages * T::kKVTileBytes;
+
+    const int seqlen_q = static_cast<int>(p.seqlen_q);
+    const int seqlen_k = static_cast<int>(p.seqlen_k);
+    const int head_q = blockIdx.x % static_cast<int>(p.heads_q);
+    const int batch = blockIdx.x / static_cast<int>(p.heads_q);
+    const int head_kv = head_q / static_cast<int>(p.heads_q / p.heads_kv);
+    const int m_block = gridDim.y - 1 - blockIdx.y;  // longest (causal) blocks first
+    const int m_start = m_block * kBlockM;
+    const int last_row = min(m_start + kBlockM, seqlen_q) - 1;
+    int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
+    if (kCausal) n_blocks = min(n_blocks, last_row / kBlockN + 1);
+
+    const int warpgroup = threadIdx.x / 128;
+    const int lane = threadIdx.x % 32;
+
+    if (threadIdx.x == 0) {
+        ptx::mbarrier_init(&bars.q_full, 1);
+        for (int s = 0; s < kStages; ++s) {
+            ptx::mbarrier_init(&bars.k_full[s], 1);
+            ptx::mbarrier_init(&bars.v_full[s], 1);
+            ptx::mbarrier_init(&bars.kv_empty[s], 4 * T::kConsumerWarpgroups);  // one per consumer warp
+        }
+        ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---------------- producer ----------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (threadIdx.x == 0) {
+            int32_t c[4];
+            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars.q_full,
+                                           T::kQBytes);
+            for (int panel = 0; panel < T::kPanels; ++panel) {
+                set_coords(c, maps.q_order, panel * 64, m_start, head_q, batch);
+                tma_load(smem_q + panel * T::kQPanelBytes, &maps.q, c, &bars.q_full);
+            }
+            for (int n = 0; n < n_blocks; ++n) {
+                const int stage = n % kStages;
+                const uint32_t phase = (n / kStages) & 1;
+                wait_barrier(&bars.kv_empty[stage], phase ^ 1);  // first round passes at once
+                unsigned char *k_tile = smem_k + stage * T::kKVTileBytes;
+                unsigned char *v_tile = smem_v + stage * T::kKVTileBytes;
+                ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
+                                               &bars.k_full[stage], T::kKVTileBytes);
+                for (int panel = 0; panel < T::kPanels; ++panel) {
+                    set_coords(c, maps.k_order, panel * 64, n * kBlockN, head_kv, batch);
+                    tma_load(k_tile + panel * T::kKVPanelBytes, &maps.k, c, &bars.k_full[stage]);
+                }
+                ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
+                                               &bars.v_full[stage], T::kKVTileBytes);
+                for (int panel = 0; panel < T::kPanels; ++panel) {
+                    set_coords(c, maps.v_order, panel * 64, n * kBlockN, head_kv, batch);
+                    tma_load(v_tile + panel * T::kKVPanelBytes, &maps.v, c, &bars.v_full[stage]);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---------------- consumers ----------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int consumer = warpgroup - 1;             // which 64-row half of the block
+    const int warp_in_wg = (threadIdx.x / 32) % 4;  // which 16 of those rows
+    const int row_in_warp = lane / 4;               // accumulator rows row_in_warp, +8
+    const int col_in_tile = 2 * (lane % 4);         // accumulator columns col_in_tile, +1
+    const int wg_row0 = m_start + consumer * 64;    // first query row of this warpgroup
+
+    const uint32_t q_base = smem_addr(smem_q) + consumer * 64 * 128;
+    const uint32_t k_base = smem_addr(smem_k);
+    const uint32_t v_base = smem_addr(smem_v);
+
+    float o_acc[kDTiles * 4];
+#pragma unroll
+    for (int i = 0; i < kDTiles * 4; ++i) o_acc[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.f, 0.f};
+    const float scale_log2 = p.scale * 1.4426950408889634f;
+
+    wait_barrier(&bars.q_full, 0);
+
+    for (int n = 0; n < n_blocks; ++n) {
+        const int stage = n % kStages;
+        const uint32_t phase = (n / kStages) & 1;
+
+        // ---- S = Q K^T: k-steps of 16 along the head dim, 4 per 128-byte panel ----
+        float s[kNTiles * 4];
+        wait_barrier(&bars.k_full[stage], phase);
+        const uint32_t k_tile = k_base + stage * T::kKVTileBytes;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const uint32_t offset = (kk % 4) * 32;  // 16 columns = 32 bytes along a panel's 128-byte row
+            const uint64_t desc_q = smem_desc(q_base + (kk / 4) * T::kQPanelBytes + offset, 16, 1024);
+            const uint64_t desc_k = smem_desc(k_tile + (kk / 4) * T::kKVPanelBytes + offset, 16, 1024);
+            Wgmma<kBlockN, WgmmaA::SS, Elem>::template mma<0>(s, desc_q, desc_k, kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(s);
+
+        // ---- scale into base-2 units, then mask keys past Sk or past the diagonal ----
+#pragma unroll
+        for (int i = 0; i < kNTiles * 4; ++i) s[i] *= scale_log2;
+        const int n_start = n * kBlockN;
+        const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;
+        const bool ragged = n_start + kBlockN > seqlen_k;
+        const bool crosses_diagonal = kCausal && n_start + kBlockN - 1 > wg_row0;
+        if (ragged || crosses_diagonal) {
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = n_start + j * 8 + col_in_tile + (e & 1);
+                    const int row = row0 + (e >> 1) * 8;
+                    if (col >= seqlen_k || (kCausal && col > row)) s[j * 4 + e] = -INFINITY;
+                }
+        }
+
+        // ---- online softmax ----
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = row_max[h];
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            const float base = mx == -INFINITY ? 0.f : mx;
+            const float rescale = fast_exp2(row_max[h] - base);
+            row_max[h] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j) {
+                s[j * 4 + 2 * h] = fast_exp2(s[j * 4 + 2 * h] - base);
+                s[j * 4 + 2 * h + 1] = fast_exp2(s[j * 4 + 2 * h + 1] - base);
+                sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
+            }
+            row_sum[h] = row_sum[h] * rescale + sum;
+#pragma unroll
+            for (int d = 0; d < kDTiles; ++d) {
+                o_acc[d * 4 + 2 * h] *= rescale;
+                o_acc[d * 4 + 2 * h + 1] *= rescale;
+            }
+        }
+
+        // ---- O += P V: P from registers, V N-major from shared memory ----
+        uint32_t p_frag[kBlockN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            p_frag[kk][0] = pack2<Elem>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+            p_frag[kk][1] = pack2<Elem>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+            p_frag[kk][2] = pack2<Elem>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+            p_frag[kk][3] = pack2<Elem>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+        }
+        wait_barrier(&bars.v_full[stage], phase);
+        const uint32_t v_tile = v_base + stage * T::kKVTileBytes;
+        fence_registers(o_acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            // 16 keys = two 8-row groups of 1024 bytes; panels of 64 head-dim columns via lbo.
+            const uint64_t desc_v = smem_desc(v_tile + kk * 2048, T::kKVPanelBytes, 1024);
+            Wgmma<kHeadDim, WgmmaA::RS, Elem>::template mma<1>(o_acc, p_frag[kk], desc_v, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(o_acc);
+
+        // This warp is done reading the stage: release it to the producer.
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(&bars.kv_empty[stage]);
+    }
+
+    // ---- epilogue ----
+    float inv_sum[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float sum = row_sum[h];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+        row_sum[h] = sum;
+        inv_sum[h] = 1.f / sum;
+    }
+    if (p.lse != nullptr && (lane % 4) == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = wg_row0 + warp_in_wg * 16 + row_in_warp + 8 * h;
+            if (row < seqlen_q)
+                p.lse[batch * p.lse_stride_b + head_q * p.lse_stride_h + row * p.lse_stride_s] =
+                    (row_max[h] + __log2f(row_sum[h])) * 0.6931471805599453f;
+        }
+    }
+    // Stage this warp's 16 rows in its own rows of the Q tile (same swizzled panel layout).
+    const int warp_row0 = consumer * 64 + warp_in_wg * 16;  // within the CTA's block
+#pragma unroll
+    for (int d = 0; d < kDTiles; ++d)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp_row0 + row_in_warp + 8 * h;
+            const int panel = d / 8, chunk = d % 8;
+            unsigned char *dst = smem_q + panel * T::kQPanelBytes + r * 128 + ((chunk ^ (r & 7)) * 16) + col_in_tile * 2;
+            *reinterpret_cast<uint32_t *>(dst) =
+                pack2<Elem>(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h]);
+        }
+    __syncwarp();
+    Elem *out = static_cast<Elem *>(p.out) + batch * p.o_stride_b + head_q * p.o_stride_h;
+    const int o_stride = static_cast<int>(p.o_stride_s);
+    constexpr int kChunks = kHeadDim / 8;
+#pragma unroll
+    for (int it = 0; it < 16 * kChunks / 32; ++it) {
+        const int item = lane + it * 32;
+        const int r = warp_row0 + item / kChunks;
+        const int c = item % kChunks;  // 16-byte chunk along the head dim
+        const int row = m_start + r;
+        if (row < seqlen_q) {
+            const unsigned char *src = smem_q + (c / 8) * T::kQPanelBytes + r * 128 + (((c % 8) ^ (r & 7)) * 16);
+            *reinterpret_cast<uint4 *>(out + static_cast<int64_t>(row) * o_stride + c * 8) =
+                *reinterpret_cast<const uint4 *>(src);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------- host side
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                   const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime, so the library loads where there is no driver.
+inline EncodeTiledFn encode_tiled() {
+    static EncodeTiledFn fn = [] {
+        void *ptr = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            ptr = nullptr;
+        return reinterpret_cast<EncodeTiledFn>(ptr);
+    }();
+    return fn;
+}
+
+// A 4-D tensor map over (head_dim, seq, heads, batch) with boxes of 64 columns x box_rows rows,
+// 128-byte swizzled. Dims 1-3 are ordered by stride (HuggingFace's (B, S, H, D) views have the
+// head stride below the sequence stride); dims of size 1 get an outermost stride of their own.
+inline cudaError_t make_tensor_map(CUtensorMap *map, MapOrder *order, const void *base, CUtensorMapDataType dtype,
+                                   int64_t seqlen, int64_t heads, int64_t batch, int64_t head_dim, int64_t stride_s,
+                                   int64_t stride_h, int64_t stride_b, int box_rows) {
+    const EncodeTiledFn encode = encode_tiled();
+    if (encode == nullptr) return cudaErrorNotSupported;
+    struct Dim {
+        int64_t size, stride_bytes;
+        int role;  // 0 row, 1 head, 2 batch
+    } dims[3] = {{seqlen, stride_s * 2, 0}, {heads, stride_h * 2, 1}, {batch, stride_b * 2, 2}};
+    int64_t outer = head_dim * 2;
+    for (const Dim &d : dims)
+        if (d.size > 1 && d.size * d.stride_bytes > outer) outer = d.size * d.stride_bytes;
+    for (Dim &d : dims)
+        if (d.size == 1) d.stride_bytes = outer;  // never stepped over; keep the order monotone
+    // Sort the three dims by stride (insertion sort, stable).
+    for (int i = 1; i < 3; ++i)
+        for (int j = i; j > 0 && dims[j].stride_bytes < dims[j - 1].stride_bytes; --j) {
+            const Dim t = dims[j];
+            dims[j] = dims[j - 1];
+            dims[j - 1] = t;
+        }
+    cuuint64_t size[4] = {static_cast<cuuint64_t>(head_dim), 0, 0, 0};
+    cuuint64_t stride[3];
+    cuuint32_t box[4] = {64, 1, 1, 1};
+    const cuuint32_t elem_stride[4] = {1, 1, 1, 1};
+    for (int i = 0; i < 3; ++i) {
+        size[i + 1] = static_cast<cuuint64_t>(dims[i].size);
+        stride[i] = static_cast<cuuint64_t>(dims[i].stride_bytes);
+        if (dims[i].role == 0) {
+            order->row_dim = static_cast<int8_t>(i + 1);
+            box[i + 1] = static_cast<cuuint32_t>(box_rows);
+        } else if (dims[i].role == 1) {
+            order->head_dim = static_cast<int8_t>(i + 1);
+        } else {
+            order->batch_dim = static_cast<int8_t>(i + 1);
+        }
+    }
+    const CUresult r = encode(map, dtype, 4, const_cast<void *>(base), size, stride, box, elem_stride,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <typename Elem, int kHeadDim, bool kCausal>
+cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
+    using T = FwdTraits<kHeadDim>;
+    const CUtensorMapDataType dtype =
+        p.dtype == FC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    FwdMaps maps;
+    cudaError_t err = make_tensor_map(&maps.q, &maps.q_order, p.q, dtype, p.seqlen_q, p.heads_q, p.batch, p.head_dim,
+                                      p.q_stride_s, p.q_stride_h, p.q_stride_b, T::kBlockM);
+    if (err == cudaSuccess)
+        err = make_tensor_map(&maps.k, &maps.k_order, p.k, dtype, p.seqlen_k, p.heads_kv, p.batch, p.head_dim,
+                              p.k_stride_s, p.k_stride_h, p.k_stride_b, T::kBlockN);
+    if (err == cudaSuccess)
+        err = make_tensor_map(&maps.v, &maps.v_order, p.v, dtype, p.seqlen_k, p.heads_kv, p.batch, p.head_dim,
+                              p.v_stride_s, p.v_stride_h, p.v_stride_b, T::kBlockN);
+    if (err != cudaSuccess) return err;
+
+    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal>;
+    static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
+    int device = 0;
+    err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const unsigned long long bit = 1ull << (device & 63);
+    if (!(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & bit)) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+        if (err != cudaSuccess) return err;
+        __atomic_fetch_or(&configured_devices, bit, __ATOMIC_ACQ_REL);
+    }
+    const int m_blocks = static_cast<int>((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
+    const dim3 grid(static_cast<unsigned>(p.batch * p.heads_q), static_cast<unsigned>(m_blocks));
+    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
+    return cudaGetLastError();
+}
+
+}  // namespace sm90
+}  // namespace flashcore
+
+#define FLASHCORE_DEFINE_SM90_FWD(HDIM, DTYPE_NAME, ELEM)                                       \
+    extern "C" cudaError_t fc_sm90_fwd_hdim##HDIM##_##DTYPE_NAME(const fc_params *p,          \
+                                                                 cudaStream_t stream) {       \
+        return p->causal ? flashcore::sm90::launch_fwd<ELEM, HDIM, true>(*p, stream)           \
+                         : flashcore::sm90::launch_fwd<ELEM, HDIM, false>(*p, stream);         \
+    }
