@@ -4,6 +4,7 @@
 # Everything it reports lands in $OUT (default ./gpu-out): build.log, ctest.log, pytest.log,
 # sanitizer.log, sass.txt, bench.log, bench.json.
 #
+# Every GPU step runs under `timeout`, so a hung kernel costs minutes, not the whole lease.
 # Usage: bash ci/gpu.sh [--no-bench] [--quick-bench] [pytest -k expression]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,12 +47,12 @@ awk '/Function :/ {f=$3} /HMMA/ {h[f]++} /LDGSTS/ {l[f]++} /HGMMA/ {g[f]++}
 rm -f "$OUT/sass_full.txt"
 
 step "C tests"
-ctest --test-dir build --output-on-failure 2>&1 | tee "$OUT/ctest.log"
+ctest --test-dir build --output-on-failure --timeout 120 2>&1 | tee "$OUT/ctest.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 step "compute-sanitizer (memcheck, racecheck, synccheck) on the C API test"
 for tool in memcheck racecheck synccheck; do
-  compute-sanitizer --tool "$tool" --error-exitcode 9 build/tests/c/test_c_api_gpu > "$OUT/sanitizer_$tool.log" 2>&1
+  timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 build/tests/c/test_c_api_gpu > "$OUT/sanitizer_$tool.log" 2>&1
   rc=$?
   tail -n 3 "$OUT/sanitizer_$tool.log"
   if [ $rc -ne 0 ]; then echo "SANITIZER $tool FAILED (rc $rc)"; status=1; fi
@@ -60,13 +61,13 @@ cat "$OUT"/sanitizer_*.log > "$OUT/sanitizer.log"; rm -f "$OUT"/sanitizer_*.log
 
 step "pytest"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
-PYTHONUNBUFFERED=1 "$PY" -m pytest tests -q -ra ${KEXPR:+-k "$KEXPR"} 2>&1 | tee "$OUT/pytest.log" | tail -n 30
+PYTHONUNBUFFERED=1 timeout 600 "$PY" -m pytest tests -q -ra ${KEXPR:+-k "$KEXPR"} 2>&1 | tee "$OUT/pytest.log" | tail -n 30
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 if [ "$BENCH" != none ]; then
   step "bench ($BENCH)"
   extra=""; [ "$BENCH" = quick ] && extra="--quick"
-  PYTHONUNBUFFERED=1 "$PY" bench/bench.py $extra --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  PYTHONUNBUFFERED=1 timeout 400 "$PY" bench/bench.py $extra --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
