@@ -41,8 +41,8 @@ grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -n
 
 step "SASS: tensor-core and async-copy instructions per kernel"
 cuobjdump -sass python/flashcore/libflashcore.so > "$OUT/sass_full.txt" 2>&1
-awk '/Function :/ {f=$3} /HMMA/ {h[f]++} /LDGSTS/ {l[f]++} /HGMMA/ {g[f]++}
-     END {for (k in h) printf "%-90s HMMA %5d  LDGSTS %4d  HGMMA %4d\n", k, h[k], l[k], g[k]}' \
+awk '/Function :/ {f=$3; seen[f]=1} /HMMA/ {h[f]++} /LDGSTS/ {l[f]++} /HGMMA/ {g[f]++}
+     END {for (k in seen) printf "%-90s HMMA %5d  LDGSTS %4d  HGMMA %4d\n", k, h[k], l[k], g[k]}' \
   "$OUT/sass_full.txt" | tee "$OUT/sass.txt"
 rm -f "$OUT/sass_full.txt"
 

@@ -35,6 +35,7 @@
 #include <cuda/ptx>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
 
 namespace flashcore {
 namespace sm90 {
@@ -121,7 +122,7 @@ struct FwdMaps {
     MapOrder q_order, k_order, v_order;
 };
 
-template <typename Elem, int kHeadDim, bool kCausal>
+template <typename Elem, int kHeadDim, bool kCausal, bool kPingPong>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
 fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     using T = FwdTraits<kHeadDim>;
@@ -216,31 +217,50 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     float row_sum[2] = {0.f, 0.f};
     const float scale_log2 = p.scale * 1.4426950408889634f;
 
-    wait_barrier(&bars.q_full, 0);
+    // The loop is software-pipelined inside the warpgroup (FlashAttention-3's intra-warpgroup
+    // overlap): while the tensor cores run O += P(n-1) V(n-1), this warpgroup's threads do the
+    // softmax of S(n), which was issued just before. P(n-1) lives in p_frag, S(n) in s.
+    float s[kNTiles * 4];
+    uint32_t p_frag[kBlockN / 16][4];
 
-    for (int n = 0; n < n_blocks; ++n) {
+    auto issue_qk = [&](int n) {  // S = Q K(n)^T, asynchronous
         const int stage = n % kStages;
-        const uint32_t phase = (n / kStages) & 1;
-
-        // ---- S = Q K^T: k-steps of 16 along the head dim, 4 per 128-byte panel ----
-        float s[kNTiles * 4];
-        wait_barrier(&bars.k_full[stage], phase);
+        wait_barrier(&bars.k_full[stage], (n / kStages) & 1);
         const uint32_t k_tile = k_base + stage * T::kKVTileBytes;
+        fence_registers(s);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            const uint32_t offset = (kk % 4) * 32;  // 16 columns = 32 bytes along a panel's 128-byte row
+            const uint32_t offset = (kk % 4) * 32;  // 16 columns = 32 bytes along a 128-byte row
             const uint64_t desc_q = smem_desc(q_base + (kk / 4) * T::kQPanelBytes + offset, 16, 1024);
             const uint64_t desc_k = smem_desc(k_tile + (kk / 4) * T::kKVPanelBytes + offset, 16, 1024);
             Wgmma<kBlockN, WgmmaA::SS, Elem>::template mma<0>(s, desc_q, desc_k, kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
-        fence_registers(s);
-
-        // ---- scale into base-2 units, then mask keys past Sk or past the diagonal ----
+    };
+    auto issue_pv = [&](int n) {  // O += P V(n), asynchronous
+        const int stage = n % kStages;
+        wait_barrier(&bars.v_full[stage], (n / kStages) & 1);
+        const uint32_t v_tile = v_base + stage * T::kKVTileBytes;
+        fence_registers(o_acc);
+        wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < kNTiles * 4; ++i) s[i] *= scale_log2;
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            // 16 keys = two 8-row groups of 1024 bytes; 64-column panels of V are lbo apart.
+            const uint64_t desc_v = smem_desc(v_tile + kk * 2048, T::kKVPanelBytes, 1024);
+            Wgmma<kHeadDim, WgmmaA::RS, Elem>::template mma<1>(o_acc, p_frag[kk], desc_v, 1);
+        }
+        wgmma_commit();
+    };
+    auto release = [&](int n) {  // this warp no longer reads stage n % kStages
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(&bars.kv_empty[n % kStages]);
+    };
+    // Softmax of S(n) in place (s becomes P, unnormalised); returns the factor by which O and
+    // the running sums must shrink because the row max grew. Does not touch o_acc.
+    auto softmax = [&](int n, float (&rescale)[2]) {
+#pragma unroll
+        for (int i = 0; i < kNTiles * 4; ++i) s[i] *= scale_log2;  // base-2 units; mask after
         const int n_start = n * kBlockN;
         const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;
         const bool ragged = n_start + kBlockN > seqlen_k;
@@ -255,8 +275,6 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     if (col >= seqlen_k || (kCausal && col > row)) s[j * 4 + e] = -INFINITY;
                 }
         }
-
-        // ---- online softmax ----
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float mx = row_max[h];
@@ -264,8 +282,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             for (int j = 0; j < kNTiles; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            // A row that has seen only masked keys keeps max -inf; exponentiate against 0 then.
             const float base = mx == -INFINITY ? 0.f : mx;
-            const float rescale = fast_exp2(row_max[h] - base);
+            rescale[h] = fast_exp2(row_max[h] - base);
             row_max[h] = mx;
             float sum = 0.f;
 #pragma unroll
@@ -274,16 +293,20 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 s[j * 4 + 2 * h + 1] = fast_exp2(s[j * 4 + 2 * h + 1] - base);
                 sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
             }
-            row_sum[h] = row_sum[h] * rescale + sum;
-#pragma unroll
-            for (int d = 0; d < kDTiles; ++d) {
-                o_acc[d * 4 + 2 * h] *= rescale;
-                o_acc[d * 4 + 2 * h + 1] *= rescale;
-            }
+            row_sum[h] = row_sum[h] * rescale[h] + sum;
         }
-
-        // ---- O += P V: P from registers, V N-major from shared memory ----
-        uint32_t p_frag[kBlockN / 16][4];
+    };
+    auto rescale_o = [&](const float (&rescale)[2]) {
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d) {
+            o_acc[d * 4 + 0] *= rescale[0];
+            o_acc[d * 4 + 1] *= rescale[0];
+            o_acc[d * 4 + 2] *= rescale[1];
+            o_acc[d * 4 + 3] *= rescale[1];
+        }
+    };
+    // The S accumulator layout of two 8-key tiles is the A-fragment layout of one 16-key step.
+    auto convert_p = [&] {
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk) {
             p_frag[kk][0] = pack2<Elem>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
@@ -291,24 +314,55 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             p_frag[kk][2] = pack2<Elem>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
             p_frag[kk][3] = pack2<Elem>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
         }
-        wait_barrier(&bars.v_full[stage], phase);
-        const uint32_t v_tile = v_base + stage * T::kKVTileBytes;
-        fence_registers(o_acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            // 16 keys = two 8-row groups of 1024 bytes; panels of 64 head-dim columns via lbo.
-            const uint64_t desc_v = smem_desc(v_tile + kk * 2048, T::kKVPanelBytes, 1024);
-            Wgmma<kHeadDim, WgmmaA::RS, Elem>::template mma<1>(o_acc, p_frag[kk], desc_v, 1);
-        }
-        wgmma_commit();
+    };
+
+    // Ping-pong between the two consumer warpgroups (kPingPong): each issues its GEMMs only in
+    // its turn, so one warpgroup's softmax runs while the other's GEMMs hold the tensor cores.
+    // Turns pass through named barriers 1 and 2 (256 threads: both warpgroups). Consumer 1
+    // gives consumer 0 the first turn; the last pass of consumer 1 is skipped so the barrier
+    // arrivals balance (each warpgroup has n_blocks + 1 GEMM sections).
+    static_assert(!kPingPong || T::kConsumerWarpgroups == 2, "ping-pong pairs two warpgroups");
+    const int sections = n_blocks + 1;
+    int section = 0;
+    auto wait_turn = [&] {
+        if (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
+    };
+    auto pass_turn = [&] {
+        ++section;
+        if (kPingPong && !(consumer == 1 && section == sections))
+            asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory");
+    };
+    if (kPingPong && consumer == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+
+    wait_barrier(&bars.q_full, 0);
+    float rescale[2];
+    wait_turn();
+    issue_qk(0);
+    pass_turn();
+    wgmma_wait<0>();
+    fence_registers(s);
+    softmax(0, rescale);  // O is still zero: nothing to rescale
+    convert_p();
+    for (int n = 1; n < n_blocks; ++n) {
+        wait_turn();
+        issue_qk(n);
+        issue_pv(n - 1);
+        pass_turn();
+        wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
+        fence_registers(s);
+        softmax(n, rescale);
         wgmma_wait<0>();
         fence_registers(o_acc);
-
-        // This warp is done reading the stage: release it to the producer.
-        __syncwarp();
-        if (lane == 0) ptx::mbarrier_arrive(&bars.kv_empty[stage]);
+        release(n - 1);
+        rescale_o(rescale);
+        convert_p();
     }
+    wait_turn();
+    issue_pv(n_blocks - 1);
+    pass_turn();
+    wgmma_wait<0>();
+    fence_registers(o_acc);
+    release(n_blocks - 1);
 
     // ---- epilogue ----
     float inv_sum[2];
@@ -425,8 +479,8 @@ inline cudaError_t make_tensor_map(CUtensorMap *map, MapOrder *order, const void
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename Elem, int kHeadDim, bool kCausal>
-cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
+template <typename Elem, int kHeadDim, bool kCausal, bool kPingPong>
+cudaError_t launch_fwd_variant(const fc_params &p, cudaStream_t stream) {
     using T = FwdTraits<kHeadDim>;
     const CUtensorMapDataType dtype =
         p.dtype == FC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -441,7 +495,7 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
                               p.v_stride_s, p.v_stride_h, p.v_stride_b, T::kBlockN);
     if (err != cudaSuccess) return err;
 
-    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal>;
+    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kPingPong>;
     static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
     int device = 0;
     err = cudaGetDevice(&device);
@@ -456,6 +510,15 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(p.batch * p.heads_q), static_cast<unsigned>(m_blocks));
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
     return cudaGetLastError();
+}
+
+// TUNING KNOB (temporary, while the two schedules are measured against each other):
+// FLASHCORE_SM90_PINGPONG=0 runs the consumers without the ping-pong turns.
+template <typename Elem, int kHeadDim, bool kCausal>
+cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
+    const char *knob = getenv("FLASHCORE_SM90_PINGPONG");
+    if (knob != nullptr && knob[0] == '0') return launch_fwd_variant<Elem, kHeadDim, kCausal, false>(p, stream);
+    return launch_fwd_variant<Elem, kHeadDim, kCausal, true>(p, stream);
 }
 
 }  // namespace sm90
