@@ -66,7 +66,9 @@ struct Barriers {
     uint64_t q_full;
     uint64_t k_full[kStages];
     uint64_t v_full[kStages];
-    uint64_t kv_empty[kStages];
+    uint64_t k_empty[kStages];  // K and V are released separately: with the pipelined loop,
+    uint64_t v_empty[kStages];  // K(n) is done long before V(n)
+
 };
 
 // wgmma shared-memory descriptor for a 128-byte-swizzled tile (layout type 1 in bits 62-63).
@@ -158,7 +160,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         for (int s = 0; s < kStages; ++s) {
             ptx::mbarrier_init(&bars.k_full[s], 1);
             ptx::mbarrier_init(&bars.v_full[s], 1);
-            ptx::mbarrier_init(&bars.kv_empty[s], 4 * T::kConsumerWarpgroups);  // one per consumer warp
+            ptx::mbarrier_init(&bars.k_empty[s], 4 * T::kConsumerWarpgroups);  // one per consumer warp
+            ptx::mbarrier_init(&bars.v_empty[s], 4 * T::kConsumerWarpgroups);
         }
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     }
@@ -178,15 +181,16 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             for (int n = 0; n < n_blocks; ++n) {
                 const int stage = n % kStages;
                 const uint32_t phase = (n / kStages) & 1;
-                wait_barrier(&bars.kv_empty[stage], phase ^ 1);  // first round passes at once
                 unsigned char *k_tile = smem_k + stage * T::kKVTileBytes;
                 unsigned char *v_tile = smem_v + stage * T::kKVTileBytes;
+                wait_barrier(&bars.k_empty[stage], phase ^ 1);  // first round passes at once
                 ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
                                                &bars.k_full[stage], T::kKVTileBytes);
                 for (int panel = 0; panel < T::kPanels; ++panel) {
                     set_coords(c, maps.k_order, panel * 64, n * kBlockN, head_kv, batch);
                     tma_load(k_tile + panel * T::kKVPanelBytes, &maps.k, c, &bars.k_full[stage]);
                 }
+                wait_barrier(&bars.v_empty[stage], phase ^ 1);
                 ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
                                                &bars.v_full[stage], T::kKVTileBytes);
                 for (int panel = 0; panel < T::kPanels; ++panel) {
@@ -252,9 +256,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         }
         wgmma_commit();
     };
-    auto release = [&](int n) {  // this warp no longer reads stage n % kStages
+    auto release = [&](uint64_t(&empty)[kStages], int n) {  // this warp is done with tile n
         __syncwarp();
-        if (lane == 0) ptx::mbarrier_arrive(&bars.kv_empty[n % kStages]);
+        if (lane == 0) ptx::mbarrier_arrive(&empty[n % kStages]);
     };
     // Softmax of S(n) in place (s becomes P, unnormalised); returns the factor by which O and
     // the running sums must shrink because the row max grew. Does not touch o_acc.
@@ -341,6 +345,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     pass_turn();
     wgmma_wait<0>();
     fence_registers(s);
+    release(bars.k_empty, 0);
     softmax(0, rescale);  // O is still zero: nothing to rescale
     convert_p();
     for (int n = 1; n < n_blocks; ++n) {
@@ -350,10 +355,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         pass_turn();
         wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
         fence_registers(s);
+        release(bars.k_empty, n);
         softmax(n, rescale);
         wgmma_wait<0>();
         fence_registers(o_acc);
-        release(n - 1);
+        release(bars.v_empty, n - 1);
         rescale_o(rescale);
         convert_p();
     }
@@ -362,7 +368,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     pass_turn();
     wgmma_wait<0>();
     fence_registers(o_acc);
-    release(n_blocks - 1);
+    release(bars.v_empty, n_blocks - 1);
 
     // ---- epilogue ----
     float inv_sum[2];
