@@ -13,11 +13,10 @@
 
 #define FC_API __attribute__((visibility("default")))
 
-/* Kernels index inside one (batch, head) slice with 32-bit ints and launch one CTA per
- * 64-row query block in gridDim.y (at most 65535). */
+/* Kernels index inside one (batch, head) slice with 32-bit ints and launch a grid of
+ * (query blocks, heads_q, batch): CUDA allows at most 65535 in y and z. */
 #define FC_MAX_SLICE_OFFSET INT32_MAX
-#define FC_MAX_GRID_Y 65535
-#define FC_MIN_BLOCK_M 64
+#define FC_MAX_GRID_YZ 65535
 
 static _Thread_local cudaError_t last_cuda_error = cudaSuccess;
 
@@ -36,7 +35,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_ERR_BAD_MASK_KIND] = "mask_kind is not a valid fc_mask_kind",
     [FC_ERR_BAD_FAMILY] = "family is not a valid fc_family",
     [FC_ERR_BAD_SCALE] = "scale must be finite",
-    [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice exceeds 2^31-1 elements, the grid exceeds CUDA's limits, or an offset overflows 64 bits",
+    [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice exceeds 2^31-1 elements, batch or heads_q exceeds 65535 (CUDA's grid limit), or an offset overflows 64 bits",
     [FC_UNSUPPORTED_DTYPE] = "no kernel for this dtype (fp16 and bf16 only)",
     [FC_UNSUPPORTED_HEAD_DIM] = "no kernel for this head_dim in the selected family",
     [FC_UNSUPPORTED_MASK] = "no kernel takes an attention mask yet",
@@ -166,11 +165,8 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
         const fc_status s = check_offsets(&lse);
         if (s != FC_OK) return s;
     }
-    /* Grid: (batch * heads_q) CTAs in x, query blocks in y. */
-    int64_t bh = 0;
-    if (__builtin_mul_overflow(p->batch, p->heads_q, &bh) || bh > INT32_MAX) return FC_ERR_OFFSET_OVERFLOW;
-    if ((p->seqlen_q + FC_MIN_BLOCK_M - 1) / FC_MIN_BLOCK_M > FC_MAX_GRID_Y) return FC_ERR_OFFSET_OVERFLOW;
-    if (p->seqlen_k > INT32_MAX) return FC_ERR_OFFSET_OVERFLOW;
+    if (p->heads_q > FC_MAX_GRID_YZ || p->batch > FC_MAX_GRID_YZ) return FC_ERR_OFFSET_OVERFLOW;
+    if (p->seqlen_q > INT32_MAX || p->seqlen_k > INT32_MAX) return FC_ERR_OFFSET_OVERFLOW;
     return FC_OK;
 }
 

@@ -92,12 +92,12 @@ fwd_kernel(const fc_params p) {
 
     const int seqlen_q = static_cast<int>(p.seqlen_q);
     const int seqlen_k = static_cast<int>(p.seqlen_k);
-    // blockIdx.x enumerates (batch, head); blockIdx.y the query block, last block first so
-    // that under causal masking the longest CTAs start first.
-    const int head_q = blockIdx.x % static_cast<int>(p.heads_q);
-    const int batch = blockIdx.x / static_cast<int>(p.heads_q);
+    // blockIdx.x is the query block, so the CTAs in flight at once are mostly the blocks of
+    // one (batch, head) and share its K/V in L2; y is the head, z the batch.
+    const int head_q = blockIdx.y;
+    const int batch = blockIdx.z;
     const int head_kv = head_q / static_cast<int>(p.heads_q / p.heads_kv);
-    const int m_block = gridDim.y - 1 - blockIdx.y;
+    const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
     const int m_start = m_block * kBlockM;
 
     // 64-bit (batch, head) bases; offsets inside one (batch, head) slice fit in 32 bits
@@ -322,7 +322,7 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
         __atomic_fetch_or(&configured_devices, bit, __ATOMIC_ACQ_REL);
     }
     const int m_blocks = static_cast<int>((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
-    const dim3 grid(static_cast<unsigned>(p.batch * p.heads_q), static_cast<unsigned>(m_blocks));
+    const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
     return cudaGetLastError();
 }

@@ -1,14 +1,16 @@
 // fwd_sm90.cuh - the Hopper (sm_90a) fused attention forward: TMA + wgmma + warp specialization.
 //
 // What it computes: the same as fwd_sm80.cuh, O = softmax(scale * Q K^T [causal]) V and the
-// natural-log LSE, for one (batch, query head) and a block of kBlockM = 128 query rows per CTA.
+// natural-log LSE, for one (batch, query head) and a block of kBlockM = 64 x (consumer
+// warpgroups) query rows per CTA.
 //
-// How (one CTA = 3 warpgroups, 384 threads):
+// How (one CTA = one producer and 2-3 consumer warpgroups):
 //   * Warpgroup 0 is the producer. It gives most of its registers away (setmaxnreg.dec) and
 //     one thread issues every load with the tensor memory accelerator: Q once, then K and V
 //     tiles of kBlockN rows into a kStages-deep ring. Each load completes on an mbarrier
 //     ("full"); the consumers release a stage through another mbarrier ("empty").
-//   * Warpgroups 1 and 2 are consumers, 64 query rows each (setmaxnreg.inc to 240 registers).
+//   * The other warpgroups (2 for D=128, 3 for D=64) are consumers, 64 query rows each, with
+//     the registers the producer gave up (setmaxnreg.inc).
 //     Per K/V tile: S = Q K^T with wgmma (both operands in shared memory, K-major), the online
 //     softmax in fp32 registers (exp2, scale folded into log2(e)), then O += P V with wgmma
 //     taking P straight from registers (the accumulator layout of S is the A-fragment layout)
@@ -42,12 +44,31 @@ namespace sm90 {
 
 namespace ptx = cuda::ptx;
 
+// Tile shape per head dim (FlashAttention-3's choices as the starting point):
+//   D=64:  three consumer warpgroups (192 query rows), 128-key tiles: per tile the GEMMs are
+//          short next to the softmax, so more warpgroups take turns on the tensor cores.
+//   D=128: two consumer warpgroups (128 rows), 128-key tiles, 240 registers each.
+// Register budgets (setmaxnreg) must sum to at most 64K over the CTA's threads.
 template <int kHeadDim>
-struct FwdTraits {
-    static constexpr int kConsumerWarpgroups = 2;
+struct FwdConfig;
+template <>
+struct FwdConfig<64> {
+    static constexpr int kConsumerWarpgroups = 3, kBlockN = 128, kStages = 2;
+    static constexpr int kProducerRegs = 32, kConsumerRegs = 160;
+};
+template <>
+struct FwdConfig<128> {
+    static constexpr int kConsumerWarpgroups = 2, kBlockN = 128, kStages = 2;
+    static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+};
+
+template <int kHeadDim>
+struct FwdTraits : FwdConfig<kHeadDim> {
+    using C = FwdConfig<kHeadDim>;
+    static constexpr int kConsumerWarpgroups = C::kConsumerWarpgroups;
     static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // query rows per CTA
-    static constexpr int kBlockN = 128;                       // keys per K/V tile
-    static constexpr int kStages = 2;
+    static constexpr int kBlockN = C::kBlockN;                // keys per K/V tile
+    static constexpr int kStages = C::kStages;
     static constexpr int kThreads = 128 * (kConsumerWarpgroups + 1);
     static constexpr int kPanels = kHeadDim / 64;     // 64-column (128-byte) panels per row
     static constexpr int kQPanelBytes = kBlockM * 128;
@@ -58,6 +79,8 @@ struct FwdTraits {
     static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + 1024 /* alignment */;
     static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte panels)");
     static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
+    static_assert(128 * (C::kProducerRegs + kConsumerWarpgroups * C::kConsumerRegs) <= 65536,
+                  "register budgets exceed the register file");
 };
 
 // Barriers live in static shared memory, apart from the tiles.
@@ -143,10 +166,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
     const int seqlen_q = static_cast<int>(p.seqlen_q);
     const int seqlen_k = static_cast<int>(p.seqlen_k);
-    const int head_q = blockIdx.x % static_cast<int>(p.heads_q);
-    const int batch = blockIdx.x / static_cast<int>(p.heads_q);
+    // blockIdx.x is the query block, so the CTAs in flight at once are mostly the blocks of
+    // one (batch, head) and share its K/V in L2; y is the head, z the batch.
+    const int head_q = blockIdx.y;
+    const int batch = blockIdx.z;
     const int head_kv = head_q / static_cast<int>(p.heads_q / p.heads_kv);
-    const int m_block = gridDim.y - 1 - blockIdx.y;  // longest (causal) blocks first
+    const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
     const int m_start = m_block * kBlockM;
     const int last_row = min(m_start + kBlockM, seqlen_q) - 1;
     int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
@@ -169,7 +194,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
     if (warpgroup == 0) {
         // ---------------- producer ----------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x == 0) {
             int32_t c[4];
             ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars.q_full,
@@ -203,7 +228,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     }
 
     // ---------------- consumers ----------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegs));
     const int consumer = warpgroup - 1;             // which 64-row half of the block
     const int warp_in_wg = (threadIdx.x / 32) % 4;  // which 16 of those rows
     const int row_in_warp = lane / 4;               // accumulator rows row_in_warp, +8
@@ -320,12 +345,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         }
     };
 
-    // Ping-pong between the two consumer warpgroups (kPingPong): each issues its GEMMs only in
-    // its turn, so one warpgroup's softmax runs while the other's GEMMs hold the tensor cores.
-    // Turns pass through named barriers 1 and 2 (256 threads: both warpgroups). Consumer 1
-    // gives consumer 0 the first turn; the last pass of consumer 1 is skipped so the barrier
+    // Ping-pong between the consumer warpgroups (kPingPong): each issues its GEMMs only in its
+    // turn, so the others' softmax runs while its GEMMs hold the tensor cores. Turns go round a
+    // ring through named barriers 1..W (256 threads: the waiting and the passing warpgroup).
+    // The last consumer gives consumer 0 the first turn and skips its own last pass, so the
     // arrivals balance (each warpgroup has n_blocks + 1 GEMM sections).
-    static_assert(!kPingPong || T::kConsumerWarpgroups == 2, "ping-pong pairs two warpgroups");
+    constexpr int kW = T::kConsumerWarpgroups;
     const int sections = n_blocks + 1;
     int section = 0;
     auto wait_turn = [&] {
@@ -333,10 +358,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     };
     auto pass_turn = [&] {
         ++section;
-        if (kPingPong && !(consumer == 1 && section == sections))
-            asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory");
+        if (kPingPong && !(consumer == kW - 1 && section == sections))
+            asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
     };
-    if (kPingPong && consumer == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+    if (kPingPong && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 
     wait_barrier(&bars.q_full, 0);
     float rescale[2];
@@ -513,7 +538,7 @@ cudaError_t launch_fwd_variant(const fc_params &p, cudaStream_t stream) {
         __atomic_fetch_or(&configured_devices, bit, __ATOMIC_ACQ_REL);
     }
     const int m_blocks = static_cast<int>((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
-    const dim3 grid(static_cast<unsigned>(p.batch * p.heads_q), static_cast<unsigned>(m_blocks));
+    const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
     return cudaGetLastError();
 }
