@@ -99,11 +99,13 @@ static int stepped_strides_nonzero(int64_t s0, int64_t st0, int64_t s1, int64_t 
     return (s0 <= 1 || st0 != 0) && (s1 <= 1 || st1 != 0) && (s2 <= 1 || st2 != 0);
 }
 
-/* Layout requirements beyond validation. The Hopper family loads through TMA tensor maps,
- * which cannot describe a broadcast (stride-0) dim; such inputs go to the sm80 family. */
+/* Requirements beyond validation. The Hopper family loads through TMA tensor maps, which
+ * cannot describe a broadcast (stride-0) dim, and folds a positive scale into one FFMA per
+ * score; other inputs go to the sm80 family, which takes any layout and any scale. */
 static int family_takes_layout(fc_family family, const fc_params *p) {
     if (family != FC_FAMILY_SM90) return 1;
-    return stepped_strides_nonzero(p->seqlen_q, p->q_stride_s, p->heads_q, p->q_stride_h, p->batch, p->q_stride_b) &&
+    return p->scale > 0.0f &&
+           stepped_strides_nonzero(p->seqlen_q, p->q_stride_s, p->heads_q, p->q_stride_h, p->batch, p->q_stride_b) &&
            stepped_strides_nonzero(p->seqlen_k, p->k_stride_s, p->heads_kv, p->k_stride_h, p->batch, p->k_stride_b) &&
            stepped_strides_nonzero(p->seqlen_k, p->v_stride_s, p->heads_kv, p->v_stride_h, p->batch, p->v_stride_b);
 }

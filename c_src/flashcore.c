@@ -41,7 +41,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_UNSUPPORTED_MASK] = "no kernel takes an attention mask yet",
     [FC_UNSUPPORTED_ARCH] = "no FlashCore kernel for this GPU architecture (kernels exist for sm_89 and sm_90)",
     [FC_UNSUPPORTED_FAMILY] = "the forced kernel family is not built into this library or cannot run on this GPU",
-    [FC_UNSUPPORTED_LAYOUT] = "the forced kernel family cannot read this layout (the sm90 family needs a nonzero stride on every dim of size > 1)",
+    [FC_UNSUPPORTED_LAYOUT] = "the forced kernel family cannot take these inputs (the sm90 family needs a nonzero stride on every dim of size > 1 and scale > 0)",
     [FC_ERR_CUDA] = "a CUDA call or kernel launch failed (fc_last_cuda_error() has the CUDA error)",
 };
 

@@ -79,7 +79,7 @@ typedef enum fc_status {
     FC_UNSUPPORTED_MASK,         /* no kernel takes this mask kind yet */
     FC_UNSUPPORTED_ARCH,         /* no kernel family for this compute capability */
     FC_UNSUPPORTED_FAMILY,       /* the forced family is not built or cannot run on this device */
-    FC_UNSUPPORTED_LAYOUT,       /* the forced family cannot read this layout (sm90: a broadcast dim) */
+    FC_UNSUPPORTED_LAYOUT,       /* the forced family cannot take these strides or this scale (sm90: broadcast dim, scale <= 0) */
     FC_ERR_CUDA,                 /* a CUDA runtime call or the launch failed (see fc_last_cuda_error) */
     FC_STATUS_COUNT_             /* number of statuses; not a status */
 } fc_status;

@@ -37,7 +37,6 @@
 #include <cuda/ptx>
 #include <cuda_runtime.h>
 #include <math.h>
-#include <stdlib.h>
 
 namespace flashcore {
 namespace sm90 {
@@ -47,24 +46,26 @@ namespace ptx = cuda::ptx;
 // Tile shape per head dim (FlashAttention-3's choices as the starting point):
 //   D=64:  three consumer warpgroups (192 query rows), 128-key tiles: per tile the GEMMs are
 //          short next to the softmax, so more warpgroups take turns on the tensor cores.
-//   D=128: two consumer warpgroups (128 rows), 128-key tiles, 240 registers each.
+//   D=128: two consumer warpgroups (128 rows), 240 registers each.
 // Register budgets (setmaxnreg) must sum to at most 64K over the CTA's threads.
-template <int kHeadDim>
+template <int kHeadDim, bool kCausal>
 struct FwdConfig;
-template <>
-struct FwdConfig<64> {
-    static constexpr int kConsumerWarpgroups = 3, kBlockN = 128, kStages = 2;
+template <bool kCausal>
+struct FwdConfig<64, kCausal> {
+    static constexpr int kConsumerWarpgroups = 3, kBlockN = 128, kStages = 3;
     static constexpr int kProducerRegs = 32, kConsumerRegs = 160;
 };
-template <>
-struct FwdConfig<128> {
-    static constexpr int kConsumerWarpgroups = 2, kBlockN = 128, kStages = 2;
+// D=128: non-causal takes 176-key tiles (fewer, longer GEMMs per softmax); causal keeps 128 so
+// that diagonal tiles waste less work.
+template <bool kCausal>
+struct FwdConfig<128, kCausal> {
+    static constexpr int kConsumerWarpgroups = 2, kBlockN = kCausal ? 128 : 176, kStages = 2;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
-template <int kHeadDim>
-struct FwdTraits : FwdConfig<kHeadDim> {
-    using C = FwdConfig<kHeadDim>;
+template <int kHeadDim, bool kCausal>
+struct FwdTraits : FwdConfig<kHeadDim, kCausal> {
+    using C = FwdConfig<kHeadDim, kCausal>;
     static constexpr int kConsumerWarpgroups = C::kConsumerWarpgroups;
     static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // query rows per CTA
     static constexpr int kBlockN = C::kBlockN;                // keys per K/V tile
@@ -148,9 +149,9 @@ struct FwdMaps {
 };
 
 template <typename Elem, int kHeadDim, bool kCausal, bool kPingPong>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kCausal>::kThreads, 1)
 fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
-    using T = FwdTraits<kHeadDim>;
+    using T = FwdTraits<kHeadDim, kCausal>;
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
     constexpr int kNTiles = kBlockN / 8;  // 8-column accumulator tiles of S
     constexpr int kDTiles = kHeadDim / 8; // 8-column accumulator tiles of O
@@ -287,9 +288,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     };
     // Softmax of S(n) in place (s becomes P, unnormalised); returns the factor by which O and
     // the running sums must shrink because the row max grew. Does not touch o_acc.
+    // row_max is kept in raw score units; the scale (> 0, see fc_dispatch) goes into one FFMA
+    // per element: p = exp2(s * scale * log2(e) - max * scale * log2(e)).
     auto softmax = [&](int n, float (&rescale)[2]) {
-#pragma unroll
-        for (int i = 0; i < kNTiles * 4; ++i) s[i] *= scale_log2;  // base-2 units; mask after
         const int n_start = n * kBlockN;
         const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;
         const bool ragged = n_start + kBlockN > seqlen_k;
@@ -312,14 +313,14 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
             // A row that has seen only masked keys keeps max -inf; exponentiate against 0 then.
-            const float base = mx == -INFINITY ? 0.f : mx;
-            rescale[h] = fast_exp2(row_max[h] - base);
+            const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+            rescale[h] = fast_exp2(row_max[h] * scale_log2 - base);
             row_max[h] = mx;
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < kNTiles; ++j) {
-                s[j * 4 + 2 * h] = fast_exp2(s[j * 4 + 2 * h] - base);
-                s[j * 4 + 2 * h + 1] = fast_exp2(s[j * 4 + 2 * h + 1] - base);
+                s[j * 4 + 2 * h] = fast_exp2(fmaf(s[j * 4 + 2 * h], scale_log2, -base));
+                s[j * 4 + 2 * h + 1] = fast_exp2(fmaf(s[j * 4 + 2 * h + 1], scale_log2, -base));
                 sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
             }
             row_sum[h] = row_sum[h] * rescale[h] + sum;
@@ -411,7 +412,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             const int row = wg_row0 + warp_in_wg * 16 + row_in_warp + 8 * h;
             if (row < seqlen_q)
                 p.lse[batch * p.lse_stride_b + head_q * p.lse_stride_h + row * p.lse_stride_s] =
-                    (row_max[h] + __log2f(row_sum[h])) * 0.6931471805599453f;
+                    (row_max[h] * scale_log2 + __log2f(row_sum[h])) * 0.6931471805599453f;
         }
     }
     // Stage this warp's 16 rows in its own rows of the Q tile (same swizzled panel layout).
@@ -512,7 +513,7 @@ inline cudaError_t make_tensor_map(CUtensorMap *map, MapOrder *order, const void
 
 template <typename Elem, int kHeadDim, bool kCausal, bool kPingPong>
 cudaError_t launch_fwd_variant(const fc_params &p, cudaStream_t stream) {
-    using T = FwdTraits<kHeadDim>;
+    using T = FwdTraits<kHeadDim, kCausal>;
     const CUtensorMapDataType dtype =
         p.dtype == FC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     FwdMaps maps;
@@ -543,12 +544,10 @@ cudaError_t launch_fwd_variant(const fc_params &p, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-// TUNING KNOB (temporary, while the two schedules are measured against each other):
-// FLASHCORE_SM90_PINGPONG=0 runs the consumers without the ping-pong turns.
+// Ping-pong won over free-running consumers (bench/NOTES.md, 2026-11-25: D=128 non-causal 4k
+// 613 vs 569 TFLOP/s, D=64 4k 474 vs 388), so it is the only schedule built.
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
-    const char *knob = getenv("FLASHCORE_SM90_PINGPONG");
-    if (knob != nullptr && knob[0] == '0') return launch_fwd_variant<Elem, kHeadDim, kCausal, false>(p, stream);
     return launch_fwd_variant<Elem, kHeadDim, kCausal, true>(p, stream);
 }
 
