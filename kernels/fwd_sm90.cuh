@@ -20,8 +20,11 @@
 //   * Ragged edges cost nothing: the tensor maps describe each (batch, head) slice as 4-D, so
 //     TMA zero-fills rows past Sq or Sk; only the keys past Sk (and, causal, past the diagonal)
 //     are masked, and only in the tiles that contain them.
-//   * Epilogue: each consumer warp normalises its 16 rows, stages them in its own rows of the
-//     (now idle) Q tile and writes 16-byte chunks to global memory; rows past Sq are skipped.
+//   * Persistent: one CTA per SM loops over (query block, head, batch) tiles. The Q buffer is
+//     released as soon as the last S = Q K^T of a tile is issued, so the next tile's Q and K/V
+//     loads run under the current tile's last PV and its epilogue.
+//   * Epilogue: each consumer thread normalises its rows and writes them from registers (each
+//     quad of lanes covers 16 contiguous bytes); rows past Sq are skipped.
 //
 // Tensor maps are built on the host per call (cuTensorMapEncodeTiled, fetched through the
 // runtime's driver entry point so the library does not link libcuda) and passed as
@@ -88,6 +91,7 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal> {
 template <int kStages>
 struct Barriers {
     uint64_t q_full;
+    uint64_t q_empty;
     uint64_t k_full[kStages];
     uint64_t v_full[kStages];
     uint64_t k_empty[kStages];  // K and V are released separately: with the pipelined loop,
@@ -148,13 +152,26 @@ struct FwdMaps {
     MapOrder q_order, k_order, v_order;
 };
 
-template <typename Elem, int kHeadDim, bool kCausal, bool kPingPong>
+// The work list: one tile = (query block, head, batch). Tiles of one (batch, head) are
+// consecutive, its query blocks last-first, so the CTAs in flight at once mostly share one
+// head's K/V in L2 and, under causal masking, the longest tiles of a head start first.
+struct Tile {
+    int m_block, head, batch;
+};
+
+__device__ __forceinline__ Tile decode_tile(int t, int m_blocks, int heads) {
+    const int bh = t / m_blocks;
+    return {m_blocks - 1 - (t - bh * m_blocks), bh % heads, bh / heads};
+}
+
+template <typename Elem, int kHeadDim, bool kCausal>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kCausal>::kThreads, 1)
 fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     using T = FwdTraits<kHeadDim, kCausal>;
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
-    constexpr int kNTiles = kBlockN / 8;  // 8-column accumulator tiles of S
-    constexpr int kDTiles = kHeadDim / 8; // 8-column accumulator tiles of O
+    constexpr int kNTiles = kBlockN / 8;   // 8-column accumulator tiles of S
+    constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of O
+    constexpr int kW = T::kConsumerWarpgroups;
 
     extern __shared__ unsigned char smem_raw[];
     __shared__ Barriers<kStages> bars;
@@ -167,61 +184,70 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
     const int seqlen_q = static_cast<int>(p.seqlen_q);
     const int seqlen_k = static_cast<int>(p.seqlen_k);
-    // blockIdx.x is the query block, so the CTAs in flight at once are mostly the blocks of
-    // one (batch, head) and share its K/V in L2; y is the head, z the batch.
-    const int head_q = blockIdx.y;
-    const int batch = blockIdx.z;
-    const int head_kv = head_q / static_cast<int>(p.heads_q / p.heads_kv);
-    const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
-    const int m_start = m_block * kBlockM;
-    const int last_row = min(m_start + kBlockM, seqlen_q) - 1;
-    int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
-    if (kCausal) n_blocks = min(n_blocks, last_row / kBlockN + 1);
+    const int heads_q = static_cast<int>(p.heads_q);
+    const int group = static_cast<int>(p.heads_q / p.heads_kv);
+    const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
+    const int n_tiles = m_blocks * heads_q * static_cast<int>(p.batch);
+    // Key tiles a query block needs: with causal masking, none past its last row.
+    auto key_tiles = [&](int m_block) {
+        int n = (seqlen_k + kBlockN - 1) / kBlockN;
+        if (kCausal) n = min(n, (min((m_block + 1) * kBlockM, seqlen_q) - 1) / kBlockN + 1);
+        return n;
+    };
 
     const int warpgroup = threadIdx.x / 128;
     const int lane = threadIdx.x % 32;
 
     if (threadIdx.x == 0) {
         ptx::mbarrier_init(&bars.q_full, 1);
+        ptx::mbarrier_init(&bars.q_empty, 4 * kW);  // one arrival per consumer warp
         for (int s = 0; s < kStages; ++s) {
             ptx::mbarrier_init(&bars.k_full[s], 1);
             ptx::mbarrier_init(&bars.v_full[s], 1);
-            ptx::mbarrier_init(&bars.k_empty[s], 4 * T::kConsumerWarpgroups);  // one per consumer warp
-            ptx::mbarrier_init(&bars.v_empty[s], 4 * T::kConsumerWarpgroups);
+            ptx::mbarrier_init(&bars.k_empty[s], 4 * kW);
+            ptx::mbarrier_init(&bars.v_empty[s], 4 * kW);
         }
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     }
     __syncthreads();
 
     if (warpgroup == 0) {
-        // ---------------- producer ----------------
+        // ---------------- producer: one thread issues every load ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
-        if (threadIdx.x == 0) {
-            int32_t c[4];
+        if (threadIdx.x != 0) return;
+        int32_t c[4];
+        int kv_iter = 0;  // K/V tiles loaded so far by this CTA: ring stage and phase
+        int local = 0;    // tiles taken by this CTA: Q buffer phase
+        for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++local) {
+            const Tile tile = decode_tile(t, m_blocks, heads_q);
+            const int head_kv = tile.head / group;
+            // The Q buffer frees once every consumer warp has issued its last S = Q K^T.
+            wait_barrier(&bars.q_empty, (local & 1) ^ 1);
             ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars.q_full,
                                            T::kQBytes);
             for (int panel = 0; panel < T::kPanels; ++panel) {
-                set_coords(c, maps.q_order, panel * 64, m_start, head_q, batch);
+                set_coords(c, maps.q_order, panel * 64, tile.m_block * kBlockM, tile.head, tile.batch);
                 tma_load(smem_q + panel * T::kQPanelBytes, &maps.q, c, &bars.q_full);
             }
-            for (int n = 0; n < n_blocks; ++n) {
-                const int stage = n % kStages;
-                const uint32_t phase = (n / kStages) & 1;
-                unsigned char *k_tile = smem_k + stage * T::kKVTileBytes;
-                unsigned char *v_tile = smem_v + stage * T::kKVTileBytes;
-                wait_barrier(&bars.k_empty[stage], phase ^ 1);  // first round passes at once
+            const int n_blocks = key_tiles(tile.m_block);
+            for (int n = 0; n < n_blocks; ++n, ++kv_iter) {
+                const int stage = kv_iter % kStages;
+                const uint32_t phase = (kv_iter / kStages) & 1;
+                wait_barrier(&bars.k_empty[stage], phase ^ 1);  // the first round passes at once
                 ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
                                                &bars.k_full[stage], T::kKVTileBytes);
                 for (int panel = 0; panel < T::kPanels; ++panel) {
-                    set_coords(c, maps.k_order, panel * 64, n * kBlockN, head_kv, batch);
-                    tma_load(k_tile + panel * T::kKVPanelBytes, &maps.k, c, &bars.k_full[stage]);
+                    set_coords(c, maps.k_order, panel * 64, n * kBlockN, head_kv, tile.batch);
+                    tma_load(smem_k + stage * T::kKVTileBytes + panel * T::kKVPanelBytes, &maps.k, c,
+                             &bars.k_full[stage]);
                 }
                 wait_barrier(&bars.v_empty[stage], phase ^ 1);
                 ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
                                                &bars.v_full[stage], T::kKVTileBytes);
                 for (int panel = 0; panel < T::kPanels; ++panel) {
-                    set_coords(c, maps.v_order, panel * 64, n * kBlockN, head_kv, batch);
-                    tma_load(v_tile + panel * T::kKVPanelBytes, &maps.v, c, &bars.v_full[stage]);
+                    set_coords(c, maps.v_order, panel * 64, n * kBlockN, head_kv, tile.batch);
+                    tma_load(smem_v + stage * T::kKVTileBytes + panel * T::kKVPanelBytes, &maps.v, c,
+                             &bars.v_full[stage]);
                 }
             }
         }
@@ -230,32 +256,27 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
     // ---------------- consumers ----------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegs));
-    const int consumer = warpgroup - 1;             // which 64-row half of the block
+    const int consumer = warpgroup - 1;             // which 64 rows of the block
     const int warp_in_wg = (threadIdx.x / 32) % 4;  // which 16 of those rows
     const int row_in_warp = lane / 4;               // accumulator rows row_in_warp, +8
     const int col_in_tile = 2 * (lane % 4);         // accumulator columns col_in_tile, +1
-    const int wg_row0 = m_start + consumer * 64;    // first query row of this warpgroup
-
     const uint32_t q_base = smem_addr(smem_q) + consumer * 64 * 128;
     const uint32_t k_base = smem_addr(smem_k);
     const uint32_t v_base = smem_addr(smem_v);
-
-    float o_acc[kDTiles * 4];
-#pragma unroll
-    for (int i = 0; i < kDTiles * 4; ++i) o_acc[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY};
-    float row_sum[2] = {0.f, 0.f};
     const float scale_log2 = p.scale * 1.4426950408889634f;
 
+    float o_acc[kDTiles * 4];
+    float row_max[2], row_sum[2];
     // The loop is software-pipelined inside the warpgroup (FlashAttention-3's intra-warpgroup
     // overlap): while the tensor cores run O += P(n-1) V(n-1), this warpgroup's threads do the
-    // softmax of S(n), which was issued just before. P(n-1) lives in p_frag, S(n) in s.
+    // softmax of S(n), issued just before. P(n-1) lives in p_frag, S(n) in s.
     float s[kNTiles * 4];
     uint32_t p_frag[kBlockN / 16][4];
+    int kv_iter = 0;  // K/V tiles consumed so far: ring stage and phase, as in the producer
 
-    auto issue_qk = [&](int n) {  // S = Q K(n)^T, asynchronous
-        const int stage = n % kStages;
-        wait_barrier(&bars.k_full[stage], (n / kStages) & 1);
+    auto issue_qk = [&](int i) {  // S = Q K^T for ring slot i, asynchronous
+        const int stage = i % kStages;
+        wait_barrier(&bars.k_full[stage], (i / kStages) & 1);
         const uint32_t k_tile = k_base + stage * T::kKVTileBytes;
         fence_registers(s);
         wgmma_fence();
@@ -268,9 +289,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         }
         wgmma_commit();
     };
-    auto issue_pv = [&](int n) {  // O += P V(n), asynchronous
-        const int stage = n % kStages;
-        wait_barrier(&bars.v_full[stage], (n / kStages) & 1);
+    auto issue_pv = [&](int i) {  // O += P V for ring slot i, asynchronous
+        const int stage = i % kStages;
+        wait_barrier(&bars.v_full[stage], (i / kStages) & 1);
         const uint32_t v_tile = v_base + stage * T::kKVTileBytes;
         fence_registers(o_acc);
         wgmma_fence();
@@ -282,49 +303,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         }
         wgmma_commit();
     };
-    auto release = [&](uint64_t(&empty)[kStages], int n) {  // this warp is done with tile n
+    auto release = [&](uint64_t *bar) {  // this warp is done with what `bar` guards
         __syncwarp();
-        if (lane == 0) ptx::mbarrier_arrive(&empty[n % kStages]);
-    };
-    // Softmax of S(n) in place (s becomes P, unnormalised); returns the factor by which O and
-    // the running sums must shrink because the row max grew. Does not touch o_acc.
-    // row_max is kept in raw score units; the scale (> 0, see fc_dispatch) goes into one FFMA
-    // per element: p = exp2(s * scale * log2(e) - max * scale * log2(e)).
-    auto softmax = [&](int n, float (&rescale)[2]) {
-        const int n_start = n * kBlockN;
-        const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;
-        const bool ragged = n_start + kBlockN > seqlen_k;
-        const bool crosses_diagonal = kCausal && n_start + kBlockN - 1 > wg_row0;
-        if (ragged || crosses_diagonal) {
-#pragma unroll
-            for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = n_start + j * 8 + col_in_tile + (e & 1);
-                    const int row = row0 + (e >> 1) * 8;
-                    if (col >= seqlen_k || (kCausal && col > row)) s[j * 4 + e] = -INFINITY;
-                }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = row_max[h];
-#pragma unroll
-            for (int j = 0; j < kNTiles; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            // A row that has seen only masked keys keeps max -inf; exponentiate against 0 then.
-            const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-            rescale[h] = fast_exp2(row_max[h] * scale_log2 - base);
-            row_max[h] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < kNTiles; ++j) {
-                s[j * 4 + 2 * h] = fast_exp2(fmaf(s[j * 4 + 2 * h], scale_log2, -base));
-                s[j * 4 + 2 * h + 1] = fast_exp2(fmaf(s[j * 4 + 2 * h + 1], scale_log2, -base));
-                sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
-            }
-            row_sum[h] = row_sum[h] * rescale[h] + sum;
-        }
+        if (lane == 0) ptx::mbarrier_arrive(bar);
     };
     auto rescale_o = [&](const float (&rescale)[2]) {
 #pragma unroll
@@ -346,101 +327,136 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         }
     };
 
-    // Ping-pong between the consumer warpgroups (kPingPong): each issues its GEMMs only in its
-    // turn, so the others' softmax runs while its GEMMs hold the tensor cores. Turns go round a
-    // ring through named barriers 1..W (256 threads: the waiting and the passing warpgroup).
-    // The last consumer gives consumer 0 the first turn and skips its own last pass, so the
-    // arrivals balance (each warpgroup has n_blocks + 1 GEMM sections).
-    constexpr int kW = T::kConsumerWarpgroups;
-    const int sections = n_blocks + 1;
-    int section = 0;
-    auto wait_turn = [&] {
-        if (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
-    };
-    auto pass_turn = [&] {
-        ++section;
-        if (kPingPong && !(consumer == kW - 1 && section == sections))
+    // Ping-pong between the consumer warpgroups: each issues its GEMMs only in its turn, so the
+    // others' softmax runs while its GEMMs hold the tensor cores. Turns go round a ring through
+    // named barriers 1..W (256 threads: the waiting and the passing warpgroup). In every tile
+    // the last consumer gives consumer 0 the first turn and skips its own last pass, so the
+    // arrivals balance (each warpgroup has n_blocks + 1 GEMM sections per tile).
+    auto wait_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory"); };
+    auto pass_turn = [&](bool last_section) {
+        if (!(consumer == kW - 1 && last_section))
             asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
     };
-    if (kPingPong && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 
-    wait_barrier(&bars.q_full, 0);
-    float rescale[2];
-    wait_turn();
-    issue_qk(0);
-    pass_turn();
-    wgmma_wait<0>();
-    fence_registers(s);
-    release(bars.k_empty, 0);
-    softmax(0, rescale);  // O is still zero: nothing to rescale
-    convert_p();
-    for (int n = 1; n < n_blocks; ++n) {
+    int local = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++local) {
+        const Tile tile = decode_tile(t, m_blocks, heads_q);
+        const int n_blocks = key_tiles(tile.m_block);
+        const int wg_row0 = tile.m_block * kBlockM + consumer * 64;  // first query row of this WG
+        const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;    // this thread's first row
+
+        // row_max is kept in raw score units; the scale (> 0, see fc_dispatch) goes into one
+        // FFMA per element: p = exp2(s * scale * log2(e) - max * scale * log2(e)).
+        auto softmax = [&](int n, float (&rescale)[2]) {  // S(n) -> unnormalised P, in place
+            const int n_start = n * kBlockN;
+            const bool ragged = n_start + kBlockN > seqlen_k;
+            const bool crosses_diagonal = kCausal && n_start + kBlockN - 1 > wg_row0;
+            if (ragged || crosses_diagonal) {
+#pragma unroll
+                for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int col = n_start + j * 8 + col_in_tile + (e & 1);
+                        const int row = row0 + (e >> 1) * 8;
+                        if (col >= seqlen_k || (kCausal && col > row)) s[j * 4 + e] = -INFINITY;
+                    }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = row_max[h];
+#pragma unroll
+                for (int j = 0; j < kNTiles; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
+                const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+                rescale[h] = fast_exp2(row_max[h] * scale_log2 - base);
+                row_max[h] = mx;
+                float sum = 0.f;
+#pragma unroll
+                for (int j = 0; j < kNTiles; ++j) {
+                    s[j * 4 + 2 * h] = fast_exp2(fmaf(s[j * 4 + 2 * h], scale_log2, -base));
+                    s[j * 4 + 2 * h + 1] = fast_exp2(fmaf(s[j * 4 + 2 * h + 1], scale_log2, -base));
+                    sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
+                }
+                row_sum[h] = row_sum[h] * rescale[h] + sum;
+            }
+        };
+
+#pragma unroll
+        for (int i = 0; i < kDTiles * 4; ++i) o_acc[i] = 0.f;
+        row_max[0] = row_max[1] = -INFINITY;
+        row_sum[0] = row_sum[1] = 0.f;
+        float rescale[2];
+        int section = 0;
+        if (consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+        wait_barrier(&bars.q_full, local & 1);
+
         wait_turn();
-        issue_qk(n);
-        issue_pv(n - 1);
-        pass_turn();
-        wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
+        issue_qk(kv_iter);
+        pass_turn(++section == n_blocks + 1);
+        wgmma_wait<0>();
         fence_registers(s);
-        release(bars.k_empty, n);
-        softmax(n, rescale);
+        release(&bars.k_empty[kv_iter % kStages]);
+        if (n_blocks == 1) release(&bars.q_empty);  // last use of Q in this tile
+        softmax(0, rescale);  // O is still zero: nothing to rescale
+        convert_p();
+        for (int n = 1; n < n_blocks; ++n) {
+            wait_turn();
+            issue_qk(kv_iter + n);
+            issue_pv(kv_iter + n - 1);
+            pass_turn(++section == n_blocks + 1);
+            wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
+            fence_registers(s);
+            release(&bars.k_empty[(kv_iter + n) % kStages]);
+            if (n == n_blocks - 1) release(&bars.q_empty);
+            softmax(n, rescale);
+            wgmma_wait<0>();
+            fence_registers(o_acc);
+            release(&bars.v_empty[(kv_iter + n - 1) % kStages]);
+            rescale_o(rescale);
+            convert_p();
+        }
+        wait_turn();
+        issue_pv(kv_iter + n_blocks - 1);
+        pass_turn(++section == n_blocks + 1);
         wgmma_wait<0>();
         fence_registers(o_acc);
-        release(bars.v_empty, n - 1);
-        rescale_o(rescale);
-        convert_p();
-    }
-    wait_turn();
-    issue_pv(n_blocks - 1);
-    pass_turn();
-    wgmma_wait<0>();
-    fence_registers(o_acc);
-    release(bars.v_empty, n_blocks - 1);
+        release(&bars.v_empty[(kv_iter + n_blocks - 1) % kStages]);
+        kv_iter += n_blocks;
 
-    // ---- epilogue ----
-    float inv_sum[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float sum = row_sum[h];
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        row_sum[h] = sum;
-        inv_sum[h] = 1.f / sum;
-    }
-    if (p.lse != nullptr && (lane % 4) == 0) {
+        // ---- epilogue: normalise, write O from registers (Q's buffer is already refilling) ----
+        float inv_sum[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int row = wg_row0 + warp_in_wg * 16 + row_in_warp + 8 * h;
-            if (row < seqlen_q)
-                p.lse[batch * p.lse_stride_b + head_q * p.lse_stride_h + row * p.lse_stride_s] =
-                    (row_max[h] * scale_log2 + __log2f(row_sum[h])) * 0.6931471805599453f;
+            float sum = row_sum[h];
+            sum += __shfl_xor_sync(0xffffffff, sum, 1);
+            sum += __shfl_xor_sync(0xffffffff, sum, 2);
+            row_sum[h] = sum;
+            inv_sum[h] = 1.f / sum;
         }
-    }
-    // Stage this warp's 16 rows in its own rows of the Q tile (same swizzled panel layout).
-    const int warp_row0 = consumer * 64 + warp_in_wg * 16;  // within the CTA's block
+        if (p.lse != nullptr && (lane % 4) == 0) {
 #pragma unroll
-    for (int d = 0; d < kDTiles; ++d)
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + 8 * h;
+                if (row < seqlen_q)
+                    p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + row * p.lse_stride_s] =
+                        (row_max[h] * scale_log2 + __log2f(row_sum[h])) * 0.6931471805599453f;
+            }
+        }
+        // Each quad of lanes writes 16 contiguous bytes of a row per 8-column tile.
+        Elem *out = static_cast<Elem *>(p.out) + tile.batch * p.o_stride_b + tile.head * p.o_stride_h;
+        const int64_t o_stride = p.o_stride_s;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int r = warp_row0 + row_in_warp + 8 * h;
-            const int panel = d / 8, chunk = d % 8;
-            unsigned char *dst = smem_q + panel * T::kQPanelBytes + r * 128 + ((chunk ^ (r & 7)) * 16) + col_in_tile * 2;
-            *reinterpret_cast<uint32_t *>(dst) =
-                pack2<Elem>(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h]);
-        }
-    __syncwarp();
-    Elem *out = static_cast<Elem *>(p.out) + batch * p.o_stride_b + head_q * p.o_stride_h;
-    const int o_stride = static_cast<int>(p.o_stride_s);
-    constexpr int kChunks = kHeadDim / 8;
+            const int row = row0 + 8 * h;
+            if (row < seqlen_q) {
+                Elem *out_row = out + row * o_stride + col_in_tile;
 #pragma unroll
-    for (int it = 0; it < 16 * kChunks / 32; ++it) {
-        const int item = lane + it * 32;
-        const int r = warp_row0 + item / kChunks;
-        const int c = item % kChunks;  // 16-byte chunk along the head dim
-        const int row = m_start + r;
-        if (row < seqlen_q) {
-            const unsigned char *src = smem_q + (c / 8) * T::kQPanelBytes + r * 128 + (((c % 8) ^ (r & 7)) * 16);
-            *reinterpret_cast<uint4 *>(out + static_cast<int64_t>(row) * o_stride + c * 8) =
-                *reinterpret_cast<const uint4 *>(src);
+                for (int d = 0; d < kDTiles; ++d)
+                    *reinterpret_cast<uint32_t *>(out_row + d * 8) =
+                        pack2<Elem>(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h]);
+            }
         }
     }
 }
@@ -511,8 +527,8 @@ inline cudaError_t make_tensor_map(CUtensorMap *map, MapOrder *order, const void
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename Elem, int kHeadDim, bool kCausal, bool kPingPong>
-cudaError_t launch_fwd_variant(const fc_params &p, cudaStream_t stream) {
+template <typename Elem, int kHeadDim, bool kCausal>
+cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     using T = FwdTraits<kHeadDim, kCausal>;
     const CUtensorMapDataType dtype =
         p.dtype == FC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -527,28 +543,25 @@ cudaError_t launch_fwd_variant(const fc_params &p, cudaStream_t stream) {
                               p.v_stride_s, p.v_stride_h, p.v_stride_b, T::kBlockN);
     if (err != cudaSuccess) return err;
 
-    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kPingPong>;
-    static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
+    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal>;
+    // Per device, once: the shared-memory opt-in (cudaFuncSetAttribute) and the SM count.
+    static int sm_count[64];  // 0 = this device not configured yet
     int device = 0;
     err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    const unsigned long long bit = 1ull << (device & 63);
-    if (!(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & bit)) {
+    int sms = device < 64 ? __atomic_load_n(&sm_count[device], __ATOMIC_ACQUIRE) : 0;
+    if (sms == 0) {
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
         if (err != cudaSuccess) return err;
-        __atomic_fetch_or(&configured_devices, bit, __ATOMIC_ACQ_REL);
+        if (device < 64) __atomic_store_n(&sm_count[device], sms, __ATOMIC_RELEASE);
     }
-    const int m_blocks = static_cast<int>((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
-    const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+    // Persistent grid: one CTA per SM (each needs most of an SM's shared memory), looping over
+    // the tiles; the next tile's Q and K/V loads overlap the current tile's last GEMMs.
+    const int64_t tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM * p.heads_q * p.batch;
+    const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
     return cudaGetLastError();
-}
-
-// Ping-pong won over free-running consumers (bench/NOTES.md, 2026-11-25: D=128 non-causal 4k
-// 613 vs 569 TFLOP/s, D=64 4k 474 vs 388), so it is the only schedule built.
-template <typename Elem, int kHeadDim, bool kCausal>
-cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
-    return launch_fwd_variant<Elem, kHeadDim, kCausal, true>(p, stream);
 }
 
 }  // namespace sm90
