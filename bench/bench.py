@@ -13,7 +13,7 @@ What it measures
   Shapes (default set; fp16, bf16 too with --bf16):
     small:  B=1, H=8, S=512, D=64, causal and not; also timed inside a CUDA graph.
     sweep:  16k tokens per batch (B = 16384/S), hidden 2048 (H = 2048/D),
-            S in 512 1k 2k 4k 8k 16k, D in 64 128, causal and not.
+            S in 512 1k 2k 4k 8k 16k, D in 64 128 256, causal and not.
     --extra adds decode (B=8, H=32, Sq=1, Sk=8192, D=128) and a GQA 32:8 shape.
     --quick runs a handful of these (smoke test).
 
@@ -118,7 +118,7 @@ def shape_set(quick, bf16, extra):
         for causal in (False, True):
             out.append(Shape(1, 8, 8, 512, 512, 64, causal, dt, graph=True))
         seqs = [512, 4096] if quick else [512, 1024, 2048, 4096, 8192, 16384]
-        dims = [128] if quick else [64, 128]
+        dims = [128] if quick else [64, 128, 256]
         for D in dims:
             for causal in (False, True):
                 for S in seqs:

@@ -37,6 +37,12 @@ FC_DECLARE(fc_sm90_fwd_hdim128_fp16)
 #if defined(FC_HAVE_SM90_HDIM128_bf16)
 FC_DECLARE(fc_sm90_fwd_hdim128_bf16)
 #endif
+#if defined(FC_HAVE_SM90_HDIM256_fp16)
+FC_DECLARE(fc_sm90_fwd_hdim256_fp16)
+#endif
+#if defined(FC_HAVE_SM90_HDIM256_bf16)
+FC_DECLARE(fc_sm90_fwd_hdim256_bf16)
+#endif
 
 typedef struct kernel_entry {
     fc_family family;
@@ -57,6 +63,12 @@ static const kernel_entry kKernels[] = {
 #endif
 #if defined(FC_HAVE_SM90_HDIM128_bf16)
     {FC_FAMILY_SM90, 128, FC_DTYPE_BF16, fc_sm90_fwd_hdim128_bf16},
+#endif
+#if defined(FC_HAVE_SM90_HDIM256_fp16)
+    {FC_FAMILY_SM90, 256, FC_DTYPE_FP16, fc_sm90_fwd_hdim256_fp16},
+#endif
+#if defined(FC_HAVE_SM90_HDIM256_bf16)
+    {FC_FAMILY_SM90, 256, FC_DTYPE_BF16, fc_sm90_fwd_hdim256_bf16},
 #endif
 #if defined(FC_HAVE_SM80_HDIM64_fp16)
     {FC_FAMILY_SM80, 64, FC_DTYPE_FP16, fc_sm80_fwd_hdim64_fp16},

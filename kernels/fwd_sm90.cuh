@@ -66,6 +66,13 @@ struct FwdConfig<128, kCausal> {
     static constexpr int kConsumerWarpgroups = 2, kBlockN = kCausal ? 128 : 176, kStages = 2;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
+// D=256: O alone takes 128 registers per consumer thread and a K or V row is 512 bytes, so
+// 80-key tiles: 64 KB of Q + 2 stages x (40 + 40) KB of K/V fill the 227 KB.
+template <bool kCausal>
+struct FwdConfig<256, kCausal> {
+    static constexpr int kConsumerWarpgroups = 2, kBlockN = 80, kStages = 2;
+    static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+};
 
 template <int kHeadDim, bool kCausal>
 struct FwdTraits : FwdConfig<kHeadDim, kCausal> {
