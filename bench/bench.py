@@ -219,6 +219,9 @@ class Timer:
     def eager_us(self, fn):
         for _ in range(self.warmup):
             fn()
+        # Drain the warm-up before timing: queued work (or a previous shape's graph teardown)
+        # ahead of the first events once inflated whole rows ~20x (NOTES.md, sm90 runs).
+        torch.cuda.synchronize()
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(self.iters)]
         for start, end in ev:
