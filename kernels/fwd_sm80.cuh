@@ -9,9 +9,8 @@
 //   * One CTA = kWarps warps; warp w owns query rows [16w, 16w+16) of the block, so every
 //     softmax reduction stays inside a quad of lanes (no shared memory, no block barrier).
 //   * Q is copied to shared memory once (cp.async), then held in registers as mma A fragments.
-//   * K and V tiles (kBlockN x D) stream through 2-stage cp.async rings, K and V in separate
-//     groups (FlashAttention-2's order): K(n+1) loads during S, softmax and PV of tile n,
-//     V(n+1) during PV(n) and S(n+1). Rows past the end of a sequence are zero-filled.
+//   * K and V tiles (kBlockN x D) stream through a 2-stage cp.async ring: tile n+1 loads while
+//     tile n is multiplied. Rows past the end of the sequence are zero-filled by cp.async.
 //   * S = Q K^T and O += P V with mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate). P goes
 //     from the S accumulators straight into A fragments (the layouts line up), never to smem.
 //   * Softmax in base 2 with the scale folded into log2(e); O is rescaled when the row max grows.
@@ -37,18 +36,20 @@ namespace flashcore {
 namespace sm80 {
 
 // Tile shape per head dim. Registers per thread (D=128): O 64 + S 32 + Q 32 fp32/b32 values.
-// D=128 uses 8 warps (128 query rows), so each K/V tile brought into shared memory serves
-// twice the rows of the 4-warp version; at ~237 registers that is one CTA (8 warps) per SM,
-// the same warps per SM as two 4-warp CTAs. D=64 (~155 registers) keeps 4 warps, 3 CTAs/SM.
+// Measured and lost (H100, forced sm80, same run as cuDNN; bench/NOTES.md, 2026-11-25):
+//   * 8 warps / 128 query rows for D=128 (each K/V tile serves twice the rows, but one CTA of
+//     8 warps per SM instead of two of 4): non-causal 4k 222 vs 263 TFLOP/s, causal 196 vs 248.
+//   * K and V in separate cp.async groups (FlashAttention-2's order, two waits per tile):
+//     D=64 non-causal 4k 236 vs 248, within noise but not a gain; not kept.
 template <int kHeadDim>
 struct FwdTraits {
-    static constexpr int kWarps = kHeadDim >= 128 ? 8 : 4;
+    static constexpr int kWarps = 4;
     static constexpr int kBlockM = 16 * kWarps;  // query rows per CTA
     static constexpr int kBlockN = 64;           // key rows per pipeline tile
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
     static constexpr int kStages = 2;
-    static constexpr int kMinBlocksPerSm = kWarps == 8 ? 1 : 2;
+    static constexpr int kMinBlocksPerSm = 2;
     // Elements: Q tile + kStages x (K tile + V tile).
     static constexpr int kSmemElems = kBlockM * kHeadDim + kStages * 2 * kBlockN * kHeadDim;
     static constexpr int kSmemBytes = kSmemElems * 2;
@@ -126,25 +127,17 @@ fwd_kernel(const fc_params p) {
     const int row_in_warp = lane / 4;
     const int col_in_tile = 2 * (lane % 4);
 
-    auto load_k = [&](int n_block, int stage) {
+    auto load_kv = [&](int n_block, int stage) {
         const int n_start = n_block * kBlockN;
+        const int rows = min(kBlockN, seqlen_k - n_start);
         load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_k + stage * kBlockN * kHeadDim,
-                                                       k + n_start * k_stride, k_stride,
-                                                       min(kBlockN, seqlen_k - n_start));
-    };
-    auto load_v = [&](int n_block, int stage) {
-        const int n_start = n_block * kBlockN;
+                                                       k + n_start * k_stride, k_stride, rows);
         load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_v + stage * kBlockN * kHeadDim,
-                                                       v + n_start * v_stride, v_stride,
-                                                       min(kBlockN, seqlen_k - n_start));
+                                                       v + n_start * v_stride, v_stride, rows);
     };
 
-    // cp.async groups, in issue order: {Q, K(0)}, V(0), K(1), V(1), ... so that "all but the
-    // newest group" is K(n) at the first wait of iteration n and V(n) at the second.
     load_tile<Elem, kBlockM, kChunks, T::kThreads>(smem_q, q, q_stride, seqlen_q - m_start);
-    load_k(0, 0);
-    cp_async_commit();
-    load_v(0, 0);
+    load_kv(0, 0);
     cp_async_commit();
 
     uint32_t q_frag[kKSteps][4];
@@ -160,15 +153,14 @@ fwd_kernel(const fc_params p) {
 
     for (int n_block = 0; n_block < n_blocks; ++n_block) {
         const int stage = n_block & 1;
-        const bool has_next = n_block + 1 < n_blocks;
-        // K(n) has landed (V(n) may still be in flight). The barrier also tells every warp
-        // that all warps are done with iteration n-1, so stage ^ 1 may be refilled.
-        cp_async_wait<1>();
-        __syncthreads();
-        if (has_next) {
-            load_k(n_block + 1, stage ^ 1);  // lands while S, softmax and PV of tile n run
+        if (n_block + 1 < n_blocks) {
+            load_kv(n_block + 1, stage ^ 1);
             cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
+        __syncthreads();
 
         if (n_block == 0) {
             // A fragments of Q: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) of each k-step.
@@ -247,14 +239,6 @@ fwd_kernel(const fc_params p) {
         }
 
         // ---- O += P V: P's accumulator layout is the A-fragment layout of a 16x16 k-step ----
-        // V(n) has landed (K(n+1) may still be in flight); V(n+1) goes to the stage that PV(n-1)
-        // read, which every warp left before the barrier at the top of this iteration.
-        if (has_next) cp_async_wait<1>(); else cp_async_wait<0>();
-        __syncthreads();
-        if (has_next) {
-            load_v(n_block + 1, stage ^ 1);
-            cp_async_commit();
-        }
         const Elem *v_tile = smem_v + stage * kBlockN * kHeadDim;
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -273,6 +257,8 @@ fwd_kernel(const fc_params p) {
                 mma_16816<Elem>(o_acc[2 * dp + 1], pf, vf[2], vf[3]);
             }
         }
+        // The next iteration's prefetch overwrites this stage.
+        __syncthreads();
     }
 
     // ---- epilogue: finish the row sums, normalise, write O (and LSE) ----
