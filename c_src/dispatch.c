@@ -44,6 +44,13 @@ FC_DECLARE(fc_sm90_fwd_hdim256_fp16)
 FC_DECLARE(fc_sm90_fwd_hdim256_bf16)
 #endif
 
+#if defined(FC_HAVE_DECODE_HDIM64_fp16)
+FC_DECLARE(fc_decode_hdim64_fp16)
+FC_DECLARE(fc_decode_hdim64_bf16)
+FC_DECLARE(fc_decode_hdim128_fp16)
+FC_DECLARE(fc_decode_hdim128_bf16)
+#endif
+
 typedef struct kernel_entry {
     fc_family family;
     int head_dim;
@@ -52,6 +59,12 @@ typedef struct kernel_entry {
 } kernel_entry;
 
 static const kernel_entry kKernels[] = {
+#if defined(FC_HAVE_DECODE_HDIM64_fp16)
+    {FC_FAMILY_DECODE, 64, FC_DTYPE_FP16, fc_decode_hdim64_fp16},
+    {FC_FAMILY_DECODE, 64, FC_DTYPE_BF16, fc_decode_hdim64_bf16},
+    {FC_FAMILY_DECODE, 128, FC_DTYPE_FP16, fc_decode_hdim128_fp16},
+    {FC_FAMILY_DECODE, 128, FC_DTYPE_BF16, fc_decode_hdim128_bf16},
+#endif
 #if defined(FC_HAVE_SM90_HDIM64_fp16)
     {FC_FAMILY_SM90, 64, FC_DTYPE_FP16, fc_sm90_fwd_hdim64_fp16},
 #endif
@@ -89,6 +102,7 @@ static const kernel_entry kKernels[] = {
 static int family_runs_on(fc_family family, int cc_major, int cc_minor) {
     switch (family) {
     case FC_FAMILY_SM80:
+    case FC_FAMILY_DECODE: /* plain sm_80-class code too: built wherever the sm80 family is */
 #if defined(FC_BUILT_SM89)
         if (cc_major == 8 && cc_minor == 9) return 1;
 #endif
@@ -114,7 +128,15 @@ static int stepped_strides_nonzero(int64_t s0, int64_t st0, int64_t s1, int64_t 
 /* Requirements beyond validation. The Hopper family loads through TMA tensor maps, which
  * cannot describe a broadcast (stride-0) dim, and folds a positive scale into one FFMA per
  * score; other inputs go to the sm80 family, which takes any layout and any scale. */
+/* The decode kernel holds (Hq / Hkv) * Sq <= 32 query rows per CTA (GQA packing) and is meant
+ * for at most 16 queries against a cache. */
+#define FC_DECODE_MAX_ROWS 32
+#define FC_DECODE_MAX_SEQLEN_Q 16
+
 static int family_takes_layout(fc_family family, const fc_params *p) {
+    if (family == FC_FAMILY_DECODE)
+        return p->seqlen_q <= FC_DECODE_MAX_SEQLEN_Q &&
+               (p->heads_q / p->heads_kv) * p->seqlen_q <= FC_DECODE_MAX_ROWS;
     if (family != FC_FAMILY_SM90) return 1;
     return p->scale > 0.0f &&
            stepped_strides_nonzero(p->seqlen_q, p->q_stride_s, p->heads_q, p->q_stride_h, p->batch, p->q_stride_b) &&
@@ -135,9 +157,10 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
     if (p->mask_kind != FC_MASK_NONE) return FC_UNSUPPORTED_MASK;
 
-    /* Families in order of preference; a forced family is the only candidate. */
-    const fc_family preference[] = {FC_FAMILY_SM90, FC_FAMILY_SM80};
-    const size_t n_candidates = p->family == FC_FAMILY_AUTO ? 2 : 1;
+    /* Families in order of preference; a forced family is the only candidate. The decode
+     * kernel comes first: it takes only the small-Sq calls it is built for. */
+    const fc_family preference[] = {FC_FAMILY_DECODE, FC_FAMILY_SM90, FC_FAMILY_SM80};
+    const size_t n_candidates = p->family == FC_FAMILY_AUTO ? 3 : 1;
     int any_family_runs = 0;
     for (size_t i = 0; i < n_candidates; ++i) {
         const fc_family f = p->family == FC_FAMILY_AUTO ? preference[i] : p->family;
@@ -152,6 +175,38 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
     }
     if (!any_family_runs)
         return p->family == FC_FAMILY_AUTO ? FC_UNSUPPORTED_ARCH : FC_UNSUPPORTED_FAMILY;
-    if (p->family == FC_FAMILY_SM90 && find_kernel(FC_FAMILY_SM90, p) != NULL) return FC_UNSUPPORTED_LAYOUT;
+    if ((p->family == FC_FAMILY_SM90 || p->family == FC_FAMILY_DECODE) && find_kernel(p->family, p) != NULL)
+        return FC_UNSUPPORTED_LAYOUT;
     return FC_UNSUPPORTED_HEAD_DIM;
+}
+
+/*
+ * Split count for the decode kernel. A decode CTA uses ~55 KB of shared memory, so about four
+ * fit on an SM; the batch gives B x Hkv CTAs. Cut each (batch, KV head) into enough key ranges
+ * for ~4 CTAs per SM, but keep every range at least 256 keys (8 chunks of 32) so the partials
+ * and the combine pass stay small next to the K/V bytes, and at most 64 ranges.
+ */
+#define FC_DECODE_CHUNK 32
+#define FC_DECODE_MIN_CHUNKS_PER_SPLIT 8
+#define FC_DECODE_CTAS_PER_SM 4
+#define FC_DECODE_MAX_SPLITS 64
+
+int fc_decode_splits(const fc_params *p, int sm_count) {
+    const int64_t ctas = p->batch * p->heads_kv;
+    const int64_t target = (int64_t)FC_DECODE_CTAS_PER_SM * (sm_count > 0 ? sm_count : 1);
+    if (ctas >= target) return 1;
+    int64_t splits = (target + ctas - 1) / ctas;
+    const int64_t chunks = (p->seqlen_k + FC_DECODE_CHUNK - 1) / FC_DECODE_CHUNK;
+    const int64_t by_length = chunks / FC_DECODE_MIN_CHUNKS_PER_SPLIT;
+    if (splits > by_length) splits = by_length;
+    if (splits > FC_DECODE_MAX_SPLITS) splits = FC_DECODE_MAX_SPLITS;
+    return splits > 1 ? (int)splits : 1;
+}
+
+int64_t fc_decode_workspace_bytes(const fc_params *p, int splits) {
+    const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
+    /* partial O [rows][splits][D] then partial LSE [rows][splits], fp32, 16-byte rounded */
+    const int64_t o_bytes = rows * splits * p->head_dim * 4;
+    const int64_t lse_bytes = rows * splits * 4;
+    return (o_bytes + lse_bytes + 15) / 16 * 16;
 }

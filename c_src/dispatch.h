@@ -21,6 +21,13 @@ typedef cudaError_t (*fc_launch_fn)(const fc_params *p, cudaStream_t stream);
 fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_fn *launch,
                       fc_family *family);
 
+/*
+ * Split-KV decoding: how many key ranges to cut each (batch, KV head) into on a device with
+ * `sm_count` SMs, and the workspace that takes (partial O and LSE in fp32).
+ */
+int fc_decode_splits(const fc_params *p, int sm_count);
+int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
+
 #ifdef __cplusplus
 }
 #endif

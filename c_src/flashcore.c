@@ -34,6 +34,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_ERR_BAD_DTYPE] = "dtype is not a valid fc_dtype",
     [FC_ERR_BAD_MASK_KIND] = "mask_kind is not a valid fc_mask_kind",
     [FC_ERR_BAD_FAMILY] = "family is not a valid fc_family",
+    [FC_ERR_BAD_WORKSPACE] = "workspace_bytes is negative or workspace is not 16-byte aligned",
     [FC_ERR_BAD_SCALE] = "scale must be finite",
     [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice exceeds 2^31-1 elements, batch or heads_q exceeds 65535 (CUDA's grid limit), or an offset overflows 64 bits",
     [FC_UNSUPPORTED_DTYPE] = "no kernel for this dtype (fp16 and bf16 only)",
@@ -116,7 +117,8 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
     if ((int)p->dtype < FC_DTYPE_FP16 || (int)p->dtype > FC_DTYPE_FP32) return FC_ERR_BAD_DTYPE;
     if ((int)p->mask_kind < FC_MASK_NONE || (int)p->mask_kind > FC_MASK_ADDITIVE)
         return FC_ERR_BAD_MASK_KIND;
-    if ((int)p->family < FC_FAMILY_AUTO || (int)p->family > FC_FAMILY_SM90) return FC_ERR_BAD_FAMILY;
+    if ((int)p->family < FC_FAMILY_AUTO || (int)p->family > FC_FAMILY_DECODE) return FC_ERR_BAD_FAMILY;
+    if (p->workspace_bytes < 0 || !aligned16(p->workspace)) return FC_ERR_BAD_WORKSPACE;
 
     const int64_t dims[6] = {p->batch, p->heads_q, p->heads_kv, p->seqlen_q, p->seqlen_k, p->head_dim};
     for (int i = 0; i < 6; ++i)
@@ -187,11 +189,12 @@ FC_API fc_family fc_sdpa_family(const fc_params *p, int cc_major, int cc_minor) 
     return family;
 }
 
-/* Compute capability of a device, cached: 0 means not read yet. */
+/* Compute capability and SM count of a device, cached: 0 means not read yet. */
 #define FC_MAX_DEVICES 64
 static _Atomic int cc_cache[FC_MAX_DEVICES];
+static _Atomic int sm_cache[FC_MAX_DEVICES];
 
-static fc_status device_capability(int *major, int *minor) {
+static fc_status device_info(int *major, int *minor, int *sms) {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) goto fail;
@@ -200,6 +203,7 @@ static fc_status device_capability(int *major, int *minor) {
         if (cached != 0) {
             *major = cached / 10;
             *minor = cached % 10;
+            *sms = atomic_load_explicit(&sm_cache[device], memory_order_relaxed);
             return FC_OK;
         }
     }
@@ -207,24 +211,55 @@ static fc_status device_capability(int *major, int *minor) {
     if (err != cudaSuccess) goto fail;
     err = cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device);
     if (err != cudaSuccess) goto fail;
-    if (device >= 0 && device < FC_MAX_DEVICES)
+    err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) goto fail;
+    if (device >= 0 && device < FC_MAX_DEVICES) {
+        atomic_store_explicit(&sm_cache[device], *sms, memory_order_relaxed);
         atomic_store_explicit(&cc_cache[device], *major * 10 + *minor, memory_order_relaxed);
+    }
     return FC_OK;
 fail:
     last_cuda_error = err;
     return FC_ERR_CUDA;
 }
 
-FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
+/* Pick the kernel and, for the decode path, the split count; *bytes = workspace it needs. */
+static fc_status plan(const fc_params *p, fc_launch_fn *launch, int *splits, int64_t *bytes) {
     fc_status s = fc_params_validate(p);
     if (s != FC_OK) return s;
-    int major = 0, minor = 0;
-    s = device_capability(&major, &minor);
+    int major = 0, minor = 0, sms = 0;
+    s = device_info(&major, &minor, &sms);
     if (s != FC_OK) return s;
+    fc_family family = FC_FAMILY_AUTO;
+    s = fc_dispatch(p, major, minor, launch, &family);
+    if (s != FC_OK) return s;
+    *splits = 1;
+    *bytes = 0;
+    if (family == FC_FAMILY_DECODE) {
+        *splits = fc_decode_splits(p, sms);
+        if (*splits > 1) *bytes = fc_decode_workspace_bytes(p, *splits);
+    }
+    return FC_OK;
+}
+
+FC_API fc_status fc_sdpa_workspace_size(const fc_params *p, int64_t *bytes) {
+    if (bytes == NULL) return FC_ERR_NULL_POINTER;
+    *bytes = 0;
     fc_launch_fn launch = NULL;
-    s = fc_dispatch(p, major, minor, &launch, NULL);
+    int splits = 1;
+    return plan(p, &launch, &splits, bytes);
+}
+
+FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
+    fc_launch_fn launch = NULL;
+    int splits = 1;
+    int64_t bytes = 0;
+    const fc_status s = plan(p, &launch, &splits, &bytes);
     if (s != FC_OK) return s;
-    const cudaError_t err = launch(p, stream);
+    fc_params run = *p;
+    /* Without enough workspace the decode path runs unsplit: slower on a small batch, same result. */
+    run.num_splits_ = (bytes > 0 && p->workspace != NULL && p->workspace_bytes >= bytes) ? splits : 1;
+    const cudaError_t err = launch(&run, stream);
     last_cuda_error = err;
     return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }

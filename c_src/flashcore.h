@@ -45,6 +45,7 @@ typedef enum fc_family {
     FC_FAMILY_AUTO = 0,
     FC_FAMILY_SM80 = 1, /* mma.sync + cp.async: sm_89 (Ada), also built for sm_90 */
     FC_FAMILY_SM90 = 2, /* TMA + wgmma + warp specialization: sm_90a */
+    FC_FAMILY_DECODE = 3, /* split-KV decoding for Sq <= 16 and (Hq/Hkv)*Sq <= 32; sm_89, sm_90 */
 } fc_family;
 
 /* Kinds of attention mask. Only NONE has a kernel today; the others are described so the
@@ -72,6 +73,7 @@ typedef enum fc_status {
     FC_ERR_BAD_DTYPE,            /* dtype is not an fc_dtype value */
     FC_ERR_BAD_MASK_KIND,        /* mask_kind is not an fc_mask_kind value */
     FC_ERR_BAD_FAMILY,           /* family is not an fc_family value */
+    FC_ERR_BAD_WORKSPACE,        /* workspace_bytes negative, or workspace misaligned (16 bytes) */
     FC_ERR_BAD_SCALE,            /* scale is NaN or infinite */
     FC_ERR_OFFSET_OVERFLOW,      /* an element offset exceeds what the kernels index (2^31-1) */
     FC_UNSUPPORTED_DTYPE,        /* valid dtype, but no kernel for it (fp32) */
@@ -111,6 +113,13 @@ typedef struct fc_params {
     fc_dtype dtype;     /* of q, k, v and out */
     fc_mask_kind mask_kind;
     fc_family family;   /* FC_FAMILY_AUTO unless forcing a family */
+
+    /* Optional scratch for split-KV decoding (see fc_sdpa_workspace_size): device memory the
+     * library may use during the call. NULL or too small: the decode path runs unsplit. */
+    void *workspace;
+    int64_t workspace_bytes;
+
+    int num_splits_; /* internal: set by the library on its own copy; callers leave it 0 */
 } fc_params;
 
 /* Zero every field, then set scale = 0 (caller must set it), family = AUTO, mask NONE. */
@@ -138,6 +147,13 @@ fc_family fc_sdpa_family(const fc_params *p, int cc_major, int cc_minor);
 /* Launch the forward on `stream` (on the current device). Asynchronous: returns once the
  * kernel is queued. Returns FC_OK, a validation/support status, or FC_ERR_CUDA. */
 fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream);
+
+/*
+ * Bytes of workspace fc_sdpa_fwd can use for these params on the current device (0 when the
+ * chosen kernel needs none). Allocate that much, set p->workspace / p->workspace_bytes, and
+ * keep it alive until the call has run on its stream. Sets *bytes; returns a status.
+ */
+fc_status fc_sdpa_workspace_size(const fc_params *p, int64_t *bytes);
 
 /* The CUDA error behind the last FC_ERR_CUDA returned on this thread (cudaSuccess if none). */
 cudaError_t fc_last_cuda_error(void);

@@ -133,9 +133,20 @@ static int run_case(const test_case *tc, fc_family family) {
     p.family = family;
     fc_params_set_contiguous_strides(&p);
 
+    /* Workspace, when the chosen kernel can use one (the split-KV decode path). */
+    int64_t ws_bytes = 0;
+    fc_status st = fc_sdpa_workspace_size(&p, &ws_bytes);
+    if (st != FC_OK) {
+        fprintf(stderr, "FAIL fc_sdpa_workspace_size: %s\n", fc_status_string(st));
+        return 1;
+    }
+    if (ws_bytes > 0) {
+        CUDA_OK(cudaMalloc(&p.workspace, (size_t)ws_bytes));
+        p.workspace_bytes = ws_bytes;
+    }
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreate(&stream));
-    const fc_status st = fc_sdpa_fwd(&p, stream);
+    st = fc_sdpa_fwd(&p, stream);
     if (st != FC_OK) {
         fprintf(stderr, "FAIL fc_sdpa_fwd: %s (cuda: %s)\n", fc_status_string(st),
                 cudaGetErrorString(fc_last_cuda_error()));
@@ -182,13 +193,14 @@ static int run_case(const test_case *tc, fc_family family) {
                 }
             }
         }
-    printf("%s family=%s B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s: max|err| %.2e, max|lse err| %.2e, %d bad\n",
-           bad ? "FAIL" : "ok  ", family == FC_FAMILY_SM80 ? "sm80" : "auto", (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk,
+    printf("%s family=%s ws=%lld B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s: max|err| %.2e, max|lse err| %.2e, %d bad\n",
+           bad ? "FAIL" : "ok  ", family == FC_FAMILY_SM80 ? "sm80" : "auto", (long long)ws_bytes, (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk,
            (long long)D, tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", max_err, max_lse_err, bad);
 
     free(scores); free(hq); free(hk); free(hv); free(ho); free(hlse);
     CUDA_OK(cudaFree(dq)); CUDA_OK(cudaFree(dk)); CUDA_OK(cudaFree(dv)); CUDA_OK(cudaFree(dout)); CUDA_OK(cudaFree(dlse));
     CUDA_OK(cudaStreamDestroy(stream));
+    if (p.workspace != NULL) CUDA_OK(cudaFree(p.workspace));
     return bad != 0;
 }
 
@@ -205,6 +217,11 @@ int main(void) {
         {1, 2, 2, 200, 77, 128, 1, FC_DTYPE_FP16},   /* Sq > Sk, causal: top-left alignment */
         {1, 4, 4, 1, 513, 128, 0, FC_DTYPE_BF16},     /* one query row */
         {3, 1, 1, 1000, 1000, 64, 1, FC_DTYPE_BF16},
+        /* decode path under AUTO: split-KV with GQA packing, odd lengths, causal Sq > 1 */
+        {2, 8, 2, 1, 8191, 128, 0, FC_DTYPE_FP16},
+        {1, 4, 1, 3, 3000, 64, 1, FC_DTYPE_BF16},
+        {1, 32, 4, 2, 777, 128, 0, FC_DTYPE_BF16},
+        {3, 2, 2, 16, 100, 64, 1, FC_DTYPE_FP16},
     };
     int failed = 0;
     /* AUTO picks the best family for the device (sm90 on Hopper); then the sm80 family forced. */

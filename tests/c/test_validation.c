@@ -72,6 +72,10 @@ static void m_head_dim(fc_params *p) { p->head_dim = 80; fc_params_set_contiguou
 static void m_mask(fc_params *p) { p->mask_kind = FC_MASK_ADDITIVE; p->mask = (const void *)0x50000; }
 static void m_force_sm90(fc_params *p) { p->family = FC_FAMILY_SM90; }
 static void m_force_sm80(fc_params *p) { p->family = FC_FAMILY_SM80; }
+static void m_workspace_misaligned(fc_params *p) { p->workspace = (void *)0x70004; p->workspace_bytes = 64; }
+static void m_workspace_negative(fc_params *p) { p->workspace_bytes = -1; }
+static void m_force_decode_long_q(fc_params *p) { p->family = FC_FAMILY_DECODE; }
+static void m_force_decode(fc_params *p) { p->family = FC_FAMILY_DECODE; p->seqlen_q = 4; }
 static void m_force_sm90_negative_scale(fc_params *p) { p->family = FC_FAMILY_SM90; p->scale = -0.5f; }
 static void m_negative_scale(fc_params *p) { p->scale = -0.5f; }
 static void m_force_sm90_broadcast(fc_params *p) { p->family = FC_FAMILY_SM90; p->k_stride_b = 0; p->v_stride_b = 0; }
@@ -115,6 +119,10 @@ static const validation_case kCases[] = {
     {"forced sm90 family", m_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"forced sm90, K/V broadcast over batch", m_force_sm90_broadcast, FC_OK, FC_UNSUPPORTED_LAYOUT, FC_UNSUPPORTED_FAMILY},
     {"forced sm80 family", m_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"workspace misaligned", m_workspace_misaligned, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE},
+    {"workspace_bytes negative", m_workspace_negative, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE},
+    {"forced decode, Sq = 100", m_force_decode_long_q, FC_OK, FC_UNSUPPORTED_LAYOUT, FC_UNSUPPORTED_FAMILY},
+    {"forced decode, Sq = 4, GQA 4", m_force_decode, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"forced sm90, negative scale", m_force_sm90_negative_scale, FC_OK, FC_UNSUPPORTED_LAYOUT, FC_UNSUPPORTED_FAMILY},
     {"negative scale (auto: sm80 family)", m_negative_scale, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"seqlen_q 1 with odd stride", m_size1_odd_stride, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
