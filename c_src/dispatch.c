@@ -120,9 +120,14 @@ static int family_runs_on(fc_family family, int cc_major, int cc_minor) {
     }
 }
 
-/* A dim that is stepped over (size > 1) must have a nonzero stride. */
+/* A dim that is stepped over (size > 1) needs a stride a TMA tensor map can hold: nonzero and
+ * under 2^40 bytes (2-byte elements). */
+#define FC_TMA_MAX_STRIDE_ELEMS (((int64_t)1 << 40) / 2)
+static int tma_stride_ok(int64_t size, int64_t stride) {
+    return size <= 1 || (stride != 0 && stride < FC_TMA_MAX_STRIDE_ELEMS);
+}
 static int stepped_strides_nonzero(int64_t s0, int64_t st0, int64_t s1, int64_t st1, int64_t s2, int64_t st2) {
-    return (s0 <= 1 || st0 != 0) && (s1 <= 1 || st1 != 0) && (s2 <= 1 || st2 != 0);
+    return tma_stride_ok(s0, st0) && tma_stride_ok(s1, st1) && tma_stride_ok(s2, st2);
 }
 
 /* Requirements beyond validation. The Hopper family loads through TMA tensor maps, which

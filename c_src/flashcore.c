@@ -168,7 +168,8 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
         if (s != FC_OK) return s;
     }
     if (p->heads_q > FC_MAX_GRID_YZ || p->batch > FC_MAX_GRID_YZ) return FC_ERR_OFFSET_OVERFLOW;
-    if (p->seqlen_q > INT32_MAX || p->seqlen_k > INT32_MAX) return FC_ERR_OFFSET_OVERFLOW;
+    /* Kernels round lengths up to whole tiles (at most 256 rows) in int arithmetic. */
+    if (p->seqlen_q > INT32_MAX - 256 || p->seqlen_k > INT32_MAX - 256) return FC_ERR_OFFSET_OVERFLOW;
     /* The persistent kernels number their (64-row query block, head, batch) tiles in an int. */
     int64_t tiles = 0;
     if (__builtin_mul_overflow((p->seqlen_q + 63) / 64, p->heads_q * p->batch, &tiles) || tiles > INT32_MAX)
