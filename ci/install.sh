@@ -12,7 +12,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q torch==2.14.1
 fi
 echo "== installing build and test tools"
-"$PY" -m pip install -q "cmake>=3.24" ninja pytest
+"$PY" -m pip install -q "cmake>=3.24" ninja pytest transformers==5.18.0
 echo "== building and installing flashcore (CMake + Ninja into ./build)"
 # The full log (with ptxas' register report) goes to build/pip-install.log; progress is shown.
 mkdir -p build

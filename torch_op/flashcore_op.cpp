@@ -5,8 +5,15 @@
 //                        fc_params from the tensors' real strides and calls fc_sdpa_fwd on the
 //                        current stream; everything no kernel covers goes to aten SDPA through
 //                        the dispatcher (CPU tensors always do).
+//   flashcore::sdpa_fwd - same arguments, returns (out, lse): the forward autograd saves. lse is
+//                        the natural-log log-sum-exp of each query row's scaled, masked scores,
+//                        contiguous out.shape[:-1], float32 (float64 for float64 inputs); from
+//                        the kernel where it runs, else computed from aten ops beside aten SDPA.
+//                        dropout_p must be 0 (flashcore.sdpa sends dropout to aten's autograd).
 //   flashcore::explain - same arguments, returns (family, reason) from the same decision
 //                        function; the Python package turns it into a sentence.
+// Outputs are always contiguous (the fallback's output is made so), which is what the fakes in
+// python/flashcore/_ops.py promise. Autograd, fakes and the backward op live in Python.
 //
 // Reason codes (returned by explain, mirrored in python/flashcore/__init__.py):
 //   0                      kernel path
@@ -96,8 +103,9 @@ fc_family family_from_env() {
   if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return FC_FAMILY_AUTO;
   if (std::strcmp(env, "sm80") == 0) return FC_FAMILY_SM80;
   if (std::strcmp(env, "sm90") == 0) return FC_FAMILY_SM90;
+  if (std::strcmp(env, "decode") == 0) return FC_FAMILY_DECODE;
   fail("flashcore: environment variable FLASHCORE_FAMILY must be one of "
-                  "'auto', 'sm80', 'sm90' (got '", env, "')");
+                  "'auto', 'sm80', 'sm90', 'decode' (got '", env, "')");
   return FC_FAMILY_AUTO;  // unreachable
 }
 
@@ -162,6 +170,10 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v,
   }
   FC_CHECK(k.size(-1) == q.size(-1), "flashcore.sdpa: key must have the same head dim "
            "(last size) as query (query: ", q.size(-1), ", key: ", k.size(-1), ")");
+  if (k.dim() >= 2 && v.dim() >= 2) {
+    FC_CHECK(v.size(-2) == k.size(-2), "flashcore.sdpa: value must have the same sequence "
+             "length (dim -2) as key (key: ", k.size(-2), ", value: ", v.size(-2), ")");
+  }
   if (mask.has_value()) {
     const ScalarType mt = mask->scalar_type();
     FC_CHECK(mt == ScalarType::Bool || mt == ScalarType::Float || mt == q.scalar_type(),
@@ -181,7 +193,7 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v,
     for (int i = 1; i < 3; ++i) {
       const int64_t h = qkv[i]->size(1);
       if (enable_gqa) {
-        FC_CHECK(h > 0 && hq % h == 0, "flashcore.sdpa: with enable_gqa=True the number "
+        FC_CHECK(hq == 0 || (h > 0 && hq % h == 0), "flashcore.sdpa: with enable_gqa=True the number "
                  "of query heads must be a multiple of ", names[i], "'s (query: ", hq,
                  " heads, ", names[i], ": ", h, " heads)");
       } else {
@@ -317,22 +329,40 @@ Tensor aten_sdpa(const Tensor& q, const Tensor& k, const Tensor& v,
   return torch::stable::detail::to<Tensor>(stack[0]);
 }
 
-Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dropout_p,
-            bool is_causal, std::optional<double> scale, bool enable_gqa) {
-  Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
-  if (d.reason != kKernel) {
-    // A forced family that cannot run is an error, not a silent fallback (it is for testing).
-    FC_CHECK(!(d.family_forced && d.reason == FC_REASON_STATUS_BASE + FC_UNSUPPORTED_FAMILY),
-             "flashcore.sdpa: FLASHCORE_FAMILY=", std::getenv("FLASHCORE_FAMILY"),
-             " forces a kernel family that cannot run here: ",
-             fc_status_string(FC_UNSUPPORTED_FAMILY));
-    return aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
-  }
+// A forced family that cannot run is an error, not a silent fallback (it is for testing).
+void check_forced_family(const Decision& d) {
+  FC_CHECK(!(d.family_forced && d.reason == FC_REASON_STATUS_BASE + FC_UNSUPPORTED_FAMILY),
+           "flashcore.sdpa: FLASHCORE_FAMILY=", std::getenv("FLASHCORE_FAMILY"),
+           " forces a kernel family that cannot run here: ",
+           fc_status_string(FC_UNSUPPORTED_FAMILY));
+}
+
+// Runs the kernel decide() chose. out: contiguous (B, Hq, Sq, D); lse (if asked for):
+// contiguous (B, Hq, Sq) fp32.
+Tensor run_kernel(Decision& d, const Tensor& q, std::optional<Tensor>* lse) {
   const int32_t dev = q.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(dev);
   Tensor out = torch::stable::empty({d.p.batch, d.p.heads_q, d.p.seqlen_q, d.p.head_dim},
                                     q.scalar_type(), std::nullopt, q.device());
   d.p.out = out.data_ptr();
+  if (lse != nullptr) {
+    Tensor l = torch::stable::empty({d.p.batch, d.p.heads_q, d.p.seqlen_q}, ScalarType::Float,
+                                    std::nullopt, q.device());
+    d.p.lse = static_cast<float*>(l.data_ptr());
+    d.p.lse_stride_s = 1;
+    d.p.lse_stride_h = d.p.seqlen_q;
+    d.p.lse_stride_b = d.p.heads_q * d.p.seqlen_q;
+    *lse = l;
+  }
+  // Split-KV decoding wants scratch for its partial results: through PyTorch's allocator, on
+  // this stream, so it is graph-safe and freed (stream-ordered) once the call is queued.
+  int64_t ws_bytes = 0;
+  std::optional<Tensor> workspace;
+  if (fc_sdpa_workspace_size(&d.p, &ws_bytes) == FC_OK && ws_bytes > 0) {
+    workspace = torch::stable::empty({ws_bytes}, ScalarType::Byte, std::nullopt, q.device());
+    d.p.workspace = workspace->data_ptr();
+    d.p.workspace_bytes = ws_bytes;
+  }
   void* stream = nullptr;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
   const fc_status s = fc_sdpa_fwd(&d.p, static_cast<cudaStream_t>(stream));
@@ -342,6 +372,137 @@ Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dro
   }
   FC_CHECK(s == FC_OK, "flashcore.sdpa: ", fc_status_string(s));
   return out;
+}
+
+// ---- the LSE of a fallback call, from aten ops --------------------------------------------
+
+// Calls an aten op through the dispatcher (stack positional, defaults included); result stack[0].
+template <size_t N>
+Tensor call_aten(const char* name, const char* overload, std::array<StableIValue, N> stack) {
+  if (torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION) != TORCH_SUCCESS) {
+    const char* msg = aten_error_message();
+    fail("flashcore.sdpa_fwd: ", name, " failed while computing the log-sum-exp",
+         msg != nullptr ? std::string(": ") + msg : std::string(" (message logged above)"));
+  }
+  return torch::stable::detail::to<Tensor>(stack[0]);
+}
+
+std::vector<int64_t> sizes_of(const Tensor& t) {
+  std::vector<int64_t> s(t.dim());
+  for (int64_t i = 0; i < t.dim(); ++i) s[i] = t.size(i);
+  return s;
+}
+
+// logsumexp over keys of the scaled, masked scores, for any input aten SDPA accepts (any rank,
+// broadcast batch dims, GQA on dim -3, bool/additive masks, top-left causal), shaped like
+// out.shape[:-1]. Computed in float32 (float64 for float64 inputs), in chunks of query rows
+// so that at most ~2^25 scores exist at once. Fully masked rows give -inf.
+Tensor fallback_lse(const Tensor& q, const Tensor& k, const std::optional<Tensor>& mask,
+                    bool is_causal, std::optional<double> scale, bool enable_gqa,
+                    const Tensor& out) {
+  using torch::stable::detail::from;
+  const ScalarType ct = q.scalar_type() == ScalarType::Double ? ScalarType::Double
+                                                              : ScalarType::Float;
+  const int64_t qd = q.dim(), kd = k.dim();
+  const int64_t Sq = q.size(qd - 2), Sk = k.size(kd - 2), D = q.size(qd - 1);
+  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
+
+  std::vector<int64_t> lse_shape = sizes_of(out);
+  lse_shape.pop_back();
+  Tensor lse = torch::stable::empty(lse_shape, ct, std::nullopt, q.device());
+  int64_t rows_elems = 1;  // scores per query row, over all batch dims
+  for (size_t i = 0; i + 1 < lse_shape.size(); ++i) rows_elems *= lse_shape[i];
+  rows_elems *= std::max<int64_t>(Sk, 1);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 25) / std::max<int64_t>(1, rows_elems));
+
+  // GQA (as aten: key head j serves query heads j*G .. j*G+G-1 on dim -3): split q's heads
+  // into (Hkv, G) and give k a size-1 group dim, so matmul broadcasts instead of copying.
+  const int64_t hq = qd >= 3 ? q.size(qd - 3) : 1, hkv = kd >= 3 ? k.size(kd - 3) : 1;
+  const bool gqa = enable_gqa && qd >= 3 && kd >= 3 && hq != hkv && hkv > 0;
+  Tensor kt = torch::stable::transpose(torch::stable::to(k, ct), kd - 2, kd - 1);  // (..., D, Sk)
+  if (gqa) kt = torch::stable::unsqueeze(kt, kd - 2);                               // (..., Hkv, 1, D, Sk)
+  Tensor scale_t = torch::stable::full({}, sc, ct, std::nullopt, q.device());
+
+  std::optional<Tensor> add_mask;  // additive form, compute dtype
+  bool mask_rows = false;          // the mask has a query-row dim of size Sq (> 1) to slice
+  if (mask.has_value()) {
+    Tensor m = torch::stable::to(*mask, ct);
+    if (mask->scalar_type() == ScalarType::Bool)
+      m = call_aten<1>("aten::log", "", {from(m)});  // true -> 0, false -> -inf
+    mask_rows = m.dim() >= 2 && m.size(m.dim() - 2) != 1;
+    add_mask = m;
+  }
+
+  Tensor qf = torch::stable::to(q, ct);
+  for (int64_t i0 = 0; i0 < Sq; i0 += chunk) {
+    const int64_t n = std::min(chunk, Sq - i0);
+    Tensor qc = torch::stable::narrow(qf, qd - 2, i0, n);
+    if (gqa) {
+      std::vector<int64_t> s = sizes_of(qc);
+      s.insert(s.begin() + (qd - 3), hkv);
+      s[qd - 2] = hq / hkv;
+      qc = torch::stable::reshape(qc, s);  // (..., Hkv, G, n, D)
+    }
+    Tensor scores = torch::stable::matmul(qc, kt);
+    if (gqa) {
+      std::vector<int64_t> s = sizes_of(scores);
+      s[qd - 3] = hq;
+      s.erase(s.begin() + (qd - 2));
+      scores = torch::stable::reshape(scores, s);  // (..., Hq, n, Sk)
+    }
+    scores = call_aten<2>("aten::mul", "Tensor", {from(scores), from(scale_t)});
+    if (add_mask.has_value()) {
+      Tensor m = *add_mask;
+      if (mask_rows) m = torch::stable::narrow(m, m.dim() - 2, i0, n);
+      scores = torch::stable::subtract(scores, m, -1.0);  // scores + m
+    }
+    if (is_causal) {  // query i0+r sees keys 0 .. i0+r (top-left aligned)
+      Tensor keep = torch::stable::full({n, Sk}, 1.0, ct, std::nullopt, q.device());
+      keep = call_aten<2>("aten::tril", "", {from(keep), from(i0)});
+      keep = call_aten<1>("aten::log", "", {from(keep)});
+      scores = torch::stable::subtract(scores, keep, -1.0);
+    }
+    Tensor l = call_aten<3>("aten::logsumexp", "",
+                            {from(scores), from(std::vector<int64_t>{-1}), from(false)});
+    Tensor dst = torch::stable::narrow(lse, static_cast<int64_t>(lse_shape.size()) - 1, i0, n);
+    torch::stable::copy_(dst, l);
+  }
+  return lse;
+}
+
+Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dropout_p,
+            bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+  if (d.reason != kKernel) {
+    check_forced_family(d);
+    // Contiguous like the kernel's output, so the layout (and the fake's) never depends on
+    // which aten backend ran (aten's flash/efficient/cuDNN backends return (B, S, H, D) storage).
+    return torch::stable::contiguous(
+        aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
+  }
+  return run_kernel(d, q, nullptr);
+}
+
+// Forward that also returns the log-sum-exp of each query row (what the backward needs):
+// out as sdpa's (contiguous), lse contiguous out.shape[:-1], float32 (float64 for float64
+// inputs), natural log, of the scaled + masked scores; -inf for fully masked rows.
+std::tuple<Tensor, Tensor> sdpa_fwd(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
+                                    double dropout_p, bool is_causal,
+                                    std::optional<double> scale, bool enable_gqa) {
+  Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+  FC_CHECK(dropout_p == 0.0, "flashcore.sdpa_fwd: dropout_p must be 0 (got ", dropout_p,
+           "): the LSE does not determine a dropout backward; flashcore.sdpa hands "
+           "dropout to aten's differentiable SDPA");
+  if (d.reason != kKernel) {
+    check_forced_family(d);
+    Tensor out = torch::stable::contiguous(
+        aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
+    Tensor lse = fallback_lse(q, k, mask, is_causal, scale, enable_gqa, out);
+    return {out, lse};
+  }
+  std::optional<Tensor> lse;
+  Tensor out = run_kernel(d, q, &lse);
+  return {out, *lse};
 }
 
 std::tuple<int64_t, int64_t> explain(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
@@ -360,12 +521,21 @@ STABLE_TORCH_LIBRARY(flashcore, m) {
   m.def("explain(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
         "bool enable_gqa=False) -> (int, int)");
+  m.def("sdpa_fwd(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+        "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
+        "bool enable_gqa=False) -> (Tensor, Tensor)");
 }
 
 // One function for both keys: on CPU tensors the decision says "not CUDA" and aten runs.
 // No Meta kernel: the fake is registered from Python (torch.library.register_fake).
-STABLE_TORCH_LIBRARY_IMPL(flashcore, CUDA, m) { m.impl("sdpa", TORCH_BOX(&sdpa)); }
-STABLE_TORCH_LIBRARY_IMPL(flashcore, CPU, m) { m.impl("sdpa", TORCH_BOX(&sdpa)); }
+STABLE_TORCH_LIBRARY_IMPL(flashcore, CUDA, m) {
+  m.impl("sdpa", TORCH_BOX(&sdpa));
+  m.impl("sdpa_fwd", TORCH_BOX(&sdpa_fwd));
+}
+STABLE_TORCH_LIBRARY_IMPL(flashcore, CPU, m) {
+  m.impl("sdpa", TORCH_BOX(&sdpa));
+  m.impl("sdpa_fwd", TORCH_BOX(&sdpa_fwd));
+}
 // explain only reads metadata, so it answers for tensors on any device.
 STABLE_TORCH_LIBRARY_IMPL(flashcore, CompositeExplicitAutograd, m) {
   m.impl("explain", TORCH_BOX(&explain));

@@ -13,7 +13,7 @@ Usage::
     out = flashcore.sdpa(q, k, v, is_causal=True)        # or torch.ops.flashcore.sdpa(...)
     print(flashcore.explain(q, k, v, is_causal=True))     # "kernel sm80" / "fallback: <why>"
 
-The environment variable ``FLASHCORE_FAMILY`` (``auto`` | ``sm80`` | ``sm90``, read at each
+The environment variable ``FLASHCORE_FAMILY`` (``auto`` | ``sm80`` | ``sm90`` | ``decode``, read at each
 call) forces a kernel family; forcing one that cannot run on the device raises.
 """
 
@@ -40,6 +40,9 @@ except OSError as e:
     raise ImportError(f"flashcore: cannot load {_OP_LIB}: {e}. Rebuild it against this "
                       "PyTorch (it needs torch >= 2.11 with CUDA).") from e
 
+# Fakes (torch.compile), the backward op and autograd for the ops just loaded.
+from . import _ops  # noqa: E402,F401
+
 # Reason codes returned by torch.ops.flashcore.explain (see torch_op/flashcore_op.cpp).
 _OP_REASONS = {
     1: "a tensor is not on a CUDA device",
@@ -54,7 +57,7 @@ _OP_REASONS = {
     10: "attn_mask is on a different device than query",
 }
 _STATUS_BASE = 100
-_FAMILIES = {0: "auto", 1: "sm80", 2: "sm90"}
+_FAMILIES = {0: "auto", 1: "sm80", 2: "sm90", 3: "decode"}
 _clib = None
 
 
@@ -75,6 +78,7 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
                                     scale=scale, enable_gqa=enable_gqa)
 
 
+@torch.compiler.disable  # a diagnostic on real tensors: runs eagerly inside compiled code
 def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
             enable_gqa=False) -> str:
     """Which path ``sdpa`` takes for these arguments: ``"kernel sm80"``, ``"kernel sm90"`` or
@@ -86,3 +90,11 @@ def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
     if reason >= _STATUS_BASE:
         return f"fallback: {_status_string(reason - _STATUS_BASE)}"
     return f"fallback: {_OP_REASONS.get(reason, f'reason {reason}')}"
+
+
+# Drop-in use (README "Drop-in use"): flashcore.patch() / unpatch() / patched() route
+# torch.nn.functional.scaled_dot_product_attention to FlashCore. The transformers integration
+# is imported only on request: `import flashcore.integrations.hf` registers "flashcore".
+from .integrations.patch import is_patched, patch, patched, unpatch  # noqa: E402
+
+__all__ += ["patch", "unpatch", "patched", "is_patched"]

@@ -1,0 +1,298 @@
+"""torch.compile and autograd support for the FlashCore ops (imported by ``flashcore``).
+
+Ops in the ``flashcore`` namespace:
+
+* ``sdpa(q, k, v, attn_mask=None, dropout_p=0., is_causal=False, *, scale=None,
+  enable_gqa=False) -> Tensor`` (C++, aten's exact schema). Its Autograd kernel (here) sends
+  calls that need gradients to ``sdpa_fwd`` (dropout_p > 0: to aten's differentiable SDPA, which
+  owns the dropout RNG); calls without gradients go straight to the C++ kernels.
+* ``sdpa_fwd(<sdpa's arguments>) -> (Tensor out, Tensor lse)`` (C++): the forward that also
+  returns the log-sum-exp autograd saves. ``register_autograd`` gives it its backward.
+* ``sdpa_bwd(grad_out, q, k, v, out, lse, grad_lse, attn_mask, is_causal, scale, enable_gqa,
+  grad_mask) -> (dq, dk, dv, dmask)`` (defined here; Python implementation for CPU and CUDA).
+  One opaque op, so a compiled graph neither specializes on its chunk loop nor changes when a
+  fused backward kernel replaces the implementation. No double backward.
+* ``explain(...) -> (int, int)`` (C++): which path sdpa takes.
+
+Every op has a fake (meta) implementation here giving the real op's sizes, strides and dtypes:
+all tensor outputs are contiguous (the C++ op makes aten's fallback output contiguous).
+
+The LSE is float32, except for float64 inputs where it is float64 (so gradcheck in float64 sees
+float64 math end to end). Shape: the output's shape without its last dim.
+"""
+import math
+
+import torch
+
+_lib = torch.library.Library("flashcore", "FRAGMENT")  # kept alive: owns the registrations
+
+_SDPA = torch.ops.flashcore.sdpa.default
+_SDPA_FWD = torch.ops.flashcore.sdpa_fwd.default
+EXPLAIN = torch.ops.flashcore.explain.default
+
+# Scores materialized at once by the backward (per chunk of query rows), in elements.
+_BWD_CHUNK_ELEMS = 1 << 25
+
+
+# ---- shapes ------------------------------------------------------------------------------------
+
+def _lse_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _gqa(q, k, enable_gqa):
+    """True when enable_gqa changes anything: key/value heads (dim -3) serve groups of query heads."""
+    return bool(enable_gqa) and q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]
+
+
+def _out_shape(q, k, v, enable_gqa):
+    """aten SDPA's output shape: broadcast batch dims of q, k, v (k/v heads taken as q's under
+    GQA), then (Sq, Dv)."""
+    qb, kb, vb = list(q.shape[:-2]), list(k.shape[:-2]), list(v.shape[:-2])
+    if _gqa(q, k, enable_gqa):
+        kb[-1] = qb[-1]
+        if len(vb) >= 1:
+            vb[-1] = qb[-1]
+    batch = torch.broadcast_shapes(tuple(qb), tuple(kb), tuple(vb))
+    return (*batch, q.shape[-2], v.shape[-1])
+
+
+# ---- fakes -------------------------------------------------------------------------------------
+
+def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """Raise what the real op raises for bad inputs. A fake is also the op's Meta kernel, which
+    a call mixing meta and other devices reaches: real tensors there go through the C++ checks
+    (explain's kernel reads only metadata); fake tensors (tracing) get the dtype/device checks."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    tensors = (query, key, value, attn_mask)
+    if not any(isinstance(t, FakeTensor) for t in tensors):
+        EXPLAIN.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *tensors,
+                           dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        return
+    for name, t in (("key", key), ("value", value)):
+        torch._check(t.dtype == query.dtype, lambda: (
+            f"flashcore.sdpa: {name} must have the same dtype as query (query: {query.dtype}, "
+            f"{name}: {t.dtype})"))
+        torch._check(t.device == query.device, lambda: (
+            f"flashcore.sdpa: {name} must be on the same device as query (query: "
+            f"{query.device}, {name}: {t.device})"))
+
+
+@torch.library.register_fake("flashcore::sdpa", lib=_lib)
+def _sdpa_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+               enable_gqa=False):
+    _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return query.new_empty(_out_shape(query, key, value, enable_gqa))
+
+
+@torch.library.register_fake("flashcore::sdpa_fwd", lib=_lib)
+def _sdpa_fwd_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                   scale=None, enable_gqa=False):
+    _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    torch._check(dropout_p == 0.0, lambda: "flashcore.sdpa_fwd: dropout_p must be 0")
+    shape = _out_shape(query, key, value, enable_gqa)
+    return (query.new_empty(shape),
+            query.new_empty(shape[:-1], dtype=_lse_dtype(query.dtype)))
+
+
+def _shadow(t):
+    """A real tensor on t's device with t's sizes, strides, dtype and 512-byte-relative pointer
+    alignment (what explain's decision reads; the data is never read)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    size = [int(s) for s in t.shape]
+    stride = [int(s) for s in t.stride()]
+    offset = int(t.storage_offset())
+    need = 0 if 0 in size else 1 + sum((s - 1) * st for s, st in zip(size, stride))
+    base = torch.empty(offset + need, dtype=t.dtype, device=t.device)
+    return base.as_strided(size, stride, offset)
+
+
+@torch.library.register_fake("flashcore::explain", lib=_lib)
+def _explain_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                  scale=None, enable_gqa=False):
+    # explain reads metadata only, but on the real device (the CUDA path asks the device and the
+    # pointers' alignment): answer with real tensors of the same layout. Sizes are specialized.
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    tensors = (query, key, value, attn_mask)
+    if not any(isinstance(t, FakeTensor) for t in tensors):
+        # Real meta tensors (this fake is also the Meta kernel): run the C++ kernel itself, which
+        # reads only metadata; it sits in every backend's slot (CompositeExplicitAutograd).
+        return EXPLAIN.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *tensors,
+                                  dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    with unset_fake_temporarily():
+        return EXPLAIN(*(_shadow(t) for t in tensors), dropout_p, is_causal, scale=scale,
+                       enable_gqa=enable_gqa)
+
+
+# ---- the backward op ---------------------------------------------------------------------------
+
+_lib.define(
+    "sdpa_bwd(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
+    "Tensor? grad_lse, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, "
+    "bool grad_mask) -> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _dmask_like(attn_mask, grad_mask, query):
+    if grad_mask:
+        return torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=attn_mask.device)
+    return query.new_empty((0,))
+
+
+@torch.library.register_fake("flashcore::sdpa_bwd", lib=_lib)
+def _sdpa_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal, scale,
+                   enable_gqa, grad_mask):
+    return (query.new_empty(query.shape), key.new_empty(key.shape),
+            value.new_empty(value.shape), _dmask_like(attn_mask, grad_mask, query))
+
+
+@torch.library.impl("flashcore::sdpa_bwd", ("cpu", "cuda"), lib=_lib)
+def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal, scale,
+                   enable_gqa, grad_mask):
+    """Recomputes P per chunk of query rows from q, k and the saved LSE, in float32 (float64 for
+    float64 inputs):  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O) [+ dLSE]),
+    dQ = scale dS K,  dK = scale dS^T Q,  dMask = dS (summed over broadcast dims). GQA: K/V are
+    repeated over each group of query heads and dK/dV summed back over the group."""
+    ct = _lse_dtype(query.dtype)
+    sq, sk, d = query.shape[-2], key.shape[-2], query.shape[-1]
+    sc = (1.0 / math.sqrt(d)) if scale is None else scale
+    gqa = _gqa(query, key, enable_gqa)
+    group = query.shape[-3] // key.shape[-3] if gqa else 1
+    qf = query.to(ct)
+    kf, vf = key.to(ct), value.to(ct)
+    if gqa:
+        kf = kf.repeat_interleave(group, dim=-3)
+        vf = vf.repeat_interleave(group, dim=-3)
+    dof = grad_out.to(ct)
+    # rowsum(dO * O): the softmax backward's correction term, (..., Sq).
+    delta = (dof * out.to(ct)).sum(-1)
+    if grad_lse is not None:
+        delta = delta - grad_lse.to(ct)
+    # Fully masked rows have lse = -inf and P = 0 there (aten's safe softmax): +inf makes exp 0.
+    lsef = lse.to(ct)
+    lsef = torch.where(lsef == float("-inf"), torch.full_like(lsef, float("inf")), lsef)
+
+    add_mask = None
+    mask_rows = False
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            add_mask = torch.zeros(attn_mask.shape, dtype=ct, device=attn_mask.device)
+            add_mask = add_mask.masked_fill(~attn_mask, float("-inf"))
+        else:
+            add_mask = attn_mask.to(ct)
+        mask_rows = add_mask.dim() >= 2 and add_mask.shape[-2] != 1
+
+    batch_elems = math.prod(out.shape[:-2])
+    chunk = max(1, _BWD_CHUNK_ELEMS // max(1, batch_elems * max(sk, 1)))
+    kt, vt = kf.transpose(-2, -1), vf.transpose(-2, -1)
+    dq_chunks, dk, dv, dmask_chunks, dmask = [], None, None, [], None
+    for i0 in range(0, sq, chunk):
+        n = min(chunk, sq - i0)
+        qc = qf.narrow(-2, i0, n)
+        doc = dof.narrow(-2, i0, n)
+        s = torch.matmul(qc, kt) * sc
+        if add_mask is not None:
+            s = s + (add_mask.narrow(-2, i0, n) if mask_rows else add_mask)
+        if is_causal:
+            rows = torch.arange(i0, i0 + n, device=s.device).unsqueeze(-1)
+            cols = torch.arange(sk, device=s.device)
+            s = s.masked_fill(cols > rows, float("-inf"))
+        p = torch.exp(s - lsef.narrow(-1, i0, n).unsqueeze(-1))
+        dv_c = torch.matmul(p.transpose(-2, -1), doc)
+        dp = torch.matmul(doc, vt)
+        ds = p * (dp - delta.narrow(-1, i0, n).unsqueeze(-1))
+        dq_chunks.append(torch.matmul(ds, kf) * sc)
+        dk_c = torch.matmul(ds.transpose(-2, -1), qc) * sc
+        dk = dk_c if dk is None else dk + dk_c
+        dv = dv_c if dv is None else dv + dv_c
+        if grad_mask:
+            if mask_rows:
+                shape = list(attn_mask.shape)
+                shape[-2] = n
+                dmask_chunks.append(ds.sum_to_size(shape))
+            else:
+                dm = ds.sum_to_size(attn_mask.shape)
+                dmask = dm if dmask is None else dmask + dm
+
+    if sq == 0:  # nothing attended: all gradients are zero
+        dq = torch.zeros(query.shape, dtype=ct, device=query.device)
+        dk = torch.zeros(kf.shape, dtype=ct, device=query.device)
+        dv = torch.zeros(vf.shape, dtype=ct, device=query.device)
+    else:
+        dq = torch.cat(dq_chunks, dim=-2)
+    if gqa:  # sum over the query heads of each group
+        dk = dk.unflatten(-3, (key.shape[-3], group)).sum(-3)
+        dv = dv.unflatten(-3, (value.shape[-3], group)).sum(-3)
+    dq = dq.sum_to_size(query.shape).to(query.dtype).contiguous()
+    dk = dk.sum_to_size(key.shape).to(key.dtype).contiguous()
+    dv = dv.sum_to_size(value.shape).to(value.dtype).contiguous()
+    if not grad_mask:
+        dmask = query.new_empty((0,))
+    elif sq == 0:
+        dmask = torch.zeros(attn_mask.shape, dtype=attn_mask.dtype, device=attn_mask.device)
+    elif mask_rows:
+        dmask = torch.cat(dmask_chunks, dim=-2).to(attn_mask.dtype).contiguous()
+    else:
+        dmask = dmask.to(attn_mask.dtype).contiguous()
+    return dq, dk, dv, dmask
+
+
+def _sdpa_bwd_backward(ctx, *grads):
+    raise RuntimeError("flashcore.sdpa: double backward (gradients of gradients) is not "
+                       "supported")
+
+
+torch.library.register_autograd("flashcore::sdpa_bwd", _sdpa_bwd_backward, lib=_lib)
+
+
+# ---- autograd ----------------------------------------------------------------------------------
+
+def _fwd_setup_context(ctx, inputs, keyword_only_inputs, output):
+    query, key, value, attn_mask, _dropout_p, is_causal = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask)
+    ctx.is_causal = is_causal
+    ctx.scale = keyword_only_inputs.get("scale")
+    ctx.enable_gqa = keyword_only_inputs.get("enable_gqa", False)
+    ctx.set_materialize_grads(False)  # an unused lse gets no zero gradient to work through
+
+
+def _fwd_backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse, attn_mask = ctx.saved_tensors
+    if grad_out is None and grad_lse is None:
+        return None, None, None, None, None, None
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    needs = ctx.needs_input_grad
+    grad_mask = (attn_mask is not None and len(needs) > 3 and bool(needs[3])
+                 and attn_mask.is_floating_point())
+    dq, dk, dv, dmask = torch.ops.flashcore.sdpa_bwd(
+        grad_out, query, key, value, out, lse, grad_lse, attn_mask, ctx.is_causal, ctx.scale,
+        ctx.enable_gqa, grad_mask)
+    return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
+            dmask if grad_mask else None, None, None)
+
+
+torch.library.register_autograd("flashcore::sdpa_fwd", _fwd_backward,
+                                setup_context=_fwd_setup_context, lib=_lib)
+
+
+def _sdpa_autograd(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                   scale=None, enable_gqa=False):
+    """flashcore::sdpa's Autograd kernel: with gradients, sdpa = sdpa_fwd(...)[0], so autograd
+    saves the LSE; without, the C++ kernels run directly (no LSE computed)."""
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(query, key, value, attn_mask):
+        if dropout_p > 0.0:
+            # aten owns the dropout RNG and its backward; same result layout as sdpa's.
+            return torch.ops.aten.scaled_dot_product_attention(
+                query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                enable_gqa=enable_gqa).contiguous()
+        return _SDPA_FWD(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                         enable_gqa=enable_gqa)[0]
+    with torch._C._AutoDispatchBelowAutograd():
+        return _SDPA.redispatch(keyset & torch._C._after_autograd_keyset, query, key, value,
+                                attn_mask, dropout_p, is_causal, scale=scale,
+                                enable_gqa=enable_gqa)
+
+
+_lib.impl("sdpa", _sdpa_autograd, "Autograd", with_keyset=True)

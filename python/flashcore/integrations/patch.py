@@ -1,0 +1,120 @@
+"""Route ``torch.nn.functional.scaled_dot_product_attention`` to FlashCore.
+
+``flashcore.patch()`` replaces the attribute ``torch.nn.functional.scaled_dot_product_attention``
+with :func:`scaled_dot_product_attention` below (same signature as PyTorch's, keyword-only
+``scale`` and ``enable_gqa`` included), ``flashcore.unpatch()`` puts PyTorch's function back,
+and ``with flashcore.patched(): ...`` does both around a block. Both are idempotent: patching
+twice patches once, unpatching an unpatched torch does nothing, and ``patched()`` restores
+whatever state it found (so nested blocks are fine).
+
+What is routed where:
+
+- plain (non-subclass, non-nested) tensors on CPU or CUDA go to ``torch.ops.flashcore.sdpa``,
+  which runs a FlashCore kernel where one covers the call and PyTorch's own SDPA otherwise;
+- everything the op cannot take goes to PyTorch's original function unchanged: nested
+  tensors, tensor subclasses or ``__torch_function__`` overrides (DTensor, ...), devices other
+  than CPU/CUDA (meta, MPS, XPU, ...), and calls that need autograd (an input requires grad
+  while grad mode is on) when the op has no autograd formula registered.
+
+Only lookups through the module attribute see the patch (``F.scaled_dot_product_attention(...)``
+and ``torch.nn.functional.scaled_dot_product_attention(...)``, which is how PyTorch modules and
+transformers call it); a name bound earlier with ``from torch.nn.functional import
+scaled_dot_product_attention`` keeps PyTorch's function.
+
+Under ``torch.compile`` the replacement is plain Python that Dynamo inlines: a function that
+calls ``F.scaled_dot_product_attention`` after ``patch()`` compiles to a graph containing
+``flashcore.sdpa`` with no graph break (this needs the op's fake implementation, which
+``import flashcore`` registers). Code compiled before ``patch()``/``unpatch()`` keeps what it
+traced until it recompiles (``torch._dynamo.reset()``).
+"""
+import contextlib
+import threading
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["patch", "unpatch", "patched", "is_patched", "scaled_dot_product_attention"]
+
+# PyTorch's own function, captured at import (before anything of ours could replace it).
+_ORIGINAL = F.scaled_dot_product_attention
+if getattr(_ORIGINAL, "__flashcore_patch__", False):  # module reloaded while patched
+    _ORIGINAL = _ORIGINAL.__wrapped__
+_LOCK = threading.Lock()
+_DEVICES = ("cpu", "cuda")
+
+
+def _op_has_autograd() -> bool:
+    """Whether flashcore::sdpa has an autograd kernel (registered by `import flashcore`)."""
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key("flashcore::sdpa", "Autograd"))
+    except Exception:  # pragma: no cover - op not loaded
+        return False
+
+
+# Read once per patch() (registration happens at `import flashcore`, before any patch());
+# a module global is a constant to Dynamo, so the check below costs nothing in a graph.
+_OP_AUTOGRAD = _op_has_autograd()
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, *, scale=None, enable_gqa=False):
+    """``torch.nn.functional.scaled_dot_product_attention`` computed by FlashCore where it can
+    be; see the module docstring for what goes to PyTorch's original function."""
+    tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    use_op = (
+        not torch.overrides.has_torch_function(tensors)
+        and not (query.is_nested or key.is_nested or value.is_nested)
+        and query.device.type in _DEVICES
+        and (_OP_AUTOGRAD or not (torch.is_grad_enabled() and (
+            query.requires_grad or key.requires_grad or value.requires_grad
+            or (attn_mask is not None and attn_mask.requires_grad))))
+    )
+    if use_op:
+        return torch.ops.flashcore.sdpa(query, key, value, attn_mask, dropout_p, is_causal,
+                                        scale=scale, enable_gqa=enable_gqa)
+    return _ORIGINAL(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                     enable_gqa=enable_gqa)
+
+
+scaled_dot_product_attention.__flashcore_patch__ = True
+scaled_dot_product_attention.__wrapped__ = _ORIGINAL
+
+
+def is_patched() -> bool:
+    """Whether ``torch.nn.functional.scaled_dot_product_attention`` is FlashCore's."""
+    return F.scaled_dot_product_attention is scaled_dot_product_attention
+
+
+def patch() -> None:
+    """Route ``torch.nn.functional.scaled_dot_product_attention`` to FlashCore. Idempotent."""
+    global _OP_AUTOGRAD
+    with _LOCK:
+        _OP_AUTOGRAD = _op_has_autograd()
+        if F.scaled_dot_product_attention is scaled_dot_product_attention:
+            return
+        if F.scaled_dot_product_attention is not _ORIGINAL:
+            raise RuntimeError(
+                "flashcore.patch(): torch.nn.functional.scaled_dot_product_attention was already "
+                f"replaced by {F.scaled_dot_product_attention!r}; refusing to stack on top of it")
+        F.scaled_dot_product_attention = scaled_dot_product_attention
+
+
+def unpatch() -> None:
+    """Restore PyTorch's ``torch.nn.functional.scaled_dot_product_attention``. Idempotent; leaves
+    a function someone else installed after ``patch()`` alone."""
+    with _LOCK:
+        if F.scaled_dot_product_attention is scaled_dot_product_attention:
+            F.scaled_dot_product_attention = _ORIGINAL
+
+
+@contextlib.contextmanager
+def patched():
+    """``with flashcore.patched(): ...`` routes F.scaled_dot_product_attention to FlashCore inside
+    the block and restores the state it found on exit (also on an exception)."""
+    was_patched = is_patched()
+    patch()
+    try:
+        yield
+    finally:
+        if not was_patched:
+            unpatch()

@@ -1,0 +1,609 @@
+/*
+ * fuzz_params.c - libFuzzer target for FlashCore's C layer: fc_params_validate, fc_sdpa_support,
+ * fc_sdpa_family, fc_sdpa_fwd (up to the launch) and fc_status_string.
+ *
+ * What it asserts, for every input:
+ *   * nothing crashes, reads out of bounds or hits undefined behaviour (built with
+ *     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all; the params struct lives in a
+ *     heap block of exactly sizeof(fc_params), so any read past it is an ASan report);
+ *   * validation is a pure function: it does not modify the struct, and fc_sdpa_support,
+ *     fc_sdpa_family and fc_sdpa_fwd agree with it and with each other on every device;
+ *   * every struct that validation ACCEPTS is internally consistent, re-derived here
+ *     independently in 128-bit arithmetic (accepted_is_consistent): sizes >= 1, heads divisible,
+ *     pointers 16-byte aligned, strides non-negative / unit last dim / 16-byte multiples, the
+ *     largest offset inside one (batch, head) slice fits the kernels' 32-bit index, the largest
+ *     offset of every tensor fits int64, the grid fits CUDA's limits;
+ *   * every struct the support query accepts has a kernel (dtype, head dim, arch, no mask, the
+ *     family's own layout rules), AUTO prefers the sm90 family where it can take the struct, and
+ *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct; the launcher
+ *     stubs re-check what that family's kernel computes in int (tile counts, block bounds);
+ *   * the canonical layout (fc_params_set_contiguous_strides on sane sizes) is never rejected
+ *     for a layout reason (no false rejections).
+ *
+ * Built from c_src/flashcore.c + c_src/dispatch.c only (no CUDA code, no GPU): this file
+ * provides the two CUDA runtime calls flashcore.c makes (cudaGetDevice, cudaDeviceGetAttribute:
+ * device d reports the compute capability kDeviceCC[d % N]) and the eight launchers dispatch.c
+ * names (sm80 and sm90, D 64/128, fp16/bf16: they check the struct and return cudaSuccess
+ * without touching memory). ci/fuzz.sh defines the FC_HAVE_* / FC_BUILT_* macros of the default
+ * CMake build, so no hook in c_src is needed. Build and run: bash ci/fuzz.sh (60 s;
+ * FUZZ_SECONDS=n to change).
+ *
+ * FC_FUZZ_STRICT=1 (FUZZ_STRICT=1 bash ci/fuzz.sh) also asserts the properties the C layer does
+ * not guarantee yet (reported in issue 8; tests/fuzz/make_seeds.py writes a reproducer for each,
+ * known_bug_*, which FUZZ_STRICT=1 bash ci/fuzz.sh runs first):
+ *   A. seqlen_k + kBlockN - 1 and seqlen_q + kBlockM - 1 must fit in int32: the sm80 kernel
+ *      computes n_blocks = (seqlen_k + 63) / 64, key columns n_start + j and m_start + 64 in
+ *      int, so an accepted seqlen_k (or seqlen_q) in [2^31 - 63, 2^31 - 1] overflows. Reachable
+ *      with K/V broadcast along the sequence (stride 0), which the sm90 family declines, so
+ *      H100 runs the sm80 family on it too.
+ *   C. fc_params_set_contiguous_strides multiplies sizes without overflow checks (UB).
+ *      Non-strict runs only call it when heads * seqlen * head_dim fits int64.
+ *   D. offsets are checked in elements, not bytes: an accepted struct may describe a last
+ *      element whose address (pointer + offset * element size) wraps past 2^64, and the sm90
+ *      launcher computes stride * 2 in int64 (UB past 2^62 elements).
+ *   E. the sm90 launcher builds TMA tensor maps, whose strides must be below 2^40 bytes; an
+ *      accepted struct with a larger batch or head stride fails at launch (FC_ERR_CUDA from
+ *      cuTensorMapEncodeTiled) instead of being declined by the support query.
+ */
+#include "flashcore.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <stddef.h>
+#include <string.h>
+
+#ifndef FC_FUZZ_STRICT
+#define FC_FUZZ_STRICT 0
+#endif
+
+typedef __int128 i128;
+
+#define REQUIRE(cond)                                                                        \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            fprintf(stderr, "fuzz_params: property violated at %s:%d: %s\n", __FILE__,      \
+                    __LINE__, #cond);                                                        \
+            dump_params(g_current);                                                          \
+            abort();                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static const fc_params *g_current; /* the struct under test, for the failure dump */
+
+static void dump_params(const fc_params *p) {
+    if (p == NULL) return;
+    fprintf(stderr,
+            "  q=%p k=%p v=%p out=%p lse=%p mask=%p\n"
+            "  B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld\n"
+            "  q strides %lld %lld %lld %lld | k %lld %lld %lld %lld | v %lld %lld %lld %lld"
+            " | o %lld %lld %lld %lld\n"
+            "  lse strides %lld %lld %lld | mask strides %lld %lld %lld %lld\n"
+            "  scale=%g causal=%d dtype=%d mask_kind=%d family=%d\n",
+            p->q, p->k, p->v, p->out, (void *)p->lse, p->mask, (long long)p->batch,
+            (long long)p->heads_q, (long long)p->heads_kv, (long long)p->seqlen_q,
+            (long long)p->seqlen_k, (long long)p->head_dim, (long long)p->q_stride_b,
+            (long long)p->q_stride_h, (long long)p->q_stride_s, (long long)p->q_stride_d,
+            (long long)p->k_stride_b, (long long)p->k_stride_h, (long long)p->k_stride_s,
+            (long long)p->k_stride_d, (long long)p->v_stride_b, (long long)p->v_stride_h,
+            (long long)p->v_stride_s, (long long)p->v_stride_d, (long long)p->o_stride_b,
+            (long long)p->o_stride_h, (long long)p->o_stride_s, (long long)p->o_stride_d,
+            (long long)p->lse_stride_b, (long long)p->lse_stride_h, (long long)p->lse_stride_s,
+            (long long)p->mask_stride_b, (long long)p->mask_stride_h, (long long)p->mask_stride_q,
+            (long long)p->mask_stride_k, (double)p->scale, p->causal, (int)p->dtype,
+            (int)p->mask_kind, (int)p->family);
+}
+
+/* ---- stand-ins for the CUDA runtime and the kernel launchers ------------------------------- */
+
+/* Device d has compute capability kDeviceCC[d % 8] (major * 10 + minor). flashcore.c caches the
+ * capability per device, so the mapping must never change during a run. */
+static const int kDeviceCC[8] = {89, 90, 80, 86, 75, 100, 120, 87};
+static int g_device;
+
+cudaError_t cudaGetDevice(int *device) {
+    *device = g_device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
+    const int cc = kDeviceCC[(unsigned)device % 8u];
+    if (attr == cudaDevAttrComputeCapabilityMajor) *value = cc / 10;
+    else if (attr == cudaDevAttrComputeCapabilityMinor) *value = cc % 10;
+    else if (attr == cudaDevAttrMultiProcessorCount) *value = 132;
+    else return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
+static const fc_params *g_expected_launch; /* the struct fc_sdpa_fwd was given */
+static int g_launches;
+
+static void accepted_is_consistent(const fc_params *p);
+
+/* Tile shapes of each family (kernels/fwd_sm80.cuh, kernels/fwd_sm90.cuh FwdTraits). */
+static void tile_shape(fc_family family, int head_dim, int causal, int *block_m, int *block_n) {
+    if (family == FC_FAMILY_SM80) {
+        *block_m = 64;
+        *block_n = 64;
+    } else if (family == FC_FAMILY_DECODE) {
+        *block_m = 16; /* all of Sq in one CTA; keys in chunks of 32 */
+        *block_n = 32;
+    } else if (head_dim == 256) {
+        *block_m = 128;
+        *block_n = 80;
+    } else if (head_dim == 64) {
+        *block_m = 192;
+        *block_n = 128;
+    } else {
+        *block_m = 128;
+        *block_n = causal ? 128 : 176;
+    }
+}
+
+static int sm90_takes(const fc_params *p);
+static int decode_takes(const fc_params *p);
+
+static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_dtype dtype) {
+    /* The caller's struct, copied with only the library's internal split count filled in. */
+    REQUIRE(memcmp(p, g_expected_launch, offsetof(fc_params, num_splits_)) == 0);
+    REQUIRE(p->num_splits_ >= 1 && p->num_splits_ <= 64);
+    if (p->num_splits_ > 1) REQUIRE(family == FC_FAMILY_DECODE && p->workspace != NULL);
+    if (family == FC_FAMILY_DECODE) REQUIRE(decode_takes(p));
+    REQUIRE(p->head_dim == head_dim && p->dtype == dtype);
+    REQUIRE(p->mask_kind == FC_MASK_NONE);
+    REQUIRE(p->family == FC_FAMILY_AUTO || p->family == family);
+    accepted_is_consistent(p);
+    int bm = 0, bn = 0;
+    tile_shape(family, head_dim, p->causal != 0, &bm, &bn);
+    const i128 m_blocks = ((i128)p->seqlen_q + bm - 1) / bm;
+    /* sm80: grid (m_blocks, heads_q, batch); sm90: m_blocks * heads_q * batch tiles in an int. */
+    REQUIRE(m_blocks >= 1 && m_blocks <= INT32_MAX);
+    REQUIRE(p->heads_q <= 65535 && p->batch <= 65535);
+    if (family == FC_FAMILY_SM90) {
+        REQUIRE(sm90_takes(p));
+        REQUIRE(m_blocks * p->heads_q * p->batch <= INT32_MAX);
+        /* m_blocks and key-tile counts computed in int, (m_block + 1) * kBlockM too. */
+        REQUIRE((i128)p->seqlen_q + bm - 1 <= INT32_MAX);
+        REQUIRE((i128)p->seqlen_k + bn - 1 <= INT32_MAX);
+#if FC_FUZZ_STRICT
+        /* E: TMA global strides are below 2^40 bytes (and stride * 2 fits int64). */
+        const int64_t strides[9] = {p->q_stride_s, p->q_stride_h, p->q_stride_b, p->k_stride_s,
+                                    p->k_stride_h, p->k_stride_b, p->v_stride_s, p->v_stride_h,
+                                    p->v_stride_b};
+        const int64_t sizes[9] = {p->seqlen_q, p->heads_q, p->batch, p->seqlen_k, p->heads_kv,
+                                  p->batch, p->seqlen_k, p->heads_kv, p->batch};
+        for (int i = 0; i < 9; ++i)
+            if (sizes[i] > 1) REQUIRE((i128)strides[i] * 2 < ((i128)1 << 40));
+#endif
+    }
+#if FC_FUZZ_STRICT
+    /* A: the int arithmetic of the sm80 kernel (n_blocks, key columns, m_start + kBlockM). */
+    REQUIRE((i128)p->seqlen_q + bm - 1 <= INT32_MAX);
+    REQUIRE((i128)p->seqlen_k + bn - 1 <= INT32_MAX);
+#endif
+    ++g_launches;
+}
+
+#define FC_FUZZ_LAUNCHER(FAM, fam, HD, NAME, DT)                                               \
+    cudaError_t fc_##fam##_fwd_hdim##HD##_##NAME(const fc_params *p, cudaStream_t stream) {    \
+        (void)stream;                                                                          \
+        check_launch(p, FAM, HD, DT);                                                          \
+        return cudaSuccess;                                                                    \
+    }
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 64, fp16, FC_DTYPE_FP16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 64, bf16, FC_DTYPE_BF16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 128, fp16, FC_DTYPE_FP16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 128, bf16, FC_DTYPE_BF16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM90, sm90, 64, fp16, FC_DTYPE_FP16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM90, sm90, 64, bf16, FC_DTYPE_BF16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM90, sm90, 128, fp16, FC_DTYPE_FP16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM90, sm90, 128, bf16, FC_DTYPE_BF16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM90, sm90, 256, fp16, FC_DTYPE_FP16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM90, sm90, 256, bf16, FC_DTYPE_BF16)
+
+#define FC_FUZZ_DECODE_LAUNCHER(HD, NAME, DT)                                                  \
+    cudaError_t fc_decode_hdim##HD##_##NAME(const fc_params *p, cudaStream_t stream) {        \
+        (void)stream;                                                                          \
+        check_launch(p, FC_FAMILY_DECODE, HD, DT);                                             \
+        return cudaSuccess;                                                                    \
+    }
+FC_FUZZ_DECODE_LAUNCHER(64, fp16, FC_DTYPE_FP16)
+FC_FUZZ_DECODE_LAUNCHER(64, bf16, FC_DTYPE_BF16)
+FC_FUZZ_DECODE_LAUNCHER(128, fp16, FC_DTYPE_FP16)
+FC_FUZZ_DECODE_LAUNCHER(128, bf16, FC_DTYPE_BF16)
+
+/* ---- independent consistency checks ----------------------------------------------------------- */
+
+typedef struct view4 {
+    const void *ptr;
+    i128 size[4];
+    i128 stride[4];
+} view4;
+
+static i128 elem_bytes(fc_dtype dtype) { return dtype == FC_DTYPE_FP32 ? 4 : 2; }
+
+static void check_operand(const view4 *t, i128 elem) {
+    for (int i = 0; i < 4; ++i) REQUIRE(t->size[i] >= 1);
+    for (int i = 0; i < 4; ++i) REQUIRE(t->stride[i] >= 0);
+    if (t->size[3] > 1) REQUIRE(t->stride[3] == 1);
+    for (int i = 0; i < 3; ++i)
+        if (t->size[i] > 1) REQUIRE((t->stride[i] * elem) % 16 == 0);
+    REQUIRE(((uintptr_t)t->ptr & 15u) == 0);
+    /* Each term (size - 1) * stride is below 2^126 in i128; bound it before summing. */
+    i128 term[4];
+    for (int i = 0; i < 4; ++i) {
+        term[i] = (t->size[i] - 1) * t->stride[i];
+        REQUIRE(term[i] <= INT64_MAX);
+    }
+    /* Inside one (batch, head) slice the kernels index rows with int: row * stride_s + d. */
+    const i128 in_slice = term[2] + term[3];
+    REQUIRE(in_slice <= INT32_MAX);
+    /* The whole tensor is addressed with int64 element offsets. */
+    const i128 last = term[0] + term[1] + in_slice;
+    REQUIRE(last <= INT64_MAX);
+#if FC_FUZZ_STRICT
+    /* D: the byte address of the last element must not wrap. */
+    REQUIRE((i128)(uintptr_t)t->ptr + last * elem + elem - 1 <= (i128)UINTPTR_MAX);
+#endif
+}
+
+/* Everything fc_params_validate promises about a struct it returns FC_OK for. */
+static void accepted_is_consistent(const fc_params *p) {
+    REQUIRE((int)p->dtype >= FC_DTYPE_FP16 && (int)p->dtype <= FC_DTYPE_FP32);
+    REQUIRE((int)p->mask_kind >= FC_MASK_NONE && (int)p->mask_kind <= FC_MASK_ADDITIVE);
+    REQUIRE((int)p->family >= FC_FAMILY_AUTO && (int)p->family <= FC_FAMILY_DECODE);
+    REQUIRE(p->batch >= 1 && p->heads_q >= 1 && p->heads_kv >= 1);
+    REQUIRE(p->seqlen_q >= 1 && p->seqlen_k >= 1 && p->head_dim >= 1);
+    REQUIRE(p->heads_q % p->heads_kv == 0);
+    REQUIRE(p->q && p->k && p->v && p->out);
+    REQUIRE(p->mask_kind == FC_MASK_NONE || p->mask != NULL);
+    REQUIRE(isfinite(p->scale));
+    const i128 elem = elem_bytes(p->dtype);
+    const view4 ops[4] = {
+        {p->q, {p->batch, p->heads_q, p->seqlen_q, p->head_dim},
+         {p->q_stride_b, p->q_stride_h, p->q_stride_s, p->q_stride_d}},
+        {p->k, {p->batch, p->heads_kv, p->seqlen_k, p->head_dim},
+         {p->k_stride_b, p->k_stride_h, p->k_stride_s, p->k_stride_d}},
+        {p->v, {p->batch, p->heads_kv, p->seqlen_k, p->head_dim},
+         {p->v_stride_b, p->v_stride_h, p->v_stride_s, p->v_stride_d}},
+        {p->out, {p->batch, p->heads_q, p->seqlen_q, p->head_dim},
+         {p->o_stride_b, p->o_stride_h, p->o_stride_s, p->o_stride_d}},
+    };
+    for (int i = 0; i < 4; ++i) check_operand(&ops[i], elem);
+    if (p->lse != NULL) {
+        REQUIRE(((uintptr_t)p->lse & 3u) == 0);
+        REQUIRE(p->lse_stride_b >= 0 && p->lse_stride_h >= 0 && p->lse_stride_s >= 0);
+        const i128 in_slice = ((i128)p->seqlen_q - 1) * p->lse_stride_s;
+        REQUIRE(in_slice <= INT32_MAX);
+        const i128 tb = ((i128)p->batch - 1) * p->lse_stride_b;
+        const i128 th = ((i128)p->heads_q - 1) * p->lse_stride_h;
+        REQUIRE(tb <= INT64_MAX && th <= INT64_MAX);
+        const i128 last = tb + th + in_slice;
+        REQUIRE(last <= INT64_MAX);
+#if FC_FUZZ_STRICT
+        REQUIRE((i128)(uintptr_t)p->lse + last * 4 + 3 <= (i128)UINTPTR_MAX);
+#endif
+    }
+    if (p->mask_kind != FC_MASK_NONE)
+        REQUIRE(p->mask_stride_b >= 0 && p->mask_stride_h >= 0 && p->mask_stride_q >= 0 &&
+                p->mask_stride_k >= 0);
+    /* Grid (query blocks, heads_q, batch): y and z at most 65535; the kernels cast seqlen_q and
+     * seqlen_k to int and number (64-row query block, head, batch) tiles in an int. */
+    REQUIRE(p->heads_q <= 65535 && p->batch <= 65535);
+    REQUIRE(p->seqlen_q <= INT32_MAX && p->seqlen_k <= INT32_MAX);
+    REQUIRE(((i128)p->seqlen_q + 63) / 64 * p->heads_q * p->batch <= INT32_MAX);
+}
+
+/* The sm90 family's own rules (dispatch.c family_takes_layout), re-stated: TMA cannot describe
+ * a stepped-over dim of stride 0, and the scale is folded into one FFMA only when positive. */
+static int sm90_takes(const fc_params *p) {
+    const int64_t s[9] = {p->seqlen_q, p->heads_q, p->batch, p->seqlen_k, p->heads_kv, p->batch,
+                          p->seqlen_k, p->heads_kv, p->batch};
+    const int64_t st[9] = {p->q_stride_s, p->q_stride_h, p->q_stride_b, p->k_stride_s,
+                           p->k_stride_h, p->k_stride_b, p->v_stride_s, p->v_stride_h,
+                           p->v_stride_b};
+    for (int i = 0; i < 9; ++i)
+        if (s[i] > 1 && (st[i] == 0 || (i128)st[i] * 2 >= ((i128)1 << 40))) return 0;
+    return p->scale > 0.0f;
+}
+
+/* The decode kernel: Sq <= 16 and (Hq / Hkv) * Sq <= 32 rows, head dims 64 and 128. */
+static int decode_takes(const fc_params *p) {
+    return p->seqlen_q <= 16 && (p->heads_q / p->heads_kv) * p->seqlen_q <= 32;
+}
+
+/* Everything fc_sdpa_support promises on top: a kernel of family `fam` exists for it here. */
+static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
+    accepted_is_consistent(p);
+    REQUIRE(p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16);
+    REQUIRE(p->mask_kind == FC_MASK_NONE);
+    REQUIRE(p->head_dim == 64 || p->head_dim == 128 || (p->head_dim == 256 && fam == FC_FAMILY_SM90));
+    REQUIRE(cc == 89 || cc == 90);
+    REQUIRE(p->family == FC_FAMILY_AUTO || p->family == fam);
+    if (fam == FC_FAMILY_SM90) REQUIRE(cc == 90 && sm90_takes(p));
+    else if (fam == FC_FAMILY_DECODE) REQUIRE(decode_takes(p) && p->head_dim != 256);
+    else REQUIRE(fam == FC_FAMILY_SM80);
+    /* AUTO: the decode kernel for the small-Sq calls it takes, else Hopper wherever it can run. */
+    const int decode = decode_takes(p) && p->head_dim != 256;
+    if (p->family == FC_FAMILY_AUTO && decode) REQUIRE(fam == FC_FAMILY_DECODE);
+    if (p->family == FC_FAMILY_AUTO && !decode && cc == 90 && sm90_takes(p)) REQUIRE(fam == FC_FAMILY_SM90);
+}
+
+/* ---- input decoding ------------------------------------------------------------------------- */
+
+typedef struct reader {
+    const uint8_t *data;
+    size_t size, pos;
+} reader;
+
+static uint8_t take_u8(reader *r) { return r->pos < r->size ? r->data[r->pos++] : 0; }
+
+static uint64_t take_u64(reader *r) {
+    uint64_t x = 0;
+    for (int i = 0; i < 8; ++i) x |= (uint64_t)take_u8(r) << (8 * i);
+    return x;
+}
+
+/* Values at the edges of every check, picked by one byte; 0xff reads 8 raw bytes. */
+static const int64_t kInteresting[] = {
+    0, 1, 2, 3, 7, 8, 15, 16, 63, 64, 65, 80, 127, 128, 129, 256, 4096, 65535,
+    65535LL * 64, 65535LL * 64 + 1, 65536LL * 64,
+    INT32_MAX - 64, INT32_MAX - 63, INT32_MAX - 62, INT32_MAX - 1, INT32_MAX,
+    (int64_t)INT32_MAX + 1, (int64_t)1 << 32, (int64_t)1 << 33, (int64_t)1 << 40,
+    (int64_t)1 << 55, (int64_t)1 << 62, INT64_MAX / 2, INT64_MAX - 64, INT64_MAX - 63,
+    INT64_MAX - 62, INT64_MAX - 1, INT64_MAX, INT64_MIN, INT64_MIN + 1, -1, -2, -8, -64,
+    -(int64_t)INT32_MAX};
+#define N_INTERESTING ((uint8_t)(sizeof(kInteresting) / sizeof(kInteresting[0])))
+
+static int64_t take_i64(reader *r) {
+    const uint8_t sel = take_u8(r);
+    if (sel == 0xff) return (int64_t)take_u64(r);
+    if (sel < N_INTERESTING) return kInteresting[sel];
+    /* Otherwise a small positive value, often a multiple of 8. */
+    return (int64_t)(sel - N_INTERESTING) * ((sel & 1) ? 1 : 8);
+}
+
+/* A size: mostly small; sometimes an edge value. */
+static int64_t take_size(reader *r, int64_t small_default) {
+    const uint8_t sel = take_u8(r);
+    if (sel < 0xc0) return sel == 0 ? small_default : sel;
+    return take_i64(r);
+}
+
+static float take_scale(reader *r) {
+    switch (take_u8(r) % 12) {
+    case 0: return 0.125f;
+    case 1: return 0.0f;
+    case 2: return -1.0f;
+    case 3: return NAN;
+    case 4: return INFINITY;
+    case 5: return -INFINITY;
+    case 6: return 1e30f;
+    case 7: return 1e-45f;
+    case 8: return 3.4e38f;
+    case 9: return -0.0f;
+    default: {
+        const uint32_t bits = (uint32_t)take_u64(r);
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    }
+}
+
+/* A device pointer: 16-byte aligned, or off by a fuzzed amount, or NULL. Never dereferenced. */
+static const void *take_pointer(reader *r, uintptr_t base) {
+    const uint8_t sel = take_u8(r);
+    if (sel == 0xfe) return NULL;
+    if (sel == 0xff) return (const void *)(uintptr_t)take_u64(r);
+    if (sel == 0xfd) return (const void *)(UINTPTR_MAX & ~(uintptr_t)15); /* top of the space */
+    return (const void *)(base + (sel < 0xc0 ? 0 : (uintptr_t)(sel & 15)));
+}
+
+/* Strides of one (b, h, s, d) operand with sizes (B, H, S, D): a layout a caller might pass. */
+static void take_strides(reader *r, int64_t B, int64_t H, int64_t S, int64_t D, int64_t *sb,
+                         int64_t *sh, int64_t *ss, int64_t *sd) {
+    const uint8_t layout = take_u8(r) % 8;
+    /* Layouts use wrapping unsigned products: the point is the struct, not the arithmetic. */
+    const uint64_t uB = (uint64_t)B, uH = (uint64_t)H, uS = (uint64_t)S, uD = (uint64_t)D;
+    (void)uB;
+    switch (layout) {
+    case 0: /* contiguous (B, H, S, D) */
+        *sd = 1; *ss = (int64_t)uD; *sh = (int64_t)(uS * uD); *sb = (int64_t)(uH * uS * uD);
+        break;
+    case 1: /* (B, S, H, D) storage viewed as (B, H, S, D): HuggingFace */
+        *sd = 1; *sh = (int64_t)uD; *ss = (int64_t)(uH * uD); *sb = (int64_t)(uS * uH * uD);
+        break;
+    case 2: /* broadcast over batch and heads (expand) */
+        *sd = 1; *ss = (int64_t)uD; *sh = 0; *sb = 0;
+        break;
+    case 3: /* broadcast along the sequence too */
+        *sd = 1; *ss = 0; *sh = (int64_t)uD; *sb = 0;
+        break;
+    case 4: /* padded rows */ {
+        const int64_t pad = (int64_t)take_u8(r);
+        *sd = 1; *ss = (int64_t)(uD + (uint64_t)pad);
+        *sh = (int64_t)(uS * (uint64_t)*ss); *sb = (int64_t)(uH * (uint64_t)*sh);
+        break;
+    }
+    default: /* anything */
+        *sb = take_i64(r); *sh = take_i64(r); *ss = take_i64(r);
+        *sd = (take_u8(r) & 3) == 0 ? take_i64(r) : 1;
+        break;
+    }
+}
+
+/* Structured decoding: sizes, per-operand layouts, pointers and enums from the input. */
+static void decode_structured(reader *r, fc_params *p) {
+    fc_params_init(p);
+    p->batch = take_size(r, 2);
+    p->heads_kv = take_size(r, 2);
+    const uint8_t group = take_u8(r);
+    /* wrapping product: the harness itself must stay free of UB */
+    p->heads_q = group < 0xf0 ? (int64_t)((uint64_t)p->heads_kv * (uint64_t)(1 + group % 8))
+                              : take_size(r, 8);
+    p->seqlen_q = take_size(r, 100);
+    p->seqlen_k = take_size(r, 300);
+    const uint8_t d = take_u8(r);
+    p->head_dim = d < 0x80 ? 64 : d < 0xe0 ? 128 : take_size(r, 80);
+    take_strides(r, p->batch, p->heads_q, p->seqlen_q, p->head_dim, &p->q_stride_b,
+                 &p->q_stride_h, &p->q_stride_s, &p->q_stride_d);
+    take_strides(r, p->batch, p->heads_kv, p->seqlen_k, p->head_dim, &p->k_stride_b,
+                 &p->k_stride_h, &p->k_stride_s, &p->k_stride_d);
+    take_strides(r, p->batch, p->heads_kv, p->seqlen_k, p->head_dim, &p->v_stride_b,
+                 &p->v_stride_h, &p->v_stride_s, &p->v_stride_d);
+    take_strides(r, p->batch, p->heads_q, p->seqlen_q, p->head_dim, &p->o_stride_b,
+                 &p->o_stride_h, &p->o_stride_s, &p->o_stride_d);
+    p->q = take_pointer(r, 0x7f0000100000u);
+    p->k = take_pointer(r, 0x7f0000200000u);
+    p->v = take_pointer(r, 0x7f0000300000u);
+    p->out = (void *)take_pointer(r, 0x7f0000400000u);
+    p->scale = take_scale(r);
+    const uint8_t flags = take_u8(r);
+    p->causal = flags & 1;
+    p->dtype = (fc_dtype)((flags >> 1) & 3);                /* 3 is not an fc_dtype */
+    if (flags & 0x80) p->dtype = (fc_dtype)(int)take_i64(r); /* any int, negative included */
+    const uint8_t extra = take_u8(r);
+    p->family = (fc_family)(extra & 3);                        /* 0-3: every fc_family */
+    p->mask_kind = (fc_mask_kind)((extra >> 2) & 3);           /* 3 is not an fc_mask_kind */
+    if (extra & 0x10) p->mask = take_pointer(r, 0x7f0000500000u);
+    if (extra & 0x20) {
+        p->mask_stride_b = take_i64(r); p->mask_stride_h = take_i64(r);
+        p->mask_stride_q = take_i64(r); p->mask_stride_k = take_i64(r);
+    }
+    if (extra & 0x40) {
+        p->lse = (float *)take_pointer(r, 0x7f0000600000u);
+        const uint8_t l = take_u8(r);
+        if (l & 1) {
+            p->lse_stride_b = take_i64(r); p->lse_stride_h = take_i64(r); p->lse_stride_s = take_i64(r);
+        } else {
+            p->lse_stride_s = 1; p->lse_stride_h = p->seqlen_q;
+            p->lse_stride_b = (int64_t)((uint64_t)p->heads_q * (uint64_t)p->seqlen_q);
+        }
+    }
+    if (extra & 0x80) p->family = (fc_family)(int)take_i64(r);
+}
+
+/* ---- the checks run on every struct ----------------------------------------------------------- */
+
+static const int kQueryCC[] = {89, 90, 80, 86, 75, 100, 120, 0, 91, 8};
+
+static void check_struct(const fc_params *p, int device) {
+    g_current = p;
+    fc_params before;
+    memcpy(&before, p, sizeof before);
+
+    const fc_status s = fc_params_validate(p);
+    REQUIRE((int)s >= 0 && s < FC_STATUS_COUNT_ && s != FC_ERR_CUDA && s != FC_ERR_NULL_PARAMS);
+    REQUIRE(s < FC_UNSUPPORTED_DTYPE); /* validation gives no FC_UNSUPPORTED_* but EMPTY */
+    REQUIRE(fc_status_string(s) != NULL && fc_status_string(s)[0] != '\0');
+    REQUIRE(fc_params_validate(p) == s);
+    if (s == FC_OK) accepted_is_consistent(p);
+
+    for (size_t i = 0; i < sizeof kQueryCC / sizeof kQueryCC[0]; ++i) {
+        const int cc = kQueryCC[i];
+        const fc_status sup = fc_sdpa_support(p, cc / 10, cc % 10);
+        const fc_family fam = fc_sdpa_family(p, cc / 10, cc % 10);
+        REQUIRE(fc_status_string(sup) != NULL);
+        if (s != FC_OK) REQUIRE(sup == s);
+        else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA));
+        REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
+        if (sup == FC_OK) supported_is_runnable(p, cc, fam);
+        /* Declined only for a reason that holds: the layout reason only for a forced sm90. */
+        if (sup == FC_UNSUPPORTED_LAYOUT)
+            REQUIRE((p->family == FC_FAMILY_SM90 && !sm90_takes(p)) ||
+                    (p->family == FC_FAMILY_DECODE && !decode_takes(p)));
+    }
+
+    /* The launch path on a stubbed device: same answer as the support query for its CC. */
+    g_device = device;
+    g_expected_launch = p;
+    g_launches = 0;
+    const int cc = kDeviceCC[(unsigned)device % 8u];
+    const fc_status f = fc_sdpa_fwd(p, (cudaStream_t)0);
+    REQUIRE(f == fc_sdpa_support(p, cc / 10, cc % 10));
+    REQUIRE(g_launches == (f == FC_OK ? 1 : 0));
+    REQUIRE(fc_last_cuda_error() == cudaSuccess);
+
+    REQUIRE(memcmp(&before, p, sizeof before) == 0); /* const really is const */
+}
+
+/* The canonical layout on sane sizes is never rejected for a layout reason. */
+static void check_contiguous(reader *r, fc_params *p) {
+    fc_params_init(p);
+    p->batch = take_size(r, 2);
+    p->heads_kv = take_size(r, 2);
+    p->heads_q = (int64_t)((uint64_t)p->heads_kv * (uint64_t)(1 + take_u8(r) % 8));
+    p->seqlen_q = take_size(r, 100);
+    p->seqlen_k = take_size(r, 300);
+    p->head_dim = take_size(r, 64);
+    p->dtype = (fc_dtype)(take_u8(r) % 3);
+    p->scale = 0.125f;
+    p->q = (const void *)0x7f0000100000u;
+    p->k = (const void *)0x7f0000200000u;
+    p->v = (const void *)0x7f0000300000u;
+    p->out = (void *)0x7f0000400000u;
+    const i128 B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, Sq = p->seqlen_q,
+               Sk = p->seqlen_k, D = p->head_dim;
+    int64_t n_q = 0, n_kv = 0;
+    const int sane = B >= 1 && Hkv >= 1 && Hq >= 1 && Sq >= 1 && Sk >= 1 && D >= 1 &&
+                     Hq % Hkv == 0 && /* the wrapping product above may break it */
+                     !__builtin_mul_overflow(p->batch, p->heads_q, &n_q) &&
+                     !__builtin_mul_overflow(n_q, p->seqlen_q, &n_q) &&
+                     !__builtin_mul_overflow(n_q, p->head_dim, &n_q) &&
+                     !__builtin_mul_overflow(p->batch, p->heads_kv, &n_kv) &&
+                     !__builtin_mul_overflow(n_kv, p->seqlen_k, &n_kv) &&
+                     !__builtin_mul_overflow(n_kv, p->head_dim, &n_kv);
+#if !FC_FUZZ_STRICT
+    /* Known bug C: fc_params_set_contiguous_strides overflows (UB) on sizes like these. */
+    if (!sane) return;
+#endif
+    fc_params_set_contiguous_strides(p);
+    check_struct(p, take_u8(r));
+    if (!sane) return;
+    const fc_status s = fc_params_validate(p);
+    /* Exactly the dims stepped over (size > 1) need 16-byte strides. */
+    const i128 e = elem_bytes(p->dtype);
+    const int aligned_rows =
+        (B == 1 || (Hq * Sq * D * e) % 16 == 0) && (B == 1 || (Hkv * Sk * D * e) % 16 == 0) &&
+        (Hq == 1 || (Sq * D * e) % 16 == 0) && (Hkv == 1 || (Sk * D * e) % 16 == 0) &&
+        (Sq == 1 || (D * e) % 16 == 0) && (Sk == 1 || (D * e) % 16 == 0);
+    const int fits = Sq * D <= INT32_MAX && Sk * D <= INT32_MAX && Hq <= 65535 && B <= 65535 &&
+                     (Sq + 63) / 64 * Hq * B <= INT32_MAX;
+    if (aligned_rows && fits) REQUIRE(s == FC_OK);
+    if (s != FC_OK) REQUIRE(s == FC_ERR_STRIDE_ALIGNMENT || s == FC_ERR_OFFSET_OVERFLOW);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    /* Exactly sizeof(fc_params) on the heap: any read past the struct is an ASan report. */
+    fc_params *p = (fc_params *)malloc(sizeof(fc_params));
+    if (p == NULL) return 0;
+    reader r = {data, size, 0};
+    const uint8_t mode = take_u8(&r);
+    switch (mode % 4) {
+    case 0: /* raw bytes: every field arbitrary, enums and pointers included */
+        memset(p, 0, sizeof *p);
+        memcpy(p, data + r.pos, size - r.pos < sizeof *p ? size - r.pos : sizeof *p);
+        r.pos = size;
+        check_struct(p, mode >> 2);
+        break;
+    case 1:
+    case 2:
+        decode_structured(&r, p);
+        check_struct(p, take_u8(&r));
+        break;
+    default:
+        check_contiguous(&r, p);
+        break;
+    }
+    /* The degenerate calls. */
+    g_current = NULL;
+    REQUIRE(fc_params_validate(NULL) == FC_ERR_NULL_PARAMS);
+    REQUIRE(fc_sdpa_support(NULL, 9, 0) == FC_ERR_NULL_PARAMS);
+    REQUIRE(fc_sdpa_family(NULL, 9, 0) == FC_FAMILY_AUTO);
+    REQUIRE(fc_sdpa_fwd(NULL, (cudaStream_t)0) == FC_ERR_NULL_PARAMS);
+    REQUIRE(fc_status_string((fc_status)(int)(int8_t)mode) != NULL);
+    free(p);
+    return 0;
+}

@@ -1,0 +1,142 @@
+"""Writes the seed corpus of tests/fuzz/fuzz_params.c, and one reproducer per known bug.
+
+Usage: python3 tests/fuzz/make_seeds.py SEED_DIR BUG_DIR   (ci/fuzz.sh calls it)
+
+The encoder below mirrors decode_structured() / check_contiguous() in fuzz_params.c byte for
+byte: mode byte (1 = structured, 3 = contiguous, 0 = raw struct), then the fields in order.
+Seeds are valid structs in the layouts callers pass (contiguous, HuggingFace-transposed,
+broadcast K/V, padded rows, GQA, causal, bf16, D=128, LSE) plus one of each rejection, so the
+fuzzer starts on both sides of every check.
+"""
+import os
+import struct
+import sys
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def raw_i64(v):  # take_i64: selector 0xff, then 8 little-endian bytes
+    return b"\xff" + struct.pack("<q", v)
+
+
+def size(v):  # take_size: one byte below 0xc0 (0 means the field's default), else take_i64
+    if 1 <= v < 0xC0:
+        return bytes([v])
+    return b"\xc0" + raw_i64(v)
+
+
+def layout(kind, pad=0, strides=None):  # take_strides
+    if kind == 4:
+        return bytes([4, pad])
+    if kind >= 5:
+        sb, sh, ss, sd = strides
+        return bytes([5]) + raw_i64(sb) + raw_i64(sh) + raw_i64(ss) + b"\x00" + raw_i64(sd)
+    return bytes([kind])
+
+
+def structured(B=2, Hkv=2, group=1, Sq=100, Sk=300, D=64, layouts=(0, 0, 0, 0), ptr_sel=(0, 0, 0, 0),
+               scale_sel=0, causal=0, dtype=0, family=0, mask_kind=0, lse=False, device=0):
+    out = bytes([1]) + size(B) + size(Hkv) + bytes([group - 1]) + size(Sq) + size(Sk)
+    out += {64: b"\x00", 128: b"\x80"}.get(D) or (b"\xe0" + size(D))
+    for lay in layouts:
+        out += lay if isinstance(lay, bytes) else layout(lay)
+    out += bytes(ptr_sel)
+    out += bytes([scale_sel])
+    out += bytes([causal | (dtype << 1)])
+    extra = family | (mask_kind << 2)
+    if mask_kind:
+        extra |= 0x10
+    if lse:
+        extra |= 0x40
+    out += bytes([extra])
+    if mask_kind:
+        out += b"\x00"  # mask pointer: aligned
+    if lse:
+        out += b"\x00\x00"  # lse pointer aligned, contiguous strides
+    return out + bytes([device])
+
+
+def contiguous(B=2, Hkv=2, group=1, Sq=100, Sk=300, D=64, dtype=0, device=0):
+    return (bytes([3]) + size(B) + size(Hkv) + bytes([group - 1]) + size(Sq) + size(Sk) + size(D)
+            + bytes([dtype, device]))
+
+
+def raw_struct(B=1, Hq=1, Hkv=1, Sq=16, Sk=16, D=64):
+    """Mode 0: the fc_params bytes themselves (x86-64 layout), a valid contiguous fp16 struct."""
+    ptrs = [0x7F0000100000, 0x7F0000200000, 0x7F0000300000, 0x7F0000400000, 0, 0]
+    q = [Hq * Sq * D, Sq * D, D, 1]
+    kv = [Hkv * Sk * D, Sk * D, D, 1]
+    strides = q + kv + kv + q + [0, 0, 0] + [0, 0, 0, 0]
+    body = struct.pack("<6Q6q23qfiiii", *ptrs, B, Hq, Hkv, Sq, Sk, D, *strides, 0.125, 0, 0, 0, 0)
+    return b"\x00" + body + b"\x00" * 4
+
+
+SEEDS = {
+    "valid_default": structured(),
+    "valid_hf_layout": structured(layouts=(1, 1, 1, 0)),
+    "valid_gqa_causal_bf16_d128": structured(Hkv=2, group=4, Sq=77, Sk=1000, D=128, causal=1, dtype=1),
+    "valid_broadcast_kv": structured(B=4, layouts=(0, 2, 2, 0), device=1),
+    "valid_kv_seq_broadcast": structured(layouts=(0, 3, 3, 0)),
+    "valid_padded_rows": structured(layouts=(layout(4, pad=8), 0, 0, 0)),
+    "valid_decode": structured(B=8, Hkv=8, group=4, Sq=1, Sk=4096, D=128),
+    "valid_lse": structured(lse=True),
+    "valid_forced_sm80": structured(family=1),
+    "reject_misaligned_q": structured(ptr_sel=(0xC2, 0, 0, 0)),
+    "reject_null_out": structured(ptr_sel=(0, 0, 0, 0xFE)),
+    "reject_stride_align": structured(layouts=(layout(4, pad=1), 0, 0, 0)),
+    "reject_fp32": structured(dtype=2),
+    "reject_bad_dtype": structured(dtype=3),
+    "reject_mask": structured(mask_kind=1),
+    "reject_scale_nan": structured(scale_sel=3),
+    "reject_head_dim_80": structured(D=80),
+    "reject_sm86": structured(device=3),
+    "reject_force_sm90": structured(family=2),
+    "reject_slice_overflow": structured(Sk=3, layouts=(0, layout(5, strides=(0, 0, 2**30, 1)), 0, 0)),
+    "reject_batch_65536": structured(B=65536, layouts=(2, 2, 2, 2)),
+    "reject_seqlen_q_int64_max": structured(B=1, Hkv=1, Sq=INT64_MAX, Sk=64, layouts=(3, 0, 0, 3)),
+    "valid_seqlen_q_past_old_grid_y": structured(Sq=65535 * 64 + 1, layouts=(3, 0, 0, 3)),
+    "valid_sm90_device_hf_layout": structured(layouts=(1, 1, 1, 1), device=1),
+    "valid_sm90_device_broadcast_goes_sm80": structured(layouts=(0, 2, 2, 0), device=1),
+    "reject_forced_sm90_negative_scale": structured(family=2, scale_sel=2, device=1),
+    "contiguous_default": contiguous(),
+    "contiguous_fp32_odd_d": contiguous(D=7, dtype=2),
+    "contiguous_slice_past_int32": contiguous(B=1, Hkv=1, Sq=2**24, Sk=2**10, D=128),
+    "raw_valid": raw_struct(),
+    "raw_empty": b"\x00",
+}
+
+# One input per property fuzz_params.c checks only with FC_FUZZ_STRICT=1 (see its header).
+KNOWN_BUGS = {
+    # A: accepted, but the sm80 kernel's int n_blocks = (seqlen_k + 63) / 64 overflows
+    #    (device 0: sm_89; on sm_90 the sm90 family declines stride 0, so sm80 runs it too).
+    "known_bug_A_seqlen_k_int32_max": structured(B=1, Hkv=1, Sq=64, Sk=INT32_MAX, layouts=(0, 3, 3, 0)),
+    "known_bug_A_seqlen_k_int32_max_sm90_device": structured(B=1, Hkv=1, Sq=64, Sk=INT32_MAX,
+                                                             layouts=(0, 3, 3, 0), device=1),
+    # A: the same for seqlen_q (q and out with sequence stride 0): m_start + 64 overflows int.
+    "known_bug_A_seqlen_q_int32_max": structured(B=1, Hkv=1, Sq=INT32_MAX, Sk=64, layouts=(3, 0, 0, 3)),
+    # C: fc_params_set_contiguous_strides overflows int64 (heads * seqlen * head_dim).
+    "known_bug_C_contiguous_strides_overflow": contiguous(B=1, Hkv=2**31, Sq=2**31, Sk=2**31, D=64),
+    # D: element offsets fit int64, byte addresses wrap: k batch stride 2^63 - 2^40 elements, B = 2
+    #    (last element at byte 2^64 - 2^41 past a pointer near 2^47).
+    "known_bug_D_byte_offset_wraps": structured(
+        B=2, layouts=(0, layout(5, strides=(2**63 - 2**40, 0, 64, 1)), 0, 0)),
+    # E: k batch stride 2^40 elements (2^41 bytes), B = 2, on an sm_90 device: the sm90 family
+    #    takes it, and its TMA tensor map cannot (strides must be below 2^40 bytes).
+    "known_bug_E_tma_stride_2_40": structured(
+        B=2, layouts=(0, layout(5, strides=(2**40, 300 * 64, 64, 1)), 0, 0), device=1),
+}
+
+
+def main():
+    seed_dir, bug_dir = sys.argv[1], sys.argv[2]
+    for folder, table in ((seed_dir, SEEDS), (bug_dir, KNOWN_BUGS)):
+        os.makedirs(folder, exist_ok=True)
+        for name, data in table.items():
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(data)
+    print(f"make_seeds: {len(SEEDS)} seeds in {seed_dir}, {len(KNOWN_BUGS)} known-bug inputs in {bug_dir}")
+
+
+if __name__ == "__main__":
+    main()

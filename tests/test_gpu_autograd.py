@@ -1,0 +1,305 @@
+"""GPU tests of autograd, the LSE, opcheck, torch.compile and CUDA graphs for FlashCore.
+
+What it checks, on a CUDA machine:
+  * gradients of torch.ops.flashcore.sdpa (fp16/bf16, D 64/128, causal or not, GQA/MQA, odd
+    lengths 17/127/1000, Sq != Sk) against a float32 reference, with the forward's tolerance rule
+        max|g - ref32| <= 2 * max|g_lp - ref32| + atol * max(1, max|ref32|)
+    where g_lp are PyTorch SDPA's gradients on the same low-precision inputs; the forward runs a
+    FlashCore kernel (explain() says so) on cards that have one;
+  * flashcore::sdpa_fwd's LSE (from the kernel) against a float64 log-sum-exp, and its output
+    equal to sdpa's bit for bit; the fallback paths' gradients (fp32, masks, D=80);
+  * torch.library.opcheck with every test util for every op (kernel and fallback inputs);
+  * torch.compile(fullgraph=True, dynamic=True): one graph for several lengths, forward and
+    backward equal to eager; mode="reduce-overhead" (CUDA graphs): replays with new inputs equal
+    eager, forward and backward, and inductor skipped no CUDA graph.
+
+Run:  python -m pytest tests/test_gpu_autograd.py -q
+Without a CUDA device the module skips with a reason; FLASHCORE_REQUIRE_GPU=1 makes that an error.
+"""
+import math
+import os
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+if not torch.cuda.is_available():
+    if os.environ.get("FLASHCORE_REQUIRE_GPU") == "1":
+        raise RuntimeError("FLASHCORE_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
+    pytest.skip("no CUDA device: GPU autograd/compile tests of flashcore skipped",
+                allow_module_level=True)
+
+import flashcore  # noqa: E402  (on a GPU machine a failed import is an error)
+
+DEVICE = "cuda"
+KERNEL_CARD = torch.cuda.get_device_capability() in ((8, 9), (9, 0))
+ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
+ALL_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor",
+             "test_aot_dispatch_dynamic")
+FWD = torch.ops.flashcore.sdpa_fwd.default
+BWD = torch.ops.flashcore.sdpa_bwd.default
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def rand(*shape, dtype, requires_grad=True):
+    return torch.randn(*shape, dtype=dtype, device=DEVICE).requires_grad_(requires_grad)
+
+
+def grads(fn, inputs, grad_out):
+    out = fn(*inputs)
+    return out, torch.autograd.grad(out, inputs, grad_out)
+
+
+def assert_grads_within_rule(got, low, ref32, dtype, what):
+    for name, g, lp, r in zip(("dq", "dk", "dv", "dmask"), got, low, ref32):
+        assert g.shape == r.shape and g.dtype == lp.dtype, f"{what} {name}: shape/dtype"
+        assert torch.isfinite(g).all(), f"{what} {name}: non-finite gradient"
+        err = (g.float() - r).abs().max().item()
+        lp_err = (lp.float() - r).abs().max().item()
+        tol = 2 * lp_err + ATOL[dtype] * max(1.0, r.abs().max().item())
+        assert err <= tol, (f"{what} {name}: max|g-ref32|={err:.3e} > tol={tol:.3e} "
+                            f"(PyTorch low-precision err {lp_err:.3e})")
+
+
+# ---- gradients on the kernel path -------------------------------------------------------------
+
+SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk)
+    "mha_17": (2, 4, 4, 17, 17),
+    "gqa_127": (2, 8, 2, 127, 127),
+    "gqa_1000": (1, 8, 2, 1000, 1000),
+    "mqa_sq127_sk1000": (2, 4, 1, 127, 1000),
+    "gqa_sq1000_sk17": (1, 4, 2, 1000, 17),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_kernel_grads(dtype, D, causal, shape):
+    B, Hq, Hkv, Sq, Sk = SHAPES[shape]
+    q, k, v = rand(B, Hq, Sq, D, dtype=dtype), rand(B, Hkv, Sk, D, dtype=dtype), \
+        rand(B, Hkv, Sk, D, dtype=dtype)
+    kw = dict(is_causal=causal, enable_gqa=Hq != Hkv)
+    if KERNEL_CARD:
+        assert flashcore.explain(q, k, v, **kw).startswith("kernel"), \
+            flashcore.explain(q, k, v, **kw)
+    grad_out = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
+    out, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
+    assert out.grad_fn is not None
+    _, low = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw), (q, k, v),
+                   grad_out)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        _, ref32 = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw),
+                         (q32, k32, v32), grad_out.float())
+    assert_grads_within_rule(got, low, ref32, dtype, f"{shape} D={D} causal={causal}")
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_kernel_lse_and_out(dtype, layout):
+    B, Hq, Hkv, S, D = 2, 8, 2, 333, 128
+    if layout == "bshd":  # HuggingFace's transposed views
+        q = torch.randn(B, S, Hq, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+        k = torch.randn(B, S, Hkv, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+        v = torch.randn(B, S, Hkv, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+    else:
+        q = torch.randn(B, Hq, S, D, dtype=dtype, device=DEVICE)
+        k = torch.randn(B, Hkv, S, D, dtype=dtype, device=DEVICE)
+        v = torch.randn(B, Hkv, S, D, dtype=dtype, device=DEVICE)
+    for causal in (False, True):
+        out, lse = FWD(q, k, v, is_causal=causal, enable_gqa=True)
+        assert out.is_contiguous() and lse.is_contiguous()
+        assert lse.dtype == torch.float32 and lse.shape == (B, Hq, S)
+        assert torch.equal(out, torch.ops.flashcore.sdpa(q, k, v, is_causal=causal,
+                                                         enable_gqa=True))
+        kk = k.double().repeat_interleave(Hq // Hkv, dim=1)
+        s = (q.double() @ kk.transpose(-2, -1)) / math.sqrt(D)
+        if causal:
+            s = s.masked_fill(~torch.ones(S, S, dtype=torch.bool, device=DEVICE).tril(),
+                              float("-inf"))
+        ref = s.logsumexp(-1)
+        err = (lse.double() - ref).abs().max().item()
+        assert err <= 1e-3, f"lse max err {err:.3e}"
+
+
+# ---- gradients on fallback paths --------------------------------------------------------------
+
+def test_fallback_grads_fp32_and_head_dim_80():
+    for dtype, D in ((torch.float32, 64), (torch.float16, 80)):
+        q, k, v = (rand(2, 4, 65, D, dtype=dtype) for _ in range(3))
+        assert flashcore.explain(q, k, v).startswith("fallback")
+        grad_out = torch.randn(2, 4, 65, D, dtype=dtype, device=DEVICE)
+        _, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, is_causal=True),
+                       (q, k, v), grad_out)
+        _, exp = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
+                       (q, k, v), grad_out)
+        for g, e in zip(got, exp):
+            torch.testing.assert_close(g, e, atol=2e-3 if dtype == torch.float16 else 1e-4,
+                                       rtol=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_fallback_grads_masks(kind):
+    dtype = torch.float16
+    q, k, v = rand(2, 4, 127, 64, dtype=dtype), rand(2, 4, 200, 64, dtype=dtype), \
+        rand(2, 4, 200, 64, dtype=dtype)
+    if kind == "bool":
+        mask = torch.rand(2, 1, 127, 200, device=DEVICE) > 0.2
+        mask[..., 0] = True
+        inputs = (q, k, v)
+    else:
+        mask = rand(1, 4, 1, 200, dtype=dtype)
+        inputs = (q, k, v, mask)
+    grad_out = torch.randn(2, 4, 127, 64, dtype=dtype, device=DEVICE)
+
+    def call(fn):
+        return lambda *t: fn(t[0], t[1], t[2], t[3] if len(t) > 3 else mask)
+
+    _, got = grads(call(torch.ops.flashcore.sdpa), inputs, grad_out)
+    _, low = grads(call(F.scaled_dot_product_attention), inputs, grad_out)
+    inputs32 = tuple(t.detach().float().requires_grad_() for t in inputs)
+    mask32 = mask if kind == "bool" else None
+    with sdpa_kernel(SDPBackend.MATH):
+        _, ref32 = grads(lambda *t: F.scaled_dot_product_attention(
+            t[0], t[1], t[2], t[3] if len(t) > 3 else mask32), inputs32, grad_out.float())
+    assert_grads_within_rule(got, low, ref32, dtype, f"mask={kind}")
+
+
+# ---- opcheck ----------------------------------------------------------------------------------
+
+OPCHECK = {  # name: (dtype, D, Hq, Hkv, Sq, Sk, causal, mask kind, transposed)
+    "kernel": (torch.float16, 64, 4, 2, 127, 127, True, None, False),
+    "kernel_bshd": (torch.bfloat16, 128, 4, 4, 33, 70, False, None, True),
+    "fallback_fp32": (torch.float32, 64, 4, 2, 17, 17, True, None, False),
+    "fallback_mask": (torch.float16, 64, 4, 4, 17, 40, False, "additive", False),
+    "fallback_d80_bshd": (torch.float16, 80, 2, 2, 17, 17, False, None, True),
+}
+
+
+def opcheck_inputs(name, requires_grad=True):
+    dtype, D, Hq, Hkv, Sq, Sk, causal, mask_kind, transposed = OPCHECK[name]
+
+    def one(H, S):
+        if transposed:
+            t = torch.randn(2, S, H, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+        else:
+            t = torch.randn(2, H, S, D, dtype=dtype, device=DEVICE)
+        return t.requires_grad_(requires_grad)
+
+    q, k, v = one(Hq, Sq), one(Hkv, Sk), one(Hkv, Sk)
+    mask = None
+    if mask_kind == "additive":
+        mask = torch.randn(2, 1, Sq, Sk, dtype=dtype, device=DEVICE).requires_grad_(requires_grad)
+    return (q, k, v, mask), dict(is_causal=causal, enable_gqa=Hq != Hkv)
+
+
+@pytest.mark.parametrize("name", list(OPCHECK))
+@pytest.mark.parametrize("op", ["sdpa", "sdpa_fwd"])
+def test_opcheck_forward_ops(op, name):
+    args, kw = opcheck_inputs(name)
+    torch.library.opcheck(getattr(torch.ops.flashcore, op).default, args, kw,
+                          test_utils=ALL_UTILS)
+
+
+@pytest.mark.parametrize("name", list(OPCHECK))
+def test_opcheck_bwd_and_explain(name):
+    (q, k, v, mask), kw = opcheck_inputs(name, requires_grad=False)
+    torch.library.opcheck(torch.ops.flashcore.explain.default, (q, k, v, mask), kw,
+                          test_utils=ALL_UTILS)
+    out, lse = FWD(q, k, v, mask, **kw)
+    args = (torch.randn_like(out), q, k, v, out, lse, None, mask, kw["is_causal"], None,
+            kw["enable_gqa"], mask is not None)
+    torch.library.opcheck(BWD, args, test_utils=ALL_UTILS)
+
+
+# ---- torch.compile and CUDA graphs ------------------------------------------------------------
+
+class Attention(torch.nn.Module):
+    """Projections + GQA heads of dim 64 + causal flashcore.sdpa (a kernel case)."""
+
+    def __init__(self, dim=256, heads=4, kv_heads=2):
+        super().__init__()
+        self.h, self.hkv, self.d = heads, kv_heads, dim // heads
+        self.q = torch.nn.Linear(dim, heads * self.d)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * self.d)
+        self.o = torch.nn.Linear(heads * self.d, dim)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.h, self.d).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, self.hkv, self.d).permute(2, 0, 3, 1, 4)
+        o = torch.ops.flashcore.sdpa(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o(o.transpose(1, 2).reshape(b, s, self.h * self.d))
+
+
+def _close(a, b, dtype):
+    tol = {torch.float16: 2e-2, torch.bfloat16: 5e-2}[dtype]
+    torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_compile_fullgraph_dynamic(dtype):
+    import torch._dynamo.testing
+    model = Attention().to(DEVICE, dtype)
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
+    for s in (17, 127, 300):
+        x = torch.randn(2, s, 256, device=DEVICE, dtype=dtype, requires_grad=True)
+        if KERNEL_CARD:
+            h = torch.randn(2, 4, s, 64, device=DEVICE, dtype=dtype)
+            hkv = torch.randn(2, 2, s, 64, device=DEVICE, dtype=dtype)
+            assert flashcore.explain(h, hkv, hkv, is_causal=True, enable_gqa=True) \
+                .startswith("kernel")
+        y = compiled(x)
+        gy = torch.randn_like(y)
+        got = torch.autograd.grad(y, [x, *model.parameters()], gy)
+        y_ref = model(x)
+        expected = torch.autograd.grad(y_ref, [x, *model.parameters()], gy)
+        _close(y, y_ref, dtype)
+        for g, e in zip(got, expected):
+            _close(g, e, dtype)
+    assert counter.frame_count == 1
+
+
+def test_dynamo_explain_no_graph_break():
+    torch._dynamo.reset()
+    model = Attention().to(DEVICE, torch.float16)
+    result = torch._dynamo.explain(model)(torch.randn(2, 33, 256, device=DEVICE,
+                                                      dtype=torch.float16))
+    assert result.graph_break_count == 0 and result.graph_count == 1
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_reduce_overhead_cuda_graphs(train):
+    from torch._dynamo.utils import counters
+    dtype = torch.float16
+    model = Attention().to(DEVICE, dtype)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    for it in range(5):  # warm-up, record, then replays with new inputs
+        x = torch.randn(2, 127, 256, device=DEVICE, dtype=dtype, requires_grad=train)
+        torch.compiler.cudagraph_mark_step_begin()
+        if train:
+            y = compiled(x)
+            gy = torch.randn_like(y)
+            (gx,) = torch.autograd.grad(y, x, gy)
+            y, gx = y.detach().clone(), gx.clone()  # before the next replay reuses the memory
+            y_ref = model(x)
+            (gx_ref,) = torch.autograd.grad(y_ref, x, gy)
+            _close(gx, gx_ref, dtype)
+        else:
+            with torch.no_grad():
+                y = compiled(x).clone()
+                y_ref = model(x)
+        _close(y, y_ref, dtype)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
