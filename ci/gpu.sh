@@ -61,7 +61,7 @@ cat "$OUT"/sanitizer_*.log > "$OUT/sanitizer.log"; rm -f "$OUT"/sanitizer_*.log
 
 step "pytest"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
-PYTHONUNBUFFERED=1 timeout 600 "$PY" -m pytest tests -q -ra ${KEXPR:+-k "$KEXPR"} 2>&1 | tee "$OUT/pytest.log" | tail -n 30
+PYTHONUNBUFFERED=1 timeout ${PYTEST_TIMEOUT:-600} "$PY" -m pytest tests -q -ra ${KEXPR:+-k "$KEXPR"} 2>&1 | tee "$OUT/pytest.log" | tail -n 30
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 if [ "$BENCH" != none ]; then

@@ -231,6 +231,10 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
                 const std::optional<Tensor>& mask, double dropout_p, bool is_causal,
                 std::optional<double> scale, bool enable_gqa) {
   check_args(q, k, v, mask, is_causal, enable_gqa);
+  // Checked here, not left to aten: on torch 2.11 an error raised inside aten during the
+  // dispatcher fallback crashed the process (seen on the H100 with dropout_p=1.5).
+  FC_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, "flashcore.sdpa: dropout_p must be between 0 "
+           "and 1 (got ", dropout_p, ")");
   Decision d;
   fc_params_init(&d.p);
   d.family = family_from_env();
