@@ -193,7 +193,7 @@ class TestBadInputs:
     def test_bad_family_env(self, fn, monkeypatch):
         monkeypatch.setenv("FLASHCORE_FAMILY", "sm70")
         with pytest.raises(RuntimeError, match="FLASHCORE_FAMILY must be one of 'auto', 'sm80', "
-                                               r"'sm90' \(got 'sm70'\)"):
+                                               r"'sm90', 'decode' \(got 'sm70'\)"):
             fn(*qkv())
 
 
