@@ -233,8 +233,8 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   check_args(q, k, v, mask, is_causal, enable_gqa);
   // Checked here, not left to aten: on torch 2.11 an error raised inside aten during the
   // dispatcher fallback crashed the process (seen on the H100 with dropout_p=1.5).
-  FC_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, "flashcore.sdpa: dropout_p must be between 0 "
-           "and 1 (got ", dropout_p, ")");
+  FC_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, "flashcore.sdpa: dropout_p: dropout probability "
+           "has to be between 0 and 1, but got ", dropout_p);
   Decision d;
   fc_params_init(&d.p);
   d.family = family_from_env();
@@ -474,11 +474,22 @@ Tensor fallback_lse(const Tensor& q, const Tensor& k, const std::optional<Tensor
   return lse;
 }
 
+// An empty query (B, Hq or Sq = 0, same batch as key) has an empty result. It is made here, not
+// by aten: aten's CUDA path divides by the key's head count (SIGFPE with zero heads and GQA).
+bool empty_query(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.numel() == 0 && q.size(0) == k.size(0);
+}
+Tensor empty_output(const Tensor& q, const Tensor& v) {
+  return torch::stable::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.scalar_type(),
+                              std::nullopt, q.device());
+}
+
 Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dropout_p,
             bool is_causal, std::optional<double> scale, bool enable_gqa) {
   Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
   if (d.reason != kKernel) {
     check_forced_family(d);
+    if (empty_query(q, k, v)) return empty_output(q, v);
     // Contiguous like the kernel's output, so the layout (and the fake's) never depends on
     // which aten backend ran (aten's flash/efficient/cuDNN backends return (B, S, H, D) storage).
     return torch::stable::contiguous(
@@ -499,6 +510,11 @@ std::tuple<Tensor, Tensor> sdpa_fwd(Tensor q, Tensor k, Tensor v, std::optional<
            "dropout to aten's differentiable SDPA");
   if (d.reason != kKernel) {
     check_forced_family(d);
+    if (empty_query(q, k, v)) {
+      const ScalarType lt = q.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+      return {empty_output(q, v),
+              torch::stable::empty({q.size(0), q.size(1), q.size(2)}, lt, std::nullopt, q.device())};
+    }
     Tensor out = torch::stable::contiguous(
         aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
     Tensor lse = fallback_lse(q, k, mask, is_causal, scale, enable_gqa, out);
