@@ -205,8 +205,12 @@ def opcheck_inputs(name, requires_grad=True):
 @pytest.mark.parametrize("op", ["sdpa", "sdpa_fwd"])
 def test_opcheck_forward_ops(op, name):
     args, kw = opcheck_inputs(name)
+    # opcheck compares eager gradients with AOT-traced ones at fp32-level tolerances by
+    # default; with fp16/bf16 inputs the two orderings of the same backward differ by an ulp
+    # (seen on the H100: 6.9e-5 on one element of 8704 in the masked fp16 case).
+    tol = {} if args[0].dtype == torch.float32 else dict(atol=1e-3, rtol=1e-2)
     torch.library.opcheck(getattr(torch.ops.flashcore, op).default, args, kw,
-                          test_utils=ALL_UTILS)
+                          test_utils=ALL_UTILS, **tol)
 
 
 @pytest.mark.parametrize("name", list(OPCHECK))
