@@ -25,7 +25,6 @@
 // chunk to fit sm_89's 99 KB); run through the C API (fc_sdpa_fwd picks it for small Sq).
 #pragma once
 
-#include "common/launch_once.cuh"
 #include "common/sm80_ptx.cuh"
 #include "flashcore.h"
 
@@ -315,14 +314,15 @@ template <typename Elem, int kHeadDim, int kMaxRows, bool kCausal>
 cudaError_t launch_decode_rows(const fc_params &p, cudaStream_t stream) {
     using T = DecodeTraits<kHeadDim, kMaxRows>;
     auto kernel = decode_kernel<Elem, kHeadDim, kMaxRows, kCausal>;
+    static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    if (T::kSmemBytes > 48 * 1024) {
-        err = once_per_device(device, [&] {
-            return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-        });
+    const unsigned long long bit = 1ull << (device & 63);
+    if (T::kSmemBytes > 48 * 1024 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & bit)) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
         if (err != cudaSuccess) return err;
+        __atomic_fetch_or(&configured_devices, bit, __ATOMIC_ACQ_REL);
     }
     const int splits = p.num_splits_ > 1 ? p.num_splits_ : 1;
     float *partial_o = static_cast<float *>(p.workspace);

@@ -26,7 +26,6 @@
 // kernels/fwd_sm80_hdim*_*.cu.
 #pragma once
 
-#include "common/launch_once.cuh"
 #include "common/sm80_ptx.cuh"
 #include "flashcore.h"
 
@@ -316,15 +315,16 @@ template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     using T = FwdTraits<kHeadDim>;
     auto kernel = fwd_kernel<Elem, kHeadDim, kCausal>;
+    // The attribute is per device; remember which devices are done (bitmask, up to 64).
+    static unsigned long long configured_devices = 0;
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    if (T::kSmemBytes > 48 * 1024) {
-        // The lambda makes each (kernel) instantiation its own once_per_device state.
-        err = once_per_device(device, [&] {
-            return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-        });
+    const unsigned long long bit = 1ull << (device & 63);
+    if (T::kSmemBytes > 48 * 1024 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & bit)) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
         if (err != cudaSuccess) return err;
+        __atomic_fetch_or(&configured_devices, bit, __ATOMIC_ACQ_REL);
     }
     const int m_blocks = static_cast<int>((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
     const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));

@@ -33,7 +33,6 @@
 // Run it through the C API; tests force it with FLASHCORE_FAMILY=sm90.
 #pragma once
 
-#include "common/launch_once.cuh"
 #include "common/sm80_ptx.cuh"
 #include "common/wgmma_generated.cuh"
 #include "flashcore.h"
@@ -556,17 +555,18 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
 
     auto kernel = fwd_kernel<Elem, kHeadDim, kCausal>;
-    // Per device, once: the shared-memory opt-in (cudaFuncSetAttribute).
+    // Per device, once: the shared-memory opt-in (cudaFuncSetAttribute) and the SM count.
+    static int sm_count[64];  // 0 = this device not configured yet
     int device = 0;
     err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    err = once_per_device(device, [&] {
-        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-    });
-    if (err != cudaSuccess) return err;
-    int sms = 0;  // cached by the runtime; cheap
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess) return err;
+    int sms = device < 64 ? __atomic_load_n(&sm_count[device], __ATOMIC_ACQUIRE) : 0;
+    if (sms == 0) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        if (err != cudaSuccess) return err;
+        if (device < 64) __atomic_store_n(&sm_count[device], sms, __ATOMIC_RELEASE);
+    }
     // Non-causal: a persistent grid, one CTA per SM (each needs most of an SM's shared memory)
     // looping over the tiles, so the next tile's loads overlap the current tile's tail.
     // Causal: one CTA per tile. Tiles differ in length there, and a static round-robin split
