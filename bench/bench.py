@@ -14,7 +14,9 @@ What it measures
     small:  B=1, H=8, S=512, D=64, causal and not; also timed inside a CUDA graph.
     sweep:  16k tokens per batch (B = 16384/S), hidden 2048 (H = 2048/D),
             S in 512 1k 2k 4k 8k 16k, D in 64 128 256, causal and not.
-    --extra adds decode (B=8, H=32, Sq=1, Sk=8192, D=128) and a GQA 32:8 shape.
+    decode: Sq=1 against Sk = 1k/8k/32k, B = 1/8/32, Hq=32 over Hkv = 32 or 8, D=128
+            (memory-bound: compare `us` with the row's `floor_us`, the Q+K+V+O bytes at 3.0 TB/s).
+    --extra adds a GQA 32:8 causal prefill shape.
     --quick runs a handful of these (smoke test).
 
 Method
@@ -111,6 +113,17 @@ def flops(s):
     return 4.0 * s.B * s.Hq * s.D * pairs
 
 
+# Device-to-device copy rate measured on the H100 (bytes read + written; shared/GPU_NOTES.md):
+# the byte floor of a memory-bound call (decoding) is its Q + K + V + O bytes over this.
+COPY_BYTES_PER_S = 3.0e12
+
+
+def floor_us(s):
+    """Time to move each byte of Q, K, V and O once at the copy rate (2-byte elements)."""
+    elems = s.B * (2 * s.Hq * s.Sq + 2 * s.Hkv * s.Sk) * s.D
+    return 2.0 * elems / COPY_BYTES_PER_S * 1e6
+
+
 def shape_set(quick, bf16, extra):
     dtypes = ["fp16", "bf16"] if bf16 else ["fp16"]
     out = []
@@ -124,8 +137,13 @@ def shape_set(quick, bf16, extra):
                 for S in seqs:
                     B, H = 16384 // S, 2048 // D
                     out.append(Shape(B, H, H, S, S, D, causal, dt))
+        if not quick:
+            # Decoding (issue 5): one query against a cache, MHA and GQA 32:8, D=128.
+            for B in (1, 8, 32):
+                for hkv in (32, 8):
+                    for sk in (1024, 8192, 32768):
+                        out.append(Shape(B, 32, hkv, 1, sk, 128, False, dt))
         if extra:
-            out.append(Shape(8, 32, 32, 1, 8192, 128, False, dt))
             out.append(Shape(4, 32, 8, 2048, 2048, 128, True, dt))
     if quick:
         out = [s for s in out if s.graph and not s.causal] + [s for s in out if not s.graph]
@@ -309,7 +327,8 @@ def run_shape(s, impls, timer, seed, graph):
     for impl in impls:
         row = dict(impl=impl.name, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk,
                    D=s.D, causal=s.causal, us=None, tflops=None, graph_us=None, vs_cudnn=None,
-                   maxdiff=None, status="ok", path=impl.explain(q, k, v, s))
+                   maxdiff=None, status="ok", path=impl.explain(q, k, v, s),
+                   floor_us=floor_us(s))
         rows.append(row)
         if impl.name in skip:
             row["status"] = f"skipped: {skip[impl.name]}"
@@ -405,7 +424,7 @@ def dry_run_rows(shapes, impl_names):
         for n in impl_names:
             row = dict(impl=n, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk, D=s.D,
                        causal=s.causal, us=None, tflops=None, graph_us=None, vs_cudnn=None,
-                       maxdiff=None, status="ok", path=None)
+                       maxdiff=None, status="ok", path=None, floor_us=floor_us(s))
             if n.startswith("flashcore"):
                 row["path"] = "kernel: (dry run)"
                 row["maxdiff"] = 1e-3
