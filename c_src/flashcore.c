@@ -62,19 +62,25 @@ FC_API void fc_params_init(fc_params *p) {
     p->family = FC_FAMILY_AUTO;
 }
 
+/* a * b, or INT64_MAX when that overflows (validation then rejects the struct). */
+static int64_t mul_saturating(int64_t a, int64_t b) {
+    int64_t r = 0;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
 FC_API void fc_params_set_contiguous_strides(fc_params *p) {
     if (p == NULL) return;
     const int64_t D = p->head_dim;
     p->q_stride_d = p->k_stride_d = p->v_stride_d = p->o_stride_d = 1;
     p->q_stride_s = p->o_stride_s = D;
-    p->q_stride_h = p->o_stride_h = p->seqlen_q * D;
-    p->q_stride_b = p->o_stride_b = p->heads_q * p->seqlen_q * D;
+    p->q_stride_h = p->o_stride_h = mul_saturating(p->seqlen_q, D);
+    p->q_stride_b = p->o_stride_b = mul_saturating(p->heads_q, p->q_stride_h);
     p->k_stride_s = p->v_stride_s = D;
-    p->k_stride_h = p->v_stride_h = p->seqlen_k * D;
-    p->k_stride_b = p->v_stride_b = p->heads_kv * p->seqlen_k * D;
+    p->k_stride_h = p->v_stride_h = mul_saturating(p->seqlen_k, D);
+    p->k_stride_b = p->v_stride_b = mul_saturating(p->heads_kv, p->k_stride_h);
     p->lse_stride_s = 1;
     p->lse_stride_h = p->seqlen_q;
-    p->lse_stride_b = p->heads_q * p->seqlen_q;
+    p->lse_stride_b = mul_saturating(p->heads_q, p->seqlen_q);
 }
 
 /* One 4-D operand: sizes (b, h, s, d) and strides, for the stride and offset checks. */
@@ -97,8 +103,10 @@ static fc_status check_strides(const operand *t, int64_t elem_bytes) {
 }
 
 /* Largest element offset of the operand; fails on int64 overflow or a slice offset past 2^31. */
-static fc_status check_offsets(const operand *t) {
-    int64_t slice = 0, term = 0, total = 0;
+/* Largest element offset of the operand; fails on int64 overflow, a slice offset past 2^31,
+ * or a last byte address that wraps past the end of the address space. */
+static fc_status check_offsets(const operand *t, const void *base, int64_t elem_bytes) {
+    int64_t slice = 0, term = 0, total = 0, bytes = 0;
     if (__builtin_mul_overflow(t->size[2] - 1, t->stride[2], &term)) return FC_ERR_OFFSET_OVERFLOW;
     if (__builtin_add_overflow(term, t->size[3], &slice)) return FC_ERR_OFFSET_OVERFLOW;
     if (slice > FC_MAX_SLICE_OFFSET) return FC_ERR_OFFSET_OVERFLOW;
@@ -107,6 +115,8 @@ static fc_status check_offsets(const operand *t) {
         if (__builtin_mul_overflow(t->size[i] - 1, t->stride[i], &term)) return FC_ERR_OFFSET_OVERFLOW;
         if (__builtin_add_overflow(total, term, &total)) return FC_ERR_OFFSET_OVERFLOW;
     }
+    if (__builtin_mul_overflow(total, elem_bytes, &bytes)) return FC_ERR_OFFSET_OVERFLOW;
+    if ((uint64_t)bytes > UINTPTR_MAX - (uintptr_t)base) return FC_ERR_OFFSET_OVERFLOW;
     return FC_OK;
 }
 
@@ -157,14 +167,15 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
         (p->mask_stride_b < 0 || p->mask_stride_h < 0 || p->mask_stride_q < 0 || p->mask_stride_k < 0))
         return FC_ERR_NEGATIVE_STRIDE;
 
+    const void *bases[4] = {p->q, p->k, p->v, p->out};
     for (int i = 0; i < 4; ++i) {
-        const fc_status s = check_offsets(&ops[i]);
+        const fc_status s = check_offsets(&ops[i], bases[i], elem);
         if (s != FC_OK) return s;
     }
     if (p->lse != NULL) {
         const operand lse = {{p->batch, p->heads_q, p->seqlen_q, 1},
                              {p->lse_stride_b, p->lse_stride_h, p->lse_stride_s, 1}};
-        const fc_status s = check_offsets(&lse);
+        const fc_status s = check_offsets(&lse, p->lse, 4);
         if (s != FC_OK) return s;
     }
     if (p->heads_q > FC_MAX_GRID_YZ || p->batch > FC_MAX_GRID_YZ) return FC_ERR_OFFSET_OVERFLOW;
@@ -192,7 +203,7 @@ FC_API fc_family fc_sdpa_family(const fc_params *p, int cc_major, int cc_minor) 
 
 /* Compute capability and SM count of a device, cached: 0 means not read yet. */
 #define FC_MAX_DEVICES 64
-static _Atomic int cc_cache[FC_MAX_DEVICES];
+static _Atomic int cc_cache[FC_MAX_DEVICES]; /* written last (release), read first (acquire) */
 static _Atomic int sm_cache[FC_MAX_DEVICES];
 
 static fc_status device_info(int *major, int *minor, int *sms) {
@@ -200,7 +211,7 @@ static fc_status device_info(int *major, int *minor, int *sms) {
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) goto fail;
     if (device >= 0 && device < FC_MAX_DEVICES) {
-        const int cached = atomic_load_explicit(&cc_cache[device], memory_order_relaxed);
+        const int cached = atomic_load_explicit(&cc_cache[device], memory_order_acquire);
         if (cached != 0) {
             *major = cached / 10;
             *minor = cached % 10;
@@ -216,7 +227,7 @@ static fc_status device_info(int *major, int *minor, int *sms) {
     if (err != cudaSuccess) goto fail;
     if (device >= 0 && device < FC_MAX_DEVICES) {
         atomic_store_explicit(&sm_cache[device], *sms, memory_order_relaxed);
-        atomic_store_explicit(&cc_cache[device], *major * 10 + *minor, memory_order_relaxed);
+        atomic_store_explicit(&cc_cache[device], *major * 10 + *minor, memory_order_release);
     }
     return FC_OK;
 fail:

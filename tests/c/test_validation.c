@@ -66,6 +66,8 @@ static void m_scale_nan(fc_params *p) { p->scale = NAN; }
 static void m_scale_inf(fc_params *p) { p->scale = INFINITY; }
 static void m_slice_overflow(fc_params *p) { p->q_stride_s = (int64_t)1 << 26; p->q_stride_h = (int64_t)1 << 33; p->q_stride_b = (int64_t)1 << 36; }
 static void m_int64_overflow(fc_params *p) { p->batch = 3; p->k_stride_b = (INT64_MAX / 2) & ~(int64_t)7; }
+static void m_byte_offset_overflow(fc_params *p) { p->k_stride_b = (int64_t)1 << 62; }
+static void m_contiguous_overflow(fc_params *p) { p->heads_q = p->heads_kv = (int64_t)1 << 31; p->seqlen_k = (int64_t)1 << 31; fc_params_set_contiguous_strides(p); }
 static void m_grid_overflow(fc_params *p) { p->batch = (int64_t)1 << 29; p->heads_q = 8; p->q_stride_b = 128; p->o_stride_b = 128; p->k_stride_b = 0; p->v_stride_b = 0; }
 static void m_fp32(fc_params *p) { p->dtype = FC_DTYPE_FP32; }
 static void m_head_dim(fc_params *p) { p->head_dim = 80; fc_params_set_contiguous_strides(p); }
@@ -111,6 +113,8 @@ static const validation_case kCases[] = {
     {"scale inf", m_scale_inf, FC_ERR_BAD_SCALE, FC_ERR_BAD_SCALE, FC_ERR_BAD_SCALE},
     {"slice offset past 2^31", m_slice_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
     {"offset overflows int64", m_int64_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"offset fits int64 elements, not bytes", m_byte_offset_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"contiguous strides overflow int64 (saturated)", m_contiguous_overflow, FC_ERR_STRIDE_ALIGNMENT, FC_ERR_STRIDE_ALIGNMENT, FC_ERR_STRIDE_ALIGNMENT},
     {"batch*heads past grid limit", m_grid_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
     {"lse 2-byte aligned", m_lse_misaligned, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT},
     {"fp32", m_fp32, FC_OK, FC_UNSUPPORTED_DTYPE, FC_UNSUPPORTED_DTYPE},
