@@ -30,6 +30,7 @@
 #include <dlfcn.h>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -474,14 +475,28 @@ Tensor fallback_lse(const Tensor& q, const Tensor& k, const std::optional<Tensor
   return lse;
 }
 
-// An empty query (B, Hq or Sq = 0, same batch as key) has an empty result. It is made here, not
-// by aten: aten's CUDA path divides by the key's head count (SIGFPE with zero heads and GQA).
-bool empty_query(const Tensor& q, const Tensor& k, const Tensor& v) {
-  return q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.numel() == 0 && q.size(0) == k.size(0);
+// Inputs with nothing to compute are answered here, never by aten: aten's empty-input paths
+// crash on torch 2.11 (SIGFPE dividing by a zero head count, on CPU and CUDA) or return wrong
+// results on CUDA (empty batch). Two cases, for same-batch 4-D inputs:
+//   an empty output (B, Hq, Sq or value's D = 0): an empty tensor;
+//   no keys (Sk = 0, the output is not empty): every row's softmax is over nothing, and PyTorch
+//   returns zeros (its math path: an (Sq x 0) @ (0 x D) product), with an LSE of -inf.
+bool nothing_to_compute(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || q.size(0) != k.size(0)) return false;
+  const bool empty_out = q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0 || v.size(3) == 0;
+  return empty_out || k.size(2) == 0;
 }
-Tensor empty_output(const Tensor& q, const Tensor& v) {
-  return torch::stable::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.scalar_type(),
-                              std::nullopt, q.device());
+Tensor trivial_output(const Tensor& q, const Tensor& v) {
+  Tensor out = torch::stable::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.scalar_type(),
+                                    std::nullopt, q.device());
+  if (out.numel() > 0) torch::stable::zero_(out);
+  return out;
+}
+Tensor trivial_lse(const Tensor& q) {
+  const ScalarType lt = q.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  Tensor lse = torch::stable::empty({q.size(0), q.size(1), q.size(2)}, lt, std::nullopt, q.device());
+  if (lse.numel() > 0) torch::stable::fill_(lse, -std::numeric_limits<double>::infinity());
+  return lse;
 }
 
 Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dropout_p,
@@ -489,7 +504,7 @@ Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dro
   Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
   if (d.reason != kKernel) {
     check_forced_family(d);
-    if (empty_query(q, k, v)) return empty_output(q, v);
+    if (nothing_to_compute(q, k, v)) return trivial_output(q, v);
     // Contiguous like the kernel's output, so the layout (and the fake's) never depends on
     // which aten backend ran (aten's flash/efficient/cuDNN backends return (B, S, H, D) storage).
     return torch::stable::contiguous(
@@ -510,11 +525,7 @@ std::tuple<Tensor, Tensor> sdpa_fwd(Tensor q, Tensor k, Tensor v, std::optional<
            "dropout to aten's differentiable SDPA");
   if (d.reason != kKernel) {
     check_forced_family(d);
-    if (empty_query(q, k, v)) {
-      const ScalarType lt = q.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
-      return {empty_output(q, v),
-              torch::stable::empty({q.size(0), q.size(1), q.size(2)}, lt, std::nullopt, q.device())};
-    }
+    if (nothing_to_compute(q, k, v)) return {trivial_output(q, v), trivial_lse(q)};
     Tensor out = torch::stable::contiguous(
         aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
     Tensor lse = fallback_lse(q, k, mask, is_causal, scale, enable_gqa, out);
