@@ -537,7 +537,9 @@ inline cudaError_t make_tensor_map(CUtensorMap *map, MapOrder *order, const void
     const CUresult r = encode(map, dtype, 4, const_cast<void *>(base), size, stride, box, elem_stride,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+    // A distinct runtime error for a rejected map (strides, box or address), so a failure here
+    // is not mistaken for a bad launch configuration (cudaErrorInvalidValue).
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidPitchValue;
 }
 
 template <typename Elem, int kHeadDim, bool kCausal>

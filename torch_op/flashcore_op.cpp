@@ -372,8 +372,12 @@ Tensor run_kernel(Decision& d, const Tensor& q, std::optional<Tensor>* lse) {
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
   const fc_status s = fc_sdpa_fwd(&d.p, static_cast<cudaStream_t>(stream));
   if (s == FC_ERR_CUDA) {
-    fail("flashcore.sdpa: ", fc_status_string(s), ": ",
-         cudaGetErrorString(fc_last_cuda_error()));
+    static const char* const kFamilyNames[] = {"auto", "sm80", "sm90", "decode"};
+    const cudaError_t e = fc_last_cuda_error();
+    fail("flashcore.sdpa: ", fc_status_string(s), ": ", cudaGetErrorName(e), " (",
+         cudaGetErrorString(e), ") in the ", kFamilyNames[d.family & 3], " family, B=", d.p.batch,
+         " Hq=", d.p.heads_q, " Hkv=", d.p.heads_kv, " Sq=", d.p.seqlen_q, " Sk=", d.p.seqlen_k,
+         " D=", d.p.head_dim, d.p.causal ? " causal" : "", " on cuda:", dev);
   }
   FC_CHECK(s == FC_OK, "flashcore.sdpa: ", fc_status_string(s));
   return out;
