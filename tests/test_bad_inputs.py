@@ -122,6 +122,13 @@ def _empty_reference(args, kwargs):
     return out
 
 
+def _aten_on_aligned_copies(args, kwargs):
+    """F.scaled_dot_product_attention on fresh (16-byte-aligned) copies of the tensor inputs."""
+    fresh = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    kw = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    return F.scaled_dot_product_attention(*fresh, **kw)
+
+
 def _set(t, index, value):
     t = t.clone()
     t[index] = value
@@ -333,12 +340,14 @@ def _cases():
     # ---- layouts: alignment, strides, broadcast views ---------------------------------------------
     shape = (2, 4, 80, 64)
     c += [
+        # aten's own CUDA backends fault on misaligned fp32 views on torch 2.11 ("misaligned
+        # address", a poisoned context): the reference is aten on aligned copies.
         Case("query_offset_1_element",
              lambda e: ((e.at_offset(shape, 1), e.rand(*shape), e.rand(*shape)), {}),
-             path="16-byte aligned"),
+             path="16-byte aligned", reference=_aten_on_aligned_copies),
         Case("key_offset_4_elements",  # 8 bytes in fp16/bf16
              lambda e: ((e.rand(*shape), e.at_offset(shape, 4), e.rand(*shape)), {}),
-             path="16-byte aligned"),
+             path="16-byte aligned", reference=_aten_on_aligned_copies),
         Case("value_offset_8_elements",  # 16 bytes in fp16/bf16: aligned
              lambda e: ((e.rand(*shape), e.rand(*shape), e.at_offset(shape, 8)), {}),
              path="kernel"),

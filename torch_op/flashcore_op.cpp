@@ -318,10 +318,23 @@ const char* aten_error_message() {
   return fn != nullptr ? fn() : nullptr;
 }
 
-Tensor aten_sdpa(const Tensor& q, const Tensor& k, const Tensor& v,
-                 const std::optional<Tensor>& mask, double dropout_p, bool is_causal,
+// aten's CUDA SDPA backends assume 16-byte-aligned inputs: on torch 2.11 (H100) an fp32 query
+// viewed 1 element into its storage faults with "misaligned address", which poisons the CUDA
+// context for the rest of the process. A fallback therefore hands aten an aligned copy of any
+// misaligned CUDA input (a rare layout; the copy costs one read and write of that tensor).
+Tensor aligned_for_aten(const Tensor& t) {
+  if (!t.is_cuda() || t.numel() == 0 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0)
+    return t;
+  return torch::stable::clone(t);
+}
+
+Tensor aten_sdpa(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                 const std::optional<Tensor>& mask_in, double dropout_p, bool is_causal,
                  std::optional<double> scale, bool enable_gqa) {
   using torch::stable::detail::from;
+  const Tensor q = aligned_for_aten(q_in), k = aligned_for_aten(k_in), v = aligned_for_aten(v_in);
+  std::optional<Tensor> mask;
+  if (mask_in.has_value()) mask = aligned_for_aten(*mask_in);
   std::array<StableIValue, 8> stack{from(q), from(k), from(v), from(mask), from(dropout_p),
                                     from(is_causal), from(scale), from(enable_gqa)};
   if (torch_call_dispatcher("aten::scaled_dot_product_attention", "", stack.data(),
@@ -368,6 +381,14 @@ Tensor run_kernel(Decision& d, const Tensor& q, std::optional<Tensor>* lse) {
     d.p.workspace = workspace->data_ptr();
     d.p.workspace_bytes = ws_bytes;
   }
+  // Make dev's primary context current on this thread. A thread whose CUDA work so far came
+  // from PyTorch's cached allocations may have no current context: the driver's tensor-map
+  // encoder (sm90 family) then fails (seen with 8 threads on the default stream), and
+  // libflashcore's CUDA runtime, a separate instance from PyTorch's, takes its device from the
+  // thread's current context. Cheap when it is already current.
+  const cudaError_t set_err = cudaSetDevice(dev);
+  FC_CHECK(set_err == cudaSuccess, "flashcore.sdpa: cannot make cuda:", dev, " current: ",
+           cudaGetErrorString(set_err));
   void* stream = nullptr;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
   const fc_status s = fc_sdpa_fwd(&d.p, static_cast<cudaStream_t>(stream));
