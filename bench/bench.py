@@ -18,6 +18,13 @@ What it measures
             (memory-bound: compare `us` with the row's `floor_us`, the Q+K+V+O bytes at 3.0 TB/s).
     --extra adds a GQA 32:8 causal prefill shape.
     --quick runs a handful of these (smoke test).
+  Backward rows (pass "bwd"; issue 6): the time of the backward alone, from a saved forward
+    (torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one forward under the
+    implementation's backend), for flashcore (its fused backward kernel; the forward family does
+    not matter) and PyTorch's cudnn and flash backwards, on 16k-token shapes S 1k/4k, D 64/128,
+    causal and not (--quick: S=4k D=128). Checked first: dq, dk, dv vs the reference backend's,
+    max abs diff relative to max(1, max|ref|). TFLOP/s counts 2.5x the forward's FLOPs.
+    --no-bwd leaves them out, --bwd-only runs only them.
 
 Method
   * Correctness first: before any timing, every implementation's output on the shape is
@@ -44,7 +51,8 @@ Run
   python bench/bench.py --json out.json      # explicit JSON path (--out-dir DIR: folder for the default name)
   python bench/bench.py --dry-run            # no GPU: fake timings, exercises shapes/table/JSON only
 
-JSON: {"sha", "dirty", "torch", "card", "date", "method", "rows": [...]}; each row has impl,
+JSON: {"sha", "dirty", "torch", "card", "date", "method", "rows": [...]}; each row has pass
+("fwd" or "bwd"), impl,
 dtype, B, Hq, Hkv, Sq, Sk, D, causal, us, tflops, graph_us (null unless graph-timed),
 vs_cudnn, maxdiff, status ("ok", "fallback", "WRONG", "skipped: <why>", "unverified"),
 path (flashcore.explain() for flashcore rows). Rows not timed have us = null.
@@ -122,6 +130,22 @@ def floor_us(s):
     """Time to move each byte of Q, K, V and O once at the copy rate (2-byte elements)."""
     elems = s.B * (2 * s.Hq * s.Sq + 2 * s.Hkv * s.Sk) * s.D
     return 2.0 * elems / COPY_BYTES_PER_S * 1e6
+
+
+BWD_IMPLS = ["cudnn", "flash", "flashcore"]  # the backward does not depend on the forward family
+BWD_FLOP_FACTOR = 2.5  # backward = 5 matmuls of the forward's size, 2 (FlashAttention convention)
+
+
+def bwd_shape_set(quick, bf16):
+    dtypes = ["fp16", "bf16"] if bf16 else ["fp16"]
+    out = []
+    for dt in dtypes:
+        for D in ([128] if quick else [64, 128]):
+            for causal in (False, True):
+                for S in ([4096] if quick else [1024, 4096]):
+                    B, H = 16384 // S, 2048 // D
+                    out.append(Shape(B, H, H, S, S, D, causal, dt))
+    return out
 
 
 def shape_set(quick, bf16, extra):
@@ -325,7 +349,7 @@ def run_shape(s, impls, timer, seed, graph):
     ref = outputs.get(ref_name)
     cudnn_us = None
     for impl in impls:
-        row = dict(impl=impl.name, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk,
+        row = dict(**{"pass": "fwd"}, impl=impl.name, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk,
                    D=s.D, causal=s.causal, us=None, tflops=None, graph_us=None, vs_cudnn=None,
                    maxdiff=None, status="ok", path=impl.explain(q, k, v, s),
                    floor_us=floor_us(s))
@@ -366,6 +390,73 @@ def run_shape(s, impls, timer, seed, graph):
     return rows
 
 
+def run_bwd_shape(s, impls, timer, seed):
+    """Backward rows: verify each impl's (dq, dk, dv) against the reference backend's, then time
+    the backward alone (autograd.grad on a retained graph of one forward)."""
+    q, k, v = (t.requires_grad_() for t in make_inputs(s, seed))
+    g = torch.Generator(device="cuda").manual_seed(seed + 7919)
+    dout = torch.randn(s.B, s.Hq, s.Sq, s.D, dtype=q.dtype, device="cuda", generator=g)
+    f = BWD_FLOP_FACTOR * flops(s)
+    rows, grads, skip, fns = [], {}, {}, {}
+    for impl in impls:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with impl.context():
+                    out = impl.fn(q, k, v, s)()
+            fns[impl.name] = (lambda o: lambda: torch.autograd.grad(o, (q, k, v), dout,
+                                                                    retain_graph=True))(out)
+            if impl.name.startswith("flashcore"):
+                for t in (q, k, v):
+                    poison_allocator(t.shape, t.dtype)
+            grads[impl.name] = fns[impl.name]()
+            torch.cuda.synchronize()
+        except RuntimeError as e:
+            skip[impl.name] = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+            fns.pop(impl.name, None)
+    ref_name = next((n for n in REF_ORDER if n in grads), None)
+    ref = grads.get(ref_name)
+    cudnn_us = None
+    for impl in impls:
+        path = None
+        if impl.name.startswith("flashcore"):
+            with torch.no_grad():
+                o, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, None, 0.0, s.causal,
+                                                      enable_gqa=s.Hq != s.Hkv)
+            path = impl.fc.explain_backward(dout, q, k, v, o, lse, None, s.causal, None,
+                                            s.Hq != s.Hkv)
+        row = dict(**{"pass": "bwd"}, impl=impl.name, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv,
+                   Sq=s.Sq, Sk=s.Sk, D=s.D, causal=s.causal, us=None, tflops=None, graph_us=None,
+                   vs_cudnn=None, maxdiff=None, status="ok", path=path, floor_us=None)
+        rows.append(row)
+        if impl.name in skip:
+            row["status"] = f"skipped: {skip[impl.name]}"
+            report(s, row, ref_name)
+            continue
+        got = grads[impl.name]
+        nan = any(bool(torch.isnan(t).any()) for t in got)
+        if ref is not None and impl.name != ref_name:
+            row["maxdiff"] = max(((a.float() - b.float()).abs().max() /
+                                  max(1.0, b.float().abs().max().item())).item()
+                                 for a, b in zip(got, ref))
+        if nan or (row["maxdiff"] is not None and not row["maxdiff"] <= TOL[s.dtype]):
+            row["status"] = "WRONG" + (" (NaN in gradients)" if nan else "")
+            report(s, row, ref_name)
+            continue
+        if ref is None:
+            row["status"] = "unverified"
+        elif path is not None and not path.startswith("kernel"):
+            row["status"] = "fallback"
+        row["us"] = timer.eager_us(fns[impl.name])
+        row["tflops"] = f / row["us"] / 1e6
+        if impl.name == "cudnn":
+            cudnn_us = row["us"]
+        if cudnn_us:
+            row["vs_cudnn"] = cudnn_us / row["us"]
+        report(s, row, ref_name)
+    return rows
+
+
 # --------------------------------------------------------------------------- output
 
 HEADER = (f"{'shape':<26} {'dtype':<5} {'causal':<6} {'impl':<15} {'us':>9} {'graph_us':>9} "
@@ -378,6 +469,8 @@ def fmt(x, spec, none="-"):
 
 def report(s, row, ref_name):
     status = row["status"]
+    if row.get("pass") == "bwd":
+        status = "[bwd] " + status
     if status.startswith("WRONG"):
         status = f"!!!!!! {status} vs {ref_name} (tol {TOL[s.dtype]:g}) !!!!!!"
     elif status == "fallback":
@@ -397,11 +490,12 @@ def summary(rows, impls):
     print(f"{'shape':<26} {'dtype':<5} {'causal':<6} " + " ".join(f"{n:>15}" for n in names))
     keyed = {}
     for r in rows:
-        key = (r["dtype"], r["B"], r["Hq"], r["Hkv"], r["Sq"], r["Sk"], r["D"], r["causal"])
+        key = (r.get("pass", "fwd"), r["dtype"], r["B"], r["Hq"], r["Hkv"], r["Sq"], r["Sk"],
+               r["D"], r["causal"])
         keyed.setdefault(key, {})[r["impl"]] = r
     for key, by in keyed.items():
-        dt, B, Hq, Hkv, Sq, Sk, D, causal = key
-        label = Shape(B, Hq, Hkv, Sq, Sk, D, causal, dt).label
+        pss, dt, B, Hq, Hkv, Sq, Sk, D, causal = key
+        label = Shape(B, Hq, Hkv, Sq, Sk, D, causal, dt).label + (" bwd" if pss == "bwd" else "")
         cells = []
         for n in names:
             r = by.get(n)
@@ -422,7 +516,7 @@ def dry_run_rows(shapes, impl_names):
         f = flops(s)
         cudnn_us = None
         for n in impl_names:
-            row = dict(impl=n, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk, D=s.D,
+            row = dict(**{"pass": "fwd"}, impl=n, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk, D=s.D,
                        causal=s.causal, us=None, tflops=None, graph_us=None, vs_cudnn=None,
                        maxdiff=None, status="ok", path=None, floor_us=floor_us(s))
             if n.startswith("flashcore"):
@@ -475,6 +569,8 @@ def main(argv=None):
                     help=f"comma-separated subset of {','.join(IMPLS)}")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: fake timings (tests the plumbing)")
+    ap.add_argument("--no-bwd", action="store_true", help="leave out the backward rows")
+    ap.add_argument("--bwd-only", action="store_true", help="only the backward rows")
     args = ap.parse_args(argv)
 
     names = [n.strip() for n in args.impls.split(",") if n.strip()]
@@ -482,7 +578,8 @@ def main(argv=None):
     if bad:
         ap.error(f"unknown impl(s) {bad}; choose from {IMPLS}")
     names = [n for n in IMPLS if n in names]  # cuDNN first, whatever the order given
-    shapes = shape_set(args.quick, args.bf16, args.extra)
+    shapes = [] if args.bwd_only else shape_set(args.quick, args.bf16, args.extra)
+    bwd_shapes = [] if args.no_bwd else bwd_shape_set(args.quick, args.bf16)
     sha, dirty = git_info()
     now = _dt.datetime.now()
 
@@ -510,18 +607,25 @@ def main(argv=None):
 
     t0 = time.time()
     impls = [Impl(n, fc) for n in names]
+    bwd_impls = [i for i in impls if i.name in BWD_IMPLS]
     if args.dry_run:
         rows = dry_run_rows(shapes, names)
+        for r in dry_run_rows(bwd_shapes, [i.name for i in bwd_impls]):
+            r["pass"] = "bwd"
+            rows.append(r)
     else:
         timer = Timer(args.warmup, args.iters)
         rows = []
         for i, s in enumerate(shapes):
             rows += run_shape(s, impls, timer, args.seed + i, s.graph)
             torch.cuda.empty_cache()
+        for i, s in enumerate(bwd_shapes):
+            rows += run_bwd_shape(s, bwd_impls, timer, args.seed + 1000 + i)
+            torch.cuda.empty_cache()
     elapsed = time.time() - t0
     summary(rows, impls)
     wrong = [r for r in rows if r["status"].startswith("WRONG")]
-    print(f"\n{len(rows)} rows, {len(shapes)} shapes, {elapsed:.1f} s"
+    print(f"\n{len(rows)} rows, {len(shapes)} fwd + {len(bwd_shapes)} bwd shapes, {elapsed:.1f} s"
           + (f"; {len(wrong)} WRONG rows (not timed)" if wrong else ""))
 
     if not args.no_json:

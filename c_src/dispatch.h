@@ -28,6 +28,14 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
 int fc_decode_splits(const fc_params *p, int sm_count);
 int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
 
+/* For c_src/bwd.c (defined in flashcore.c): the current device's compute capability and SM
+ * count (cached), the thread's last CUDA error, and the stride / alignment / offset checks of
+ * one (B, H, S, D) operand as fc_params_validate applies them. */
+fc_status fc_device_info_(int *major, int *minor, int *sms);
+void fc_set_last_cuda_error_(cudaError_t err);
+fc_status fc_check_operand_(const int64_t size[4], const int64_t stride[4], const void *base,
+                            int64_t elem_bytes);
+
 #ifdef __cplusplus
 }
 #endif

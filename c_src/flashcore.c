@@ -34,7 +34,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_ERR_BAD_DTYPE] = "dtype is not a valid fc_dtype",
     [FC_ERR_BAD_MASK_KIND] = "mask_kind is not a valid fc_mask_kind",
     [FC_ERR_BAD_FAMILY] = "family is not a valid fc_family",
-    [FC_ERR_BAD_WORKSPACE] = "workspace_bytes is negative or workspace is not 16-byte aligned",
+    [FC_ERR_BAD_WORKSPACE] = "workspace_bytes is negative or workspace is not 16-byte aligned (backward: or missing, or smaller than fc_sdpa_bwd_workspace_size)",
     [FC_ERR_BAD_SCALE] = "scale must be finite",
     [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice exceeds 2^31-1 elements, batch or heads_q exceeds 65535 (CUDA's grid limit), or an offset overflows 64 bits",
     [FC_UNSUPPORTED_DTYPE] = "no kernel for this dtype (fp16 and bf16 only)",
@@ -274,4 +274,19 @@ FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
     const cudaError_t err = launch(&run, stream);
     last_cuda_error = err;
     return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
+
+/* ---- shared with c_src/bwd.c (declared in dispatch.h) ---- */
+
+fc_status fc_device_info_(int *major, int *minor, int *sms) { return device_info(major, minor, sms); }
+
+void fc_set_last_cuda_error_(cudaError_t err) { last_cuda_error = err; }
+
+fc_status fc_check_operand_(const int64_t size[4], const int64_t stride[4], const void *base,
+                            int64_t elem_bytes) {
+    const operand t = {{size[0], size[1], size[2], size[3]}, {stride[0], stride[1], stride[2], stride[3]}};
+    fc_status s = check_strides(&t, elem_bytes);
+    if (s != FC_OK) return s;
+    if (!aligned16(base)) return FC_ERR_POINTER_ALIGNMENT;
+    return check_offsets(&t, base, elem_bytes);
 }

@@ -73,7 +73,7 @@ typedef enum fc_status {
     FC_ERR_BAD_DTYPE,            /* dtype is not an fc_dtype value */
     FC_ERR_BAD_MASK_KIND,        /* mask_kind is not an fc_mask_kind value */
     FC_ERR_BAD_FAMILY,           /* family is not an fc_family value */
-    FC_ERR_BAD_WORKSPACE,        /* workspace_bytes negative, or workspace misaligned (16 bytes) */
+    FC_ERR_BAD_WORKSPACE,        /* workspace_bytes negative, or workspace misaligned (16 bytes); backward: missing or too small */
     FC_ERR_BAD_SCALE,            /* scale is NaN or infinite */
     FC_ERR_OFFSET_OVERFLOW,      /* an element offset exceeds what the kernels index (2^31-1) */
     FC_UNSUPPORTED_DTYPE,        /* valid dtype, but no kernel for it (fp32) */
@@ -157,6 +157,71 @@ fc_status fc_sdpa_workspace_size(const fc_params *p, int64_t *bytes);
 
 /* The CUDA error behind the last FC_ERR_CUDA returned on this thread (cudaSuccess if none). */
 cudaError_t fc_last_cuda_error(void);
+
+/* ---- backward (c_src/bwd.c, kernels/bwd_sm80.cuh) -------------------------------------------
+ *
+ * Gradients of out = softmax(scale * q k^T [causal]) v, given dout (and optionally the gradient
+ * of the LSE), from the forward's saved natural-log LSE (recomputation, FlashAttention-2 style):
+ *     dq (B, Hq, Sq, D), dk (B, Hkv, Sk, D), dv (B, Hkv, Sk, D)
+ * GQA: dk and dv are summed over each KV head's group of query heads. Every element of dq, dk and
+ * dv is written (keys no query sees, e.g. causal with Sk > Sq, get zeros).
+ * Deterministic: no atomics; two calls on the same inputs give bitwise equal gradients.
+ * One kernel family (sm80-class: sm_89, and sm_90 by the same code); no mask, no dropout.
+ *
+ * Usage:
+ *     fc_bwd_params b;
+ *     fc_bwd_params_init(&b);
+ *     b.fwd = <the forward's fc_params, with fwd.out and fwd.lse set>;
+ *     b.dout = ddo; b.dq = ddq; b.dk = ddk; b.dv = ddv;
+ *     fc_bwd_params_set_contiguous_strides(&b);   // or fill the strides (dout's too)
+ *     fc_sdpa_bwd_workspace_size(&b, &bytes);    // allocate that much: b.workspace(_bytes)
+ *     fc_status s = fc_sdpa_bwd(&b, stream);
+ */
+typedef struct fc_bwd_params {
+    /* q, k, v, out (the forward's output), lse (required here), sizes and their strides, scale,
+     * causal, dtype; family AUTO or SM80; mask_kind NONE. fwd.workspace is not used. */
+    fc_params fwd;
+
+    const void *dout;   /* (B, Hq, Sq, D) gradient of out, same dtype */
+    void *dq;           /* (B, Hq, Sq, D) written */
+    void *dk;           /* (B, Hkv, Sk, D) written */
+    void *dv;           /* (B, Hkv, Sk, D) written */
+    const float *dlse;  /* optional (B, Hq, Sq) fp32 gradient of the LSE; NULL = zero */
+
+    int64_t do_stride_b, do_stride_h, do_stride_s, do_stride_d;
+    int64_t dq_stride_b, dq_stride_h, dq_stride_s, dq_stride_d;
+    int64_t dk_stride_b, dk_stride_h, dk_stride_s, dk_stride_d;
+    int64_t dv_stride_b, dv_stride_h, dv_stride_s, dv_stride_d;
+    int64_t dlse_stride_b, dlse_stride_h, dlse_stride_s;
+
+    /* Required device scratch of at least fc_sdpa_bwd_workspace_size bytes, 16-byte aligned
+     * (per-row fp32 terms, 8 bytes per query row). Missing or too small: FC_ERR_BAD_WORKSPACE. */
+    void *workspace;
+    int64_t workspace_bytes;
+} fc_bwd_params;
+
+/* fc_params_init(&p->fwd) and every other field zeroed. */
+void fc_bwd_params_init(fc_bwd_params *p);
+
+/* fc_params_set_contiguous_strides(&p->fwd), then contiguous strides for dout, dq, dk, dv and
+ * dlse from the sizes already set. */
+void fc_bwd_params_set_contiguous_strides(fc_bwd_params *p);
+
+/* Check the struct alone: FC_OK or the first problem (the forward's checks on p->fwd first,
+ * then lse/dout/dq/dk/dv present, their strides, alignment and offsets, dlse, workspace). */
+fc_status fc_bwd_params_validate(const fc_bwd_params *p);
+
+/* Would fc_sdpa_bwd run a kernel for these params on compute capability cc_major.cc_minor?
+ * FC_OK, a validation status, or FC_UNSUPPORTED_* (dtype, head dim, mask, arch, family).
+ * Needs no GPU; does not look at the workspace size. */
+fc_status fc_sdpa_bwd_support(const fc_bwd_params *p, int cc_major, int cc_minor);
+
+/* Bytes of workspace fc_sdpa_bwd needs for these params (sizes only). Sets *bytes. */
+fc_status fc_sdpa_bwd_workspace_size(const fc_bwd_params *p, int64_t *bytes);
+
+/* Launch the backward on `stream` (current device): three kernels, asynchronous. Returns FC_OK,
+ * a validation/support status, FC_ERR_BAD_WORKSPACE, or FC_ERR_CUDA. */
+fc_status fc_sdpa_bwd(const fc_bwd_params *p, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,11 +1,16 @@
 """GPU tests of autograd, the LSE, opcheck, torch.compile and CUDA graphs for FlashCore.
 
 What it checks, on a CUDA machine:
-  * gradients of torch.ops.flashcore.sdpa (fp16/bf16, D 64/128, causal or not, GQA/MQA, odd
-    lengths 17/127/1000, Sq != Sk) against a float32 reference, with the forward's tolerance rule
+  * gradients of torch.ops.flashcore.sdpa (fp16/bf16, D 64/128, causal or not, GQA ratios
+    1/2/4/8, odd lengths 1/17/127/1000, Sq != Sk) against a float32 reference, with the forward's
+    tolerance rule
         max|g - ref32| <= 2 * max|g_lp - ref32| + atol * max(1, max|ref32|)
     where g_lp are PyTorch SDPA's gradients on the same low-precision inputs; the forward runs a
-    FlashCore kernel (explain() says so) on cards that have one;
+    FlashCore kernel (explain() says so) on cards that have one, and so does the backward
+    (the fused backward kernel: explain_backward() says so);
+  * the fused backward on non-contiguous views (HuggingFace's (B, S, H, D) transposes, a
+    non-contiguous grad_out), through the LSE's gradient, and its determinism (bitwise equal
+    gradients from two calls);
   * flashcore::sdpa_fwd's LSE (from the kernel) against a float64 log-sum-exp, and its output
     equal to sdpa's bit for bit; the fallback paths' gradients (fp32, masks, D=80);
   * torch.library.opcheck with every test util for every op (kernel and fallback inputs);
@@ -67,10 +72,22 @@ def assert_grads_within_rule(got, low, ref32, dtype, what):
                             f"(PyTorch low-precision err {lp_err:.3e})")
 
 
+def assert_backward_kernel(grad_out, q, k, v, is_causal=False, enable_gqa=False):
+    """The fused backward kernel (not the Python backward) takes these tensors."""
+    with torch.no_grad():
+        out, lse = FWD(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+    path = flashcore.explain_backward(grad_out, q, k, v, out, lse, None, is_causal, None,
+                                      enable_gqa)
+    assert path == "kernel sm80", path
+
+
 # ---- gradients on the kernel path -------------------------------------------------------------
 
 SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk)
+    "mha_1": (2, 4, 4, 1, 1),
     "mha_17": (2, 4, 4, 17, 17),
+    "gqa8_sq1_sk127": (2, 8, 1, 1, 127),
+    "gqa8_sq200_sk65": (1, 16, 2, 200, 65),
     "gqa_127": (2, 8, 2, 127, 127),
     "gqa_1000": (1, 8, 2, 1000, 1000),
     "mqa_sq127_sk1000": (2, 4, 1, 127, 1000),
@@ -93,6 +110,8 @@ def test_kernel_grads(dtype, D, causal, shape):
     grad_out = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
     out, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
     assert out.grad_fn is not None
+    if KERNEL_CARD:
+        assert_backward_kernel(grad_out, q, k, v, **kw)
     _, low = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw), (q, k, v),
                    grad_out)
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
@@ -100,6 +119,76 @@ def test_kernel_grads(dtype, D, causal, shape):
         _, ref32 = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw),
                          (q32, k32, v32), grad_out.float())
     assert_grads_within_rule(got, low, ref32, dtype, f"{shape} D={D} causal={causal}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_kernel_grads_noncontiguous(dtype, D, causal):
+    """(B, S, H, D) transposed views for q, k, v and a grad_out that is a transposed view too."""
+    B, Hq, Hkv, Sq, Sk = 2, 8, 2, 300, 257
+    q = torch.randn(B, Sq, Hq, D, dtype=dtype, device=DEVICE).transpose(1, 2).requires_grad_()
+    k = torch.randn(B, Sk, Hkv, D, dtype=dtype, device=DEVICE).transpose(1, 2).requires_grad_()
+    v = torch.randn(B, Sk, Hkv, D, dtype=dtype, device=DEVICE).transpose(1, 2).requires_grad_()
+    grad_out = torch.randn(B, Sq, Hq, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+    kw = dict(is_causal=causal, enable_gqa=True)
+    if KERNEL_CARD:
+        assert_backward_kernel(grad_out, q, k, v, **kw)
+    _, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
+    _, low = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw), (q, k, v),
+                   grad_out)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        _, ref32 = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw),
+                         (q32, k32, v32), grad_out.float())
+    assert_grads_within_rule(got, low, ref32, dtype, f"bshd D={D} causal={causal}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_kernel_bwd_deterministic(dtype):
+    """No atomics in the backward: two calls give bitwise equal gradients (README, issue 8)."""
+    q, k, v = rand(2, 16, 1000, 128, dtype=dtype), rand(2, 2, 1000, 128, dtype=dtype), \
+        rand(2, 2, 1000, 128, dtype=dtype)
+    grad_out = torch.randn(2, 16, 1000, 128, dtype=dtype, device=DEVICE)
+    kw = dict(is_causal=True, enable_gqa=True)
+    if KERNEL_CARD:
+        assert_backward_kernel(grad_out, q, k, v, **kw)
+    _, first = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
+    _, second = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
+    for name, a, b in zip(("dq", "dk", "dv"), first, second):
+        assert torch.equal(a, b), f"{name} differs between two identical backward calls"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_kernel_bwd_through_lse(dtype, causal):
+    """grad_lse reaches the kernel (delta - dLSE): sdpa_bwd_kernel vs a float64 autograd of
+    (out, logsumexp). Tolerance: 2% (fp16) / 5% (bf16) of max|ref| (P and dS are rounded to 16
+    bits inside the kernel; a wrong dLSE term is off by O(max|ref|))."""
+    B, Hq, Hkv, Sq, Sk, D = 2, 4, 2, 129, 77, 64
+    q, k, v = (rand(B, h, s, D, dtype=dtype, requires_grad=False)
+               for h, s in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+    out, lse = FWD(q, k, v, is_causal=causal, enable_gqa=True)
+    g_out = torch.randn_like(out)
+    g_lse = torch.randn_like(lse)
+    if KERNEL_CARD:
+        assert flashcore.explain_backward(g_out, q, k, v, out, lse, g_lse, causal, None,
+                                          True) == "kernel sm80"
+    got = torch.ops.flashcore.sdpa_bwd_kernel(g_out, q, k, v, out, lse, g_lse, causal, None, True)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    kk, vv = (t.repeat_interleave(Hq // Hkv, dim=1) for t in (k64, v64))
+    s = q64 @ kk.transpose(-2, -1) / math.sqrt(D)
+    if causal:
+        s = s.masked_fill(~torch.ones(Sq, Sk, dtype=torch.bool, device=DEVICE).tril(),
+                          float("-inf"))
+    ref_lse = s.logsumexp(-1)
+    ref_out = torch.softmax(s, -1) @ vv
+    ref = torch.autograd.grad((ref_out * g_out.double()).sum() + (ref_lse * g_lse.double()).sum(),
+                              (q64, k64, v64))
+    rel = {torch.float16: 2e-2, torch.bfloat16: 5e-2}[dtype]
+    for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+        err = (g.double() - r).abs().max().item()
+        assert err <= rel * max(1.0, r.abs().max().item()), f"{name}: max err {err:.3e}"
 
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
@@ -222,6 +311,18 @@ def test_opcheck_bwd_and_explain(name):
     args = (torch.randn_like(out), q, k, v, out, lse, None, mask, kw["is_causal"], None,
             kw["enable_gqa"], mask is not None)
     torch.library.opcheck(BWD, args, test_utils=ALL_UTILS)
+
+
+@pytest.mark.parametrize("name", ["kernel", "kernel_bshd", "fallback_fp32"])
+def test_opcheck_bwd_kernel_ops(name):
+    (q, k, v, _), kw = opcheck_inputs(name, requires_grad=False)
+    out, lse = FWD(q, k, v, **kw)
+    args = (torch.randn_like(out), q, k, v, out, lse, None, kw["is_causal"], None,
+            kw["enable_gqa"])
+    torch.library.opcheck(torch.ops.flashcore.explain_bwd.default, args, test_utils=ALL_UTILS)
+    if KERNEL_CARD and q.dtype != torch.float32:
+        torch.library.opcheck(torch.ops.flashcore.sdpa_bwd_kernel.default, args,
+                              test_utils=ALL_UTILS)
 
 
 # ---- torch.compile and CUDA graphs ------------------------------------------------------------

@@ -55,6 +55,7 @@ _OP_REASONS = {
     8: "attn_mask is a float mask whose dtype differs from query's",
     9: "attn_mask does not broadcast to (batch, heads, seq_len_q, seq_len_k)",
     10: "attn_mask is on a different device than query",
+    11: "grad_out, out, lse or grad_lse do not match query (shape or dtype)",  # backward only
 }
 _STATUS_BASE = 100
 _FAMILIES = {0: "auto", 1: "sm80", 2: "sm90", 3: "decode"}
@@ -90,6 +91,24 @@ def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
     if reason >= _STATUS_BASE:
         return f"fallback: {_status_string(reason - _STATUS_BASE)}"
     return f"fallback: {_OP_REASONS.get(reason, f'reason {reason}')}"
+
+
+@torch.compiler.disable
+def explain_backward(grad_out, query, key, value, out, lse, grad_lse=None, is_causal=False,
+                     scale=None, enable_gqa=False) -> str:
+    """Which path the backward of ``sdpa`` takes for these tensors (out, lse from
+    ``torch.ops.flashcore.sdpa_fwd``): ``"kernel sm80"`` (the fused backward kernel) or
+    ``"python: <reason>"`` (the Python backward in _ops.py). An attn_mask always means python."""
+    reason = torch.ops.flashcore.explain_bwd(grad_out, query, key, value, out, lse, grad_lse,
+                                             is_causal, scale, enable_gqa)
+    if reason == 0:
+        return "kernel sm80"
+    if reason >= _STATUS_BASE:
+        return f"python: {_status_string(reason - _STATUS_BASE)}"
+    return f"python: {_OP_REASONS.get(reason, f'reason {reason}')}"
+
+
+__all__ += ["explain_backward"]
 
 
 # Drop-in use (README "Drop-in use"): flashcore.patch() / unpatch() / patched() route

@@ -13,6 +13,12 @@ Ops in the ``flashcore`` namespace:
   One opaque op, so a compiled graph neither specializes on its chunk loop nor changes when a
   fused backward kernel replaces the implementation. No double backward.
 * ``explain(...) -> (int, int)`` (C++): which path sdpa takes.
+* ``sdpa_bwd_kernel(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa)
+  -> (dq, dk, dv)`` (C++, torch_op/flashcore_bwd_op.cpp): the fused backward kernel (CUDA;
+  on CPU the Python reference below, so opcheck runs everywhere), and ``explain_bwd(<same>)
+  -> int``: 0 when that kernel covers the call, else the reason. sdpa_bwd's implementation
+  asks explain_bwd and runs the kernel when it can (no mask, fp16/bf16, head dim built, ...),
+  its Python code otherwise; the choice is made at run time, inside the opaque op.
 
 Every op has a fake (meta) implementation here giving the real op's sizes, strides and dtypes:
 all tensor outputs are contiguous (the C++ op makes aten's fallback output contiguous).
@@ -146,9 +152,65 @@ def _sdpa_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, attn_mask, i
             value.new_empty(value.shape), _dmask_like(attn_mask, grad_mask, query))
 
 
+_BWD_KERNEL = torch.ops.flashcore.sdpa_bwd_kernel.default
+_EXPLAIN_BWD = torch.ops.flashcore.explain_bwd.default
+
+
+@torch.library.register_fake("flashcore::sdpa_bwd_kernel", lib=_lib)
+def _sdpa_bwd_kernel_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
+                          enable_gqa):
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+@torch.library.register_fake("flashcore::explain_bwd", lib=_lib)
+def _explain_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
+                      enable_gqa):
+    # As _explain_fake: metadata only, answered with real tensors of the same layout.
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    tensors = (grad_out, query, key, value, out, lse, grad_lse)
+    if not any(isinstance(t, FakeTensor) for t in tensors):
+        return _EXPLAIN_BWD.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
+                                       *tensors, is_causal, scale, enable_gqa)
+    with unset_fake_temporarily():
+        return _EXPLAIN_BWD(*(_shadow(t) for t in tensors), is_causal, scale, enable_gqa)
+
+
+@torch.library.impl("flashcore::sdpa_bwd_kernel", "cpu", lib=_lib)
+def _sdpa_bwd_kernel_cpu(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
+                         enable_gqa):
+    """No kernel on the CPU: the same gradients from the Python reference."""
+    dq, dk, dv, _ = _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, None,
+                                     is_causal, scale, enable_gqa, False)
+    return dq, dk, dv
+
+
+def _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
+                       scale, enable_gqa):
+    """True when sdpa_bwd_kernel runs a CUDA kernel for these tensors (cheap checks first)."""
+    return (attn_mask is None and query.is_cuda
+            and query.dtype in (torch.float16, torch.bfloat16)
+            and _EXPLAIN_BWD(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
+                             enable_gqa) == 0)
+
+
 @torch.library.impl("flashcore::sdpa_bwd", ("cpu", "cuda"), lib=_lib)
 def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal, scale,
                    enable_gqa, grad_mask):
+    """The fused backward kernel where it covers the call (see _kernel_bwd_covers), else the
+    Python backward. Both give dq, dk, dv contiguous in the inputs' dtypes."""
+    if query.is_cuda and grad_out.dim() >= 1 and grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()  # e.g. an expanded gradient; the kernel needs rows
+    if _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
+                          scale, enable_gqa):
+        dq, dk, dv = _BWD_KERNEL(grad_out, query, key, value, out, lse, grad_lse, is_causal,
+                                 scale, enable_gqa)
+        return dq, dk, dv, _dmask_like(attn_mask, grad_mask, query)
+    return _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
+                            is_causal, scale, enable_gqa, grad_mask)
+
+
+def _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
+                     scale, enable_gqa, grad_mask):
     """Recomputes P per chunk of query rows from q, k and the saved LSE, in float32 (float64 for
     float64 inputs):  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O) [+ dLSE]),
     dQ = scale dS K,  dK = scale dS^T Q,  dMask = dS (summed over broadcast dims). GQA: K/V are
@@ -243,6 +305,7 @@ def _sdpa_bwd_backward(ctx, *grads):
 
 
 torch.library.register_autograd("flashcore::sdpa_bwd", _sdpa_bwd_backward, lib=_lib)
+torch.library.register_autograd("flashcore::sdpa_bwd_kernel", _sdpa_bwd_backward, lib=_lib)
 
 
 # ---- autograd ----------------------------------------------------------------------------------

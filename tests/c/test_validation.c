@@ -133,6 +133,120 @@ static const validation_case kCases[] = {
     {"K/V broadcast over batch", m_broadcast_kv, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
 };
 
+/* ---- the backward's struct (fc_bwd_params_validate / fc_sdpa_bwd_support) ---- */
+
+static fc_bwd_params valid_bwd_params(void) {
+    fc_bwd_params b;
+    fc_bwd_params_init(&b);
+    b.fwd = valid_params();
+    b.fwd.head_dim = 64; /* built in every configuration, also the quick fp16/D=64 one */
+    b.fwd.scale = 0.125f;
+    b.fwd.lse = (float *)0x50000;
+    b.dout = (const void *)0x60000;
+    b.dq = (void *)0x70000;
+    b.dk = (void *)0x80000;
+    b.dv = (void *)0x90000;
+    fc_bwd_params_set_contiguous_strides(&b);
+    return b;
+}
+
+typedef void (*bwd_mutate_fn)(fc_bwd_params *b);
+static void b_none(fc_bwd_params *b) { (void)b; }
+static void b_null_lse(fc_bwd_params *b) { b->fwd.lse = NULL; }
+static void b_null_dout(fc_bwd_params *b) { b->dout = NULL; }
+static void b_null_dv(fc_bwd_params *b) { b->dv = NULL; }
+static void b_fwd_invalid(fc_bwd_params *b) { b->fwd.heads_kv = 3; }
+static void b_dq_misaligned(fc_bwd_params *b) { b->dq = (void *)0x70008; }
+static void b_dk_stride(fc_bwd_params *b) { b->dk_stride_s = 66; }
+static void b_dv_last_dim(fc_bwd_params *b) { b->dv_stride_d = 2; }
+static void b_dout_negative(fc_bwd_params *b) { b->do_stride_h = -64; }
+static void b_dout_overflow(fc_bwd_params *b) { b->do_stride_s = (int64_t)1 << 40; }
+static void b_dlse_misaligned(fc_bwd_params *b) { b->dlse = (const float *)0xa0002; }
+static void b_dlse_negative(fc_bwd_params *b) { b->dlse = (const float *)0xa0000; b->dlse_stride_s = -1; }
+static void b_dlse_ok(fc_bwd_params *b) { b->dlse = (const float *)0xa0000; }
+static void b_workspace_misaligned(fc_bwd_params *b) { b->workspace = (void *)0xb0004; }
+static void b_workspace_negative(fc_bwd_params *b) { b->workspace_bytes = -1; }
+static void b_mask(fc_bwd_params *b) { b->fwd.mask_kind = FC_MASK_BOOL; b->fwd.mask = (const void *)0xc0000; }
+static void b_fp32(fc_bwd_params *b) { b->fwd.dtype = FC_DTYPE_FP32; fc_bwd_params_set_contiguous_strides(b); }
+static void b_head_dim_256(fc_bwd_params *b) { b->fwd.head_dim = 256; fc_bwd_params_set_contiguous_strides(b); }
+static void b_force_sm90(fc_bwd_params *b) { b->fwd.family = FC_FAMILY_SM90; }
+static void b_force_sm80(fc_bwd_params *b) { b->fwd.family = FC_FAMILY_SM80; }
+static void b_empty(fc_bwd_params *b) { b->fwd.seqlen_k = 0; }
+
+typedef struct bwd_case {
+    const char *label;
+    bwd_mutate_fn mutate;
+    fc_status want_validate;
+    fc_status want_support; /* on a device the library runs on (sm_90 or sm_89, as built) */
+} bwd_case;
+
+static const bwd_case kBwdCases[] = {
+    {"bwd valid", b_none, FC_OK, FC_OK},
+    {"bwd lse NULL", b_null_lse, FC_ERR_NULL_POINTER, FC_ERR_NULL_POINTER},
+    {"bwd dout NULL", b_null_dout, FC_ERR_NULL_POINTER, FC_ERR_NULL_POINTER},
+    {"bwd dv NULL", b_null_dv, FC_ERR_NULL_POINTER, FC_ERR_NULL_POINTER},
+    {"bwd forward params invalid", b_fwd_invalid, FC_ERR_HEADS_NOT_DIVISIBLE, FC_ERR_HEADS_NOT_DIVISIBLE},
+    {"bwd dq misaligned", b_dq_misaligned, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT},
+    {"bwd dk stride not 16-byte", b_dk_stride, FC_ERR_STRIDE_ALIGNMENT, FC_ERR_STRIDE_ALIGNMENT},
+    {"bwd dv last dim strided", b_dv_last_dim, FC_ERR_LAST_DIM_STRIDE, FC_ERR_LAST_DIM_STRIDE},
+    {"bwd dout negative stride", b_dout_negative, FC_ERR_NEGATIVE_STRIDE, FC_ERR_NEGATIVE_STRIDE},
+    {"bwd dout slice offset past 2^31", b_dout_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"bwd dlse misaligned", b_dlse_misaligned, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT},
+    {"bwd dlse negative stride", b_dlse_negative, FC_ERR_NEGATIVE_STRIDE, FC_ERR_NEGATIVE_STRIDE},
+    {"bwd with dlse", b_dlse_ok, FC_OK, FC_OK},
+    {"bwd workspace misaligned", b_workspace_misaligned, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE},
+    {"bwd workspace_bytes negative", b_workspace_negative, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE},
+    {"bwd mask", b_mask, FC_OK, FC_UNSUPPORTED_MASK},
+    {"bwd fp32", b_fp32, FC_OK, FC_UNSUPPORTED_DTYPE},
+    {"bwd head dim 256", b_head_dim_256, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
+    {"bwd forced sm90 family", b_force_sm90, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"bwd forced sm80 family", b_force_sm80, FC_OK, FC_OK},
+    {"bwd empty", b_empty, FC_UNSUPPORTED_EMPTY, FC_UNSUPPORTED_EMPTY},
+};
+
+static void check_bwd(void) {
+    /* Which device the backward kernels run on in this build (D=64 fp16 is in every build
+     * that has any backward kernel). */
+    fc_bwd_params probe = valid_bwd_params();
+    const int hopper_built = fc_sdpa_bwd_support(&probe, 9, 0) == FC_OK;
+    const int ada_built = fc_sdpa_bwd_support(&probe, 8, 9) == FC_OK;
+    printf("backward runs on: %s%s\n", hopper_built ? "sm_90 " : "", ada_built ? "sm_89" : "");
+    const int cc_major = hopper_built ? 9 : 8, cc_minor = hopper_built ? 0 : 9;
+    for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i) {
+        const bwd_case *c = &kBwdCases[i];
+        fc_bwd_params b = valid_bwd_params();
+        c->mutate(&b);
+        char label[96];
+        snprintf(label, sizeof label, "%s: validate", c->label);
+        CHECK_STATUS(label, fc_bwd_params_validate(&b), c->want_validate);
+        if (hopper_built || ada_built) {
+            snprintf(label, sizeof label, "%s: support", c->label);
+            CHECK_STATUS(label, fc_sdpa_bwd_support(&b, cc_major, cc_minor), c->want_support);
+        }
+        /* No device runs this library's kernels on sm_80: an otherwise valid struct says so. */
+        snprintf(label, sizeof label, "%s: sm_80", c->label);
+        const fc_status ampere = fc_sdpa_bwd_support(&b, 8, 0);
+        const fc_status want_ampere = c->want_support == FC_OK ? FC_UNSUPPORTED_ARCH
+                                    : c->want_support == FC_UNSUPPORTED_HEAD_DIM ? FC_UNSUPPORTED_ARCH
+                                    : c->want_support;
+        CHECK_STATUS(label, ampere, b.fwd.family == FC_FAMILY_SM80 && want_ampere == FC_UNSUPPORTED_ARCH
+                                        ? FC_UNSUPPORTED_FAMILY : want_ampere);
+    }
+    CHECK_STATUS("bwd NULL params: validate", fc_bwd_params_validate(NULL), FC_ERR_NULL_PARAMS);
+    CHECK_STATUS("bwd NULL params: support", fc_sdpa_bwd_support(NULL, 9, 0), FC_ERR_NULL_PARAMS);
+    CHECK_STATUS("bwd NULL params: launch", fc_sdpa_bwd(NULL, 0), FC_ERR_NULL_PARAMS);
+    fc_bwd_params b = valid_bwd_params();
+    int64_t bytes = -1;
+    CHECK_STATUS("bwd workspace size: NULL out", fc_sdpa_bwd_workspace_size(&b, NULL), FC_ERR_NULL_POINTER);
+    CHECK_STATUS("bwd workspace size", fc_sdpa_bwd_workspace_size(&b, &bytes), FC_OK);
+    if (bytes != 2 * 4 * b.fwd.batch * b.fwd.heads_q * b.fwd.seqlen_q) {
+        fprintf(stderr, "FAIL bwd workspace size %lld\n", (long long)bytes);
+        ++failures;
+    }
+    b.dq = NULL;
+    CHECK_STATUS("bwd validates before touching the GPU", fc_sdpa_bwd(&b, 0), FC_ERR_NULL_POINTER);
+}
+
 int main(void) {
     /* Build-dependent expectations: a library built without sm_90a code cannot run on Hopper. */
     fc_params probe = valid_params();
@@ -167,6 +281,8 @@ int main(void) {
         p.q = NULL;
         CHECK_STATUS("fwd validates before touching the GPU", fc_sdpa_fwd(&p, 0), FC_ERR_NULL_POINTER);
     }
+
+    check_bwd();
 
     /* Every status has its own, non-empty message; out-of-range values get a fallback text. */
     for (int s = 0; s < FC_STATUS_COUNT_; ++s) {

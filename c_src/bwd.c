@@ -1,0 +1,188 @@
+/*
+ * bwd.c - the C layer of the backward: validation, the support query, the workspace size and the
+ * launch of fc_sdpa_bwd (see flashcore.h for the contract, kernels/bwd_sm80.cuh for the kernels).
+ * Nothing here allocates, synchronizes or exits.
+ *
+ * The backward has one kernel family, the sm80-class one (mma.sync + cp.async), built for sm_89
+ * and sm_90a like the forward's sm80 family; on Hopper it runs whatever forward family ran.
+ * CMake defines FC_HAVE_SM80_BWD_HDIM<d>_<dtype> for each instantiation it builds.
+ */
+#include "dispatch.h"
+#include "flashcore.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define FC_API __attribute__((visibility("default")))
+
+typedef cudaError_t (*fc_bwd_launch_fn)(const fc_bwd_params *p, cudaStream_t stream);
+
+#define FC_DECLARE_BWD(name) cudaError_t name(const fc_bwd_params *p, cudaStream_t stream);
+#if defined(FC_HAVE_SM80_BWD_HDIM64_fp16)
+FC_DECLARE_BWD(fc_sm80_bwd_hdim64_fp16)
+#endif
+#if defined(FC_HAVE_SM80_BWD_HDIM64_bf16)
+FC_DECLARE_BWD(fc_sm80_bwd_hdim64_bf16)
+#endif
+#if defined(FC_HAVE_SM80_BWD_HDIM128_fp16)
+FC_DECLARE_BWD(fc_sm80_bwd_hdim128_fp16)
+#endif
+#if defined(FC_HAVE_SM80_BWD_HDIM128_bf16)
+FC_DECLARE_BWD(fc_sm80_bwd_hdim128_bf16)
+#endif
+
+typedef struct bwd_entry {
+    int head_dim;
+    fc_dtype dtype;
+    fc_bwd_launch_fn launch;
+} bwd_entry;
+
+static const bwd_entry kBwdKernels[] = {
+#if defined(FC_HAVE_SM80_BWD_HDIM64_fp16)
+    {64, FC_DTYPE_FP16, fc_sm80_bwd_hdim64_fp16},
+#endif
+#if defined(FC_HAVE_SM80_BWD_HDIM64_bf16)
+    {64, FC_DTYPE_BF16, fc_sm80_bwd_hdim64_bf16},
+#endif
+#if defined(FC_HAVE_SM80_BWD_HDIM128_fp16)
+    {128, FC_DTYPE_FP16, fc_sm80_bwd_hdim128_fp16},
+#endif
+#if defined(FC_HAVE_SM80_BWD_HDIM128_bf16)
+    {128, FC_DTYPE_BF16, fc_sm80_bwd_hdim128_bf16},
+#endif
+    {0, FC_DTYPE_FP16, NULL} /* sentinel */
+};
+
+FC_API void fc_bwd_params_init(fc_bwd_params *p) {
+    if (p == NULL) return;
+    memset(p, 0, sizeof(*p));
+    fc_params_init(&p->fwd);
+}
+
+FC_API void fc_bwd_params_set_contiguous_strides(fc_bwd_params *p) {
+    if (p == NULL) return;
+    fc_params *f = &p->fwd;
+    fc_params_set_contiguous_strides(f);
+    p->do_stride_b = p->dq_stride_b = f->q_stride_b;
+    p->do_stride_h = p->dq_stride_h = f->q_stride_h;
+    p->do_stride_s = p->dq_stride_s = f->q_stride_s;
+    p->do_stride_d = p->dq_stride_d = 1;
+    p->dk_stride_b = p->dv_stride_b = f->k_stride_b;
+    p->dk_stride_h = p->dv_stride_h = f->k_stride_h;
+    p->dk_stride_s = p->dv_stride_s = f->k_stride_s;
+    p->dk_stride_d = p->dv_stride_d = 1;
+    p->dlse_stride_b = f->lse_stride_b;
+    p->dlse_stride_h = f->lse_stride_h;
+    p->dlse_stride_s = f->lse_stride_s;
+}
+
+/* Largest element offset of a (B, H, S) fp32 operand must fit int64 and its last byte must not
+ * wrap the address space (the kernels index these with 64-bit offsets). */
+static fc_status check_rows_operand(const float *base, int64_t b, int64_t h, int64_t s, int64_t sb,
+                                    int64_t sh, int64_t ss) {
+    if (sb < 0 || sh < 0 || ss < 0) return FC_ERR_NEGATIVE_STRIDE;
+    if (((uintptr_t)base & 3u) != 0) return FC_ERR_POINTER_ALIGNMENT;
+    const int64_t sizes[3] = {b, h, s}, strides[3] = {sb, sh, ss};
+    int64_t total = 0, term = 0, bytes = 0;
+    for (int i = 0; i < 3; ++i) {
+        if (__builtin_mul_overflow(sizes[i] - 1, strides[i], &term)) return FC_ERR_OFFSET_OVERFLOW;
+        if (__builtin_add_overflow(total, term, &total)) return FC_ERR_OFFSET_OVERFLOW;
+    }
+    if (__builtin_mul_overflow(total + 1, (int64_t)4, &bytes)) return FC_ERR_OFFSET_OVERFLOW;
+    if ((uint64_t)bytes > UINTPTR_MAX - (uintptr_t)base) return FC_ERR_OFFSET_OVERFLOW;
+    return FC_OK;
+}
+
+FC_API fc_status fc_bwd_params_validate(const fc_bwd_params *p) {
+    if (p == NULL) return FC_ERR_NULL_PARAMS;
+    const fc_params *f = &p->fwd;
+    fc_status s = fc_params_validate(f); /* also checks lse's strides and offsets when set */
+    if (s != FC_OK) return s;
+    if (f->lse == NULL || p->dout == NULL || p->dq == NULL || p->dk == NULL || p->dv == NULL)
+        return FC_ERR_NULL_POINTER;
+    if (p->workspace_bytes < 0 || ((uintptr_t)p->workspace & 15u) != 0) return FC_ERR_BAD_WORKSPACE;
+
+    const int64_t elem = f->dtype == FC_DTYPE_FP32 ? 4 : 2;
+    const int64_t qsize[4] = {f->batch, f->heads_q, f->seqlen_q, f->head_dim};
+    const int64_t ksize[4] = {f->batch, f->heads_kv, f->seqlen_k, f->head_dim};
+    const int64_t do_st[4] = {p->do_stride_b, p->do_stride_h, p->do_stride_s, p->do_stride_d};
+    const int64_t dq_st[4] = {p->dq_stride_b, p->dq_stride_h, p->dq_stride_s, p->dq_stride_d};
+    const int64_t dk_st[4] = {p->dk_stride_b, p->dk_stride_h, p->dk_stride_s, p->dk_stride_d};
+    const int64_t dv_st[4] = {p->dv_stride_b, p->dv_stride_h, p->dv_stride_s, p->dv_stride_d};
+    if ((s = fc_check_operand_(qsize, do_st, p->dout, elem)) != FC_OK) return s;
+    if ((s = fc_check_operand_(qsize, dq_st, p->dq, elem)) != FC_OK) return s;
+    if ((s = fc_check_operand_(ksize, dk_st, p->dk, elem)) != FC_OK) return s;
+    if ((s = fc_check_operand_(ksize, dv_st, p->dv, elem)) != FC_OK) return s;
+    if (p->dlse != NULL) {
+        s = check_rows_operand(p->dlse, f->batch, f->heads_q, f->seqlen_q, p->dlse_stride_b,
+                               p->dlse_stride_h, p->dlse_stride_s);
+        if (s != FC_OK) return s;
+    }
+    return FC_OK;
+}
+
+/* Does this library hold sm80-class machine code for the device? (As dispatch.c's rule.) */
+static int sm80_family_runs_on(int cc_major, int cc_minor) {
+#if defined(FC_BUILT_SM89)
+    if (cc_major == 8 && cc_minor == 9) return 1;
+#endif
+#if defined(FC_BUILT_SM90)
+    if (cc_major == 9 && cc_minor == 0) return 1;
+#endif
+    (void)cc_major;
+    (void)cc_minor;
+    return 0;
+}
+
+/* The launcher for validated params, or the FC_UNSUPPORTED_* reason. */
+static fc_status bwd_dispatch(const fc_bwd_params *p, int cc_major, int cc_minor, fc_bwd_launch_fn *launch) {
+    const fc_params *f = &p->fwd;
+    if (f->dtype != FC_DTYPE_FP16 && f->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
+    if (f->mask_kind != FC_MASK_NONE) return FC_UNSUPPORTED_MASK;
+    const int forced = f->family != FC_FAMILY_AUTO;
+    if (forced && f->family != FC_FAMILY_SM80) return FC_UNSUPPORTED_FAMILY;
+    if (!sm80_family_runs_on(cc_major, cc_minor)) return forced ? FC_UNSUPPORTED_FAMILY : FC_UNSUPPORTED_ARCH;
+    for (size_t i = 0; kBwdKernels[i].launch != NULL; ++i) {
+        if (kBwdKernels[i].head_dim == f->head_dim && kBwdKernels[i].dtype == f->dtype) {
+            if (launch != NULL) *launch = kBwdKernels[i].launch;
+            return FC_OK;
+        }
+    }
+    return FC_UNSUPPORTED_HEAD_DIM;
+}
+
+FC_API fc_status fc_sdpa_bwd_support(const fc_bwd_params *p, int cc_major, int cc_minor) {
+    const fc_status s = fc_bwd_params_validate(p);
+    if (s != FC_OK) return s;
+    return bwd_dispatch(p, cc_major, cc_minor, NULL);
+}
+
+/* delta and LSE*log2(e), fp32, one each per query row, 16-byte rounded. Sizes are validated, so
+ * rows < 2^31 * 64 (fc_params_validate bounds the number of 64-row tiles) and this cannot wrap. */
+static int64_t bwd_workspace_bytes(const fc_params *f) {
+    const int64_t rows = f->batch * f->heads_q * f->seqlen_q;
+    return (2 * rows * 4 + 15) / 16 * 16;
+}
+
+FC_API fc_status fc_sdpa_bwd_workspace_size(const fc_bwd_params *p, int64_t *bytes) {
+    if (bytes == NULL) return FC_ERR_NULL_POINTER;
+    *bytes = 0;
+    const fc_status s = fc_bwd_params_validate(p);
+    if (s != FC_OK) return s;
+    *bytes = bwd_workspace_bytes(&p->fwd);
+    return FC_OK;
+}
+
+FC_API fc_status fc_sdpa_bwd(const fc_bwd_params *p, cudaStream_t stream) {
+    fc_status s = fc_bwd_params_validate(p);
+    if (s != FC_OK) return s;
+    int major = 0, minor = 0, sms = 0;
+    if ((s = fc_device_info_(&major, &minor, &sms)) != FC_OK) return s;
+    fc_bwd_launch_fn launch = NULL;
+    if ((s = bwd_dispatch(p, major, minor, &launch)) != FC_OK) return s;
+    if (p->workspace == NULL || p->workspace_bytes < bwd_workspace_bytes(&p->fwd)) return FC_ERR_BAD_WORKSPACE;
+    const cudaError_t err = launch(p, stream);
+    fc_set_last_cuda_error_(err);
+    return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}

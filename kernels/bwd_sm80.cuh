@@ -1,0 +1,613 @@
+// bwd_sm80.cuh - the sm_80-class fused attention backward (mma.sync + ldmatrix + cp.async;
+// built for sm_89 and sm_90a, so it runs on Ada and on Hopper).
+//
+// What it computes, for every batch b, query head h (KV head h / G, G = Hq / Hkv):
+//     P  = exp(scale * Q K^T - LSE)            (recomputed from the forward's saved LSE)
+//     dV = sum over the G query heads of P^T dO
+//     dP = dO V^T,   dS = P * (dP - delta),   delta = rowsum(dO * O) - dLSE
+//     dK = scale * sum over the group of dS^T Q,   dQ = scale * dS K
+// with causal masking top-left aligned as PyTorch (query i sees keys 0..i, also for Sq != Sk),
+// any lengths, GQA, real strides. Nothing of size Sq x Sk is written to device memory.
+//
+// Three kernels, launched in this order on one stream (launch_bwd at the bottom):
+//   1. delta_kernel: delta = rowsum(dO * O) - dLSE and LSE in base-2 units, fp32, into the
+//      caller's workspace ([B][Hq][Sq] each). A row whose LSE is -inf (nothing attended) gets
+//      +inf, so its P is 0 everywhere, as in PyTorch's safe softmax.
+//   2. dq_kernel: one CTA per (64-query block, query head, batch); warps own 16 query rows each
+//      (the forward's layout) and stream K/V tiles: S = Q K^T, P, dP = dO V^T, dS, dQ += dS K.
+//      dS stays in registers (its accumulator layout is the A-fragment layout of dS K).
+//   3. dkdv_kernel: one CTA per (64-key block, KV head, batch); warps own 16 key rows each and
+//      stream (query head of the group, query block) tiles of Q, dO, LSE, delta:
+//      S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T, dK += dS^T Q. The G query heads of a
+//      group are summed inside the CTA, in a fixed order.
+//
+// Determinism: no atomics anywhere and every sum runs in a fixed order, so the gradients are
+// bitwise identical from run to run (and independent of the number of SMs).
+// The choice of a separate dQ pass (2) over FlashAttention-2's fp32 atomicAdd of dQ from the
+// dK/dV kernel: it recomputes QK^T and dO V^T (7 matmuls per tile pair instead of 5, so about
+// 1.4x the tensor-core work), but needs no fp32 dQ workspace, no convert kernel, no dS round
+// trip through shared memory and no atomics, and it is deterministic (issue 8). Not measured
+// against the atomic variant (not built). Measured (H100, fp16, 16k tokens, bench/NOTES.md):
+// 161-208 TFLOP/s (2.5x forward FLOPs); FA2's backward 148-281, cuDNN's 232-540 in the same run.
+// At S=1k causal this matches or beats FA2; at S=4k it is ~0.75x FA2.
+//
+// Fragment layouts are those of kernels/fwd_sm80.cuh (ldmatrix patterns, swizzle, P packing);
+// the comments below say which operand plays which role.
+//
+// Run it through the C API (c_src/flashcore.h, fc_sdpa_bwd); tests/test_gpu_autograd.py and
+// tests/c/test_c_api_gpu.c check it, bench/bench.py --bwd times it. Instantiated once per
+// (head dim, dtype) in kernels/bwd_sm80_hdim*_*.cu.
+#pragma once
+
+#include "common/sm80_ptx.cuh"
+#include "flashcore.h"
+#include "fwd_sm80.cuh"  // swizzled(), load_tile()
+
+#include <cuda_runtime.h>
+#include <math.h>
+
+namespace flashcore {
+namespace sm80_bwd {
+
+using sm80::load_tile;
+using sm80::swizzled;
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Tile shapes. Both main kernels use 4 warps of 16 rows (the rows each warp owns) and stream
+// the other operand in tiles of kStream rows through a 2-stage cp.async ring. The stream tile
+// is smaller for D=128 to keep the fp32 accumulators (dK+dV: 128 registers; dQ 64 plus Q and
+// dO fragments 64) and the two score tiles (S, dP) within 255 registers without spills.
+template <int kHeadDim>
+struct BwdTraits {
+    static constexpr int kWarps = 4;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kBlock = 16 * kWarps;                  // rows a CTA owns (queries or keys)
+    static constexpr int kStream = kHeadDim <= 64 ? 64 : 32;    // rows per streamed tile
+    static constexpr int kChunks = kHeadDim / 8;
+    static constexpr int kStages = 2;
+    // dq_kernel: Q + dO (owned), kStages x (K + V) (streamed).
+    static constexpr int kDqSmemBytes = (2 * kBlock + kStages * 2 * kStream) * kHeadDim * 2;
+    // dkdv_kernel: K + V (owned), kStages x (Q + dO) (streamed) + kStages x (LSE + delta) fp32.
+    static constexpr int kKvSmemBytes =
+        (2 * kBlock + kStages * 2 * kStream) * kHeadDim * 2 + kStages * 2 * kStream * 4;
+    static_assert(kHeadDim % 64 == 0, "the swizzle assumes at least 8 chunks per row");
+    static_assert(kDqSmemBytes <= 99 * 1024 && kKvSmemBytes <= 99 * 1024, "sm_89: 99 KB per block");
+};
+
+// 4-byte global -> shared copy (cp.async.ca: the 16-byte .cg form cannot copy 4 bytes).
+__device__ __forceinline__ void cp_async_4(uint32_t dst_smem, const void *src_gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst_smem), "l"(src_gmem));
+}
+
+template <typename Elem>
+__device__ __forceinline__ float2 unpack2(uint32_t v);
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
+    return __half22float2(*reinterpret_cast<const __half2 *>(&v));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
+}
+
+// Workspace layout: delta [B][Hq][Sq] fp32, then LSE * log2(e) [B][Hq][Sq] fp32.
+__host__ __device__ inline int64_t workspace_rows(const fc_bwd_params &p) {
+    return p.fwd.batch * p.fwd.heads_q * p.fwd.seqlen_q;
+}
+
+// ---- 1. delta = rowsum(dO * O) - dLSE, LSE in base 2 -------------------------------------------
+// kHeadDim / 8 threads per row, each reading 16 bytes of dO and of O.
+template <typename Elem, int kHeadDim>
+__global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
+    constexpr int kThreadsPerRow = kHeadDim / 8;
+    constexpr int kRowsPerCta = 128 / kThreadsPerRow;
+    const int seqlen_q = static_cast<int>(p.fwd.seqlen_q);
+    const int head = blockIdx.y, batch = blockIdx.z;
+    const int row = blockIdx.x * kRowsPerCta + threadIdx.x / kThreadsPerRow;
+    const int chunk = threadIdx.x % kThreadsPerRow;
+    float acc = 0.f;
+    if (row < seqlen_q) {
+        const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b +
+                           head * p.do_stride_h + static_cast<int64_t>(row) * p.do_stride_s;
+        const Elem *out = static_cast<const Elem *>(p.fwd.out) + batch * p.fwd.o_stride_b +
+                          head * p.fwd.o_stride_h + static_cast<int64_t>(row) * p.fwd.o_stride_s;
+        const uint4 a = *reinterpret_cast<const uint4 *>(dout + chunk * 8);
+        const uint4 b = *reinterpret_cast<const uint4 *>(out + chunk * 8);
+        const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 x = unpack2<Elem>(av[i]), y = unpack2<Elem>(bv[i]);
+            acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+        }
+    }
+#pragma unroll
+    for (int off = kThreadsPerRow / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
+    if (chunk == 0 && row < seqlen_q) {
+        if (p.dlse != nullptr)
+            acc -= p.dlse[batch * p.dlse_stride_b + head * p.dlse_stride_h + row * p.dlse_stride_s];
+        const float lse = p.fwd.lse[batch * p.fwd.lse_stride_b + head * p.fwd.lse_stride_h +
+                                    row * p.fwd.lse_stride_s];
+        const int64_t idx = (static_cast<int64_t>(batch) * p.fwd.heads_q + head) * seqlen_q + row;
+        float *delta = static_cast<float *>(p.workspace);
+        delta[idx] = acc;
+        delta[workspace_rows(p) + idx] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    }
+}
+
+// ---- 2. dQ = scale * dS K, one CTA per (query block, query head, batch) ------------------------
+template <typename Elem, int kHeadDim, bool kCausal>
+__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads)
+dq_kernel(const fc_bwd_params p) {
+    using T = BwdTraits<kHeadDim>;
+    constexpr int kBlockM = T::kBlock, kBlockN = T::kStream, kChunks = T::kChunks;
+    constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T and dO V^T
+    constexpr int kNTiles = kBlockN / 8;    // n-tiles of S and dP per warp
+    constexpr int kDTiles = kHeadDim / 8;   // n-tiles of dQ per warp
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    Elem *smem_q = reinterpret_cast<Elem *>(smem_raw);
+    Elem *smem_do = smem_q + kBlockM * kHeadDim;
+    Elem *smem_k = smem_do + kBlockM * kHeadDim;              // [kStages][kBlockN][D]
+    Elem *smem_v = smem_k + T::kStages * kBlockN * kHeadDim;  // [kStages][kBlockN][D]
+
+    const fc_params &f = p.fwd;
+    const int seqlen_q = static_cast<int>(f.seqlen_q);
+    const int seqlen_k = static_cast<int>(f.seqlen_k);
+    const int head_q = blockIdx.y, batch = blockIdx.z;
+    const int head_kv = head_q / static_cast<int>(f.heads_q / f.heads_kv);
+    const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
+    const int m_start = m_block * kBlockM;
+
+    const Elem *q = static_cast<const Elem *>(f.q) + batch * f.q_stride_b + head_q * f.q_stride_h +
+                    static_cast<int64_t>(m_start) * f.q_stride_s;
+    const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b +
+                       head_q * p.do_stride_h + static_cast<int64_t>(m_start) * p.do_stride_s;
+    const Elem *k = static_cast<const Elem *>(f.k) + batch * f.k_stride_b + head_kv * f.k_stride_h;
+    const Elem *v = static_cast<const Elem *>(f.v) + batch * f.v_stride_b + head_kv * f.v_stride_h;
+    const int k_stride = static_cast<int>(f.k_stride_s);
+    const int v_stride = static_cast<int>(f.v_stride_s);
+
+    const int last_row = min(m_start + kBlockM, seqlen_q) - 1;
+    int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
+    if (kCausal) n_blocks = min(n_blocks, last_row / kBlockN + 1);
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row_in_warp = lane / 4, col_in_tile = 2 * (lane % 4);
+
+    auto load_kv = [&](int n_block, int stage) {
+        const int n_start = n_block * kBlockN;
+        const int rows = min(kBlockN, seqlen_k - n_start);
+        load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_k + stage * kBlockN * kHeadDim,
+                                                       k + n_start * k_stride, k_stride, rows);
+        load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_v + stage * kBlockN * kHeadDim,
+                                                       v + n_start * v_stride, v_stride, rows);
+    };
+    load_tile<Elem, kBlockM, kChunks, T::kThreads>(smem_q, q, static_cast<int>(f.q_stride_s),
+                                                   seqlen_q - m_start);
+    load_tile<Elem, kBlockM, kChunks, T::kThreads>(smem_do, dout, static_cast<int>(p.do_stride_s),
+                                                   seqlen_q - m_start);
+    load_kv(0, 0);
+    cp_async_commit();
+
+    // Per-row terms of this lane's two rows; rows past Sq get P = 0 (LSE +inf) and are not written.
+    const float *delta_ws = static_cast<const float *>(p.workspace);
+    const int64_t row_base = (static_cast<int64_t>(batch) * f.heads_q + head_q) * seqlen_q;
+    float lse2[2], delta[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = m_start + warp * 16 + row_in_warp + 8 * h;
+        lse2[h] = row < seqlen_q ? delta_ws[workspace_rows(p) + row_base + row] : INFINITY;
+        delta[h] = row < seqlen_q ? delta_ws[row_base + row] : 0.f;
+    }
+    const float scale_log2 = f.scale * kLog2e;
+
+    uint32_t q_frag[kKSteps][4], do_frag[kKSteps][4];
+    float dq_acc[kDTiles][4];
+#pragma unroll
+    for (int i = 0; i < kDTiles; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dq_acc[i][j] = 0.f;
+
+    for (int n_block = 0; n_block < n_blocks; ++n_block) {
+        const int stage = n_block & 1;
+        if (n_block + 1 < n_blocks) {
+            load_kv(n_block + 1, stage ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        if (n_block == 0) {  // A fragments of Q and dO (this warp's 16 rows), held for the loop
+            const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int kk = 0; kk < kKSteps; ++kk) {
+                const int off = swizzled<kChunks>(r, kk * 2 + (lane >> 4));
+                ldmatrix_x4(q_frag[kk], smem_addr(smem_q + off));
+                ldmatrix_x4(do_frag[kk], smem_addr(smem_do + off));
+            }
+        }
+
+        const Elem *k_tile = smem_k + stage * kBlockN * kHeadDim;
+        const Elem *v_tile = smem_v + stage * kBlockN * kHeadDim;
+        // ---- S = Q K^T and dP = dO V^T: K and V rows are the (non-transposed) B operands ----
+        float s[kNTiles][4], dp[kNTiles][4];
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+            for (int np = 0; np < kNTiles / 2; ++np) {
+                const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
+                const int off = swizzled<kChunks>(r, kk * 2 + ((lane >> 3) & 1));
+                uint32_t kf[4], vf[4];
+                ldmatrix_x4(kf, smem_addr(k_tile + off));
+                mma_16816<Elem>(s[2 * np], q_frag[kk], kf[0], kf[1]);
+                mma_16816<Elem>(s[2 * np + 1], q_frag[kk], kf[2], kf[3]);
+                ldmatrix_x4(vf, smem_addr(v_tile + off));
+                mma_16816<Elem>(dp[2 * np], do_frag[kk], vf[0], vf[1]);
+                mma_16816<Elem>(dp[2 * np + 1], do_frag[kk], vf[2], vf[3]);
+            }
+        }
+
+        // ---- P = exp2(S * scale * log2e - LSE2), masked; dS = P * (dP - delta) ----
+        const int n_start = n_block * kBlockN;
+        const int row0 = m_start + warp * 16 + row_in_warp;
+        const bool ragged = n_start + kBlockN > seqlen_k;
+        const bool crosses_diagonal = kCausal && n_start + kBlockN - 1 > m_start + warp * 16;
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1;
+                float x = fmaf(s[j][e], scale_log2, -lse2[h]);
+                if (ragged || crosses_diagonal) {
+                    const int col = n_start + j * 8 + col_in_tile + (e & 1);
+                    if (col >= seqlen_k || (kCausal && col > row0 + 8 * h)) x = -INFINITY;
+                }
+                s[j][e] = fast_exp2(x) * (dp[j][e] - delta[h]);  // dS (scale applied at the end)
+            }
+
+        // ---- dQ += dS K: dS's accumulator layout is the A fragment; K^T via ldmatrix.trans ----
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            uint32_t af[4];
+            af[0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
+            af[1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
+            af[2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            af[3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
+                uint32_t kf[4];
+                const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                ldmatrix_x4_trans(kf, smem_addr(k_tile + swizzled<kChunks>(r, dp2 * 2 + (lane >> 4))));
+                mma_16816<Elem>(dq_acc[2 * dp2], af, kf[0], kf[1]);
+                mma_16816<Elem>(dq_acc[2 * dp2 + 1], af, kf[2], kf[3]);
+            }
+        }
+        __syncthreads();  // the next iteration's prefetch overwrites this stage
+    }
+
+    // ---- epilogue: dQ * scale, staged through this warp's own rows of the Q tile ----
+    Elem *stage_dq = smem_q;
+#pragma unroll
+    for (int d = 0; d < kDTiles; ++d)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp * 16 + row_in_warp + 8 * h;
+            const uint32_t packed = pack2<Elem>(dq_acc[d][2 * h] * f.scale, dq_acc[d][2 * h + 1] * f.scale);
+            *reinterpret_cast<uint32_t *>(stage_dq + swizzled<kChunks>(r, d) + col_in_tile) = packed;
+        }
+    __syncwarp();
+    Elem *dq = static_cast<Elem *>(p.dq) + batch * p.dq_stride_b + head_q * p.dq_stride_h;
+    const int dq_stride = static_cast<int>(p.dq_stride_s);
+#pragma unroll
+    for (int it = 0; it < 16 * kChunks / 32; ++it) {
+        const int item = lane + it * 32;
+        const int r = warp * 16 + item / kChunks;
+        const int chunk = item % kChunks;
+        const int row = m_start + r;
+        if (row < seqlen_q) {
+            const uint4 val = *reinterpret_cast<const uint4 *>(stage_dq + swizzled<kChunks>(r, chunk));
+            *reinterpret_cast<uint4 *>(dq + static_cast<int64_t>(row) * dq_stride + chunk * 8) = val;
+        }
+    }
+}
+
+// ---- 3. dK, dV: one CTA per (key block, KV head, batch) -----------------------------------------
+template <typename Elem, int kHeadDim, bool kCausal>
+__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads)
+dkdv_kernel(const fc_bwd_params p) {
+    using T = BwdTraits<kHeadDim>;
+    constexpr int kBlockN = T::kBlock, kBlockM = T::kStream, kChunks = T::kChunks;
+    constexpr int kKSteps = kHeadDim / 16;  // k-steps of K Q^T and V dO^T
+    constexpr int kMTiles = kBlockM / 8;    // n-tiles (query columns) of S^T and dP^T per warp
+    constexpr int kDTiles = kHeadDim / 8;   // n-tiles of dK, dV per warp
+    // D=128: with the k-step loops of S^T and dP^T fully unrolled, ptxas hoists the fragment
+    // loads of all 8 k-steps and spills 40 bytes on sm_90a (255 registers); unrolled by 2 it fits.
+    constexpr int kKUnroll = kHeadDim <= 64 ? kKSteps : 2;
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    Elem *smem_k = reinterpret_cast<Elem *>(smem_raw);
+    Elem *smem_v = smem_k + kBlockN * kHeadDim;
+    Elem *smem_q = smem_v + kBlockN * kHeadDim;                 // [kStages][kBlockM][D]
+    Elem *smem_do = smem_q + T::kStages * kBlockM * kHeadDim;   // [kStages][kBlockM][D]
+    float *smem_lse2 = reinterpret_cast<float *>(smem_do + T::kStages * kBlockM * kHeadDim);  // [kStages][kBlockM]
+    float *smem_delta = smem_lse2 + T::kStages * kBlockM;                                    // [kStages][kBlockM]
+
+    const fc_params &f = p.fwd;
+    const int seqlen_q = static_cast<int>(f.seqlen_q);
+    const int seqlen_k = static_cast<int>(f.seqlen_k);
+    const int n_block = blockIdx.x;  // causal: low key blocks have the most work and start first
+    const int head_kv = blockIdx.y, batch = blockIdx.z;
+    const int group = static_cast<int>(f.heads_q / f.heads_kv);
+    const int n_start = n_block * kBlockN;
+
+    // Query blocks that see any key of this block: with causal masking none before row n_start.
+    // Keys past Sq (causal, Sq < Sk) are seen by no query: their dK, dV are written as zeros.
+    const int m_first = kCausal ? n_start / kBlockM : 0;
+    const int m_total = (seqlen_q + kBlockM - 1) / kBlockM;
+    const int m_count = max(0, m_total - m_first);
+    const int steps = group * m_count;  // (query head in the group, query block) pairs, head-major
+
+    const float *delta_ws = static_cast<const float *>(p.workspace);
+    const float *lse2_ws = delta_ws + workspace_rows(p);
+
+    auto load_step = [&](int step, int stage) {
+        const int head_q = head_kv * group + step / m_count;
+        const int m_start = (m_first + step % m_count) * kBlockM;
+        const int rows = min(kBlockM, seqlen_q - m_start);
+        const Elem *q = static_cast<const Elem *>(f.q) + batch * f.q_stride_b + head_q * f.q_stride_h +
+                        static_cast<int64_t>(m_start) * f.q_stride_s;
+        const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b +
+                           head_q * p.do_stride_h + static_cast<int64_t>(m_start) * p.do_stride_s;
+        load_tile<Elem, kBlockM, kChunks, T::kThreads>(smem_q + stage * kBlockM * kHeadDim, q,
+                                                       static_cast<int>(f.q_stride_s), rows);
+        load_tile<Elem, kBlockM, kChunks, T::kThreads>(smem_do + stage * kBlockM * kHeadDim, dout,
+                                                       static_cast<int>(p.do_stride_s), rows);
+        if (threadIdx.x < kBlockM) {
+            const int r = threadIdx.x;
+            float *lse_dst = smem_lse2 + stage * kBlockM + r;
+            float *delta_dst = smem_delta + stage * kBlockM + r;
+            if (r < rows) {
+                const int64_t idx = (static_cast<int64_t>(batch) * f.heads_q + head_q) * seqlen_q + m_start + r;
+                cp_async_4(smem_addr(lse_dst), lse2_ws + idx);
+                cp_async_4(smem_addr(delta_dst), delta_ws + idx);
+            } else {  // rows past Sq: P = 0, dS = 0 (plain stores, ordered by the same barrier)
+                *lse_dst = INFINITY;
+                *delta_dst = 0.f;
+            }
+        }
+    };
+
+    const Elem *k = static_cast<const Elem *>(f.k) + batch * f.k_stride_b + head_kv * f.k_stride_h +
+                    static_cast<int64_t>(n_start) * f.k_stride_s;
+    const Elem *v = static_cast<const Elem *>(f.v) + batch * f.v_stride_b + head_kv * f.v_stride_h +
+                    static_cast<int64_t>(n_start) * f.v_stride_s;
+    const int n_rows = min(kBlockN, seqlen_k - n_start);
+    load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_k, k, static_cast<int>(f.k_stride_s), n_rows);
+    load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_v, v, static_cast<int>(f.v_stride_s), n_rows);
+    if (steps > 0) load_step(0, 0);
+    cp_async_commit();
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row_in_warp = lane / 4, col_in_tile = 2 * (lane % 4);
+    const float scale_log2 = f.scale * kLog2e;
+    // This lane's two key rows (of the 16 its warp owns).
+    const int key0 = n_start + warp * 16 + row_in_warp;
+
+    float dk_acc[kDTiles][4], dv_acc[kDTiles][4];
+#pragma unroll
+    for (int i = 0; i < kDTiles; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dk_acc[i][j] = dv_acc[i][j] = 0.f;
+
+    for (int step = 0; step < steps; ++step) {
+        const int stage = step & 1;
+        if (step + 1 < steps) {
+            load_step(step + 1, stage ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        const int m_start = (m_first + step % m_count) * kBlockM;
+        const Elem *q_tile = smem_q + stage * kBlockM * kHeadDim;
+        const Elem *do_tile = smem_do + stage * kBlockM * kHeadDim;
+        const float *lse2 = smem_lse2 + stage * kBlockM;
+        const float *dlt = smem_delta + stage * kBlockM;
+
+        // ---- S^T = K Q^T: this warp's K rows are the A operand, Q rows the B operand ----
+        float s[kMTiles][4];
+#pragma unroll
+        for (int j = 0; j < kMTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+        const int a_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll(kKUnroll)
+        for (int kk = 0; kk < kKSteps; ++kk) {
+            uint32_t kf[4];
+            ldmatrix_x4(kf, smem_addr(smem_k + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
+#pragma unroll
+            for (int np = 0; np < kMTiles / 2; ++np) {
+                uint32_t qf[4];
+                const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
+                ldmatrix_x4(qf, smem_addr(q_tile + swizzled<kChunks>(r, kk * 2 + ((lane >> 3) & 1))));
+                mma_16816<Elem>(s[2 * np], kf, qf[0], qf[1]);
+                mma_16816<Elem>(s[2 * np + 1], kf, qf[2], qf[3]);
+            }
+        }
+
+        // ---- P^T = exp2(S^T * scale * log2e - LSE2[query]), causal-masked (key > query) ----
+        const bool crosses_diagonal = kCausal && n_start + warp * 16 + 15 > m_start;
+#pragma unroll
+        for (int j = 0; j < kMTiles; ++j) {
+            const float2 l = *reinterpret_cast<const float2 *>(lse2 + j * 8 + col_in_tile);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = fmaf(s[j][e], scale_log2, -((e & 1) ? l.y : l.x));
+                if (crosses_diagonal) {
+                    const int col = m_start + j * 8 + col_in_tile + (e & 1);
+                    if (key0 + 8 * (e >> 1) > col) x = -INFINITY;
+                }
+                s[j][e] = fast_exp2(x);
+            }
+        }
+
+        // ---- dV += P^T dO: P^T's accumulator layout is the A fragment; dO via ldmatrix.trans ----
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+            uint32_t pf[4];
+            pf[0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
+            pf[1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
+            pf[2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pf[3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
+                uint32_t bf[4];
+                const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                ldmatrix_x4_trans(bf, smem_addr(do_tile + swizzled<kChunks>(r, dp2 * 2 + (lane >> 4))));
+                mma_16816<Elem>(dv_acc[2 * dp2], pf, bf[0], bf[1]);
+                mma_16816<Elem>(dv_acc[2 * dp2 + 1], pf, bf[2], bf[3]);
+            }
+        }
+
+        // ---- dP^T = V dO^T: this warp's V rows are the A operand, dO rows the B operand ----
+        float dp[kMTiles][4];
+#pragma unroll
+        for (int j = 0; j < kMTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[j][e] = 0.f;
+#pragma unroll(kKUnroll)
+        for (int kk = 0; kk < kKSteps; ++kk) {
+            uint32_t vf[4];
+            ldmatrix_x4(vf, smem_addr(smem_v + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
+#pragma unroll
+            for (int np = 0; np < kMTiles / 2; ++np) {
+                uint32_t df[4];
+                const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
+                ldmatrix_x4(df, smem_addr(do_tile + swizzled<kChunks>(r, kk * 2 + ((lane >> 3) & 1))));
+                mma_16816<Elem>(dp[2 * np], vf, df[0], df[1]);
+                mma_16816<Elem>(dp[2 * np + 1], vf, df[2], df[3]);
+            }
+        }
+
+        // ---- dS^T = P^T * (dP^T - delta[query]) ----
+#pragma unroll
+        for (int j = 0; j < kMTiles; ++j) {
+            const float2 dl = *reinterpret_cast<const float2 *>(dlt + j * 8 + col_in_tile);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] *= dp[j][e] - ((e & 1) ? dl.y : dl.x);
+        }
+
+        // ---- dK += dS^T Q (scale applied at the end) ----
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+            uint32_t af[4];
+            af[0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
+            af[1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
+            af[2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            af[3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
+                uint32_t bf[4];
+                const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                ldmatrix_x4_trans(bf, smem_addr(q_tile + swizzled<kChunks>(r, dp2 * 2 + (lane >> 4))));
+                mma_16816<Elem>(dk_acc[2 * dp2], af, bf[0], bf[1]);
+                mma_16816<Elem>(dk_acc[2 * dp2 + 1], af, bf[2], bf[3]);
+            }
+        }
+        __syncthreads();  // the next iteration's prefetch overwrites this stage
+    }
+
+    // ---- epilogue: stage dK * scale and dV in this warp's own rows of the K and V tiles ----
+    cp_async_wait<0>();  // with no steps, the K/V copies may still be landing
+    __syncthreads();
+#pragma unroll
+    for (int d = 0; d < kDTiles; ++d)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp * 16 + row_in_warp + 8 * h;
+            const int off = swizzled<kChunks>(r, d) + col_in_tile;
+            *reinterpret_cast<uint32_t *>(smem_k + off) =
+                pack2<Elem>(dk_acc[d][2 * h] * f.scale, dk_acc[d][2 * h + 1] * f.scale);
+            *reinterpret_cast<uint32_t *>(smem_v + off) = pack2<Elem>(dv_acc[d][2 * h], dv_acc[d][2 * h + 1]);
+        }
+    __syncwarp();
+    Elem *dk = static_cast<Elem *>(p.dk) + batch * p.dk_stride_b + head_kv * p.dk_stride_h;
+    Elem *dv = static_cast<Elem *>(p.dv) + batch * p.dv_stride_b + head_kv * p.dv_stride_h;
+    const int dk_stride = static_cast<int>(p.dk_stride_s), dv_stride = static_cast<int>(p.dv_stride_s);
+#pragma unroll
+    for (int it = 0; it < 16 * kChunks / 32; ++it) {
+        const int item = lane + it * 32;
+        const int r = warp * 16 + item / kChunks;
+        const int chunk = item % kChunks;
+        const int row = n_start + r;
+        if (row < seqlen_k) {
+            const int off = swizzled<kChunks>(r, chunk);
+            *reinterpret_cast<uint4 *>(dk + static_cast<int64_t>(row) * dk_stride + chunk * 8) =
+                *reinterpret_cast<const uint4 *>(smem_k + off);
+            *reinterpret_cast<uint4 *>(dv + static_cast<int64_t>(row) * dv_stride + chunk * 8) =
+                *reinterpret_cast<const uint4 *>(smem_v + off);
+        }
+    }
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+
+// Raise a kernel's dynamic shared memory limit once per device (bitmask, up to 64 devices).
+template <typename Kernel>
+cudaError_t allow_smem(Kernel kernel, int bytes, unsigned long long *configured, int device) {
+    const unsigned long long bit = 1ull << (device & 63);
+    if (bytes <= 48 * 1024 || (__atomic_load_n(configured, __ATOMIC_ACQUIRE) & bit)) return cudaSuccess;
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err == cudaSuccess) __atomic_fetch_or(configured, bit, __ATOMIC_ACQ_REL);
+    return err;
+}
+
+// Validated params (c_src/bwd.c): the three kernels on `stream`, no allocation, no sync.
+template <typename Elem, int kHeadDim, bool kCausal>
+cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
+    using T = BwdTraits<kHeadDim>;
+    auto dq = dq_kernel<Elem, kHeadDim, kCausal>;
+    auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal>;
+    static unsigned long long dq_configured = 0, dkdv_configured = 0;
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    if ((err = allow_smem(dq, T::kDqSmemBytes, &dq_configured, device)) != cudaSuccess) return err;
+    if ((err = allow_smem(dkdv, T::kKvSmemBytes, &dkdv_configured, device)) != cudaSuccess) return err;
+
+    const unsigned hq = static_cast<unsigned>(p.fwd.heads_q), b = static_cast<unsigned>(p.fwd.batch);
+    constexpr int kDeltaRows = 128 / (kHeadDim / 8);
+    const dim3 delta_grid(static_cast<unsigned>((p.fwd.seqlen_q + kDeltaRows - 1) / kDeltaRows), hq, b);
+    delta_kernel<Elem, kHeadDim><<<delta_grid, 128, 0, stream>>>(p);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+
+    const dim3 dq_grid(static_cast<unsigned>((p.fwd.seqlen_q + T::kBlock - 1) / T::kBlock), hq, b);
+    dq<<<dq_grid, T::kThreads, T::kDqSmemBytes, stream>>>(p);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+
+    const dim3 kv_grid(static_cast<unsigned>((p.fwd.seqlen_k + T::kBlock - 1) / T::kBlock),
+                       static_cast<unsigned>(p.fwd.heads_kv), b);
+    dkdv<<<kv_grid, T::kThreads, T::kKvSmemBytes, stream>>>(p);
+    return cudaGetLastError();
+}
+
+}  // namespace sm80_bwd
+}  // namespace flashcore
+
+// Defines the C entry point of one (head dim, dtype) instantiation, e.g.
+//   cudaError_t fc_sm80_bwd_hdim64_fp16(const fc_bwd_params *p, cudaStream_t stream);
+#define FLASHCORE_DEFINE_SM80_BWD(HDIM, DTYPE_NAME, ELEM)                                       \
+    extern "C" cudaError_t fc_sm80_bwd_hdim##HDIM##_##DTYPE_NAME(const fc_bwd_params *p,      \
+                                                                 cudaStream_t stream) {       \
+        return p->fwd.causal ? flashcore::sm80_bwd::launch_bwd<ELEM, HDIM, true>(*p, stream)   \
+                             : flashcore::sm80_bwd::launch_bwd<ELEM, HDIM, false>(*p, stream); \
+    }

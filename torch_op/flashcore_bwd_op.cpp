@@ -1,0 +1,224 @@
+// flashcore_bwd_op.cpp - the fused backward as ops on PyTorch's stable ABI (a FRAGMENT of the
+// flashcore library that flashcore_op.cpp defines):
+//
+//   flashcore::sdpa_bwd_kernel(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
+//                              enable_gqa) -> (dq, dk, dv)
+//       CUDA: fills an fc_bwd_params from the tensors' real strides and runs fc_sdpa_bwd on the
+//       current stream (workspace from PyTorch's caching allocator, so CUDA-graph safe). Raises
+//       if no kernel covers the call: ask explain_bwd first. dq, dk, dv are contiguous, in
+//       query's dtype. CPU: the Python reference (python/flashcore/_ops.py), for opcheck.
+//   flashcore::explain_bwd(<same arguments>) -> int
+//       0 when sdpa_bwd_kernel runs a kernel for these tensors, else the reason (the forward's
+//       explain codes: 1..99 op-level, 100 + fc_status from fc_sdpa_bwd_support). Reads only
+//       metadata (sizes, strides, dtypes, pointer alignment, the device's compute capability).
+//
+// The autograd backward (flashcore::sdpa_bwd in _ops.py) calls explain_bwd, then either
+// sdpa_bwd_kernel or its Python implementation (masks, dropout-free fp32, other head dims...).
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include <cmath>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
+
+#include "flashcore.h"
+
+extern "C" AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_index,
+                                                             void** ret_stream);
+
+namespace {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+template <typename... Args>
+[[noreturn]] void fail(const Args&... args) {
+  std::ostringstream oss;
+  ((oss << args), ...);
+  throw std::runtime_error(oss.str());
+}
+
+// Same numbering as flashcore_op.cpp's OpReason (python/flashcore/__init__.py names them).
+constexpr int64_t kKernel = 0, kNotCuda = 1, kNot4D = 2, kShapeBroadcast = 3, kValueHeadDim = 4,
+                  kHeadsNoGqa = 5, kDtype = 7, kBwdOperands = 11;
+constexpr int64_t kStatusBase = 100;
+
+int64_t stride_or_0(const Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
+
+std::pair<int, int> compute_capability(int32_t device) {
+  static std::mutex mu;
+  static std::vector<std::pair<int, int>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0) device = 0;
+  if (static_cast<size_t>(device) >= cache.size()) cache.resize(device + 1, {-1, -1});
+  if (cache[device].first < 0) {
+    int major = 0, minor = 0;
+    const cudaError_t e1 = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    const cudaError_t e2 = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (e1 != cudaSuccess || e2 != cudaSuccess)
+      fail("flashcore.sdpa_bwd: cannot read the compute capability of cuda:", device);
+    cache[device] = {major, minor};
+  }
+  return cache[device];
+}
+
+bool same_sizes(const Tensor& t, const std::vector<int64_t>& sizes) {
+  if (t.dim() != static_cast<int64_t>(sizes.size())) return false;
+  for (int64_t i = 0; i < t.dim(); ++i)
+    if (t.size(i) != sizes[i]) return false;
+  return true;
+}
+
+void fill4(const Tensor& t, int64_t* b, int64_t* h, int64_t* s, int64_t* d) {
+  *b = stride_or_0(t, 0);
+  *h = stride_or_0(t, 1);
+  *s = stride_or_0(t, 2);
+  *d = t.size(3) == 1 ? 1 : t.stride(3);
+}
+
+struct BwdDecision {
+  fc_bwd_params p;
+  int64_t reason = kKernel;
+};
+
+// The decision: kernel (params filled; dq/dk/dv/workspace pointers are stand-ins) or why not.
+BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse,
+                       bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  BwdDecision d;
+  fc_bwd_params_init(&d.p);
+  auto fallback = [&](int64_t reason) {
+    d.reason = reason;
+    return d;
+  };
+  for (const Tensor* t : {&dout, &q, &k, &v, &out, &lse})
+    if (!t->is_cuda() || t->device() != q.device()) return fallback(kNotCuda);
+  if (dlse.has_value() && (!dlse->is_cuda() || dlse->device() != q.device())) return fallback(kNotCuda);
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return fallback(kNot4D);
+  const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Sk = k.size(2);
+  if (k.size(0) != B || !same_sizes(v, {B, Hkv, Sk, k.size(3)})) return fallback(kShapeBroadcast);
+  if (k.size(3) != D || v.size(3) != D) return fallback(kValueHeadDim);
+  if (Hq != Hkv && !enable_gqa) return fallback(kHeadsNoGqa);
+  if (Hkv == 0 || Hq % Hkv != 0) return fallback(kShapeBroadcast);
+  const ScalarType dt = q.scalar_type();
+  if (dt != ScalarType::Half && dt != ScalarType::BFloat16) return fallback(kDtype);
+  if (k.scalar_type() != dt || v.scalar_type() != dt || out.scalar_type() != dt ||
+      dout.scalar_type() != dt || lse.scalar_type() != ScalarType::Float ||
+      !same_sizes(out, {B, Hq, Sq, D}) || !same_sizes(dout, {B, Hq, Sq, D}) ||
+      !same_sizes(lse, {B, Hq, Sq}))
+    return fallback(kBwdOperands);
+  if (dlse.has_value() && (dlse->scalar_type() != ScalarType::Float || !same_sizes(*dlse, {B, Hq, Sq})))
+    return fallback(kBwdOperands);
+  if (q.numel() == 0 || k.numel() == 0) return fallback(kStatusBase + FC_UNSUPPORTED_EMPTY);
+
+  fc_params& f = d.p.fwd;
+  f.dtype = dt == ScalarType::Half ? FC_DTYPE_FP16 : FC_DTYPE_BF16;
+  f.batch = B; f.heads_q = Hq; f.heads_kv = Hkv; f.seqlen_q = Sq; f.seqlen_k = Sk; f.head_dim = D;
+  f.q = q.data_ptr(); f.k = k.data_ptr(); f.v = v.data_ptr(); f.out = out.data_ptr();
+  f.lse = static_cast<float*>(lse.data_ptr());
+  fill4(q, &f.q_stride_b, &f.q_stride_h, &f.q_stride_s, &f.q_stride_d);
+  fill4(k, &f.k_stride_b, &f.k_stride_h, &f.k_stride_s, &f.k_stride_d);
+  fill4(v, &f.v_stride_b, &f.v_stride_h, &f.v_stride_s, &f.v_stride_d);
+  fill4(out, &f.o_stride_b, &f.o_stride_h, &f.o_stride_s, &f.o_stride_d);
+  f.lse_stride_b = stride_or_0(lse, 0); f.lse_stride_h = stride_or_0(lse, 1);
+  f.lse_stride_s = stride_or_0(lse, 2);
+  f.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(double(D)));
+  f.causal = is_causal ? 1 : 0;
+  f.family = FC_FAMILY_AUTO;  // FLASHCORE_FAMILY picks the forward's family only
+
+  d.p.dout = dout.data_ptr();
+  fill4(dout, &d.p.do_stride_b, &d.p.do_stride_h, &d.p.do_stride_s, &d.p.do_stride_d);
+  if (dlse.has_value()) {
+    d.p.dlse = static_cast<const float*>(dlse->data_ptr());
+    d.p.dlse_stride_b = stride_or_0(*dlse, 0); d.p.dlse_stride_h = stride_or_0(*dlse, 1);
+    d.p.dlse_stride_s = stride_or_0(*dlse, 2);
+  }
+  // dq, dk, dv: contiguous, allocated only if the kernel runs. A stand-in pointer (the caching
+  // allocator's blocks are 512-byte aligned) lets the support query check everything else.
+  void* const stand_in = reinterpret_cast<void*>(static_cast<uintptr_t>(512));
+  d.p.dq = d.p.dk = d.p.dv = stand_in;
+  {
+    d.p.dq_stride_d = d.p.dk_stride_d = d.p.dv_stride_d = 1;
+    d.p.dq_stride_s = D; d.p.dq_stride_h = Sq * D; d.p.dq_stride_b = Hq * Sq * D;
+    d.p.dk_stride_s = d.p.dv_stride_s = D;
+    d.p.dk_stride_h = d.p.dv_stride_h = Sk * D;
+    d.p.dk_stride_b = d.p.dv_stride_b = Hkv * Sk * D;
+  }
+
+  const auto [major, minor] = compute_capability(q.get_device_index());
+  const fc_status s = fc_sdpa_bwd_support(&d.p, major, minor);
+  if (s != FC_OK) return fallback(kStatusBase + s);
+  d.reason = kKernel;
+  return d;
+}
+
+int64_t explain_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
+                    std::optional<Tensor> dlse, bool is_causal, std::optional<double> scale,
+                    bool enable_gqa) {
+  return decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa).reason;
+}
+
+std::tuple<Tensor, Tensor, Tensor> sdpa_bwd_kernel(Tensor dout, Tensor q, Tensor k, Tensor v,
+                                                   Tensor out, Tensor lse,
+                                                   std::optional<Tensor> dlse, bool is_causal,
+                                                   std::optional<double> scale, bool enable_gqa) {
+  BwdDecision d = decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa);
+  if (d.reason != kKernel)
+    fail("flashcore.sdpa_bwd_kernel: no backward kernel for these inputs (explain_bwd reason ",
+         d.reason, d.reason >= kStatusBase ? std::string(": ") +
+                       fc_status_string(static_cast<fc_status>(d.reason - kStatusBase)) : std::string(),
+         ")");
+  const int32_t dev = q.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(dev);
+  const fc_params& f = d.p.fwd;
+  Tensor dq = torch::stable::empty({f.batch, f.heads_q, f.seqlen_q, f.head_dim}, q.scalar_type(),
+                                   std::nullopt, q.device());
+  Tensor dk = torch::stable::empty({f.batch, f.heads_kv, f.seqlen_k, f.head_dim}, q.scalar_type(),
+                                   std::nullopt, q.device());
+  Tensor dv = torch::stable::empty({f.batch, f.heads_kv, f.seqlen_k, f.head_dim}, q.scalar_type(),
+                                   std::nullopt, q.device());
+  d.p.dq = dq.data_ptr();
+  d.p.dk = dk.data_ptr();
+  d.p.dv = dv.data_ptr();
+  int64_t ws_bytes = 0;
+  fc_status s = fc_sdpa_bwd_workspace_size(&d.p, &ws_bytes);
+  if (s != FC_OK) fail("flashcore.sdpa_bwd_kernel: ", fc_status_string(s));
+  Tensor workspace = torch::stable::empty({ws_bytes}, ScalarType::Byte, std::nullopt, q.device());
+  d.p.workspace = workspace.data_ptr();
+  d.p.workspace_bytes = ws_bytes;
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
+  s = fc_sdpa_bwd(&d.p, static_cast<cudaStream_t>(stream));
+  if (s == FC_ERR_CUDA)
+    fail("flashcore.sdpa_bwd_kernel: ", fc_status_string(s), ": ",
+         cudaGetErrorString(fc_last_cuda_error()));
+  if (s != FC_OK) fail("flashcore.sdpa_bwd_kernel: ", fc_status_string(s));
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(flashcore, m) {
+  m.def("sdpa_bwd_kernel(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
+        "Tensor lse, Tensor? grad_lse, bool is_causal, float? scale, bool enable_gqa) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("explain_bwd(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
+        "Tensor lse, Tensor? grad_lse, bool is_causal, float? scale, bool enable_gqa) -> int");
+}
+
+// CUDA only: the CPU kernel is the Python reference, registered in python/flashcore/_ops.py.
+STABLE_TORCH_LIBRARY_IMPL(flashcore, CUDA, m) {
+  m.impl("sdpa_bwd_kernel", TORCH_BOX(&sdpa_bwd_kernel));
+}
+// explain_bwd only reads metadata, so it answers for tensors on any device.
+STABLE_TORCH_LIBRARY_IMPL(flashcore, CompositeExplicitAutograd, m) {
+  m.impl("explain_bwd", TORCH_BOX(&explain_bwd));
+}
