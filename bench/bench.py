@@ -47,6 +47,8 @@ Run
   python bench/bench.py --quick              # smoke test
   python bench/bench.py --json out.json      # explicit JSON path (--out-dir DIR: folder for the default name)
   python bench/bench.py --dry-run            # no GPU: fake timings, exercises shapes/table/JSON only
+  python bench/bench.py --match 'S=4096 D=128'   # only shapes whose label matches (regex): here
+                                             # the masked row and its unmasked twin
 
 JSON: {"sha", "dirty", "torch", "card", "date", "method", "rows": [...]}; each row has impl,
 dtype, B, Hq, Hkv, Sq, Sk, D, causal, us, tflops, graph_us (null unless graph-timed),
@@ -502,6 +504,7 @@ def main(argv=None):
     ap.add_argument("--impls", default=",".join(IMPLS),
                     help=f"comma-separated subset of {','.join(IMPLS)}")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--match", metavar="REGEX", help="only shapes whose label (as printed) matches")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: fake timings (tests the plumbing)")
     args = ap.parse_args(argv)
 
@@ -511,6 +514,8 @@ def main(argv=None):
         ap.error(f"unknown impl(s) {bad}; choose from {IMPLS}")
     names = [n for n in IMPLS if n in names]  # cuDNN first, whatever the order given
     shapes = shape_set(args.quick, args.bf16, args.extra)
+    if args.match:
+        shapes = [s for s in shapes if re.search(args.match, s.label)]
     sha, dirty = git_info()
     now = _dt.datetime.now()
 
