@@ -16,6 +16,10 @@ What it measures
             S in 512 1k 2k 4k 8k 16k, D in 64 128 256, causal and not.
     decode: Sq=1 against Sk = 1k/8k/32k, B = 1/8/32, Hq=32 over Hkv = 32 or 8, D=128
             (memory-bound: compare `us` with the row's `floor_us`, the Q+K+V+O bytes at 3.0 TB/s).
+    masked: a HuggingFace-style bool attn_mask of shape (B, 1, S, S) (causal, and each batch
+            left-padded by a different amount), 16k tokens, S 1k/4k, D 64/128; labels end in
+            "bmask". The same mask goes to every implementation (flash takes none: skipped).
+            TFLOP/s counts all S*S pairs (no implementation skips masked tiles).
     --extra adds a GQA 32:8 causal prefill shape.
     --quick runs a handful of these (smoke test).
   Backward rows (pass "bwd"; issue 6): the time of the backward alone, from a saved forward
@@ -50,6 +54,8 @@ Run
   python bench/bench.py --quick              # smoke test
   python bench/bench.py --json out.json      # explicit JSON path (--out-dir DIR: folder for the default name)
   python bench/bench.py --dry-run            # no GPU: fake timings, exercises shapes/table/JSON only
+  python bench/bench.py --match 'S=4096 D=128'   # only shapes whose label matches (regex): here
+                                             # the masked row and its unmasked twin
 
 JSON: {"sha", "dirty", "torch", "card", "date", "method", "rows": [...]}; each row has pass
 ("fwd" or "bwd"), impl,
@@ -96,12 +102,13 @@ class Shape:
     causal: bool
     dtype: str = "fp16"
     graph: bool = False  # also time inside a CUDA graph
+    mask: bool = False   # a (B, 1, Sq, Sk) bool attn_mask (HuggingFace's padded causal mask)
 
     @property
     def label(self):
         h = f"{self.Hq}" if self.Hq == self.Hkv else f"{self.Hq}/{self.Hkv}"
         s = f"{self.Sq}" if self.Sq == self.Sk else f"{self.Sq}x{self.Sk}"
-        return f"B={self.B} H={h} S={s} D={self.D}"
+        return f"B={self.B} H={h} S={s} D={self.D}" + (" bmask" if self.mask else "")
 
 
 def causal_pairs(sq, sk):
@@ -112,7 +119,7 @@ def causal_pairs(sq, sk):
 
 
 def flops(s):
-    if not s.causal:
+    if not s.causal:  # masked rows too: every pair is computed, as in every implementation
         pairs = s.Sq * s.Sk
     elif s.Sq == s.Sk:
         pairs = s.Sq * s.Sk / 2
@@ -167,6 +174,10 @@ def shape_set(quick, bf16, extra):
                 for hkv in (32, 8):
                     for sk in (1024, 8192, 32768):
                         out.append(Shape(B, 32, hkv, 1, sk, 128, False, dt))
+        # attn_mask (issue 3): HuggingFace's padded prefill, kept to a few shapes for time.
+        for S, D in ((4096, 64), (4096, 128), (1024, 128)) if not quick else ((4096, 128),):
+            B, H = 16384 // S, 2048 // D
+            out.append(Shape(B, H, H, S, S, D, False, dt, mask=True))
         if extra:
             out.append(Shape(4, 32, 8, 2048, 2048, 128, True, dt))
     if quick:
@@ -233,22 +244,24 @@ class Impl:
                    "efficient": SDPBackend.EFFICIENT_ATTENTION}[self.name]
         return sdpa_kernel(backend)
 
-    def fn(self, q, k, v, s):
+    def fn(self, q, k, v, s, mask=None):
         gqa = s.Hq != s.Hkv
         if self.name.startswith("flashcore"):
             op = torch.ops.flashcore.sdpa
             if gqa:
-                return lambda: op(q, k, v, None, 0.0, s.causal, enable_gqa=True)
-            return lambda: op(q, k, v, None, 0.0, s.causal)
+                return lambda: op(q, k, v, mask, 0.0, s.causal, enable_gqa=True)
+            return lambda: op(q, k, v, mask, 0.0, s.causal)
         if gqa:
-            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=s.causal, enable_gqa=True)
-        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=s.causal)
+            return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=s.causal,
+                                                          enable_gqa=True)
+        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=s.causal)
 
-    def explain(self, q, k, v, s):
+    def explain(self, q, k, v, s, mask=None):
         if not self.name.startswith("flashcore"):
             return None
         with self.context():
-            return self.fc.explain(q, k, v, is_causal=s.causal, enable_gqa=s.Hq != s.Hkv)
+            return self.fc.explain(q, k, v, attn_mask=mask, is_causal=s.causal,
+                                   enable_gqa=s.Hq != s.Hkv)
 
 
 # --------------------------------------------------------------------------- timing
@@ -316,6 +329,20 @@ def make_inputs(s, seed):
     return q, k, v
 
 
+def make_mask(s):
+    """HuggingFace's prefill mask for a left-padded batch: (B, 1, Sq, Sk) bool, query i sees
+    keys pad_b <= j <= i (bottom-right aligned when Sq != Sk); batch b is padded by b * Sk / (2B)
+    keys. A query row inside the padding sees only its own key: HuggingFace leaves such rows
+    fully masked, where PyTorch's backends disagree (zeros or NaN) and the check would flag
+    the reference itself; their outputs are discarded by the model anyway."""
+    if not s.mask:
+        return None
+    i = torch.arange(s.Sq, device="cuda").view(1, 1, -1, 1) + (s.Sk - s.Sq)
+    j = torch.arange(s.Sk, device="cuda").view(1, 1, 1, -1)
+    pad = (torch.arange(s.B, device="cuda") * s.Sk // (2 * s.B)).view(-1, 1, 1, 1)
+    return (j <= i) & ((j >= pad) | (j == i))
+
+
 def try_call(impl, fn):
     """Run once under the impl's context; return (output, None) or (None, reason)."""
     try:
@@ -333,11 +360,12 @@ def try_call(impl, fn):
 def run_shape(s, impls, timer, seed, graph):
     """Verify every impl on one shape, then time the ones that are right. Returns rows."""
     q, k, v = make_inputs(s, seed)
+    mask = make_mask(s)
     f = flops(s)
     rows = []
     outputs, skip = {}, {}
     for impl in impls:
-        fn = impl.fn(q, k, v, s)
+        fn = impl.fn(q, k, v, s, mask)
         if impl.name.startswith("flashcore"):
             poison_allocator((s.B, s.Hq, s.Sq, s.D), q.dtype)
         out, why = try_call(impl, fn)
@@ -351,8 +379,8 @@ def run_shape(s, impls, timer, seed, graph):
     for impl in impls:
         row = dict(**{"pass": "fwd"}, impl=impl.name, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk,
                    D=s.D, causal=s.causal, us=None, tflops=None, graph_us=None, vs_cudnn=None,
-                   maxdiff=None, status="ok", path=impl.explain(q, k, v, s),
-                   floor_us=floor_us(s))
+                   maxdiff=None, status="ok", path=impl.explain(q, k, v, s, mask),
+                   floor_us=floor_us(s), mask="bool (B,1,S,S) padded causal" if s.mask else None)
         rows.append(row)
         if impl.name in skip:
             row["status"] = f"skipped: {skip[impl.name]}"
@@ -371,7 +399,7 @@ def run_shape(s, impls, timer, seed, graph):
         elif row["path"] is not None and not row["path"].startswith("kernel"):
             row["status"] = "fallback"
         del out
-        fn = impl.fn(q, k, v, s)
+        fn = impl.fn(q, k, v, s, mask)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with impl.context():
@@ -491,11 +519,12 @@ def summary(rows, impls):
     keyed = {}
     for r in rows:
         key = (r.get("pass", "fwd"), r["dtype"], r["B"], r["Hq"], r["Hkv"], r["Sq"], r["Sk"],
-               r["D"], r["causal"])
+               r["D"], r["causal"], r.get("mask") is not None)
         keyed.setdefault(key, {})[r["impl"]] = r
     for key, by in keyed.items():
-        pss, dt, B, Hq, Hkv, Sq, Sk, D, causal = key
-        label = Shape(B, Hq, Hkv, Sq, Sk, D, causal, dt).label + (" bwd" if pss == "bwd" else "")
+        pss, dt, B, Hq, Hkv, Sq, Sk, D, causal, mask = key
+        label = (Shape(B, Hq, Hkv, Sq, Sk, D, causal, dt, mask=mask).label
+                 + (" bwd" if pss == "bwd" else ""))
         cells = []
         for n in names:
             r = by.get(n)
@@ -518,11 +547,12 @@ def dry_run_rows(shapes, impl_names):
         for n in impl_names:
             row = dict(**{"pass": "fwd"}, impl=n, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk, D=s.D,
                        causal=s.causal, us=None, tflops=None, graph_us=None, vs_cudnn=None,
-                       maxdiff=None, status="ok", path=None, floor_us=floor_us(s))
+                       maxdiff=None, status="ok", path=None, floor_us=floor_us(s),
+                       mask="bool (B,1,S,S) padded causal" if s.mask else None)
             if n.startswith("flashcore"):
                 row["path"] = "kernel: (dry run)"
                 row["maxdiff"] = 1e-3
-            if n == "flash" and s.Hq != s.Hkv:
+            if n == "flash" and (s.Hq != s.Hkv or s.mask):
                 row["status"] = "skipped: (dry run)"
             else:
                 row["us"] = f / (speed[n] * 1e6) + 5.0
@@ -568,6 +598,7 @@ def main(argv=None):
     ap.add_argument("--impls", default=",".join(IMPLS),
                     help=f"comma-separated subset of {','.join(IMPLS)}")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--match", metavar="REGEX", help="only shapes whose label (as printed) matches")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: fake timings (tests the plumbing)")
     ap.add_argument("--no-bwd", action="store_true", help="leave out the backward rows")
     ap.add_argument("--bwd-only", action="store_true", help="only the backward rows")
@@ -580,6 +611,9 @@ def main(argv=None):
     names = [n for n in IMPLS if n in names]  # cuDNN first, whatever the order given
     shapes = [] if args.bwd_only else shape_set(args.quick, args.bf16, args.extra)
     bwd_shapes = [] if args.no_bwd else bwd_shape_set(args.quick, args.bf16)
+    if args.match:
+        shapes = [s for s in shapes if re.search(args.match, s.label)]
+        bwd_shapes = [s for s in bwd_shapes if re.search(args.match, s.label)]
     sha, dirty = git_info()
     now = _dt.datetime.now()
 

@@ -157,10 +157,26 @@ static const kernel_entry *find_kernel(fc_family family, const fc_params *p) {
     return NULL;
 }
 
+/* Only the sm80 family reads an attn_mask (a mask tile per K/V tile, kernels/fwd_sm80.cuh).
+ * The Hopper family's TMA producer and the decode kernel's GQA row packing have no mask path,
+ * so a masked call runs in the sm80 family, on Hopper too. */
+static int family_takes_mask(fc_family family, const fc_params *p) {
+    return p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80;
+}
+
+/* Would a family other than sm80 that runs here have a kernel for this call without its mask? */
+static int unmasked_kernel_elsewhere(const fc_params *p, int cc_major, int cc_minor) {
+    const fc_family others[] = {FC_FAMILY_DECODE, FC_FAMILY_SM90};
+    for (size_t i = 0; i < 2; ++i)
+        if (family_runs_on(others[i], cc_major, cc_minor) && find_kernel(others[i], p) != NULL &&
+            family_takes_layout(others[i], p))
+            return 1;
+    return 0;
+}
+
 fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_fn *launch,
                       fc_family *family) {
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
-    if (p->mask_kind != FC_MASK_NONE) return FC_UNSUPPORTED_MASK;
 
     /* Families in order of preference; a forced family is the only candidate. The decode
      * kernel comes first: it takes only the small-Sq calls it is built for. */
@@ -172,7 +188,7 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
         if (!family_runs_on(f, cc_major, cc_minor)) continue;
         any_family_runs = 1;
         const kernel_entry *e = find_kernel(f, p);
-        if (e != NULL && family_takes_layout(f, p)) {
+        if (e != NULL && family_takes_layout(f, p) && family_takes_mask(f, p)) {
             if (launch != NULL) *launch = e->launch;
             if (family != NULL) *family = f;
             return FC_OK;
@@ -180,6 +196,11 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
     }
     if (!any_family_runs)
         return p->family == FC_FAMILY_AUTO ? FC_UNSUPPORTED_ARCH : FC_UNSUPPORTED_FAMILY;
+    /* A mask with a forced family that has none, or (auto) a head dim only those families have. */
+    if (p->mask_kind != FC_MASK_NONE &&
+        (p->family == FC_FAMILY_SM90 || p->family == FC_FAMILY_DECODE ||
+         (p->family == FC_FAMILY_AUTO && unmasked_kernel_elsewhere(p, cc_major, cc_minor))))
+        return FC_UNSUPPORTED_MASK;
     if ((p->family == FC_FAMILY_SM90 || p->family == FC_FAMILY_DECODE) && find_kernel(p->family, p) != NULL)
         return FC_UNSUPPORTED_LAYOUT;
     return FC_UNSUPPORTED_HEAD_DIM;

@@ -36,10 +36,10 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_ERR_BAD_FAMILY] = "family is not a valid fc_family",
     [FC_ERR_BAD_WORKSPACE] = "workspace_bytes is negative or workspace is not 16-byte aligned (backward: or missing, or smaller than fc_sdpa_bwd_workspace_size)",
     [FC_ERR_BAD_SCALE] = "scale must be finite",
-    [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice exceeds 2^31-1 elements, batch or heads_q exceeds 65535 (CUDA's grid limit), or an offset overflows 64 bits",
+    [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice of q, k, v, out or the mask exceeds 2^31-1 elements, batch or heads_q exceeds 65535 (CUDA's grid limit), or an offset overflows 64 bits",
     [FC_UNSUPPORTED_DTYPE] = "no kernel for this dtype (fp16 and bf16 only)",
     [FC_UNSUPPORTED_HEAD_DIM] = "no kernel for this head_dim in the selected family",
-    [FC_UNSUPPORTED_MASK] = "no kernel takes an attention mask yet",
+    [FC_UNSUPPORTED_MASK] = "attention masks run only in the sm80 kernel family (head dims 64 and 128): the sm90 and decode families have no mask path",
     [FC_UNSUPPORTED_ARCH] = "no FlashCore kernel for this GPU architecture (kernels exist for sm_89 and sm_90)",
     [FC_UNSUPPORTED_FAMILY] = "the forced kernel family is not built into this library or cannot run on this GPU",
     [FC_UNSUPPORTED_LAYOUT] = "the forced kernel family cannot take these inputs (the sm90 family needs a nonzero stride on every dim of size > 1 and scale > 0)",
@@ -102,13 +102,17 @@ static fc_status check_strides(const operand *t, int64_t elem_bytes) {
     return FC_OK;
 }
 
-/* Largest element offset of the operand; fails on int64 overflow or a slice offset past 2^31. */
 /* Largest element offset of the operand; fails on int64 overflow, a slice offset past 2^31,
- * or a last byte address that wraps past the end of the address space. */
+ * or a last byte address that wraps past the end of the address space. A slice is dims 2 and
+ * 3 (the kernels index inside it in int): (size2-1)*stride2 + (size3-1)*stride3 + 1 elements.
+ * q, k, v, out and lse have stride3 = 1 (or size3 = 1); the mask's dim 3 (keys) may have any
+ * stride, 0 included. */
 static fc_status check_offsets(const operand *t, const void *base, int64_t elem_bytes) {
     int64_t slice = 0, term = 0, total = 0, bytes = 0;
     if (__builtin_mul_overflow(t->size[2] - 1, t->stride[2], &term)) return FC_ERR_OFFSET_OVERFLOW;
-    if (__builtin_add_overflow(term, t->size[3], &slice)) return FC_ERR_OFFSET_OVERFLOW;
+    if (__builtin_mul_overflow(t->size[3] - 1, t->stride[3], &slice)) return FC_ERR_OFFSET_OVERFLOW;
+    if (__builtin_add_overflow(term, slice, &slice)) return FC_ERR_OFFSET_OVERFLOW;
+    if (__builtin_add_overflow(slice, 1, &slice)) return FC_ERR_OFFSET_OVERFLOW;
     if (slice > FC_MAX_SLICE_OFFSET) return FC_ERR_OFFSET_OVERFLOW;
     total = slice;
     for (int i = 0; i < 2; ++i) {
@@ -176,6 +180,15 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
         const operand lse = {{p->batch, p->heads_q, p->seqlen_q, 1},
                              {p->lse_stride_b, p->lse_stride_h, p->lse_stride_s, 1}};
         const fc_status s = check_offsets(&lse, p->lse, 4);
+        if (s != FC_OK) return s;
+    }
+    if (p->mask_kind != FC_MASK_NONE) {
+        /* (B, Hq, Sq, Sk) with any strides (0 = broadcast) and no alignment requirement: the
+         * sm80 kernel copies mask tiles in 16/8/4-byte pieces where the address and row stride
+         * allow, element by element otherwise. Only the offsets must fit its indexing. */
+        const operand mask = {{p->batch, p->heads_q, p->seqlen_q, p->seqlen_k},
+                              {p->mask_stride_b, p->mask_stride_h, p->mask_stride_q, p->mask_stride_k}};
+        const fc_status s = check_offsets(&mask, p->mask, p->mask_kind == FC_MASK_BOOL ? 1 : elem);
         if (s != FC_OK) return s;
     }
     if (p->heads_q > FC_MAX_GRID_YZ || p->batch > FC_MAX_GRID_YZ) return FC_ERR_OFFSET_OVERFLOW;

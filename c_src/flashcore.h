@@ -5,7 +5,8 @@
  *     out[b, h] = softmax(scale * q[b, h] @ k[b, h / (Hq / Hkv)]^T + mask) @ v[b, h / (Hq / Hkv)]
  * in one kernel (QK^T, online softmax in fp32, PV), with nothing of size Sq x Sk in device
  * memory. Semantics follow torch.nn.functional.scaled_dot_product_attention: `causal` is
- * top-left aligned (query i sees keys 0..i) when Sq != Sk.
+ * top-left aligned (query i sees keys 0..i) when Sq != Sk; a query row that the mask (with
+ * `causal`) leaves no key gives zeros and LSE -inf, as PyTorch's SDPA does.
  *
  * Usage from C (no PyTorch needed):
  *     fc_params p;
@@ -48,12 +49,15 @@ typedef enum fc_family {
     FC_FAMILY_DECODE = 3, /* split-KV decoding for Sq <= 16 and (Hq/Hkv)*Sq <= 32; sm_89, sm_90 */
 } fc_family;
 
-/* Kinds of attention mask. Only NONE has a kernel today; the others are described so the
- * support query can say why a masked call falls back. */
+/* Kinds of attention mask, a (B, Hq, Sq, Sk) view through mask_stride_* (any strides, 0 for
+ * a broadcast dim, no alignment requirement). Masks run in the sm80 family only: under AUTO a
+ * masked call goes there on Hopper too; forcing FC_FAMILY_SM90 or FC_FAMILY_DECODE with a mask
+ * gives FC_UNSUPPORTED_MASK. A mask may be combined with `causal` (PyTorch forbids that; here
+ * both apply). */
 typedef enum fc_mask_kind {
     FC_MASK_NONE = 0,
     FC_MASK_BOOL = 1,     /* uint8/bool, nonzero = attend */
-    FC_MASK_ADDITIVE = 2, /* same dtype as q, added to the scaled scores */
+    FC_MASK_ADDITIVE = 2, /* same dtype as q, added to the scaled scores (-inf = masked) */
 } fc_mask_kind;
 
 /* Every outcome of a call. fc_status_string() gives a sentence for each. Statuses from
@@ -75,10 +79,10 @@ typedef enum fc_status {
     FC_ERR_BAD_FAMILY,           /* family is not an fc_family value */
     FC_ERR_BAD_WORKSPACE,        /* workspace_bytes negative, or workspace misaligned (16 bytes); backward: missing or too small */
     FC_ERR_BAD_SCALE,            /* scale is NaN or infinite */
-    FC_ERR_OFFSET_OVERFLOW,      /* an element offset exceeds what the kernels index (2^31-1) */
+    FC_ERR_OFFSET_OVERFLOW,      /* an element offset (q, k, v, out, lse or mask) exceeds what the kernels index (2^31-1) */
     FC_UNSUPPORTED_DTYPE,        /* valid dtype, but no kernel for it (fp32) */
     FC_UNSUPPORTED_HEAD_DIM,     /* no kernel for this head_dim */
-    FC_UNSUPPORTED_MASK,         /* no kernel takes this mask kind yet */
+    FC_UNSUPPORTED_MASK,         /* a mask with a family that has none (sm90, decode; or AUTO where only they have the head dim) */
     FC_UNSUPPORTED_ARCH,         /* no kernel family for this compute capability */
     FC_UNSUPPORTED_FAMILY,       /* the forced family is not built or cannot run on this device */
     FC_UNSUPPORTED_LAYOUT,       /* the forced family cannot take these strides or this scale (sm90: broadcast dim, scale <= 0) */
@@ -97,7 +101,7 @@ typedef struct fc_params {
     const void *v;   /* (B, Hkv, Sk, D) */
     void *out;       /* (B, Hq,  Sq, D), same dtype as q */
     float *lse;      /* optional (B, Hq, Sq) fp32 natural-log log-sum-exp; NULL = not written */
-    const void *mask;/* optional, see mask_kind; NULL when mask_kind == FC_MASK_NONE */
+    const void *mask;/* optional (B, Hq, Sq, Sk), see mask_kind; ignored when mask_kind == FC_MASK_NONE */
 
     int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
 
@@ -106,7 +110,7 @@ typedef struct fc_params {
     int64_t v_stride_b, v_stride_h, v_stride_s, v_stride_d;
     int64_t o_stride_b, o_stride_h, o_stride_s, o_stride_d;
     int64_t lse_stride_b, lse_stride_h, lse_stride_s;
-    int64_t mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_k;
+    int64_t mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_k; /* elements; 0 = broadcast */
 
     float scale;        /* multiplies q.k; PyTorch's default is 1/sqrt(head_dim) */
     int causal;         /* nonzero: query i attends to keys 0..i (top-left aligned) */

@@ -224,7 +224,7 @@ def _cases():
         Case("mask_float32_with_low_precision_query",
              lambda e: (e.qkv(q=(2, 4, 8, 64)),
                         dict(attn_mask=torch.randn(8, 8, generator=e.gen).to(e.device))),
-             dtypes=LOWP),
+             path="float mask whose dtype differs from query's", dtypes=LOWP),
     ]
     # ---- devices ------------------------------------------------------------------------------
     c += [
@@ -395,19 +395,32 @@ def _cases():
     # ---- NaN / Inf, masks, scale --------------------------------------------------------------------
     c += _nan_inf_cases()
     c += [
+        # Masks run in the sm80 kernel family (on Hopper too); fully masked rows are zeros there
+        # as in PyTorch (its safe softmax), not NaN.
         Case("mask_fully_masked_rows_bool",
              lambda e: (e.qkv(q=(2, 4, 16, 64), k=(2, 4, 24, 64)),
-                        dict(attn_mask=_mask_rows_off(e, 16, 24, (0, 5, 15), "bool")))),
+                        dict(attn_mask=_mask_rows_off(e, 16, 24, (0, 5, 15), "bool"))),
+             path="kernel"),
         Case("mask_fully_masked_rows_additive",
              lambda e: (e.qkv(q=(2, 4, 16, 64), k=(2, 4, 24, 64)),
-                        dict(attn_mask=_mask_rows_off(e, 16, 24, (0, 5, 15), "additive")))),
+                        dict(attn_mask=_mask_rows_off(e, 16, 24, (0, 5, 15), "additive"))),
+             path="kernel"),
         Case("mask_everything_masked",
              lambda e: (e.qkv(q=(2, 4, 16, 64), k=(2, 4, 24, 64)),
-                        dict(attn_mask=torch.zeros(16, 24, dtype=torch.bool, device=e.device)))),
+                        dict(attn_mask=torch.zeros(16, 24, dtype=torch.bool, device=e.device))),
+             path="kernel"),
         Case("mask_nothing_masked",
              lambda e: (e.qkv(q=(2, 4, 16, 64), k=(2, 4, 24, 64)),
                         dict(attn_mask=torch.ones(2, 1, 16, 24, dtype=torch.bool,
-                                                  device=e.device)))),
+                                                  device=e.device))),
+             path="kernel"),
+        # HuggingFace fills float masks with finfo(dtype).min: a row masked only by such finite
+        # values is a uniform average in PyTorch, not a fully masked (zero) row.
+        Case("mask_additive_finfo_min_rows",
+             lambda e: (e.qkv(q=(2, 4, 16, 64), k=(2, 4, 24, 64)),
+                        dict(attn_mask=torch.zeros(16, 24).index_fill_(
+                            0, torch.tensor([1, 7]), torch.finfo(e.dtype).min).to(e.device, e.dtype))),
+             path="kernel"),
     ]
     c += _scale_cases()
     return c

@@ -12,7 +12,8 @@ What it checks, on a CUDA machine:
     non-contiguous grad_out), through the LSE's gradient, and its determinism (bitwise equal
     gradients from two calls);
   * flashcore::sdpa_fwd's LSE (from the kernel) against a float64 log-sum-exp, and its output
-    equal to sdpa's bit for bit; the fallback paths' gradients (fp32, masks, D=80);
+    equal to sdpa's bit for bit; the gradients of masked calls (kernel forward: the mask
+    runs in the sm80 family) and of the fallback paths (fp32, D=80);
   * torch.library.opcheck with every test util for every op (kernel and fallback inputs);
   * torch.compile(fullgraph=True, dynamic=True): one graph for several lengths, forward and
     backward equal to eager; mode="reduce-overhead" (CUDA graphs): replays with new inputs equal
@@ -236,7 +237,9 @@ def test_fallback_grads_fp32_and_head_dim_80():
 
 
 @pytest.mark.parametrize("kind", ["bool", "additive"])
-def test_fallback_grads_masks(kind):
+def test_grads_masks(kind):
+    """attn_mask: the forward runs a FlashCore kernel (sm80 family), the backward is the Python
+    one from the kernel's LSE; the additive mask gets its gradient too."""
     dtype = torch.float16
     q, k, v = rand(2, 4, 127, 64, dtype=dtype), rand(2, 4, 200, 64, dtype=dtype), \
         rand(2, 4, 200, 64, dtype=dtype)
@@ -268,7 +271,7 @@ OPCHECK = {  # name: (dtype, D, Hq, Hkv, Sq, Sk, causal, mask kind, transposed)
     "kernel": (torch.float16, 64, 4, 2, 127, 127, True, None, False),
     "kernel_bshd": (torch.bfloat16, 128, 4, 4, 33, 70, False, None, True),
     "fallback_fp32": (torch.float32, 64, 4, 2, 17, 17, True, None, False),
-    "fallback_mask": (torch.float16, 64, 4, 4, 17, 40, False, "additive", False),
+    "kernel_mask": (torch.float16, 64, 4, 4, 17, 40, False, "additive", False),
     "fallback_d80_bshd": (torch.float16, 80, 2, 2, 17, 17, False, None, True),
 }
 

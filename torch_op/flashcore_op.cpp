@@ -19,6 +19,9 @@
 //   0                      kernel path
 //   1 .. 99                op-level fallback reasons (enum OpReason below)
 //   FC_REASON_STATUS_BASE + s   fallback because fc_sdpa_support said fc_status s
+//   FC_REASON_NOTE_BASE + s     kernel path, in the sm80 family although the sm90 family runs on
+//                               this device: fc_sdpa_support said fc_status s for sm90 (e.g.
+//                               FC_UNSUPPORTED_MASK: only the sm80 family applies attn_mask)
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -79,10 +82,12 @@ enum OpReason : int64_t {
   kMaskDevice = 10,        // mask on another device than query
 };
 constexpr int64_t FC_REASON_STATUS_BASE = 100;
+constexpr int64_t FC_REASON_NOTE_BASE = 1000;
 
 struct Decision {
   fc_params p;
   int64_t reason = kKernel;    // kKernel, an OpReason, or FC_REASON_STATUS_BASE + fc_status
+  fc_status sm90_declined = FC_OK;  // kernel path in sm80 under auto: why the sm90 family did not take it
   fc_family family = FC_FAMILY_AUTO;  // kernel family that runs (when reason == kKernel)
   bool family_forced = false;
 };
@@ -299,6 +304,14 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   }
   d.family = fc_sdpa_family(&d.p, major, minor);
   d.reason = kKernel;
+  if (!d.family_forced && d.family == FC_FAMILY_SM80) {
+    // Say why the preferred Hopper family did not take it, where it runs at all (a mask, a
+    // broadcast dim, scale <= 0); on Ada the answer is FC_UNSUPPORTED_FAMILY: nothing to say.
+    fc_params probe = d.p;
+    probe.family = FC_FAMILY_SM90;
+    const fc_status why = fc_sdpa_support(&probe, major, minor);
+    if (why != FC_OK && why != FC_UNSUPPORTED_FAMILY) d.sm90_declined = why;
+  }
   return d;
 }
 
@@ -347,12 +360,14 @@ Tensor aten_sdpa(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
   return torch::stable::detail::to<Tensor>(stack[0]);
 }
 
-// A forced family that cannot run is an error, not a silent fallback (it is for testing).
+// A forced family that cannot run is an error, not a silent fallback (it is for testing):
+// not built / not for this device, or (sm90, decode) asked to apply an attn_mask.
 void check_forced_family(const Decision& d) {
-  FC_CHECK(!(d.family_forced && d.reason == FC_REASON_STATUS_BASE + FC_UNSUPPORTED_FAMILY),
-           "flashcore.sdpa: FLASHCORE_FAMILY=", std::getenv("FLASHCORE_FAMILY"),
-           " forces a kernel family that cannot run here: ",
-           fc_status_string(FC_UNSUPPORTED_FAMILY));
+  for (fc_status s : {FC_UNSUPPORTED_FAMILY, FC_UNSUPPORTED_MASK}) {
+    FC_CHECK(!(d.family_forced && d.reason == FC_REASON_STATUS_BASE + s),
+             "flashcore.sdpa: FLASHCORE_FAMILY=", std::getenv("FLASHCORE_FAMILY"),
+             " forces a kernel family that cannot run this call: ", fc_status_string(s));
+  }
 }
 
 // Runs the kernel decide() chose. out: contiguous (B, Hq, Sq, D); lse (if asked for):
@@ -565,6 +580,8 @@ std::tuple<int64_t, int64_t> explain(Tensor q, Tensor k, Tensor v, std::optional
                                      double dropout_p, bool is_causal,
                                      std::optional<double> scale, bool enable_gqa) {
   const Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+  if (d.reason == kKernel && d.sm90_declined != FC_OK)
+    return {static_cast<int64_t>(d.family), FC_REASON_NOTE_BASE + d.sm90_declined};
   return {static_cast<int64_t>(d.family), d.reason};
 }
 

@@ -1,6 +1,6 @@
 // sm80_ptx.cuh - thin wrappers over the sm_80-class PTX the forward kernels use:
 // cp.async (global -> shared without registers), ldmatrix (shared -> mma fragments),
-// mma.sync m16n8k16 with fp32 accumulators, and fp32 -> 16-bit packing.
+// mma.sync m16n8k16 with fp32 accumulators, and fp32 <-> 16-bit packing.
 // Each wrapper is one instruction; the fragment layouts they assume are written out in
 // kernels/fwd_sm80.cuh where they are used.
 #pragma once
@@ -21,6 +21,22 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void *src_g
     const int src_bytes = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_smem),
                  "l"(src_gmem), "r"(src_bytes));
+}
+
+// Copy kBytes (4, 8 or 16) global -> shared, reading only the first `src_bytes` of them
+// (0 <= src_bytes <= kBytes) and zero-filling the rest. Both addresses must be kBytes-aligned.
+// The attention mask goes through this: its rows need not be 16-byte aligned, and a row's last
+// chunk may end at the last key. 16-byte copies bypass L1 (.cg); smaller ones may only use .ca.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_zfill(uint32_t dst_smem, const void *src_gmem, int src_bytes) {
+    static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+    if constexpr (kBytes == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_smem),
+                     "l"(src_gmem), "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst_smem),
+                     "l"(src_gmem), "n"(kBytes), "r"(src_bytes));
+    }
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -84,6 +100,20 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&h);
+}
+
+// Unpack one 32-bit register of two 16-bit values into two fp32 values (x = lo).
+template <typename Elem>
+__device__ __forceinline__ float2 unpack2(uint32_t v);
+
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
+    return __half22float2(*reinterpret_cast<const __half2 *>(&v));
+}
+
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -3,8 +3,9 @@
 Importing this package loads ``libflashcore_op.so`` (built beside this file) and registers
 ``torch.ops.flashcore.sdpa``, a drop-in for ``torch.nn.functional.scaled_dot_product_attention``
 with the same schema. On CUDA devices FlashCore has kernels for, it runs a FlashCore kernel on
-the current stream; everything else (CPU tensors, dropout, masks, other dtypes / head dims /
-devices) goes to PyTorch's own SDPA.
+the current stream (attn_mask included: bool or additive of query's dtype, in the sm80-class
+family); everything else (CPU tensors, dropout, float32 masks with 16-bit inputs, other dtypes /
+head dims / devices) goes to PyTorch's own SDPA.
 
 Usage::
 
@@ -58,6 +59,7 @@ _OP_REASONS = {
     11: "grad_out, out, lse or grad_lse do not match query (shape or dtype)",  # backward only
 }
 _STATUS_BASE = 100
+_NOTE_BASE = 1000  # kernel path in the sm80 family; the sm90 family declined with this status
 _FAMILIES = {0: "auto", 1: "sm80", 2: "sm90", 3: "decode"}
 _clib = None
 
@@ -82,12 +84,17 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
 @torch.compiler.disable  # a diagnostic on real tensors: runs eagerly inside compiled code
 def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
             enable_gqa=False) -> str:
-    """Which path ``sdpa`` takes for these arguments: ``"kernel sm80"``, ``"kernel sm90"`` or
-    ``"fallback: <reason>"``. Raises for the same bad inputs ``sdpa`` raises for."""
+    """Which path ``sdpa`` takes for these arguments: ``"kernel sm80"``, ``"kernel sm90"``,
+    ``"kernel sm80 (not sm90: <why>)"`` (on Hopper, e.g. with an ``attn_mask``, which only the
+    sm80 family applies) or ``"fallback: <reason>"``. Raises for the same bad inputs ``sdpa``
+    raises for."""
     family, reason = torch.ops.flashcore.explain(query, key, value, attn_mask, dropout_p,
                                                  is_causal, scale=scale, enable_gqa=enable_gqa)
     if reason == 0:
         return f"kernel {_FAMILIES.get(family, family)}"
+    if reason >= _NOTE_BASE:
+        return (f"kernel {_FAMILIES.get(family, family)} "
+                f"(not sm90: {_status_string(reason - _NOTE_BASE)})")
     if reason >= _STATUS_BASE:
         return f"fallback: {_status_string(reason - _STATUS_BASE)}"
     return f"fallback: {_OP_REASONS.get(reason, f'reason {reason}')}"

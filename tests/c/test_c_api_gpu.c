@@ -4,6 +4,11 @@
  * same (rounded) 16-bit inputs. Also checks the LSE output and that every output element was
  * written (the output is poisoned with NaN bytes first).
  *
+ * Masked cases (bool and additive attn_mask, in three layouts that take the kernel's three ways
+ * of copying mask tiles: 16-byte cp.async, narrower cp.async on misaligned rows, and element by
+ * element for a transposed mask) include fully masked rows (output exactly 0, LSE -inf) and
+ * -inf additive entries; compute-sanitizer runs this file in ci/gpu.sh.
+ *
  * Exits 77 (ctest's "skipped") when no CUDA device is present; 0 when all cases pass.
  * Tolerance: |out - ref| <= atol + rtol * |ref|, where rtol covers rounding the output and P to
  * 16 bits (fp16: 2^-11 each; bf16: 2^-8 each) with a 4x margin.
@@ -95,11 +100,28 @@ static double uniform01(void) {
 }
 static float randn(void) { return (float)(sqrt(-2.0 * log(uniform01())) * cos(6.283185307179586 * uniform01())); }
 
+/* Mask layouts: how the (B, Hq, Sq, Sk) mask is laid out in its buffer. */
+enum {
+    MASK_BHQK = 0,       /* (B, 1, Sq, Sk) contiguous, broadcast over heads: 16-byte rows when Sk allows */
+    MASK_QK_PADDED = 1,  /* (Sq, Sk) in rows of Sk + 3 elements, base one element in: misaligned */
+    MASK_TRANSPOSED = 2, /* (Sk, Sq) storage viewed as (Sq, Sk): keys strided, element by element */
+};
+
 typedef struct test_case {
     int64_t B, Hq, Hkv, Sq, Sk, D;
     int causal;
     fc_dtype dtype;
+    fc_mask_kind mask_kind; /* FC_MASK_NONE: no mask */
+    int mask_layout;
 } test_case;
+
+/* Mask value at (b, h, i, j): 1 = attend (bool) or the additive value; masked bool -> -inf. */
+static double mask_score(const test_case *tc, const fc_params *p, const uint16_t *m16,
+                         const uint8_t *m8, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const int64_t at = b * p->mask_stride_b + h * p->mask_stride_h + i * p->mask_stride_q + j * p->mask_stride_k;
+    if (tc->mask_kind == FC_MASK_BOOL) return m8[at] ? 0.0 : -INFINITY;
+    return to_float(m16[at], tc->dtype);
+}
 
 static int run_case(const test_case *tc, fc_family family) {
     const int64_t B = tc->B, Hq = tc->Hq, Hkv = tc->Hkv, Sq = tc->Sq, Sk = tc->Sk, D = tc->D;
@@ -121,6 +143,36 @@ static int run_case(const test_case *tc, fc_family family) {
     CUDA_OK(cudaMemcpy(dk, hk, nk * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dv, hv, nk * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xff, nq * 2)); /* 0xffff is NaN in fp16 and bf16 */
+
+    /* The mask, host copy indexed as the kernel sees it (mask pointer = buffer + offset). */
+    int64_t msb = 0, msh = 0, msq = 0, msk = 0, m_off = 0, m_elems = 0;
+    if (tc->mask_layout == MASK_BHQK) { msb = Sq * Sk; msq = Sk; msk = 1; m_elems = B * Sq * Sk; }
+    else if (tc->mask_layout == MASK_QK_PADDED) { msq = Sk + 3; msk = 1; m_off = 1; m_elems = 1 + Sq * (Sk + 3); }
+    else { msq = 1; msk = Sq; m_elems = Sq * Sk; }
+    const size_t m_bytes = tc->mask_kind == FC_MASK_BOOL ? 1 : 2;
+    uint8_t *hm8 = NULL;
+    uint16_t *hm16 = NULL;
+    void *dmask = NULL;
+    if (tc->mask_kind != FC_MASK_NONE) {
+        hm8 = calloc((size_t)m_elems, 1);
+        hm16 = calloc((size_t)m_elems, 2);
+        for (int64_t e = 0; e < m_elems; ++e) {
+            const double u = uniform01();
+            hm8[e] = u < 0.7;                               /* 30% of keys masked */
+            hm16[e] = from_float(u < 0.1 ? -INFINITY : randn(), tc->dtype); /* 10% -inf */
+        }
+        /* Fully masked rows: query rows i % 7 == 3 see no key (every batch for (B, 1, Sq, Sk)). */
+        for (int64_t b = 0; b < (tc->mask_layout == MASK_BHQK ? B : 1); ++b)
+            for (int64_t i = 3; i < Sq; i += 7)
+                for (int64_t j = 0; j < Sk; ++j) {
+                    const int64_t at = m_off + b * msb + i * msq + j * msk;
+                    hm8[at] = 0;
+                    hm16[at] = from_float(-INFINITY, tc->dtype);
+                }
+        CUDA_OK(cudaMalloc(&dmask, (size_t)m_elems * m_bytes));
+        CUDA_OK(cudaMemcpy(dmask, tc->mask_kind == FC_MASK_BOOL ? (void *)hm8 : (void *)hm16,
+                           (size_t)m_elems * m_bytes, cudaMemcpyHostToDevice));
+    }
     CUDA_OK(cudaMemset(dlse, 0xff, (size_t)(B * Hq * Sq) * sizeof(float)));
 
     fc_params p;
@@ -132,6 +184,13 @@ static int run_case(const test_case *tc, fc_family family) {
     p.dtype = tc->dtype;
     p.family = family;
     fc_params_set_contiguous_strides(&p);
+    if (tc->mask_kind != FC_MASK_NONE) {
+        p.mask_kind = tc->mask_kind;
+        p.mask = (const char *)dmask + m_off * (int64_t)m_bytes;
+        p.mask_stride_b = msb; p.mask_stride_h = msh; p.mask_stride_q = msq; p.mask_stride_k = msk;
+    }
+    const uint8_t *m8 = hm8 != NULL ? hm8 + m_off : NULL;
+    const uint16_t *m16 = hm16 != NULL ? hm16 + m_off : NULL;
 
     /* Workspace, when the chosen kernel can use one (the split-KV decode path). */
     int64_t ws_bytes = 0;
@@ -173,11 +232,19 @@ static int run_case(const test_case *tc, fc_family family) {
                     double dot = 0;
                     for (int64_t d = 0; d < D; ++d) dot += (double)to_float(qrow[d], tc->dtype) * to_float(krow[d], tc->dtype);
                     scores[j] = dot * p.scale;
+                    if (tc->mask_kind != FC_MASK_NONE) scores[j] += mask_score(tc, &p, m16, m8, b, h, i, j);
                     if (scores[j] > mx) mx = scores[j];
+                }
+                const float got_lse = hlse[(b * Hq + h) * Sq + i];
+                if (mx == -INFINITY) {
+                    /* Every key masked: PyTorch returns zeros for the row, and its LSE is -inf. */
+                    if (!(got_lse == -INFINITY)) ++bad;
+                    for (int64_t d = 0; d < D; ++d)
+                        if (to_float(ho[((b * Hq + h) * Sq + i) * D + d], tc->dtype) != 0.0f) ++bad;
+                    continue;
                 }
                 double sum = 0;
                 for (int64_t j = 0; j < n_keys; ++j) { scores[j] = exp(scores[j] - mx); sum += scores[j]; }
-                const float got_lse = hlse[(b * Hq + h) * Sq + i];
                 const double lse_err = fabs(got_lse - (mx + log(sum)));
                 if (!(lse_err <= 1e-3 * (1 + fabs(mx + log(sum))))) ++bad;
                 if (lse_err > max_lse_err || isnan(lse_err)) max_lse_err = lse_err;
@@ -193,9 +260,14 @@ static int run_case(const test_case *tc, fc_family family) {
                 }
             }
         }
-    printf("%s family=%s ws=%lld B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s: max|err| %.2e, max|lse err| %.2e, %d bad\n",
+    static const char *const kMaskNames[] = {"", " bool-mask", " additive-mask"};
+    static const char *const kLayoutNames[] = {"(B,1,Sq,Sk)", "(Sq,Sk)-misaligned", "transposed"};
+    printf("%s family=%s ws=%lld B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s%s%s: max|err| %.2e, max|lse err| %.2e, %d bad\n",
            bad ? "FAIL" : "ok  ", family == FC_FAMILY_SM80 ? "sm80" : "auto", (long long)ws_bytes, (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk,
-           (long long)D, tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", max_err, max_lse_err, bad);
+           (long long)D, tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", kMaskNames[tc->mask_kind],
+           tc->mask_kind != FC_MASK_NONE ? kLayoutNames[tc->mask_layout] : "", max_err, max_lse_err, bad);
+    free(hm8); free(hm16);
+    if (dmask != NULL) CUDA_OK(cudaFree(dmask));
 
     free(scores); free(hq); free(hk); free(hv); free(ho); free(hlse);
     CUDA_OK(cudaFree(dq)); CUDA_OK(cudaFree(dk)); CUDA_OK(cudaFree(dv)); CUDA_OK(cudaFree(dout)); CUDA_OK(cudaFree(dlse));
@@ -356,17 +428,27 @@ int main(void) {
         return 77;
     }
     static const test_case kCases[] = {
-        {1, 2, 2, 128, 128, 64, 0, FC_DTYPE_FP16},
-        {2, 4, 1, 17, 300, 64, 1, FC_DTYPE_FP16},
-        {1, 8, 2, 127, 65, 128, 0, FC_DTYPE_BF16},
-        {1, 2, 2, 200, 77, 128, 1, FC_DTYPE_FP16},   /* Sq > Sk, causal: top-left alignment */
-        {1, 4, 4, 1, 513, 128, 0, FC_DTYPE_BF16},     /* one query row */
-        {3, 1, 1, 1000, 1000, 64, 1, FC_DTYPE_BF16},
+        {1, 2, 2, 128, 128, 64, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        {2, 4, 1, 17, 300, 64, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        {1, 8, 2, 127, 65, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0},
+        {1, 2, 2, 200, 77, 128, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},   /* Sq > Sk, causal: top-left alignment */
+        {1, 4, 4, 1, 513, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0},     /* one query row */
+        {3, 1, 1, 1000, 1000, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
         /* decode path under AUTO: split-KV with GQA packing, odd lengths, causal Sq > 1 */
-        {2, 8, 2, 1, 8191, 128, 0, FC_DTYPE_FP16},
-        {1, 4, 1, 3, 3000, 64, 1, FC_DTYPE_BF16},
-        {1, 32, 4, 2, 777, 128, 0, FC_DTYPE_BF16},
-        {3, 2, 2, 16, 100, 64, 1, FC_DTYPE_FP16},
+        {2, 8, 2, 1, 8191, 128, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        {1, 4, 1, 3, 3000, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
+        {1, 32, 4, 2, 777, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0},
+        {3, 2, 2, 16, 100, 64, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        /* attn_mask (sm80 family under AUTO too): every copy path, ragged Sq/Sk, GQA, causal */
+        {2, 4, 2, 100, 256, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 4, 1, 77, 1000, 128, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
+        {2, 2, 2, 130, 201, 64, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_QK_PADDED},
+        {1, 2, 1, 65, 130, 128, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_TRANSPOSED},
+        {2, 2, 2, 100, 256, 128, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK},
+        {1, 4, 2, 67, 99, 64, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_QK_PADDED},
+        {1, 2, 2, 33, 70, 64, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
+        {1, 2, 2, 3, 50, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},       /* decode-sized */
+        {1, 2, 2, 150, 150, 64, 1, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK}, /* causal + mask (C API) */
     };
     int failed = 0;
     /* FC_TEST_BWD_ONLY=1: only the backward cases (a quicker compute-sanitizer pass). */

@@ -8,6 +8,7 @@
 #include "flashcore.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -71,7 +72,24 @@ static void m_contiguous_overflow(fc_params *p) { p->heads_q = p->heads_kv = (in
 static void m_grid_overflow(fc_params *p) { p->batch = (int64_t)1 << 29; p->heads_q = 8; p->q_stride_b = 128; p->o_stride_b = 128; p->k_stride_b = 0; p->v_stride_b = 0; }
 static void m_fp32(fc_params *p) { p->dtype = FC_DTYPE_FP32; }
 static void m_head_dim(fc_params *p) { p->head_dim = 80; fc_params_set_contiguous_strides(p); }
-static void m_mask(fc_params *p) { p->mask_kind = FC_MASK_ADDITIVE; p->mask = (const void *)0x50000; }
+/* Masks: (B, Hq, Sq, Sk) = (2, 8, 100, 300) with strides in elements; no alignment rule. */
+static void m_mask(fc_params *p) { p->mask_kind = FC_MASK_ADDITIVE; p->mask = (const void *)0x50000; p->mask_stride_q = 300; p->mask_stride_k = 1; }
+static void m_bool_mask_bhqk(fc_params *p) { p->mask_kind = FC_MASK_BOOL; p->mask = (const void *)0x50000; p->mask_stride_b = 8 * 100 * 300; p->mask_stride_h = 100 * 300; p->mask_stride_q = 300; p->mask_stride_k = 1; }
+static void m_mask_odd_layout(fc_params *p) { p->mask_kind = FC_MASK_BOOL; p->mask = (const void *)0x50001; p->mask_stride_q = 1; p->mask_stride_k = 101; }
+static void m_mask_odd_additive(fc_params *p) { p->mask_kind = FC_MASK_ADDITIVE; p->mask = (const void *)0x50002; p->mask_stride_q = 301; p->mask_stride_k = 1; }
+static void m_mask_all_broadcast(fc_params *p) { p->mask_kind = FC_MASK_BOOL; p->mask = (const void *)0x50003; }
+static void m_mask_causal(fc_params *p) { m_mask(p); p->causal = 1; }
+static void m_mask_negative_stride(fc_params *p) { m_mask(p); p->mask_stride_k = -1; }
+static void m_mask_slice_overflow(fc_params *p) { m_mask(p); p->mask_stride_q = (int64_t)1 << 25; }
+static void m_mask_key_overflow(fc_params *p) { m_mask(p); p->mask_stride_q = 0; p->mask_stride_k = (int64_t)1 << 23; }
+static void m_mask_int64_overflow(fc_params *p) { m_mask(p); p->mask_stride_h = INT64_MAX / 4; }
+static void m_mask_address_wraps(fc_params *p) { m_mask(p); p->mask = (const void *)(uintptr_t)0xffffffffffff0000ull; p->mask_stride_b = (int64_t)1 << 20; }
+static void m_mask_size1_huge_strides(fc_params *p) { m_mask(p); p->seqlen_q = 1; p->mask_stride_q = INT64_MAX; p->q_stride_s = 3; p->o_stride_s = 5; }
+static void m_mask_force_sm90(fc_params *p) { m_mask(p); p->family = FC_FAMILY_SM90; }
+static void m_mask_force_sm80(fc_params *p) { m_bool_mask_bhqk(p); p->family = FC_FAMILY_SM80; }
+static void m_mask_force_decode(fc_params *p) { m_bool_mask_bhqk(p); p->family = FC_FAMILY_DECODE; p->seqlen_q = 4; }
+static void m_mask_decode_shape(fc_params *p) { m_bool_mask_bhqk(p); p->seqlen_q = 4; }
+static void m_mask_broadcast_kv(fc_params *p) { m_mask(p); p->k_stride_b = 0; p->v_stride_b = 0; }
 static void m_force_sm90(fc_params *p) { p->family = FC_FAMILY_SM90; }
 static void m_force_sm80(fc_params *p) { p->family = FC_FAMILY_SM80; }
 static void m_workspace_misaligned(fc_params *p) { p->workspace = (void *)0x70004; p->workspace_bytes = 64; }
@@ -119,7 +137,24 @@ static const validation_case kCases[] = {
     {"lse 2-byte aligned", m_lse_misaligned, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT},
     {"fp32", m_fp32, FC_OK, FC_UNSUPPORTED_DTYPE, FC_UNSUPPORTED_DTYPE},
     {"head_dim 80", m_head_dim, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_ARCH},
-    {"additive mask", m_mask, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_MASK},
+    /* Masks run in the sm80 family (on Hopper too, under AUTO); sm90 and decode have none. */
+    {"additive (Sq, Sk) mask", m_mask, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"bool (B, H, Sq, Sk) mask", m_bool_mask_bhqk, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"bool mask, odd address, transposed", m_mask_odd_layout, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"additive mask, 2-byte address, odd rows", m_mask_odd_additive, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"bool mask broadcast on every dim", m_mask_all_broadcast, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask together with causal", m_mask_causal, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask negative key stride", m_mask_negative_stride, FC_ERR_NEGATIVE_STRIDE, FC_ERR_NEGATIVE_STRIDE, FC_ERR_NEGATIVE_STRIDE},
+    {"mask slice offset past 2^31 (rows)", m_mask_slice_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"mask slice offset past 2^31 (keys)", m_mask_key_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"mask offset overflows int64", m_mask_int64_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"mask last byte wraps the address space", m_mask_address_wraps, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"mask, Sq 1, huge unused row stride", m_mask_size1_huge_strides, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask, forced sm90", m_mask_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask, forced sm80", m_mask_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"mask, forced decode, Sq = 4", m_mask_force_decode, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask, decode-sized call (auto: sm80)", m_mask_decode_shape, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask, K/V broadcast over batch", m_mask_broadcast_kv, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"forced sm90 family", m_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"forced sm90, K/V broadcast over batch", m_force_sm90_broadcast, FC_OK, FC_UNSUPPORTED_LAYOUT, FC_UNSUPPORTED_FAMILY},
     {"forced sm80 family", m_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
@@ -271,6 +306,18 @@ int main(void) {
         }
         snprintf(label, sizeof label, "%s: sm_80", c->label);
         CHECK_STATUS(label, fc_sdpa_support(&p, 8, 0), c->want_ampere);
+    }
+
+    /* On Hopper a masked call runs the sm80 family under AUTO (the sm90 family has no mask). */
+    if (hopper_built) {
+        fc_params p = valid_params();
+        m_bool_mask_bhqk(&p);
+        if (fc_sdpa_family(&p, 9, 0) != FC_FAMILY_SM80) {
+            fprintf(stderr, "FAIL masked call on sm_90: family %d, want sm80\n", (int)fc_sdpa_family(&p, 9, 0));
+            ++failures;
+        } else {
+            printf("ok   %-40s sm80 family\n", "masked call on sm_90 (auto)");
+        }
     }
 
     CHECK_STATUS("NULL params: validate", fc_params_validate(NULL), FC_ERR_NULL_PARAMS);

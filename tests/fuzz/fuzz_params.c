@@ -13,8 +13,9 @@
  *     pointers 16-byte aligned, strides non-negative / unit last dim / 16-byte multiples, the
  *     largest offset inside one (batch, head) slice fits the kernels' 32-bit index, the largest
  *     offset of every tensor fits int64, the grid fits CUDA's limits;
- *   * every struct the support query accepts has a kernel (dtype, head dim, arch, no mask, the
- *     family's own layout rules), AUTO prefers the sm90 family where it can take the struct, and
+ *   * every struct the support query accepts has a kernel (dtype, head dim, arch, a mask only in
+ *     the sm80 family, the family's own layout rules), AUTO prefers the sm90 family where it can
+ *     take the struct (and has no mask to apply), and
  *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct; the launcher
  *     stubs re-check what that family's kernel computes in int (tile counts, block bounds);
  *   * the canonical layout (fc_params_set_contiguous_strides on sane sizes) is never rejected
@@ -151,7 +152,7 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
     if (p->num_splits_ > 1) REQUIRE(family == FC_FAMILY_DECODE && p->workspace != NULL);
     if (family == FC_FAMILY_DECODE) REQUIRE(decode_takes(p));
     REQUIRE(p->head_dim == head_dim && p->dtype == dtype);
-    REQUIRE(p->mask_kind == FC_MASK_NONE);
+    REQUIRE(p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80);
     REQUIRE(p->family == FC_FAMILY_AUTO || p->family == family);
     accepted_is_consistent(p);
     int bm = 0, bn = 0;
@@ -285,9 +286,22 @@ static void accepted_is_consistent(const fc_params *p) {
         REQUIRE((i128)(uintptr_t)p->lse + last * 4 + 3 <= (i128)UINTPTR_MAX);
 #endif
     }
-    if (p->mask_kind != FC_MASK_NONE)
+    if (p->mask_kind != FC_MASK_NONE) {
+        /* (B, Hq, Sq, Sk), any strides and alignment; the sm80 kernel indexes a (batch, head)
+         * slice in int: row * stride_q + key * stride_k. */
         REQUIRE(p->mask_stride_b >= 0 && p->mask_stride_h >= 0 && p->mask_stride_q >= 0 &&
                 p->mask_stride_k >= 0);
+        const i128 melem = p->mask_kind == FC_MASK_BOOL ? 1 : elem;
+        const i128 tq = ((i128)p->seqlen_q - 1) * p->mask_stride_q;
+        const i128 tk = ((i128)p->seqlen_k - 1) * p->mask_stride_k;
+        REQUIRE(tq + tk <= INT32_MAX);
+        const i128 tb = ((i128)p->batch - 1) * p->mask_stride_b;
+        const i128 th = ((i128)p->heads_q - 1) * p->mask_stride_h;
+        REQUIRE(tb <= INT64_MAX && th <= INT64_MAX);
+        const i128 last = tb + th + tq + tk;
+        REQUIRE(last <= INT64_MAX);
+        REQUIRE((i128)(uintptr_t)p->mask + last * melem + melem - 1 <= (i128)UINTPTR_MAX);
+    }
     /* Grid (query blocks, heads_q, batch): y and z at most 65535; the kernels cast seqlen_q and
      * seqlen_k to int and number (64-row query block, head, batch) tiles in an int. */
     REQUIRE(p->heads_q <= 65535 && p->batch <= 65535);
@@ -317,14 +331,16 @@ static int decode_takes(const fc_params *p) {
 static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     accepted_is_consistent(p);
     REQUIRE(p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16);
-    REQUIRE(p->mask_kind == FC_MASK_NONE);
+    REQUIRE(p->mask_kind == FC_MASK_NONE || fam == FC_FAMILY_SM80);
     REQUIRE(p->head_dim == 64 || p->head_dim == 128 || (p->head_dim == 256 && fam == FC_FAMILY_SM90));
     REQUIRE(cc == 89 || cc == 90);
     REQUIRE(p->family == FC_FAMILY_AUTO || p->family == fam);
     if (fam == FC_FAMILY_SM90) REQUIRE(cc == 90 && sm90_takes(p));
     else if (fam == FC_FAMILY_DECODE) REQUIRE(decode_takes(p) && p->head_dim != 256);
     else REQUIRE(fam == FC_FAMILY_SM80);
-    /* AUTO: the decode kernel for the small-Sq calls it takes, else Hopper wherever it can run. */
+    /* AUTO: the decode kernel for the small-Sq calls it takes, else Hopper wherever it can run
+     * (unmasked calls: a mask always means the sm80 family, checked above). */
+    if (p->mask_kind != FC_MASK_NONE) return;
     const int decode = decode_takes(p) && p->head_dim != 256;
     if (p->family == FC_FAMILY_AUTO && decode) REQUIRE(fam == FC_FAMILY_DECODE);
     if (p->family == FC_FAMILY_AUTO && !decode && cc == 90 && sm90_takes(p)) REQUIRE(fam == FC_FAMILY_SM90);

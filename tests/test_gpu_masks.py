@@ -1,0 +1,334 @@
+"""GPU tests of attn_mask in torch.ops.flashcore.sdpa (the sm80 kernel family applies it).
+
+What it checks, on a CUDA machine with FlashCore kernels (sm_89 / sm_90):
+  * bool (True = attend) and additive (query's dtype) masks of every shape PyTorch broadcasts:
+    (Sk,), (Sq, Sk), (B, 1, Sq, Sk), (1, H, Sq, Sk), (B, H, Sq, Sk); non-contiguous views (a
+    slice of a bigger mask, a transposed mask, an expanded one); lengths 1, 17, 127, 1000 and
+    row widths that take each of the kernel's mask copy paths (16-, 8-, 4-byte cp.async,
+    element by element); Sq != Sk; GQA; fp16 / bf16; D 64 / 128;
+  * against a float64 reference with the rule of tests/test_gpu_sdpa.py:
+        max|out - ref_hi| <= 2 * max|ref_lp - ref_hi| + atol
+    where ref_lp is the same math in the input's dtype; outputs are poisoned (NaN) first;
+  * fully masked rows (bool all False, additive all -inf) are exactly what PyTorch's own SDPA
+    gives for them on this device (zeros: its safe softmax), -inf entries give no NaN, and
+    rows masked only by finfo(dtype).min (HuggingFace's fill value) are PyTorch's uniform average;
+  * the LSE from flashcore.sdpa_fwd: float64 log-sum-exp, -inf on fully masked rows;
+  * explain() says a kernel ran, in the sm80 family (and on Hopper, under auto, why not sm90);
+    forcing the sm90 family with a mask raises.
+Each case runs with FLASHCORE_FAMILY=auto and =sm80.
+
+Run:  python -m pytest tests/test_gpu_masks.py -q     (skips without a CUDA device)
+"""
+import math
+import os
+import zlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+if not torch.cuda.is_available():
+    if os.environ.get("FLASHCORE_REQUIRE_GPU") == "1":
+        raise RuntimeError("FLASHCORE_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
+    pytest.skip("no CUDA device: GPU tests of attn_mask skipped", allow_module_level=True)
+
+import flashcore  # noqa: E402  (on a GPU machine a failed import is an error)
+
+DEVICE = "cuda"
+KERNEL_CARD = torch.cuda.get_device_capability() in ((8, 9), (9, 0))
+HOPPER = torch.cuda.get_device_capability() == (9, 0)
+ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}  # one output ulp at |x| ~ 1 (see test_gpu_sdpa)
+NEG_INF = float("-inf")
+
+
+# --------------------------------------------------------------------------- reference
+
+def additive_form(mask, dtype):
+    """The mask as scores to add, in `dtype` (bool False -> -inf, True -> 0)."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, NEG_INF)
+    return mask.to(dtype)
+
+
+def reference(q, k, v, mask, scale, dtype):
+    """softmax(q k^T * scale + mask) v in `dtype`, per (batch, head) so the scores stay small;
+    rows whose every score is -inf give zeros (PyTorch's safe softmax). In fp16/bf16 every
+    matmul, the mask addition and the softmax output are rounded to the dtype, with fp32
+    accumulation in the matmuls (as test_gpu_sdpa.py's reference)."""
+    B, Hq, Sq, D = q.shape
+    Hkv = k.shape[1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    m = additive_form(mask, dtype).expand(B, Hq, Sq, k.shape[2])
+    out = torch.empty(B, Hq, Sq, v.shape[-1], dtype=dtype, device=q.device)
+    mm = torch.backends.cuda.matmul
+    saved = (mm.allow_fp16_reduced_precision_reduction, mm.allow_bf16_reduced_precision_reduction)
+    mm.allow_fp16_reduced_precision_reduction = mm.allow_bf16_reduced_precision_reduction = False
+    try:
+        for b in range(B):
+            for h in range(Hq):
+                hk = h // (Hq // Hkv)
+                s = torch.matmul(q[b, h].to(dtype), k[b, hk].to(dtype).T) * scale + m[b, h]
+                p = torch.softmax(s, dim=-1)
+                p = torch.where((s == NEG_INF).all(-1, keepdim=True), torch.zeros_like(p), p)
+                out[b, h] = torch.matmul(p, v[b, hk].to(dtype))
+    finally:
+        mm.allow_fp16_reduced_precision_reduction, mm.allow_bf16_reduced_precision_reduction = saved
+    return out
+
+
+def fully_masked_rows(mask, shape):
+    """(B, Hq, Sq) bool: rows where the mask leaves no key."""
+    keep = mask if mask.dtype == torch.bool else mask != NEG_INF
+    return ~keep.expand(shape).any(-1)
+
+
+def pytorch_sdpa(q, k, v, mask, kw):
+    """F.scaled_dot_product_attention on these inputs. Some of its backends reject a 1-D (Sk,)
+    mask (torch 2.14's CPU flash path: "Dimension out of range"), which its math backend and
+    the documented broadcasting accept: then the math backend's answer is PyTorch's."""
+    try:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    except (RuntimeError, IndexError):  # IndexError: how the CPU flash path says it
+        if mask.dim() != 1:
+            raise
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+
+
+def poison_allocator(shape, dtype):
+    junk = torch.empty(shape, dtype=dtype, device=DEVICE)
+    junk.fill_(float("nan"))
+    del junk
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(params=["auto", "sm80"])
+def family(request, monkeypatch):
+    if request.param == "sm80" and not KERNEL_CARD:
+        pytest.skip("forcing the sm80 family raises on cards other than sm_89 / sm_90")
+    monkeypatch.setenv("FLASHCORE_FAMILY", request.param)
+    return request.param
+
+
+# --------------------------------------------------------------------------- cases
+
+@dataclass(frozen=True)
+class Case:
+    kind: str          # "bool" | "additive"
+    shape: str         # "k" | "qk" | "b1qk" | "1hqk" | "bhqk"
+    Sq: int
+    Sk: int
+    dtype: torch.dtype = torch.float16
+    D: int = 64
+    layout: str = "contiguous"  # | "slice" | "transposed" | "expand"
+    B: int = 2
+    Hkv: int = 2
+    ratio: int = 1
+
+    @property
+    def id(self):
+        dt = {torch.float16: "fp16", torch.bfloat16: "bf16"}[self.dtype]
+        return (f"{self.kind}-{self.shape}-{self.layout}-q{self.Sq}-k{self.Sk}-{dt}-d{self.D}"
+                f"-b{self.B}-hkv{self.Hkv}x{self.ratio}")
+
+
+def mask_dims(c):
+    Hq = c.Hkv * c.ratio
+    return {"k": (c.Sk,), "qk": (c.Sq, c.Sk), "b1qk": (c.B, 1, c.Sq, c.Sk),
+            "1hqk": (1, Hq, c.Sq, c.Sk), "bhqk": (c.B, Hq, c.Sq, c.Sk)}[c.shape]
+
+
+def mask_values(c, dims):
+    """Random mask of `dims`: bool with 30% of keys masked, additive randn with 10% -inf; where
+    there is a query dim, every 7th row (from 3) fully masked."""
+    if c.kind == "bool":
+        m = torch.rand(dims, device=DEVICE) > 0.3
+        if len(dims) >= 2:
+            m[..., 3::7, :] = False
+    else:
+        m = torch.randn(dims, device=DEVICE)
+        m = m.masked_fill(torch.rand(dims, device=DEVICE) < 0.1, NEG_INF)
+        if len(dims) >= 2:
+            m[..., 3::7, :] = NEG_INF
+        m = m.to(c.dtype)
+    return m
+
+
+def make_mask(c):
+    """The mask of case c in its memory layout (values drawn for the logical shape)."""
+    dims = mask_dims(c)
+    m = mask_values(c, dims)
+    if c.layout == "contiguous":
+        return m
+    if c.layout == "slice":  # a window of a bigger mask: odd base offset and row stride
+        big = torch.zeros(*dims[:-2], dims[-2] + 5, dims[-1] + 7, dtype=m.dtype, device=DEVICE) \
+            if len(dims) >= 2 else torch.zeros(dims[-1] + 9, dtype=m.dtype, device=DEVICE)
+        view = big[..., 3:3 + dims[-2], 5:5 + dims[-1]] if len(dims) >= 2 else big[3:3 + dims[-1]]
+        view.copy_(m)
+        return view
+    if c.layout == "transposed":  # stored (..., Sk, Sq): keys strided
+        t = m.transpose(-1, -2).contiguous().transpose(-1, -2)
+        assert t.stride(-1) != 1 or c.Sk == 1
+        return t
+    if c.layout == "expand":  # one row (or one batch) broadcast with stride 0
+        return m[..., :1, :].expand(dims) if len(dims) >= 2 else m
+    raise ValueError(c.layout)
+
+
+def _cases():
+    fp16, bf16 = torch.float16, torch.bfloat16
+    cases = []
+    # Lengths: 1, 17, 127, 1000, Sq != Sk both ways; row widths Sk = 256 (16-byte rows),
+    # 1000 (bool: 8-byte rows), 1004 (bool: 4-byte rows), 127 / 17 (element by element).
+    lengths = [(1, 1), (17, 127), (127, 17), (1000, 1000), (1, 1000), (256, 256), (100, 1004)]
+    for kind in ("bool", "additive"):
+        for i, shape in enumerate(("k", "qk", "b1qk", "1hqk", "bhqk")):
+            for j, (sq, sk) in enumerate(lengths):
+                dt = (fp16, bf16)[(i + j) % 2]
+                D = (64, 128)[(i + j + (kind == "bool")) % 2]
+                cases.append(Case(kind, shape, sq, sk, dt, D))
+    # Non-contiguous mask views.
+    for kind in ("bool", "additive"):
+        for layout in ("slice", "transposed", "expand"):
+            for shape, (sq, sk) in (("b1qk", (127, 1000)), ("qk", (1000, 17)), ("bhqk", (64, 256))):
+                cases.append(Case(kind, shape, sq, sk, bf16 if kind == "bool" else fp16,
+                                  128 if layout == "slice" else 64, layout))
+    # GQA (mask heads are query heads), one and several KV heads.
+    for kind, shape in (("bool", "b1qk"), ("additive", "bhqk"), ("bool", "1hqk")):
+        for D in (64, 128):
+            cases.append(Case(kind, shape, 127, 300, fp16 if D == 64 else bf16, D, Hkv=2, ratio=4))
+            cases.append(Case(kind, shape, 33, 1000, bf16, D, B=1, Hkv=1, ratio=8))
+    return cases
+
+
+CASES = _cases()
+
+
+def _check(c, family, mask, q, k, v, kw):
+    out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    path = flashcore.explain(q, k, v, attn_mask=mask, **kw)
+    if KERNEL_CARD:
+        assert path.startswith("kernel sm80"), f"expected the sm80 kernel, explain() says {path!r}"
+        if HOPPER and family == "auto":
+            assert "only in the sm80" in path, path  # says why the sm90 family did not run
+    poison_allocator(out_shape, q.dtype)
+    out = torch.ops.flashcore.sdpa(q, k, v, mask, 0.0, False, **kw)
+    torch.cuda.synchronize()
+    assert out.shape == out_shape and out.dtype == q.dtype
+
+    ref_hi = reference(q, k, v, mask, kw.get("scale"), torch.float64)
+    ref_lp = reference(q, k, v, mask, kw.get("scale"), q.dtype)
+    dead = fully_masked_rows(mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+    assert not torch.isnan(out).any(), f"{c.id} [{family}]: NaN in the output"
+    err = (out.double() - ref_hi).abs().max().item()
+    lp_err = (ref_lp.double() - ref_hi).abs().max().item()
+    tol = 2 * lp_err + ATOL[q.dtype]
+    assert err <= tol, f"{c.id} [{family}]: max|out-ref|={err:.3e} > tol={tol:.3e}"
+
+    if dead.any():
+        # Fully masked rows: exactly what PyTorch's SDPA gives on this device.
+        expected = pytorch_sdpa(q, k, v, mask, kw)
+        want = expected[dead]
+        assert torch.equal(out[dead], want), (
+            f"{c.id} [{family}]: fully masked rows differ from F.scaled_dot_product_attention "
+            f"(ours: {out[dead].abs().max().item()}, PyTorch's: {want.float().abs().max().item()})")
+        assert (out[dead] == 0).all()
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_mask_matches_reference(case, family):
+    c = case
+    Hq = c.Hkv * c.ratio
+    q = torch.randn(c.B, Hq, c.Sq, c.D, dtype=c.dtype, device=DEVICE)
+    k = torch.randn(c.B, c.Hkv, c.Sk, c.D, dtype=c.dtype, device=DEVICE)
+    v = torch.randn(c.B, c.Hkv, c.Sk, c.D, dtype=c.dtype, device=DEVICE)
+    mask = make_mask(c)
+    kw = dict(enable_gqa=True) if c.ratio > 1 else {}
+    _check(c, family, mask, q, k, v, kw)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_everything_masked_and_scale(kind, dtype, family):
+    """A mask that leaves no key anywhere ((Sk,) all False / all -inf), HuggingFace-style
+    (B, S, H, D) inputs and an explicit scale."""
+    B, H, S, D = 2, 4, 130, 64
+    q, k, v = (torch.randn(B, S, H, D, dtype=dtype, device=DEVICE).transpose(1, 2) for _ in range(3))
+    mask = torch.zeros(S, dtype=torch.bool, device=DEVICE) if kind == "bool" else \
+        torch.full((S,), NEG_INF, dtype=dtype, device=DEVICE)
+    c = Case(kind, "k", S, S, dtype, D)
+    out = _check(c, family, mask, q, k, v, dict(scale=0.3))
+    assert (out == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_finfo_min_rows_are_uniform(dtype, family):
+    """HuggingFace fills additive masks with finfo(dtype).min (-3.4e38 in bf16). A row masked
+    only by that finite value is not fully masked: PyTorch averages V over its keys."""
+    B, H, Sq, Sk, D = 1, 2, 70, 90, 64
+    q, k, v = (torch.randn(B, H, s, D, dtype=dtype, device=DEVICE) for s in (Sq, Sk, Sk))
+    mask = torch.zeros(Sq, Sk, dtype=dtype, device=DEVICE)
+    mask[5] = torch.finfo(dtype).min
+    mask[9, 3:] = torch.finfo(dtype).min
+    out = torch.ops.flashcore.sdpa(q, k, v, mask)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out[:, :, 5], v.float().mean(2).to(dtype), atol=ATOL[dtype] * 4, rtol=0)
+    torch.testing.assert_close(out, expected, atol=ATOL[dtype] * 4, rtol=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_lse_with_mask(kind, family):
+    """sdpa_fwd's LSE (what autograd saves) from the masked kernel: float64 log-sum-exp of the
+    scaled, masked scores; -inf on fully masked rows; the output equals sdpa's bit for bit."""
+    c = Case(kind, "b1qk", 200, 333, torch.float16, 128)
+    q = torch.randn(2, 2, 200, 128, dtype=c.dtype, device=DEVICE)
+    k, v = (torch.randn(2, 2, 333, 128, dtype=c.dtype, device=DEVICE) for _ in range(2))
+    mask = make_mask(c)
+    out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, mask)
+    assert torch.equal(out, torch.ops.flashcore.sdpa(q, k, v, mask))
+    s = torch.matmul(q.double(), k.double().transpose(-1, -2)) / math.sqrt(128)
+    s = s + additive_form(mask, torch.float64)
+    ref = torch.logsumexp(s, dim=-1)
+    dead = torch.isneginf(ref)
+    assert dead.any() and torch.isneginf(lse[dead]).all()
+    torch.testing.assert_close(lse[~dead].double(), ref[~dead], atol=1e-3, rtol=1e-4)
+
+
+def test_forced_sm90_with_mask_raises(monkeypatch):
+    if not HOPPER:
+        pytest.skip("the sm90 family runs on sm_90 only")
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
+    q = k = v = torch.randn(1, 2, 64, 64, dtype=torch.float16, device=DEVICE)
+    mask = torch.ones(64, 64, dtype=torch.bool, device=DEVICE)
+    assert "only in the sm80" in flashcore.explain(q, k, v, attn_mask=mask)
+    with pytest.raises(RuntimeError, match="FLASHCORE_FAMILY=sm90 forces a kernel family that "
+                                           "cannot run this call: attention masks run only in the sm80"):
+        flashcore.sdpa(q, k, v, attn_mask=mask)
+
+
+def test_mask_in_cuda_graph(family):
+    """Captured with a mask; replays read the mask's new contents (no host-side caching)."""
+    q, k, v = (torch.randn(2, 4, 300, 64, dtype=torch.float16, device=DEVICE) for _ in range(3))
+    mask = torch.rand(2, 1, 300, 300, device=DEVICE) > 0.5
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.ops.flashcore.sdpa(q, k, v, mask)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = torch.ops.flashcore.sdpa(q, k, v, mask)
+    for _ in range(2):
+        mask.copy_(torch.rand(2, 1, 300, 300, device=DEVICE) > 0.5)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = reference(q, k, v, mask, None, torch.float64)
+        assert (out.double() - ref).abs().max().item() < 5e-3
