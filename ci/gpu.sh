@@ -6,6 +6,7 @@
 #
 # Every GPU step runs under `timeout`, so a hung kernel costs minutes, not the whole lease.
 # Usage: bash ci/gpu.sh [--no-bench] [--quick-bench] [pytest -k expression]
+# PYTEST_FILES="tests/a.py tests/b.py" runs only those files; BENCH_ARGS adds bench.py options.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -64,7 +65,7 @@ export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 # One pytest process per file: a crash (a signal inside a library) then costs one file's
 # results, not the rest of the suite's.
 : > "$OUT/pytest.log"
-for f in tests/test_*.py; do
+for f in ${PYTEST_FILES:-tests/test_*.py}; do
   PYTHONUNBUFFERED=1 timeout ${PYTEST_TIMEOUT:-300} "$PY" -m pytest "$f" -q -ra -p no:cacheprovider \
     ${KEXPR:+-k "$KEXPR"} >> "$OUT/pytest.log" 2>&1
   rc=$?
@@ -76,7 +77,7 @@ grep -E "^(FAILED|ERROR)|Fatal Python error" "$OUT/pytest.log" | cut -c1-200 | h
 if [ "$BENCH" != none ]; then
   step "bench ($BENCH)"
   extra=""; [ "$BENCH" = quick ] && extra="--quick"
-  PYTHONUNBUFFERED=1 timeout 400 "$PY" bench/bench.py $extra --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  PYTHONUNBUFFERED=1 timeout 400 "$PY" bench/bench.py $extra ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
