@@ -102,6 +102,9 @@ FC_API fc_status fc_bwd_params_validate(const fc_bwd_params *p) {
     if (f->lse == NULL || p->dout == NULL || p->dq == NULL || p->dk == NULL || p->dv == NULL)
         return FC_ERR_NULL_POINTER;
     if (p->workspace_bytes < 0 || ((uintptr_t)p->workspace & 15u) != 0) return FC_ERR_BAD_WORKSPACE;
+    /* The backward kernels launch (blocks, heads, batch) grids in one go: CUDA caps y and z at
+     * 65535 (the forward splits such calls into several launches; the backward does not yet). */
+    if (f->heads_q > 65535 || f->batch > 65535) return FC_ERR_OFFSET_OVERFLOW;
 
     const int64_t elem = f->dtype == FC_DTYPE_FP32 ? 4 : 2;
     const int64_t qsize[4] = {f->batch, f->heads_q, f->seqlen_q, f->head_dim};

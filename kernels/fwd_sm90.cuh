@@ -383,14 +383,30 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
                 // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
                 const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-                rescale[h] = fast_exp2(row_max[h] * scale_log2 - base);
+                // Exactly 1 when the max did not move (a row still at -inf too); otherwise the
+                // difference is taken before scaling, so it is negative, never a rounding residual.
+                rescale[h] = row_max[h] == mx ? 1.f : fast_exp2((row_max[h] - mx) * scale_log2);
                 row_max[h] = mx;
                 float sum = 0.f;
+                // The folded form fmaf(s, c, -round(mx * c)) is off from (s - mx) * c by the
+                // rounding of mx * c, |mx * c| * 2^-24: nothing for ordinary scores, but with huge
+                // scores or scales (scale = 1e30 in tests/test_bad_inputs.py) that residual is
+                // itself huge and exp2 of it overflows to inf (then inf / inf = NaN). Such rows
+                // take the exact form (s - mx) * c; the branch is per row and tile, not per element.
+                if (fabsf(base) < 4096.f) {
 #pragma unroll
-                for (int j = 0; j < kNTiles; ++j) {
-                    s[j * 4 + 2 * h] = fast_exp2(fmaf(s[j * 4 + 2 * h], scale_log2, -base));
-                    s[j * 4 + 2 * h + 1] = fast_exp2(fmaf(s[j * 4 + 2 * h + 1], scale_log2, -base));
-                    sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
+                    for (int j = 0; j < kNTiles; ++j) {
+                        s[j * 4 + 2 * h] = fast_exp2(fmaf(s[j * 4 + 2 * h], scale_log2, -base));
+                        s[j * 4 + 2 * h + 1] = fast_exp2(fmaf(s[j * 4 + 2 * h + 1], scale_log2, -base));
+                        sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < kNTiles; ++j) {
+                        s[j * 4 + 2 * h] = fast_exp2((s[j * 4 + 2 * h] - mx) * scale_log2);
+                        s[j * 4 + 2 * h + 1] = fast_exp2((s[j * 4 + 2 * h + 1] - mx) * scale_log2);
+                        sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
+                    }
                 }
                 row_sum[h] = row_sum[h] * rescale[h] + sum;
             }

@@ -640,10 +640,11 @@ def test_gpu_slice_offset_overflow_falls_back(dtype):
 
 @gpu_only
 @pytest.mark.parametrize("dim", ["batch", "heads"])
-def test_gpu_grid_beyond_cuda_limit_falls_back(dim):
-    """65536 batches or query heads exceed CUDA's 65535 limit on grid y/z: FC_ERR_OFFSET_OVERFLOW,
-    fallback. Inputs are one row broadcast (stride 0), so they are tiny; every output row equals
-    the one-row result."""
+def test_gpu_grid_beyond_cuda_limit_runs_in_slices(dim):
+    """65536 batches or query heads exceed CUDA's 65535 limit on grid y/z: the C layer launches
+    the kernel once per slice of at most 65535 (aten itself fails or returns wrong values here on
+    torch 2.11). Inputs are one row broadcast (stride 0), so they are tiny; every output row
+    equals the one-row result."""
     _need_gpu(min_free_gib=1)
     D = 64
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -656,7 +657,7 @@ def test_gpu_grid_beyond_cuda_limit_falls_back(dim):
     kwargs = dict(enable_gqa=True) if dim == "heads" else {}
     why = flashcore.explain(q, k, v, **kwargs)
     if KERNEL_CARD:
-        assert why.startswith("fallback: tensor too large"), why
+        assert why.startswith("kernel"), why
     out = flashcore.sdpa(q, k, v, **kwargs)
     torch.cuda.synchronize()
     assert out.shape == (*big, 1, D)

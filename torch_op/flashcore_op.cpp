@@ -347,7 +347,16 @@ Tensor aten_sdpa(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
   using torch::stable::detail::from;
   const Tensor q = aligned_for_aten(q_in), k = aligned_for_aten(k_in), v = aligned_for_aten(v_in);
   std::optional<Tensor> mask;
-  if (mask_in.has_value()) mask = aligned_for_aten(*mask_in);
+  if (mask_in.has_value()) {
+    mask = aligned_for_aten(*mask_in);
+    // A float32 mask beside fp16/bf16 CUDA inputs: torch 2.11's fused CUDA backends return NaN
+    // garbage for it (H100), so aten gets the mask in the inputs' dtype (its values rounded
+    // to that dtype; -inf and large negatives stay masked).
+    const ScalarType qt = q.scalar_type();
+    if (q.is_cuda() && mask->scalar_type() == ScalarType::Float &&
+        (qt == ScalarType::Half || qt == ScalarType::BFloat16))
+      mask = torch::stable::to(*mask, qt);
+  }
   std::array<StableIValue, 8> stack{from(q), from(k), from(v), from(mask), from(dropout_p),
                                     from(is_causal), from(scale), from(enable_gqa)};
   if (torch_call_dispatcher("aten::scaled_dot_product_attention", "", stack.data(),

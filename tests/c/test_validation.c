@@ -102,6 +102,8 @@ static void m_force_sm90_broadcast(fc_params *p) { p->family = FC_FAMILY_SM90; p
 static void m_lse_misaligned(fc_params *p) { p->lse = (float *)0x60002; }
 static void m_size1_odd_stride(fc_params *p) { p->seqlen_q = 1; p->q_stride_s = 3; p->o_stride_s = 5; }
 static void m_broadcast_kv(fc_params *p) { p->k_stride_b = 0; p->v_stride_b = 0; }
+/* 70000 batches: past CUDA's grid z, which the forward handles by launching in slices. */
+static void m_batch_past_grid(fc_params *p) { p->batch = 70000; p->k_stride_b = 0; p->v_stride_b = 0; p->q_stride_b = 0; }
 
 typedef struct validation_case {
     const char *label;
@@ -133,6 +135,7 @@ static const validation_case kCases[] = {
     {"offset overflows int64", m_int64_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
     {"offset fits int64 elements, not bytes", m_byte_offset_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
     {"contiguous strides overflow int64 (saturated)", m_contiguous_overflow, FC_ERR_STRIDE_ALIGNMENT, FC_ERR_STRIDE_ALIGNMENT, FC_ERR_STRIDE_ALIGNMENT},
+    {"batch 70000 (forward runs it in slices)", m_batch_past_grid, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"batch*heads past grid limit", m_grid_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
     {"lse 2-byte aligned", m_lse_misaligned, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT},
     {"fp32", m_fp32, FC_OK, FC_UNSUPPORTED_DTYPE, FC_UNSUPPORTED_DTYPE},
