@@ -37,7 +37,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_ERR_BAD_FAMILY] = "family is not a valid fc_family",
     [FC_ERR_BAD_WORKSPACE] = "workspace_bytes is negative or workspace is not 16-byte aligned (backward: or missing, or smaller than fc_sdpa_bwd_workspace_size)",
     [FC_ERR_BAD_SCALE] = "scale must be finite",
-    [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice of q, k, v, out or the mask exceeds 2^31-1 elements, the backward's batch or heads_q exceeds 65535 (CUDA's grid limit), or an offset overflows 64 bits",
+    [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice of q, k, v, out or the mask exceeds 2^31-1 elements, the backward's batch or heads_q, or one GQA group, exceeds 65535 (CUDA's grid limit), or an offset overflows 64 bits",
     [FC_UNSUPPORTED_DTYPE] = "no kernel for this dtype (fp16 and bf16 only)",
     [FC_UNSUPPORTED_HEAD_DIM] = "no kernel for this head_dim in the selected family",
     [FC_UNSUPPORTED_MASK] = "attention masks run only in the sm80 kernel family (head dims 64 and 128): the sm90 and decode families have no mask path",
@@ -195,8 +195,12 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
     /* Kernels round lengths up to whole tiles (at most 256 rows) in int arithmetic. */
     if (p->seqlen_q > INT32_MAX - 256 || p->seqlen_k > INT32_MAX - 256) return FC_ERR_OFFSET_OVERFLOW;
     /* The persistent kernels number their (64-row query block, head, batch) tiles in an int. */
-    int64_t tiles = 0;
-    if (__builtin_mul_overflow((p->seqlen_q + 63) / 64, p->heads_q * p->batch, &tiles) || tiles > INT32_MAX)
+    /* Past 65535 query heads the forward launches in slices of whole GQA groups (see
+     * fc_sdpa_fwd): a single group larger than that cannot be sliced so. */
+    if (p->heads_q > FC_MAX_GRID_YZ && p->heads_q / p->heads_kv > FC_MAX_GRID_YZ) return FC_ERR_OFFSET_OVERFLOW;
+    int64_t slices = 0, tiles = 0;
+    if (__builtin_mul_overflow(p->heads_q, p->batch, &slices) ||
+        __builtin_mul_overflow((p->seqlen_q + 63) / 64, slices, &tiles) || tiles > INT32_MAX)
         return FC_ERR_OFFSET_OVERFLOW;
     return FC_OK;
 }

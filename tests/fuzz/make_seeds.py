@@ -93,7 +93,8 @@ SEEDS = {
     "reject_sm86": structured(device=3),
     "reject_force_sm90": structured(family=2),
     "reject_slice_overflow": structured(Sk=3, layouts=(0, layout(5, strides=(0, 0, 2**30, 1)), 0, 0)),
-    "reject_batch_65536": structured(B=65536, layouts=(2, 2, 2, 2)),
+    # 65536 batches: past CUDA's grid z, so fc_sdpa_fwd launches in slices (reject_ before 2026-11-26)
+    "valid_batch_65536_in_slices": structured(B=65536, layouts=(2, 2, 2, 2)),
     "reject_seqlen_q_int64_max": structured(B=1, Hkv=1, Sq=INT64_MAX, Sk=64, layouts=(3, 0, 0, 3)),
     "valid_seqlen_q_past_old_grid_y": structured(Sq=65535 * 64 + 1, layouts=(3, 0, 0, 3)),
     "valid_sm90_device_hf_layout": structured(layouts=(1, 1, 1, 1), device=1),
