@@ -37,7 +37,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_ERR_BAD_FAMILY] = "family is not a valid fc_family",
     [FC_ERR_BAD_WORKSPACE] = "workspace_bytes is negative or workspace is not 16-byte aligned (backward: or missing, or smaller than fc_sdpa_bwd_workspace_size)",
     [FC_ERR_BAD_SCALE] = "scale must be finite",
-    [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice of q, k, v, out or the mask exceeds 2^31-1 elements, the backward's batch or heads_q, or one GQA group, exceeds 65535 (CUDA's grid limit), or an offset overflows 64 bits",
+    [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice of q, k, v, out or the mask exceeds 2^31-1 elements, the backward's batch or heads_q exceeds 65535 (CUDA's grid limit), or an offset overflows 64 bits",
     [FC_UNSUPPORTED_DTYPE] = "no kernel for this dtype (fp16 and bf16 only)",
     [FC_UNSUPPORTED_HEAD_DIM] = "no kernel for this head_dim in the selected family",
     [FC_UNSUPPORTED_MASK] = "attention masks run only in the sm80 kernel family (head dims 64 and 128): the sm90 and decode families have no mask path",
@@ -195,9 +195,6 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
     /* Kernels round lengths up to whole tiles (at most 256 rows) in int arithmetic. */
     if (p->seqlen_q > INT32_MAX - 256 || p->seqlen_k > INT32_MAX - 256) return FC_ERR_OFFSET_OVERFLOW;
     /* The persistent kernels number their (64-row query block, head, batch) tiles in an int. */
-    /* Past 65535 query heads the forward launches in slices of whole GQA groups (see
-     * fc_sdpa_fwd): a single group larger than that cannot be sliced so. */
-    if (p->heads_q > FC_MAX_GRID_YZ && p->heads_q / p->heads_kv > FC_MAX_GRID_YZ) return FC_ERR_OFFSET_OVERFLOW;
     int64_t slices = 0, tiles = 0;
     if (__builtin_mul_overflow(p->heads_q, p->batch, &slices) ||
         __builtin_mul_overflow((p->seqlen_q + 63) / 64, slices, &tiles) || tiles > INT32_MAX)
@@ -279,6 +276,28 @@ FC_API fc_status fc_sdpa_workspace_size(const fc_params *p, int64_t *bytes) {
     return plan(p, &launch, &splits, bytes);
 }
 
+/* One launch over batches [b0, b0 + nb) and query heads [h0, h0 + nh), whose key/value heads
+ * are [hk0, hk0 + nkv): the same struct with sizes and base pointers moved. */
+static fc_status launch_slice(const fc_params *p, fc_launch_fn launch, cudaStream_t stream, int64_t b0,
+                              int64_t nb, int64_t h0, int64_t nh, int64_t hk0, int64_t nkv) {
+    const int64_t elem = element_bytes(p->dtype);
+    const int64_t mask_elem = p->mask_kind == FC_MASK_BOOL ? 1 : elem;
+    fc_params slice = *p;
+    slice.batch = nb;
+    slice.heads_q = nh;
+    slice.heads_kv = nkv;
+    slice.q = (const char *)p->q + (b0 * p->q_stride_b + h0 * p->q_stride_h) * elem;
+    slice.k = (const char *)p->k + (b0 * p->k_stride_b + hk0 * p->k_stride_h) * elem;
+    slice.v = (const char *)p->v + (b0 * p->v_stride_b + hk0 * p->v_stride_h) * elem;
+    slice.out = (char *)p->out + (b0 * p->o_stride_b + h0 * p->o_stride_h) * elem;
+    if (p->lse != NULL) slice.lse = p->lse + b0 * p->lse_stride_b + h0 * p->lse_stride_h;
+    if (p->mask_kind != FC_MASK_NONE)
+        slice.mask = (const char *)p->mask + (b0 * p->mask_stride_b + h0 * p->mask_stride_h) * mask_elem;
+    const cudaError_t err = launch(&slice, stream);
+    last_cuda_error = err;
+    return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
+
 FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
     fc_launch_fn launch = NULL;
     int splits = 1;
@@ -293,32 +312,29 @@ FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
         last_cuda_error = err;
         return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
     }
-    /* More than 65535 batches or query heads: one launch per slice of at most that many (query
-     * heads in whole GQA groups, so each slice's key/value heads are its own), in stream order,
-     * reusing the workspace. Validation checked every offset of the whole call, so every
+    /* More than 65535 batches or query heads: one launch per slice of at most that many, in
+     * stream order, reusing the workspace. Query heads go in whole GQA groups (each slice's
+     * key/value heads are its own), or, for a group itself past 65535, in pieces of one group
+     * (one key/value head). Validation checked every offset of the whole call, so every
      * slice's pointers stay inside the tensors. */
     const int64_t group = p->heads_q / p->heads_kv;
-    const int64_t heads_step = p->heads_q <= FC_MAX_GRID_YZ ? p->heads_q : FC_MAX_GRID_YZ / group * group;
     const int64_t batch_step = p->batch <= FC_MAX_GRID_YZ ? p->batch : FC_MAX_GRID_YZ;
-    const int64_t elem = element_bytes(p->dtype);
-    const int64_t mask_elem = p->mask_kind == FC_MASK_BOOL ? 1 : elem;
     for (int64_t b0 = 0; b0 < p->batch; b0 += batch_step) {
-        for (int64_t h0 = 0; h0 < p->heads_q; h0 += heads_step) {
-            fc_params slice = run;
-            const int64_t hk0 = h0 / group;
-            slice.batch = p->batch - b0 < batch_step ? p->batch - b0 : batch_step;
-            slice.heads_q = p->heads_q - h0 < heads_step ? p->heads_q - h0 : heads_step;
-            slice.heads_kv = slice.heads_q / group;
-            slice.q = (const char *)p->q + (b0 * p->q_stride_b + h0 * p->q_stride_h) * elem;
-            slice.k = (const char *)p->k + (b0 * p->k_stride_b + hk0 * p->k_stride_h) * elem;
-            slice.v = (const char *)p->v + (b0 * p->v_stride_b + hk0 * p->v_stride_h) * elem;
-            slice.out = (char *)p->out + (b0 * p->o_stride_b + h0 * p->o_stride_h) * elem;
-            if (p->lse != NULL) slice.lse = p->lse + b0 * p->lse_stride_b + h0 * p->lse_stride_h;
-            if (p->mask_kind != FC_MASK_NONE)
-                slice.mask = (const char *)p->mask + (b0 * p->mask_stride_b + h0 * p->mask_stride_h) * mask_elem;
-            const cudaError_t err = launch(&slice, stream);
-            last_cuda_error = err;
-            if (err != cudaSuccess) return FC_ERR_CUDA;
+        const int64_t nb = p->batch - b0 < batch_step ? p->batch - b0 : batch_step;
+        if (group <= FC_MAX_GRID_YZ) {
+            const int64_t step = p->heads_q <= FC_MAX_GRID_YZ ? p->heads_q : FC_MAX_GRID_YZ / group * group;
+            for (int64_t h0 = 0; h0 < p->heads_q; h0 += step) {
+                const int64_t nh = p->heads_q - h0 < step ? p->heads_q - h0 : step;
+                if (launch_slice(&run, launch, stream, b0, nb, h0, nh, h0 / group, nh / group) != FC_OK)
+                    return FC_ERR_CUDA;
+            }
+        } else {
+            for (int64_t hk = 0; hk < p->heads_kv; ++hk)
+                for (int64_t off = 0; off < group; off += FC_MAX_GRID_YZ) {
+                    const int64_t nh = group - off < FC_MAX_GRID_YZ ? group - off : FC_MAX_GRID_YZ;
+                    if (launch_slice(&run, launch, stream, b0, nb, hk * group + off, nh, hk, 1) != FC_OK)
+                        return FC_ERR_CUDA;
+                }
         }
     }
     return FC_OK;

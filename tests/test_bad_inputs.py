@@ -129,6 +129,17 @@ def _aten_on_aligned_copies(args, kwargs):
     return F.scaled_dot_product_attention(*fresh, **kw)
 
 
+def _aten_with_mask_in_query_dtype_on_cuda(args, kwargs):
+    """What the op's fallback computes for a float32 mask beside fp16/bf16 inputs: on CUDA, aten
+    with the mask in the inputs' dtype (torch 2.11's fused CUDA backends return NaN for the
+    float32 mask itself); on the CPU, aten as called."""
+    q = args[0]
+    mask = kwargs.get("attn_mask")
+    if q.is_cuda and mask is not None and mask.dtype == torch.float32 and q.dtype in LOWP:
+        kwargs = dict(kwargs, attn_mask=mask.to(q.dtype))
+    return F.scaled_dot_product_attention(*args, **kwargs)
+
+
 def _set(t, index, value):
     t = t.clone()
     t[index] = value
@@ -224,7 +235,8 @@ def _cases():
         Case("mask_float32_with_low_precision_query",
              lambda e: (e.qkv(q=(2, 4, 8, 64)),
                         dict(attn_mask=torch.randn(8, 8, generator=e.gen).to(e.device))),
-             path="float mask whose dtype differs from query's", dtypes=LOWP),
+             path="float mask whose dtype differs from query's", dtypes=LOWP,
+             reference=_aten_with_mask_in_query_dtype_on_cuda),
     ]
     # ---- devices ------------------------------------------------------------------------------
     c += [
