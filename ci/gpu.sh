@@ -51,8 +51,8 @@ step "C tests"
 ctest --test-dir build --output-on-failure --timeout 120 2>&1 | tee "$OUT/ctest.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-step "compute-sanitizer (memcheck, racecheck, synccheck) on the C API test"
-for tool in memcheck racecheck synccheck; do
+step "compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on the C API test"
+for tool in memcheck racecheck synccheck initcheck; do
   timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 build/tests/c/test_c_api_gpu > "$OUT/sanitizer_$tool.log" 2>&1
   rc=$?
   tail -n 3 "$OUT/sanitizer_$tool.log"
