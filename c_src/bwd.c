@@ -125,18 +125,6 @@ FC_API fc_status fc_bwd_params_validate(const fc_bwd_params *p) {
     return FC_OK;
 }
 
-/* Does this library hold sm80-class machine code for the device? (As dispatch.c's rule.) */
-static int sm80_family_runs_on(int cc_major, int cc_minor) {
-#if defined(FC_BUILT_SM89)
-    if (cc_major == 8 && cc_minor == 9) return 1;
-#endif
-#if defined(FC_BUILT_SM90)
-    if (cc_major == 9 && cc_minor == 0) return 1;
-#endif
-    (void)cc_major;
-    (void)cc_minor;
-    return 0;
-}
 
 /* The launcher for validated params, or the FC_UNSUPPORTED_* reason. */
 static fc_status bwd_dispatch(const fc_bwd_params *p, int cc_major, int cc_minor, fc_bwd_launch_fn *launch) {
@@ -145,7 +133,7 @@ static fc_status bwd_dispatch(const fc_bwd_params *p, int cc_major, int cc_minor
     if (f->mask_kind != FC_MASK_NONE) return FC_UNSUPPORTED_MASK;
     const int forced = f->family != FC_FAMILY_AUTO;
     if (forced && f->family != FC_FAMILY_SM80) return FC_UNSUPPORTED_FAMILY;
-    if (!sm80_family_runs_on(cc_major, cc_minor)) return forced ? FC_UNSUPPORTED_FAMILY : FC_UNSUPPORTED_ARCH;
+    if (!fc_family_runs_on_(FC_FAMILY_SM80, cc_major, cc_minor)) return forced ? FC_UNSUPPORTED_FAMILY : FC_UNSUPPORTED_ARCH;
     for (size_t i = 0; kBwdKernels[i].launch != NULL; ++i) {
         if (kBwdKernels[i].head_dim == f->head_dim && kBwdKernels[i].dtype == f->dtype) {
             if (launch != NULL) *launch = kBwdKernels[i].launch;

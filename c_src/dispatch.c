@@ -98,8 +98,9 @@ static const kernel_entry kKernels[] = {
     {FC_FAMILY_AUTO, 0, FC_DTYPE_FP16, NULL} /* sentinel: keeps the array non-empty */
 };
 
-/* Does this library hold machine code of `family` for the device? */
-static int family_runs_on(fc_family family, int cc_major, int cc_minor) {
+/* Does this library hold machine code of `family` for the device? (Also c_src/bwd.c's rule:
+ * the backward kernels are sm80-class code.) */
+int fc_family_runs_on_(fc_family family, int cc_major, int cc_minor) {
     switch (family) {
     case FC_FAMILY_SM80:
     case FC_FAMILY_DECODE: /* plain sm_80-class code too: built wherever the sm80 family is */
@@ -168,7 +169,7 @@ static int family_takes_mask(fc_family family, const fc_params *p) {
 static int unmasked_kernel_elsewhere(const fc_params *p, int cc_major, int cc_minor) {
     const fc_family others[] = {FC_FAMILY_DECODE, FC_FAMILY_SM90};
     for (size_t i = 0; i < 2; ++i)
-        if (family_runs_on(others[i], cc_major, cc_minor) && find_kernel(others[i], p) != NULL &&
+        if (fc_family_runs_on_(others[i], cc_major, cc_minor) && find_kernel(others[i], p) != NULL &&
             family_takes_layout(others[i], p))
             return 1;
     return 0;
@@ -185,7 +186,7 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
     int any_family_runs = 0;
     for (size_t i = 0; i < n_candidates; ++i) {
         const fc_family f = p->family == FC_FAMILY_AUTO ? preference[i] : p->family;
-        if (!family_runs_on(f, cc_major, cc_minor)) continue;
+        if (!fc_family_runs_on_(f, cc_major, cc_minor)) continue;
         any_family_runs = 1;
         const kernel_entry *e = find_kernel(f, p);
         if (e != NULL && family_takes_layout(f, p) && family_takes_mask(f, p)) {

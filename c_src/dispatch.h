@@ -32,6 +32,8 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
  * count (cached), the thread's last CUDA error, and the stride / alignment / offset checks of
  * one (B, H, S, D) operand as fc_params_validate applies them. */
 fc_status fc_device_info_(int *major, int *minor, int *sms);
+/* Defined in dispatch.c: does this library hold machine code of `family` for the device? */
+int fc_family_runs_on_(fc_family family, int cc_major, int cc_minor);
 void fc_set_last_cuda_error_(cudaError_t err);
 fc_status fc_check_operand_(const int64_t size[4], const int64_t stride[4], const void *base,
                             int64_t elem_bytes);

@@ -29,45 +29,25 @@
 #include <vector>
 
 #include "flashcore.h"
+#include "op_common.h"
 
 extern "C" AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_index,
                                                              void** ret_stream);
 
 namespace {
 
+using flashcore_op::compute_capability;
+using flashcore_op::fail;
+using flashcore_op::stride_or_0;
+
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-template <typename... Args>
-[[noreturn]] void fail(const Args&... args) {
-  std::ostringstream oss;
-  ((oss << args), ...);
-  throw std::runtime_error(oss.str());
-}
 
 // Same numbering as flashcore_op.cpp's OpReason (python/flashcore/__init__.py names them).
 constexpr int64_t kKernel = 0, kNotCuda = 1, kNot4D = 2, kShapeBroadcast = 3, kValueHeadDim = 4,
                   kHeadsNoGqa = 5, kDtype = 7, kBwdOperands = 11;
 constexpr int64_t kStatusBase = 100;
-
-int64_t stride_or_0(const Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
-
-std::pair<int, int> compute_capability(int32_t device) {
-  static std::mutex mu;
-  static std::vector<std::pair<int, int>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  if (device < 0) device = 0;
-  if (static_cast<size_t>(device) >= cache.size()) cache.resize(device + 1, {-1, -1});
-  if (cache[device].first < 0) {
-    int major = 0, minor = 0;
-    const cudaError_t e1 = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    const cudaError_t e2 = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    if (e1 != cudaSuccess || e2 != cudaSuccess)
-      fail("flashcore.sdpa_bwd: cannot read the compute capability of cuda:", device);
-    cache[device] = {major, minor};
-  }
-  return cache[device];
-}
 
 bool same_sizes(const Tensor& t, const std::vector<int64_t>& sizes) {
   if (t.dim() != static_cast<int64_t>(sizes.size())) return false;

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "flashcore.h"
+#include "op_common.h"
 
 // Declared in aoti_torch/c/shim.h only under USE_CUDA; exported by libtorch_cuda since 2.x.
 extern "C" AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_index,
@@ -50,21 +51,12 @@ extern "C" AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_inde
 
 namespace {
 
+using flashcore_op::compute_capability;
+using flashcore_op::fail;
+using flashcore_op::stride_or_0;
+
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
-
-// Like STD_TORCH_CHECK (throws std::runtime_error, which the dispatcher turns into a Python
-// RuntimeError), but the message is only ours: no function name, file or line in front of it.
-template <typename... Args>
-[[noreturn]] void fail(const Args&... args) {
-  std::ostringstream oss;
-  ((oss << args), ...);
-  throw std::runtime_error(oss.str());
-}
-#define FC_CHECK(cond, ...) \
-  do {                      \
-    if (!(cond)) fail(__VA_ARGS__); \
-  } while (0)
 
 // ---- reasons -------------------------------------------------------------------------------
 
@@ -94,9 +86,6 @@ struct Decision {
 
 const char* dtype_name(ScalarType t) { return torch::headeronly::toString(t); }
 
-// A size-1 dim's stride is meaningless; report 0 so it never trips alignment checks.
-int64_t stride_or_0(const Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
-
 std::string device_str(const Tensor& t) {
   if (t.is_cpu()) return "cpu";
   if (t.is_cuda()) return "cuda:" + std::to_string(t.get_device_index());
@@ -113,25 +102,6 @@ fc_family family_from_env() {
   fail("flashcore: environment variable FLASHCORE_FAMILY must be one of "
                   "'auto', 'sm80', 'sm90', 'decode' (got '", env, "')");
   return FC_FAMILY_AUTO;  // unreachable
-}
-
-// Compute capability per device, asked once from the CUDA runtime.
-std::pair<int, int> compute_capability(int32_t device) {
-  static std::mutex mu;
-  static std::vector<std::pair<int, int>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  if (device < 0) device = 0;
-  if (static_cast<size_t>(device) >= cache.size()) cache.resize(device + 1, {-1, -1});
-  if (cache[device].first < 0) {
-    int major = 0, minor = 0;
-    cudaError_t e1 = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaError_t e2 = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    FC_CHECK(e1 == cudaSuccess && e2 == cudaSuccess,
-             "flashcore.sdpa: cannot read the compute capability of cuda:", device, ": ",
-             cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
-    cache[device] = {major, minor};
-  }
-  return cache[device];
 }
 
 // fc statuses that describe the caller's layout or a case aten handles: fall back, don't raise.
