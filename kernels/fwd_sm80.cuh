@@ -38,6 +38,12 @@
 #include <math.h>
 #include <type_traits>
 
+#ifndef FC_BN_128
+#define FC_BN_128 32
+#endif
+#ifndef FC_FOLD
+#define FC_FOLD 1
+#endif
 namespace flashcore {
 namespace sm80 {
 
@@ -63,7 +69,7 @@ struct FwdTraits {
     static constexpr int kMAtoms = kMasked ? 1 : 2;  // 16-row m-atoms per warp
     static constexpr int kWarpRows = 16 * kMAtoms;
     static constexpr int kBlockM = kWarpRows * kWarps;  // query rows per CTA
-    static constexpr int kBlockN = kMasked || kHeadDim == 64 ? 64 : 32;  // key rows per K/V tile
+    static constexpr int kBlockN = kMasked || kHeadDim == 64 ? 64 : FC_BN_128;  // key rows per K/V tile
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
     static constexpr int kMinBlocksPerSm = 2;
@@ -169,20 +175,28 @@ __device__ __forceinline__ uint32_t chunk_pair_addr(uint32_t base, int kk) {
 }
 
 // Copy `rows` x D elements (rows <= kRows) of a row-strided global tile into a swizzled shared
-// tile of kRows rows; rows >= `rows` are zero-filled. All threads of the CTA take part.
+// tile of kRows rows; rows >= `rows` are zero-filled. All threads of the CTA take part. A thread
+// keeps one chunk column and steps down kThreads / kChunks rows per copy: the source advances by a
+// running pointer and the destination by an immediate, so no per-copy offsets stay live across
+// the main loop (they cost the registers that S and O need).
 template <typename Elem, int kRows, int kChunks, int kThreads>
 __device__ __forceinline__ void load_tile(Elem *smem_tile, const Elem *gmem, int row_stride,
                                           int rows) {
     constexpr int kItems = kRows * kChunks;
-    static_assert(kItems % kThreads == 0, "tile must split evenly over the CTA");
+    constexpr int kRowStep = kThreads / kChunks;
+    static_assert(kItems % kThreads == 0 && kThreads % kChunks == 0, "tile must split evenly over the CTA");
+    static_assert(kRowStep % 8 == 0, "a thread's copies must share one swizzle");
+    const int row0 = threadIdx.x / kChunks;
+    const int chunk = threadIdx.x % kChunks;
+    const uint32_t dst = smem_addr(smem_tile + swizzled<kChunks>(row0, chunk));
+    const Elem *src = gmem + row0 * row_stride + chunk * 8;
+    const int64_t step = static_cast<int64_t>(kRowStep) * row_stride;
 #pragma unroll
     for (int it = 0; it < kItems / kThreads; ++it) {
-        const int item = threadIdx.x + it * kThreads;
-        const int row = item / kChunks;
-        const int chunk = item % kChunks;
-        const bool valid = row < rows;
-        const Elem *src = valid ? gmem + row * row_stride + chunk * 8 : gmem;
-        cp_async_16(smem_addr(smem_tile + swizzled<kChunks>(row, chunk)), src, valid);
+        const int row = row0 + it * kRowStep;
+        // kRowStep is a multiple of 8, so every copy of this thread has the same swizzle.
+        cp_async_16(dst + it * kRowStep * kChunks * 16, row < rows ? src : gmem, row < rows);
+        src += step;
     }
 }
 
@@ -313,6 +327,10 @@ fwd_kernel(const fc_params p) {
     constexpr float kLog2e = 1.4426950408889634f;
     // Scores are multiplied by this: into base-2 units, or natural units (kNatural).
     const float score_mul = kNatural ? p.scale : p.scale * kLog2e;
+    // Fold the scale into the exponent's FFMA (max over raw scores, then exp2(s * c - max * c)):
+    // one multiply less per score. Only where it is exact in order (scale > 0) and the mask is
+    // not additive (that one is added to scaled scores).
+    const bool fold = FC_FOLD && !kNatural && score_mul > 0.f;
 
     // Single-buffered K and V (FlashAttention-2's schedule): V(n) loads while S(n) = Q K(n) is
     // multiplied, K(n+1) while softmax(n) and P V(n) run. Two barriers per tile, each both a
@@ -359,13 +377,16 @@ fwd_kernel(const fc_params p) {
             }
 
             // ---- scale, then mask (after scaling: a negative scale must not turn -inf into
-            //      +inf). The attn_mask comes first, so the causal/ragged -inf has the last word. ----
+            //      +inf). The attn_mask comes first, so the causal/ragged -inf has the last word.
+            //      With `fold` the scale is applied later, inside the exponent's FFMA. ----
+            if (!fold) {
 #pragma unroll
-            for (int a = 0; a < kAtoms; ++a)
+                for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
-                for (int j = 0; j < kNTiles; ++j)
+                    for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) s[a][j][e] *= score_mul;
+                        for (int e = 0; e < 4; ++e) s[a][j][e] *= score_mul;
+            }
             if constexpr (kMask != kNoMask) {
                 // This thread's values sit at rows (row_in_atom, +8) of each atom and columns
                 // (8j + col_in_tile, +1): one 2-value load per (row, n-tile).
@@ -419,24 +440,44 @@ fwd_kernel(const fc_params p) {
             for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    float mx = row_max[a][h];
+                    float mx = -INFINITY;  // this tile's max, raw scores when `fold`
 #pragma unroll
                     for (int j = 0; j < kNTiles; ++j)
                         mx = fmaxf(mx, fmaxf(s[a][j][2 * h], s[a][j][2 * h + 1]));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                    mx = fmaxf(row_max[a][h], fold ? mx * score_mul : mx);  // scale > 0 keeps order
                     // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
                     const float base = mx == -INFINITY ? 0.f : mx;
                     // Base-2 units: exp2(x). Natural units: exp2(x * log2(e)), x max-subtracted.
                     const float units = kNatural ? kLog2e : 1.f;
                     const float rescale = fast_exp2((row_max[a][h] - base) * units);
                     row_max[a][h] = mx;
+                    // exp2(s * e_mul - e_sub): one FFMA per score. It is off from the exact
+                    // (scaled s - base) * units by the rounding of e_sub, |e_sub| * 2^-24: nothing
+                    // for ordinary scores, but with huge ones (scale = 1e30 in
+                    // tests/test_bad_inputs.py) exp2 of that residual overflows (inf / inf = NaN).
+                    // Such rows take the exact form; the branch is per row and tile.
+                    const float e_mul = fold ? score_mul : units;
+                    const float e_sub = base * units;
                     float sum = 0.f;
+                    if (fabsf(e_sub) < 4096.f) {
 #pragma unroll
-                    for (int j = 0; j < kNTiles; ++j) {
-                        s[a][j][2 * h] = fast_exp2((s[a][j][2 * h] - base) * units);
-                        s[a][j][2 * h + 1] = fast_exp2((s[a][j][2 * h + 1] - base) * units);
-                        sum += s[a][j][2 * h] + s[a][j][2 * h + 1];
+                        for (int j = 0; j < kNTiles; ++j) {
+                            s[a][j][2 * h] = fast_exp2(fmaf(s[a][j][2 * h], e_mul, -e_sub));
+                            s[a][j][2 * h + 1] = fast_exp2(fmaf(s[a][j][2 * h + 1], e_mul, -e_sub));
+                            sum += s[a][j][2 * h] + s[a][j][2 * h + 1];
+                        }
+                    } else {
+                        // __fmul_rn: not contracted into an FFMA, so the max itself gives 0.
+#pragma unroll
+                        for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+                            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                                const float x = fold ? __fmul_rn(s[a][j][e], score_mul) : s[a][j][e];
+                                s[a][j][e] = fast_exp2((x - base) * units);
+                                sum += s[a][j][e];
+                            }
                     }
                     row_sum[a][h] = row_sum[a][h] * rescale + sum;
 #pragma unroll
