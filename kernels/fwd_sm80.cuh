@@ -175,28 +175,20 @@ __device__ __forceinline__ uint32_t chunk_pair_addr(uint32_t base, int kk) {
 }
 
 // Copy `rows` x D elements (rows <= kRows) of a row-strided global tile into a swizzled shared
-// tile of kRows rows; rows >= `rows` are zero-filled. All threads of the CTA take part. A thread
-// keeps one chunk column and steps down kThreads / kChunks rows per copy: the source advances by a
-// running pointer and the destination by an immediate, so no per-copy offsets stay live across
-// the main loop (they cost the registers that S and O need).
+// tile of kRows rows; rows >= `rows` are zero-filled. All threads of the CTA take part.
 template <typename Elem, int kRows, int kChunks, int kThreads>
 __device__ __forceinline__ void load_tile(Elem *smem_tile, const Elem *gmem, int row_stride,
                                           int rows) {
     constexpr int kItems = kRows * kChunks;
-    constexpr int kRowStep = kThreads / kChunks;
-    static_assert(kItems % kThreads == 0 && kThreads % kChunks == 0, "tile must split evenly over the CTA");
-    static_assert(kRowStep % 8 == 0, "a thread's copies must share one swizzle");
-    const int row0 = threadIdx.x / kChunks;
-    const int chunk = threadIdx.x % kChunks;
-    const uint32_t dst = smem_addr(smem_tile + swizzled<kChunks>(row0, chunk));
-    const Elem *src = gmem + row0 * row_stride + chunk * 8;
-    const int64_t step = static_cast<int64_t>(kRowStep) * row_stride;
+    static_assert(kItems % kThreads == 0, "tile must split evenly over the CTA");
 #pragma unroll
     for (int it = 0; it < kItems / kThreads; ++it) {
-        const int row = row0 + it * kRowStep;
-        // kRowStep is a multiple of 8, so every copy of this thread has the same swizzle.
-        cp_async_16(dst + it * kRowStep * kChunks * 16, row < rows ? src : gmem, row < rows);
-        src += step;
+        const int item = threadIdx.x + it * kThreads;
+        const int row = item / kChunks;
+        const int chunk = item % kChunks;
+        const bool valid = row < rows;
+        const Elem *src = valid ? gmem + row * row_stride + chunk * 8 : gmem;
+        cp_async_16(smem_addr(smem_tile + swizzled<kChunks>(row, chunk)), src, valid);
     }
 }
 
