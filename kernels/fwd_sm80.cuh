@@ -8,19 +8,23 @@
 // dtype as Q), any strides, broadcast dims at stride 0.
 //
 // How:
-//   * One CTA = kWarps warps; warp w owns query rows [16w, 16w+16) of the block, so every
-//     softmax reduction stays inside a quad of lanes (no shared memory, no block barrier).
-//   * Q is copied to shared memory once (cp.async), then held in registers as mma A fragments.
-//   * K and V tiles (kBlockN x D) stream through a 2-stage cp.async ring: tile n+1 loads while
-//     tile n is multiplied. Rows past the end of the sequence are zero-filled by cp.async.
+//   * One CTA = 4 warps; warp w owns query rows [32w, 32w+32) of the 128-row block as two 16-row
+//     m-atoms, so each K/V fragment read from shared memory feeds two mma, and every softmax
+//     reduction stays inside a quad of lanes (no shared memory, no block barrier). Masked
+//     variants keep one m-atom per warp (64-row blocks; see FwdTraits).
+//   * Q is copied to shared memory once (cp.async) and its A fragments re-read per k-step.
+//   * K and V tiles (kBlockN x D) are single-buffered on FlashAttention-2's schedule: V(n) loads
+//     while S(n) = Q K(n) is multiplied, K(n+1) (and its mask tile) while softmax(n) and P V(n)
+//     run; two barriers per tile. Rows past the end of the sequence are zero-filled by cp.async.
 //   * S = Q K^T and O += P V with mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate). P goes
 //     from the S accumulators straight into A fragments (the layouts line up), never to smem.
 //   * Softmax in base 2 with the scale folded into log2(e); O is rescaled when the row max grows.
 //   * Causal (top-left aligned, as PyTorch): tiles entirely above the diagonal are never
 //     loaded; only the tiles that cross the diagonal or the end of K are masked.
 //   * attn_mask: the (kBlockM x kBlockN) mask tile of each K/V tile rides in the same cp.async
-//     group as K and V, into a padded shared tile; each thread then reads the values under its
-//     own accumulator elements. See "The attention mask" below for the layout rules.
+//     group as K, into a padded shared tile; each thread then reads the values under its own
+//     accumulator elements. See "The attention mask" below for the layout rules.
+//   * Causal: a warp whose rows all lie left of a tile's first key skips that tile's math.
 //   * Shared memory rows are 16-byte chunks XOR-swizzled by (row % 8), so the 8 row addresses
 //     of each ldmatrix phase fall in distinct bank groups (no conflicts, no padding).
 //   * Epilogue: O is normalised, packed to 16 bits, staged through the (now idle) Q tile in
@@ -38,12 +42,6 @@
 #include <math.h>
 #include <type_traits>
 
-#ifndef FC_BN_128
-#define FC_BN_128 32
-#endif
-#ifndef FC_FOLD
-#define FC_FOLD 1
-#endif
 namespace flashcore {
 namespace sm80 {
 
@@ -56,10 +54,20 @@ namespace sm80 {
 // the same reason). Masked variants (a mask tile rides with K) keep one m-atom per warp, 64x64:
 // two atoms spilled 40-370 bytes there (the mask tile's addressing lives beside S and O).
 // ptxas (sm_90a / sm_89): D=64 229-246 registers, D=128 246-250, masked 184-253; no spills.
-// Measured and lost (H100, forced sm80, bench/NOTES.md):
-//   * v1, 4 warps x 16 rows (BM=64, BN=64), Q in registers, 2-stage K/V ring (2026-11-26, same run
-//     as flash): D=64 nc 4k 244 vs flash 308; D=128 nc 4k 265 vs 326; causal D=64 237 vs 284,
-//     D=128 252 vs 304.
+// Measured (H100 80GB HBM3, forced sm80, fp16, 16k-token sweeps; flash = PyTorch's FlashAttention-2
+// in the same run; bench/NOTES.md, 2026-11-26):
+//   * v1, 4 warps x 16 rows (BM=64, BN=64), Q in registers, 2-stage K/V ring: D=64 nc 4k 244 vs
+//     flash 308; D=128 nc 4k 265 vs 326; causal D=64 237 vs 284, D=128 252 vs 304.
+//   * v2 (this shape): D=64 nc 4k 297 vs 303, D=128 nc 4k 321 vs 349, causal D=64 251 vs 287,
+//     D=128 266 vs 312 (0.85-0.98x at 4k; 1.0x at D=64 nc 1k and D=128 nc 16k).
+// Measured and lost:
+//   * The scale folded into the exponent's FFMA (exp2(s * c - max * c), max over raw scores) with
+//     a per-row branch to the exact form for huge scores (the sm90 family's fix): with the fold
+//     switched on vs off in one run, D=64 +1-7%, D=128 -1-3%; but both builds ran 10-15% below v2
+//     on every shape (D=128 nc 4k 277-279 vs 321, flash unchanged at 349-352). The per-row branch
+//     (4 per tile, splitting the softmax into separate blocks) is the suspect; not verified.
+//   * load_tile with one running source pointer per thread (fewer live registers): no gain.
+//   * D=128 with 64-key tiles: spills 56-144 bytes (255 registers) in the unmasked variants.
 //   * 8 warps / 128 query rows of 16 rows per warp for D=128 (one CTA of 8 warps per SM instead of
 //     two of 4): non-causal 4k 222 vs 263 TFLOP/s, causal 196 vs 248.
 //   * K and V in separate cp.async groups on the v1 2-stage ring: D=64 nc 4k 236 vs 248.
@@ -69,7 +77,7 @@ struct FwdTraits {
     static constexpr int kMAtoms = kMasked ? 1 : 2;  // 16-row m-atoms per warp
     static constexpr int kWarpRows = 16 * kMAtoms;
     static constexpr int kBlockM = kWarpRows * kWarps;  // query rows per CTA
-    static constexpr int kBlockN = kMasked || kHeadDim == 64 ? 64 : FC_BN_128;  // key rows per K/V tile
+    static constexpr int kBlockN = kMasked || kHeadDim == 64 ? 64 : 32;  // key rows per K/V tile
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
     static constexpr int kMinBlocksPerSm = 2;
@@ -319,10 +327,6 @@ fwd_kernel(const fc_params p) {
     constexpr float kLog2e = 1.4426950408889634f;
     // Scores are multiplied by this: into base-2 units, or natural units (kNatural).
     const float score_mul = kNatural ? p.scale : p.scale * kLog2e;
-    // Fold the scale into the exponent's FFMA (max over raw scores, then exp2(s * c - max * c)):
-    // one multiply less per score. Only where it is exact in order (scale > 0) and the mask is
-    // not additive (that one is added to scaled scores).
-    const bool fold = FC_FOLD && !kNatural && score_mul > 0.f;
 
     // Single-buffered K and V (FlashAttention-2's schedule): V(n) loads while S(n) = Q K(n) is
     // multiplied, K(n+1) while softmax(n) and P V(n) run. Two barriers per tile, each both a
@@ -369,16 +373,13 @@ fwd_kernel(const fc_params p) {
             }
 
             // ---- scale, then mask (after scaling: a negative scale must not turn -inf into
-            //      +inf). The attn_mask comes first, so the causal/ragged -inf has the last word.
-            //      With `fold` the scale is applied later, inside the exponent's FFMA. ----
-            if (!fold) {
+            //      +inf). The attn_mask comes first, so the causal/ragged -inf has the last word. ----
 #pragma unroll
-                for (int a = 0; a < kAtoms; ++a)
+            for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
-                    for (int j = 0; j < kNTiles; ++j)
+                for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) s[a][j][e] *= score_mul;
-            }
+                    for (int e = 0; e < 4; ++e) s[a][j][e] *= score_mul;
             if constexpr (kMask != kNoMask) {
                 // This thread's values sit at rows (row_in_atom, +8) of each atom and columns
                 // (8j + col_in_tile, +1): one 2-value load per (row, n-tile).
@@ -432,44 +433,24 @@ fwd_kernel(const fc_params p) {
             for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    float mx = -INFINITY;  // this tile's max, raw scores when `fold`
+                    float mx = row_max[a][h];
 #pragma unroll
                     for (int j = 0; j < kNTiles; ++j)
                         mx = fmaxf(mx, fmaxf(s[a][j][2 * h], s[a][j][2 * h + 1]));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-                    mx = fmaxf(row_max[a][h], fold ? mx * score_mul : mx);  // scale > 0 keeps order
                     // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
                     const float base = mx == -INFINITY ? 0.f : mx;
                     // Base-2 units: exp2(x). Natural units: exp2(x * log2(e)), x max-subtracted.
                     const float units = kNatural ? kLog2e : 1.f;
                     const float rescale = fast_exp2((row_max[a][h] - base) * units);
                     row_max[a][h] = mx;
-                    // exp2(s * e_mul - e_sub): one FFMA per score. It is off from the exact
-                    // (scaled s - base) * units by the rounding of e_sub, |e_sub| * 2^-24: nothing
-                    // for ordinary scores, but with huge ones (scale = 1e30 in
-                    // tests/test_bad_inputs.py) exp2 of that residual overflows (inf / inf = NaN).
-                    // Such rows take the exact form; the branch is per row and tile.
-                    const float e_mul = fold ? score_mul : units;
-                    const float e_sub = base * units;
                     float sum = 0.f;
-                    if (fabsf(e_sub) < 4096.f) {
 #pragma unroll
-                        for (int j = 0; j < kNTiles; ++j) {
-                            s[a][j][2 * h] = fast_exp2(fmaf(s[a][j][2 * h], e_mul, -e_sub));
-                            s[a][j][2 * h + 1] = fast_exp2(fmaf(s[a][j][2 * h + 1], e_mul, -e_sub));
-                            sum += s[a][j][2 * h] + s[a][j][2 * h + 1];
-                        }
-                    } else {
-                        // __fmul_rn: not contracted into an FFMA, so the max itself gives 0.
-#pragma unroll
-                        for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-                            for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                                const float x = fold ? __fmul_rn(s[a][j][e], score_mul) : s[a][j][e];
-                                s[a][j][e] = fast_exp2((x - base) * units);
-                                sum += s[a][j][e];
-                            }
+                    for (int j = 0; j < kNTiles; ++j) {
+                        s[a][j][2 * h] = fast_exp2((s[a][j][2 * h] - base) * units);
+                        s[a][j][2 * h + 1] = fast_exp2((s[a][j][2 * h + 1] - base) * units);
+                        sum += s[a][j][2 * h] + s[a][j][2 * h + 1];
                     }
                     row_sum[a][h] = row_sum[a][h] * rescale + sum;
 #pragma unroll
