@@ -8,19 +8,23 @@
 // dtype as Q), any strides, broadcast dims at stride 0.
 //
 // How:
-//   * One CTA = kWarps warps; warp w owns query rows [16w, 16w+16) of the block, so every
-//     softmax reduction stays inside a quad of lanes (no shared memory, no block barrier).
-//   * Q is copied to shared memory once (cp.async), then held in registers as mma A fragments.
-//   * K and V tiles (kBlockN x D) stream through a 2-stage cp.async ring: tile n+1 loads while
-//     tile n is multiplied. Rows past the end of the sequence are zero-filled by cp.async.
+//   * One CTA = 4 warps; warp w owns query rows [32w, 32w+32) of the 128-row block as two 16-row
+//     m-atoms, so each K/V fragment read from shared memory feeds two mma, and every softmax
+//     reduction stays inside a quad of lanes (no shared memory, no block barrier). Masked
+//     variants keep one m-atom per warp (64-row blocks; see FwdTraits).
+//   * Q is copied to shared memory once (cp.async) and its A fragments re-read per k-step.
+//   * K and V tiles (kBlockN x D) are single-buffered on FlashAttention-2's schedule: V(n) loads
+//     while S(n) = Q K(n) is multiplied, K(n+1) (and its mask tile) while softmax(n) and P V(n)
+//     run; two barriers per tile. Rows past the end of the sequence are zero-filled by cp.async.
 //   * S = Q K^T and O += P V with mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate). P goes
 //     from the S accumulators straight into A fragments (the layouts line up), never to smem.
 //   * Softmax in base 2 with the scale folded into log2(e); O is rescaled when the row max grows.
 //   * Causal (top-left aligned, as PyTorch): tiles entirely above the diagonal are never
 //     loaded; only the tiles that cross the diagonal or the end of K are masked.
 //   * attn_mask: the (kBlockM x kBlockN) mask tile of each K/V tile rides in the same cp.async
-//     group as K and V, into a padded shared tile; each thread then reads the values under its
-//     own accumulator elements. See "The attention mask" below for the layout rules.
+//     group as K, into a padded shared tile; each thread then reads the values under its own
+//     accumulator elements. See "The attention mask" below for the layout rules.
+//   * Causal: a warp whose rows all lie left of a tile's first key skips that tile's math.
 //   * Shared memory rows are 16-byte chunks XOR-swizzled by (row % 8), so the 8 row addresses
 //     of each ldmatrix phase fall in distinct bank groups (no conflicts, no padding).
 //   * Epilogue: O is normalised, packed to 16 bits, staged through the (now idle) Q tile in
@@ -41,23 +45,45 @@
 namespace flashcore {
 namespace sm80 {
 
-// Tile shape per head dim. Registers per thread (D=128): O 64 + S 32 + Q 32 fp32/b32 values.
-// Measured and lost (H100, forced sm80, same run as cuDNN; bench/NOTES.md, 2026-11-25):
-//   * 8 warps / 128 query rows for D=128 (each K/V tile serves twice the rows, but one CTA of
-//     8 warps per SM instead of two of 4): non-causal 4k 222 vs 263 TFLOP/s, causal 196 vs 248.
-//   * K and V in separate cp.async groups (FlashAttention-2's order, two waits per tile):
-//     D=64 non-causal 4k 236 vs 248, within noise but not a gain; not kept.
-template <int kHeadDim>
+// Tile shape per head dim. Unmasked: 4 warps, 128 query rows per CTA, so each warp owns 32 rows
+// (two 16-row m-atoms) and every K/V fragment it loads from shared memory feeds two mma instead of
+// one (half the ldmatrix traffic per FLOP of 16 rows per warp, as FlashAttention-2). Q is re-read
+// from shared memory per k-step: registers hold O (D=64: 64, D=128: 128 fp32) and S (64 / 32).
+// Key tiles: D=64 64 keys (128 spilled: 144-1000 bytes); D=128 32 keys (64 spilled 96-144 bytes on
+// sm_90a even with one address register per operand; FlashAttention-2 picks 128x32 on sm8x for
+// the same reason). Masked variants (a mask tile rides with K) keep one m-atom per warp, 64x64:
+// two atoms spilled 40-370 bytes there (the mask tile's addressing lives beside S and O).
+// ptxas (sm_90a / sm_89): D=64 229-246 registers, D=128 246-250, masked 184-253; no spills.
+// Measured (H100 80GB HBM3, forced sm80, fp16, 16k-token sweeps; flash = PyTorch's FlashAttention-2
+// in the same run; bench/NOTES.md, 2026-11-26):
+//   * v1, 4 warps x 16 rows (BM=64, BN=64), Q in registers, 2-stage K/V ring: D=64 nc 4k 244 vs
+//     flash 308; D=128 nc 4k 265 vs 326; causal D=64 237 vs 284, D=128 252 vs 304.
+//   * v2 (this shape): D=64 nc 4k 297 vs 303, D=128 nc 4k 321 vs 349, causal D=64 251 vs 287,
+//     D=128 266 vs 312 (0.85-0.98x at 4k; 1.0x at D=64 nc 1k and D=128 nc 16k).
+// Measured and lost:
+//   * The scale folded into the exponent's FFMA (exp2(s * c - max * c), max over raw scores) with
+//     a per-row branch to the exact form for huge scores (the sm90 family's fix): with the fold
+//     switched on vs off in one run, D=64 +1-7%, D=128 -1-3%; but both builds ran 10-15% below v2
+//     on every shape (D=128 nc 4k 277-279 vs 321, flash unchanged at 349-352). The per-row branch
+//     (4 per tile, splitting the softmax into separate blocks) is the suspect; not verified.
+//   * load_tile with one running source pointer per thread (fewer live registers): no gain.
+//   * D=128 with 64-key tiles: spills 56-144 bytes (255 registers) in the unmasked variants.
+//   * 8 warps / 128 query rows of 16 rows per warp for D=128 (one CTA of 8 warps per SM instead of
+//     two of 4): non-causal 4k 222 vs 263 TFLOP/s, causal 196 vs 248.
+//   * K and V in separate cp.async groups on the v1 2-stage ring: D=64 nc 4k 236 vs 248.
+template <int kHeadDim, bool kMasked = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
-    static constexpr int kBlockM = 16 * kWarps;  // query rows per CTA
-    static constexpr int kBlockN = 64;           // key rows per pipeline tile
+    static constexpr int kMAtoms = kMasked ? 1 : 2;  // 16-row m-atoms per warp
+    static constexpr int kWarpRows = 16 * kMAtoms;
+    static constexpr int kBlockM = kWarpRows * kWarps;  // query rows per CTA
+    static constexpr int kBlockN = kMasked || kHeadDim == 64 ? 64 : 32;  // key rows per K/V tile
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-    static constexpr int kStages = 2;
     static constexpr int kMinBlocksPerSm = 2;
-    // Elements: Q tile + kStages x (K tile + V tile).
-    static constexpr int kSmemElems = kBlockM * kHeadDim + kStages * 2 * kBlockN * kHeadDim;
+    // Elements: Q tile + one K tile + one V tile (single-buffered: V(n) loads under S(n), K(n+1)
+    // under softmax(n) and PV(n); see the main loop).
+    static constexpr int kSmemElems = kBlockM * kHeadDim + 2 * kBlockN * kHeadDim;
     static constexpr int kSmemBytes = kSmemElems * 2;
     static_assert(kHeadDim % 64 == 0, "the swizzle assumes at least 8 chunks per row");
     static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block (99 KB)");
@@ -71,7 +97,7 @@ enum MaskKind : int { kNoMask = FC_MASK_NONE, kBoolMask = FC_MASK_BOOL, kAddMask
 // 1 byte, additive: the 16-bit bits of Elem). Rows are padded by 16 bytes: with a 64- or
 // 128-byte pitch the 8 rows a warp reads at once (lane / 4) would share banks (4-way and 8-way
 // conflicts); with 80 / 144 bytes they start in 8 distinct 4-byte banks groups, and the pitch
-// stays a multiple of 16 for 16-byte cp.async. Two stages, like K and V.
+// stays a multiple of 16 for 16-byte cp.async. One buffer, loaded with the K tile.
 template <int kMask, int kBlockM, int kBlockN>
 struct MaskTile {
     static constexpr int kElemBytes = kMask == kBoolMask ? 1 : 2;
@@ -146,6 +172,16 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
     return row * kChunks * 8 + ((chunk ^ (row & 7)) * 8);
 }
 
+// ldmatrix addresses without a register per k-step. A lane reads 16-byte chunk 2*kk + b of its
+// row (b: the lane's half of the chunk pair). With x = row % 8 the swizzled chunk is
+// 8*(kk/4) + ((2*(kk%4)) ^ b ^ x), so from `base`, the byte address of chunk b (swizzled) of the
+// row, chunk 2*kk + b is base ^ 32*(kk%4), plus 128*(kk/4). This holds when the tile starts on a
+// 128-byte boundary (rows are multiples of 128 bytes), which keeps bits 4-6 of `base` to the
+// swizzle. kk is a compile-time constant in every unrolled loop: one LOP3, the rest an immediate.
+__device__ __forceinline__ uint32_t chunk_pair_addr(uint32_t base, int kk) {
+    return (base ^ ((kk & 3) << 5)) + ((kk >> 2) << 7);
+}
+
 // Copy `rows` x D elements (rows <= kRows) of a row-strided global tile into a swizzled shared
 // tile of kRows rows; rows >= `rows` are zero-filled. All threads of the CTA take part.
 template <typename Elem, int kRows, int kChunks, int kThreads>
@@ -168,12 +204,14 @@ __device__ __forceinline__ void load_tile(Elem *smem_tile, const Elem *gmem, int
 // read at run time instead (one instantiation per mask kind: PyTorch never sends a mask with
 // is_causal, C callers may).
 template <typename Elem, int kHeadDim, bool kCausal, int kMask>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, FwdTraits<kHeadDim>::kMinBlocksPerSm)
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kMask != kNoMask>::kThreads,
+                                FwdTraits<kHeadDim, kMask != kNoMask>::kMinBlocksPerSm)
 fwd_kernel(const fc_params p) {
-    using T = FwdTraits<kHeadDim>;
+    using T = FwdTraits<kHeadDim, kMask != kNoMask>;
     using M = MaskTile<kMask, T::kBlockM, T::kBlockN>;
     using MaskBits = typename std::conditional<kMask == kBoolMask, uint8_t, uint16_t>::type;
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kChunks = T::kChunks;
+    constexpr int kAtoms = T::kMAtoms, kWarpRows = T::kWarpRows;
     // An additive mask can hold huge finite values (HuggingFace fills with finfo(dtype).min,
     // -3.4e38 in bf16); times log2(e) they would overflow to -inf and a row masked only by them
     // would read as fully masked (zeros) where PyTorch averages V. So with an additive mask the
@@ -181,14 +219,14 @@ fwd_kernel(const fc_params p) {
     constexpr bool kNatural = kMask == kAddMask;
     const bool causal = kCausal || (kMask != kNoMask && p.causal != 0);
     constexpr int kKSteps = kHeadDim / 16;   // k-steps of QK^T
-    constexpr int kNTiles = kBlockN / 8;     // n-tiles of S per warp
-    constexpr int kDTiles = kHeadDim / 8;    // n-tiles of O per warp
+    constexpr int kNTiles = kBlockN / 8;     // n-tiles of S per m-atom
+    constexpr int kDTiles = kHeadDim / 8;    // n-tiles of O per m-atom
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    Elem *smem_q = reinterpret_cast<Elem *>(smem_raw);
-    Elem *smem_k = smem_q + kBlockM * kHeadDim;            // [kStages][kBlockN][D]
-    Elem *smem_v = smem_k + T::kStages * kBlockN * kHeadDim;  // [kStages][kBlockN][D]
-    unsigned char *smem_mask = reinterpret_cast<unsigned char *>(smem_v + T::kStages * kBlockN * kHeadDim);
+    Elem *smem_q = reinterpret_cast<Elem *>(smem_raw);      // [kBlockM][D]
+    Elem *smem_k = smem_q + kBlockM * kHeadDim;              // [kBlockN][D]
+    Elem *smem_v = smem_k + kBlockN * kHeadDim;              // [kBlockN][D]
+    unsigned char *smem_mask = reinterpret_cast<unsigned char *>(smem_v + kBlockN * kHeadDim);
 
     const int seqlen_q = static_cast<int>(p.seqlen_q);
     const int seqlen_k = static_cast<int>(p.seqlen_k);
@@ -227,233 +265,282 @@ fwd_kernel(const fc_params p) {
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    // mma fragment coordinates: this lane holds rows (lane/4) and (lane/4 + 8) of its warp's 16,
-    // and columns 2*(lane%4), +1 of every 8-wide n-tile.
-    const int row_in_warp = lane / 4;
+    const int warp_row0 = warp * kWarpRows;  // this warp's rows: [warp_row0, warp_row0 + 32)
+    // mma fragment coordinates: in m-atom a, this lane holds rows (lane/4) and (lane/4 + 8) of
+    // the atom's 16, and columns 2*(lane%4), +1 of every 8-wide n-tile.
+    const int row_in_atom = lane / 4;
     const int col_in_tile = 2 * (lane % 4);
+    // ldmatrix row addresses, chunk pair 0 (see chunk_pair_addr). Q (A operand) and V (B
+    // operand, transposed): lanes 0-15 give rows 0-15 of the first chunk, 16-31 of the second.
+    // K (B operand): lanes 0-7 / 16-23 give key rows 0-7 / 8-15 of the first chunk, 8-15 / 24-31
+    // of the second. m-atoms, key groups and V rows step by 16 rows: immediate offsets.
+    constexpr int kRowBytes = kHeadDim * 2;
+    const uint32_t q_base = smem_addr(smem_q + swizzled<kChunks>(warp_row0 + (lane & 15), lane >> 4));
+    const uint32_t k_base = smem_addr(smem_k + swizzled<kChunks>((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1));
+    const uint32_t v_base = smem_addr(smem_v + swizzled<kChunks>(lane & 15, lane >> 4));
 
-    auto load_kv = [&](int n_block, int stage) {
+    // K tile n (and its mask tile) / V tile n into their single buffers; rows past Sk zero-filled.
+    auto load_k = [&](int n_block) {
         const int n_start = n_block * kBlockN;
-        const int rows = min(kBlockN, seqlen_k - n_start);
-        load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_k + stage * kBlockN * kHeadDim,
-                                                       k + n_start * k_stride, k_stride, rows);
-        load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_v + stage * kBlockN * kHeadDim,
-                                                       v + n_start * v_stride, v_stride, rows);
+        load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_k, k + n_start * k_stride, k_stride,
+                                                       min(kBlockN, seqlen_k - n_start));
         if constexpr (kMask != kNoMask) {
-            unsigned char *dst = smem_mask + stage * M::kStageBytes;
             constexpr int kP = M::kPitch, kTh = T::kThreads;
             switch (mask_chunk) {  // the same for the whole CTA: no divergence
             case 16:
-                load_mask_chunks<16, MaskBits, kBlockM, kBlockN, kP, kTh>(dst, mask, mask_stride_q, m_start, n_start, seqlen_q, seqlen_k);
+                load_mask_chunks<16, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, mask, mask_stride_q, m_start, n_start, seqlen_q, seqlen_k);
                 break;
             case 8:
-                load_mask_chunks<8, MaskBits, kBlockM, kBlockN, kP, kTh>(dst, mask, mask_stride_q, m_start, n_start, seqlen_q, seqlen_k);
+                load_mask_chunks<8, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, mask, mask_stride_q, m_start, n_start, seqlen_q, seqlen_k);
                 break;
             case 4:
-                load_mask_chunks<4, MaskBits, kBlockM, kBlockN, kP, kTh>(dst, mask, mask_stride_q, m_start, n_start, seqlen_q, seqlen_k);
+                load_mask_chunks<4, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, mask, mask_stride_q, m_start, n_start, seqlen_q, seqlen_k);
                 break;
             default:
-                load_mask_elements<MaskBits, kBlockM, kBlockN, kP, kTh>(dst, mask, mask_stride_q, mask_stride_k, m_start, n_start, seqlen_q, seqlen_k);
+                load_mask_elements<MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, mask, mask_stride_q, mask_stride_k, m_start, n_start, seqlen_q, seqlen_k);
             }
         }
     };
+    auto load_v = [&](int n_block) {
+        const int n_start = n_block * kBlockN;
+        load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_v, v + n_start * v_stride, v_stride,
+                                                       min(kBlockN, seqlen_k - n_start));
+    };
 
     load_tile<Elem, kBlockM, kChunks, T::kThreads>(smem_q, q, q_stride, seqlen_q - m_start);
-    load_kv(0, 0);
+    load_k(0);
     cp_async_commit();
 
-    uint32_t q_frag[kKSteps][4];
-    float o_acc[kDTiles][4];
+    float o_acc[kAtoms][kDTiles][4];
 #pragma unroll
-    for (int i = 0; i < kDTiles; ++i)
+    for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) o_acc[i][j] = 0.f;
-    // Running max (base-2, scaled) and partial row sums for rows row_in_warp and row_in_warp+8.
-    float row_max[2] = {-INFINITY, -INFINITY};
-    float row_sum[2] = {0.f, 0.f};
+        for (int i = 0; i < kDTiles; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) o_acc[a][i][j] = 0.f;
+    // Running max (base-2, scaled) and partial row sums for rows row_in_atom, +8 of each atom.
+    float row_max[kAtoms][2], row_sum[kAtoms][2];
+#pragma unroll
+    for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) row_max[a][h] = -INFINITY, row_sum[a][h] = 0.f;
     constexpr float kLog2e = 1.4426950408889634f;
     // Scores are multiplied by this: into base-2 units, or natural units (kNatural).
     const float score_mul = kNatural ? p.scale : p.scale * kLog2e;
 
+    // Single-buffered K and V (FlashAttention-2's schedule): V(n) loads while S(n) = Q K(n) is
+    // multiplied, K(n+1) while softmax(n) and P V(n) run. Two barriers per tile, each both a
+    // "landed" and a "free" fence.
     for (int n_block = 0; n_block < n_blocks; ++n_block) {
-        const int stage = n_block & 1;
-        if (n_block + 1 < n_blocks) {
-            load_kv(n_block + 1, stage ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        const int n_start = n_block * kBlockN;
+        cp_async_wait<0>();
+        __syncthreads();  // K(n) and mask(n) have landed; every warp is done reading V(n-1)
+        load_v(n_block);
+        cp_async_commit();
 
-        if (n_block == 0) {
-            // A fragments of Q: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) of each k-step.
-            const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        // With causal masking, a warp whose last row is left of this tile's first key would
+        // only add exact zeros: it skips the tile's math (the barriers stay CTA-wide).
+        const bool active = !causal || n_start <= m_start + warp_row0 + kWarpRows - 1;
+        float s[kAtoms][kNTiles][4];
+        if (active) {
+            // ---- S = Q K^T for this warp's 32 rows x kBlockN keys. Q's A fragments are re-read
+            //      from shared memory per k-step (registers hold O and S; FlashAttention-2 too):
+            //      matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15). Each K fragment feeds both
+            //      m-atoms. ----
 #pragma unroll
-            for (int kk = 0; kk < kKSteps; ++kk)
-                ldmatrix_x4(q_frag[kk], smem_addr(smem_q + swizzled<kChunks>(r, kk * 2 + (lane >> 4))));
-        }
+            for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+                for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[a][j][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < kKSteps; ++kk) {
+                uint32_t qf[kAtoms][4];
+#pragma unroll
+                for (int a = 0; a < kAtoms; ++a)
+                    ldmatrix_x4(qf[a], chunk_pair_addr(q_base, kk) + a * 16 * kRowBytes);
+#pragma unroll
+                for (int np = 0; np < kNTiles / 2; ++np) {
+                    // B fragments of K for n-tiles 2np, 2np+1: (keys 0-7 | 8-15) x (d 0-7 | 8-15).
+                    uint32_t kf[4];
+                    ldmatrix_x4(kf, chunk_pair_addr(k_base, kk) + np * 16 * kRowBytes);
+#pragma unroll
+                    for (int a = 0; a < kAtoms; ++a) {
+                        mma_16816<Elem>(s[a][2 * np], qf[a], kf[0], kf[1]);
+                        mma_16816<Elem>(s[a][2 * np + 1], qf[a], kf[2], kf[3]);
+                    }
+                }
+            }
 
-        // ---- S = Q K^T for this warp's 16 rows x kBlockN keys ----
-        const Elem *k_tile = smem_k + stage * kBlockN * kHeadDim;
-        float s[kNTiles][4];
+            // ---- scale, then mask (after scaling: a negative scale must not turn -inf into
+            //      +inf). The attn_mask comes first, so the causal/ragged -inf has the last word. ----
 #pragma unroll
-        for (int j = 0; j < kNTiles; ++j)
+            for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+                for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
+                    for (int e = 0; e < 4; ++e) s[a][j][e] *= score_mul;
+            if constexpr (kMask != kNoMask) {
+                // This thread's values sit at rows (row_in_atom, +8) of each atom and columns
+                // (8j + col_in_tile, +1): one 2-value load per (row, n-tile).
 #pragma unroll
-            for (int np = 0; np < kNTiles / 2; ++np) {
-                // B fragments of K for n-tiles 2np, 2np+1: (keys 0-7 | 8-15) x (d 0-7 | 8-15).
-                uint32_t kf[4];
-                const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
-                ldmatrix_x4(kf, smem_addr(k_tile + swizzled<kChunks>(r, kk * 2 + ((lane >> 3) & 1))));
-                mma_16816<Elem>(s[2 * np], q_frag[kk], kf[0], kf[1]);
-                mma_16816<Elem>(s[2 * np + 1], q_frag[kk], kf[2], kf[3]);
+                for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const unsigned char *mrow =
+                            smem_mask + (warp_row0 + a * 16 + row_in_atom + 8 * h) * M::kPitch;
+#pragma unroll
+                        for (int j = 0; j < kNTiles; ++j) {
+                            const int at = (j * 8 + col_in_tile) * M::kElemBytes;
+                            if constexpr (kMask == kBoolMask) {
+                                const uint32_t two = *reinterpret_cast<const uint16_t *>(mrow + at);
+                                if ((two & 0xffu) == 0) s[a][j][2 * h] = -INFINITY;
+                                if ((two >> 8) == 0) s[a][j][2 * h + 1] = -INFINITY;
+                            } else {
+                                const float2 add = unpack2<Elem>(*reinterpret_cast<const uint32_t *>(mrow + at));
+                                s[a][j][2 * h] += add.x;
+                                s[a][j][2 * h + 1] += add.y;
+                            }
+                        }
+                    }
+            }
+            const bool ragged = n_start + kBlockN > seqlen_k;
+            const bool crosses_diagonal = causal && n_start + kBlockN - 1 > m_start + warp_row0;
+            if (ragged || crosses_diagonal) {
+#pragma unroll
+                for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+                    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int col = n_start + j * 8 + col_in_tile + (e & 1);
+                            const int row = m_start + warp_row0 + a * 16 + row_in_atom + (e >> 1) * 8;
+                            if (col >= seqlen_k || (causal && col > row)) s[a][j][e] = -INFINITY;
+                        }
             }
         }
 
-        // ---- scale, then mask (after scaling: a negative scale must not turn -inf into
-        //      +inf). The attn_mask comes first, so the causal/ragged -inf has the last word. ----
+        cp_async_wait<0>();
+        __syncthreads();  // V(n) has landed; every warp is done reading K(n) and mask(n)
+        if (n_block + 1 < n_blocks) {
+            load_k(n_block + 1);
+            cp_async_commit();
+        }
+
+        if (active) {
+            // ---- online softmax: new row max, rescale O and the running sum ----
 #pragma unroll
-        for (int j = 0; j < kNTiles; ++j)
+            for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] *= score_mul;
-        if constexpr (kMask != kNoMask) {
-            // This thread's values sit at rows (row_in_warp, +8) of its warp and columns
-            // (8j + col_in_tile, +1): one 2-value load per (row, n-tile).
-            const unsigned char *tile = smem_mask + stage * M::kStageBytes;
+                for (int h = 0; h < 2; ++h) {
+                    float mx = row_max[a][h];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const unsigned char *mrow = tile + (warp * 16 + row_in_warp + 8 * h) * M::kPitch;
+                    for (int j = 0; j < kNTiles; ++j)
+                        mx = fmaxf(mx, fmaxf(s[a][j][2 * h], s[a][j][2 * h + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                    // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
+                    const float base = mx == -INFINITY ? 0.f : mx;
+                    // Base-2 units: exp2(x). Natural units: exp2(x * log2(e)), x max-subtracted.
+                    const float units = kNatural ? kLog2e : 1.f;
+                    const float rescale = fast_exp2((row_max[a][h] - base) * units);
+                    row_max[a][h] = mx;
+                    float sum = 0.f;
 #pragma unroll
-                for (int j = 0; j < kNTiles; ++j) {
-                    const int at = (j * 8 + col_in_tile) * M::kElemBytes;
-                    if constexpr (kMask == kBoolMask) {
-                        const uint32_t two = *reinterpret_cast<const uint16_t *>(mrow + at);
-                        if ((two & 0xffu) == 0) s[j][2 * h] = -INFINITY;
-                        if ((two >> 8) == 0) s[j][2 * h + 1] = -INFINITY;
-                    } else {
-                        const float2 add = unpack2<Elem>(*reinterpret_cast<const uint32_t *>(mrow + at));
-                        s[j][2 * h] += add.x;
-                        s[j][2 * h + 1] += add.y;
+                    for (int j = 0; j < kNTiles; ++j) {
+                        s[a][j][2 * h] = fast_exp2((s[a][j][2 * h] - base) * units);
+                        s[a][j][2 * h + 1] = fast_exp2((s[a][j][2 * h + 1] - base) * units);
+                        sum += s[a][j][2 * h] + s[a][j][2 * h + 1];
+                    }
+                    row_sum[a][h] = row_sum[a][h] * rescale + sum;
+#pragma unroll
+                    for (int d = 0; d < kDTiles; ++d) {
+                        o_acc[a][d][2 * h] *= rescale;
+                        o_acc[a][d][2 * h + 1] *= rescale;
+                    }
+                }
+
+            // ---- O += P V: P's accumulator layout is the A-fragment layout of a 16x16 k-step;
+            //      each V fragment feeds both m-atoms ----
+#pragma unroll
+            for (int kk = 0; kk < kBlockN / 16; ++kk) {
+                uint32_t pf[kAtoms][4];
+#pragma unroll
+                for (int a = 0; a < kAtoms; ++a) {
+                    pf[a][0] = pack2<Elem>(s[a][2 * kk][0], s[a][2 * kk][1]);
+                    pf[a][1] = pack2<Elem>(s[a][2 * kk][2], s[a][2 * kk][3]);
+                    pf[a][2] = pack2<Elem>(s[a][2 * kk + 1][0], s[a][2 * kk + 1][1]);
+                    pf[a][3] = pack2<Elem>(s[a][2 * kk + 1][2], s[a][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int dp = 0; dp < kDTiles / 2; ++dp) {
+                    // Transposed B fragments of V: (keys 0-7 | 8-15) x (d 0-7 | 8-15).
+                    uint32_t vf[4];
+                    ldmatrix_x4_trans(vf, chunk_pair_addr(v_base, dp) + kk * 16 * kRowBytes);
+#pragma unroll
+                    for (int a = 0; a < kAtoms; ++a) {
+                        mma_16816<Elem>(o_acc[a][2 * dp], pf[a], vf[0], vf[1]);
+                        mma_16816<Elem>(o_acc[a][2 * dp + 1], pf[a], vf[2], vf[3]);
                     }
                 }
             }
         }
-        const int n_start = n_block * kBlockN;
-        const int row0 = m_start + warp * 16 + row_in_warp;
-        const bool ragged = n_start + kBlockN > seqlen_k;
-        const bool crosses_diagonal = causal && n_start + kBlockN - 1 > m_start + warp * 16;
-        if (ragged || crosses_diagonal) {
-#pragma unroll
-            for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = n_start + j * 8 + col_in_tile + (e & 1);
-                    const int row = row0 + (e >> 1) * 8;
-                    if (col >= seqlen_k || (causal && col > row)) s[j][e] = -INFINITY;
-                }
-        }
-
-        // ---- online softmax: new row max, rescale O and the running sum ----
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = row_max[h];
-#pragma unroll
-            for (int j = 0; j < kNTiles; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            // A row that has seen only masked keys keeps max -inf; exponentiate against 0 then.
-            const float base = mx == -INFINITY ? 0.f : mx;
-            // Base-2 units: exp2(x). Natural units: exp2(x * log2(e)), x already max-subtracted.
-            const float units = kNatural ? kLog2e : 1.f;
-            const float rescale = fast_exp2((row_max[h] - base) * units);
-            row_max[h] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < kNTiles; ++j) {
-                s[j][2 * h] = fast_exp2((s[j][2 * h] - base) * units);
-                s[j][2 * h + 1] = fast_exp2((s[j][2 * h + 1] - base) * units);
-                sum += s[j][2 * h] + s[j][2 * h + 1];
-            }
-            row_sum[h] = row_sum[h] * rescale + sum;
-#pragma unroll
-            for (int d = 0; d < kDTiles; ++d) {
-                o_acc[d][2 * h] *= rescale;
-                o_acc[d][2 * h + 1] *= rescale;
-            }
-        }
-
-        // ---- O += P V: P's accumulator layout is the A-fragment layout of a 16x16 k-step ----
-        const Elem *v_tile = smem_v + stage * kBlockN * kHeadDim;
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            uint32_t pf[4];
-            pf[0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
-            pf[1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
-            pf[2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pf[3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-            for (int dp = 0; dp < kDTiles / 2; ++dp) {
-                // Transposed B fragments of V: (keys 0-7 | 8-15) x (d 0-7 | 8-15).
-                uint32_t vf[4];
-                const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                ldmatrix_x4_trans(vf, smem_addr(v_tile + swizzled<kChunks>(r, dp * 2 + (lane >> 4))));
-                mma_16816<Elem>(o_acc[2 * dp], pf, vf[0], vf[1]);
-                mma_16816<Elem>(o_acc[2 * dp + 1], pf, vf[2], vf[3]);
-            }
-        }
-        // The next iteration's prefetch overwrites this stage.
-        __syncthreads();
     }
+    cp_async_wait<0>();  // with no key tiles at all (Sk = 0) the prologue's copies are still in flight
 
     // ---- epilogue: finish the row sums, normalise, write O (and LSE) ----
-    float inv_sum[2];
+    float inv_sum[kAtoms][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float sum = row_sum[h];
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        row_sum[h] = sum;
-        // A row whose every key is masked has sum 0: PyTorch returns zeros there (its safe
-        // softmax), not 0/0. Only masked variants can have such rows by design; the others keep
-        // 1/sum, so NaN/Inf inputs propagate exactly as before.
-        inv_sum[h] = (kMask != kNoMask && sum == 0.f) ? 0.f : 1.f / sum;
-    }
+    for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float sum = row_sum[a][h];
+            sum += __shfl_xor_sync(0xffffffff, sum, 1);
+            sum += __shfl_xor_sync(0xffffffff, sum, 2);
+            row_sum[a][h] = sum;
+            // A row whose every key is masked has sum 0: PyTorch returns zeros there (its safe
+            // softmax), not 0/0. Only masked variants can have such rows by design; the others
+            // keep 1/sum, so NaN/Inf inputs propagate exactly as before.
+            inv_sum[a][h] = (kMask != kNoMask && sum == 0.f) ? 0.f : 1.f / sum;
+        }
     if (p.lse != nullptr && (lane % 4) == 0) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = m_start + warp * 16 + row_in_warp + 8 * h;
-            if (row < seqlen_q) {
-                // Natural log: (max in base-2 units + log2(sum)) * ln(2), or max in natural
-                // units + log2(sum) * ln(2). Fully masked rows: -inf + -inf = -inf.
-                const float lse = kNatural ? row_max[h] + __log2f(row_sum[h]) * 0.6931471805599453f
-                                           : (row_max[h] + __log2f(row_sum[h])) * 0.6931471805599453f;
-                p.lse[batch * p.lse_stride_b + head_q * p.lse_stride_h + row * p.lse_stride_s] = lse;
+        for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m_start + warp_row0 + a * 16 + row_in_atom + 8 * h;
+                if (row < seqlen_q) {
+                    // Natural log: (max in base-2 units + log2(sum)) * ln(2), or max in natural
+                    // units + log2(sum) * ln(2). Fully masked rows: -inf + -inf = -inf.
+                    const float lse = kNatural ? row_max[a][h] + __log2f(row_sum[a][h]) * 0.6931471805599453f
+                                               : (row_max[a][h] + __log2f(row_sum[a][h])) * 0.6931471805599453f;
+                    p.lse[batch * p.lse_stride_b + head_q * p.lse_stride_h + row * p.lse_stride_s] = lse;
+                }
             }
-        }
     }
 
-    // Stage this warp's 16 rows in its own rows of the Q tile (Q is in registers by now, and no
-    // other warp reads these rows), then write 16-byte chunks to global memory.
+    // Stage this warp's 32 rows in its own rows of the Q tile (only this warp ever read them, and
+    // its last ldmatrix of them fed the mma whose results are stored here), then write 16-byte
+    // chunks to global memory.
     Elem *stage_o = smem_q;
 #pragma unroll
-    for (int d = 0; d < kDTiles; ++d)
+    for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = warp * 16 + row_in_warp + 8 * h;
-            const uint32_t packed = pack2<Elem>(o_acc[d][2 * h] * inv_sum[h], o_acc[d][2 * h + 1] * inv_sum[h]);
-            *reinterpret_cast<uint32_t *>(stage_o + swizzled<kChunks>(r, d) + col_in_tile) = packed;
-        }
+        for (int d = 0; d < kDTiles; ++d)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = warp_row0 + a * 16 + row_in_atom + 8 * h;
+                const uint32_t packed = pack2<Elem>(o_acc[a][d][2 * h] * inv_sum[a][h],
+                                                    o_acc[a][d][2 * h + 1] * inv_sum[a][h]);
+                *reinterpret_cast<uint32_t *>(stage_o + swizzled<kChunks>(r, d) + col_in_tile) = packed;
+            }
     __syncwarp();
     Elem *out = static_cast<Elem *>(p.out) + batch * p.o_stride_b + head_q * p.o_stride_h;
     const int o_stride = static_cast<int>(p.o_stride_s);
 #pragma unroll
-    for (int it = 0; it < 16 * kChunks / 32; ++it) {
+    for (int it = 0; it < kWarpRows * kChunks / 32; ++it) {
         const int item = lane + it * 32;
-        const int r = warp * 16 + item / kChunks;
+        const int r = warp_row0 + item / kChunks;
         const int chunk = item % kChunks;
         const int row = m_start + r;
         if (row < seqlen_q) {
@@ -466,8 +553,8 @@ fwd_kernel(const fc_params p) {
 // Host side: configure shared memory once per (kernel, device), then launch on `stream`.
 template <typename Elem, int kHeadDim, bool kCausal, int kMask>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
-    using T = FwdTraits<kHeadDim>;
-    constexpr int kSmemBytes = T::kSmemBytes + T::kStages * MaskTile<kMask, T::kBlockM, T::kBlockN>::kStageBytes;
+    using T = FwdTraits<kHeadDim, kMask != kNoMask>;
+    constexpr int kSmemBytes = T::kSmemBytes + MaskTile<kMask, T::kBlockM, T::kBlockN>::kStageBytes;
     static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block (99 KB)");
     auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kMask>;
     // The attribute is per device; remember which devices are done (bitmask, up to 64).
