@@ -20,7 +20,7 @@ What it measures
             left-padded by a different amount), 16k tokens, S 1k/4k, D 64/128; labels end in
             "bmask". The same mask goes to every implementation (flash takes none: skipped).
             TFLOP/s counts all S*S pairs (no implementation skips masked tiles).
-    --extra adds a GQA 32:8 causal prefill shape.
+    --extra adds a GQA 32:8 causal prefill shape and two D=96 (Phi-3-mini) prefill shapes.
     --quick runs a handful of these (smoke test).
   Backward rows (pass "bwd"; issue 6): the time of the backward alone, from a saved forward
     (torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one forward under the
@@ -180,6 +180,9 @@ def shape_set(quick, bf16, extra):
             out.append(Shape(B, H, H, S, S, D, False, dt, mask=True))
         if extra:
             out.append(Shape(4, 32, 8, 2048, 2048, 128, True, dt))
+            # Head dim 96 (issue 3; Phi-3-mini: 32 heads of 96), sm80 family on every card.
+            for causal in (False, True):
+                out.append(Shape(4, 32, 32, 4096, 4096, 96, causal, dt))
     if quick:
         out = [s for s in out if s.graph and not s.causal] + [s for s in out if not s.graph]
     return out

@@ -12,17 +12,41 @@
 #include <stddef.h>
 
 #define FC_DECLARE(name) cudaError_t name(const fc_params *p, cudaStream_t stream);
+#if defined(FC_HAVE_SM80_HDIM32_fp16)
+FC_DECLARE(fc_sm80_fwd_hdim32_fp16)
+#endif
+#if defined(FC_HAVE_SM80_HDIM32_bf16)
+FC_DECLARE(fc_sm80_fwd_hdim32_bf16)
+#endif
 #if defined(FC_HAVE_SM80_HDIM64_fp16)
 FC_DECLARE(fc_sm80_fwd_hdim64_fp16)
 #endif
 #if defined(FC_HAVE_SM80_HDIM64_bf16)
 FC_DECLARE(fc_sm80_fwd_hdim64_bf16)
 #endif
+#if defined(FC_HAVE_SM80_HDIM80_fp16)
+FC_DECLARE(fc_sm80_fwd_hdim80_fp16)
+#endif
+#if defined(FC_HAVE_SM80_HDIM80_bf16)
+FC_DECLARE(fc_sm80_fwd_hdim80_bf16)
+#endif
+#if defined(FC_HAVE_SM80_HDIM96_fp16)
+FC_DECLARE(fc_sm80_fwd_hdim96_fp16)
+#endif
+#if defined(FC_HAVE_SM80_HDIM96_bf16)
+FC_DECLARE(fc_sm80_fwd_hdim96_bf16)
+#endif
 #if defined(FC_HAVE_SM80_HDIM128_fp16)
 FC_DECLARE(fc_sm80_fwd_hdim128_fp16)
 #endif
 #if defined(FC_HAVE_SM80_HDIM128_bf16)
 FC_DECLARE(fc_sm80_fwd_hdim128_bf16)
+#endif
+#if defined(FC_HAVE_SM80_HDIM256_fp16)
+FC_DECLARE(fc_sm80_fwd_hdim256_fp16)
+#endif
+#if defined(FC_HAVE_SM80_HDIM256_bf16)
+FC_DECLARE(fc_sm80_fwd_hdim256_bf16)
 #endif
 
 #if defined(FC_HAVE_SM90_HDIM64_fp16)
@@ -83,17 +107,41 @@ static const kernel_entry kKernels[] = {
 #if defined(FC_HAVE_SM90_HDIM256_bf16)
     {FC_FAMILY_SM90, 256, FC_DTYPE_BF16, fc_sm90_fwd_hdim256_bf16},
 #endif
+#if defined(FC_HAVE_SM80_HDIM32_fp16)
+    {FC_FAMILY_SM80, 32, FC_DTYPE_FP16, fc_sm80_fwd_hdim32_fp16},
+#endif
+#if defined(FC_HAVE_SM80_HDIM32_bf16)
+    {FC_FAMILY_SM80, 32, FC_DTYPE_BF16, fc_sm80_fwd_hdim32_bf16},
+#endif
 #if defined(FC_HAVE_SM80_HDIM64_fp16)
     {FC_FAMILY_SM80, 64, FC_DTYPE_FP16, fc_sm80_fwd_hdim64_fp16},
 #endif
 #if defined(FC_HAVE_SM80_HDIM64_bf16)
     {FC_FAMILY_SM80, 64, FC_DTYPE_BF16, fc_sm80_fwd_hdim64_bf16},
 #endif
+#if defined(FC_HAVE_SM80_HDIM80_fp16)
+    {FC_FAMILY_SM80, 80, FC_DTYPE_FP16, fc_sm80_fwd_hdim80_fp16},
+#endif
+#if defined(FC_HAVE_SM80_HDIM80_bf16)
+    {FC_FAMILY_SM80, 80, FC_DTYPE_BF16, fc_sm80_fwd_hdim80_bf16},
+#endif
+#if defined(FC_HAVE_SM80_HDIM96_fp16)
+    {FC_FAMILY_SM80, 96, FC_DTYPE_FP16, fc_sm80_fwd_hdim96_fp16},
+#endif
+#if defined(FC_HAVE_SM80_HDIM96_bf16)
+    {FC_FAMILY_SM80, 96, FC_DTYPE_BF16, fc_sm80_fwd_hdim96_bf16},
+#endif
 #if defined(FC_HAVE_SM80_HDIM128_fp16)
     {FC_FAMILY_SM80, 128, FC_DTYPE_FP16, fc_sm80_fwd_hdim128_fp16},
 #endif
 #if defined(FC_HAVE_SM80_HDIM128_bf16)
     {FC_FAMILY_SM80, 128, FC_DTYPE_BF16, fc_sm80_fwd_hdim128_bf16},
+#endif
+#if defined(FC_HAVE_SM80_HDIM256_fp16)
+    {FC_FAMILY_SM80, 256, FC_DTYPE_FP16, fc_sm80_fwd_hdim256_fp16},
+#endif
+#if defined(FC_HAVE_SM80_HDIM256_bf16)
+    {FC_FAMILY_SM80, 256, FC_DTYPE_BF16, fc_sm80_fwd_hdim256_bf16},
 #endif
     {FC_FAMILY_AUTO, 0, FC_DTYPE_FP16, NULL} /* sentinel: keeps the array non-empty */
 };

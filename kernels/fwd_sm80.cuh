@@ -4,14 +4,14 @@
 // What it computes: for one (batch, query head) and a block of kBlockM query rows,
 //     O = softmax(scale * Q K^T [+ mask] [causal-masked]) V,   LSE = log(sum(exp(...)))
 // in one pass over K and V (FlashAttention-2's online softmax), never writing S or P out.
-// Variants: causal or not, and an optional attn_mask (bool: nonzero = attend; additive: same
+// Head dims 32, 64, 80, 96, 128, 256. Variants: causal or not, and an optional attn_mask (bool: nonzero = attend; additive: same
 // dtype as Q), any strides, broadcast dims at stride 0.
 //
 // How:
 //   * One CTA = 4 warps; warp w owns query rows [32w, 32w+32) of the 128-row block as two 16-row
 //     m-atoms, so each K/V fragment read from shared memory feeds two mma, and every softmax
 //     reduction stays inside a quad of lanes (no shared memory, no block barrier). Masked
-//     variants keep one m-atom per warp (64-row blocks; see FwdTraits).
+//     variants and D=256 keep one m-atom per warp (64-row blocks; see FwdTraits).
 //   * Q is copied to shared memory once (cp.async) and its A fragments re-read per k-step.
 //   * K and V tiles (kBlockN x D) are single-buffered on FlashAttention-2's schedule: V(n) loads
 //     while S(n) = Q K(n) is multiplied, K(n+1) (and its mask tile) while softmax(n) and P V(n)
@@ -26,7 +26,8 @@
 //     accumulator elements. See "The attention mask" below for the layout rules.
 //   * Causal: a warp whose rows all lie left of a tile's first key skips that tile's math.
 //   * Shared memory rows are 16-byte chunks XOR-swizzled by (row % 8), so the 8 row addresses
-//     of each ldmatrix phase fall in distinct bank groups (no conflicts, no padding).
+//     of each ldmatrix phase fall in distinct bank groups (no conflicts). Head dims 64, 128, 256
+//     need no padding; D=32 / 80 / 96 rows are padded to a multiple of 128 bytes.
 //   * Epilogue: O is normalised, packed to 16 bits, staged through the (now idle) Q tile in
 //     shared memory and written with 16-byte stores; rows past Sq are not written.
 //
@@ -71,21 +72,49 @@ namespace sm80 {
 //   * 8 warps / 128 query rows of 16 rows per warp for D=128 (one CTA of 8 warps per SM instead of
 //     two of 4): non-causal 4k 222 vs 263 TFLOP/s, causal 196 vs 248.
 //   * K and V in separate cp.async groups on the v1 2-stage ring: D=64 nc 4k 236 vs 248.
+// Other head dims (issue 3; shapes chosen by the register budget, not yet timed on a GPU):
+//   * Rows of D=32 / 80 / 96 are not whole 128-byte groups, so shared rows are padded to a multiple
+//     of 64 elements (kPitch): the same swizzle and ldmatrix addressing as D=64/128, no bank
+//     conflicts, no extra global traffic; the cost is shared memory (D=80/96 take D=128's tiles).
+//   * D=32: 128 x 128 (O is 32 fp32, so S can be 128 keys wide: half the barriers per key of a
+//     64-key tile, and 2 k-steps per tile is little work to hide them behind; FlashAttention-2's
+//     choice too). 243-255 registers, no spills.
+//   * D=80: 128 x 64 like D=64 (O 80 + S 64 fp32): 239-249 registers.
+//   * D=96: 128 x 32 like D=128 (O 96 + S 32): 213-232 registers. 128 x 64 also compiles without
+//     spills but at 255 registers on both archs (O 96 + S 64); the candidate to time first.
+//   * D=256: 64 x 32, one m-atom per warp (O alone is 128 fp32 per atom): 248-253 registers,
+//     64 KB of shared memory (one CTA per SM on sm_89). 64 x 64 (96 KB) also compiles without
+//     spills at 255 registers; on Hopper the sm90 family runs D=256 anyway unless forced.
+//   * Masked: 64 x 64 for D=32/80/96 (158-253 registers), 64 x 32 for D=256 (255 registers;
+//     a 64-key tile would not fit 99 KB beside its mask tile).
 template <int kHeadDim, bool kMasked = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
-    static constexpr int kMAtoms = kMasked ? 1 : 2;  // 16-row m-atoms per warp
+    // 16-row m-atoms per warp: two (each K/V fragment feeds two mma), except masked variants and
+    // D=256, whose O accumulators (128 fp32 per atom) leave no room for a second atom.
+    static constexpr int kMAtoms = kMasked || kHeadDim == 256 ? 1 : 2;
     static constexpr int kWarpRows = 16 * kMAtoms;
     static constexpr int kBlockM = kWarpRows * kWarps;  // query rows per CTA
-    static constexpr int kBlockN = kMasked || kHeadDim == 64 ? 64 : 32;  // key rows per K/V tile
+    // Key rows per K/V tile (see the tile-shape comment above for why each).
+    static constexpr int kBlockN = kHeadDim == 256             ? 32
+                                   : kMasked                   ? 64
+                                   : kHeadDim == 32            ? 128
+                                   : kHeadDim == 128           ? 32
+                                   : kHeadDim == 96            ? 32
+                                                               : 64;  // D=64, D=80
     static constexpr int kThreads = 32 * kWarps;
-    static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+    static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of data per row
+    // Shared-memory row pitch in chunks: rounded up to a multiple of 8 (128 bytes), so the
+    // (row % 8) XOR swizzle and chunk_pair_addr's 128-byte steps hold for any D; D=32 / 80 / 96
+    // leave chunks [kChunks, kPitchChunks) of each row unused (never loaded, never read).
+    static constexpr int kPitchChunks = (kChunks + 7) / 8 * 8;
+    static constexpr int kPitch = kPitchChunks * 8;  // elements
     static constexpr int kMinBlocksPerSm = 2;
     // Elements: Q tile + one K tile + one V tile (single-buffered: V(n) loads under S(n), K(n+1)
     // under softmax(n) and PV(n); see the main loop).
-    static constexpr int kSmemElems = kBlockM * kHeadDim + 2 * kBlockN * kHeadDim;
+    static constexpr int kSmemElems = kBlockM * kPitch + 2 * kBlockN * kPitch;
     static constexpr int kSmemBytes = kSmemElems * 2;
-    static_assert(kHeadDim % 64 == 0, "the swizzle assumes at least 8 chunks per row");
+    static_assert(kHeadDim % 16 == 0, "k-steps of 16 and V fragments in pairs of 8 columns");
     static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block (99 KB)");
 };
 
@@ -166,10 +195,12 @@ __device__ __forceinline__ void load_mask_elements(unsigned char *smem, const Bi
     }
 }
 
-// Element offset of (row, chunk) in a swizzled tile with kChunks 16-byte chunks per row.
-template <int kChunks>
+// Element offset of (row, chunk) in a swizzled tile whose rows are kPitchChunks 16-byte chunks
+// (a multiple of 8: the XOR stays inside the row's own group of 8 chunks).
+template <int kPitchChunks>
 __device__ __forceinline__ int swizzled(int row, int chunk) {
-    return row * kChunks * 8 + ((chunk ^ (row & 7)) * 8);
+    static_assert(kPitchChunks % 8 == 0, "the swizzle needs rows of whole 128-byte groups");
+    return row * kPitchChunks * 8 + ((chunk ^ (row & 7)) * 8);
 }
 
 // ldmatrix addresses without a register per k-step. A lane reads 16-byte chunk 2*kk + b of its
@@ -182,21 +213,23 @@ __device__ __forceinline__ uint32_t chunk_pair_addr(uint32_t base, int kk) {
     return (base ^ ((kk & 3) << 5)) + ((kk >> 2) << 7);
 }
 
-// Copy `rows` x D elements (rows <= kRows) of a row-strided global tile into a swizzled shared
-// tile of kRows rows; rows >= `rows` are zero-filled. All threads of the CTA take part.
-template <typename Elem, int kRows, int kChunks, int kThreads>
+// Copy `rows` x D elements (rows <= kRows, D = 8 * kChunks) of a row-strided global tile into a
+// swizzled shared tile of kRows rows of kPitchChunks chunks; rows >= `rows` are zero-filled. All
+// threads of the CTA take part (with a ragged last round where the chunks do not split evenly:
+// D=80 x 32 keys is 2.5 rounds of 128 threads).
+template <typename Elem, int kRows, int kChunks, int kPitchChunks, int kThreads>
 __device__ __forceinline__ void load_tile(Elem *smem_tile, const Elem *gmem, int row_stride,
                                           int rows) {
     constexpr int kItems = kRows * kChunks;
-    static_assert(kItems % kThreads == 0, "tile must split evenly over the CTA");
 #pragma unroll
-    for (int it = 0; it < kItems / kThreads; ++it) {
+    for (int it = 0; it < (kItems + kThreads - 1) / kThreads; ++it) {
         const int item = threadIdx.x + it * kThreads;
+        if (kItems % kThreads != 0 && item >= kItems) break;
         const int row = item / kChunks;
         const int chunk = item % kChunks;
         const bool valid = row < rows;
         const Elem *src = valid ? gmem + row * row_stride + chunk * 8 : gmem;
-        cp_async_16(smem_addr(smem_tile + swizzled<kChunks>(row, chunk)), src, valid);
+        cp_async_16(smem_addr(smem_tile + swizzled<kPitchChunks>(row, chunk)), src, valid);
     }
 }
 
@@ -211,6 +244,7 @@ fwd_kernel(const fc_params p) {
     using M = MaskTile<kMask, T::kBlockM, T::kBlockN>;
     using MaskBits = typename std::conditional<kMask == kBoolMask, uint8_t, uint16_t>::type;
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kChunks = T::kChunks;
+    constexpr int kPitchChunks = T::kPitchChunks, kPitch = T::kPitch;
     constexpr int kAtoms = T::kMAtoms, kWarpRows = T::kWarpRows;
     // An additive mask can hold huge finite values (HuggingFace fills with finfo(dtype).min,
     // -3.4e38 in bf16); times log2(e) they would overflow to -inf and a row masked only by them
@@ -223,10 +257,10 @@ fwd_kernel(const fc_params p) {
     constexpr int kDTiles = kHeadDim / 8;    // n-tiles of O per m-atom
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    Elem *smem_q = reinterpret_cast<Elem *>(smem_raw);      // [kBlockM][D]
-    Elem *smem_k = smem_q + kBlockM * kHeadDim;              // [kBlockN][D]
-    Elem *smem_v = smem_k + kBlockN * kHeadDim;              // [kBlockN][D]
-    unsigned char *smem_mask = reinterpret_cast<unsigned char *>(smem_v + kBlockN * kHeadDim);
+    Elem *smem_q = reinterpret_cast<Elem *>(smem_raw);      // [kBlockM][kPitch]
+    Elem *smem_k = smem_q + kBlockM * kPitch;                // [kBlockN][kPitch]
+    Elem *smem_v = smem_k + kBlockN * kPitch;                // [kBlockN][kPitch]
+    unsigned char *smem_mask = reinterpret_cast<unsigned char *>(smem_v + kBlockN * kPitch);
 
     const int seqlen_q = static_cast<int>(p.seqlen_q);
     const int seqlen_k = static_cast<int>(p.seqlen_k);
@@ -274,15 +308,15 @@ fwd_kernel(const fc_params p) {
     // operand, transposed): lanes 0-15 give rows 0-15 of the first chunk, 16-31 of the second.
     // K (B operand): lanes 0-7 / 16-23 give key rows 0-7 / 8-15 of the first chunk, 8-15 / 24-31
     // of the second. m-atoms, key groups and V rows step by 16 rows: immediate offsets.
-    constexpr int kRowBytes = kHeadDim * 2;
-    const uint32_t q_base = smem_addr(smem_q + swizzled<kChunks>(warp_row0 + (lane & 15), lane >> 4));
-    const uint32_t k_base = smem_addr(smem_k + swizzled<kChunks>((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1));
-    const uint32_t v_base = smem_addr(smem_v + swizzled<kChunks>(lane & 15, lane >> 4));
+    constexpr int kRowBytes = kPitch * 2;
+    const uint32_t q_base = smem_addr(smem_q + swizzled<kPitchChunks>(warp_row0 + (lane & 15), lane >> 4));
+    const uint32_t k_base = smem_addr(smem_k + swizzled<kPitchChunks>((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1));
+    const uint32_t v_base = smem_addr(smem_v + swizzled<kPitchChunks>(lane & 15, lane >> 4));
 
     // K tile n (and its mask tile) / V tile n into their single buffers; rows past Sk zero-filled.
     auto load_k = [&](int n_block) {
         const int n_start = n_block * kBlockN;
-        load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_k, k + n_start * k_stride, k_stride,
+        load_tile<Elem, kBlockN, kChunks, kPitchChunks, T::kThreads>(smem_k, k + n_start * k_stride, k_stride,
                                                        min(kBlockN, seqlen_k - n_start));
         if constexpr (kMask != kNoMask) {
             constexpr int kP = M::kPitch, kTh = T::kThreads;
@@ -303,11 +337,11 @@ fwd_kernel(const fc_params p) {
     };
     auto load_v = [&](int n_block) {
         const int n_start = n_block * kBlockN;
-        load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_v, v + n_start * v_stride, v_stride,
+        load_tile<Elem, kBlockN, kChunks, kPitchChunks, T::kThreads>(smem_v, v + n_start * v_stride, v_stride,
                                                        min(kBlockN, seqlen_k - n_start));
     };
 
-    load_tile<Elem, kBlockM, kChunks, T::kThreads>(smem_q, q, q_stride, seqlen_q - m_start);
+    load_tile<Elem, kBlockM, kChunks, kPitchChunks, T::kThreads>(smem_q, q, q_stride, seqlen_q - m_start);
     load_k(0);
     cp_async_commit();
 
@@ -532,7 +566,7 @@ fwd_kernel(const fc_params p) {
                 const int r = warp_row0 + a * 16 + row_in_atom + 8 * h;
                 const uint32_t packed = pack2<Elem>(o_acc[a][d][2 * h] * inv_sum[a][h],
                                                     o_acc[a][d][2 * h + 1] * inv_sum[a][h]);
-                *reinterpret_cast<uint32_t *>(stage_o + swizzled<kChunks>(r, d) + col_in_tile) = packed;
+                *reinterpret_cast<uint32_t *>(stage_o + swizzled<kPitchChunks>(r, d) + col_in_tile) = packed;
             }
     __syncwarp();
     Elem *out = static_cast<Elem *>(p.out) + batch * p.o_stride_b + head_q * p.o_stride_h;
@@ -544,7 +578,7 @@ fwd_kernel(const fc_params p) {
         const int chunk = item % kChunks;
         const int row = m_start + r;
         if (row < seqlen_q) {
-            const uint4 val = *reinterpret_cast<const uint4 *>(stage_o + swizzled<kChunks>(r, chunk));
+            const uint4 val = *reinterpret_cast<const uint4 *>(stage_o + swizzled<kPitchChunks>(r, chunk));
             *reinterpret_cast<uint4 *>(out + static_cast<int64_t>(row) * o_stride + chunk * 8) = val;
         }
     }

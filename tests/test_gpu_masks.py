@@ -5,7 +5,7 @@ What it checks, on a CUDA machine with FlashCore kernels (sm_89 / sm_90):
     (Sk,), (Sq, Sk), (B, 1, Sq, Sk), (1, H, Sq, Sk), (B, H, Sq, Sk); non-contiguous views (a
     slice of a bigger mask, a transposed mask, an expanded one); lengths 1, 17, 127, 1000 and
     row widths that take each of the kernel's mask copy paths (16-, 8-, 4-byte cp.async,
-    element by element); Sq != Sk; GQA; fp16 / bf16; D 64 / 128;
+    element by element); Sq != Sk; GQA; fp16 / bf16; D 32 / 64 / 80 / 96 / 128 / 256;
   * against a float64 reference with the rule of tests/test_gpu_sdpa.py:
         max|out - ref_hi| <= 2 * max|ref_lp - ref_hi| + atol
     where ref_lp is the same math in the input's dtype; outputs are poisoned (NaN) first;
@@ -202,6 +202,14 @@ def _cases():
         for D in (64, 128):
             cases.append(Case(kind, shape, 127, 300, fp16 if D == 64 else bf16, D, Hkv=2, ratio=4))
             cases.append(Case(kind, shape, 33, 1000, bf16, D, B=1, Hkv=1, ratio=8))
+    # Head dims 32, 80, 96 and 256 (their own tile shapes: 64 x 64, D=256 64 x 32).
+    for D in (32, 80, 96, 256):
+        for kind, shape, (sq, sk), dt in (("bool", "b1qk", (17, 1000), fp16),
+                                          ("additive", "bhqk", (1000, 127), bf16),
+                                          ("bool", "qk", (127, 1004), bf16),
+                                          ("additive", "k", (1, 17), fp16)):
+            cases.append(Case(kind, shape, sq, sk, dt, D))
+        cases.append(Case("bool", "1hqk", 127, 300, fp16, D, Hkv=2, ratio=4))
     return cases
 
 

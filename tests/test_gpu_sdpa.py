@@ -1,14 +1,14 @@
 """GPU correctness tests for torch.ops.flashcore.sdpa.
 
 What it checks, on a CUDA machine:
-  * kernel cases (fp16/bf16, D 64/128, causal or not, many Sq/Sk, GQA, strided
+  * kernel cases (fp16/bf16, D 32/64/80/96/128/256, causal or not, many Sq/Sk, GQA, strided
     and transposed inputs) match a float64 reference within a tolerance derived
     from the error of the same math done in the input's low precision:
         max|out - ref_hi| <= 2 * max|ref_lp - ref_hi| + atol
     and flashcore.explain() says a FlashCore kernel ran (no silent fallback);
   * every output element is written (the caching allocator is filled with NaN
     right before each call, so the op's fresh output reuses poisoned memory);
-  * fallback cases (fp32, float32 masks with fp16 inputs, D=80, dropout) equal F.scaled_dot_product_attention
+  * fallback cases (fp32, float32 masks with fp16 inputs, D=40, dropout) equal F.scaled_dot_product_attention
     bit for bit and explain() says "fallback";
   * the op runs on the caller's current stream and inside a CUDA graph capture.
 Each kernel case runs under FLASHCORE_FAMILY=sm80 and =sm90 (forced; sm90 on Hopper only) and =auto.
@@ -244,12 +244,27 @@ def _cases():
                 for causal in (False, True):
                     for sq, sk in ((1000, 1000), (17, 128)):
                         cases.append(Case(dt, D, causal, sq, sk, Hkv=2, ratio=4, layout=layout))
-    # Head dim 256 (sm90 family only: the sm80 family has no D=256 kernel).
+    # Head dims only the sm80 family has (32, 80, 96: Phi-2 / Phi-3 use 80 and 96): odd lengths,
+    # Sq != Sk both ways, GQA, both dtypes, causal or not; a long and a transposed case each.
+    for dt in (fp16, bf16):
+        for D in (32, 80, 96):
+            for causal in (False, True):
+                for sq, sk in ((1, 1), (17, 17), (127, 127), (1000, 1000), (1, 1000), (1000, 1),
+                               (17, 1000), (1000, 127), (128, 127)):
+                    cases.append(Case(dt, D, causal, sq, sk, Hkv=2, ratio=1 if D == 80 else 4))
+    for D in (32, 80, 96):
+        for causal in (False, True):
+            cases.append(Case(fp16, D, causal, 4097, 4097, Hkv=1, ratio=8, B=1))
+            cases.append(Case(bf16, D, causal, 1000, 777, Hkv=8, ratio=1, layout="bshd"))
+            cases.append(Case(fp16, D, causal, 127, 1000, Hkv=2, ratio=4, layout="sliced"))
+        cases.append(Case(bf16, D, True, 300, 300, scale=0.05))
+    # Head dim 256: the sm90 family on Hopper (auto), the sm80 family forced or on Ada.
     for dt in (fp16, bf16):
         for causal in (False, True):
             for sq, sk in ((1, 1), (17, 300), (300, 17), (1000, 1000), (4097, 4097)):
                 cases.append(Case(dt, 256, causal, sq, sk, Hkv=2, ratio=2, B=1))
     cases.append(Case(fp16, 256, True, 1000, 1000, Hkv=2, ratio=2, layout="bshd"))
+    cases.append(Case(bf16, 256, False, 127, 1000, Hkv=1, ratio=8, layout="sliced"))
     # Explicit scale.
     for dt in (fp16, bf16):
         cases.append(Case(dt, 128, True, 300, 300, scale=0.05))
@@ -258,13 +273,14 @@ def _cases():
 
 
 CASES = _cases()
+SM80_ONLY_DIMS = (32, 80, 96)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_kernel_matches_reference(case, family):
     c = case
-    if c.D == 256 and family == "sm80":
-        pytest.skip("the sm80 family has no D=256 kernel (the sm90 family covers it on Hopper)")
+    if c.D in SM80_ONLY_DIMS and family == "sm90":
+        pytest.skip(f"the sm90 family has no D={c.D} kernel (the sm80 family covers it on Hopper)")
     q, k, v = make_inputs(c.B, c.Hkv * c.ratio, c.Hkv, c.Sq, c.Sk, c.D, c.dtype, c.layout)
     kw = family_kwargs(c.ratio > 1, c.scale)
     path = flashcore.explain(q, k, v, is_causal=c.causal, scale=c.scale, enable_gqa=c.ratio > 1)
@@ -294,8 +310,8 @@ def _fallback_cases():
     cases = {}
     q, k, v = r(2, 4, 100, 64, dt=torch.float32), r(2, 4, 90, 64, dt=torch.float32), r(2, 4, 90, 64, dt=torch.float32)
     cases["fp32"] = (q, k, v, dict(is_causal=True))
-    q, k, v = r(2, 4, 100, 80), r(2, 4, 90, 80), r(2, 4, 90, 80)
-    cases["d80"] = (q, k, v, dict())
+    q, k, v = r(2, 4, 100, 40), r(2, 4, 90, 40), r(2, 4, 90, 40)
+    cases["d40"] = (q, k, v, dict())
     q, k, v = r(2, 4, 100, 64), r(2, 4, 90, 64), r(2, 4, 90, 64)
     # bool and q-dtype masks run in the kernel (tests/test_gpu_masks.py); a float32 mask with
     # fp16 inputs does not.
@@ -303,7 +319,7 @@ def _fallback_cases():
     return cases
 
 
-FALLBACKS = ["fp32", "d80", "fp32_mask"]
+FALLBACKS = ["fp32", "d40", "fp32_mask"]
 
 
 @pytest.mark.parametrize("name", FALLBACKS)

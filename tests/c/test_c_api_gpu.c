@@ -449,6 +449,14 @@ int main(void) {
         {1, 2, 2, 33, 70, 64, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
         {1, 2, 2, 3, 50, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},       /* decode-sized */
         {1, 2, 2, 150, 150, 64, 1, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK}, /* causal + mask (C API) */
+        /* head dims 32, 80, 96 (sm80 family only, on Hopper too) and 256 (sm90 under AUTO on
+         * Hopper, sm80 forced or on Ada): ragged tiles, GQA, causal, a mask */
+        {1, 4, 2, 127, 1000, 32, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        {2, 2, 2, 1000, 17, 80, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0},
+        {1, 4, 1, 300, 300, 96, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        {1, 2, 1, 200, 129, 256, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
+        {1, 2, 2, 100, 256, 96, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 2, 2, 67, 99, 256, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_QK_PADDED},
     };
     int failed = 0;
     /* FC_TEST_BWD_ONLY=1: only the backward cases (a quicker compute-sanitizer pass). */

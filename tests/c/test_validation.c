@@ -71,7 +71,17 @@ static void m_byte_offset_overflow(fc_params *p) { p->k_stride_b = (int64_t)1 <<
 static void m_contiguous_overflow(fc_params *p) { p->heads_q = p->heads_kv = (int64_t)1 << 31; p->seqlen_k = (int64_t)1 << 31; fc_params_set_contiguous_strides(p); }
 static void m_grid_overflow(fc_params *p) { p->batch = (int64_t)1 << 29; p->heads_q = 8; p->q_stride_b = 128; p->o_stride_b = 128; p->k_stride_b = 0; p->v_stride_b = 0; }
 static void m_fp32(fc_params *p) { p->dtype = FC_DTYPE_FP32; }
-static void m_head_dim(fc_params *p) { p->head_dim = 80; fc_params_set_contiguous_strides(p); }
+static void m_head_dim(fc_params *p) { p->head_dim = 40; fc_params_set_contiguous_strides(p); }
+/* Head dims of the sm80 family beyond 64/128 (32, 80, 96; 256 also in the sm90 family). */
+static void m_head_dim_32(fc_params *p) { p->head_dim = 32; fc_params_set_contiguous_strides(p); }
+static void m_head_dim_80(fc_params *p) { p->head_dim = 80; fc_params_set_contiguous_strides(p); }
+static void m_head_dim_96(fc_params *p) { p->head_dim = 96; fc_params_set_contiguous_strides(p); }
+static void m_head_dim_256(fc_params *p) { p->head_dim = 256; fc_params_set_contiguous_strides(p); }
+static void m_head_dim_72(fc_params *p) { p->head_dim = 72; fc_params_set_contiguous_strides(p); }
+static void m_head_dim_96_force_sm90(fc_params *p) { m_head_dim_96(p); p->family = FC_FAMILY_SM90; }
+static void m_head_dim_80_force_sm80(fc_params *p) { m_head_dim_80(p); p->family = FC_FAMILY_SM80; }
+static void m_head_dim_256_force_sm80(fc_params *p) { m_head_dim_256(p); p->family = FC_FAMILY_SM80; }
+static void m_head_dim_32_force_decode(fc_params *p) { m_head_dim_32(p); p->family = FC_FAMILY_DECODE; p->seqlen_q = 4; }
 /* Masks: (B, Hq, Sq, Sk) = (2, 8, 100, 300) with strides in elements; no alignment rule. */
 static void m_mask(fc_params *p) { p->mask_kind = FC_MASK_ADDITIVE; p->mask = (const void *)0x50000; p->mask_stride_q = 300; p->mask_stride_k = 1; }
 static void m_bool_mask_bhqk(fc_params *p) { p->mask_kind = FC_MASK_BOOL; p->mask = (const void *)0x50000; p->mask_stride_b = 8 * 100 * 300; p->mask_stride_h = 100 * 300; p->mask_stride_q = 300; p->mask_stride_k = 1; }
@@ -139,7 +149,16 @@ static const validation_case kCases[] = {
     {"batch*heads past grid limit", m_grid_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
     {"lse 2-byte aligned", m_lse_misaligned, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT},
     {"fp32", m_fp32, FC_OK, FC_UNSUPPORTED_DTYPE, FC_UNSUPPORTED_DTYPE},
-    {"head_dim 80", m_head_dim, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_ARCH},
+    {"head_dim 40", m_head_dim, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_ARCH},
+    {"head_dim 72", m_head_dim_72, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_ARCH},
+    {"head_dim 32", m_head_dim_32, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"head_dim 80", m_head_dim_80, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"head_dim 96", m_head_dim_96, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"head_dim 256", m_head_dim_256, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"head_dim 96, forced sm90 (no such kernel)", m_head_dim_96_force_sm90, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_FAMILY},
+    {"head_dim 80, forced sm80", m_head_dim_80_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"head_dim 256, forced sm80", m_head_dim_256_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"head_dim 32, forced decode, Sq = 4", m_head_dim_32_force_decode, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_FAMILY},
     /* Masks run in the sm80 family (on Hopper too, under AUTO); sm90 and decode have none. */
     {"additive (Sq, Sk) mask", m_mask, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"bool (B, H, Sq, Sk) mask", m_bool_mask_bhqk, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
@@ -207,6 +226,9 @@ static void b_workspace_negative(fc_bwd_params *b) { b->workspace_bytes = -1; }
 static void b_mask(fc_bwd_params *b) { b->fwd.mask_kind = FC_MASK_BOOL; b->fwd.mask = (const void *)0xc0000; }
 static void b_fp32(fc_bwd_params *b) { b->fwd.dtype = FC_DTYPE_FP32; fc_bwd_params_set_contiguous_strides(b); }
 static void b_head_dim_256(fc_bwd_params *b) { b->fwd.head_dim = 256; fc_bwd_params_set_contiguous_strides(b); }
+/* The forward's new dims have no backward kernel: the op falls back to the Python backward. */
+static void b_head_dim_80(fc_bwd_params *b) { b->fwd.head_dim = 80; fc_bwd_params_set_contiguous_strides(b); }
+static void b_head_dim_96(fc_bwd_params *b) { b->fwd.head_dim = 96; fc_bwd_params_set_contiguous_strides(b); }
 static void b_force_sm90(fc_bwd_params *b) { b->fwd.family = FC_FAMILY_SM90; }
 static void b_force_sm80(fc_bwd_params *b) { b->fwd.family = FC_FAMILY_SM80; }
 static void b_empty(fc_bwd_params *b) { b->fwd.seqlen_k = 0; }
@@ -237,6 +259,8 @@ static const bwd_case kBwdCases[] = {
     {"bwd mask", b_mask, FC_OK, FC_UNSUPPORTED_MASK},
     {"bwd fp32", b_fp32, FC_OK, FC_UNSUPPORTED_DTYPE},
     {"bwd head dim 256", b_head_dim_256, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
+    {"bwd head dim 80", b_head_dim_80, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
+    {"bwd head dim 96", b_head_dim_96, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
     {"bwd forced sm90 family", b_force_sm90, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"bwd forced sm80 family", b_force_sm80, FC_OK, FC_OK},
     {"bwd empty", b_empty, FC_UNSUPPORTED_EMPTY, FC_UNSUPPORTED_EMPTY},
@@ -309,6 +333,38 @@ int main(void) {
         }
         snprintf(label, sizeof label, "%s: sm_80", c->label);
         CHECK_STATUS(label, fc_sdpa_support(&p, 8, 0), c->want_ampere);
+    }
+
+    /* Which family AUTO picks per head dim: on Hopper the sm90 family keeps 64/128/256, and 32,
+     * 80, 96 (sm80 only) run in the sm80 family; with a mask every dim runs in sm80. On Ada
+     * everything runs in sm80. Sq = 4 with GQA 4 would go to the decode kernel for 64/128. */
+    {
+        static const struct { int64_t d; int masked; fc_family hopper; } kDims[] = {
+            {32, 0, FC_FAMILY_SM80}, {64, 0, FC_FAMILY_SM90}, {80, 0, FC_FAMILY_SM80},
+            {96, 0, FC_FAMILY_SM80}, {128, 0, FC_FAMILY_SM90}, {256, 0, FC_FAMILY_SM90},
+            {32, 1, FC_FAMILY_SM80}, {80, 1, FC_FAMILY_SM80}, {96, 1, FC_FAMILY_SM80},
+            {256, 1, FC_FAMILY_SM80}};
+        for (size_t i = 0; i < sizeof(kDims) / sizeof(kDims[0]); ++i) {
+            fc_params p = valid_params();
+            p.head_dim = kDims[i].d;
+            fc_params_set_contiguous_strides(&p);
+            if (kDims[i].masked) m_bool_mask_bhqk(&p);
+            char label[96];
+            snprintf(label, sizeof label, "D=%lld%s", (long long)kDims[i].d, kDims[i].masked ? " masked" : "");
+            const struct { int built, major, minor; fc_family want; } devs[] = {
+                {hopper_built, 9, 0, kDims[i].hopper}, {ada_built, 8, 9, FC_FAMILY_SM80}};
+            for (size_t j = 0; j < 2; ++j) {
+                if (!devs[j].built) continue;
+                const fc_family got = fc_sdpa_family(&p, devs[j].major, devs[j].minor);
+                if (got != devs[j].want) {
+                    fprintf(stderr, "FAIL %s on sm_%d%d: family %d, want %d\n", label, devs[j].major,
+                            devs[j].minor, (int)got, (int)devs[j].want);
+                    ++failures;
+                } else {
+                    printf("ok   %-40s sm_%d%d family %d\n", label, devs[j].major, devs[j].minor, (int)got);
+                }
+            }
+        }
     }
 
     /* On Hopper a masked call runs the sm80 family under AUTO (the sm90 family has no mask). */

@@ -125,9 +125,10 @@ static void accepted_is_consistent(const fc_params *p);
 /* Tile shapes of each family (kernels/fwd_sm80.cuh, kernels/fwd_sm90.cuh FwdTraits). */
 static void tile_shape(fc_family family, int head_dim, int causal, int *block_m, int *block_n) {
     if (family == FC_FAMILY_SM80) {
-        /* 128 x 64 (D=128: 128 x 32), masked 64 x 64: the larger of each bounds both */
+        /* 128 x 64 (D=32: 128 x 128; D=96/128: 128 x 32; D=256: 64 x 32), masked 64 x 64
+         * (D=256: 64 x 32): the larger of each bounds both */
         *block_m = 128;
-        *block_n = 64;
+        *block_n = head_dim == 32 ? 128 : 64;
     } else if (family == FC_FAMILY_DECODE) {
         *block_m = 16; /* all of Sq in one CTA; keys in chunks of 32 */
         *block_n = 32;
@@ -212,10 +213,18 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
         check_launch(p, FAM, HD, DT);                                                          \
         return cudaSuccess;                                                                    \
     }
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 32, fp16, FC_DTYPE_FP16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 32, bf16, FC_DTYPE_BF16)
 FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 64, fp16, FC_DTYPE_FP16)
 FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 64, bf16, FC_DTYPE_BF16)
 FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 128, fp16, FC_DTYPE_FP16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 80, fp16, FC_DTYPE_FP16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 80, bf16, FC_DTYPE_BF16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 96, fp16, FC_DTYPE_FP16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 96, bf16, FC_DTYPE_BF16)
 FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 128, bf16, FC_DTYPE_BF16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 256, fp16, FC_DTYPE_FP16)
+FC_FUZZ_LAUNCHER(FC_FAMILY_SM80, sm80, 256, bf16, FC_DTYPE_BF16)
 FC_FUZZ_LAUNCHER(FC_FAMILY_SM90, sm90, 64, fp16, FC_DTYPE_FP16)
 FC_FUZZ_LAUNCHER(FC_FAMILY_SM90, sm90, 64, bf16, FC_DTYPE_BF16)
 FC_FUZZ_LAUNCHER(FC_FAMILY_SM90, sm90, 128, fp16, FC_DTYPE_FP16)
@@ -351,18 +360,24 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     accepted_is_consistent(p);
     REQUIRE(p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16);
     REQUIRE(p->mask_kind == FC_MASK_NONE || fam == FC_FAMILY_SM80);
-    REQUIRE(p->head_dim == 64 || p->head_dim == 128 || (p->head_dim == 256 && fam == FC_FAMILY_SM90));
+    /* sm80: 32, 64, 80, 96, 128, 256; sm90: 64, 128, 256; decode: 64, 128. */
+    const int64_t d = p->head_dim;
+    REQUIRE(d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256);
+    if (fam == FC_FAMILY_SM90) REQUIRE(d == 64 || d == 128 || d == 256);
     REQUIRE(cc == 89 || cc == 90);
     REQUIRE(p->family == FC_FAMILY_AUTO || p->family == fam);
     if (fam == FC_FAMILY_SM90) REQUIRE(cc == 90 && sm90_takes(p));
-    else if (fam == FC_FAMILY_DECODE) REQUIRE(decode_takes(p) && p->head_dim != 256);
+    else if (fam == FC_FAMILY_DECODE) REQUIRE(decode_takes(p) && (d == 64 || d == 128));
     else REQUIRE(fam == FC_FAMILY_SM80);
     /* AUTO: the decode kernel for the small-Sq calls it takes, else Hopper wherever it can run
      * (unmasked calls: a mask always means the sm80 family, checked above). */
     if (p->mask_kind != FC_MASK_NONE) return;
-    const int decode = decode_takes(p) && p->head_dim != 256;
+    const int decode = decode_takes(p) && (d == 64 || d == 128);
+    const int sm90 = cc == 90 && sm90_takes(p) && (d == 64 || d == 128 || d == 256);
     if (p->family == FC_FAMILY_AUTO && decode) REQUIRE(fam == FC_FAMILY_DECODE);
-    if (p->family == FC_FAMILY_AUTO && !decode && cc == 90 && sm90_takes(p)) REQUIRE(fam == FC_FAMILY_SM90);
+    if (p->family == FC_FAMILY_AUTO && !decode && sm90) REQUIRE(fam == FC_FAMILY_SM90);
+    /* The sm80-only dims run in the sm80 family under AUTO on every arch. */
+    if (p->family == FC_FAMILY_AUTO && (d == 32 || d == 80 || d == 96)) REQUIRE(fam == FC_FAMILY_SM80);
 }
 
 /* ---- input decoding ------------------------------------------------------------------------- */

@@ -1,0 +1,6 @@
+// fwd_sm80_hdim32_bf16.cu - one instantiation of the sm80-class forward (see fwd_sm80.cuh):
+// head dim 32, bf16, causal and non-causal. One per file so builds run in parallel and can
+// be trimmed with FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES.
+#include "fwd_sm80.cuh"
+
+FLASHCORE_DEFINE_SM80_FWD(32, bf16, __nv_bfloat16)
