@@ -13,7 +13,8 @@ What it checks, on a CUDA machine:
     gradients from two calls);
   * flashcore::sdpa_fwd's LSE (from the kernel) against a float64 log-sum-exp, and its output
     equal to sdpa's bit for bit; the gradients of masked calls (kernel forward: the mask
-    runs in the sm80 family) and of the fallback paths (fp32, D=80);
+    runs in the sm80 family) and of the fallback paths (fp32, D=40); head dims 32/80/96/256 (kernel
+    forward, Python backward: no backward kernel for them);
   * torch.library.opcheck with every test util for every op (kernel and fallback inputs);
   * torch.compile(fullgraph=True, dynamic=True): one graph for several lengths, forward and
     backward equal to eager; mode="reduce-overhead" (CUDA graphs): replays with new inputs equal
@@ -222,8 +223,8 @@ def test_kernel_lse_and_out(dtype, layout):
 
 # ---- gradients on fallback paths --------------------------------------------------------------
 
-def test_fallback_grads_fp32_and_head_dim_80():
-    for dtype, D in ((torch.float32, 64), (torch.float16, 80)):
+def test_fallback_grads_fp32_and_head_dim_40():
+    for dtype, D in ((torch.float32, 64), (torch.float16, 40)):
         q, k, v = (rand(2, 4, 65, D, dtype=dtype) for _ in range(3))
         assert flashcore.explain(q, k, v).startswith("fallback")
         grad_out = torch.randn(2, 4, 65, D, dtype=dtype, device=DEVICE)
@@ -234,6 +235,30 @@ def test_fallback_grads_fp32_and_head_dim_80():
         for g, e in zip(got, exp):
             torch.testing.assert_close(g, e, atol=2e-3 if dtype == torch.float16 else 1e-4,
                                        rtol=1e-2)
+
+
+@pytest.mark.parametrize("D", [32, 80, 96, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_grads_head_dims_without_backward_kernel(D, dtype):
+    """D=32/80/96/256: the forward runs a FlashCore kernel, the backward is the Python one from
+    the kernel's LSE (the fused backward has 64/128 only), within the rule of the kernel path."""
+    q, k, v = rand(2, 8, 127, D, dtype=dtype), rand(2, 2, 200, D, dtype=dtype), \
+        rand(2, 2, 200, D, dtype=dtype)
+    if KERNEL_CARD:
+        assert flashcore.explain(q, k, v, is_causal=True, enable_gqa=True).startswith("kernel")
+    grad_out = torch.randn(2, 8, 127, D, dtype=dtype, device=DEVICE)
+    with torch.no_grad():
+        out, lse = FWD(q, k, v, is_causal=True, enable_gqa=True)
+    path = flashcore.explain_backward(grad_out, q, k, v, out, lse, None, True, None, True)
+    assert path != "kernel sm80", path
+    fn = lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, is_causal=True, enable_gqa=True)  # noqa: E731
+    ref_fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True)  # noqa: E731
+    _, got = grads(fn, (q, k, v), grad_out)
+    _, low = grads(ref_fn, (q, k, v), grad_out)
+    inputs32 = tuple(t.detach().float().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        _, ref32 = grads(ref_fn, inputs32, grad_out.float())
+    assert_grads_within_rule(got, low, ref32, dtype, f"D={D}")
 
 
 @pytest.mark.parametrize("kind", ["bool", "additive"])
@@ -272,7 +297,8 @@ OPCHECK = {  # name: (dtype, D, Hq, Hkv, Sq, Sk, causal, mask kind, transposed)
     "kernel_bshd": (torch.bfloat16, 128, 4, 4, 33, 70, False, None, True),
     "fallback_fp32": (torch.float32, 64, 4, 2, 17, 17, True, None, False),
     "kernel_mask": (torch.float16, 64, 4, 4, 17, 40, False, "additive", False),
-    "fallback_d80_bshd": (torch.float16, 80, 2, 2, 17, 17, False, None, True),
+    "fallback_d40_bshd": (torch.float16, 40, 2, 2, 17, 17, False, None, True),
+    "kernel_d96_python_bwd": (torch.bfloat16, 96, 4, 2, 33, 70, True, None, False),
 }
 
 
