@@ -217,7 +217,8 @@ __device__ __forceinline__ uint32_t chunk_pair_addr(uint32_t base, int kk) {
 // swizzled shared tile of kRows rows of kPitchChunks chunks; rows >= `rows` are zero-filled. All
 // threads of the CTA take part (with a ragged last round where the chunks do not split evenly:
 // D=80 x 32 keys is 2.5 rounds of 128 threads).
-template <typename Elem, int kRows, int kChunks, int kPitchChunks, int kThreads>
+// (kPitchChunks defaults to kChunks: unpadded rows, as the backward uses it.)
+template <typename Elem, int kRows, int kChunks, int kThreads, int kPitchChunks = kChunks>
 __device__ __forceinline__ void load_tile(Elem *smem_tile, const Elem *gmem, int row_stride,
                                           int rows) {
     constexpr int kItems = kRows * kChunks;
@@ -316,7 +317,7 @@ fwd_kernel(const fc_params p) {
     // K tile n (and its mask tile) / V tile n into their single buffers; rows past Sk zero-filled.
     auto load_k = [&](int n_block) {
         const int n_start = n_block * kBlockN;
-        load_tile<Elem, kBlockN, kChunks, kPitchChunks, T::kThreads>(smem_k, k + n_start * k_stride, k_stride,
+        load_tile<Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_k, k + n_start * k_stride, k_stride,
                                                        min(kBlockN, seqlen_k - n_start));
         if constexpr (kMask != kNoMask) {
             constexpr int kP = M::kPitch, kTh = T::kThreads;
@@ -337,11 +338,11 @@ fwd_kernel(const fc_params p) {
     };
     auto load_v = [&](int n_block) {
         const int n_start = n_block * kBlockN;
-        load_tile<Elem, kBlockN, kChunks, kPitchChunks, T::kThreads>(smem_v, v + n_start * v_stride, v_stride,
+        load_tile<Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_v, v + n_start * v_stride, v_stride,
                                                        min(kBlockN, seqlen_k - n_start));
     };
 
-    load_tile<Elem, kBlockM, kChunks, kPitchChunks, T::kThreads>(smem_q, q, q_stride, seqlen_q - m_start);
+    load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_q, q, q_stride, seqlen_q - m_start);
     load_k(0);
     cp_async_commit();
 
