@@ -75,22 +75,6 @@ struct BwdTraits {
     static_assert(kDqSmemBytes <= 99 * 1024 && kKvSmemBytes <= 99 * 1024, "sm_89: 99 KB per block");
 };
 
-// 4-byte global -> shared copy (cp.async.ca: the 16-byte .cg form cannot copy 4 bytes).
-__device__ __forceinline__ void cp_async_4(uint32_t dst_smem, const void *src_gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst_smem), "l"(src_gmem));
-}
-
-template <typename Elem>
-__device__ __forceinline__ float2 unpack2(uint32_t v);
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
-    return __half22float2(*reinterpret_cast<const __half2 *>(&v));
-}
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
-}
-
 // Workspace layout: delta [B][Hq][Sq] fp32, then LSE * log2(e) [B][Hq][Sq] fp32.
 __host__ __device__ inline int64_t workspace_rows(const fc_bwd_params &p) {
     return p.fwd.batch * p.fwd.heads_q * p.fwd.seqlen_q;
@@ -375,8 +359,8 @@ dkdv_kernel(const fc_bwd_params p) {
             float *delta_dst = smem_delta + stage * kBlockM + r;
             if (r < rows) {
                 const int64_t idx = (static_cast<int64_t>(batch) * f.heads_q + head_q) * seqlen_q + m_start + r;
-                cp_async_4(smem_addr(lse_dst), lse2_ws + idx);
-                cp_async_4(smem_addr(delta_dst), delta_ws + idx);
+                cp_async_zfill<4>(smem_addr(lse_dst), lse2_ws + idx, 4);
+                cp_async_zfill<4>(smem_addr(delta_dst), delta_ws + idx, 4);
             } else {  // rows past Sq: P = 0, dS = 0 (plain stores, ordered by the same barrier)
                 *lse_dst = INFINITY;
                 *delta_dst = 0.f;

@@ -22,6 +22,7 @@ _REPO_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 if importlib.util.find_spec("flashcore") is None:
     sys.path.insert(0, _REPO_PYTHON)
 import flashcore  # noqa: E402
+from attention_block import Attention as _AttentionBlock  # noqa: E402
 
 SDPA = torch.ops.flashcore.sdpa.default
 FWD = torch.ops.flashcore.sdpa_fwd.default
@@ -356,22 +357,9 @@ def test_fake_explain_on_cpu_says_not_cuda():
 
 # ---- torch.compile ----------------------------------------------------------------------------
 
-class Attention(torch.nn.Module):
-    """A small attention block: projections, GQA heads, causal flashcore.sdpa."""
-
-    def __init__(self, dim=32, heads=4, kv_heads=2):
-        super().__init__()
-        self.h, self.hkv, self.d = heads, kv_heads, dim // heads
-        self.q = torch.nn.Linear(dim, heads * self.d)
-        self.kv = torch.nn.Linear(dim, 2 * kv_heads * self.d)
-        self.o = torch.nn.Linear(heads * self.d, dim)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q = self.q(x).view(b, s, self.h, self.d).transpose(1, 2)
-        k, v = self.kv(x).view(b, s, 2, self.hkv, self.d).permute(2, 0, 3, 1, 4)
-        o = torch.ops.flashcore.sdpa(q, k, v, is_causal=True, enable_gqa=True)
-        return self.o(o.transpose(1, 2).reshape(b, s, self.h * self.d))
+def Attention():
+    """tests/attention_block.py's block at dim 32: head dim 8 (CPU fallback)."""
+    return _AttentionBlock(32)
 
 
 def _compile_check(model, lengths, device="cpu", dtype=torch.float32, atol=1e-5, rtol=1e-5):

@@ -39,6 +39,7 @@ if not torch.cuda.is_available():
                 allow_module_level=True)
 
 import flashcore  # noqa: E402  (on a GPU machine a failed import is an error)
+from attention_block import Attention as _AttentionBlock  # noqa: E402
 
 DEVICE = "cuda"
 KERNEL_CARD = torch.cuda.get_device_capability() in ((8, 9), (9, 0))
@@ -356,22 +357,9 @@ def test_opcheck_bwd_kernel_ops(name):
 
 # ---- torch.compile and CUDA graphs ------------------------------------------------------------
 
-class Attention(torch.nn.Module):
-    """Projections + GQA heads of dim 64 + causal flashcore.sdpa (a kernel case)."""
-
-    def __init__(self, dim=256, heads=4, kv_heads=2):
-        super().__init__()
-        self.h, self.hkv, self.d = heads, kv_heads, dim // heads
-        self.q = torch.nn.Linear(dim, heads * self.d)
-        self.kv = torch.nn.Linear(dim, 2 * kv_heads * self.d)
-        self.o = torch.nn.Linear(heads * self.d, dim)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q = self.q(x).view(b, s, self.h, self.d).transpose(1, 2)
-        k, v = self.kv(x).view(b, s, 2, self.hkv, self.d).permute(2, 0, 3, 1, 4)
-        o = torch.ops.flashcore.sdpa(q, k, v, is_causal=True, enable_gqa=True)
-        return self.o(o.transpose(1, 2).reshape(b, s, self.h * self.d))
+def Attention():
+    """tests/attention_block.py's block at dim 256: head dim 64 (a kernel case)."""
+    return _AttentionBlock(256)
 
 
 def _close(a, b, dtype):
