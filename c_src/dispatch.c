@@ -223,6 +223,17 @@ static int unmasked_kernel_elsewhere(const fc_params *p, int cc_major, int cc_mi
     return 0;
 }
 
+/* On Hopper, AUTO runs an unmasked call in the sm80-class family only for head dims the sm90
+ * family also has (there the sm80 family is the layout fallback: broadcast dims, scale <= 0).
+ * For a head dim only the sm80 family has (32, 80, 96), PyTorch's cuDNN path is the faster
+ * choice on that card: D=96 at S=4096 measured 303 vs 520 TFLOP/s non-causal and 268 vs 449
+ * causal (H100, bench/NOTES.md). Masked calls stay in the sm80 family: aten's only fused path
+ * that takes such masks there (`efficient`) is about 2x slower than it. */
+static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int cc_major, int cc_minor) {
+    return family == FC_FAMILY_SM80 && p->mask_kind == FC_MASK_NONE &&
+           fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor) && find_kernel(FC_FAMILY_SM90, p) == NULL;
+}
+
 fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_fn *launch,
                       fc_family *family) {
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
@@ -232,11 +243,16 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
     const fc_family preference[] = {FC_FAMILY_DECODE, FC_FAMILY_SM90, FC_FAMILY_SM80};
     const size_t n_candidates = p->family == FC_FAMILY_AUTO ? 3 : 1;
     int any_family_runs = 0;
+    int declined_as_slower = 0;
     for (size_t i = 0; i < n_candidates; ++i) {
         const fc_family f = p->family == FC_FAMILY_AUTO ? preference[i] : p->family;
         if (!fc_family_runs_on_(f, cc_major, cc_minor)) continue;
         any_family_runs = 1;
         const kernel_entry *e = find_kernel(f, p);
+        if (e != NULL && p->family == FC_FAMILY_AUTO && sm80_slower_than_fallback(f, p, cc_major, cc_minor)) {
+            declined_as_slower = 1;
+            continue;
+        }
         if (e != NULL && family_takes_layout(f, p) && family_takes_mask(f, p)) {
             if (launch != NULL) *launch = e->launch;
             if (family != NULL) *family = f;
@@ -245,6 +261,7 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
     }
     if (!any_family_runs)
         return p->family == FC_FAMILY_AUTO ? FC_UNSUPPORTED_ARCH : FC_UNSUPPORTED_FAMILY;
+    if (declined_as_slower) return FC_UNSUPPORTED_SLOWER;
     /* A mask with a forced family that has none, or (auto) a head dim only those families have. */
     if (p->mask_kind != FC_MASK_NONE &&
         (p->family == FC_FAMILY_SM90 || p->family == FC_FAMILY_DECODE ||

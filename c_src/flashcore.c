@@ -45,6 +45,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_UNSUPPORTED_FAMILY] = "the forced kernel family is not built into this library or cannot run on this GPU",
     [FC_UNSUPPORTED_LAYOUT] = "the forced kernel family cannot take these inputs (the sm90 family needs a nonzero stride on every dim of size > 1 and scale > 0)",
     [FC_ERR_CUDA] = "a CUDA call or kernel launch failed (fc_last_cuda_error() has the CUDA error)",
+    [FC_UNSUPPORTED_SLOWER] = "on sm_90 only the sm80-class family has this head dim, and PyTorch's own SDPA (cuDNN) runs it faster (about 1.7x, bench/NOTES.md); force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
 };
 
 FC_API const char *fc_status_string(fc_status status) {

@@ -86,6 +86,7 @@ typedef enum fc_status {
     FC_UNSUPPORTED_ARCH,         /* no kernel family for this compute capability */
     FC_UNSUPPORTED_FAMILY,       /* the forced family is not built or cannot run on this device */
     FC_UNSUPPORTED_LAYOUT,       /* the forced family cannot take these strides or this scale (sm90: broadcast dim, scale <= 0) */
+    FC_UNSUPPORTED_SLOWER,       /* AUTO on sm_90, no mask, a head dim only the sm80 family has: PyTorch's cuDNN path is faster */
     FC_ERR_CUDA,                 /* a CUDA runtime call or the launch failed (see fc_last_cuda_error) */
     FC_STATUS_COUNT_             /* number of statuses; not a status */
 } fc_status;

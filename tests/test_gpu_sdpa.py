@@ -47,6 +47,7 @@ sdpa = torch.ops.flashcore.sdpa
 DEVICE = "cuda"
 # The sm80 kernel family is built for sm_89 and sm_90; elsewhere the op falls back to aten.
 KERNEL_CARD = torch.cuda.get_device_capability() in ((8, 9), (9, 0))
+HOPPER = torch.cuda.get_device_capability() == (9, 0)
 
 # atol covers the final rounding of the output, which ref_lp can get luckily right:
 # one fp16 ulp at |x| ~ 1 is 2^-10 ~ 9.8e-4 -> 1e-3; one bf16 ulp at 1 is 2^-7 ~ 7.8e-3 -> 1e-2.
@@ -284,7 +285,11 @@ def test_kernel_matches_reference(case, family):
     q, k, v = make_inputs(c.B, c.Hkv * c.ratio, c.Hkv, c.Sq, c.Sk, c.D, c.dtype, c.layout)
     kw = family_kwargs(c.ratio > 1, c.scale)
     path = flashcore.explain(q, k, v, is_causal=c.causal, scale=c.scale, enable_gqa=c.ratio > 1)
-    if KERNEL_CARD:
+    if KERNEL_CARD and c.D in SM80_ONLY_DIMS and family == "auto" and HOPPER:
+        # AUTO on Hopper leaves these dims to PyTorch's faster cuDNN path (the "sm80" param runs
+        # the kernel); the answer must still match the reference.
+        assert path.startswith("fallback") and "cuDNN" in path, path
+    elif KERNEL_CARD:
         assert path.startswith("kernel"), f"expected a FlashCore kernel, explain() says: {path!r}"
     poison_allocator((c.B, c.Hkv * c.ratio, c.Sq, c.D), c.dtype)
     out = sdpa(q, k, v, None, 0.0, c.causal, **kw)

@@ -111,6 +111,7 @@ bool status_means_fallback(fc_status s) {
     case FC_UNSUPPORTED_DTYPE:
     case FC_UNSUPPORTED_HEAD_DIM:
     case FC_UNSUPPORTED_MASK:
+    case FC_UNSUPPORTED_SLOWER:  // AUTO on Hopper: aten (cuDNN) is the faster path for this head dim
     case FC_UNSUPPORTED_ARCH:
     case FC_UNSUPPORTED_FAMILY:
     case FC_ERR_LAST_DIM_STRIDE:

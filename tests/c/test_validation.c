@@ -151,9 +151,9 @@ static const validation_case kCases[] = {
     {"fp32", m_fp32, FC_OK, FC_UNSUPPORTED_DTYPE, FC_UNSUPPORTED_DTYPE},
     {"head_dim 40", m_head_dim, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_ARCH},
     {"head_dim 72", m_head_dim_72, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_ARCH},
-    {"head_dim 32", m_head_dim_32, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
-    {"head_dim 80", m_head_dim_80, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
-    {"head_dim 96", m_head_dim_96, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"head_dim 32 (auto on Hopper: cuDNN is faster)", m_head_dim_32, FC_OK, FC_UNSUPPORTED_SLOWER, FC_UNSUPPORTED_ARCH},
+    {"head_dim 80 (auto on Hopper: cuDNN is faster)", m_head_dim_80, FC_OK, FC_UNSUPPORTED_SLOWER, FC_UNSUPPORTED_ARCH},
+    {"head_dim 96 (auto on Hopper: cuDNN is faster)", m_head_dim_96, FC_OK, FC_UNSUPPORTED_SLOWER, FC_UNSUPPORTED_ARCH},
     {"head_dim 256", m_head_dim_256, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"head_dim 96, forced sm90 (no such kernel)", m_head_dim_96_force_sm90, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_FAMILY},
     {"head_dim 80, forced sm80", m_head_dim_80_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
@@ -336,12 +336,13 @@ int main(void) {
     }
 
     /* Which family AUTO picks per head dim: on Hopper the sm90 family keeps 64/128/256, and 32,
-     * 80, 96 (sm80 only) run in the sm80 family; with a mask every dim runs in sm80. On Ada
-     * everything runs in sm80. Sq = 4 with GQA 4 would go to the decode kernel for 64/128. */
+     * 80, 96 (sm80 only) are left to PyTorch's faster cuDNN path (none: FC_FAMILY_AUTO); with a
+     * mask every dim runs in sm80. On Ada everything runs in sm80. Sq = 4 with GQA 4 would go to
+     * the decode kernel for 64/128. */
     {
         static const struct { int64_t d; int masked; fc_family hopper; } kDims[] = {
-            {32, 0, FC_FAMILY_SM80}, {64, 0, FC_FAMILY_SM90}, {80, 0, FC_FAMILY_SM80},
-            {96, 0, FC_FAMILY_SM80}, {128, 0, FC_FAMILY_SM90}, {256, 0, FC_FAMILY_SM90},
+            {32, 0, FC_FAMILY_AUTO}, {64, 0, FC_FAMILY_SM90}, {80, 0, FC_FAMILY_AUTO},
+            {96, 0, FC_FAMILY_AUTO}, {128, 0, FC_FAMILY_SM90}, {256, 0, FC_FAMILY_SM90},
             {32, 1, FC_FAMILY_SM80}, {80, 1, FC_FAMILY_SM80}, {96, 1, FC_FAMILY_SM80},
             {256, 1, FC_FAMILY_SM80}};
         for (size_t i = 0; i < sizeof(kDims) / sizeof(kDims[0]); ++i) {

@@ -376,8 +376,9 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     const int sm90 = cc == 90 && sm90_takes(p) && (d == 64 || d == 128 || d == 256);
     if (p->family == FC_FAMILY_AUTO && decode) REQUIRE(fam == FC_FAMILY_DECODE);
     if (p->family == FC_FAMILY_AUTO && !decode && sm90) REQUIRE(fam == FC_FAMILY_SM90);
-    /* The sm80-only dims run in the sm80 family under AUTO on every arch. */
-    if (p->family == FC_FAMILY_AUTO && (d == 32 || d == 80 || d == 96)) REQUIRE(fam == FC_FAMILY_SM80);
+    /* The sm80-only dims run in the sm80 family under AUTO, and never unmasked on Hopper (there
+     * AUTO declines them: PyTorch's cuDNN path is faster). */
+    if (p->family == FC_FAMILY_AUTO && (d == 32 || d == 80 || d == 96)) REQUIRE(fam == FC_FAMILY_SM80 && cc == 89);
 }
 
 /* ---- input decoding ------------------------------------------------------------------------- */
@@ -561,6 +562,10 @@ static void check_struct(const fc_params *p, int device) {
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         if (sup == FC_OK) supported_is_runnable(p, cc, fam);
         /* Declined only for a reason that holds: the layout reason only for a forced sm90. */
+        /* The speed reason only for AUTO on Hopper, unmasked, a head dim sm90 lacks. */
+        if (sup == FC_UNSUPPORTED_SLOWER)
+            REQUIRE(p->family == FC_FAMILY_AUTO && cc == 90 && p->mask_kind == FC_MASK_NONE &&
+                    p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256);
         if (sup == FC_UNSUPPORTED_LAYOUT)
             REQUIRE((p->family == FC_FAMILY_SM90 && !sm90_takes(p)) ||
                     (p->family == FC_FAMILY_DECODE && !decode_takes(p)));
