@@ -307,6 +307,28 @@ def test_repeated_calls_are_deterministic(family):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("sk", [257, 1000, 4097])
+def test_decode_split_count_does_not_change_result(dtype, sk):
+    """Split-KV (issue 5): one (batch, KV head) alone is cut into many key ranges (fewer CTAs
+    than SMs, c_src/dispatch.c), while the same slice inside a batch of SMs + 1 runs unsplit.
+    The two answers agree up to the final rounding, and both match the reference."""
+    if not KERNEL_CARD:
+        pytest.skip("no FlashCore kernel on this card")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    q, k, v = make_inputs(1, 4, 1, 1, sk, 128, dtype, "bhsd")
+    assert flashcore.explain(q, k, v, enable_gqa=True) == "kernel decode"
+    poison_allocator((1, 4, 1, 128), dtype)
+    alone = sdpa(q, k, v, enable_gqa=True)
+    qb, kb, vb = (t.expand(sms + 1, -1, -1, -1).contiguous() for t in (q, k, v))
+    batched = sdpa(qb, kb, vb, enable_gqa=True)
+    torch.cuda.synchronize()
+    check_close(alone, q, k, v, False, None, f"decode alone Sk={sk}")
+    ulp = 1e-3 if dtype == torch.float16 else 8e-3  # one ulp at |x| ~ 1
+    torch.testing.assert_close(alone[0], batched[0], atol=ulp, rtol=0)
+    torch.testing.assert_close(batched[0], batched[-1], atol=0, rtol=0)  # same slice, same answer
+
+
 # --------------------------------------------------------------------------- fallbacks
 
 def _fallback_cases():
