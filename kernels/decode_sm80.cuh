@@ -13,16 +13,17 @@
 //     more, each writes an fp32 partial O and its LSE to the caller's workspace and
 //     combine_kernel merges them: O = sum_i exp(lse_i - lse) O_i with lse = log sum_i exp(lse_i).
 //     The split count comes from fc_decode_splits() in c_src/ (SMs x waves).
-//   * K/V chunks of 32 keys stream through a 4-stage cp.async ring into shared memory (rows
-//     padded by 16 bytes: conflict-free 16-byte reads across rows): three chunks are in flight
-//     while one is computed, because a bandwidth-bound kernel is limited by the bytes it keeps
-//     in flight (Little's law), not by its arithmetic. Per chunk: scores on CUDA
+//   * K/V chunks of 32 keys stream through a 2-stage cp.async ring into shared memory (rows
+//     padded by 16 bytes: conflict-free 16-byte reads across rows). Per chunk: scores on CUDA
 //     cores (one key per thread, its K row reused over the thread's query rows), softmax per
 //     row (one warp per row), then O += P V with each thread owning one or two head-dim columns.
 //   * Q is staged once as fp32 with scale * log2(e) folded in, so scores are base-2 logits and
 //     any scale (negative too) works; masking (keys past Sk, causal) is applied after.
 //
-// Built for sm_89 and sm_90 (it uses nothing newer than cp.async). Instantiated per (head dim,
+// Calls with at most 16 rows per CTA (MHA decoding, GQA up to 16:1, short speculative steps) run
+// decode_mma_kernel below instead: tensor cores and four independent warps (see its comment).
+//
+// Built for sm_89 and sm_90 (it uses nothing newer than cp.async and mma.sync). Instantiated per (head dim,
 // dtype) in decode_sm80_hdim*_*.cu, for D = 64 and 128 (D = 256 would need a smaller Q or
 // chunk to fit sm_89's 99 KB); run through the C API (fc_sdpa_fwd picks it for small Sq).
 #pragma once
@@ -39,9 +40,7 @@ namespace decode {
 constexpr int kThreads = 128;
 constexpr int kChunk = 32;        // keys per pipeline stage
 constexpr int kRowsLimit = 32;    // (Hq / Hkv) * Sq rows per CTA at most
-// 2 stages (one chunk in flight) reached 2.54 TB/s (76% of DRAM peak, ncu) at B=8, Hq=Hkv=32,
-// Sk=8192, D=128: 424 us against cuDNN's 362 us, with each CTA spending ~5 us per chunk waiting.
-constexpr int kStages = 4;
+constexpr int kStages = 2;
 
 // kMaxRows (4, 8, 16 or 32: the call's row count rounded up) bounds every per-row loop at
 // compile time; with a fixed bound of 32, single-row MHA decoding spent its time on skipped
@@ -118,12 +117,8 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
                         v + key * p.v_stride_s + col * 8, valid);
         }
     };
-    // Prologue: the first kStages - 1 chunks (one commit group each, empty past the end).
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (chunk_begin + s < chunk_end) load_chunk(chunk_begin + s, s);
-        cp_async_commit();
-    }
+    if (chunk_begin < chunk_end) load_chunk(chunk_begin, 0);
+    cp_async_commit();
 
     // Q rows as fp32, pre-scaled into base-2 logits.
     const float scale_log2 = p.scale * 1.4426950408889634f;
@@ -151,13 +146,11 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
         for (int j = 0; j < T::kDPerThread; ++j) o[i][j] = 0.f;
 
     for (int c = chunk_begin; c < chunk_end; ++c) {
-        const int stage = (c - chunk_begin) % kStages;
-        // Refill the stage chunk c - 1 used (every thread left it at the loop's last barrier).
-        const int next = c + kStages - 1;
-        if (next < chunk_end) load_chunk(next, (next - chunk_begin) % kStages);
+        const int stage = (c - chunk_begin) & 1;
+        if (c + 1 < chunk_end) load_chunk(c + 1, stage ^ 1);
         cp_async_commit();
-        cp_async_wait<kStages - 1>();  // groups up to chunk c are complete
-        __syncthreads();               // chunk c is in; q_s is written (first iteration)
+        cp_async_wait<1>();
+        __syncthreads();  // chunk c is in; q_s is written (first iteration)
 
         // ---- scores: thread = one key, rows of its quarter (r = quarter, quarter + 4, ...) ----
         {
@@ -294,6 +287,240 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Up to 16 rows: tensor cores, and four warps that never wait for each other.
+//
+// The kernel above spends its time on latency, not bytes: per 32-key chunk its 128 threads cross
+// four CTA barriers and walk long dependent FMA chains (only a quarter of them busy with one row),
+// ~3-5 us a chunk, so it needs ~6 CTAs per SM to keep DRAM busy and reached 2.54 TB/s (76% of
+// peak) at B=8, H=32, Sk=8192, D=128. Here the rows (padded to 16) are one m16n8k16 A operand:
+//   * each warp streams its own 16-key steps (warp w takes steps w, w+4, ...) through its own
+//     2-stage cp.async ring, with its own running max/sum and O accumulators; __syncwarp only;
+//   * S = Q K^T with Q in registers (loaded once) and K from ldmatrix, P V with P re-packed from
+//     the S accumulators and V from ldmatrix.trans (FlashAttention-2's register layout);
+//   * the four warps' (max, sum, O) are merged once at the end through shared memory.
+template <int kHeadDim>
+struct MmaDecodeTraits {
+    static constexpr int kWarps = 4;
+    static constexpr int kStepKeys = 16;           // keys per warp step
+    static constexpr int kStages = 2;              // per warp
+    static constexpr int kRowElems = kHeadDim + 8; // padded smem row: ldmatrix conflict-free
+    static constexpr int kStageElems = 2 * kStepKeys * kRowElems;  // K then V
+    static constexpr int kRingBytes = kWarps * kStages * kStageElems * 2;
+    // End-of-kernel merge: per warp, O [16][D] + max [16] + sum [16], fp32.
+    static constexpr int kMergeBytes = kWarps * (16 * kHeadDim + 32) * 4;
+    static constexpr int kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+    static_assert(kHeadDim % 16 == 0, "head dim must be a multiple of 16");
+    static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block");
+};
+
+template <typename Elem, int kHeadDim, bool kCausal>
+__global__ void __launch_bounds__(kThreads, 3)
+decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partial_lse) {
+    using T = MmaDecodeTraits<kHeadDim>;
+    constexpr int kSteps16 = kHeadDim / 16;  // k-steps of S = Q K^T, and 16-column pairs of O
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int split = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+    const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
+    const int group = static_cast<int>(p.heads_q / p.heads_kv);
+    const int rows = group * seqlen_q;  // <= 16; row r = (head_kv * group + r / Sq, query r % Sq)
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int quad_row = lane / 4, quad_col = (lane % 4) * 2;
+
+    // This split's keys, in the same 32-key chunks fc_decode_splits counts.
+    const int n_chunks = (seqlen_k + kChunk - 1) / kChunk;
+    const int per_split = (n_chunks + splits - 1) / splits;
+    const int key_begin = split * per_split * kChunk;
+    int key_end = min(seqlen_k, key_begin + per_split * kChunk);
+    if (kCausal) key_end = min(key_end, seqlen_q);  // top-left: no query sees a key >= Sq
+    const int n_steps = key_end > key_begin ? (key_end - key_begin + T::kStepKeys - 1) / T::kStepKeys : 0;
+
+    Elem *ring = reinterpret_cast<Elem *>(smem_raw) + warp * T::kStages * T::kStageElems;
+    const Elem *k = static_cast<const Elem *>(p.k) + batch * p.k_stride_b + head_kv * p.k_stride_h;
+    const Elem *v = static_cast<const Elem *>(p.v) + batch * p.v_stride_b + head_kv * p.v_stride_h;
+    auto load_step = [&](int step, int stage) {  // this warp's step `step` into its `stage`
+        Elem *k_s = ring + stage * T::kStageElems, *v_s = k_s + T::kStepKeys * T::kRowElems;
+        const int key0 = key_begin + step * T::kStepKeys;
+        constexpr int kPieces = T::kStepKeys * (kHeadDim / 8);  // 16-byte pieces per tensor
+#pragma unroll 1  // unrolled, the loop-invariant addresses took ~60 registers (spills at 3 CTAs/SM)
+        for (int item = lane; item < kPieces; item += 32) {
+            const int row = item / (kHeadDim / 8), col = (item % (kHeadDim / 8)) * 8;
+            const bool valid = key0 + row < key_end;
+            const int64_t key = valid ? key0 + row : 0;
+            cp_async_16(smem_addr(k_s + row * T::kRowElems + col), k + key * p.k_stride_s + col, valid);
+            cp_async_16(smem_addr(v_s + row * T::kRowElems + col), v + key * p.v_stride_s + col, valid);
+        }
+    };
+    // Warp w's i-th step is the split's step w + 4 i.
+    const int my_steps = n_steps > warp ? (n_steps - warp + T::kWarps - 1) / T::kWarps : 0;
+    if (my_steps > 0) load_step(warp, 0);
+    cp_async_commit();
+
+    // Q as the A operand (rows past `rows` are zero): a0 (row, cols c..c+1), a1 (row + 8),
+    // a2 (row, c+8..c+9), a3 (row + 8, c+8..c+9), for c = 16 kk + quad_col.
+    uint32_t q_frag[kSteps16][4];
+    {
+        const Elem *q_row[2] = {nullptr, nullptr};
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = quad_row + 8 * half;
+            if (r < rows) {
+                const int h = head_kv * group + r / seqlen_q, s = r % seqlen_q;
+                q_row[half] = static_cast<const Elem *>(p.q) + batch * p.q_stride_b + h * p.q_stride_h + s * p.q_stride_s;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < kSteps16; ++kk) {
+            const int c = kk * 16 + quad_col;
+            q_frag[kk][0] = q_row[0] ? *reinterpret_cast<const uint32_t *>(q_row[0] + c) : 0u;
+            q_frag[kk][1] = q_row[1] ? *reinterpret_cast<const uint32_t *>(q_row[1] + c) : 0u;
+            q_frag[kk][2] = q_row[0] ? *reinterpret_cast<const uint32_t *>(q_row[0] + c + 8) : 0u;
+            q_frag[kk][3] = q_row[1] ? *reinterpret_cast<const uint32_t *>(q_row[1] + c + 8) : 0u;
+        }
+    }
+    // Causal: the query position of this lane's two rows (a row past `rows` sees every key).
+    int row_query[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = quad_row + 8 * half;
+        row_query[half] = r < rows ? r % seqlen_q : seqlen_k;
+    }
+
+    const float scale_log2 = p.scale * 1.4426950408889634f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // sum: this lane's part
+    float o[kHeadDim / 8][4];
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+    for (int i = 0; i < my_steps; ++i) {
+        const int stage = i % T::kStages;
+        if (i + 1 < my_steps) load_step(warp + (i + 1) * T::kWarps, (i + 1) % T::kStages);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncwarp();  // every lane's pieces of step i are in
+        const Elem *k_s = ring + stage * T::kStageElems, *v_s = k_s + T::kStepKeys * T::kRowElems;
+
+        // S (16 rows x 16 keys) = Q K^T: n-tile 0 = keys 0-7, n-tile 1 = keys 8-15.
+        float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        {
+            const int m = lane / 8;  // ldmatrix: matrix m = (keys (m / 2) * 8.., dims + (m % 2) * 8)
+            const uint32_t base = smem_addr(k_s + ((m / 2) * 8 + lane % 8) * T::kRowElems + (m % 2) * 8);
+#pragma unroll
+            for (int kk = 0; kk < kSteps16; ++kk) {
+                uint32_t b[4];
+                ldmatrix_x4(b, base + kk * 16 * 2);
+                mma_16816<Elem>(sc[0], q_frag[kk], b[0], b[1]);
+                mma_16816<Elem>(sc[1], q_frag[kk], b[2], b[3]);
+            }
+        }
+        // Mask, scale into base-2 logits, online softmax per row (a row's 16 scores live in the
+        // 4 lanes of a quad: shuffles over lane bits 0 and 1).
+        const int key0 = key_begin + (warp + i * T::kWarps) * T::kStepKeys;
+        float alpha[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int key = key0 + nt * 8 + quad_col + e;
+                    const bool masked = key >= key_end || (kCausal && key > row_query[half]);
+                    float &x = sc[nt][half * 2 + e];
+                    x = masked ? -INFINITY : x * scale_log2;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            const float new_max = fmaxf(row_max[half], mx);
+            const float base = new_max == -INFINITY ? 0.f : new_max;
+            alpha[half] = exp2f(row_max[half] - base);
+            row_max[half] = new_max;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float &x = sc[nt][half * 2 + e];
+                    x = exp2f(x - base);
+                    sum += x;
+                }
+            row_sum[half] = row_sum[half] * alpha[half] + sum;
+        }
+        // O = O * alpha + P V. P as the A operand: a0/a1 = keys 0-7 (rows r, r + 8), a2/a3 = 8-15.
+        uint32_t p_frag[4] = {pack2<Elem>(sc[0][0], sc[0][1]), pack2<Elem>(sc[0][2], sc[0][3]),
+                              pack2<Elem>(sc[1][0], sc[1][1]), pack2<Elem>(sc[1][2], sc[1][3])};
+        {
+            const int m = lane / 8;  // ldmatrix.trans: matrix m = (keys (m % 2) * 8.., dims + (m / 2) * 8)
+            const uint32_t base = smem_addr(v_s + ((m % 2) * 8 + lane % 8) * T::kRowElems + (m / 2) * 8);
+#pragma unroll
+            for (int np = 0; np < kHeadDim / 16; ++np) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, base + np * 16 * 2);
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    float (&acc)[4] = o[np * 2 + t];
+                    acc[0] *= alpha[0], acc[1] *= alpha[0], acc[2] *= alpha[1], acc[3] *= alpha[1];
+                    mma_16816<Elem>(acc, p_frag, b[2 * t], b[2 * t + 1]);
+                }
+            }
+        }
+        __syncwarp();  // all lanes are done with this stage before step i + 2 refills it
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with its ring: the merge scratch overlays it
+
+    // ---- merge the four warps: row sums over the quad, then (max, sum, O) per warp to smem ----
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        row_sum[half] += __shfl_xor_sync(0xffffffff, row_sum[half], 1);
+        row_sum[half] += __shfl_xor_sync(0xffffffff, row_sum[half], 2);
+    }
+    float *merge = reinterpret_cast<float *>(smem_raw);
+    float *o_w = merge + warp * 16 * kHeadDim;                 // [warp][16][D]
+    float *max_w = merge + T::kWarps * 16 * kHeadDim + warp * 32;  // [warp][16] max, [16] sum
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+        const int c = n * 8 + quad_col;
+        *reinterpret_cast<float2 *>(o_w + quad_row * kHeadDim + c) = make_float2(o[n][0], o[n][1]);
+        *reinterpret_cast<float2 *>(o_w + (quad_row + 8) * kHeadDim + c) = make_float2(o[n][2], o[n][3]);
+    }
+    if (lane % 4 == 0) {
+        max_w[quad_row] = row_max[0], max_w[quad_row + 8] = row_max[1];
+        max_w[16 + quad_row] = row_sum[0], max_w[16 + quad_row + 8] = row_sum[1];
+    }
+    __syncthreads();
+
+    const float *stats = merge + T::kWarps * 16 * kHeadDim;
+    for (int idx = tid; idx < rows * kHeadDim; idx += kThreads) {
+        const int r = idx / kHeadDim, d = idx % kHeadDim;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < T::kWarps; ++w) mx = fmaxf(mx, stats[w * 32 + r]);
+        const float base = mx == -INFINITY ? 0.f : mx;
+        float sum = 0.f, acc = 0.f;
+#pragma unroll
+        for (int w = 0; w < T::kWarps; ++w) {
+            const float f = exp2f(stats[w * 32 + r] - base);  // a warp that saw no key: 0
+            sum += f * stats[w * 32 + 16 + r];
+            acc += f * merge[(w * 16 + r) * kHeadDim + d];
+        }
+        const float value = sum > 0.f ? acc / sum : 0.f;
+        const float lse2 = sum > 0.f ? base + __log2f(sum) : -INFINITY;
+        const int h = head_kv * group + r / seqlen_q, s = r % seqlen_q;
+        const int64_t prow = (static_cast<int64_t>(batch) * p.heads_q + h) * seqlen_q + s;
+        if (splits == 1) {
+            Elem *out = static_cast<Elem *>(p.out) + batch * p.o_stride_b + h * p.o_stride_h + s * p.o_stride_s;
+            out[d] = from_float<Elem>(value);
+            if (d == 0 && p.lse != nullptr)
+                p.lse[batch * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] = lse2 * 0.6931471805599453f;
+        } else {
+            partial_o[(prow * splits + split) * kHeadDim + d] = value;
+            if (d == 0) partial_lse[prow * splits + split] = lse2;
+        }
+    }
+}
+
 // One CTA per (b, h, s) row, one thread per head-dim column: merge the splits' partials.
 template <typename Elem, int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim)
@@ -320,38 +547,58 @@ combine_kernel(const fc_params p, int splits, const float *partial_o, const floa
             (base + __log2f(total)) * 0.6931471805599453f;
 }
 
-template <typename Elem, int kHeadDim, int kMaxRows, bool kCausal>
-cudaError_t launch_decode_rows(const fc_params &p, cudaStream_t stream) {
-    using T = DecodeTraits<kHeadDim, kMaxRows>;
-    auto kernel = decode_kernel<Elem, kHeadDim, kMaxRows, kCausal>;
-    static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
+// Opt a kernel into more than 48 KB of dynamic shared memory, once per device.
+template <typename Kernel>
+cudaError_t allow_smem(Kernel kernel, int bytes, unsigned long long &configured_devices) {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
     const unsigned long long bit = 1ull << (device & 63);
-    if (T::kSmemBytes > 48 * 1024 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & bit)) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    if (bytes > 48 * 1024 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & bit)) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured_devices, bit, __ATOMIC_ACQ_REL);
     }
+    return cudaSuccess;
+}
+
+// Launch `kernel` over (splits, Hkv, B), then the combine pass when the keys were split.
+template <typename Elem, int kHeadDim, typename Kernel>
+cudaError_t launch_split_kv(Kernel kernel, int smem_bytes, const fc_params &p, cudaStream_t stream) {
     const int splits = p.num_splits_ > 1 ? p.num_splits_ : 1;
     float *partial_o = static_cast<float *>(p.workspace);
     float *partial_lse = partial_o == nullptr ? nullptr : partial_o + partial_rows(p) * splits * kHeadDim;
     const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
-    kernel<<<grid, kThreads, T::kSmemBytes, stream>>>(p, splits, partial_o, partial_lse);
-    err = cudaGetLastError();
+    kernel<<<grid, kThreads, smem_bytes, stream>>>(p, splits, partial_o, partial_lse);
+    cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || splits == 1) return err;
     combine_kernel<Elem, kHeadDim><<<static_cast<unsigned>(partial_rows(p)), kHeadDim, 0, stream>>>(
         p, splits, partial_o, partial_lse);
     return cudaGetLastError();
 }
 
+template <typename Elem, int kHeadDim, int kMaxRows, bool kCausal>
+cudaError_t launch_decode_rows(const fc_params &p, cudaStream_t stream) {
+    static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
+    auto kernel = decode_kernel<Elem, kHeadDim, kMaxRows, kCausal>;
+    const int smem = DecodeTraits<kHeadDim, kMaxRows>::kSmemBytes;
+    const cudaError_t err = allow_smem(kernel, smem, configured_devices);
+    return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, smem, p, stream);
+}
+
+template <typename Elem, int kHeadDim, bool kCausal>
+cudaError_t launch_decode_mma(const fc_params &p, cudaStream_t stream) {
+    static unsigned long long configured_devices = 0;
+    auto kernel = decode_mma_kernel<Elem, kHeadDim, kCausal>;
+    const int smem = MmaDecodeTraits<kHeadDim>::kSmemBytes;
+    const cudaError_t err = allow_smem(kernel, smem, configured_devices);
+    return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, smem, p, stream);
+}
+
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_decode(const fc_params &p, cudaStream_t stream) {
     const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_q;  // <= kRowsLimit (fc_dispatch)
-    if (rows <= 4) return launch_decode_rows<Elem, kHeadDim, 4, kCausal>(p, stream);
-    if (rows <= 8) return launch_decode_rows<Elem, kHeadDim, 8, kCausal>(p, stream);
-    if (rows <= 16) return launch_decode_rows<Elem, kHeadDim, 16, kCausal>(p, stream);
+    if (rows <= 16) return launch_decode_mma<Elem, kHeadDim, kCausal>(p, stream);
     return launch_decode_rows<Elem, kHeadDim, kRowsLimit, kCausal>(p, stream);
 }
 
