@@ -273,24 +273,23 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
 }
 
 /*
- * Split count for the decode kernel. A decode CTA keeps three 32-key K/V chunks in flight
- * (16 KB each at D=128), so one CTA per SM already holds the ~6 MB in flight that the H100's
- * DRAM needs (3 TB/s x ~2 us loaded latency): B x Hkv >= SMs needs no split, and a split would
- * add a second wave and the combine pass. Below that, cut each (batch, KV head) into enough key
- * ranges for ~2 CTAs per SM, each range at least 2 chunks (64 keys), at most 64 ranges. The
- * short ranges matter at small Sk, where the call is latency-bound: B=1, Hkv=8, Sk=1024 ran
- * 4 splits of 8 chunks in 23.8 us (cuDNN 12.7 us) under the earlier floor of 8 chunks a split.
+ * Split count for the decode kernel. Its CTAs are bandwidth-bound and about three fit on an SM
+ * (D=128: ~70 KB of K/V ring each), so the aim is one full wave: split each (batch, KV head)
+ * into as many key ranges as still fit in SMs x 3 CTAs, never more (a second, partial wave
+ * runs with too few bytes in flight), each range at least 2 chunks (64 keys), at most 64.
+ * B x Hkv >= SMs x 3 / 2 gets no split. History: 4 CTAs per SM with 8-chunk ranges left
+ * B=1, Hkv=8, Sk=1024 at 4 splits (23.8 us, cuDNN 12.7); "no split from one CTA per SM up"
+ * cost a 4-warp kernel half its speed at B=8, Hkv=32 (bench/NOTES.md).
  */
 #define FC_DECODE_CHUNK 32
 #define FC_DECODE_MIN_CHUNKS_PER_SPLIT 2
-#define FC_DECODE_CTAS_PER_SM 2
+#define FC_DECODE_CTAS_PER_SM 3
 #define FC_DECODE_MAX_SPLITS 64
 
 int fc_decode_splits(const fc_params *p, int sm_count) {
     const int64_t ctas = p->batch * p->heads_kv;
-    const int64_t sms = sm_count > 0 ? sm_count : 1;
-    if (ctas >= sms) return 1;
-    int64_t splits = (FC_DECODE_CTAS_PER_SM * sms + ctas - 1) / ctas;
+    const int64_t slots = (int64_t)FC_DECODE_CTAS_PER_SM * (sm_count > 0 ? sm_count : 1);
+    int64_t splits = slots / (ctas > 0 ? ctas : 1);
     const int64_t chunks = (p->seqlen_k + FC_DECODE_CHUNK - 1) / FC_DECODE_CHUNK;
     const int64_t by_length = chunks / FC_DECODE_MIN_CHUNKS_PER_SPLIT;
     if (splits > by_length) splits = by_length;

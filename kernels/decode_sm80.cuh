@@ -294,16 +294,21 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
 // four CTA barriers and walk long dependent FMA chains (only a quarter of them busy with one row),
 // ~3-5 us a chunk, so it needs ~6 CTAs per SM to keep DRAM busy and reached 2.54 TB/s (76% of
 // peak) at B=8, H=32, Sk=8192, D=128. Here the rows (padded to 16) are one m16n8k16 A operand:
-//   * each warp streams its own 16-key steps (warp w takes steps w, w+4, ...) through its own
-//     2-stage cp.async ring, with its own running max/sum and O accumulators; __syncwarp only;
+//   * each warp streams its own 16-key steps (warp w takes steps w, w+2, ...) through its own
+//     4-stage cp.async ring, with its own running max/sum and O accumulators; __syncwarp only;
 //   * S = Q K^T with Q in registers (loaded once) and K from ldmatrix, P V with P re-packed from
 //     the S accumulators and V from ldmatrix.trans (FlashAttention-2's register layout);
-//   * the four warps' (max, sum, O) are merged once at the end through shared memory.
+//   * the two warps' (max, sum, O) are merged once at the end through shared memory.
+// Bytes in flight are what a bandwidth-bound kernel is limited by, and shared memory bounds them:
+// a warp waits for one step while the other kStages - 1 are in flight. Four warps with 2-stage
+// rings (3 CTAs, ~104 KB in flight per SM) reached 2.81 TB/s (84% of peak, ncu) at B=8, H=32,
+// Sk=8192, D=128; two warps with 4-stage rings keep 3/4 of the same smem in flight.
 template <int kHeadDim>
 struct MmaDecodeTraits {
-    static constexpr int kWarps = 4;
+    static constexpr int kWarps = 2;
+    static constexpr int kThreads = kWarps * 32;
     static constexpr int kStepKeys = 16;           // keys per warp step
-    static constexpr int kStages = 2;              // per warp
+    static constexpr int kStages = 4;              // per warp
     static constexpr int kRowElems = kHeadDim + 8; // padded smem row: ldmatrix conflict-free
     static constexpr int kStageElems = 2 * kStepKeys * kRowElems;  // K then V
     static constexpr int kRingBytes = kWarps * kStages * kStageElems * 2;
@@ -315,7 +320,7 @@ struct MmaDecodeTraits {
 };
 
 template <typename Elem, int kHeadDim, bool kCausal>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(MmaDecodeTraits<kHeadDim>::kThreads)
 decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partial_lse) {
     using T = MmaDecodeTraits<kHeadDim>;
     constexpr int kSteps16 = kHeadDim / 16;  // k-steps of S = Q K^T, and 16-column pairs of O
@@ -351,10 +356,14 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
             cp_async_16(smem_addr(v_s + row * T::kRowElems + col), v + key * p.v_stride_s + col, valid);
         }
     };
-    // Warp w's i-th step is the split's step w + 4 i.
+    // Warp w's i-th step is the split's step w + kWarps i. Prologue: its first kStages - 1 steps
+    // (one commit group each, empty past the end).
     const int my_steps = n_steps > warp ? (n_steps - warp + T::kWarps - 1) / T::kWarps : 0;
-    if (my_steps > 0) load_step(warp, 0);
-    cp_async_commit();
+#pragma unroll
+    for (int i = 0; i < T::kStages - 1; ++i) {
+        if (i < my_steps) load_step(warp + i * T::kWarps, i);
+        cp_async_commit();
+    }
 
     // Q as the A operand (rows past `rows` are zero): a0 (row, cols c..c+1), a1 (row + 8),
     // a2 (row, c+8..c+9), a3 (row + 8, c+8..c+9), for c = 16 kk + quad_col.
@@ -394,9 +403,11 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
 
     for (int i = 0; i < my_steps; ++i) {
         const int stage = i % T::kStages;
-        if (i + 1 < my_steps) load_step(warp + (i + 1) * T::kWarps, (i + 1) % T::kStages);
+        // Refill the stage step i - 1 used (all lanes left it at the last __syncwarp).
+        const int ahead = i + T::kStages - 1;
+        if (ahead < my_steps) load_step(warp + ahead * T::kWarps, ahead % T::kStages);
         cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<T::kStages - 1>();
         __syncwarp();  // every lane's pieces of step i are in
         const Elem *k_s = ring + stage * T::kStageElems, *v_s = k_s + T::kStepKeys * T::kRowElems;
 
@@ -465,7 +476,7 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
                 }
             }
         }
-        __syncwarp();  // all lanes are done with this stage before step i + 2 refills it
+        __syncwarp();  // all lanes are done with this stage before it is refilled
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with its ring: the merge scratch overlays it
@@ -492,7 +503,7 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
     __syncthreads();
 
     const float *stats = merge + T::kWarps * 16 * kHeadDim;
-    for (int idx = tid; idx < rows * kHeadDim; idx += kThreads) {
+    for (int idx = tid; idx < rows * kHeadDim; idx += T::kThreads) {
         const int r = idx / kHeadDim, d = idx % kHeadDim;
         float mx = -INFINITY;
 #pragma unroll
@@ -564,12 +575,12 @@ cudaError_t allow_smem(Kernel kernel, int bytes, unsigned long long &configured_
 
 // Launch `kernel` over (splits, Hkv, B), then the combine pass when the keys were split.
 template <typename Elem, int kHeadDim, typename Kernel>
-cudaError_t launch_split_kv(Kernel kernel, int smem_bytes, const fc_params &p, cudaStream_t stream) {
+cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc_params &p, cudaStream_t stream) {
     const int splits = p.num_splits_ > 1 ? p.num_splits_ : 1;
     float *partial_o = static_cast<float *>(p.workspace);
     float *partial_lse = partial_o == nullptr ? nullptr : partial_o + partial_rows(p) * splits * kHeadDim;
     const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
-    kernel<<<grid, kThreads, smem_bytes, stream>>>(p, splits, partial_o, partial_lse);
+    kernel<<<grid, threads, smem_bytes, stream>>>(p, splits, partial_o, partial_lse);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || splits == 1) return err;
     combine_kernel<Elem, kHeadDim><<<static_cast<unsigned>(partial_rows(p)), kHeadDim, 0, stream>>>(
@@ -583,16 +594,16 @@ cudaError_t launch_decode_rows(const fc_params &p, cudaStream_t stream) {
     auto kernel = decode_kernel<Elem, kHeadDim, kMaxRows, kCausal>;
     const int smem = DecodeTraits<kHeadDim, kMaxRows>::kSmemBytes;
     const cudaError_t err = allow_smem(kernel, smem, configured_devices);
-    return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, smem, p, stream);
+    return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, kThreads, smem, p, stream);
 }
 
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_decode_mma(const fc_params &p, cudaStream_t stream) {
     static unsigned long long configured_devices = 0;
     auto kernel = decode_mma_kernel<Elem, kHeadDim, kCausal>;
-    const int smem = MmaDecodeTraits<kHeadDim>::kSmemBytes;
-    const cudaError_t err = allow_smem(kernel, smem, configured_devices);
-    return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, smem, p, stream);
+    using T = MmaDecodeTraits<kHeadDim>;
+    const cudaError_t err = allow_smem(kernel, T::kSmemBytes, configured_devices);
+    return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, T::kThreads, T::kSmemBytes, p, stream);
 }
 
 template <typename Elem, int kHeadDim, bool kCausal>
