@@ -277,9 +277,8 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
  * (D=128: ~70 KB of K/V ring each), so the aim is one full wave: split each (batch, KV head)
  * into as many key ranges as still fit in SMs x 3 CTAs, never more (a second, partial wave
  * runs with too few bytes in flight), each range at least 2 chunks (64 keys), at most 64.
- * B x Hkv >= SMs x 3 / 2 gets no split. History: 4 CTAs per SM with 8-chunk ranges left
- * B=1, Hkv=8, Sk=1024 at 4 splits (23.8 us, cuDNN 12.7); "no split from one CTA per SM up"
- * cost a 4-warp kernel half its speed at B=8, Hkv=32 (bench/NOTES.md).
+ * B x Hkv >= SMs x 3 / 2 gets no split. History (bench/NOTES.md): 8-chunk ranges left B=1,
+ * Hkv=8, Sk=1024 at 4 splits (23.8 us, cuDNN 12.7; now 12.4 us with 2-chunk ranges).
  */
 #define FC_DECODE_CHUNK 32
 #define FC_DECODE_MIN_CHUNKS_PER_SPLIT 2

@@ -294,21 +294,23 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
 // four CTA barriers and walk long dependent FMA chains (only a quarter of them busy with one row),
 // ~3-5 us a chunk, so it needs ~6 CTAs per SM to keep DRAM busy and reached 2.54 TB/s (76% of
 // peak) at B=8, H=32, Sk=8192, D=128. Here the rows (padded to 16) are one m16n8k16 A operand:
-//   * each warp streams its own 16-key steps (warp w takes steps w, w+2, ...) through its own
-//     4-stage cp.async ring, with its own running max/sum and O accumulators; __syncwarp only;
+//   * each warp streams its own 16-key steps (warp w takes steps w, w+4, ...) through its own
+//     2-stage cp.async ring (copies with a 256-byte L2 prefetch hint), with its own running
+//     max/sum and O accumulators; __syncwarp only;
 //   * S = Q K^T with Q in registers (loaded once) and K from ldmatrix, P V with P re-packed from
 //     the S accumulators and V from ldmatrix.trans (FlashAttention-2's register layout);
-//   * the two warps' (max, sum, O) are merged once at the end through shared memory.
-// Bytes in flight are what a bandwidth-bound kernel is limited by, and shared memory bounds them:
-// a warp waits for one step while the other kStages - 1 are in flight. Four warps with 2-stage
-// rings (3 CTAs, ~104 KB in flight per SM) reached 2.81 TB/s (84% of peak, ncu) at B=8, H=32,
-// Sk=8192, D=128; two warps with 4-stage rings keep 3/4 of the same smem in flight.
-template <int kHeadDim>
+//   * the four warps' (max, sum, O) are merged once at the end through shared memory.
+// Chosen by measurement (H100, 23 decode shapes, one run, geomean of time vs cuDNN in the same
+// pass): 4 warps x 2 stages 0.924, + the L2::256B prefetch hint 0.95 (kept), 2 warps x 4 stages
+// 0.900 (0.911 with the hint), 3 warps x 3 stages 0.895 (best only at B=32, H=32: 0.94). More
+// stages keep more of the same shared memory in flight but did not raise DRAM throughput
+// (ncu: 84% of peak for 4x2, 82% for 2x4 at B=8, H=32, Sk=8192, D=128).
+template <int kHeadDim, int kWarps_ = 4, int kStages_ = 2>
 struct MmaDecodeTraits {
-    static constexpr int kWarps = 2;
+    static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = kWarps * 32;
     static constexpr int kStepKeys = 16;           // keys per warp step
-    static constexpr int kStages = 4;              // per warp
+    static constexpr int kStages = kStages_;       // per warp
     static constexpr int kRowElems = kHeadDim + 8; // padded smem row: ldmatrix conflict-free
     static constexpr int kStageElems = 2 * kStepKeys * kRowElems;  // K then V
     static constexpr int kRingBytes = kWarps * kStages * kStageElems * 2;
@@ -319,10 +321,17 @@ struct MmaDecodeTraits {
     static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block");
 };
 
-template <typename Elem, int kHeadDim, bool kCausal>
-__global__ void __launch_bounds__(MmaDecodeTraits<kHeadDim>::kThreads)
+// 16-byte global -> shared copy with an L2 prefetch hint of 256 bytes (zero-fill when !valid).
+__device__ __forceinline__ void cp_async_16_l2_256(uint32_t dst_smem, const void *src_gmem, bool valid) {
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst_smem),
+                 "l"(src_gmem), "r"(src_bytes));
+}
+
+template <typename Elem, int kHeadDim, bool kCausal, int kWarps_ = 4, int kStages_ = 2, bool kL2Hint = true>
+__global__ void __launch_bounds__(MmaDecodeTraits<kHeadDim, kWarps_, kStages_>::kThreads)
 decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partial_lse) {
-    using T = MmaDecodeTraits<kHeadDim>;
+    using T = MmaDecodeTraits<kHeadDim, kWarps_, kStages_>;
     constexpr int kSteps16 = kHeadDim / 16;  // k-steps of S = Q K^T, and 16-column pairs of O
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int split = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
@@ -352,8 +361,13 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
             const int row = item / (kHeadDim / 8), col = (item % (kHeadDim / 8)) * 8;
             const bool valid = key0 + row < key_end;
             const int64_t key = valid ? key0 + row : 0;
-            cp_async_16(smem_addr(k_s + row * T::kRowElems + col), k + key * p.k_stride_s + col, valid);
-            cp_async_16(smem_addr(v_s + row * T::kRowElems + col), v + key * p.v_stride_s + col, valid);
+            if (kL2Hint) {
+                cp_async_16_l2_256(smem_addr(k_s + row * T::kRowElems + col), k + key * p.k_stride_s + col, valid);
+                cp_async_16_l2_256(smem_addr(v_s + row * T::kRowElems + col), v + key * p.v_stride_s + col, valid);
+            } else {
+                cp_async_16(smem_addr(k_s + row * T::kRowElems + col), k + key * p.k_stride_s + col, valid);
+                cp_async_16(smem_addr(v_s + row * T::kRowElems + col), v + key * p.v_stride_s + col, valid);
+            }
         }
     };
     // Warp w's i-th step is the split's step w + kWarps i. Prologue: its first kStages - 1 steps
