@@ -23,7 +23,8 @@
 //   * Persistent: one CTA per SM loops over (query block, head, batch) tiles in snake order.
 //     The Q buffer is released as soon as the last S = Q K^T of a tile completes, so the next
 //     tile's Q and K/V loads run under the current tile's last PV and its epilogue. Causal
-//     calls with more than 32 query blocks per head launch one CTA per tile (see launch_fwd).
+//     calls take a grid that pairs long and short tiles, up to 64 query blocks per head; longer
+//     ones launch one CTA per tile (see launch_fwd).
 //   * Epilogue: each consumer thread normalises its rows and writes them from registers (each
 //     quad of lanes covers 16 contiguous bytes); rows past Sq are skipped.
 //
@@ -582,6 +583,14 @@ inline cudaError_t make_tensor_map(CUtensorMap *map, MapOrder *order, const void
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidPitchValue;
 }
 
+// The largest grid G <= sms for which the snake order gives every CTA complementary causal
+// tiles in consecutive rounds: a tile's rank within its head is t mod m_blocks, and it reverses
+// from one round to the next exactly when m_blocks divides 2 G.
+inline int64_t paired_grid(int64_t m_blocks, int64_t sms) {
+    if (m_blocks % 2 == 0) return (m_blocks / 2) * (2 * sms / m_blocks);
+    return m_blocks * (sms / m_blocks);
+}
+
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     using T = FwdTraits<kHeadDim, kCausal>;
@@ -611,20 +620,30 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
         if (err != cudaSuccess) return err;
         if (device < 64) __atomic_store_n(&sm_count[device], sms, __ATOMIC_RELEASE);
     }
-    // A persistent grid, one CTA per SM (each needs most of an SM's shared memory) looping over
-    // the tiles in snake order (snake_tile), so the next tile's loads overlap the current tile's
-    // tail and the per-CTA setup is paid once. Causal tiles differ in length, and the static
-    // snake schedule balances them only approximately, so causal calls with more than 32 query
-    // blocks per head run one CTA per tile instead (the hardware's block scheduler hands tiles
-    // out as SMs free up). Measured in one A/B run (H100, vs cuDNN in the same pass, causal,
-    // S = 512/1k/2k/4k/8k/16k): D=64 one CTA per tile 0.64/0.69/0.86/0.93/0.99/1.00, persistent
-    // 0.74/0.76/0.92/0.98/0.87/0.95; D=128 0.75/0.84/0.92/0.97/0.98/1.02 vs 0.87/0.95/1.01/1.02/
-    // 0.97/0.73 (at 16k a CTA drew long tiles round after round: 128 blocks per head do not
-    // divide 132 CTAs). Plain round-robin, before the snake order, was 40% slower at D=64 4k.
+    // A persistent grid, about one CTA per SM (each needs most of an SM's shared memory), looping
+    // over the tiles in snake order (snake_tile), so the next tile's loads overlap the current
+    // tile's tail and the per-CTA setup is paid once. Causal tiles differ in length: their grid
+    // is paired_grid(), where consecutive rounds give each CTA complementary tiles, and only up
+    // to 64 query blocks per head; longer causal calls run one CTA per tile (the hardware's block
+    // scheduler hands tiles out as SMs free up). Measured (H100, one run, causal, vs cuDNN in the
+    // same pass, S = 512/1k/2k/4k/8k/16k; two passes for the paired grid):
+    //   one CTA per tile  D=64 0.62/0.69/0.86/0.93/0.97/1.03  D=128 0.75/0.84/0.92/0.98/0.93/1.03
+    //                     D=256 0.81/0.86/0.92/0.98/1.00/1.07
+    //   paired grid       D=64 0.81,0.74/0.76,0.74/0.92,0.93/0.98,0.99/0.98,0.96/1.07,0.99
+    //                     D=128 0.87/0.94/1.01/1.04/1.05,1.03/0.97,0.96
+    //                     D=256 0.83/0.91/1.01/1.07/1.10,1.09/1.04,1.08
+    // At 16k the CTAs drift apart over heads whose K/V (8 MB each at D=128) no longer share L2,
+    // hence the 64-block limit. Before the pairing, 132 CTAs in snake order lost 27% at D=128
+    // 16k (128 blocks per head do not divide 2 x 132), and plain round-robin lost 40% at D=64 4k.
     const int64_t m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
     const int64_t tiles = m_blocks * p.heads_q * p.batch;
-    const bool persistent = !kCausal || m_blocks <= 32;
-    const unsigned grid = static_cast<unsigned>(persistent && tiles > sms ? sms : tiles);
+    int64_t persistent_grid = sms;
+    bool persistent = true;
+    if (kCausal) {
+        persistent_grid = paired_grid(m_blocks, sms);
+        persistent = m_blocks <= 64 && persistent_grid * 10 >= static_cast<int64_t>(sms) * 9;
+    }
+    const unsigned grid = static_cast<unsigned>(persistent && tiles > persistent_grid ? persistent_grid : tiles);
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
     return cudaGetLastError();
 }
