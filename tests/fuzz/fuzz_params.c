@@ -171,6 +171,12 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
     }
     REQUIRE(p->num_splits_ >= 1 && p->num_splits_ <= 64);
     if (p->num_splits_ > 1) REQUIRE(family == FC_FAMILY_DECODE && p->workspace != NULL);
+    /* Split-KV promises (c_src/dispatch.c): one wave of 132 SMs x 3 CTAs at most, and every key
+     * range at least 2 chunks of 32 keys. */
+    if (p->num_splits_ > 1) {
+        REQUIRE(p->batch * p->heads_kv * p->num_splits_ <= 3 * 132);
+        REQUIRE(p->num_splits_ * 2 <= (p->seqlen_k + 31) / 32);
+    }
     if (family == FC_FAMILY_DECODE) REQUIRE(decode_takes(p));
     REQUIRE(p->head_dim == head_dim && p->dtype == dtype);
     REQUIRE(p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80);
@@ -630,6 +636,51 @@ static void check_contiguous(reader *r, fc_params *p) {
                      (Sq + 63) / 64 * Hq * B <= INT32_MAX;
     if (aligned_rows && fits) REQUIRE(s == FC_OK);
     if (s != FC_OK) REQUIRE(s == FC_ERR_STRIDE_ALIGNMENT || s == FC_ERR_OFFSET_OVERFLOW);
+}
+
+/* c_src/dispatch.h (internal; this target is built from c_src's sources). */
+int fc_decode_splits(const fc_params *p, int sm_count);
+
+/*
+ * The split-KV heuristic's promises over a grid of shapes, once per run: the fuzzer rarely
+ * reaches a decode call with a long Sk, few (batch, KV head) pairs and a workspace. At most
+ * one wave of SMs x 3 CTAs, every key range at least 2 chunks of 32 keys, at most 64 ranges.
+ */
+static void check_split_heuristic(void) {
+    static const int64_t kSeqlenK[] = {1, 31, 32, 63, 64, 65, 1000, 4096, 32768, 131072, (int64_t)1 << 30};
+    static const int kSms[] = {0, 1, 58, 132, 144};
+    fc_params p;
+    g_current = &p;
+    for (int64_t ctas = 1; ctas <= 1000; ctas += ctas < 64 ? 1 : 37) {
+        for (size_t i = 0; i < sizeof kSeqlenK / sizeof kSeqlenK[0]; ++i) {
+            for (size_t j = 0; j < sizeof kSms / sizeof kSms[0]; ++j) {
+                fc_params_init(&p);
+                p.batch = ctas % 2 ? ctas : 2;  /* B x Hkv = ctas either way */
+                p.heads_kv = ctas % 2 ? 1 : ctas / 2;
+                p.heads_q = p.heads_kv * 4;
+                p.seqlen_q = 1;
+                p.seqlen_k = kSeqlenK[i];
+                p.head_dim = 128;
+                const int sms = kSms[j] > 0 ? kSms[j] : 1;
+                const int splits = fc_decode_splits(&p, kSms[j]);
+                REQUIRE(splits >= 1 && splits <= 64);
+                if (splits > 1) {
+                    REQUIRE(ctas * splits <= 3 * (int64_t)sms);
+                    REQUIRE(splits * 2 <= (p.seqlen_k + 31) / 32);
+                }
+                /* It does split a call that leaves most of the wave empty and has the keys. */
+                if (ctas * 2 <= 3 * (int64_t)sms && p.seqlen_k >= 4 * 32) REQUIRE(splits >= 2);
+            }
+        }
+    }
+    g_current = NULL;
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    check_split_heuristic();
+    return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
