@@ -238,6 +238,11 @@ def _cases():
         for hkv in (1, 2, 8):
             cases.append(Case(fp16, 64, True, 127, 1000, Hkv=hkv, ratio=ratio, B=1))
             cases.append(Case(bf16, 128, False, 1000, 127, Hkv=hkv, ratio=ratio, B=1))
+    # The decode kernel's 17-32-row path (CUDA cores; <= 16 rows take the tensor-core one):
+    # MQA 32:1 at Sq = 1, GQA 8:1 with Sq = 3 and 4 (speculative steps), causal or not.
+    cases.append(Case(fp16, 128, False, 1, 1000, Hkv=1, ratio=32))
+    cases.append(Case(bf16, 64, True, 3, 777, Hkv=2, ratio=8))
+    cases.append(Case(fp16, 128, True, 4, 4097, Hkv=1, ratio=8, B=1))
     # Non-contiguous layouts.
     for layout in ("bshd", "sliced"):
         for dt in (fp16, bf16):

@@ -448,6 +448,9 @@ int main(void) {
         {1, 4, 1, 3, 3000, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
         {1, 32, 4, 2, 777, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0},
         {3, 2, 2, 16, 100, 64, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        /* 17-32 rows per KV head: the CUDA-core decode kernel (MQA 32:1; GQA 8:1 x Sq = 3) */
+        {1, 32, 1, 1, 2049, 128, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        {2, 16, 2, 3, 500, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
         /* attn_mask (sm80 family under AUTO too): every copy path, ragged Sq/Sk, GQA, causal */
         {2, 4, 2, 100, 256, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
         {1, 4, 1, 77, 1000, 128, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
