@@ -33,6 +33,7 @@ import torch
 _lib = torch.library.Library("flashcore", "FRAGMENT")  # kept alive: owns the registrations
 
 _SDPA = torch.ops.flashcore.sdpa.default
+_SDPA_HANDLE = _SDPA._handle  # the C++ operator handle: redispatch_boxed without a Python frame
 _SDPA_FWD = torch.ops.flashcore.sdpa_fwd.default
 EXPLAIN = torch.ops.flashcore.explain.default
 
@@ -352,10 +353,17 @@ def _sdpa_autograd(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_
                 enable_gqa=enable_gqa).contiguous()
         return _SDPA_FWD(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                          enable_gqa=enable_gqa)[0]
-    with torch._C._AutoDispatchBelowAutograd():
-        return _SDPA.redispatch(keyset & torch._C._after_autograd_keyset, query, key, value,
-                                attn_mask, dropout_p, is_causal, scale=scale,
-                                enable_gqa=enable_gqa)
+    # No gradient to record: straight to the kernels below Autograd. This runs on every
+    # inference call, so it avoids what costs Python time and is not needed here (CPU, per
+    # call): OpOverload.redispatch's extra frame, keyword arguments left at their defaults, and
+    # an _AutoDispatchBelowAutograd guard (with no input requiring grad, or grad mode off, the
+    # kernels' nested aten calls record nothing anyway).
+    below = keyset & torch._C._after_autograd_keyset
+    if scale is None and not enable_gqa:
+        return _SDPA_HANDLE.redispatch_boxed(below, query, key, value, attn_mask, dropout_p,
+                                             is_causal)
+    return _SDPA_HANDLE.redispatch_boxed(below, query, key, value, attn_mask, dropout_p, is_causal,
+                                         scale=scale, enable_gqa=enable_gqa)
 
 
 _lib.impl("sdpa", _sdpa_autograd, "Autograd", with_keyset=True)
