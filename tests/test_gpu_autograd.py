@@ -64,6 +64,17 @@ def grads(fn, inputs, grad_out):
     return out, torch.autograd.grad(out, inputs, grad_out)
 
 
+def pytorch_grads(inputs, grad_out, **kw):
+    """PyTorch's own gradients of the same call: in the inputs' dtype (its low-precision error
+    sets the tolerance) and in float32 on the math backend (the reference)."""
+    fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw)  # noqa: E731
+    _, low = grads(fn, inputs, grad_out)
+    inputs32 = tuple(t.detach().float().requires_grad_() for t in inputs)
+    with sdpa_kernel(SDPBackend.MATH):
+        _, ref32 = grads(fn, inputs32, grad_out.float())
+    return low, ref32
+
+
 def assert_grads_within_rule(got, low, ref32, dtype, what):
     for name, g, lp, r in zip(("dq", "dk", "dv", "dmask"), got, low, ref32):
         assert g.shape == r.shape and g.dtype == lp.dtype, f"{what} {name}: shape/dtype"
@@ -115,12 +126,7 @@ def test_kernel_grads(dtype, D, causal, shape):
     assert out.grad_fn is not None
     if KERNEL_CARD:
         assert_backward_kernel(grad_out, q, k, v, **kw)
-    _, low = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw), (q, k, v),
-                   grad_out)
-    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    with sdpa_kernel(SDPBackend.MATH):
-        _, ref32 = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw),
-                         (q32, k32, v32), grad_out.float())
+    low, ref32 = pytorch_grads((q, k, v), grad_out, **kw)
     assert_grads_within_rule(got, low, ref32, dtype, f"{shape} D={D} causal={causal}")
 
 
@@ -138,12 +144,7 @@ def test_kernel_grads_noncontiguous(dtype, D, causal):
     if KERNEL_CARD:
         assert_backward_kernel(grad_out, q, k, v, **kw)
     _, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
-    _, low = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw), (q, k, v),
-                   grad_out)
-    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    with sdpa_kernel(SDPBackend.MATH):
-        _, ref32 = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw),
-                         (q32, k32, v32), grad_out.float())
+    low, ref32 = pytorch_grads((q, k, v), grad_out, **kw)
     assert_grads_within_rule(got, low, ref32, dtype, f"bshd D={D} causal={causal}")
 
 
@@ -256,12 +257,8 @@ def test_grads_head_dims_without_backward_kernel(D, dtype, monkeypatch):
     path = flashcore.explain_backward(grad_out, q, k, v, out, lse, None, True, None, True)
     assert path != "kernel sm80", path
     fn = lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, is_causal=True, enable_gqa=True)  # noqa: E731
-    ref_fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True)  # noqa: E731
     _, got = grads(fn, (q, k, v), grad_out)
-    _, low = grads(ref_fn, (q, k, v), grad_out)
-    inputs32 = tuple(t.detach().float().requires_grad_() for t in (q, k, v))
-    with sdpa_kernel(SDPBackend.MATH):
-        _, ref32 = grads(ref_fn, inputs32, grad_out.float())
+    low, ref32 = pytorch_grads((q, k, v), grad_out, is_causal=True, enable_gqa=True)
     assert_grads_within_rule(got, low, ref32, dtype, f"D={D}")
 
 
