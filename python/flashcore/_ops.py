@@ -358,12 +358,9 @@ def _sdpa_autograd(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_
     # call): OpOverload.redispatch's extra frame, keyword arguments left at their defaults, and
     # an _AutoDispatchBelowAutograd guard (with no input requiring grad, or grad mode off, the
     # kernels' nested aten calls record nothing anyway).
-    below = keyset & torch._C._after_autograd_keyset
-    if scale is None and not enable_gqa:
-        return _SDPA_HANDLE.redispatch_boxed(below, query, key, value, attn_mask, dropout_p,
-                                             is_causal)
-    return _SDPA_HANDLE.redispatch_boxed(below, query, key, value, attn_mask, dropout_p, is_causal,
-                                         scale=scale, enable_gqa=enable_gqa)
+    kw = {} if scale is None and not enable_gqa else dict(scale=scale, enable_gqa=enable_gqa)
+    return _SDPA_HANDLE.redispatch_boxed(keyset & torch._C._after_autograd_keyset, query, key,
+                                         value, attn_mask, dropout_p, is_causal, **kw)
 
 
 _lib.impl("sdpa", _sdpa_autograd, "Autograd", with_keyset=True)
