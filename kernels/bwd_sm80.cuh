@@ -82,6 +82,32 @@ __host__ __device__ inline int64_t workspace_rows(const fc_bwd_params &p) {
 
 // ---- 1. delta = rowsum(dO * O) - dLSE, LSE in base 2 -------------------------------------------
 // kHeadDim / 8 threads per row, each reading 16 bytes of dO and of O.
+// acc (this warp's 16 rows x 8 kDTiles columns) += A B. A (16 x 16 kSteps) is held in mma
+// accumulator layout, a[2 kk] and a[2 kk + 1] covering its columns 16 kk .. 16 kk + 15, and is
+// repacked to 16-bit A fragments in registers (FlashAttention-2's reuse of S as an operand); B's
+// 16 kSteps rows come from a swizzled shared tile, transposed by ldmatrix.trans. This is each
+// pass's second product: dQ += dS K, dV += P^T dO, dK += dS^T Q.
+template <typename Elem, int kSteps, int kDTiles, int kChunks>
+__device__ __forceinline__ void acc_times_tile(float (&acc)[kDTiles][4], const float (&a)[2 * kSteps][4],
+                                               const Elem *tile, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+        uint32_t af[4];
+        af[0] = pack2<Elem>(a[2 * kk][0], a[2 * kk][1]);
+        af[1] = pack2<Elem>(a[2 * kk][2], a[2 * kk][3]);
+        af[2] = pack2<Elem>(a[2 * kk + 1][0], a[2 * kk + 1][1]);
+        af[3] = pack2<Elem>(a[2 * kk + 1][2], a[2 * kk + 1][3]);
+#pragma unroll
+        for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
+            uint32_t bf[4];
+            const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            ldmatrix_x4_trans(bf, smem_addr(tile + swizzled<kChunks>(r, dp2 * 2 + (lane >> 4))));
+            mma_16816<Elem>(acc[2 * dp2], af, bf[0], bf[1]);
+            mma_16816<Elem>(acc[2 * dp2 + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
 template <typename Elem, int kHeadDim>
 __global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
     constexpr int kThreadsPerRow = kHeadDim / 8;
@@ -256,23 +282,8 @@ dq_kernel(const fc_bwd_params p) {
                 s[j][e] = fast_exp2(x) * (dp[j][e] - delta[h]);  // dS (scale applied at the end)
             }
 
-        // ---- dQ += dS K: dS's accumulator layout is the A fragment; K^T via ldmatrix.trans ----
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            uint32_t af[4];
-            af[0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
-            af[1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
-            af[2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            af[3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-            for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
-                uint32_t kf[4];
-                const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                ldmatrix_x4_trans(kf, smem_addr(k_tile + swizzled<kChunks>(r, dp2 * 2 + (lane >> 4))));
-                mma_16816<Elem>(dq_acc[2 * dp2], af, kf[0], kf[1]);
-                mma_16816<Elem>(dq_acc[2 * dp2 + 1], af, kf[2], kf[3]);
-            }
-        }
+        // ---- dQ += dS K ----
+        acc_times_tile<Elem, kBlockN / 16, kDTiles, kChunks>(dq_acc, s, k_tile, lane);
         __syncthreads();  // the next iteration's prefetch overwrites this stage
     }
 
@@ -444,23 +455,8 @@ dkdv_kernel(const fc_bwd_params p) {
             }
         }
 
-        // ---- dV += P^T dO: P^T's accumulator layout is the A fragment; dO via ldmatrix.trans ----
-#pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk) {
-            uint32_t pf[4];
-            pf[0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
-            pf[1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
-            pf[2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pf[3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-            for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
-                uint32_t bf[4];
-                const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                ldmatrix_x4_trans(bf, smem_addr(do_tile + swizzled<kChunks>(r, dp2 * 2 + (lane >> 4))));
-                mma_16816<Elem>(dv_acc[2 * dp2], pf, bf[0], bf[1]);
-                mma_16816<Elem>(dv_acc[2 * dp2 + 1], pf, bf[2], bf[3]);
-            }
-        }
+        // ---- dV += P^T dO ----
+        acc_times_tile<Elem, kBlockM / 16, kDTiles, kChunks>(dv_acc, s, do_tile, lane);
 
         // ---- dP^T = V dO^T: this warp's V rows are the A operand, dO rows the B operand ----
         float dp[kMTiles][4];
@@ -491,22 +487,7 @@ dkdv_kernel(const fc_bwd_params p) {
         }
 
         // ---- dK += dS^T Q (scale applied at the end) ----
-#pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk) {
-            uint32_t af[4];
-            af[0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
-            af[1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
-            af[2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            af[3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-            for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
-                uint32_t bf[4];
-                const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                ldmatrix_x4_trans(bf, smem_addr(q_tile + swizzled<kChunks>(r, dp2 * 2 + (lane >> 4))));
-                mma_16816<Elem>(dk_acc[2 * dp2], af, bf[0], bf[1]);
-                mma_16816<Elem>(dk_acc[2 * dp2 + 1], af, bf[2], bf[3]);
-            }
-        }
+        acc_times_tile<Elem, kBlockM / 16, kDTiles, kChunks>(dk_acc, s, q_tile, lane);
         __syncthreads();  // the next iteration's prefetch overwrites this stage
     }
 

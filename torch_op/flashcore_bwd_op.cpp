@@ -31,9 +31,6 @@
 #include "flashcore.h"
 #include "op_common.h"
 
-extern "C" AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_index,
-                                                             void** ret_stream);
-
 namespace {
 
 using flashcore_op::compute_capability;

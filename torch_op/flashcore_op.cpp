@@ -45,10 +45,6 @@
 #include "flashcore.h"
 #include "op_common.h"
 
-// Declared in aoti_torch/c/shim.h only under USE_CUDA; exported by libtorch_cuda since 2.x.
-extern "C" AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_index,
-                                                             void** ret_stream);
-
 namespace {
 
 using flashcore_op::compute_capability;

@@ -13,6 +13,10 @@
 #include <utility>
 #include <vector>
 
+// Declared in aoti_torch/c/shim.h only under USE_CUDA; exported by libtorch_cuda since 2.x.
+extern "C" AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_index,
+                                                             void** ret_stream);
+
 namespace flashcore_op {
 
 // Like STD_TORCH_CHECK (throws std::runtime_error, which the dispatcher turns into a Python
