@@ -303,3 +303,23 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits) {
     const int64_t lse_bytes = rows * splits * 4;
     return (o_bytes + lse_bytes + 15) / 16 * 16;
 }
+
+/*
+ * Split-KV for the Hopper family's small grids (kernels/fwd_sm90.cuh, finish_split_rows). A
+ * tile's CTA runs its key tiles one after another, so a grid of a few dozen tiles (B=1 H=8
+ * S=512: 24 CTAs on 132 SMs) takes as long as one tile's whole key loop. Cutting each tile's
+ * keys into s ranges run by a cluster of s CTAs shortens that loop s-fold for the price of one
+ * merge through distributed shared memory. Only grids that fill at most half the SMs are cut;
+ * the largest s <= max_splits is taken whose clusters all fit in one wave, with at least
+ * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT key tiles per range (a range of one tile leaves no loads
+ * to overlap with the math).
+ */
+#define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT 2
+
+int fc_prefill_splits(int64_t tiles, int64_t key_tiles, const int *wave_ctas, int max_splits) {
+    if (tiles <= 0 || wave_ctas == NULL || tiles * 2 > wave_ctas[1]) return 1;
+    int best = 1;
+    for (int s = 2; s <= max_splits; ++s)
+        if (tiles * s <= wave_ctas[s] && key_tiles >= (int64_t)s * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT) best = s;
+    return best;
+}

@@ -28,6 +28,13 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
 int fc_decode_splits(const fc_params *p, int sm_count);
 int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
 
+/*
+ * Split-KV for the Hopper family's small grids: into how many key ranges (one cluster of CTAs
+ * per tile) to cut each of `tiles` (query block, head, batch) tiles of up to `key_tiles` key
+ * tiles, given wave_ctas[s] = the CTAs that run at once in clusters of s, s = 1..max_splits.
+ */
+int fc_prefill_splits(int64_t tiles, int64_t key_tiles, const int *wave_ctas, int max_splits);
+
 /* For c_src/bwd.c (defined in flashcore.c): the current device's compute capability and SM
  * count (cached), the thread's last CUDA error, and the stride / alignment / offset checks of
  * one (B, H, S, D) operand as fc_params_validate applies them. */

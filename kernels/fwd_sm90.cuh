@@ -36,12 +36,14 @@
 
 #include "common/sm80_ptx.cuh"
 #include "common/wgmma_generated.cuh"
+#include "dispatch.h"
 #include "flashcore.h"
 
 #include <cuda.h>
 #include <cuda/ptx>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
 #include <type_traits>
 
 namespace flashcore {
@@ -183,10 +185,101 @@ __device__ __forceinline__ Tile decode_tile(int t, int m_blocks, int heads) {
 // long tile in one round draws a short one in the next; plain round-robin gave CTA c the same
 // block length every round whenever the blocks per head divide the grid (40% slower, see
 // launch_fwd). Returns n_tiles when the CTA has no tile in this round (and in no later one).
-__device__ __forceinline__ int snake_tile(int round, int n_tiles) {
-    const int in_round = (round & 1) ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
-    const long long t = static_cast<long long>(round) * gridDim.x + in_round;
+// With a KV split the grid is made of clusters of `splits` CTAs that share each tile, so the
+// order goes over clusters (slots) instead of CTAs.
+__device__ __forceinline__ int snake_tile(int round, int n_tiles, int splits) {
+    const int slots = static_cast<int>(gridDim.x) / splits, slot = static_cast<int>(blockIdx.x) / splits;
+    const int in_round = (round & 1) ? slots - 1 - slot : slot;
+    const long long t = static_cast<long long>(round) * slots + in_round;
     return t < n_tiles ? static_cast<int>(t) : n_tiles;
+}
+
+// ---- Split-KV for small grids (see launch_fwd) ----
+// A cluster of `splits` CTAs shares one tile: CTA `rank` runs its share of the key tiles, leaves
+// its unnormalised O (fp32, relative to its own row maxima) and each row's (max, sum) in its
+// shared memory, and after a cluster barrier finalises 1/splits of the block's rows from every
+// CTA's partials, read through distributed shared memory. No workspace, no second kernel.
+constexpr int kMaxKvSplits = 8;  // the portable cluster size
+
+// Partials in the (then idle) K/V ring: O rows padded by 8 floats, so the float2 stores of a
+// warp's 8 rows spread over all banks (2 wavefronts for 256 bytes, the minimum).
+template <int kHeadDim, int kBlockM>
+struct SplitPartials {
+    static constexpr int kOPitch = kHeadDim + 8;  // floats
+    static constexpr int kBytes = kBlockM * kOPitch * 4 + kBlockM * 8;  // O, then (max, sum) per row
+};
+
+__device__ __forceinline__ uint32_t cluster_peer_addr(uint32_t local_addr, uint32_t rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
+    return remote;
+}
+__device__ __forceinline__ float2 ld_cluster_f2(uint32_t addr) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ void cluster_sync_all() {
+    ptx::barrier_cluster_arrive(ptx::sem_release);
+    ptx::barrier_cluster_wait(ptx::sem_acquire);
+}
+
+// Rows [rank * R, rank * R + R) of the block, R = ceil(kBlockM / splits): O = sum_j w_j O_j / L
+// and LSE = (M + log2 L) ln 2 with M = max_j m_j, w_j = 2^(m_j - M), L = sum_j w_j l_j (m in
+// base-2 units). A CTA whose key range was empty, or whose keys a row could not see, left
+// m = -inf, l = 0, O = 0 for it and gets weight 0.
+template <typename Elem, int kHeadDim, int kBlockM>
+__device__ __forceinline__ void finish_split_rows(uint32_t part_addr, int rank, int splits, int tid, int n_threads,
+                                                  int m_block, int head, int batch, const fc_params &p) {
+    using SP = SplitPartials<kHeadDim, kBlockM>;
+    constexpr int kQuads = kHeadDim / 4;  // float4 columns per row
+    const uint32_t ml_addr = part_addr + kBlockM * SP::kOPitch * 4;
+    const int rows_per_rank = (kBlockM + splits - 1) / splits;
+    const int row_begin = rank * rows_per_rank;
+    const int row_end = min(kBlockM, row_begin + rows_per_rank);
+    const int seqlen_q = static_cast<int>(p.seqlen_q);
+    Elem *out = static_cast<Elem *>(p.out) + batch * p.o_stride_b + head * p.o_stride_h;
+    for (int item = tid; item < (row_end - row_begin) * kQuads; item += n_threads) {
+        const int r = row_begin + item / kQuads;
+        const int col = (item % kQuads) * 4;
+        const int row = m_block * kBlockM + r;
+        if (row >= seqlen_q) continue;
+        float2 ml[kMaxKvSplits];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kMaxKvSplits; ++j)
+            if (j < splits) {
+                ml[j] = ld_cluster_f2(cluster_peer_addr(ml_addr + r * 8, j));
+                mx = fmaxf(mx, ml[j].x);
+            }
+        float sum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < kMaxKvSplits; ++j)
+            if (j < splits) {
+                const float w = ml[j].x == -INFINITY ? 0.f : exp2f(ml[j].x - mx);
+                sum += w * ml[j].y;
+                const float4 o = ld_cluster_f4(cluster_peer_addr(part_addr + (r * SP::kOPitch + col) * 4, j));
+                acc[0] += w * o.x;
+                acc[1] += w * o.y;
+                acc[2] += w * o.z;
+                acc[3] += w * o.w;
+            }
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        Elem *dst = out + row * p.o_stride_s + col;
+        *reinterpret_cast<uint32_t *>(dst) = pack2<Elem>(acc[0] * inv, acc[1] * inv);
+        *reinterpret_cast<uint32_t *>(dst + 2) = pack2<Elem>(acc[2] * inv, acc[3] * inv);
+        if (col == 0 && p.lse != nullptr)
+            p.lse[batch * p.lse_stride_b + head * p.lse_stride_h + row * p.lse_stride_s] =
+                (mx + __log2f(sum)) * 0.6931471805599453f;
+    }
 }
 
 template <typename Elem, int kHeadDim, bool kCausal>
@@ -219,6 +312,18 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         if (kCausal) n = min(n, (min((m_block + 1) * kBlockM, seqlen_q) - 1) / kBlockN + 1);
         return n;
     };
+    // KV split (launch_fwd): this CTA's rank in its cluster of `splits` takes key tiles
+    // [first, end) of its query block; without a split, all of them. A range may be empty
+    // (more splits than key tiles, e.g. the first causal blocks).
+    const int splits = static_cast<int>(ptx::get_sreg_cluster_nctarank());
+    const int rank = static_cast<int>(ptx::get_sreg_cluster_ctarank());
+    struct KeyRange {
+        int first, end;
+    };
+    auto key_range = [&](int m_block) {
+        const int n = key_tiles(m_block);
+        return KeyRange{n * rank / splits, n * (rank + 1) / splits};
+    };
 
     const int warpgroup = threadIdx.x / 128;
     const int lane = threadIdx.x % 32;
@@ -242,20 +347,22 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         if (threadIdx.x != 0) return;
         int32_t c[4];
         int kv_iter = 0;  // K/V tiles loaded so far by this CTA: ring stage and phase
-        int local = 0;    // tiles taken by this CTA: Q buffer phase
-        for (int t = snake_tile(0, n_tiles); t < n_tiles; t = snake_tile(++local, n_tiles)) {
+        int q_loads = 0;  // Q tiles loaded so far by this CTA: Q buffer phase
+        int local = 0;    // tiles taken by this CTA
+        for (int t = snake_tile(0, n_tiles, splits); t < n_tiles; t = snake_tile(++local, n_tiles, splits)) {
             const Tile tile = decode_tile(t, m_blocks, heads_q);
             const int head_kv = tile.head / group;
+            const KeyRange keys = key_range(tile.m_block);
+            if (keys.first == keys.end) continue;  // nothing to load (the consumers skip it too)
             // The Q buffer frees once every consumer warp has issued its last S = Q K^T.
-            wait_barrier(&bars.q_empty, (local & 1) ^ 1);
+            wait_barrier(&bars.q_empty, (q_loads++ & 1) ^ 1);
             ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars.q_full,
                                            T::kQBytes);
             for (int panel = 0; panel < T::kPanels; ++panel) {
                 set_coords(c, maps.q_order, panel * 64, tile.m_block * kBlockM, tile.head, tile.batch);
                 tma_load(smem_q + panel * T::kQPanelBytes, &maps.q, c, &bars.q_full);
             }
-            const int n_blocks = key_tiles(tile.m_block);
-            for (int n = 0; n < n_blocks; ++n, ++kv_iter) {
+            for (int n = keys.first; n < keys.end; ++n, ++kv_iter) {
                 const int stage = kv_iter % kStages;
                 const uint32_t phase = (kv_iter / kStages) & 1;
                 wait_barrier(&bars.k_empty[stage], phase ^ 1);  // the first round passes at once
@@ -365,10 +472,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
     };
 
+    int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
     int local = 0;
-    for (int t = snake_tile(0, n_tiles); t < n_tiles; t = snake_tile(++local, n_tiles)) {
+    for (int t = snake_tile(0, n_tiles, splits); t < n_tiles; t = snake_tile(++local, n_tiles, splits)) {
         const Tile tile = decode_tile(t, m_blocks, heads_q);
-        const int n_blocks = key_tiles(tile.m_block);
+        const KeyRange keys = key_range(tile.m_block);
+        const int n_blocks = keys.end - keys.first;  // key tiles this CTA runs for the tile
         const int wg_row0 = tile.m_block * kBlockM + consumer * 64;  // first query row of this WG
         const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;    // this thread's first row
 
@@ -443,41 +552,44 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         row_sum[0] = row_sum[1] = 0.f;
         float rescale[2];
         int section = 0;
-        if (consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-        wait_barrier(&bars.q_full, local & 1);
+        // The whole CTA agrees on n_blocks: with an empty key range it loads and runs nothing.
+        if (n_blocks > 0) {
+            if (consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+            wait_barrier(&bars.q_full, q_loads++ & 1);
 
-        wait_turn();
-        issue_qk(kv_iter);
-        pass_turn(++section == n_blocks + 1);
-        wgmma_wait<0>();
-        fence_registers(s);
-        release(&bars.k_empty[kv_iter % kStages]);
-        if (n_blocks == 1) release(&bars.q_empty);  // last use of Q in this tile
-        softmax(0, rescale);  // O is still zero: nothing to rescale
-        convert_p();
-        for (int n = 1; n < n_blocks; ++n) {
             wait_turn();
-            issue_qk(kv_iter + n);
-            issue_pv(kv_iter + n - 1);
+            issue_qk(kv_iter);
             pass_turn(++section == n_blocks + 1);
-            wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
+            wgmma_wait<0>();
             fence_registers(s);
-            release(&bars.k_empty[(kv_iter + n) % kStages]);
-            if (n == n_blocks - 1) release(&bars.q_empty);
-            softmax(n, rescale);
+            release(&bars.k_empty[kv_iter % kStages]);
+            if (n_blocks == 1) release(&bars.q_empty);  // last use of Q in this tile
+            softmax(keys.first, rescale);  // O is still zero: nothing to rescale
+            convert_p();
+            for (int n = 1; n < n_blocks; ++n) {
+                wait_turn();
+                issue_qk(kv_iter + n);
+                issue_pv(kv_iter + n - 1);
+                pass_turn(++section == n_blocks + 1);
+                wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
+                fence_registers(s);
+                release(&bars.k_empty[(kv_iter + n) % kStages]);
+                if (n == n_blocks - 1) release(&bars.q_empty);
+                softmax(keys.first + n, rescale);
+                wgmma_wait<0>();
+                fence_registers(o_acc);
+                release(&bars.v_empty[(kv_iter + n - 1) % kStages]);
+                rescale_o(rescale);
+                convert_p();
+            }
+            wait_turn();
+            issue_pv(kv_iter + n_blocks - 1);
+            pass_turn(++section == n_blocks + 1);
             wgmma_wait<0>();
             fence_registers(o_acc);
-            release(&bars.v_empty[(kv_iter + n - 1) % kStages]);
-            rescale_o(rescale);
-            convert_p();
+            release(&bars.v_empty[(kv_iter + n_blocks - 1) % kStages]);
+            kv_iter += n_blocks;
         }
-        wait_turn();
-        issue_pv(kv_iter + n_blocks - 1);
-        pass_turn(++section == n_blocks + 1);
-        wgmma_wait<0>();
-        fence_registers(o_acc);
-        release(&bars.v_empty[(kv_iter + n_blocks - 1) % kStages]);
-        kv_iter += n_blocks;
 
         // ---- epilogue: normalise, write O from registers (Q's buffer is already refilling) ----
         float inv_sum[2];
@@ -488,6 +600,30 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             sum += __shfl_xor_sync(0xffffffff, sum, 2);
             row_sum[h] = sum;
             inv_sum[h] = 1.f / sum;
+        }
+        if (splits > 1) {
+            // Leave this CTA's partials in the K/V ring, once every consumer warpgroup is past
+            // its last P V (the producer has nothing in flight: each loaded tile was consumed).
+            using SP = SplitPartials<kHeadDim, kBlockM>;
+            static_assert(SP::kBytes <= 2 * kStages * T::kKVTileBytes, "split partials must fit the K/V ring");
+            asm volatile("bar.sync %0, %1;\n" ::"r"(kW + 1), "n"(128 * kW) : "memory");
+            float *part_o = reinterpret_cast<float *>(smem_k);
+            float2 *part_ml = reinterpret_cast<float2 *>(part_o + kBlockM * SP::kOPitch);
+            const int r0 = consumer * 64 + warp_in_wg * 16 + row_in_warp;  // row within the block
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float *dst = part_o + (r0 + 8 * h) * SP::kOPitch + col_in_tile;
+#pragma unroll
+                for (int d = 0; d < kDTiles; ++d)
+                    *reinterpret_cast<float2 *>(dst + d * 8) = make_float2(o_acc[d * 4 + 2 * h], o_acc[d * 4 + 2 * h + 1]);
+                if ((lane % 4) == 0)
+                    part_ml[r0 + 8 * h] = make_float2(row_max[h] == -INFINITY ? -INFINITY : row_max[h] * scale_log2, row_sum[h]);
+            }
+            cluster_sync_all();  // every CTA's partials are written
+            finish_split_rows<Elem, kHeadDim, kBlockM>(smem_addr(part_o), rank, splits, threadIdx.x - 128, 128 * kW,
+                                                       tile.m_block, tile.head, tile.batch, p);
+            cluster_sync_all();  // no CTA leaves (freeing its shared memory) while a peer reads it
+            continue;
         }
         if (p.lse != nullptr && (lane % 4) == 0) {
 #pragma unroll
@@ -637,6 +773,61 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     // 16k (128 blocks per head do not divide 2 x 132), and plain round-robin lost 40% at D=64 4k.
     const int64_t m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
     const int64_t tiles = m_blocks * p.heads_q * p.batch;
+
+    // Split-KV for grids that leave most SMs idle (B=1 prefill, a chunk of queries against a
+    // cache): clusters of `splits` CTAs share each tile's key tiles and merge through
+    // distributed shared memory (finish_split_rows). How many: fc_prefill_splits in
+    // c_src/dispatch.c, from the CTAs that fit at once in clusters of each size (clusters must
+    // sit inside one GPC, so fewer fit than SMs). FLASHCORE_KV_SPLITS=1..8 forces a split count
+    // (for A/B runs and the tests' split-independence checks).
+    int splits = 1;
+    const char *forced = getenv("FLASHCORE_KV_SPLITS");
+    if (forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits && forced[1] == '\0') {
+        splits = forced[0] - '0';
+    } else if (tiles * 2 <= sms) {
+        // CTAs that run at once in clusters of s (s = 1..8), per device, queried once.
+        static int wave_ctas[64][kMaxKvSplits + 1];
+        static int wave_known[64];
+        int uncached[kMaxKvSplits + 1] = {0};
+        int *wave = device < 64 ? wave_ctas[device] : uncached;
+        if (device >= 64 || !__atomic_load_n(&wave_known[device], __ATOMIC_ACQUIRE)) {
+            for (int s = 1; s <= kMaxKvSplits; ++s) {
+                cudaLaunchConfig_t cfg = {};
+                cudaLaunchAttribute cluster;
+                cluster.id = cudaLaunchAttributeClusterDimension;
+                cluster.val.clusterDim.x = static_cast<unsigned>(s);
+                cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+                cfg.gridDim = dim3(static_cast<unsigned>(s));
+                cfg.blockDim = dim3(T::kThreads);
+                cfg.dynamicSmemBytes = T::kSmemBytes;
+                cfg.attrs = &cluster;
+                cfg.numAttrs = 1;
+                int clusters = 0;
+                if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+                    (void)cudaGetLastError();  // not sticky; this size is simply never chosen
+                    clusters = 0;
+                }
+                wave[s] = clusters * s;
+            }
+            if (device < 64) __atomic_store_n(&wave_known[device], 1, __ATOMIC_RELEASE);
+        }
+        splits = fc_prefill_splits(tiles, (p.seqlen_k + T::kBlockN - 1) / T::kBlockN, wave, kMaxKvSplits);
+    }
+    if (splits > 1) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute cluster;
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = static_cast<unsigned>(splits);
+        cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+        cfg.gridDim = dim3(static_cast<unsigned>(tiles * splits));
+        cfg.blockDim = dim3(T::kThreads);
+        cfg.dynamicSmemBytes = T::kSmemBytes;
+        cfg.stream = stream;
+        cfg.attrs = &cluster;
+        cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, kernel, maps, p);
+    }
+
     int64_t persistent_grid = sms;
     bool persistent = true;
     if (kCausal) {

@@ -334,6 +334,46 @@ def test_decode_split_count_does_not_change_result(dtype, sk):
     torch.testing.assert_close(batched[0], batched[-1], atol=0, rtol=0)  # same slice, same answer
 
 
+SPLIT_CASES = [  # (dtype, D, causal, B, Hkv, ratio, Sq, Sk): small grids, ragged ends
+    (torch.float16, 64, False, 1, 8, 1, 512, 512),
+    (torch.bfloat16, 64, True, 1, 2, 4, 300, 1000),
+    (torch.float16, 128, False, 1, 2, 4, 128, 4097),
+    (torch.bfloat16, 128, True, 1, 4, 1, 1000, 1000),
+    (torch.float16, 128, True, 2, 1, 8, 17, 777),
+    (torch.float16, 256, False, 1, 2, 2, 200, 1000),
+    (torch.bfloat16, 256, True, 1, 1, 2, 1000, 1000),
+]
+
+
+@pytest.mark.parametrize("splits", [2, 3, 5, 8])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: f"{'fp16' if c[0] == torch.float16 else 'bf16'}"
+                         f"-d{c[1]}-{'causal' if c[2] else 'full'}-b{c[3]}-hkv{c[4]}x{c[5]}-q{c[6]}-k{c[7]}")
+def test_sm90_kv_split_does_not_change_result(case, splits, monkeypatch):
+    """Split-KV in the sm90 family (issue 5): a cluster of `splits` CTAs shares each query
+    block's keys and merges through distributed shared memory. Forced split counts (some
+    leave CTAs with empty key ranges: causal first blocks, 8 splits of 4 key tiles) must match
+    the reference, give the same LSE, and agree with the unsplit kernel up to rounding."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
+    dtype, D, causal, B, hkv, ratio, sq, sk = case
+    q, k, v = make_inputs(B, hkv * ratio, hkv, sq, sk, D, dtype, "bhsd")
+    gqa = ratio > 1
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
+    assert flashcore.explain(q, k, v, is_causal=causal, enable_gqa=gqa) == "kernel sm90"
+    monkeypatch.setenv("FLASHCORE_KV_SPLITS", "1")
+    poison_allocator((B, hkv * ratio, sq, D), dtype)
+    whole, lse_whole = torch.ops.flashcore.sdpa_fwd(q, k, v, None, 0.0, causal, enable_gqa=gqa)
+    monkeypatch.setenv("FLASHCORE_KV_SPLITS", str(splits))
+    poison_allocator((B, hkv * ratio, sq, D), dtype)
+    split, lse_split = torch.ops.flashcore.sdpa_fwd(q, k, v, None, 0.0, causal, enable_gqa=gqa)
+    torch.cuda.synchronize()
+    check_close(split, q, k, v, causal, None, f"sm90 split {splits}")
+    ulp = 2e-3 if dtype == torch.float16 else 1.6e-2  # two ulps at |x| ~ 1
+    torch.testing.assert_close(split, whole, atol=ulp, rtol=0)
+    assert torch.isfinite(lse_split).all()
+    torch.testing.assert_close(lse_split, lse_whole, atol=1e-4, rtol=1e-5)
+
+
 # --------------------------------------------------------------------------- fallbacks
 
 def _fallback_cases():

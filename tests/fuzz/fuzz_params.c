@@ -640,6 +640,7 @@ static void check_contiguous(reader *r, fc_params *p) {
 
 /* c_src/dispatch.h (internal; this target is built from c_src's sources). */
 int fc_decode_splits(const fc_params *p, int sm_count);
+int fc_prefill_splits(int64_t tiles, int64_t key_tiles, const int *wave_ctas, int max_splits);
 
 /*
  * The split-KV heuristic's promises over a grid of shapes, once per run: the fuzzer rarely
@@ -676,10 +677,45 @@ static void check_split_heuristic(void) {
     g_current = NULL;
 }
 
+/*
+ * The sm90 family's prefill split (clusters of CTAs per tile): never more CTAs than one wave of
+ * clusters of that size holds, at least 2 key tiles per range, at most max_splits, no split
+ * for a grid that fills more than half the SMs, and a split whenever a 2-cluster wave has room
+ * and the keys allow it. Waves: H100-like (clusters fill whole GPCs less a remainder), a card
+ * where no cluster fits (all zero past 1), and tiny ones.
+ */
+static void check_prefill_split_heuristic(void) {
+    static const int kWaves[][9] = {
+        {0, 132, 132, 120, 128, 120, 120, 112, 128},
+        {0, 132, 0, 0, 0, 0, 0, 0, 0},
+        {0, 1, 0, 0, 0, 0, 0, 0, 0},
+        {0, 16, 16, 15, 16, 15, 12, 14, 16},
+    };
+    static const int64_t kKeyTiles[] = {0, 1, 2, 3, 4, 7, 16, 24, 1000, (int64_t)1 << 40};
+    for (size_t w = 0; w < sizeof kWaves / sizeof kWaves[0]; ++w)
+        for (int64_t tiles = 0; tiles <= 300; ++tiles)
+            for (size_t k = 0; k < sizeof kKeyTiles / sizeof kKeyTiles[0]; ++k)
+                for (int max_splits = 1; max_splits <= 8; ++max_splits) {
+                    const int *wave = kWaves[w];
+                    const int s = fc_prefill_splits(tiles, kKeyTiles[k], wave, max_splits);
+                    REQUIRE(s >= 1 && s <= max_splits);
+                    if (s > 1) {
+                        REQUIRE(tiles * s <= wave[s]);
+                        REQUIRE(kKeyTiles[k] >= 2 * (int64_t)s);
+                        REQUIRE(tiles * 2 <= wave[1]);
+                    }
+                    if (tiles >= 1 && tiles * 2 <= wave[1] && tiles * 2 <= wave[2] && kKeyTiles[k] >= 4 &&
+                        max_splits >= 2)
+                        REQUIRE(s >= 2);
+                }
+    REQUIRE(fc_prefill_splits(4, 100, NULL, 8) == 1);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     check_split_heuristic();
+    check_prefill_split_heuristic();
     return 0;
 }
 
