@@ -48,8 +48,17 @@ def main() -> int:
         for p in problems:
             print("  " + p, file=sys.stderr)
         if os.environ.get("FLASHCORE_ALLOW_SPILLS") != "1":
+            remove_output(sys.argv[1:])
             return 1
     return 0
+
+
+def remove_output(cmd):
+    """Delete the object a rejected compile wrote: left in place, it is newer than its sources,
+    and the next build would take it as up to date and link the spilling kernel."""
+    for flag, value in zip(cmd, cmd[1:]):
+        if flag == "-o" and os.path.exists(value):
+            os.remove(value)
 
 
 if __name__ == "__main__":

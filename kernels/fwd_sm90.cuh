@@ -227,6 +227,18 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
                  : "memory");
     return v;
 }
+// The cluster's size and this CTA's rank in it (1 and 0 without a cluster launch). Volatile: read
+// again at each use instead of being kept in a register across the main loop.
+__device__ __forceinline__ int cluster_size() {
+    uint32_t n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+    return static_cast<int>(n);
+}
+__device__ __forceinline__ int cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return static_cast<int>(r);
+}
 __device__ __forceinline__ void cluster_sync_all() {
     ptx::barrier_cluster_arrive(ptx::sem_release);
     ptx::barrier_cluster_wait(ptx::sem_acquire);
@@ -234,7 +246,7 @@ __device__ __forceinline__ void cluster_sync_all() {
 
 // Rows [rank * R, rank * R + R) of the block, R = ceil(kBlockM / splits): O = sum_j w_j O_j / L
 // and LSE = (M + log2 L) ln 2 with M = max_j m_j, w_j = 2^(m_j - M), L = sum_j w_j l_j (m in
-// base-2 units). A CTA whose key range was empty, or whose keys a row could not see, left
+// base-2 units), accumulated one CTA at a time. A CTA whose key range was empty, or whose keys a row could not see, left
 // m = -inf, l = 0, O = 0 for it and gets weight 0.
 template <typename Elem, int kHeadDim, int kBlockM>
 __device__ __forceinline__ void finish_split_rows(uint32_t part_addr, int rank, int splits, int tid, int n_threads,
@@ -252,26 +264,24 @@ __device__ __forceinline__ void finish_split_rows(uint32_t part_addr, int rank, 
         const int col = (item % kQuads) * 4;
         const int row = m_block * kBlockM + r;
         if (row >= seqlen_q) continue;
-        float2 ml[kMaxKvSplits];
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < kMaxKvSplits; ++j)
-            if (j < splits) {
-                ml[j] = ld_cluster_f2(cluster_peer_addr(ml_addr + r * 8, j));
-                mx = fmaxf(mx, ml[j].x);
-            }
-        float sum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < kMaxKvSplits; ++j)
-            if (j < splits) {
-                const float w = ml[j].x == -INFINITY ? 0.f : exp2f(ml[j].x - mx);
-                sum += w * ml[j].y;
-                const float4 o = ld_cluster_f4(cluster_peer_addr(part_addr + (r * SP::kOPitch + col) * 4, j));
-                acc[0] += w * o.x;
-                acc[1] += w * o.y;
-                acc[2] += w * o.z;
-                acc[3] += w * o.w;
-            }
+        // Online over the CTAs (one partial at a time, few registers): rescale what is summed so
+        // far whenever the running max grows.
+        float mx = -INFINITY, sum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
+        for (int j = 0; j < splits; ++j) {
+            const float2 ml = ld_cluster_f2(cluster_peer_addr(ml_addr + r * 8, j));
+            if (ml.x == -INFINITY) continue;  // no key of this range was visible to the row
+            const float4 o = ld_cluster_f4(cluster_peer_addr(part_addr + (r * SP::kOPitch + col) * 4, j));
+            const float new_mx = fmaxf(mx, ml.x);
+            const float keep = exp2f(mx - new_mx);  // 0 while mx is still -inf
+            const float w = exp2f(ml.x - new_mx);
+            mx = new_mx;
+            sum = sum * keep + w * ml.y;
+            acc[0] = acc[0] * keep + w * o.x;
+            acc[1] = acc[1] * keep + w * o.y;
+            acc[2] = acc[2] * keep + w * o.z;
+            acc[3] = acc[3] * keep + w * o.w;
+        }
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         Elem *dst = out + row * p.o_stride_s + col;
         *reinterpret_cast<uint32_t *>(dst) = pack2<Elem>(acc[0] * inv, acc[1] * inv);
@@ -315,13 +325,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // KV split (launch_fwd): this CTA's rank in its cluster of `splits` takes key tiles
     // [first, end) of its query block; without a split, all of them. A range may be empty
     // (more splits than key tiles, e.g. the first causal blocks).
-    const int splits = static_cast<int>(ptx::get_sreg_cluster_nctarank());
-    const int rank = static_cast<int>(ptx::get_sreg_cluster_ctarank());
+    // (Read from the special registers where used, so they hold no register through the loop.)
     struct KeyRange {
         int first, end;
     };
     auto key_range = [&](int m_block) {
-        const int n = key_tiles(m_block);
+        const int n = key_tiles(m_block), splits = cluster_size(), rank = cluster_rank();
         return KeyRange{n * rank / splits, n * (rank + 1) / splits};
     };
 
@@ -349,7 +358,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         int kv_iter = 0;  // K/V tiles loaded so far by this CTA: ring stage and phase
         int q_loads = 0;  // Q tiles loaded so far by this CTA: Q buffer phase
         int local = 0;    // tiles taken by this CTA
-        for (int t = snake_tile(0, n_tiles, splits); t < n_tiles; t = snake_tile(++local, n_tiles, splits)) {
+        for (int t = snake_tile(0, n_tiles, cluster_size()); t < n_tiles; t = snake_tile(++local, n_tiles, cluster_size())) {
             const Tile tile = decode_tile(t, m_blocks, heads_q);
             const int head_kv = tile.head / group;
             const KeyRange keys = key_range(tile.m_block);
@@ -465,7 +474,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // tensor cores. Turns go round a ring through
     // named barriers 1..W (256 threads: the waiting and the passing warpgroup). In every tile
     // the last consumer gives consumer 0 the first turn and skips its own last pass, so the
-    // arrivals balance (each warpgroup has n_blocks + 1 GEMM sections per tile).
+    // arrivals balance (each warpgroup has one GEMM section per key tile it runs, plus one).
     auto wait_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory"); };
     auto pass_turn = [&](bool last_section) {
         if (!(consumer == kW - 1 && last_section))
@@ -474,10 +483,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
     int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
     int local = 0;
-    for (int t = snake_tile(0, n_tiles, splits); t < n_tiles; t = snake_tile(++local, n_tiles, splits)) {
+    for (int t = snake_tile(0, n_tiles, cluster_size()); t < n_tiles; t = snake_tile(++local, n_tiles, cluster_size())) {
         const Tile tile = decode_tile(t, m_blocks, heads_q);
-        const KeyRange keys = key_range(tile.m_block);
-        const int n_blocks = keys.end - keys.first;  // key tiles this CTA runs for the tile
+        const KeyRange keys = key_range(tile.m_block);  // key tiles [first, end) of this CTA
         const int wg_row0 = tile.m_block * kBlockM + consumer * 64;  // first query row of this WG
         const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;    // this thread's first row
 
@@ -551,44 +559,45 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         row_max[0] = row_max[1] = -INFINITY;
         row_sum[0] = row_sum[1] = 0.f;
         float rescale[2];
-        int section = 0;
-        // The whole CTA agrees on n_blocks: with an empty key range it loads and runs nothing.
-        if (n_blocks > 0) {
+        // The whole CTA agrees on the range: an empty one loads and runs nothing. Key tile n
+        // sits in ring slot `slot0 + n` (slots count every tile this CTA has consumed).
+        if (keys.first < keys.end) {
+            const int first = keys.first, end = keys.end, slot0 = kv_iter - first;
             if (consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
             wait_barrier(&bars.q_full, q_loads++ & 1);
 
             wait_turn();
-            issue_qk(kv_iter);
-            pass_turn(++section == n_blocks + 1);
+            issue_qk(slot0 + first);
+            pass_turn(false);
             wgmma_wait<0>();
             fence_registers(s);
-            release(&bars.k_empty[kv_iter % kStages]);
-            if (n_blocks == 1) release(&bars.q_empty);  // last use of Q in this tile
-            softmax(keys.first, rescale);  // O is still zero: nothing to rescale
+            release(&bars.k_empty[(slot0 + first) % kStages]);
+            if (first + 1 == end) release(&bars.q_empty);  // last use of Q in this tile
+            softmax(first, rescale);  // O is still zero: nothing to rescale
             convert_p();
-            for (int n = 1; n < n_blocks; ++n) {
+            for (int n = first + 1; n < end; ++n) {
                 wait_turn();
-                issue_qk(kv_iter + n);
-                issue_pv(kv_iter + n - 1);
-                pass_turn(++section == n_blocks + 1);
+                issue_qk(slot0 + n);
+                issue_pv(slot0 + n - 1);
+                pass_turn(false);
                 wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
                 fence_registers(s);
-                release(&bars.k_empty[(kv_iter + n) % kStages]);
-                if (n == n_blocks - 1) release(&bars.q_empty);
-                softmax(keys.first + n, rescale);
+                release(&bars.k_empty[(slot0 + n) % kStages]);
+                if (n == end - 1) release(&bars.q_empty);
+                softmax(n, rescale);
                 wgmma_wait<0>();
                 fence_registers(o_acc);
-                release(&bars.v_empty[(kv_iter + n - 1) % kStages]);
+                release(&bars.v_empty[(slot0 + n - 1) % kStages]);
                 rescale_o(rescale);
                 convert_p();
             }
             wait_turn();
-            issue_pv(kv_iter + n_blocks - 1);
-            pass_turn(++section == n_blocks + 1);
+            issue_pv(slot0 + end - 1);
+            pass_turn(true);  // the tile's last GEMM section
             wgmma_wait<0>();
             fence_registers(o_acc);
-            release(&bars.v_empty[(kv_iter + n_blocks - 1) % kStages]);
-            kv_iter += n_blocks;
+            release(&bars.v_empty[(slot0 + end - 1) % kStages]);
+            kv_iter = slot0 + end;
         }
 
         // ---- epilogue: normalise, write O from registers (Q's buffer is already refilling) ----
@@ -601,7 +610,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             row_sum[h] = sum;
             inv_sum[h] = 1.f / sum;
         }
-        if (splits > 1) {
+        if (cluster_size() > 1) {
             // Leave this CTA's partials in the K/V ring, once every consumer warpgroup is past
             // its last P V (the producer has nothing in flight: each loaded tile was consumed).
             using SP = SplitPartials<kHeadDim, kBlockM>;
@@ -620,7 +629,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     part_ml[r0 + 8 * h] = make_float2(row_max[h] == -INFINITY ? -INFINITY : row_max[h] * scale_log2, row_sum[h]);
             }
             cluster_sync_all();  // every CTA's partials are written
-            finish_split_rows<Elem, kHeadDim, kBlockM>(smem_addr(part_o), rank, splits, threadIdx.x - 128, 128 * kW,
+            finish_split_rows<Elem, kHeadDim, kBlockM>(smem_addr(part_o), cluster_rank(), cluster_size(), threadIdx.x - 128, 128 * kW,
                                                        tile.m_block, tile.head, tile.batch, p);
             cluster_sync_all();  // no CTA leaves (freeing its shared memory) while a peer reads it
             continue;
