@@ -182,9 +182,11 @@ def shape_set(quick, bf16, extra):
             out.append(Shape(B, H, H, S, S, D, False, dt, mask=True))
         if extra:
             out.append(Shape(4, 32, 8, 2048, 2048, 128, True, dt))
-            # Small grids (issue 5): a chunk of 128 queries against a 4k cache (GQA 32:8), and
-            # a short prefill; one CTA per query block leaves most SMs idle on both.
-            out.append(Shape(1, 32, 8, 128, 4096, 128, False, dt, graph=True))
+            # Small grids (issue 5): chunks of queries against a cache (chunked prefill, GQA
+            # 32:8, not causal: the chunk sees the whole cache), and a short prefill; one CTA
+            # per query block leaves most SMs idle (the sm90 family splits the keys there).
+            for sq, sk, d in ((128, 4096, 128), (512, 8192, 128), (256, 32768, 128), (256, 8192, 64)):
+                out.append(Shape(1, 32, 8, sq, sk, d, False, dt, graph=True))
             out.append(Shape(1, 16, 16, 1024, 1024, 128, True, dt, graph=True))
             # Head dim 96 (issue 3; Phi-3-mini: 32 heads of 96), sm80 family on every card.
             for causal in (False, True):
