@@ -18,6 +18,5 @@ timeout 60 python3 bench/bench.py --extra --no-bwd --impls cudnn,flashcore --mat
 git apply ci/_prefetch.patch 2>/dev/null || patch -p1 < ci/_prefetch.patch
 build b
 timeout 60 python3 bench/bench.py --extra --no-bwd --impls cudnn,flashcore --match "$M" --json $OUT/b.json > $OUT/b.log 2>&1
-timeout 60 python3 bench/bench.py --extra --no-bwd --impls cudnn,flashcore --match "$M" --json $OUT/a2.json > /dev/null 2>&1 || true
 python3 bench/compare.py $OUT/a.json $OUT/b.json --impl flashcore 2>&1 | tail -8
 grep -E "flashcore" $OUT/a.log $OUT/b.log | head
