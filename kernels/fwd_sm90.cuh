@@ -25,6 +25,10 @@
 //     tile's Q and K/V loads run under the current tile's last PV and its epilogue. Causal
 //     calls take a grid that pairs long and short tiles, up to 64 query blocks per head; longer
 //     ones launch one CTA per tile (see launch_fwd).
+//   * Split-KV for small grids (a B=1 prefill, a chunk of queries against a cache): when the
+//     tiles fill at most half the SMs, a cluster of 2-8 CTAs shares each tile, each CTA runs
+//     its share of the key tiles, and they merge their partial O and row statistics through
+//     distributed shared memory (finish_split_rows): no workspace, no second kernel.
 //   * Epilogue: each consumer thread normalises its rows and writes them from registers (each
 //     quad of lanes covers 16 contiguous bytes); rows past Sq are skipped.
 //
@@ -264,23 +268,26 @@ __device__ __forceinline__ void finish_split_rows(uint32_t part_addr, int rank, 
         const int col = (item % kQuads) * 4;
         const int row = m_block * kBlockM + r;
         if (row >= seqlen_q) continue;
-        // Online over the CTAs (one partial at a time, few registers): rescale what is summed so
-        // far whenever the running max grows.
-        float mx = -INFINITY, sum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 1
-        for (int j = 0; j < splits; ++j) {
-            const float2 ml = ld_cluster_f2(cluster_peer_addr(ml_addr + r * 8, j));
-            if (ml.x == -INFINITY) continue;  // no key of this range was visible to the row
+        // All (max, sum) pairs first, then every CTA's O columns: independent loads, so the
+        // remote round trips overlap instead of queueing one behind another.
+        float2 ml[kMaxKvSplits];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kMaxKvSplits; ++j) {
+            ml[j] = j < splits ? ld_cluster_f2(cluster_peer_addr(ml_addr + r * 8, j)) : make_float2(-INFINITY, 0.f);
+            mx = fmaxf(mx, ml[j].x);
+        }
+        float sum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < kMaxKvSplits; ++j) {
+            if (j >= splits) break;
+            const float w = ml[j].x == -INFINITY ? 0.f : exp2f(ml[j].x - mx);
             const float4 o = ld_cluster_f4(cluster_peer_addr(part_addr + (r * SP::kOPitch + col) * 4, j));
-            const float new_mx = fmaxf(mx, ml.x);
-            const float keep = exp2f(mx - new_mx);  // 0 while mx is still -inf
-            const float w = exp2f(ml.x - new_mx);
-            mx = new_mx;
-            sum = sum * keep + w * ml.y;
-            acc[0] = acc[0] * keep + w * o.x;
-            acc[1] = acc[1] * keep + w * o.y;
-            acc[2] = acc[2] * keep + w * o.z;
-            acc[3] = acc[3] * keep + w * o.w;
+            sum += w * ml[j].y;
+            acc[0] += w * o.x;
+            acc[1] += w * o.y;
+            acc[2] += w * o.z;
+            acc[3] += w * o.w;
         }
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         Elem *dst = out + row * p.o_stride_s + col;
@@ -788,7 +795,15 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     // distributed shared memory (finish_split_rows). How many: fc_prefill_splits in
     // c_src/dispatch.c, from the CTAs that fit at once in clusters of each size (clusters must
     // sit inside one GPC, so fewer fit than SMs). FLASHCORE_KV_SPLITS=1..8 forces a split count
-    // (for A/B runs and the tests' split-independence checks).
+    // (for A/B runs and the tests' split-independence checks). Measured (H100, fp16, GQA 32:8,
+    // eager medians, ratio = cuDNN time / ours in the same run; bench/NOTES.md):
+    //   Sq x Sk, D        unsplit           split (count chosen)    forced 2 / 4 / 8
+    //   128 x 4096, 128   55.1 us (1.01x)   30.9 us (1.78x, 3)      1.49 / 1.13 / 1.02x
+    //   256 x 32768, 128  405 us (0.93x)    217 us (1.73x, 2)       1.82 / 1.12 / 1.16x
+    //   256 x 8192, 64    97.4 us (0.78x)   57.4 us (1.46-1.74x, 2) 1.39 / 0.87 / 0.86x
+    //   B=1 H=8 S=512 D=64 (24 tiles of 4 key tiles): 14.8 us eager, 11.0 in a graph, split or
+    //   not (cuDNN 12.2 / 9.1): there the fixed cost of a CTA, not its key loop, sets the time.
+    // Merging with all remote loads issued before any is used beat one peer at a time by ~3%.
     int splits = 1;
     const char *forced = getenv("FLASHCORE_KV_SPLITS");
     if (forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits && forced[1] == '\0') {
