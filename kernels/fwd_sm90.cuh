@@ -9,7 +9,8 @@
 //     one thread issues every load with the tensor memory accelerator: Q once, then K and V
 //     tiles of kBlockN rows into a kStages-deep ring. Each load completes on an mbarrier
 //     ("full"); the consumers release a stage through another mbarrier ("empty").
-//   * The other warpgroups (2 for D=128, 3 for D=64) are consumers, 64 query rows each, with
+//   * The other warpgroups (2 for D=128 and 256, 3 for D=64, 2 for D=64 query sequences of up
+//     to 1024) are consumers, 64 query rows each, with
 //     the registers the producer gave up (setmaxnreg.inc).
 //     Per K/V tile: S = Q K^T with wgmma (both operands in shared memory, K-major), the online
 //     softmax in fp32 registers (exp2, scale folded into log2(e)), then O += P V with wgmma
@@ -60,34 +61,37 @@ namespace ptx = cuda::ptx;
 //          short next to the softmax, so more warpgroups take turns on the tensor cores.
 //   D=128: two consumer warpgroups (128 rows), 240 registers each.
 // Register budgets (setmaxnreg) must sum to at most 64K over the CTA's threads.
-template <int kHeadDim, bool kCausal>
+// kShort: the configuration for short query sequences (see launch_fwd); only D=64 has one.
+template <int kHeadDim, bool kCausal, bool kShort = false>
 struct FwdConfig;
 // D=64 causal with two consumer warpgroups (128-row blocks, less diagonal waste) was measured
 // and lost at long sequences: 8k 441 vs 483 TFLOP/s, 16k 414 vs 444 (it won at 512-1k:
-// 179 vs 170, 262 vs 237); three are kept for both.
-template <bool kCausal>
-struct FwdConfig<64, kCausal> {
-    static constexpr int kConsumerWarpgroups = 3, kBlockN = 128, kStages = 3;
-    static constexpr int kProducerRegs = 32, kConsumerRegs = 160;
+// 179 vs 170, 262 vs 237); three are kept there. Short query sequences (kShort) take two:
+// 192-row blocks waste 11% of the rows at S = 512 and 1024, and a small grid's CTAs each run
+// 1.5x the rows of 128-row blocks.
+template <bool kCausal, bool kShort>
+struct FwdConfig<64, kCausal, kShort> {
+    static constexpr int kConsumerWarpgroups = kShort ? 2 : 3, kBlockN = 128, kStages = 3;
+    static constexpr int kProducerRegs = kShort ? 24 : 32, kConsumerRegs = kShort ? 240 : 160;
 };
 // D=128: non-causal takes 176-key tiles (fewer, longer GEMMs per softmax); causal keeps 128 so
 // that diagonal tiles waste less work.
-template <bool kCausal>
-struct FwdConfig<128, kCausal> {
+template <bool kCausal, bool kShort>
+struct FwdConfig<128, kCausal, kShort> {
     static constexpr int kConsumerWarpgroups = 2, kBlockN = kCausal ? 128 : 176, kStages = 2;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 // D=256: O alone takes 128 registers per consumer thread and a K or V row is 512 bytes, so
 // 80-key tiles: 64 KB of Q + 2 stages x (40 + 40) KB of K/V fill the 227 KB.
-template <bool kCausal>
-struct FwdConfig<256, kCausal> {
+template <bool kCausal, bool kShort>
+struct FwdConfig<256, kCausal, kShort> {
     static constexpr int kConsumerWarpgroups = 2, kBlockN = 80, kStages = 2;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
-template <int kHeadDim, bool kCausal>
-struct FwdTraits : FwdConfig<kHeadDim, kCausal> {
-    using C = FwdConfig<kHeadDim, kCausal>;
+template <int kHeadDim, bool kCausal, bool kShort = false>
+struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShort> {
+    using C = FwdConfig<kHeadDim, kCausal, kShort>;
     static constexpr int kConsumerWarpgroups = C::kConsumerWarpgroups;
     static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // query rows per CTA
     static constexpr int kBlockN = C::kBlockN;                // keys per K/V tile
@@ -299,10 +303,10 @@ __device__ __forceinline__ void finish_split_rows(uint32_t part_addr, int rank, 
     }
 }
 
-template <typename Elem, int kHeadDim, bool kCausal>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim, kCausal>::kThreads, 1)
+template <typename Elem, int kHeadDim, bool kCausal, bool kShort>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kCausal, kShort>::kThreads, 1)
 fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
-    using T = FwdTraits<kHeadDim, kCausal>;
+    using T = FwdTraits<kHeadDim, kCausal, kShort>;
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
     constexpr int kNTiles = kBlockN / 8;   // 8-column accumulator tiles of S
     constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of O
@@ -743,9 +747,9 @@ inline int64_t paired_grid(int64_t m_blocks, int64_t sms) {
     return m_blocks * (sms / m_blocks);
 }
 
-template <typename Elem, int kHeadDim, bool kCausal>
-cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
-    using T = FwdTraits<kHeadDim, kCausal>;
+template <typename Elem, int kHeadDim, bool kCausal, bool kShort>
+cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
+    using T = FwdTraits<kHeadDim, kCausal, kShort>;
     const CUtensorMapDataType dtype =
         p.dtype == FC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     FwdMaps maps;
@@ -759,7 +763,7 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
                               p.v_stride_s, p.v_stride_h, p.v_stride_b, T::kBlockN);
     if (err != cudaSuccess) return err;
 
-    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal>;
+    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShort>;
     // Per device, once: the shared-memory opt-in (cudaFuncSetAttribute) and the SM count.
     static int sm_count[64];  // 0 = this device not configured yet
     int device = 0;
@@ -861,6 +865,22 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     const unsigned grid = static_cast<unsigned>(persistent && tiles > persistent_grid ? persistent_grid : tiles);
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
     return cudaGetLastError();
+}
+
+// D=64 runs query sequences of up to kShortSeqlenQ rows in its short configuration (two
+// consumer warpgroups, FwdConfig). FLASHCORE_SM90_SHORT=0 / 1 forces the choice (A/B runs).
+constexpr int64_t kShortSeqlenQ = 1024;
+
+template <typename Elem, int kHeadDim, bool kCausal>
+cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
+    if constexpr (kHeadDim == 64) {
+        const char *forced = getenv("FLASHCORE_SM90_SHORT");
+        const bool short_q = forced != nullptr && (forced[0] == '0' || forced[0] == '1') && forced[1] == '\0'
+                                 ? forced[0] == '1'
+                                 : p.seqlen_q <= kShortSeqlenQ;
+        if (short_q) return launch_fwd_config<Elem, kHeadDim, kCausal, true>(p, stream);
+    }
+    return launch_fwd_config<Elem, kHeadDim, kCausal, false>(p, stream);
 }
 
 }  // namespace sm90
