@@ -867,17 +867,30 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-// D=64 runs query sequences of up to kShortSeqlenQ rows in its short configuration (two
-// consumer warpgroups, FwdConfig). FLASHCORE_SM90_SHORT=0 / 1 forces the choice (A/B runs).
+// D=64's short configuration (two consumer warpgroups, 128-row blocks; FwdConfig) runs query
+// sequences of up to kShortSeqlenQ rows when causal, or when the three-warpgroup grid would
+// fill at most half the SMs. Measured against three warpgroups (H100, fp16, two passes each,
+// ratio to cuDNN in the same run; bench/NOTES.md):
+//   causal      S=512 0.74 -> 0.82, 1k 0.75-0.76 -> 0.82-0.85, 2k 0.93 -> 0.88, 4k+ 1.0 -> 0.9
+//   non-causal  S=512 0.90 -> 0.84, 1k 0.94 -> 0.86, 2k+ 1.06-1.13 -> 0.86-0.96
+//   small grids B=1 H=8 S=512: 0.82 -> 0.89-0.91 (both); GQA 256 x 8192 chunk: 1.34 -> 1.55
+// FLASHCORE_SM90_SHORT=0 / 1 forces the choice (A/B runs).
 constexpr int64_t kShortSeqlenQ = 1024;
 
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     if constexpr (kHeadDim == 64) {
         const char *forced = getenv("FLASHCORE_SM90_SHORT");
-        const bool short_q = forced != nullptr && (forced[0] == '0' || forced[0] == '1') && forced[1] == '\0'
-                                 ? forced[0] == '1'
-                                 : p.seqlen_q <= kShortSeqlenQ;
+        bool short_q;
+        if (forced != nullptr && (forced[0] == '0' || forced[0] == '1') && forced[1] == '\0') {
+            short_q = forced[0] == '1';
+        } else {
+            int major = 0, minor = 0, sms = 0;
+            constexpr int64_t kLongBlockM = FwdTraits<kHeadDim, kCausal, false>::kBlockM;
+            const int64_t tiles = (p.seqlen_q + kLongBlockM - 1) / kLongBlockM * p.heads_q * p.batch;
+            short_q = p.seqlen_q <= kShortSeqlenQ &&
+                      (kCausal || (fc_device_info_(&major, &minor, &sms) == FC_OK && tiles * 2 <= sms));
+        }
         if (short_q) return launch_fwd_config<Elem, kHeadDim, kCausal, true>(p, stream);
     }
     return launch_fwd_config<Elem, kHeadDim, kCausal, false>(p, stream);
