@@ -368,6 +368,34 @@ def try_call(impl, fn):
         return None, msg[:120]
 
 
+def base_row(s, pass_, impl_name, path, **extra):
+    return dict(**{"pass": pass_}, impl=impl_name, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk,
+                D=s.D, causal=s.causal, us=None, tflops=None, graph_us=None, vs_cudnn=None,
+                maxdiff=None, status="ok", path=path, **extra)
+
+
+def judge(row, nan, ref, what):
+    """Set row["status"] from the check against the reference; False: wrong, never time it."""
+    if nan or (row["maxdiff"] is not None and not row["maxdiff"] <= TOL[row["dtype"]]):
+        row["status"] = "WRONG" + (f" (NaN in {what})" if nan else "")
+        return False
+    if ref is None:
+        row["status"] = "unverified"
+    elif row["path"] is not None and not row["path"].startswith("kernel"):
+        row["status"] = "fallback"
+    return True
+
+
+def finish_timed(row, flop_count, cudnn_us):
+    """TFLOP/s and the ratio to cuDNN (cudnn_us: its time on this shape, None before it ran)."""
+    row["tflops"] = flop_count / row["us"] / 1e6
+    if row["impl"] == "cudnn":
+        cudnn_us = row["us"]
+    if cudnn_us:
+        row["vs_cudnn"] = cudnn_us / row["us"]
+    return cudnn_us
+
+
 def run_shape(s, impls, timer, seed, graph):
     """Verify every impl on one shape, then time the ones that are right. Returns rows."""
     q, k, v = make_inputs(s, seed)
@@ -388,10 +416,8 @@ def run_shape(s, impls, timer, seed, graph):
     ref = outputs.get(ref_name)
     cudnn_us = None
     for impl in impls:
-        row = dict(**{"pass": "fwd"}, impl=impl.name, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk,
-                   D=s.D, causal=s.causal, us=None, tflops=None, graph_us=None, vs_cudnn=None,
-                   maxdiff=None, status="ok", path=impl.explain(q, k, v, s, mask),
-                   floor_us=floor_us(s), mask="bool (B,1,S,S) padded causal" if s.mask else None)
+        row = base_row(s, "fwd", impl.name, impl.explain(q, k, v, s, mask), floor_us=floor_us(s),
+                       mask="bool (B,1,S,S) padded causal" if s.mask else None)
         rows.append(row)
         if impl.name in skip:
             row["status"] = f"skipped: {skip[impl.name]}"
@@ -401,14 +427,9 @@ def run_shape(s, impls, timer, seed, graph):
         nan = bool(torch.isnan(out).any())
         if ref is not None and impl.name != ref_name:
             row["maxdiff"] = (out.float() - ref.float()).abs().max().item()
-        if nan or (row["maxdiff"] is not None and not row["maxdiff"] <= TOL[s.dtype]):
-            row["status"] = "WRONG" + (" (NaN in output)" if nan else "")
+        if not judge(row, nan, ref, "output"):
             report(s, row, ref_name)
             continue  # never time garbage
-        if ref is None:
-            row["status"] = "unverified"
-        elif row["path"] is not None and not row["path"].startswith("kernel"):
-            row["status"] = "fallback"
         del out
         fn = impl.fn(q, k, v, s, mask)
         with warnings.catch_warnings():
@@ -420,11 +441,7 @@ def run_shape(s, impls, timer, seed, graph):
                         row["graph_us"] = timer.graph_us(fn)
                     except Exception as e:  # report, keep going
                         row["graph_note"] = f"graph capture failed: {str(e).splitlines()[0][:100]}"
-        row["tflops"] = f / row["us"] / 1e6
-        if impl.name == "cudnn":
-            cudnn_us = row["us"]
-        if cudnn_us:
-            row["vs_cudnn"] = cudnn_us / row["us"]
+        cudnn_us = finish_timed(row, f, cudnn_us)
         report(s, row, ref_name)
     return rows
 
@@ -464,9 +481,7 @@ def run_bwd_shape(s, impls, timer, seed):
                                                       enable_gqa=s.Hq != s.Hkv)
             path = impl.fc.explain_backward(dout, q, k, v, o, lse, None, s.causal, None,
                                             s.Hq != s.Hkv)
-        row = dict(**{"pass": "bwd"}, impl=impl.name, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv,
-                   Sq=s.Sq, Sk=s.Sk, D=s.D, causal=s.causal, us=None, tflops=None, graph_us=None,
-                   vs_cudnn=None, maxdiff=None, status="ok", path=path, floor_us=None)
+        row = base_row(s, "bwd", impl.name, path, floor_us=None)
         rows.append(row)
         if impl.name in skip:
             row["status"] = f"skipped: {skip[impl.name]}"
@@ -478,20 +493,11 @@ def run_bwd_shape(s, impls, timer, seed):
             row["maxdiff"] = max(((a.float() - b.float()).abs().max() /
                                   max(1.0, b.float().abs().max().item())).item()
                                  for a, b in zip(got, ref))
-        if nan or (row["maxdiff"] is not None and not row["maxdiff"] <= TOL[s.dtype]):
-            row["status"] = "WRONG" + (" (NaN in gradients)" if nan else "")
+        if not judge(row, nan, ref, "gradients"):
             report(s, row, ref_name)
             continue
-        if ref is None:
-            row["status"] = "unverified"
-        elif path is not None and not path.startswith("kernel"):
-            row["status"] = "fallback"
         row["us"] = timer.eager_us(fns[impl.name])
-        row["tflops"] = f / row["us"] / 1e6
-        if impl.name == "cudnn":
-            cudnn_us = row["us"]
-        if cudnn_us:
-            row["vs_cudnn"] = cudnn_us / row["us"]
+        cudnn_us = finish_timed(row, f, cudnn_us)
         report(s, row, ref_name)
     return rows
 
@@ -556,23 +562,18 @@ def dry_run_rows(shapes, impl_names):
         f = flops(s)
         cudnn_us = None
         for n in impl_names:
-            row = dict(**{"pass": "fwd"}, impl=n, dtype=s.dtype, B=s.B, Hq=s.Hq, Hkv=s.Hkv, Sq=s.Sq, Sk=s.Sk, D=s.D,
-                       causal=s.causal, us=None, tflops=None, graph_us=None, vs_cudnn=None,
-                       maxdiff=None, status="ok", path=None, floor_us=floor_us(s),
-                       mask="bool (B,1,S,S) padded causal" if s.mask else None)
+            row = base_row(s, "fwd", n, None, floor_us=floor_us(s),
+                           mask="bool (B,1,S,S) padded causal" if s.mask else None)
             if n.startswith("flashcore"):
                 row["path"] = "kernel: (dry run)"
                 row["maxdiff"] = 1e-3
             if n == "flash" and (s.Hq != s.Hkv or s.mask):
                 row["status"] = "skipped: (dry run)"
-            else:
+            elif judge(row, False, "cudnn", "output"):
                 row["us"] = f / (speed[n] * 1e6) + 5.0
-                row["tflops"] = f / row["us"] / 1e6
                 if s.graph:
                     row["graph_us"] = row["us"] * 0.8
-                if n == "cudnn":
-                    cudnn_us = row["us"]
-                row["vs_cudnn"] = cudnn_us / row["us"] if cudnn_us else None
+                cudnn_us = finish_timed(row, f, cudnn_us)
             rows.append(row)
             report(s, row, "cudnn")
     return rows

@@ -280,7 +280,6 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
  * B x Hkv >= SMs x 3 / 2 gets no split. History (bench/NOTES.md): 8-chunk ranges left B=1,
  * Hkv=8, Sk=1024 at 4 splits (23.8 us, cuDNN 12.7; now 12.4 us with 2-chunk ranges).
  */
-#define FC_DECODE_CHUNK 32
 #define FC_DECODE_MIN_CHUNKS_PER_SPLIT 2
 #define FC_DECODE_CTAS_PER_SM 3
 #define FC_DECODE_MAX_SPLITS 64

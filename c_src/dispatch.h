@@ -26,6 +26,9 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
  * `sm_count` SMs, and the workspace that takes (partial O and LSE in fp32).
  */
 int fc_decode_splits(const fc_params *p, int sm_count);
+/* Keys per pipeline chunk of the decode kernels (kernels/decode_sm80.cuh); the split heuristic
+ * counts key ranges in these chunks. */
+#define FC_DECODE_CHUNK 32
 int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
 
 /*

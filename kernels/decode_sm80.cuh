@@ -29,6 +29,7 @@
 #pragma once
 
 #include "common/sm80_ptx.cuh"
+#include "dispatch.h"
 #include "flashcore.h"
 
 #include <cuda_runtime.h>
@@ -38,12 +39,13 @@ namespace flashcore {
 namespace decode {
 
 constexpr int kThreads = 128;
-constexpr int kChunk = 32;        // keys per pipeline stage
+constexpr int kChunk = FC_DECODE_CHUNK;  // keys per pipeline stage (fc_decode_splits counts them)
 constexpr int kRowsLimit = 32;    // (Hq / Hkv) * Sq rows per CTA at most
 constexpr int kStages = 2;
 
-// kMaxRows (4, 8, 16 or 32: the call's row count rounded up) bounds every per-row loop at
-// compile time; with a fixed bound of 32, single-row MHA decoding spent its time on skipped
+// kMaxRows bounds every per-row loop at compile time. This kernel now runs only calls of 17-32
+// rows (launch_decode: up to 16 go to the tensor-core kernel below), so 32 is the one
+// instantiation; when it also ran single rows, a fixed bound of 32 spent their time on skipped
 // loop iterations (0.2 TFLOP/s at B=8, H=32, Sk=8192, 15x slower than the copy bound).
 template <int kHeadDim, int kMaxRows>
 struct DecodeTraits {
@@ -305,12 +307,12 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
 // 0.900 (0.911 with the hint), 3 warps x 3 stages 0.895 (best only at B=32, H=32: 0.94). More
 // stages keep more of the same shared memory in flight but did not raise DRAM throughput
 // (ncu: 84% of peak for 4x2, 82% for 2x4 at B=8, H=32, Sk=8192, D=128).
-template <int kHeadDim, int kWarps_ = 4, int kStages_ = 2>
+template <int kHeadDim>
 struct MmaDecodeTraits {
-    static constexpr int kWarps = kWarps_;
+    static constexpr int kWarps = 4;
     static constexpr int kThreads = kWarps * 32;
     static constexpr int kStepKeys = 16;           // keys per warp step
-    static constexpr int kStages = kStages_;       // per warp
+    static constexpr int kStages = 2;              // per warp
     static constexpr int kRowElems = kHeadDim + 8; // padded smem row: ldmatrix conflict-free
     static constexpr int kStageElems = 2 * kStepKeys * kRowElems;  // K then V
     static constexpr int kRingBytes = kWarps * kStages * kStageElems * 2;
@@ -328,10 +330,10 @@ __device__ __forceinline__ void cp_async_16_l2_256(uint32_t dst_smem, const void
                  "l"(src_gmem), "r"(src_bytes));
 }
 
-template <typename Elem, int kHeadDim, bool kCausal, int kWarps_ = 4, int kStages_ = 2, bool kL2Hint = true>
-__global__ void __launch_bounds__(MmaDecodeTraits<kHeadDim, kWarps_, kStages_>::kThreads)
+template <typename Elem, int kHeadDim, bool kCausal>
+__global__ void __launch_bounds__(MmaDecodeTraits<kHeadDim>::kThreads)
 decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partial_lse) {
-    using T = MmaDecodeTraits<kHeadDim, kWarps_, kStages_>;
+    using T = MmaDecodeTraits<kHeadDim>;
     constexpr int kSteps16 = kHeadDim / 16;  // k-steps of S = Q K^T, and 16-column pairs of O
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int split = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
@@ -361,13 +363,8 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
             const int row = item / (kHeadDim / 8), col = (item % (kHeadDim / 8)) * 8;
             const bool valid = key0 + row < key_end;
             const int64_t key = valid ? key0 + row : 0;
-            if (kL2Hint) {
-                cp_async_16_l2_256(smem_addr(k_s + row * T::kRowElems + col), k + key * p.k_stride_s + col, valid);
-                cp_async_16_l2_256(smem_addr(v_s + row * T::kRowElems + col), v + key * p.v_stride_s + col, valid);
-            } else {
-                cp_async_16(smem_addr(k_s + row * T::kRowElems + col), k + key * p.k_stride_s + col, valid);
-                cp_async_16(smem_addr(v_s + row * T::kRowElems + col), v + key * p.v_stride_s + col, valid);
-            }
+            cp_async_16_l2_256(smem_addr(k_s + row * T::kRowElems + col), k + key * p.k_stride_s + col, valid);
+            cp_async_16_l2_256(smem_addr(v_s + row * T::kRowElems + col), v + key * p.v_stride_s + col, valid);
         }
     };
     // Warp w's i-th step is the split's step w + kWarps i. Prologue: its first kStages - 1 steps

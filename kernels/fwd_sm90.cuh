@@ -747,6 +747,22 @@ inline int64_t paired_grid(int64_t m_blocks, int64_t sms) {
     return m_blocks * (sms / m_blocks);
 }
 
+// A 1-D launch of `grid` CTAs in clusters of `cluster_size` (cluster: storage for the attribute).
+inline cudaLaunchConfig_t cluster_launch_config(int64_t grid, int cluster_size, int threads, int smem_bytes,
+                                               cudaStream_t stream, cudaLaunchAttribute *cluster) {
+    cluster->id = cudaLaunchAttributeClusterDimension;
+    cluster->val.clusterDim.x = static_cast<unsigned>(cluster_size);
+    cluster->val.clusterDim.y = cluster->val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(grid));
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    cfg.stream = stream;
+    cfg.attrs = cluster;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 template <typename Elem, int kHeadDim, bool kCausal, bool kShort>
 cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
     using T = FwdTraits<kHeadDim, kCausal, kShort>;
@@ -820,16 +836,8 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
         int *wave = device < 64 ? wave_ctas[device] : uncached;
         if (device >= 64 || !__atomic_load_n(&wave_known[device], __ATOMIC_ACQUIRE)) {
             for (int s = 1; s <= kMaxKvSplits; ++s) {
-                cudaLaunchConfig_t cfg = {};
                 cudaLaunchAttribute cluster;
-                cluster.id = cudaLaunchAttributeClusterDimension;
-                cluster.val.clusterDim.x = static_cast<unsigned>(s);
-                cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-                cfg.gridDim = dim3(static_cast<unsigned>(s));
-                cfg.blockDim = dim3(T::kThreads);
-                cfg.dynamicSmemBytes = T::kSmemBytes;
-                cfg.attrs = &cluster;
-                cfg.numAttrs = 1;
+                const cudaLaunchConfig_t cfg = cluster_launch_config(s, s, T::kThreads, T::kSmemBytes, nullptr, &cluster);
                 int clusters = 0;
                 if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
                     (void)cudaGetLastError();  // not sticky; this size is simply never chosen
@@ -842,17 +850,9 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
         splits = fc_prefill_splits(tiles, (p.seqlen_k + T::kBlockN - 1) / T::kBlockN, wave, kMaxKvSplits);
     }
     if (splits > 1) {
-        cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute cluster;
-        cluster.id = cudaLaunchAttributeClusterDimension;
-        cluster.val.clusterDim.x = static_cast<unsigned>(splits);
-        cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-        cfg.gridDim = dim3(static_cast<unsigned>(tiles * splits));
-        cfg.blockDim = dim3(T::kThreads);
-        cfg.dynamicSmemBytes = T::kSmemBytes;
-        cfg.stream = stream;
-        cfg.attrs = &cluster;
-        cfg.numAttrs = 1;
+        const cudaLaunchConfig_t cfg =
+            cluster_launch_config(tiles * splits, splits, T::kThreads, T::kSmemBytes, stream, &cluster);
         return cudaLaunchKernelEx(&cfg, kernel, maps, p);
     }
 
