@@ -58,7 +58,8 @@ namespace ptx = cuda::ptx;
 
 // Tile shape per head dim (FlashAttention-3's choices as the starting point):
 //   D=64:  three consumer warpgroups (192 query rows), 128-key tiles: per tile the GEMMs are
-//          short next to the softmax, so more warpgroups take turns on the tensor cores.
+//          short next to the softmax, so more warpgroups take turns on the tensor cores; two
+//          (128 rows) for short query sequences (kShort, below).
 //   D=128: two consumer warpgroups (128 rows), 240 registers each.
 // Register budgets (setmaxnreg) must sum to at most 64K over the CTA's threads.
 // kShort: the configuration for short query sequences (see launch_fwd); only D=64 has one.
