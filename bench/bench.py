@@ -14,13 +14,17 @@ What it measures
     small:  B=1, H=8, S=512, D=64, causal and not; also timed inside a CUDA graph.
     sweep:  16k tokens per batch (B = 16384/S), hidden 2048 (H = 2048/D),
             S in 512 1k 2k 4k 8k 16k, D in 64 128 256, causal and not.
-    decode: Sq=1 against Sk = 1k/8k/32k, B = 1/8/32, Hq=32 over Hkv = 32 or 8, D=128
+    decode: Sq=1 against Sk = 1k/8k/32k/128k (where K+V fit in 24 GB), B = 1/8/32, Hq=32 over
+            Hkv = 32 or 8, D=128
             (memory-bound: compare `us` with the row's `floor_us`, the Q+K+V+O bytes at 3.0 TB/s).
     masked: a HuggingFace-style bool attn_mask of shape (B, 1, S, S) (causal, and each batch
-            left-padded by a different amount), 16k tokens, S 1k/4k, D 64/128; labels end in
+            left-padded by a different amount), 16k tokens, S 4k at D 64/128 and S 1k at D 128;
+            labels end in
             "bmask". The same mask goes to every implementation (flash takes none: skipped).
             TFLOP/s counts all S*S pairs (no implementation skips masked tiles).
-    --extra adds a GQA 32:8 causal prefill shape and two D=96 (Phi-3-mini) prefill shapes.
+    --extra adds a GQA 32:8 causal prefill shape, two D=96 (Phi-3-mini) prefill shapes, and
+            small grids: chunks of 128-512 queries against a 4k-32k cache (GQA 32:8) and a
+            B=1 causal prefill, also timed inside a CUDA graph.
     --quick runs a handful of these (smoke test).
   Backward rows (pass "bwd"; issue 6): the time of the backward alone, from a saved forward
     (torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one forward under the
@@ -601,7 +605,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small subset (smoke test)")
     ap.add_argument("--bf16", action="store_true", help="also bf16 (default: fp16 only)")
-    ap.add_argument("--extra", action="store_true", help="add decode and GQA shapes")
+    ap.add_argument("--extra", action="store_true", help="add GQA prefill, D=96 and small-grid shapes")
     ap.add_argument("--json", metavar="PATH", help="JSON output path (default: OUT_DIR/<card>_<date>.json)")
     ap.add_argument("--out-dir", metavar="DIR", default=os.path.join(REPO, "bench", "results"))
     ap.add_argument("--no-json", action="store_true", help="do not write JSON")
