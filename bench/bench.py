@@ -19,8 +19,8 @@ What it measures
             (memory-bound: compare `us` with the row's `floor_us`, the Q+K+V+O bytes at 3.0 TB/s).
     masked: a HuggingFace-style bool attn_mask of shape (B, 1, S, S) (causal, and each batch
             left-padded by a different amount), 16k tokens, S 4k at D 64/128 and S 1k at D 128;
-            labels end in
-            "bmask". The same mask goes to every implementation (flash takes none: skipped).
+            labels end in "bmask". The same mask goes to every implementation (flash takes none:
+            skipped).
             TFLOP/s counts all S*S pairs (no implementation skips masked tiles).
     --extra adds a GQA 32:8 causal prefill shape, two D=96 (Phi-3-mini) prefill shapes, and
             small grids: chunks of 128-512 queries against a 4k-32k cache (GQA 32:8) and a
