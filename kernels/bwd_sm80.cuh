@@ -102,8 +102,7 @@ __device__ __forceinline__ void acc_times_tile(float (&acc)[kDTiles][4], const f
             uint32_t bf[4];
             const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
             ldmatrix_x4_trans(bf, smem_addr(tile + swizzled<kChunks>(r, dp2 * 2 + (lane >> 4))));
-            mma_16816<Elem>(acc[2 * dp2], af, bf[0], bf[1]);
-            mma_16816<Elem>(acc[2 * dp2 + 1], af, bf[2], bf[3]);
+            mma_16816_pair<Elem>(acc[2 * dp2], acc[2 * dp2 + 1], af, bf);
         }
     }
 }
@@ -256,11 +255,9 @@ dq_kernel(const fc_bwd_params p) {
                 const int off = swizzled<kChunks>(r, kk * 2 + ((lane >> 3) & 1));
                 uint32_t kf[4], vf[4];
                 ldmatrix_x4(kf, smem_addr(k_tile + off));
-                mma_16816<Elem>(s[2 * np], q_frag[kk], kf[0], kf[1]);
-                mma_16816<Elem>(s[2 * np + 1], q_frag[kk], kf[2], kf[3]);
+                mma_16816_pair<Elem>(s[2 * np], s[2 * np + 1], q_frag[kk], kf);
                 ldmatrix_x4(vf, smem_addr(v_tile + off));
-                mma_16816<Elem>(dp[2 * np], do_frag[kk], vf[0], vf[1]);
-                mma_16816<Elem>(dp[2 * np + 1], do_frag[kk], vf[2], vf[3]);
+                mma_16816_pair<Elem>(dp[2 * np], dp[2 * np + 1], do_frag[kk], vf);
             }
         }
 
@@ -434,8 +431,7 @@ dkdv_kernel(const fc_bwd_params p) {
                 uint32_t qf[4];
                 const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
                 ldmatrix_x4(qf, smem_addr(q_tile + swizzled<kChunks>(r, kk * 2 + ((lane >> 3) & 1))));
-                mma_16816<Elem>(s[2 * np], kf, qf[0], qf[1]);
-                mma_16816<Elem>(s[2 * np + 1], kf, qf[2], qf[3]);
+                mma_16816_pair<Elem>(s[2 * np], s[2 * np + 1], kf, qf);
             }
         }
 
@@ -473,8 +469,7 @@ dkdv_kernel(const fc_bwd_params p) {
                 uint32_t df[4];
                 const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
                 ldmatrix_x4(df, smem_addr(do_tile + swizzled<kChunks>(r, kk * 2 + ((lane >> 3) & 1))));
-                mma_16816<Elem>(dp[2 * np], vf, df[0], df[1]);
-                mma_16816<Elem>(dp[2 * np + 1], vf, df[2], df[3]);
+                mma_16816_pair<Elem>(dp[2 * np], dp[2 * np + 1], vf, df);
             }
         }
 

@@ -431,8 +431,7 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
             for (int kk = 0; kk < kSteps16; ++kk) {
                 uint32_t b[4];
                 ldmatrix_x4(b, base + kk * 16 * 2);
-                mma_16816<Elem>(sc[0], q_frag[kk], b[0], b[1]);
-                mma_16816<Elem>(sc[1], q_frag[kk], b[2], b[3]);
+                mma_16816_pair<Elem>(sc[0], sc[1], q_frag[kk], b);
             }
         }
         // Mask, scale into base-2 logits, online softmax per row (a row's 16 scores live in the

@@ -401,8 +401,7 @@ fwd_kernel(const fc_params p) {
                     ldmatrix_x4(kf, chunk_pair_addr(k_base, kk) + np * 16 * kRowBytes);
 #pragma unroll
                     for (int a = 0; a < kAtoms; ++a) {
-                        mma_16816<Elem>(s[a][2 * np], qf[a], kf[0], kf[1]);
-                        mma_16816<Elem>(s[a][2 * np + 1], qf[a], kf[2], kf[3]);
+                        mma_16816_pair<Elem>(s[a][2 * np], s[a][2 * np + 1], qf[a], kf);
                     }
                 }
             }
@@ -514,8 +513,7 @@ fwd_kernel(const fc_params p) {
                     ldmatrix_x4_trans(vf, chunk_pair_addr(v_base, dp) + kk * 16 * kRowBytes);
 #pragma unroll
                     for (int a = 0; a < kAtoms; ++a) {
-                        mma_16816<Elem>(o_acc[a][2 * dp], pf[a], vf[0], vf[1]);
-                        mma_16816<Elem>(o_acc[a][2 * dp + 1], pf[a], vf[2], vf[3]);
+                        mma_16816_pair<Elem>(o_acc[a][2 * dp], o_acc[a][2 * dp + 1], pf[a], vf);
                     }
                 }
             }

@@ -86,6 +86,15 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Two n8 tiles from one ldmatrix_x4 of B: d0 += A * (b[0], b[1]) and d1 += A * (b[2], b[3]),
+// the pair every 16-column step of these kernels issues.
+template <typename Elem>
+__device__ __forceinline__ void mma_16816_pair(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4],
+                                               const uint32_t (&b)[4]) {
+    mma_16816<Elem>(d0, a, b[0], b[1]);
+    mma_16816<Elem>(d1, a, b[2], b[3]);
+}
+
 // Pack two fp32 values into one 32-bit register of two 16-bit values (lo = first).
 template <typename Elem>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
