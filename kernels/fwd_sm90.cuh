@@ -850,7 +850,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
         }
         splits = fc_prefill_splits(tiles, (p.seqlen_k + T::kBlockN - 1) / T::kBlockN, wave, kMaxKvSplits);
     }
-    if (splits > 1 && tiles * splits <= INT32_MAX) {  // (a forced split of a huge grid runs unsplit)
+    if (splits > 1) {
         cudaLaunchAttribute cluster;
         const cudaLaunchConfig_t cfg =
             cluster_launch_config(tiles * splits, splits, T::kThreads, T::kSmemBytes, stream, &cluster);
