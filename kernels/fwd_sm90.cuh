@@ -483,10 +483,14 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // Ping-pong between the consumer warpgroups (measured against free-running consumers, same
     // run: D=128 non-causal 4k 613 vs 569 TFLOP/s, D=64 474 vs 388; bench/NOTES.md v4): each
     // issues its GEMMs only in its turn, so the others' softmax runs while its GEMMs hold the
-    // tensor cores. Turns go round a ring through
-    // named barriers 1..W (256 threads: the waiting and the passing warpgroup). In every tile
-    // the last consumer gives consumer 0 the first turn and skips its own last pass, so the
-    // arrivals balance (each warpgroup has one GEMM section per key tile it runs, plus one).
+    // tensor cores. Turns go round a ring through named barriers 1..W (256 threads: the waiting
+    // and the passing warpgroup), and the ring runs on across tiles: every warpgroup has the same
+    // number of GEMM sections in a tile (one per key tile, plus one), so after the last
+    // warpgroup's final P V of a tile, consumer 0 starts the next tile's S = Q K^T while the
+    // others still write their output (EXPERIMENT, branch sm90-ring: before, the ring restarted
+    // per tile and every tile's epilogues ran with the tensor cores idle). The last consumer
+    // starts the ring at the CTA's first tile that has key tiles, and skips its pass after the
+    // final section of the CTA's last tile, so no arrival is left over.
     auto wait_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory"); };
     auto pass_turn = [&](bool last_section) {
         if (!(consumer == kW - 1 && last_section))
@@ -495,6 +499,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
     int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
     int local = 0;
+    bool ring_started = false;
     for (int t = snake_tile(0, n_tiles, cluster_size()); t < n_tiles; t = snake_tile(++local, n_tiles, cluster_size())) {
         const Tile tile = decode_tile(t, m_blocks, heads_q);
         const KeyRange keys = key_range(tile.m_block);  // key tiles [first, end) of this CTA
@@ -575,7 +580,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // sits in ring slot `slot0 + n` (slots count every tile this CTA has consumed).
         if (keys.first < keys.end) {
             const int first = keys.first, end = keys.end, slot0 = kv_iter - first;
-            if (consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+            if (!ring_started && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+            ring_started = true;
+            // In split mode a CTA has one tile; persistent CTAs' tiles all have key tiles, so the
+            // CTA's last tile is the one without a successor.
+            const bool last_tile = snake_tile(local + 1, n_tiles, cluster_size()) >= n_tiles;
             wait_barrier(&bars.q_full, q_loads++ & 1);
 
             wait_turn();
@@ -605,7 +614,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             }
             wait_turn();
             issue_pv(slot0 + end - 1);
-            pass_turn(true);  // the tile's last GEMM section
+            pass_turn(last_tile);  // the tile's last GEMM section
             wgmma_wait<0>();
             fence_registers(o_acc);
             release(&bars.v_empty[(slot0 + end - 1) % kStages]);
