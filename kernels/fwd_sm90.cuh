@@ -487,8 +487,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // and the passing warpgroup), and the ring runs on across tiles: every warpgroup has the same
     // number of GEMM sections in a tile (one per key tile, plus one), so after the last
     // warpgroup's final P V of a tile, consumer 0 starts the next tile's S = Q K^T while the
-    // others still write their output (EXPERIMENT, branch sm90-ring: before, the ring restarted
-    // per tile and every tile's epilogues ran with the tensor cores idle). The last consumer
+    // others still write their output (before, the ring restarted per tile and every tile's
+    // epilogues ran with the tensor cores idle). Measured (H100, fp16, two passes each, ratio to
+    // cuDNN in the same run): D=128 S=512 0.79 -> 0.86, 1k 0.88 -> 0.92, causal 512 0.84 ->
+    // 0.90; D=64 causal 512 0.82 -> 0.87, 1k 0.84 -> 0.91; S >= 4k within the run's spread;
+    // geomean over 49 shapes 0.949 / 0.946 -> 0.956 / 0.959. The last consumer
     // starts the ring at the CTA's first tile that has key tiles, and skips its pass after the
     // final section of the CTA's last tile, so no arrival is left over.
     auto wait_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory"); };
