@@ -315,8 +315,10 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits) {
  */
 #define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT 2
 
+int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave) { return tiles * 2 <= ctas_per_wave; }
+
 int fc_prefill_splits(int64_t tiles, int64_t key_tiles, const int *wave_ctas, int max_splits) {
-    if (tiles <= 0 || wave_ctas == NULL || tiles * 2 > wave_ctas[1]) return 1;
+    if (tiles <= 0 || wave_ctas == NULL || !fc_grid_is_small(tiles, wave_ctas[1])) return 1;
     int best = 1;
     for (int s = 2; s <= max_splits; ++s)
         if (tiles * s <= wave_ctas[s] && key_tiles >= (int64_t)s * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT) best = s;

@@ -37,6 +37,10 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
  * tiles, given wave_ctas[s] = the CTAs that run at once in clusters of s, s = 1..max_splits.
  */
 int fc_prefill_splits(int64_t tiles, int64_t key_tiles, const int *wave_ctas, int max_splits);
+/* A small grid: `tiles` CTAs fill at most half of `ctas_per_wave` (the SMs, for one CTA per SM).
+ * The Hopper family cuts such grids' keys (fc_prefill_splits) and gives D=64 its short
+ * configuration for them (kernels/fwd_sm90.cuh, launch_fwd). */
+int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave);
 
 /* For c_src/bwd.c (defined in flashcore.c): the current device's compute capability and SM
  * count (cached), the thread's last CUDA error, and the stride / alignment / offset checks of

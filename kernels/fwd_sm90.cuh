@@ -76,10 +76,15 @@ struct FwdConfig<64, kCausal, kShort> {
     static constexpr int kProducerRegs = kShort ? 24 : 32, kConsumerRegs = kShort ? 240 : 160;
 };
 // D=128: non-causal takes 176-key tiles (fewer, longer GEMMs per softmax); causal keeps 128 so
-// that diagonal tiles waste less work.
+// that diagonal tiles waste less work, and with them a third stage fits (225 KB): causal S=512
+// 0.885-0.894 -> 0.901-0.903x cuDNN, 1k-4k unchanged (three passes each, same run).
+// Also measured, with the ping-pong ring running on across tiles: non-causal with 128-key
+// tiles for key sequences <= 1024 (512 keys are 4 full tiles, not 3 with padding): S=512
+// 0.855-0.859 -> 0.859-0.861x, 1k unchanged; not worth a kernel instantiation. (Without that
+// ring it had been 0.78-0.80 -> 0.84x: the ring took the same fill-and-drain time.)
 template <bool kCausal, bool kShort>
 struct FwdConfig<128, kCausal, kShort> {
-    static constexpr int kConsumerWarpgroups = 2, kBlockN = kCausal ? 128 : 176, kStages = 2;
+    static constexpr int kConsumerWarpgroups = 2, kBlockN = kCausal ? 128 : 176, kStages = kCausal ? 3 : 2;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 // D=256: O alone takes 128 registers per consumer thread and a K or V row is 512 bytes, so
@@ -776,6 +781,12 @@ inline cudaLaunchConfig_t cluster_launch_config(int64_t grid, int cluster_size, 
     return cfg;
 }
 
+// The (query block, head, batch) tiles of a call in configuration T.
+template <typename T>
+int64_t tile_count(const fc_params &p) {
+    return (p.seqlen_q + T::kBlockM - 1) / T::kBlockM * p.heads_q * p.batch;
+}
+
 template <typename Elem, int kHeadDim, bool kCausal, bool kShort>
 cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
     using T = FwdTraits<kHeadDim, kCausal, kShort>;
@@ -793,17 +804,16 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
 
     auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShort>;
-    // Per device, once: the shared-memory opt-in (cudaFuncSetAttribute) and the SM count.
-    static int sm_count[64];  // 0 = this device not configured yet
-    int device = 0;
+    int device = 0, major = 0, minor = 0, sms = 0;
     err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    int sms = device < 64 ? __atomic_load_n(&sm_count[device], __ATOMIC_ACQUIRE) : 0;
-    if (sms == 0) {
+    if (fc_device_info_(&major, &minor, &sms) != FC_OK) return fc_last_cuda_error();
+    // Per device, once: the shared-memory opt-in.
+    static int configured[64];
+    if (device >= 64 || !__atomic_load_n(&configured[device], __ATOMIC_ACQUIRE)) {
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
         if (err != cudaSuccess) return err;
-        if (device < 64) __atomic_store_n(&sm_count[device], sms, __ATOMIC_RELEASE);
+        if (device < 64) __atomic_store_n(&configured[device], 1, __ATOMIC_RELEASE);
     }
     // A persistent grid, about one CTA per SM (each needs most of an SM's shared memory), looping
     // over the tiles in snake order (snake_tile), so the next tile's loads overlap the current
@@ -821,7 +831,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
     // hence the 64-block limit. Before the pairing, 132 CTAs in snake order lost 27% at D=128
     // 16k (128 blocks per head do not divide 2 x 132), and plain round-robin lost 40% at D=64 4k.
     const int64_t m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
-    const int64_t tiles = m_blocks * p.heads_q * p.batch;
+    const int64_t tiles = tile_count<T>(p);
 
     // Split-KV for grids that leave most SMs idle (B=1 prefill, a chunk of queries against a
     // cache): clusters of `splits` CTAs share each tile's key tiles and merge through
@@ -841,7 +851,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
     const char *forced = getenv("FLASHCORE_KV_SPLITS");
     if (forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits && forced[1] == '\0') {
         splits = forced[0] - '0';
-    } else if (tiles * 2 <= sms) {
+    } else if (fc_grid_is_small(tiles, sms)) {  // (saves the occupancy query on full grids)
         // CTAs that run at once in clusters of s (s = 1..8), per device, queried once.
         static int wave_ctas[64][kMaxKvSplits + 1];
         static int wave_known[64];
@@ -899,10 +909,9 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
             short_q = forced[0] == '1';
         } else {
             int major = 0, minor = 0, sms = 0;
-            constexpr int64_t kLongBlockM = FwdTraits<kHeadDim, kCausal, false>::kBlockM;
-            const int64_t tiles = (p.seqlen_q + kLongBlockM - 1) / kLongBlockM * p.heads_q * p.batch;
             short_q = p.seqlen_q <= kShortSeqlenQ &&
-                      (kCausal || (fc_device_info_(&major, &minor, &sms) == FC_OK && tiles * 2 <= sms));
+                      (kCausal || (fc_device_info_(&major, &minor, &sms) == FC_OK &&
+                                   fc_grid_is_small(tile_count<FwdTraits<kHeadDim, kCausal, false>>(p), sms)));
         }
         if (short_q) return launch_fwd_config<Elem, kHeadDim, kCausal, true>(p, stream);
     }

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# A/B(/C...) of source trees on one GPU machine: build each (in its own build/), then run
+# bench/bench.py on them in turn (A B A B ...), each pass with its own JSON, and print
+# bench/compare.py's table (cuDNN time / FlashCore time per shape and pass, geomean).
+#
+# Usage: bash ci/ab.sh TREE_A TREE_B [TREE_C ...] [-- bench.py options...]
+#   PASSES (default 2) passes per tree; OUT (default ./gpu-out) receives a1.json, b1.json, ...,
+#   ab_build.log and ab.txt. Default bench options: --impls cudnn,flashcore --no-bwd.
+# Make the trees with `git archive REV | tar -x -C DIR` (the device copies no .git).
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+TREES=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do TREES+=("$(cd "$1" && pwd)"); shift; done
+[ $# -gt 0 ] && shift
+ARGS=("$@")
+[ ${#ARGS[@]} -eq 0 ] && ARGS=(--impls cudnn,flashcore --no-bwd)
+LABELS=(a b c d e f g h)
+for i in "${!TREES[@]}"; do
+  tree=${TREES[$i]}
+  echo "=== build ${LABELS[$i]}: $tree ($(date +%T))"
+  (cd "$tree" && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+     -DPython3_EXECUTABLE="$(command -v "$PY")" && cmake --build build) >> "$OUT/ab_build.log" 2>&1 ||
+    { tail -n 30 "$OUT/ab_build.log"; echo "BUILD FAILED: $tree"; exit 1; }
+done
+files=()
+for pass in $(seq 1 "${PASSES:-2}"); do
+  for i in "${!TREES[@]}"; do
+    tree=${TREES[$i]}; name=${LABELS[$i]}$pass
+    echo "=== pass $pass, ${LABELS[$i]} ($(date +%T))"
+    (cd "$tree" && PYTHONPATH=$tree/python timeout 300 "$PY" bench/bench.py "${ARGS[@]}" \
+       --json "$OUT/$name.json") > "$OUT/$name.log" 2>&1 || { tail -n 20 "$OUT/$name.log"; echo "BENCH FAILED: $name"; }
+    files+=("$OUT/$name.json")
+  done
+done
+"$PY" "${TREES[0]}/bench/compare.py" "${files[@]}" --impl flashcore | tee "$OUT/ab.txt"
