@@ -178,8 +178,11 @@ def shape_set(quick, bf16, extra):
             for B in (1, 8, 32):
                 for hkv in (32, 8):
                     for sk in (1024, 8192, 32768, 131072):
-                        if B * hkv * sk * 128 * 2 * 2 <= 24 << 30:
-                            out.append(Shape(B, 32, hkv, 1, sk, 128, False, dt))
+                        kv_bytes = B * hkv * sk * 128 * 2 * 2
+                        if kv_bytes <= 24 << 30:
+                            # Up to 256 MB of K and V (~90 us at the copy bound) an eager call
+                            # can be bound by the host, so these rows are also timed in a graph.
+                            out.append(Shape(B, 32, hkv, 1, sk, 128, False, dt, graph=kv_bytes <= 1 << 28))
         # attn_mask (issue 3): HuggingFace's padded prefill, kept to a few shapes for time.
         for S, D in ((4096, 64), (4096, 128), (1024, 128)) if not quick else ((4096, 128),):
             B, H = 16384 // S, 2048 // D

@@ -273,15 +273,18 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
 }
 
 /*
- * Split count for the decode kernel. Its CTAs are bandwidth-bound and about three fit on an SM
- * (D=128: ~70 KB of K/V ring each), so the aim is one full wave: split each (batch, KV head)
- * into as many key ranges as still fit in SMs x 3 CTAs, never more (a second, partial wave
- * runs with too few bytes in flight), each range at least 2 chunks (64 keys), at most 64.
- * B x Hkv >= SMs x 3 / 2 gets no split. History (bench/NOTES.md): 8-chunk ranges left B=1,
- * Hkv=8, Sk=1024 at 4 splits (23.8 us, cuDNN 12.7; now 12.4 us with 2-chunk ranges).
+ * Split count for the decode kernel. Its CTAs are bandwidth-bound and up to three fit on an SM
+ * (D=128: ~70 KB of K/V ring each). Split each (batch, KV head) into as many key ranges as
+ * still fit in SMs x FC_DECODE_CTAS_PER_SM CTAs, never more (a second, partial wave runs with
+ * too few bytes in flight), each range at least 2 chunks (64 keys), at most 64. Two CTAs per
+ * SM, not the three that fit: fewer, longer ranges each fill their pipeline longer and leave
+ * fewer partials to merge. Measured (H100, D=128, two passes, ratio to cuDNN in the same run):
+ * B=1 Hq=32 Hkv=8 Sk=8192 0.91-0.93 -> 0.95, Sk=32768 0.93-0.94 -> 0.95-0.96, B=8 Hkv=8
+ * Sk=1k-32k 0.92-0.94 -> 0.95-0.97, unsplit rows unchanged; ranges of at least 4 chunks
+ * instead of 2 gained less (0.92-0.93 at B=1 Hkv=8 Sk=8192). History (bench/NOTES.md): 8-chunk
+ * ranges left B=1, Hkv=8, Sk=1024 at 4 splits (23.8 us, cuDNN 12.7; 12.4 us with 2-chunk).
  */
 #define FC_DECODE_MIN_CHUNKS_PER_SPLIT 2
-#define FC_DECODE_CTAS_PER_SM 3
 #define FC_DECODE_MAX_SPLITS 64
 
 int fc_decode_splits(const fc_params *p, int sm_count) {

@@ -29,6 +29,8 @@ int fc_decode_splits(const fc_params *p, int sm_count);
 /* Keys per pipeline chunk of the decode kernels (kernels/decode_sm80.cuh); the split heuristic
  * counts key ranges in these chunks. */
 #define FC_DECODE_CHUNK 32
+/* The decode split aims at one wave of this many CTAs per SM (fc_decode_splits). */
+#define FC_DECODE_CTAS_PER_SM 2
 int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
 
 /*

@@ -6,6 +6,8 @@
 # Usage: bash ci/ab.sh TREE_A TREE_B [TREE_C ...] [-- bench.py options...]
 #   PASSES (default 2) passes per tree; OUT (default ./gpu-out) receives a1.json, b1.json, ...,
 #   ab_build.log and ab.txt. Default bench options: --impls cudnn,flashcore --no-bwd.
+#   CMAKE_ARGS adds configure options (e.g. "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=fp16
+#   -DFLASHCORE_CUDA_ARCHS=90a" for a faster build when the bench rows need no more).
 # Make the trees with `git archive REV | tar -x -C DIR` (the device copies no .git).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -21,7 +23,7 @@ for i in "${!TREES[@]}"; do
   tree=${TREES[$i]}
   echo "=== build ${LABELS[$i]}: $tree ($(date +%T))"
   (cd "$tree" && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-     -DPython3_EXECUTABLE="$(command -v "$PY")" && cmake --build build) >> "$OUT/ab_build.log" 2>&1 ||
+     -DPython3_EXECUTABLE="$(command -v "$PY")" ${CMAKE_ARGS:-} && cmake --build build) >> "$OUT/ab_build.log" 2>&1 ||
     { tail -n 30 "$OUT/ab_build.log"; echo "BUILD FAILED: $tree"; exit 1; }
 done
 files=()

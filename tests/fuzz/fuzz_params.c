@@ -638,14 +638,15 @@ static void check_contiguous(reader *r, fc_params *p) {
     if (s != FC_OK) REQUIRE(s == FC_ERR_STRIDE_ALIGNMENT || s == FC_ERR_OFFSET_OVERFLOW);
 }
 
-/* c_src/dispatch.h (internal; this target is built from c_src's sources). */
-int fc_decode_splits(const fc_params *p, int sm_count);
-int fc_prefill_splits(int64_t tiles, int64_t key_tiles, const int *wave_ctas, int max_splits);
+/* fc_decode_splits, fc_prefill_splits: c_src/dispatch.h (internal; this target is built from
+ * c_src's sources). */
+#include "dispatch.h"
 
 /*
  * The split-KV heuristic's promises over a grid of shapes, once per run: the fuzzer rarely
  * reaches a decode call with a long Sk, few (batch, KV head) pairs and a workspace. At most
- * one wave of SMs x 3 CTAs, every key range at least 2 chunks of 32 keys, at most 64 ranges.
+ * one wave of SMs x FC_DECODE_CTAS_PER_SM CTAs, every key range at least 2 chunks of 32 keys,
+ * at most 64 ranges.
  */
 static void check_split_heuristic(void) {
     static const int64_t kSeqlenK[] = {1, 31, 32, 63, 64, 65, 1000, 4096, 32768, 131072, (int64_t)1 << 30};
@@ -666,11 +667,11 @@ static void check_split_heuristic(void) {
                 const int splits = fc_decode_splits(&p, kSms[j]);
                 REQUIRE(splits >= 1 && splits <= 64);
                 if (splits > 1) {
-                    REQUIRE(ctas * splits <= 3 * (int64_t)sms);
+                    REQUIRE(ctas * splits <= FC_DECODE_CTAS_PER_SM * (int64_t)sms);
                     REQUIRE(splits * 2 <= (p.seqlen_k + 31) / 32);
                 }
                 /* It does split a call that leaves most of the wave empty and has the keys. */
-                if (ctas * 2 <= 3 * (int64_t)sms && p.seqlen_k >= 4 * 32) REQUIRE(splits >= 2);
+                if (ctas * 2 <= FC_DECODE_CTAS_PER_SM * (int64_t)sms && p.seqlen_k >= 4 * 32) REQUIRE(splits >= 2);
             }
         }
     }

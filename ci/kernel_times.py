@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""GPU kernels per call, FlashCore beside cuDNN, from torch.profiler (CUPTI): which kernels a
+call launches and how long each runs on the GPU, without the launch gaps or host time that
+bench.py's per-call medians include. Run on the GPU machine after a build:
+
+  PYTHONPATH=python python ci/kernel_times.py B HQ HKV SQ SK D [causal]   (fp16)
+
+Each implementation is called 20 times after a warm-up, L2 flushed before each call as in
+bench.py; printed: per kernel name, calls per implementation call and mean GPU us.
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
+
+import flashcore  # noqa: F401  (registers torch.ops.flashcore)
+
+
+def main():
+    b, hq, hkv, sq, sk, d = (int(x) for x in sys.argv[1:7])
+    causal = len(sys.argv) > 7 and sys.argv[7] in ("1", "causal", "yes")
+    q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.float16)
+    k = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    gqa = hq != hkv
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    def fc():
+        return torch.ops.flashcore.sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    print(f"B={b} Hq={hq} Hkv={hkv} Sq={sq} Sk={sk} D={d} causal={causal} on {torch.cuda.get_device_name()}")
+    print(flashcore.explain(q, k, v, is_causal=causal, enable_gqa=gqa))
+    calls = 20
+    for name, fn in (("cudnn", cudnn), ("flashcore", fc)):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                flush.zero_()
+                fn()
+            torch.cuda.synchronize()
+        print(f"-- {name}")
+        for e in prof.key_averages():
+            if e.device_type.name != "CUDA" or "fill" in e.key.lower() or "memset" in e.key.lower():
+                continue
+            total_us = getattr(e, "device_time_total", None) or e.cuda_time_total
+            print(f"   {e.count / calls:4.1f} x {total_us / e.count:9.2f} us  {e.key[:110]}")
+
+
+if __name__ == "__main__":
+    main()
