@@ -275,21 +275,25 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
 /*
  * Split count for the decode kernel. Its CTAs are bandwidth-bound and up to three fit on an SM
  * (D=128: ~70 KB of K/V ring each). Split each (batch, KV head) into as many key ranges as
- * still fit in SMs x FC_DECODE_CTAS_PER_SM CTAs, never more (a second, partial wave runs with
- * too few bytes in flight), each range at least 2 chunks (64 keys), at most 64. Two CTAs per
- * SM, not the three that fit: fewer, longer ranges each fill their pipeline longer and leave
- * fewer partials to merge. Measured (H100, D=128, two passes, ratio to cuDNN in the same run):
- * B=1 Hq=32 Hkv=8 Sk=8192 0.91-0.93 -> 0.95, Sk=32768 0.93-0.94 -> 0.95-0.96, B=8 Hkv=8
- * Sk=1k-32k 0.92-0.94 -> 0.95-0.97, unsplit rows unchanged; ranges of at least 4 chunks
- * instead of 2 gained less (0.92-0.93 at B=1 Hkv=8 Sk=8192). History (bench/NOTES.md): 8-chunk
- * ranges left B=1, Hkv=8, Sk=1024 at 4 splits (23.8 us, cuDNN 12.7; 12.4 us with 2-chunk).
+ * still fit in SMs x FC_DECODE_CTAS_PER_SM(p) CTAs, never more (a second, partial wave runs
+ * with too few bytes in flight), each range at least 2 chunks (64 keys), at most 64. For the
+ * tensor-core kernel (up to 16 rows) one CTA per SM, not the three that fit: fewer, longer
+ * ranges each keep their pipeline full for longer and leave fewer partials to merge. The
+ * CUDA-core kernel (17-32 rows) keeps three: its CTAs are latency-bound (see its comment). Measured (H100, D=128, Hq=32, two passes each, ratio to cuDNN
+ * in the same run; 3 -> 2 -> 1 CTAs per SM):
+ *   B=1 Hkv=8  Sk=8192 0.86-0.87 -> 0.91-0.93 (new merge) -> 0.95-0.96 -> 0.995
+ *   B=1 Hkv=8  Sk=128k 0.90-0.92 -> 0.92 -> 0.955;  B=1 Hkv=32 Sk=1k 0.98-0.99 -> 1.04
+ *   B=8 Hkv=8  Sk=1k-32k 0.92-0.94 -> 0.95-0.97 -> 0.95-0.98, but Sk=128k 0.956 -> 0.943
+ *   unsplit rows (B x Hkv >= 66) unchanged.
+ * Ranges of at least 4 chunks instead of 2 (at 2 CTAs per SM) gained less. History
+ * (bench/NOTES.md): 8-chunk ranges left B=1, Hkv=8, Sk=1024 at 4 splits (23.8 us, cuDNN 12.7).
  */
 #define FC_DECODE_MIN_CHUNKS_PER_SPLIT 2
 #define FC_DECODE_MAX_SPLITS 64
 
 int fc_decode_splits(const fc_params *p, int sm_count) {
     const int64_t ctas = p->batch * p->heads_kv;
-    const int64_t slots = (int64_t)FC_DECODE_CTAS_PER_SM * (sm_count > 0 ? sm_count : 1);
+    const int64_t slots = (int64_t)FC_DECODE_CTAS_PER_SM(p) * (sm_count > 0 ? sm_count : 1);
     int64_t splits = slots / (ctas > 0 ? ctas : 1);
     const int64_t chunks = (p->seqlen_k + FC_DECODE_CHUNK - 1) / FC_DECODE_CHUNK;
     const int64_t by_length = chunks / FC_DECODE_MIN_CHUNKS_PER_SPLIT;

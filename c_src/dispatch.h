@@ -29,8 +29,15 @@ int fc_decode_splits(const fc_params *p, int sm_count);
 /* Keys per pipeline chunk of the decode kernels (kernels/decode_sm80.cuh); the split heuristic
  * counts key ranges in these chunks. */
 #define FC_DECODE_CHUNK 32
-/* The decode split aims at one wave of this many CTAs per SM (fc_decode_splits). */
-#define FC_DECODE_CTAS_PER_SM 2
+/* Calls of up to this many rows per (batch, KV head), (Hq / Hkv) x Sq, run the tensor-core
+ * decode kernel; 17-32 rows the CUDA-core one (kernels/decode_sm80.cuh, launch_decode). */
+#define FC_DECODE_MMA_ROWS 16
+/* The decode split aims at one wave of this many CTAs per SM, per kernel (fc_decode_splits). */
+#define FC_DECODE_CTAS_PER_SM_MMA 1
+#define FC_DECODE_CTAS_PER_SM_ROWS 3
+/* The CTAs per SM fc_decode_splits aims at for these params. */
+#define FC_DECODE_CTAS_PER_SM(p) \
+    ((p)->heads_q / (p)->heads_kv * (p)->seqlen_q <= FC_DECODE_MMA_ROWS ? FC_DECODE_CTAS_PER_SM_MMA : FC_DECODE_CTAS_PER_SM_ROWS)
 int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
 
 /*

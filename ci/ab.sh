@@ -6,6 +6,8 @@
 # Usage: bash ci/ab.sh TREE_A TREE_B [TREE_C ...] [-- bench.py options...]
 #   PASSES (default 2) passes per tree; OUT (default ./gpu-out) receives a1.json, b1.json, ...,
 #   ab_build.log and ab.txt. Default bench options: --impls cudnn,flashcore --no-bwd.
+#   AB_ENV_a, AB_ENV_b, ... add environment settings to one tree's passes (a tree may be given
+#   twice, e.g. AB_ENV_b="FLASHCORE_SM90_SHORT=1" for a run-time switch).
 #   CMAKE_ARGS adds configure options (e.g. "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=fp16
 #   -DFLASHCORE_CUDA_ARCHS=90a" for a faster build when the bench rows need no more).
 # Make the trees with `git archive REV | tar -x -C DIR` (the device copies no .git).
@@ -31,7 +33,8 @@ for pass in $(seq 1 "${PASSES:-2}"); do
   for i in "${!TREES[@]}"; do
     tree=${TREES[$i]}; name=${LABELS[$i]}$pass
     echo "=== pass $pass, ${LABELS[$i]} ($(date +%T))"
-    (cd "$tree" && PYTHONPATH=$tree/python timeout 300 "$PY" bench/bench.py "${ARGS[@]}" \
+    env_var=AB_ENV_${LABELS[$i]}
+    (cd "$tree" && env ${!env_var:-} PYTHONPATH=$tree/python timeout 300 "$PY" bench/bench.py "${ARGS[@]}" \
        --json "$OUT/$name.json") > "$OUT/$name.log" 2>&1 || { tail -n 20 "$OUT/$name.log"; echo "BENCH FAILED: $name"; }
     files+=("$OUT/$name.json")
   done

@@ -665,7 +665,7 @@ cudaError_t launch_decode_mma(const fc_params &p, cudaStream_t stream) {
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_decode(const fc_params &p, cudaStream_t stream) {
     const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_q;  // <= kRowsLimit (fc_dispatch)
-    if (rows <= 16) return launch_decode_mma<Elem, kHeadDim, kCausal>(p, stream);
+    if (rows <= FC_DECODE_MMA_ROWS) return launch_decode_mma<Elem, kHeadDim, kCausal>(p, stream);
     return launch_decode_rows<Elem, kHeadDim, kRowsLimit, kCausal>(p, stream);
 }
 

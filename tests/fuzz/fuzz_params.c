@@ -645,7 +645,7 @@ static void check_contiguous(reader *r, fc_params *p) {
 /*
  * The split-KV heuristic's promises over a grid of shapes, once per run: the fuzzer rarely
  * reaches a decode call with a long Sk, few (batch, KV head) pairs and a workspace. At most
- * one wave of SMs x FC_DECODE_CTAS_PER_SM CTAs, every key range at least 2 chunks of 32 keys,
+ * one wave of SMs x FC_DECODE_CTAS_PER_SM(p) CTAs, every key range at least 2 chunks of 32 keys,
  * at most 64 ranges.
  */
 static void check_split_heuristic(void) {
@@ -659,7 +659,7 @@ static void check_split_heuristic(void) {
                 fc_params_init(&p);
                 p.batch = ctas % 2 ? ctas : 2;  /* B x Hkv = ctas either way */
                 p.heads_kv = ctas % 2 ? 1 : ctas / 2;
-                p.heads_q = p.heads_kv * 4;
+                p.heads_q = p.heads_kv * ((ctas + (int64_t)i) % 2 ? 4 : 32); /* both decode kernels */
                 p.seqlen_q = 1;
                 p.seqlen_k = kSeqlenK[i];
                 p.head_dim = 128;
@@ -667,11 +667,11 @@ static void check_split_heuristic(void) {
                 const int splits = fc_decode_splits(&p, kSms[j]);
                 REQUIRE(splits >= 1 && splits <= 64);
                 if (splits > 1) {
-                    REQUIRE(ctas * splits <= FC_DECODE_CTAS_PER_SM * (int64_t)sms);
+                    REQUIRE(ctas * splits <= FC_DECODE_CTAS_PER_SM(&p) * (int64_t)sms);
                     REQUIRE(splits * 2 <= (p.seqlen_k + 31) / 32);
                 }
                 /* It does split a call that leaves most of the wave empty and has the keys. */
-                if (ctas * 2 <= FC_DECODE_CTAS_PER_SM * (int64_t)sms && p.seqlen_k >= 4 * 32) REQUIRE(splits >= 2);
+                if (ctas * 2 <= FC_DECODE_CTAS_PER_SM(&p) * (int64_t)sms && p.seqlen_k >= 4 * 32) REQUIRE(splits >= 2);
             }
         }
     }
