@@ -10,11 +10,9 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 label=${LABEL:-B${B:-32}_H${HQ:-16}_S${SQ:-512}_D${D:-128}_c${CAUSAL:-0}}
-# The call script is ci/ncu_sm90.sh's (written to /tmp by it); write it here the same way.
-sed -n "/^cat > \/tmp\/fc_sm90_call.py <<'PY'/,/^PY$/p" ci/ncu_sm90.sh | sed '1d;$d' > /tmp/fc_sm90_call.py
 timeout 300 ncu --kernel-name regex:"fwd_kernel|sdpa" --launch-skip 4 --launch-count 2 --csv --page raw \
   --metrics "gpu__time_duration.sum,smsp__issue_active.avg.per_cycle_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-  python3 /tmp/fc_sm90_call.py > "$OUT/ncu_stalls_$label.csv" 2> "$OUT/ncu_stalls_$label.err"
+  python3 ci/sm90_call.py > "$OUT/ncu_stalls_$label.csv" 2> "$OUT/ncu_stalls_$label.err"
 echo "ncu rc $?"
 python3 - "$OUT/ncu_stalls_$label.csv" <<'PY'
 import csv, sys
