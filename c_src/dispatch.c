@@ -279,8 +279,9 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
  * with too few bytes in flight), each range at least 2 chunks (64 keys), at most 64. For the
  * tensor-core kernel (up to 16 rows) one CTA per SM, not the three that fit: fewer, longer
  * ranges each keep their pipeline full for longer and leave fewer partials to merge. The
- * CUDA-core kernel (17-32 rows) keeps three: its CTAs are latency-bound (see its comment). Measured (H100, D=128, Hq=32, two passes each, ratio to cuDNN
- * in the same run; 3 -> 2 -> 1 CTAs per SM):
+ * CUDA-core kernel (17-32 rows) keeps three: its CTAs are latency-bound (see its comment).
+ * Measured (H100, D=128, Hq=32, two passes each, ratio to cuDNN in the same run; 3 -> 2 -> 1
+ * CTAs per SM):
  *   B=1 Hkv=8  Sk=8192 0.86-0.87 -> 0.91-0.93 (new merge) -> 0.95-0.96 -> 0.995
  *   B=1 Hkv=8  Sk=128k 0.90-0.92 -> 0.92 -> 0.955;  B=1 Hkv=32 Sk=1k 0.98-0.99 -> 1.04
  *   B=8 Hkv=8  Sk=1k-32k 0.92-0.94 -> 0.95-0.97 -> 0.95-0.98, but Sk=128k 0.956 -> 0.943
