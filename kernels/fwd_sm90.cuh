@@ -320,9 +320,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
     extern __shared__ unsigned char smem_raw[];
     __shared__ Barriers<kStages> bars;
-    // Swizzled tiles need 1024-byte alignment.
-    unsigned char *smem = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+    // Swizzled tiles need 1024-byte alignment. Stepped from smem_raw (not rebuilt from an
+    // integer), so the compiler still knows the pointers are shared memory and stores through
+    // them (the split partials) are STS, not generic stores.
+    unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     unsigned char *smem_q = smem;
     unsigned char *smem_k = smem_q + T::kQBytes;
     unsigned char *smem_v = smem_k + kStages * T::kKVTileBytes;
@@ -670,7 +671,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             cluster_sync_all();  // every CTA's partials are written
             finish_split_rows<Elem, kHeadDim, kBlockM>(smem_addr(part_o), cluster_rank(), cluster_size(), threadIdx.x - 128, 128 * kW,
                                                        tile.m_block, tile.head, tile.batch, p);
-            cluster_sync_all();  // no CTA leaves (freeing its shared memory) while a peer reads it
+            // No CTA leaves (freeing its shared memory) while a peer reads it. Relaxed: every
+            // remote load above has returned (its value was stored), so nothing needs releasing,
+            // and the default release would wait for this CTA's global stores of O (a GPU-scope
+            // MEMBAR in the SASS).
+            ptx::barrier_cluster_arrive(ptx::sem_relaxed);
+            ptx::barrier_cluster_wait();
             continue;
         }
         if (p.lse != nullptr && (lane % 4) == 0) {
