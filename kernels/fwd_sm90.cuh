@@ -214,6 +214,9 @@ __device__ __forceinline__ int snake_tile(int round, int n_tiles, int splits) {
 // shared memory, and after a cluster barrier finalises 1/splits of the block's rows from every
 // CTA's partials, read through distributed shared memory. No workspace, no second kernel.
 constexpr int kMaxKvSplits = 8;  // the portable cluster size
+// Lazy rescaling of O (the softmax in fwd_kernel): the exponent base of a row moves only when
+// its max has grown by more than this, in exp2 units (p stays <= 256).
+constexpr float kLazyGrowthLog2 = 8.f;
 
 // Partials in the (then idle) K/V ring: O rows padded by 8 floats, so the float2 stores of a
 // warp's 8 rows spread over all banks (2 wavefronts for 256 bytes, the minimum).
@@ -526,7 +529,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
         // row_max is kept in raw score units; the scale (> 0, see fc_dispatch) goes into one
         // FFMA per element: p = exp2(s * scale * log2(e) - max * scale * log2(e)).
-        auto softmax = [&](int n, float (&rescale)[2]) {  // S(n) -> unnormalised P, in place
+        // Returns whether this warp moved its rows' exponent base (else O needs no rescaling).
+        auto softmax = [&](int n, float (&rescale)[2]) -> bool {  // S(n) -> unnormalised P, in place
             const int n_start = n * kBlockN;
             const bool ragged = n_start + kBlockN > seqlen_k;
             const bool crosses_diagonal = kCausal && n_start + kBlockN - 1 > wg_row0;
@@ -548,6 +552,19 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 for (int j = 0; j < kNTiles; ++j) mx[h] = fmaxf(mx[h], fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+            }
+            // Lazy rescaling: while no row of the warp has a max more than 2^kLazyGrowthLog2
+            // above its current base (in exp2 units), the base stays, so p <= 2^kLazyGrowthLog2
+            // (exact in fp16/bf16, whose relative precision does not depend on size), and O and
+            // the row sums need no rescaling. First tiles (base -inf) and fully masked rows
+            // (NaN growth) always rebase. One vote per warp and tile.
+            bool rebase_row = false;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) rebase_row |= !((mx[h] - row_max[h]) * scale_log2 <= kLazyGrowthLog2);
+            const bool rebase = __any_sync(0xffffffff, rebase_row);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (!rebase) mx[h] = row_max[h];
                 // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
                 base[h] = mx[h] == -INFINITY ? 0.f : mx[h] * scale_log2;
             }
@@ -587,6 +604,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 exponentiate(std::true_type{});
             else
                 exponentiate(std::false_type{});
+            return rebase;
         };
 
 #pragma unroll
@@ -623,11 +641,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 fence_registers(s);
                 release(&bars.k_empty[(slot0 + n) % kStages]);
                 if (n == end - 1) release(&bars.q_empty);
-                softmax(n, rescale);
+                const bool rebased = softmax(n, rescale);
                 wgmma_wait<0>();
                 fence_registers(o_acc);
                 release(&bars.v_empty[(slot0 + n - 1) % kStages]);
-                rescale_o(rescale);
+                if (rebased) rescale_o(rescale);  // else every factor is 1
                 convert_p();
             }
             wait_turn();
