@@ -354,17 +354,28 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
     Elem *ring = reinterpret_cast<Elem *>(smem_raw) + warp * T::kStages * T::kStageElems;
     const Elem *k = static_cast<const Elem *>(p.k) + batch * p.k_stride_b + head_kv * p.k_stride_h;
     const Elem *v = static_cast<const Elem *>(p.v) + batch * p.v_stride_b + head_kv * p.v_stride_h;
+    // A lane copies the same 16-byte column of every kRowsPerPass-th row: its column and first
+    // row are fixed, so each copy only steps two pointers (a per-copy 64-bit address from the
+    // item index took ~30 instructions per 16-byte copy).
+    constexpr int kPiecesPerRow = kHeadDim / 8;  // 16-byte pieces per K or V row
+    static_assert(32 % kPiecesPerRow == 0, "a warp must cover whole rows");
+    constexpr int kRowsPerPass = 32 / kPiecesPerRow;
+    const int lane_row = lane / kPiecesPerRow, lane_col = (lane % kPiecesPerRow) * 8;
+    const int64_t k_pass_stride = kRowsPerPass * p.k_stride_s, v_pass_stride = kRowsPerPass * p.v_stride_s;
     auto load_step = [&](int step, int stage) {  // this warp's step `step` into its `stage`
-        Elem *k_s = ring + stage * T::kStageElems, *v_s = k_s + T::kStepKeys * T::kRowElems;
-        const int key0 = key_begin + step * T::kStepKeys;
-        constexpr int kPieces = T::kStepKeys * (kHeadDim / 8);  // 16-byte pieces per tensor
-#pragma unroll 1  // unrolled, the loop-invariant addresses took ~60 registers (spills at 3 CTAs/SM)
-        for (int item = lane; item < kPieces; item += 32) {
-            const int row = item / (kHeadDim / 8), col = (item % (kHeadDim / 8)) * 8;
-            const bool valid = key0 + row < key_end;
-            const int64_t key = valid ? key0 + row : 0;
-            cp_async_16_l2_256(smem_addr(k_s + row * T::kRowElems + col), k + key * p.k_stride_s + col, valid);
-            cp_async_16_l2_256(smem_addr(v_s + row * T::kRowElems + col), v + key * p.v_stride_s + col, valid);
+        const uint32_t k_dst = smem_addr(ring + stage * T::kStageElems + lane_row * T::kRowElems + lane_col);
+        const uint32_t v_dst = k_dst + T::kStepKeys * T::kRowElems * 2;
+        const int key = key_begin + step * T::kStepKeys + lane_row;
+        const Elem *k_src = k + key * p.k_stride_s + lane_col;
+        const Elem *v_src = v + key * p.v_stride_s + lane_col;
+#pragma unroll
+        for (int pass = 0; pass < T::kStepKeys / kRowsPerPass; ++pass) {
+            const bool valid = key + pass * kRowsPerPass < key_end;  // else zero-filled
+            const uint32_t offset = pass * kRowsPerPass * T::kRowElems * 2;
+            cp_async_16_l2_256(k_dst + offset, valid ? k_src : k, valid);
+            cp_async_16_l2_256(v_dst + offset, valid ? v_src : v, valid);
+            k_src += k_pass_stride;
+            v_src += v_pass_stride;
         }
     };
     // Warp w's i-th step is the split's step w + kWarps i. Prologue: its first kStages - 1 steps

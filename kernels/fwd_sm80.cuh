@@ -87,6 +87,10 @@ namespace sm80 {
 //     spills at 255 registers; on Hopper the sm90 family runs D=256 anyway unless forced.
 //   * Masked: 64 x 64 for D=32/80/96 (158-253 registers), 64 x 32 for D=256 (255 registers;
 //     a 64-key tile would not fit 99 KB beside its mask tile).
+// Lazy rescaling of O (the online softmax in fwd_kernel): a row's exponent base moves only when
+// its max has grown by more than this, in exp2 units (p stays <= 256).
+constexpr float kLazyGrowthLog2 = 8.f;
+
 template <int kHeadDim, bool kMasked = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
@@ -463,22 +467,38 @@ fwd_kernel(const fc_params p) {
 
         if (active) {
             // ---- online softmax: new row max, rescale O and the running sum ----
+            // Base-2 units: exp2(x). Natural units: exp2(x * log2(e)), x max-subtracted.
+            const float units = kNatural ? kLog2e : 1.f;
+            float mx[kAtoms][2];
+            bool rebase_row = false;
 #pragma unroll
             for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    float mx = row_max[a][h];
+                    float m = row_max[a][h];
 #pragma unroll
                     for (int j = 0; j < kNTiles; ++j)
-                        mx = fmaxf(mx, fmaxf(s[a][j][2 * h], s[a][j][2 * h + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                        m = fmaxf(m, fmaxf(s[a][j][2 * h], s[a][j][2 * h + 1]));
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+                    mx[a][h] = m;
+                    rebase_row |= !((m - row_max[a][h]) * units <= kLazyGrowthLog2);
+                }
+            // Lazy rescaling: while no row of the warp has a max more than 2^kLazyGrowthLog2
+            // above its current base (exp2 units), the bases stay: p <= 2^kLazyGrowthLog2 (exact
+            // in fp16/bf16) and O and the sums need no rescaling. First tiles (base -inf) and
+            // fully masked rows (NaN growth) always rebase. One vote per warp and tile.
+            // (Not at D=256: its 255 registers spilled with the extra state.)
+            const bool rebase = kHeadDim == 256 || __any_sync(0xffffffff, rebase_row);
+#pragma unroll
+            for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (!rebase) mx[a][h] = row_max[a][h];
                     // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
-                    const float base = mx == -INFINITY ? 0.f : mx;
-                    // Base-2 units: exp2(x). Natural units: exp2(x * log2(e)), x max-subtracted.
-                    const float units = kNatural ? kLog2e : 1.f;
+                    const float base = mx[a][h] == -INFINITY ? 0.f : mx[a][h];
                     const float rescale = fast_exp2((row_max[a][h] - base) * units);
-                    row_max[a][h] = mx;
+                    row_max[a][h] = mx[a][h];
                     float sum = 0.f;
 #pragma unroll
                     for (int j = 0; j < kNTiles; ++j) {
@@ -487,10 +507,12 @@ fwd_kernel(const fc_params p) {
                         sum += s[a][j][2 * h] + s[a][j][2 * h + 1];
                     }
                     row_sum[a][h] = row_sum[a][h] * rescale + sum;
+                    if (rebase) {
 #pragma unroll
-                    for (int d = 0; d < kDTiles; ++d) {
-                        o_acc[a][d][2 * h] *= rescale;
-                        o_acc[a][d][2 * h + 1] *= rescale;
+                        for (int d = 0; d < kDTiles; ++d) {
+                            o_acc[a][d][2 * h] *= rescale;
+                            o_acc[a][d][2 * h + 1] *= rescale;
+                        }
                     }
                 }
 

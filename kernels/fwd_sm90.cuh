@@ -214,6 +214,9 @@ __device__ __forceinline__ int snake_tile(int round, int n_tiles, int splits) {
 // shared memory, and after a cluster barrier finalises 1/splits of the block's rows from every
 // CTA's partials, read through distributed shared memory. No workspace, no second kernel.
 constexpr int kMaxKvSplits = 8;  // the portable cluster size
+// Lazy rescaling of O (the softmax in fwd_kernel): the exponent base of a row moves only when
+// its max has grown by more than this, in exp2 units (p stays <= 256).
+constexpr float kLazyGrowthLog2 = 8.f;
 
 // Partials in the (then idle) K/V ring: O rows padded by 8 floats, so the float2 stores of a
 // warp's 8 rows spread over all banks (2 wavefronts for 256 bytes, the minimum).
@@ -320,9 +323,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
     extern __shared__ unsigned char smem_raw[];
     __shared__ Barriers<kStages> bars;
-    // Swizzled tiles need 1024-byte alignment.
-    unsigned char *smem = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+    // Swizzled tiles need 1024-byte alignment. Stepped from smem_raw (not rebuilt from an
+    // integer), so the compiler still knows the pointers are shared memory and stores through
+    // them (the split partials) are STS, not generic stores.
+    unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     unsigned char *smem_q = smem;
     unsigned char *smem_k = smem_q + T::kQBytes;
     unsigned char *smem_v = smem_k + kStages * T::kKVTileBytes;
@@ -526,7 +530,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
         // row_max is kept in raw score units; the scale (> 0, see fc_dispatch) goes into one
         // FFMA per element: p = exp2(s * scale * log2(e) - max * scale * log2(e)).
-        auto softmax = [&](int n, float (&rescale)[2]) {  // S(n) -> unnormalised P, in place
+        // Returns whether this warp moved its rows' exponent base (else O needs no rescaling).
+        auto softmax = [&](int n, float (&rescale)[2]) -> bool {  // S(n) -> unnormalised P, in place
             const int n_start = n * kBlockN;
             const bool ragged = n_start + kBlockN > seqlen_k;
             const bool crosses_diagonal = kCausal && n_start + kBlockN - 1 > wg_row0;
@@ -548,6 +553,19 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 for (int j = 0; j < kNTiles; ++j) mx[h] = fmaxf(mx[h], fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+            }
+            // Lazy rescaling: while no row of the warp has a max more than 2^kLazyGrowthLog2
+            // above its current base (in exp2 units), the base stays, so p <= 2^kLazyGrowthLog2
+            // (exact in fp16/bf16, whose relative precision does not depend on size), and O and
+            // the row sums need no rescaling. First tiles (base -inf) and fully masked rows
+            // (NaN growth) always rebase. One vote per warp and tile.
+            bool rebase_row = false;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) rebase_row |= !((mx[h] - row_max[h]) * scale_log2 <= kLazyGrowthLog2);
+            const bool rebase = __any_sync(0xffffffff, rebase_row);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (!rebase) mx[h] = row_max[h];
                 // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
                 base[h] = mx[h] == -INFINITY ? 0.f : mx[h] * scale_log2;
             }
@@ -587,6 +605,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 exponentiate(std::true_type{});
             else
                 exponentiate(std::false_type{});
+            return rebase;
         };
 
 #pragma unroll
@@ -623,11 +642,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 fence_registers(s);
                 release(&bars.k_empty[(slot0 + n) % kStages]);
                 if (n == end - 1) release(&bars.q_empty);
-                softmax(n, rescale);
+                const bool rebased = softmax(n, rescale);
                 wgmma_wait<0>();
                 fence_registers(o_acc);
                 release(&bars.v_empty[(slot0 + n - 1) % kStages]);
-                rescale_o(rescale);
+                if (rebased) rescale_o(rescale);  // else every factor is 1
                 convert_p();
             }
             wait_turn();
@@ -670,7 +689,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             cluster_sync_all();  // every CTA's partials are written
             finish_split_rows<Elem, kHeadDim, kBlockM>(smem_addr(part_o), cluster_rank(), cluster_size(), threadIdx.x - 128, 128 * kW,
                                                        tile.m_block, tile.head, tile.batch, p);
-            cluster_sync_all();  // no CTA leaves (freeing its shared memory) while a peer reads it
+            // No CTA leaves (freeing its shared memory) while a peer reads it. Relaxed: every
+            // remote load above has returned (its value was stored), so nothing needs releasing,
+            // and the default release would wait for this CTA's global stores of O (a GPU-scope
+            // MEMBAR in the SASS).
+            ptx::barrier_cluster_arrive(ptx::sem_relaxed);
+            ptx::barrier_cluster_wait();
             continue;
         }
         if (p.lse != nullptr && (lane % 4) == 0) {
