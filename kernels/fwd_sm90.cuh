@@ -215,8 +215,13 @@ __device__ __forceinline__ int snake_tile(int round, int n_tiles, int splits) {
 // CTA's partials, read through distributed shared memory. No workspace, no second kernel.
 constexpr int kMaxKvSplits = 8;  // the portable cluster size
 // Lazy rescaling of O (the softmax in fwd_kernel): the exponent base of a row moves only when
-// its max has grown by more than this, in exp2 units (p stays <= 256).
+// its max has grown by more than this, in exp2 units (p stays <= 256). Only at D=256, where
+// the skipped rescale is 128 FMUL per thread and tile: there it gained 1-4% (H100, fp16, all 12
+// sweep shapes, same run); at D=64 and D=128 the warp vote cost about what it saved (D=128
+// non-causal 512-2k lost 1-1.5%, causal 2k-4k gained 0.5%; D=64 within +-1%).
 constexpr float kLazyGrowthLog2 = 8.f;
+template <int kHeadDim>
+constexpr bool kLazyRescale = kHeadDim == 256;
 
 // Partials in the (then idle) K/V ring: O rows padded by 8 floats, so the float2 stores of a
 // warp's 8 rows spread over all banks (2 wavefronts for 256 bytes, the minimum).
@@ -310,6 +315,29 @@ __device__ __forceinline__ void finish_split_rows(uint32_t part_addr, int rank, 
             p.lse[batch * p.lse_stride_b + head * p.lse_stride_h + row * p.lse_stride_s] =
                 (mx + __log2f(sum)) * 0.6931471805599453f;
     }
+}
+
+// ---- Epilogue stores ----
+// In the wgmma accumulator layout lane q of a quad (q = lane % 4) holds columns 8t + 2q, +1 of
+// every 8-column tile t of its row: one 32-bit word per tile, so storing straight from
+// registers takes 4-byte stores that each fill half a sector. quad_transpose turns the words of
+// four consecutive tiles (w[t] = tile 4g + t) into one 16-byte chunk per lane: afterwards lane q
+// holds tile 4g + q, its words in column order (w[j] = columns 8(4g + q) + 2j, +1). Two rounds
+// of exchanges with the quad partners lane ^ 1 and lane ^ 2, each swapping one bit between the
+// lane index and the tile index (4 shuffles, no local memory: the selects are on lane bits).
+__device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int lane) {
+    const bool odd = lane & 1, high = lane & 2;
+    // Round 1: send the two tiles whose bit 0 differs from the lane's, receive the partner's.
+    uint32_t r0 = __shfl_xor_sync(0xffffffff, odd ? w[0] : w[1], 1);
+    uint32_t r1 = __shfl_xor_sync(0xffffffff, odd ? w[2] : w[3], 1);
+    uint32_t a[4] = {odd ? r0 : w[0], odd ? w[1] : r0, odd ? r1 : w[2], odd ? w[3] : r1};
+    // Round 2: the same on bit 1.
+    r0 = __shfl_xor_sync(0xffffffff, high ? a[0] : a[2], 2);
+    r1 = __shfl_xor_sync(0xffffffff, high ? a[1] : a[3], 2);
+    w[0] = high ? r0 : a[0];
+    w[1] = high ? r1 : a[1];
+    w[2] = high ? a[2] : r0;
+    w[3] = high ? a[3] : r1;
 }
 
 template <typename Elem, int kHeadDim, bool kCausal, bool kShort>
@@ -562,7 +590,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             bool rebase_row = false;
 #pragma unroll
             for (int h = 0; h < 2; ++h) rebase_row |= !((mx[h] - row_max[h]) * scale_log2 <= kLazyGrowthLog2);
-            const bool rebase = __any_sync(0xffffffff, rebase_row);
+            const bool rebase = !kLazyRescale<kHeadDim> || __any_sync(0xffffffff, rebase_row);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if (!rebase) mx[h] = row_max[h];
@@ -706,18 +734,28 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                         (row_max[h] * scale_log2 + __log2f(row_sum[h])) * 0.6931471805599453f;
             }
         }
-        // Each quad of lanes writes 16 contiguous bytes of a row per 8-column tile.
+        // 16-byte stores: after quad_transpose each lane holds 8 consecutive columns of its row,
+        // so a warp's store fills whole sectors (4-byte stores straight from the accumulator
+        // layout filled half a sector each). fc_sdpa checked that out and its strides are
+        // 16-byte aligned. All lanes shuffle; only rows inside the query store.
+        static_assert(kDTiles % 4 == 0, "the quad transpose takes 4 column tiles at a time");
         Elem *out = static_cast<Elem *>(p.out) + tile.batch * p.o_stride_b + tile.head * p.o_stride_h;
         const int64_t o_stride = p.o_stride_s;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = row0 + 8 * h;
-            if (row < seqlen_q) {
-                Elem *out_row = out + row * o_stride + col_in_tile;
+            Elem *out_row = out + row * o_stride + 8 * (lane % 4);
 #pragma unroll
-                for (int d = 0; d < kDTiles; ++d)
-                    *reinterpret_cast<uint32_t *>(out_row + d * 8) =
-                        pack2<Elem>(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h]);
+            for (int g = 0; g < kDTiles / 4; ++g) {
+                uint32_t w[4];
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    const int d = 4 * g + t;
+                    w[t] = pack2<Elem>(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h]);
+                }
+                quad_transpose(w, lane);
+                if (row < seqlen_q)
+                    *reinterpret_cast<uint4 *>(out_row + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
             }
         }
     }
