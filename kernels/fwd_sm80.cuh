@@ -18,7 +18,8 @@
 //     run; two barriers per tile. Rows past the end of the sequence are zero-filled by cp.async.
 //   * S = Q K^T and O += P V with mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate). P goes
 //     from the S accumulators straight into A fragments (the layouts line up), never to smem.
-//   * Softmax in base 2 with the scale folded into log2(e); O is rescaled when the row max grows.
+//   * Softmax in base 2 with the scale folded into log2(e); O is rescaled when the row max grows
+//     (in the causal D=128 kernel only when it grew by more than 2^8: kLazyRescale).
 //   * Causal (top-left aligned, as PyTorch): tiles entirely above the diagonal are never
 //     loaded; only the tiles that cross the diagonal or the end of K are masked.
 //   * attn_mask: the (kBlockM x kBlockN) mask tile of each K/V tile rides in the same cp.async

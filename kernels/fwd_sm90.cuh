@@ -30,8 +30,11 @@
 //     tiles fill at most half the SMs, a cluster of 2-8 CTAs shares each tile, each CTA runs
 //     its share of the key tiles, and they merge their partial O and row statistics through
 //     distributed shared memory (finish_split_rows): no workspace, no second kernel.
-//   * Epilogue: each consumer thread normalises its rows and writes them from registers (each
-//     quad of lanes covers 16 contiguous bytes); rows past Sq are skipped.
+//   * Epilogue: each consumer thread normalises its rows and writes them from registers in
+//     16-byte stores (quad_transpose regroups a quad's accumulator words so that each lane holds
+//     8 consecutive columns); rows past Sq are skipped.
+//   * Lazy rescaling at D=256 (kLazyRescale): O is rescaled only when a row's max grew by more
+//     than 2^8 since its exponent base was set.
 //
 // Tensor maps are built on the host per call (cuTensorMapEncodeTiled, fetched through the
 // runtime's driver entry point so the library does not link libcuda) and passed as
