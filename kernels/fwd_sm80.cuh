@@ -88,14 +88,12 @@ namespace sm80 {
 //     spills at 255 registers; on Hopper the sm90 family runs D=256 anyway unless forced.
 //   * Masked: 64 x 64 for D=32/80/96 (158-253 registers), 64 x 32 for D=256 (255 registers;
 //     a 64-key tile would not fit 99 KB beside its mask tile).
-// Lazy rescaling of O (the online softmax in fwd_kernel): a row's exponent base moves only when
-// its max has grown by more than this, in exp2 units (p stays <= 256). Only at D=128. Forced
-// sm80 on the H100 (fp16, 2 passes of each build in one run, ratio to cuDNN): causal D=128
-// +2-4% at S=512-1k, +7-8% at 2k, +3-14% at 4k-16k; but non-causal D=128 lost 2% at 512-1k and
-// 7-10% on the GQA chunk rows (Sq=128/512 against Sk=4k/8k). D=64 lost 1-6% (the vote costs
-// about what the rescale of 32 columns saves); D=256 spilled (255 registers). Restricting it to
-// the causal kernel is on branch sm80-lazy-causal-only, not yet run on a GPU.
-constexpr float kLazyGrowthLog2 = 8.f;
+// Lazy rescaling of O (must_rebase, common/sm80_ptx.cuh) in fwd_kernel's online softmax: only
+// at D=128. Forced sm80 on the H100 (fp16, 2 passes of each build in one run, ratio to cuDNN):
+// causal D=128 +2-4% at S=512-1k, +7-8% at 2k, +3-14% at 4k-16k; but non-causal D=128 lost 2%
+// at 512-1k and 7-10% on the GQA chunk rows (Sq=128/512 against Sk=4k/8k). D=64 lost 1-6% (the
+// vote costs about what the rescale of 32 columns saves); D=256 spilled (255 registers).
+// Restricting it to the causal kernel is on branch sm80-lazy-causal-only, not yet GPU-run.
 template <int kHeadDim>
 constexpr bool kLazyRescale = kHeadDim == 128;
 
@@ -490,13 +488,10 @@ fwd_kernel(const fc_params p) {
                     m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
                     m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
                     mx[a][h] = m;
-                    rebase_row |= !((m - row_max[a][h]) * units <= kLazyGrowthLog2);
+                    rebase_row |= must_rebase(m, row_max[a][h], units);
                 }
-            // Lazy rescaling: while no row of the warp has a max more than 2^kLazyGrowthLog2
-            // above its current base (exp2 units), the bases stay: p <= 2^kLazyGrowthLog2 (exact
-            // in fp16/bf16) and O and the sums need no rescaling. First tiles (base -inf) and
-            // fully masked rows (NaN growth) always rebase. One vote per warp and tile.
-            // (Only where kLazyRescale: measured per head dim, see there.)
+            // Lazy rescaling (must_rebase; only where kLazyRescale): the warp's rows keep their
+            // bases unless one of them must move. One vote per warp and tile.
             const bool rebase = !kLazyRescale<kHeadDim> || __any_sync(0xffffffff, rebase_row);
 #pragma unroll
             for (int a = 0; a < kAtoms; ++a)

@@ -217,12 +217,10 @@ __device__ __forceinline__ int snake_tile(int round, int n_tiles, int splits) {
 // shared memory, and after a cluster barrier finalises 1/splits of the block's rows from every
 // CTA's partials, read through distributed shared memory. No workspace, no second kernel.
 constexpr int kMaxKvSplits = 8;  // the portable cluster size
-// Lazy rescaling of O (the softmax in fwd_kernel): the exponent base of a row moves only when
-// its max has grown by more than this, in exp2 units (p stays <= 256). Only at D=256, where
-// the skipped rescale is 128 FMUL per thread and tile: there it gained 1-4% (H100, fp16, all 12
-// sweep shapes, same run); at D=64 and D=128 the warp vote cost about what it saved (D=128
-// non-causal 512-2k lost 1-1.5%, causal 2k-4k gained 0.5%; D=64 within +-1%).
-constexpr float kLazyGrowthLog2 = 8.f;
+// Lazy rescaling of O (must_rebase, common/sm80_ptx.cuh) in fwd_kernel's softmax: only at
+// D=256, where the skipped rescale is 128 FMUL per thread and tile: there it gained 1-4% (H100,
+// fp16, all 12 sweep shapes, same run); at D=64 and D=128 the warp vote cost about what it saved
+// (D=128 non-causal 512-2k lost 1-1.5%, causal 2k-4k gained 0.5%; D=64 within +-1%).
 template <int kHeadDim>
 constexpr bool kLazyRescale = kHeadDim == 256;
 
@@ -585,14 +583,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
             }
-            // Lazy rescaling: while no row of the warp has a max more than 2^kLazyGrowthLog2
-            // above its current base (in exp2 units), the base stays, so p <= 2^kLazyGrowthLog2
-            // (exact in fp16/bf16, whose relative precision does not depend on size), and O and
-            // the row sums need no rescaling. First tiles (base -inf) and fully masked rows
-            // (NaN growth) always rebase. One vote per warp and tile.
+            // Lazy rescaling (must_rebase): the warp's rows keep their bases unless one of them
+            // must move. One vote per warp and tile.
             bool rebase_row = false;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) rebase_row |= !((mx[h] - row_max[h]) * scale_log2 <= kLazyGrowthLog2);
+            for (int h = 0; h < 2; ++h) rebase_row |= must_rebase(mx[h], row_max[h], scale_log2);
             const bool rebase = !kLazyRescale<kHeadDim> || __any_sync(0xffffffff, rebase_row);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {

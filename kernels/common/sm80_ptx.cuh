@@ -125,6 +125,17 @@ __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
 }
 
+// Lazy rescaling of O in the online softmax (both forward families, where their kLazyRescale
+// says so): a row keeps its exponent base while its max stays within 2^kLazyGrowthLog2 of it,
+// so p <= 256 (exact in fp16/bf16, whose relative precision does not depend on size) and O and
+// the row sum need no rescaling. must_rebase: the row's new max `mx` grew by more than that
+// over its base `base_max` (score units; `to_log2` converts to exp2 units), or the base is
+// still -inf / the growth is NaN (first tiles, fully masked rows).
+constexpr float kLazyGrowthLog2 = 8.f;
+__device__ __forceinline__ bool must_rebase(float mx, float base_max, float to_log2) {
+    return !((mx - base_max) * to_log2 <= kLazyGrowthLog2);
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
