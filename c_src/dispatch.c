@@ -290,7 +290,6 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
  * (bench/NOTES.md): 8-chunk ranges left B=1, Hkv=8, Sk=1024 at 4 splits (23.8 us, cuDNN 12.7).
  */
 #define FC_DECODE_MIN_CHUNKS_PER_SPLIT 2
-#define FC_DECODE_MAX_SPLITS 64
 
 int fc_decode_splits(const fc_params *p, int sm_count) {
     const int64_t ctas = p->batch * p->heads_kv;

@@ -29,6 +29,9 @@ int fc_decode_splits(const fc_params *p, int sm_count);
 /* Keys per pipeline chunk of the decode kernels (kernels/decode_sm80.cuh); the split heuristic
  * counts key ranges in these chunks. */
 #define FC_DECODE_CHUNK 32
+/* The most key ranges fc_decode_splits cuts a (batch, KV head) into (also the limit of the
+ * FLASHCORE_DECODE_SPLITS override in flashcore.c). */
+#define FC_DECODE_MAX_SPLITS 64
 /* Calls of up to this many rows per (batch, KV head), (Hq / Hkv) x Sq, run the tensor-core
  * decode kernel; 17-32 rows the CUDA-core one (kernels/decode_sm80.cuh, launch_decode). */
 #define FC_DECODE_MMA_ROWS 16

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define FC_API __attribute__((visibility("default")))
@@ -250,6 +251,18 @@ fail:
     return FC_ERR_CUDA;
 }
 
+/* FLASHCORE_DECODE_SPLITS=1..FC_DECODE_MAX_SPLITS forces the decode kernel's split count (for
+ * A/B timing and the tests, like FLASHCORE_KV_SPLITS for the Hopper family); 0 when unset or not
+ * such a number. More splits than 32-key chunks leave some CTAs an empty range, which the kernel
+ * and the merge handle (as with causal ranges past Sq). */
+static int forced_decode_splits(void) {
+    const char *text = getenv("FLASHCORE_DECODE_SPLITS");
+    if (text == NULL || text[0] == '\0') return 0;
+    char *end = NULL;
+    const long n = strtol(text, &end, 10);
+    return (*end == '\0' && n >= 1 && n <= FC_DECODE_MAX_SPLITS) ? (int)n : 0;
+}
+
 /* Pick the kernel and, for the decode path, the split count; *bytes = workspace it needs. */
 static fc_status plan(const fc_params *p, fc_launch_fn *launch, int *splits, int64_t *bytes) {
     fc_status s = fc_params_validate(p);
@@ -263,7 +276,8 @@ static fc_status plan(const fc_params *p, fc_launch_fn *launch, int *splits, int
     *splits = 1;
     *bytes = 0;
     if (family == FC_FAMILY_DECODE) {
-        *splits = fc_decode_splits(p, sms);
+        const int forced = forced_decode_splits();
+        *splits = forced > 0 ? forced : fc_decode_splits(p, sms);
         if (*splits > 1) *bytes = fc_decode_workspace_bytes(p, *splits);
     }
     return FC_OK;

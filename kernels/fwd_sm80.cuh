@@ -19,7 +19,7 @@
 //   * S = Q K^T and O += P V with mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate). P goes
 //     from the S accumulators straight into A fragments (the layouts line up), never to smem.
 //   * Softmax in base 2 with the scale folded into log2(e); O is rescaled when the row max grows
-//     (at D=128 only when it grew by more than 2^8: kLazyRescale).
+//     (in the causal D=128 kernel only when it grew by more than 2^8: kLazyRescale).
 //   * Causal (top-left aligned, as PyTorch): tiles entirely above the diagonal are never
 //     loaded; only the tiles that cross the diagonal or the end of K are masked.
 //   * attn_mask: the (kBlockM x kBlockN) mask tile of each K/V tile rides in the same cp.async
@@ -89,13 +89,13 @@ namespace sm80 {
 //   * Masked: 64 x 64 for D=32/80/96 (158-253 registers), 64 x 32 for D=256 (255 registers;
 //     a 64-key tile would not fit 99 KB beside its mask tile).
 // Lazy rescaling of O (must_rebase, common/sm80_ptx.cuh) in fwd_kernel's online softmax: only
-// at D=128. Forced sm80 on the H100 (fp16, 2 passes of each build in one run, ratio to cuDNN):
-// causal D=128 +2-4% at S=512-1k, +7-8% at 2k, +3-14% at 4k-16k; but non-causal D=128 lost 2%
-// at 512-1k and 7-10% on the GQA chunk rows (Sq=128/512 against Sk=4k/8k). D=64 lost 1-6% (the
-// vote costs about what the rescale of 32 columns saves); D=256 spilled (255 registers).
-// Restricting it to the causal kernel is on branch sm80-lazy-causal-only, not yet GPU-run.
-template <int kHeadDim>
-constexpr bool kLazyRescale = kHeadDim == 128;
+// in the causal D=128 kernel, where it measured a gain. Forced sm80 on the H100 (fp16, 2 passes
+// of each build in one run, ratio to cuDNN): causal D=128 +2-4% at S=512-1k, +7-8% at 2k, +3-14%
+// at 4k-16k. Non-causal D=128 lost 2% at 512-1k and 7-10% on the GQA chunk rows (Sq=128/512
+// against Sk=4k/8k); D=64 lost 1-6% (the warp vote costs about what the rescale of 32 columns
+// saves); D=256 spilled (255 registers).
+template <int kHeadDim, bool kCausal>
+constexpr bool kLazyRescale = kHeadDim == 128 && kCausal;
 
 template <int kHeadDim, bool kMasked = false>
 struct FwdTraits {
@@ -492,7 +492,7 @@ fwd_kernel(const fc_params p) {
                 }
             // Lazy rescaling (must_rebase; only where kLazyRescale): the warp's rows keep their
             // bases unless one of them must move. One vote per warp and tile.
-            const bool rebase = !kLazyRescale<kHeadDim> || __any_sync(0xffffffff, rebase_row);
+            const bool rebase = !kLazyRescale<kHeadDim, kCausal> || __any_sync(0xffffffff, rebase_row);
 #pragma unroll
             for (int a = 0; a < kAtoms; ++a)
 #pragma unroll

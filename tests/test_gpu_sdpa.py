@@ -334,6 +334,29 @@ def test_decode_split_count_does_not_change_result(dtype, sk):
     torch.testing.assert_close(batched[0], batched[-1], atol=0, rtol=0)  # same slice, same answer
 
 
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+@pytest.mark.parametrize("ratio,sq,causal", [(4, 1, False), (8, 3, False), (8, 3, True)],
+                         ids=["mma-4rows", "cuda-core-24rows", "cuda-core-24rows-causal"])
+def test_decode_forced_split_count(ratio, sq, causal, splits, monkeypatch):
+    """FLASHCORE_DECODE_SPLITS (the A/B switch, c_src/flashcore.c) forces the decode split count
+    for both decode kernels (up to 16 rows per KV head: tensor cores; 17-32: CUDA cores). 64
+    splits of Sk=1000 (32 chunks) leave half the CTAs an empty key range, and causal Sq=3 sees
+    only keys 0-2 (top-left), so all but one range is empty: the merge must weigh those at
+    zero. The answer matches the reference and the heuristic's split count up to rounding."""
+    if not KERNEL_CARD:
+        pytest.skip("no FlashCore kernel on this card")
+    q, k, v = make_inputs(2, 2 * ratio, 2, sq, 1000, 128, torch.float16, "bhsd")
+    assert flashcore.explain(q, k, v, is_causal=causal, enable_gqa=True) == "kernel decode"
+    monkeypatch.delenv("FLASHCORE_DECODE_SPLITS", raising=False)
+    chosen = sdpa(q, k, v, None, 0.0, causal, enable_gqa=True)
+    monkeypatch.setenv("FLASHCORE_DECODE_SPLITS", str(splits))
+    poison_allocator(tuple(q.shape), q.dtype)
+    forced = sdpa(q, k, v, None, 0.0, causal, enable_gqa=True)
+    torch.cuda.synchronize()
+    check_close(forced, q, k, v, causal, None, f"decode forced to {splits} splits")
+    torch.testing.assert_close(forced, chosen, atol=1e-3, rtol=0)  # one fp16 ulp at |x| ~ 1
+
+
 SPLIT_CASES = [  # (dtype, D, causal, B, Hkv, ratio, Sq, Sk): small grids, ragged ends
     (torch.float16, 64, False, 1, 8, 1, 512, 512),
     (torch.bfloat16, 64, True, 1, 2, 4, 300, 1000),
