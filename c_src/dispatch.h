@@ -53,6 +53,12 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, const int *wave_ctas, in
  * The Hopper family cuts such grids' keys (fc_prefill_splits) and gives D=64 its short
  * configuration for them (kernels/fwd_sm90.cuh, launch_fwd). */
 int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave);
+/* FLASHCORE_PDL=1: launch the sm90 forward and the decode kernels with programmatic dependent
+ * launch (cudaLaunchAttributeProgrammaticStreamSerialization), so that a kernel's launch and
+ * prologue overlap the tail of the kernel before it in the stream. Every such kernel waits for
+ * the grids before it (griddepcontrol.wait) ahead of its first global memory access, so the
+ * stream's ordering of memory is unchanged. Off by default (an A/B switch, read per call). */
+int fc_pdl_enabled_(void);
 
 /* For c_src/bwd.c (defined in flashcore.c): the current device's compute capability and SM
  * count (cached), the thread's last CUDA error, and the stride / alignment / offset checks of
