@@ -10,6 +10,7 @@
 #include "dispatch.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 
 #define FC_DECLARE(name) cudaError_t name(const fc_params *p, cudaStream_t stream);
 #if defined(FC_HAVE_SM80_HDIM32_fp16)
@@ -323,6 +324,12 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits) {
 #define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT 2
 
 int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave) { return tiles * 2 <= ctas_per_wave; }
+
+int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas) {
+    if (grid_ctas > wave_ctas) return 0;
+    const char *text = getenv("FLASHCORE_PDL");
+    return !(text != NULL && text[0] == '0' && text[1] == '\0');
+}
 
 int fc_prefill_splits(int64_t tiles, int64_t key_tiles, const int *wave_ctas, int max_splits) {
     if (tiles <= 0 || wave_ctas == NULL || !fc_grid_is_small(tiles, wave_ctas[1])) return 1;

@@ -53,6 +53,16 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, const int *wave_ctas, in
  * The Hopper family cuts such grids' keys (fc_prefill_splits) and gives D=64 its short
  * configuration for them (kernels/fwd_sm90.cuh, launch_fwd). */
 int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave);
+/* Whether to launch a grid of `grid_ctas` CTAs with programmatic dependent launch
+ * (cudaLaunchAttributeProgrammaticStreamSerialization; sm90 forward, decode kernels and their
+ * merge on sm_90 only): the kernel's launch and prologue then overlap the tail of the kernel
+ * before it in the stream. Every such kernel waits for the grids before it (griddepcontrol.wait)
+ * ahead of its first global memory access, so the stream's ordering of memory is unchanged.
+ * Only grids that fit in one wave (`wave_ctas` run at once): measured on the H100 in CUDA graphs
+ * (bench/NOTES.md, sixth session), B=1 H=8 S=512 D=64 went from 9.06 to 8.22 us and split
+ * decode rows gained 4-12%, but unsplit decode grids of 2-8 waves lost 10-17%.
+ * FLASHCORE_PDL=0 turns it off (A/B timing; read per call). */
+int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
 
 /* For c_src/bwd.c (defined in flashcore.c): the current device's compute capability and SM
  * count (cached), the thread's last CUDA error, and the stride / alignment / offset checks of

@@ -90,6 +90,8 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
     float *alpha_s = p_s + kMaxRows * kChunk;                        // [kMaxRows]
     Elem *k_s = reinterpret_cast<Elem *>(alpha_s + kMaxRows);        // [kStages][kChunk][kRowElems]
     Elem *v_s = k_s + kStages * kChunk * T::kRowElems;
+    wait_for_prior_grids();  // fc_use_pdl: no global memory before the previous grid is done
+    allow_dependent_grids();
 
     const int split = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
     const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
@@ -336,6 +338,8 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
     using T = MmaDecodeTraits<kHeadDim>;
     constexpr int kSteps16 = kHeadDim / 16;  // k-steps of S = Q K^T, and 16-column pairs of O
     extern __shared__ __align__(16) unsigned char smem_raw[];
+    wait_for_prior_grids();  // fc_use_pdl: no global memory before the previous grid is done
+    allow_dependent_grids();
     const int split = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
     const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
     const int group = static_cast<int>(p.heads_q / p.heads_kv);
@@ -570,6 +574,8 @@ combine_kernel(const fc_params p, int splits, const float *partial_o, const floa
     __shared__ float warp_max[kCombineThreads / 32];
     __shared__ float4 group_acc[kGroups][kLanes];
     __shared__ float group_total[kGroups];
+    wait_for_prior_grids();  // fc_use_pdl: the partials are complete and visible after this
+    allow_dependent_grids();
 
     const int64_t prow = blockIdx.x;
     const int s = static_cast<int>(prow % p.seqlen_q);
@@ -646,13 +652,30 @@ cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc
     const int splits = p.num_splits_ > 1 ? p.num_splits_ : 1;
     float *partial_o = static_cast<float *>(p.workspace);
     float *partial_lse = partial_o == nullptr ? nullptr : partial_o + partial_rows(p) * splits * kHeadDim;
-    const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
-    kernel<<<grid, threads, smem_bytes, stream>>>(p, splits, partial_o, partial_lse);
-    cudaError_t err = cudaGetLastError();
+    // Programmatic dependent launch (fc_use_pdl) only on sm_90 and newer (below, the kernels are
+    // compiled without the wait for the previous grid), for grids of at most the split
+    // heuristic's one wave; the merge after a split kernel (which fills one wave) gets it too.
+    int major = 0, minor = 0, sms = 0;
+    const int64_t grid_ctas = static_cast<int64_t>(splits) * p.heads_kv * p.batch;
+    const bool pdl = fc_device_info_(&major, &minor, &sms) == FC_OK && major >= 9 &&
+                     fc_use_pdl(grid_ctas, static_cast<int64_t>(FC_DECODE_CTAS_PER_SM(&p)) * sms) != 0;
+    cudaLaunchAttribute serialization = {};
+    serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    serialization.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    cfg.stream = stream;
+    cfg.attrs = &serialization;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, splits, partial_o, partial_lse);
     if (err != cudaSuccess || splits == 1) return err;
-    combine_kernel<Elem, kHeadDim><<<static_cast<unsigned>(partial_rows(p)), kCombineThreads, 0, stream>>>(
-        p, splits, partial_o, partial_lse);
-    return cudaGetLastError();
+    cfg.gridDim = dim3(static_cast<unsigned>(partial_rows(p)));
+    cfg.blockDim = dim3(kCombineThreads);
+    cfg.dynamicSmemBytes = 0;
+    return cudaLaunchKernelEx(&cfg, combine_kernel<Elem, kHeadDim>, p, splits,
+                              static_cast<const float *>(partial_o), static_cast<const float *>(partial_lse));
 }
 
 template <typename Elem, int kHeadDim, int kMaxRows, bool kCausal>

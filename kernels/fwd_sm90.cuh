@@ -401,6 +401,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     }
     __syncthreads();
+    // With programmatic dependent launch (fc_use_pdl) the above ran under the previous grid's
+    // tail: it touched only shared memory and the parameters. Global memory from here on.
+    wait_for_prior_grids();
+    allow_dependent_grids();
 
     if (warpgroup == 0) {
         // ---------------- producer: one thread issues every load ----------------
@@ -836,18 +840,29 @@ inline int64_t paired_grid(int64_t m_blocks, int64_t sms) {
 }
 
 // A 1-D launch of `grid` CTAs in clusters of `cluster_size` (cluster: storage for the attribute).
-inline cudaLaunchConfig_t cluster_launch_config(int64_t grid, int cluster_size, int threads, int smem_bytes,
-                                               cudaStream_t stream, cudaLaunchAttribute *cluster) {
-    cluster->id = cudaLaunchAttributeClusterDimension;
-    cluster->val.clusterDim.x = static_cast<unsigned>(cluster_size);
-    cluster->val.clusterDim.y = cluster->val.clusterDim.z = 1;
+// Launch configuration with its attributes in `attrs` (at most 2): clusters of `cluster_size`
+// CTAs (0: no cluster attribute; the occupancy query needs one even for clusters of 1), and
+// programmatic dependent launch when `pdl` (fc_use_pdl).
+inline cudaLaunchConfig_t launch_config(int64_t grid, int cluster_size, bool pdl, int threads, int smem_bytes,
+                                        cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(grid));
     cfg.blockDim = dim3(static_cast<unsigned>(threads));
     cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
     cfg.stream = stream;
-    cfg.attrs = cluster;
-    cfg.numAttrs = 1;
+    cfg.attrs = attrs;
+    cfg.numAttrs = 0;
+    if (cluster_size > 0) {
+        cudaLaunchAttribute &cluster = attrs[cfg.numAttrs++];
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = static_cast<unsigned>(cluster_size);
+        cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    }
+    if (pdl) {
+        cudaLaunchAttribute &serialization = attrs[cfg.numAttrs++];
+        serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        serialization.val.programmaticStreamSerializationAllowed = 1;
+    }
     return cfg;
 }
 
@@ -929,8 +944,8 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
         int *wave = device < 64 ? wave_ctas[device] : uncached;
         if (device >= 64 || !__atomic_load_n(&wave_known[device], __ATOMIC_ACQUIRE)) {
             for (int s = 1; s <= kMaxKvSplits; ++s) {
-                cudaLaunchAttribute cluster;
-                const cudaLaunchConfig_t cfg = cluster_launch_config(s, s, T::kThreads, T::kSmemBytes, nullptr, &cluster);
+                cudaLaunchAttribute attrs[2];
+                const cudaLaunchConfig_t cfg = launch_config(s, s, false, T::kThreads, T::kSmemBytes, nullptr, attrs);
                 int clusters = 0;
                 if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
                     (void)cudaGetLastError();  // not sticky; this size is simply never chosen
@@ -942,10 +957,10 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
         }
         splits = fc_prefill_splits(tiles, (p.seqlen_k + T::kBlockN - 1) / T::kBlockN, wave, kMaxKvSplits);
     }
+    cudaLaunchAttribute attrs[2];
     if (splits > 1) {
-        cudaLaunchAttribute cluster;
-        const cudaLaunchConfig_t cfg =
-            cluster_launch_config(tiles * splits, splits, T::kThreads, T::kSmemBytes, stream, &cluster);
+        const bool pdl = fc_use_pdl(tiles * splits, sms) != 0;
+        const cudaLaunchConfig_t cfg = launch_config(tiles * splits, splits, pdl, T::kThreads, T::kSmemBytes, stream, attrs);
         return cudaLaunchKernelEx(&cfg, kernel, maps, p);
     }
 
@@ -955,9 +970,9 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
         persistent_grid = paired_grid(m_blocks, sms);
         persistent = m_blocks <= 64 && persistent_grid * 10 >= static_cast<int64_t>(sms) * 9;
     }
-    const unsigned grid = static_cast<unsigned>(persistent && tiles > persistent_grid ? persistent_grid : tiles);
-    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
-    return cudaGetLastError();
+    const int64_t grid = persistent && tiles > persistent_grid ? persistent_grid : tiles;
+    const cudaLaunchConfig_t cfg = launch_config(grid, 0, fc_use_pdl(grid, sms) != 0, T::kThreads, T::kSmemBytes, stream, attrs);
+    return cudaLaunchKernelEx(&cfg, kernel, maps, p);
 }
 
 // D=64's short configuration (two consumer warpgroups, 128-row blocks; FwdConfig) runs query

@@ -357,6 +357,44 @@ def test_decode_forced_split_count(ratio, sq, causal, splits, monkeypatch):
     torch.testing.assert_close(forced, chosen, atol=1e-3, rtol=0)  # one fp16 ulp at |x| ~ 1
 
 
+@pytest.mark.parametrize("shape", [(1, 8, 8, 512, 512, 64), (2, 8, 8, 700, 700, 128), (1, 32, 8, 1, 4096, 128)],
+                         ids=["sm90-split", "sm90-persistent", "decode-split-combine"])
+def test_pdl_chain_matches_serial(shape, monkeypatch):
+    """Programmatic dependent launch (on by default on sm_90 for one-wave grids; FLASHCORE_PDL=0
+    turns it off): each call's kernel may start under the previous kernel's tail and waits for it
+    before touching global memory. A chain in which every call reads the previous call's output
+    as its query (and the decode case's combine pass reads its own partials) must give, eagerly
+    and replayed in a CUDA graph, bit for bit the chain without PDL."""
+    if not HOPPER:
+        pytest.skip("programmatic dependent launch is used on sm_90 only")
+    B, Hq, Hkv, Sq, Sk, D = shape
+    q, k, v = make_inputs(B, Hq, Hkv, Sq, Sk, D, torch.float16, "bhsd")
+
+    def chain(x):
+        for _ in range(4):
+            x = sdpa(x, k, v, enable_gqa=True)
+        return x
+
+    monkeypatch.setenv("FLASHCORE_PDL", "0")
+    serial = chain(q)
+    monkeypatch.delenv("FLASHCORE_PDL")
+    eager = chain(q)
+    static_q = q.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain(static_q)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = chain(static_q)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(serial).all()
+    assert torch.equal(eager, serial), "programmatic dependent launch changed an eager chain's result"
+    assert torch.equal(replayed, serial), "programmatic dependent launch changed a graph-replayed chain's result"
+
+
 SPLIT_CASES = [  # (dtype, D, causal, B, Hkv, ratio, Sq, Sk): small grids, ragged ends
     (torch.float16, 64, False, 1, 8, 1, 512, 512),
     (torch.bfloat16, 64, True, 1, 2, 4, 300, 1000),

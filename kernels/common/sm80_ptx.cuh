@@ -136,6 +136,22 @@ __device__ __forceinline__ bool must_rebase(float mx, float base_max, float to_l
     return !((mx - base_max) * to_log2 <= kLazyGrowthLog2);
 }
 
+// Programmatic dependent launch (host side: fc_use_pdl in c_src/dispatch.h). A kernel
+// launched with it may start while the grid before it in the stream still runs: it must wait for
+// that grid (complete, its memory visible) before its first global memory access. allow_
+// dependent_grids lets the next such kernel start launching. Both are no-ops for a launch
+// without the attribute, and compiled out below sm_90 (no such launches there).
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();
+#endif
+}
+__device__ __forceinline__ void allow_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
