@@ -217,15 +217,16 @@ FC_API fc_family fc_sdpa_family(const fc_params *p, int cc_major, int cc_minor) 
     return family;
 }
 
-/* Compute capability and SM count of a device, cached: 0 means not read yet. */
+/* The current device, its compute capability and SM count (cached: 0 means not read yet). */
 #define FC_MAX_DEVICES 64
 static _Atomic int cc_cache[FC_MAX_DEVICES]; /* written last (release), read first (acquire) */
 static _Atomic int sm_cache[FC_MAX_DEVICES];
 
-static fc_status device_info(int *major, int *minor, int *sms) {
+static fc_status device_info(int *device_out, int *major, int *minor, int *sms) {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) goto fail;
+    *device_out = device;
     if (device >= 0 && device < FC_MAX_DEVICES) {
         const int cached = atomic_load_explicit(&cc_cache[device], memory_order_acquire);
         if (cached != 0) {
@@ -267,8 +268,8 @@ static int forced_decode_splits(void) {
 static fc_status plan(const fc_params *p, fc_launch_fn *launch, int *splits, int64_t *bytes) {
     fc_status s = fc_params_validate(p);
     if (s != FC_OK) return s;
-    int major = 0, minor = 0, sms = 0;
-    s = device_info(&major, &minor, &sms);
+    int device = 0, major = 0, minor = 0, sms = 0;
+    s = device_info(&device, &major, &minor, &sms);
     if (s != FC_OK) return s;
     fc_family family = FC_FAMILY_AUTO;
     s = fc_dispatch(p, major, minor, launch, &family);
@@ -357,7 +358,9 @@ FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
 
 /* ---- shared with c_src/bwd.c (declared in dispatch.h) ---- */
 
-fc_status fc_device_info_(int *major, int *minor, int *sms) { return device_info(major, minor, sms); }
+fc_status fc_device_info_(int *device, int *major, int *minor, int *sms) {
+    return device_info(device, major, minor, sms);
+}
 
 void fc_set_last_cuda_error_(cudaError_t err) { last_cuda_error = err; }
 

@@ -40,14 +40,14 @@ namespace decode {
 
 constexpr int kThreads = 128;
 constexpr int kChunk = FC_DECODE_CHUNK;  // keys per pipeline stage (fc_decode_splits counts them)
-constexpr int kRowsLimit = 32;    // (Hq / Hkv) * Sq rows per CTA at most
+constexpr int kMaxRows = 32;      // (Hq / Hkv) * Sq rows per CTA at most
 constexpr int kStages = 2;
 
-// kMaxRows bounds every per-row loop at compile time. This kernel now runs only calls of 17-32
-// rows (launch_decode: up to 16 go to the tensor-core kernel below), so 32 is the one
-// instantiation; when it also ran single rows, a fixed bound of 32 spent their time on skipped
-// loop iterations (0.2 TFLOP/s at B=8, H=32, Sk=8192, 15x slower than the copy bound).
-template <int kHeadDim, int kMaxRows>
+// kMaxRows bounds every per-row loop at compile time. This kernel runs only calls of 17-32 rows
+// (launch_decode: up to 16 go to the tensor-core kernel below); when it also ran single rows, the
+// fixed bound of 32 spent their time on skipped loop iterations (0.2 TFLOP/s at B=8, H=32,
+// Sk=8192, 15x slower than the copy bound).
+template <int kHeadDim>
 struct DecodeTraits {
     static constexpr int kRowElems = kHeadDim + 8;  // padded K/V row (16 bytes)
     static constexpr int kChunks = kHeadDim / 8;    // 16-byte chunks per row
@@ -80,10 +80,10 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { re
 // [B][Hq][Sq][splits] fp32. Row index of (b, h, s) = (b * Hq + h) * Sq + s.
 __host__ __device__ inline int64_t partial_rows(const fc_params &p) { return p.batch * p.heads_q * p.seqlen_q; }
 
-template <typename Elem, int kHeadDim, int kMaxRows, bool kCausal>
+template <typename Elem, int kHeadDim, bool kCausal>
 __global__ void __launch_bounds__(kThreads)
 decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_lse) {
-    using T = DecodeTraits<kHeadDim, kMaxRows>;
+    using T = DecodeTraits<kHeadDim>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float *q_s = reinterpret_cast<float *>(smem_raw);               // [kMaxRows][D]
     float *p_s = q_s + kMaxRows * kHeadDim;                          // [kMaxRows][kChunk]
@@ -621,11 +621,11 @@ combine_kernel(const fc_params p, int splits, const float *partial_o, const floa
         acc.w += other.w;
         total += group_total[g];
     }
+    // One 8-byte store per lane (out is 16-byte aligned and its strides are multiples of 8
+    // elements: fc_params_validate).
     Elem *out = static_cast<Elem *>(p.out) + batch * p.o_stride_b + h * p.o_stride_h + s * p.o_stride_s + 4 * lane;
-    out[0] = from_float<Elem>(acc.x / total);
-    out[1] = from_float<Elem>(acc.y / total);
-    out[2] = from_float<Elem>(acc.z / total);
-    out[3] = from_float<Elem>(acc.w / total);
+    *reinterpret_cast<uint2 *>(out) =
+        make_uint2(pack2<Elem>(acc.x / total, acc.y / total), pack2<Elem>(acc.z / total, acc.w / total));
     if (lane == 0 && p.lse != nullptr)
         p.lse[batch * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] =
             (base + __log2f(total)) * 0.6931471805599453f;
@@ -655,9 +655,9 @@ cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc
     // Programmatic dependent launch (fc_use_pdl) only on sm_90 and newer (below, the kernels are
     // compiled without the wait for the previous grid), for grids of at most the split
     // heuristic's one wave; the merge after a split kernel (which fills one wave) gets it too.
-    int major = 0, minor = 0, sms = 0;
+    int device = 0, major = 0, minor = 0, sms = 0;
     const int64_t grid_ctas = static_cast<int64_t>(splits) * p.heads_kv * p.batch;
-    const bool pdl = fc_device_info_(&major, &minor, &sms) == FC_OK && major >= 9 &&
+    const bool pdl = fc_device_info_(&device, &major, &minor, &sms) == FC_OK && major >= 9 &&
                      fc_use_pdl(grid_ctas, static_cast<int64_t>(FC_DECODE_CTAS_PER_SM(&p)) * sms) != 0;
     cudaLaunchAttribute serialization = {};
     serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -678,11 +678,11 @@ cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc
                               static_cast<const float *>(partial_o), static_cast<const float *>(partial_lse));
 }
 
-template <typename Elem, int kHeadDim, int kMaxRows, bool kCausal>
+template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_decode_rows(const fc_params &p, cudaStream_t stream) {
     static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
-    auto kernel = decode_kernel<Elem, kHeadDim, kMaxRows, kCausal>;
-    const int smem = DecodeTraits<kHeadDim, kMaxRows>::kSmemBytes;
+    auto kernel = decode_kernel<Elem, kHeadDim, kCausal>;
+    const int smem = DecodeTraits<kHeadDim>::kSmemBytes;
     const cudaError_t err = allow_smem(kernel, smem, configured_devices);
     return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, kThreads, smem, p, stream);
 }
@@ -698,9 +698,9 @@ cudaError_t launch_decode_mma(const fc_params &p, cudaStream_t stream) {
 
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_decode(const fc_params &p, cudaStream_t stream) {
-    const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_q;  // <= kRowsLimit (fc_dispatch)
+    const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_q;  // <= kMaxRows (fc_dispatch)
     if (rows <= FC_DECODE_MMA_ROWS) return launch_decode_mma<Elem, kHeadDim, kCausal>(p, stream);
-    return launch_decode_rows<Elem, kHeadDim, kRowsLimit, kCausal>(p, stream);
+    return launch_decode_rows<Elem, kHeadDim, kCausal>(p, stream);
 }
 
 }  // namespace decode

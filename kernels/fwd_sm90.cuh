@@ -544,8 +544,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // cuDNN in the same run): D=128 S=512 0.79 -> 0.86, 1k 0.88 -> 0.92, causal 512 0.84 ->
     // 0.90; D=64 causal 512 0.82 -> 0.87, 1k 0.84 -> 0.91; S >= 4k within the run's spread;
     // geomean over 49 shapes 0.949 / 0.946 -> 0.956 / 0.959. The last consumer
-    // starts the ring at the CTA's first tile that has key tiles, and skips its pass after the
-    // final section of the CTA's last tile, so no arrival is left over.
+    // starts the ring at the CTA's first tile (every tile of a persistent CTA has key tiles; a
+    // split CTA has one tile, which may have none, and then starts no ring), and skips its pass
+    // after the final section of the CTA's last tile, so no arrival is left over.
     auto wait_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory"); };
     auto pass_turn = [&](bool last_section) {
         if (!(consumer == kW - 1 && last_section))
@@ -554,7 +555,6 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
     int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
     int local = 0;
-    bool ring_started = false;
     for (int t = snake_tile(0, n_tiles, cluster_size()); t < n_tiles; t = snake_tile(++local, n_tiles, cluster_size())) {
         const Tile tile = decode_tile(t, m_blocks, heads_q);
         const KeyRange keys = key_range(tile.m_block);  // key tiles [first, end) of this CTA
@@ -647,8 +647,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // sits in ring slot `slot0 + n` (slots count every tile this CTA has consumed).
         if (keys.first < keys.end) {
             const int first = keys.first, end = keys.end, slot0 = kv_iter - first;
-            if (!ring_started && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-            ring_started = true;
+            if (local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
             // In split mode a CTA has one tile; persistent CTAs' tiles all have key tiles, so the
             // CTA's last tile is the one without a successor.
             const bool last_tile = snake_tile(local + 1, n_tiles, cluster_size()) >= n_tiles;
@@ -872,8 +871,9 @@ int64_t tile_count(const fc_params &p) {
     return (p.seqlen_q + T::kBlockM - 1) / T::kBlockM * p.heads_q * p.batch;
 }
 
+// `device` and `sms`: the current device and its SM count (launch_fwd reads them once per call).
 template <typename Elem, int kHeadDim, bool kCausal, bool kShort>
-cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
+cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int device, int sms) {
     using T = FwdTraits<kHeadDim, kCausal, kShort>;
     const CUtensorMapDataType dtype =
         p.dtype == FC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -889,10 +889,6 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
 
     auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShort>;
-    int device = 0, major = 0, minor = 0, sms = 0;
-    err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
-    if (fc_device_info_(&major, &minor, &sms) != FC_OK) return fc_last_cuda_error();
     // Per device, once: the shared-memory opt-in.
     static int configured[64];
     if (device >= 64 || !__atomic_load_n(&configured[device], __ATOMIC_ACQUIRE)) {
@@ -987,20 +983,20 @@ constexpr int64_t kShortSeqlenQ = 1024;
 
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
+    int device = 0, major = 0, minor = 0, sms = 0;
+    if (fc_device_info_(&device, &major, &minor, &sms) != FC_OK) return fc_last_cuda_error();
     if constexpr (kHeadDim == 64) {
         const char *forced = getenv("FLASHCORE_SM90_SHORT");
         bool short_q;
         if (forced != nullptr && (forced[0] == '0' || forced[0] == '1') && forced[1] == '\0') {
             short_q = forced[0] == '1';
         } else {
-            int major = 0, minor = 0, sms = 0;
             short_q = p.seqlen_q <= kShortSeqlenQ &&
-                      (kCausal || (fc_device_info_(&major, &minor, &sms) == FC_OK &&
-                                   fc_grid_is_small(tile_count<FwdTraits<kHeadDim, kCausal, false>>(p), sms)));
+                      (kCausal || fc_grid_is_small(tile_count<FwdTraits<kHeadDim, kCausal, false>>(p), sms));
         }
-        if (short_q) return launch_fwd_config<Elem, kHeadDim, kCausal, true>(p, stream);
+        if (short_q) return launch_fwd_config<Elem, kHeadDim, kCausal, true>(p, stream, device, sms);
     }
-    return launch_fwd_config<Elem, kHeadDim, kCausal, false>(p, stream);
+    return launch_fwd_config<Elem, kHeadDim, kCausal, false>(p, stream, device, sms);
 }
 
 }  // namespace sm90
