@@ -838,8 +838,7 @@ inline int64_t paired_grid(int64_t m_blocks, int64_t sms) {
     return m_blocks * (sms / m_blocks);
 }
 
-// A 1-D launch of `grid` CTAs in clusters of `cluster_size` (cluster: storage for the attribute).
-// Launch configuration with its attributes in `attrs` (at most 2): clusters of `cluster_size`
+// A 1-D launch of `grid` CTAs with its attributes in `attrs` (at most 2): clusters of `cluster_size`
 // CTAs (0: no cluster attribute; the occupancy query needs one even for clusters of 1), and
 // programmatic dependent launch when `pdl` (fc_use_pdl).
 inline cudaLaunchConfig_t launch_config(int64_t grid, int cluster_size, bool pdl, int threads, int smem_bytes,
