@@ -168,8 +168,8 @@ FC_API fc_status fc_sdpa_bwd_workspace_size(const fc_bwd_params *p, int64_t *byt
 FC_API fc_status fc_sdpa_bwd(const fc_bwd_params *p, cudaStream_t stream) {
     fc_status s = fc_bwd_params_validate(p);
     if (s != FC_OK) return s;
-    int device = 0, major = 0, minor = 0, sms = 0;
-    if ((s = fc_device_info_(&device, &major, &minor, &sms)) != FC_OK) return s;
+    int major = 0, minor = 0;
+    if ((s = fc_device_info_(NULL, &major, &minor, NULL)) != FC_OK) return s;
     fc_bwd_launch_fn launch = NULL;
     if ((s = bwd_dispatch(p, major, minor, &launch)) != FC_OK) return s;
     if (p->workspace == NULL || p->workspace_bytes < bwd_workspace_bytes(&p->fwd)) return FC_ERR_BAD_WORKSPACE;

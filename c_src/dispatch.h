@@ -65,8 +65,9 @@ int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave);
 int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
 
 /* For c_src/bwd.c and the launchers (defined in flashcore.c): the current device, its compute
- * capability and SM count (cached), the thread's last CUDA error, and the stride / alignment /
- * offset checks of one (B, H, S, D) operand as fc_params_validate applies them. */
+ * capability and SM count (cached; any output may be NULL), the thread's last CUDA error, and
+ * the stride / alignment / offset checks of one (B, H, S, D) operand as fc_params_validate
+ * applies them. */
 fc_status fc_device_info_(int *device, int *major, int *minor, int *sms);
 /* Defined in dispatch.c: does this library hold machine code of `family` for the device? */
 int fc_family_runs_on_(fc_family family, int cc_major, int cc_minor);

@@ -217,35 +217,39 @@ FC_API fc_family fc_sdpa_family(const fc_params *p, int cc_major, int cc_minor) 
     return family;
 }
 
-/* The current device, its compute capability and SM count (cached: 0 means not read yet). */
+/* The current device, its compute capability and SM count (cached: 0 means not read yet).
+ * Any of the outputs may be NULL (callers that need only some of them). */
 #define FC_MAX_DEVICES 64
 static _Atomic int cc_cache[FC_MAX_DEVICES]; /* written last (release), read first (acquire) */
 static _Atomic int sm_cache[FC_MAX_DEVICES];
 
-static fc_status device_info(int *device_out, int *major, int *minor, int *sms) {
-    int device = 0;
+static fc_status device_info(int *device_out, int *major_out, int *minor_out, int *sms_out) {
+    int device = 0, major = 0, minor = 0, sms = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) goto fail;
-    *device_out = device;
-    if (device >= 0 && device < FC_MAX_DEVICES) {
-        const int cached = atomic_load_explicit(&cc_cache[device], memory_order_acquire);
-        if (cached != 0) {
-            *major = cached / 10;
-            *minor = cached % 10;
-            *sms = atomic_load_explicit(&sm_cache[device], memory_order_relaxed);
-            return FC_OK;
+    const int cached = device >= 0 && device < FC_MAX_DEVICES
+                           ? atomic_load_explicit(&cc_cache[device], memory_order_acquire)
+                           : 0;
+    if (cached != 0) {
+        major = cached / 10;
+        minor = cached % 10;
+        sms = atomic_load_explicit(&sm_cache[device], memory_order_relaxed);
+    } else {
+        err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+        if (err != cudaSuccess) goto fail;
+        err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+        if (err != cudaSuccess) goto fail;
+        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        if (err != cudaSuccess) goto fail;
+        if (device >= 0 && device < FC_MAX_DEVICES) {
+            atomic_store_explicit(&sm_cache[device], sms, memory_order_relaxed);
+            atomic_store_explicit(&cc_cache[device], major * 10 + minor, memory_order_release);
         }
     }
-    err = cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device);
-    if (err != cudaSuccess) goto fail;
-    err = cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device);
-    if (err != cudaSuccess) goto fail;
-    err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess) goto fail;
-    if (device >= 0 && device < FC_MAX_DEVICES) {
-        atomic_store_explicit(&sm_cache[device], *sms, memory_order_relaxed);
-        atomic_store_explicit(&cc_cache[device], *major * 10 + *minor, memory_order_release);
-    }
+    if (device_out != NULL) *device_out = device;
+    if (major_out != NULL) *major_out = major;
+    if (minor_out != NULL) *minor_out = minor;
+    if (sms_out != NULL) *sms_out = sms;
     return FC_OK;
 fail:
     last_cuda_error = err;
@@ -268,8 +272,8 @@ static int forced_decode_splits(void) {
 static fc_status plan(const fc_params *p, fc_launch_fn *launch, int *splits, int64_t *bytes) {
     fc_status s = fc_params_validate(p);
     if (s != FC_OK) return s;
-    int device = 0, major = 0, minor = 0, sms = 0;
-    s = device_info(&device, &major, &minor, &sms);
+    int major = 0, minor = 0, sms = 0;
+    s = device_info(NULL, &major, &minor, &sms);
     if (s != FC_OK) return s;
     fc_family family = FC_FAMILY_AUTO;
     s = fc_dispatch(p, major, minor, launch, &family);

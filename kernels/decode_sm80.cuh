@@ -633,35 +633,34 @@ combine_kernel(const fc_params p, int splits, const float *partial_o, const floa
 
 // Opt a kernel into more than 48 KB of dynamic shared memory, once per device.
 template <typename Kernel>
-cudaError_t allow_smem(Kernel kernel, int bytes, unsigned long long &configured_devices) {
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
+cudaError_t allow_smem(Kernel kernel, int bytes, int device, unsigned long long &configured_devices) {
     const unsigned long long bit = 1ull << (device & 63);
     if (bytes > 48 * 1024 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & bit)) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured_devices, bit, __ATOMIC_ACQ_REL);
     }
     return cudaSuccess;
 }
 
+// The current device as launch_decode reads it once per call.
+struct DeviceInfo {
+    int device, major, sms;
+};
+
 // Launch `kernel` over (splits, Hkv, B), then the combine pass when the keys were split.
 template <typename Elem, int kHeadDim, typename Kernel>
-cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc_params &p, cudaStream_t stream) {
+cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc_params &p, const DeviceInfo &dev,
+                            cudaStream_t stream) {
     const int splits = p.num_splits_ > 1 ? p.num_splits_ : 1;
     float *partial_o = static_cast<float *>(p.workspace);
     float *partial_lse = partial_o == nullptr ? nullptr : partial_o + partial_rows(p) * splits * kHeadDim;
     // Programmatic dependent launch (fc_use_pdl) only on sm_90 and newer (below, the kernels are
     // compiled without the wait for the previous grid), for grids of at most the split
     // heuristic's one wave; the merge after a split kernel (which fills one wave) gets it too.
-    int device = 0, major = 0, minor = 0, sms = 0;
     const int64_t grid_ctas = static_cast<int64_t>(splits) * p.heads_kv * p.batch;
-    const bool pdl = fc_device_info_(&device, &major, &minor, &sms) == FC_OK && major >= 9 &&
-                     fc_use_pdl(grid_ctas, static_cast<int64_t>(FC_DECODE_CTAS_PER_SM(&p)) * sms) != 0;
-    cudaLaunchAttribute serialization = {};
-    serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    serialization.val.programmaticStreamSerializationAllowed = 1;
+    const bool pdl = dev.major >= 9 && fc_use_pdl(grid_ctas, static_cast<int64_t>(FC_DECODE_CTAS_PER_SM(&p)) * dev.sms) != 0;
+    cudaLaunchAttribute serialization = pdl_launch_attribute();
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
     cfg.blockDim = dim3(static_cast<unsigned>(threads));
@@ -679,28 +678,31 @@ cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc
 }
 
 template <typename Elem, int kHeadDim, bool kCausal>
-cudaError_t launch_decode_rows(const fc_params &p, cudaStream_t stream) {
+cudaError_t launch_decode_rows(const fc_params &p, const DeviceInfo &dev, cudaStream_t stream) {
     static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
     auto kernel = decode_kernel<Elem, kHeadDim, kCausal>;
     const int smem = DecodeTraits<kHeadDim>::kSmemBytes;
-    const cudaError_t err = allow_smem(kernel, smem, configured_devices);
-    return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, kThreads, smem, p, stream);
+    const cudaError_t err = allow_smem(kernel, smem, dev.device, configured_devices);
+    return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, kThreads, smem, p, dev, stream);
 }
 
 template <typename Elem, int kHeadDim, bool kCausal>
-cudaError_t launch_decode_mma(const fc_params &p, cudaStream_t stream) {
+cudaError_t launch_decode_mma(const fc_params &p, const DeviceInfo &dev, cudaStream_t stream) {
     static unsigned long long configured_devices = 0;
     auto kernel = decode_mma_kernel<Elem, kHeadDim, kCausal>;
     using T = MmaDecodeTraits<kHeadDim>;
-    const cudaError_t err = allow_smem(kernel, T::kSmemBytes, configured_devices);
-    return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, T::kThreads, T::kSmemBytes, p, stream);
+    const cudaError_t err = allow_smem(kernel, T::kSmemBytes, dev.device, configured_devices);
+    return err != cudaSuccess ? err
+                              : launch_split_kv<Elem, kHeadDim>(kernel, T::kThreads, T::kSmemBytes, p, dev, stream);
 }
 
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_decode(const fc_params &p, cudaStream_t stream) {
+    DeviceInfo dev = {};  // one query per call (cached in flashcore.c after the first)
+    if (fc_device_info_(&dev.device, &dev.major, nullptr, &dev.sms) != FC_OK) return fc_last_cuda_error();
     const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_q;  // <= kMaxRows (fc_dispatch)
-    if (rows <= FC_DECODE_MMA_ROWS) return launch_decode_mma<Elem, kHeadDim, kCausal>(p, stream);
-    return launch_decode_rows<Elem, kHeadDim, kCausal>(p, stream);
+    if (rows <= FC_DECODE_MMA_ROWS) return launch_decode_mma<Elem, kHeadDim, kCausal>(p, dev, stream);
+    return launch_decode_rows<Elem, kHeadDim, kCausal>(p, dev, stream);
 }
 
 }  // namespace decode

@@ -856,11 +856,7 @@ inline cudaLaunchConfig_t launch_config(int64_t grid, int cluster_size, bool pdl
         cluster.val.clusterDim.x = static_cast<unsigned>(cluster_size);
         cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
     }
-    if (pdl) {
-        cudaLaunchAttribute &serialization = attrs[cfg.numAttrs++];
-        serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        serialization.val.programmaticStreamSerializationAllowed = 1;
-    }
+    if (pdl) attrs[cfg.numAttrs++] = pdl_launch_attribute();
     return cfg;
 }
 
@@ -982,8 +978,8 @@ constexpr int64_t kShortSeqlenQ = 1024;
 
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
-    int device = 0, major = 0, minor = 0, sms = 0;
-    if (fc_device_info_(&device, &major, &minor, &sms) != FC_OK) return fc_last_cuda_error();
+    int device = 0, sms = 0;
+    if (fc_device_info_(&device, nullptr, nullptr, &sms) != FC_OK) return fc_last_cuda_error();
     if constexpr (kHeadDim == 64) {
         const char *forced = getenv("FLASHCORE_SM90_SHORT");
         bool short_q;

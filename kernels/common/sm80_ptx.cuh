@@ -7,6 +7,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 namespace flashcore {
@@ -150,6 +151,13 @@ __device__ __forceinline__ void allow_dependent_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cudaTriggerProgrammaticLaunchCompletion();
 #endif
+}
+// The launch attribute that asks for it (host side; cudaLaunchKernelEx).
+inline cudaLaunchAttribute pdl_launch_attribute() {
+    cudaLaunchAttribute serialization = {};
+    serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    serialization.val.programmaticStreamSerializationAllowed = 1;
+    return serialization;
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
