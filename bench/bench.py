@@ -48,6 +48,11 @@ Method
   * Graph timing (small shape): 20 calls captured in one CUDA graph, replayed --iters
     times, each replay bracketed by events; reported median replay time / 20 (L2 warm:
     the same inputs are reused inside the graph).
+  * --rounds N (forward rows): the impls of a shape are timed N times over, round-robin
+    (cudnn, flashcore, ..., cudnn, flashcore, ...), and a row reports the median of its N
+    medians (each one in the JSON's us_rounds / graph_us_rounds). The machine has slow spells
+    of seconds that can double one impl's median in a single pass (bench/NOTES.md, sixth
+    session); rounds spread them over every impl and outvote them.
   * TFLOP/s = 4 * B * Hq * D * pairs / time, pairs = Sq * Sk; causal with Sq == Sk counts
     Sq * Sk / 2 (the FlashAttention convention), other causal shapes the exact number of
     unmasked (query, key) pairs under PyTorch's top-left alignment.
@@ -403,8 +408,10 @@ def finish_timed(row, flop_count, cudnn_us):
     return cudnn_us
 
 
-def run_shape(s, impls, timer, seed, graph):
-    """Verify every impl on one shape, then time the ones that are right. Returns rows."""
+def run_shape(s, impls, timer, seed, graph, rounds=1):
+    """Verify every impl on one shape, then time the ones that are right: `rounds` times each,
+    round-robin over the impls, so that a slow spell of the machine lands on every impl alike;
+    a row's time is the median of its rounds' medians (all of them in `us_rounds`). Returns rows."""
     q, k, v = make_inputs(s, seed)
     mask = make_mask(s)
     f = flops(s)
@@ -421,34 +428,45 @@ def run_shape(s, impls, timer, seed, graph):
             outputs[impl.name] = out
     ref_name = next((n for n in REF_ORDER if n in outputs), None)
     ref = outputs.get(ref_name)
-    cudnn_us = None
+    timed = []  # (impl, row, fn) of the rows that are right
     for impl in impls:
         row = base_row(s, "fwd", impl.name, impl.explain(q, k, v, s, mask), floor_us=floor_us(s),
                        mask="bool (B,1,S,S) padded causal" if s.mask else None)
         rows.append(row)
         if impl.name in skip:
             row["status"] = f"skipped: {skip[impl.name]}"
-            report(s, row, ref_name)
             continue
         out = outputs.pop(impl.name) if impl.name != ref_name else ref
         nan = bool(torch.isnan(out).any())
         if ref is not None and impl.name != ref_name:
             row["maxdiff"] = (out.float() - ref.float()).abs().max().item()
-        if not judge(row, nan, ref, "output"):
-            report(s, row, ref_name)
-            continue  # never time garbage
+        if judge(row, nan, ref, "output"):  # never time garbage
+            timed.append((impl, row, impl.fn(q, k, v, s, mask)))
         del out
-        fn = impl.fn(q, k, v, s, mask)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with impl.context():
-                row["us"] = timer.eager_us(fn)
-                if graph:
-                    try:
-                        row["graph_us"] = timer.graph_us(fn)
-                    except Exception as e:  # report, keep going
-                        row["graph_note"] = f"graph capture failed: {str(e).splitlines()[0][:100]}"
-        cudnn_us = finish_timed(row, f, cudnn_us)
+    eager = {id(row): [] for _, row, _ in timed}
+    graphed = {id(row): [] for _, row, _ in timed}
+    for _ in range(rounds):
+        for impl, row, fn in timed:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with impl.context():
+                    eager[id(row)].append(timer.eager_us(fn))
+                    if graph and "graph_note" not in row:
+                        try:
+                            graphed[id(row)].append(timer.graph_us(fn))
+                        except Exception as e:  # report, keep going
+                            row["graph_note"] = f"graph capture failed: {str(e).splitlines()[0][:100]}"
+    cudnn_us = None
+    for row in rows:
+        if id(row) in eager:
+            row["us"] = statistics.median(eager[id(row)])
+            if graphed[id(row)]:
+                row["graph_us"] = statistics.median(graphed[id(row)])
+            if rounds > 1:
+                row["us_rounds"] = [round(t, 2) for t in eager[id(row)]]
+                if graphed[id(row)]:
+                    row["graph_us_rounds"] = [round(t, 3) for t in graphed[id(row)]]
+            cudnn_us = finish_timed(row, f, cudnn_us)
         report(s, row, ref_name)
     return rows
 
@@ -614,6 +632,9 @@ def main(argv=None):
     ap.add_argument("--no-json", action="store_true", help="do not write JSON")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time each forward shape's impls this many times, round-robin; report the "
+                         "median of the rounds' medians (default 1)")
     ap.add_argument("--impls", default=",".join(IMPLS),
                     help=f"comma-separated subset of {','.join(IMPLS)}")
     ap.add_argument("--seed", type=int, default=0)
@@ -623,6 +644,8 @@ def main(argv=None):
     ap.add_argument("--bwd-only", action="store_true", help="only the backward rows")
     args = ap.parse_args(argv)
 
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1 (got {args.rounds})")
     names = [n.strip() for n in args.impls.split(",") if n.strip()]
     bad = [n for n in names if n not in IMPLS]
     if bad:
@@ -650,7 +673,9 @@ def main(argv=None):
     method = (f"eager: {args.warmup} warm-up, median of {args.iters} calls, each between its own "
               f"CUDA events, L2 flushed before each call by writing a {FLUSH_BYTES >> 20} MB buffer "
               f"(untimed); graph: {GRAPH_CALLS} calls per CUDA graph, median of {args.iters} replays "
-              f"/ {GRAPH_CALLS}, L2 warm; inputs randn, one set per shape")
+              f"/ {GRAPH_CALLS}, L2 warm; inputs randn, one set per shape"
+              + (f"; forward rows: median of {args.rounds} such medians, timed round-robin over "
+                 f"the impls" if args.rounds > 1 else ""))
     print(f"FlashCore bench  sha={sha}{' (dirty)' if dirty else ''}  torch={torch.__version__}  "
           f"card={card}  {now:%Y-%m-%d %H:%M}")
     print(f"method: {method}")
@@ -670,7 +695,7 @@ def main(argv=None):
         timer = Timer(args.warmup, args.iters)
         rows = []
         for i, s in enumerate(shapes):
-            rows += run_shape(s, impls, timer, args.seed + i, s.graph)
+            rows += run_shape(s, impls, timer, args.seed + i, s.graph, args.rounds)
             torch.cuda.empty_cache()
         for i, s in enumerate(bwd_shapes):
             rows += run_bwd_shape(s, bwd_impls, timer, args.seed + 1000 + i)

@@ -1,0 +1,108 @@
+"""bench/bench.py's run_shape with --rounds: CPU only (fake impls and a fake timer stand in for
+the GPU backends and CUDA events), so the bookkeeping is checked where CI runs."""
+import contextlib
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_under_test", REPO / "bench" / "bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def cpu_inputs(s, seed):
+        g = torch.Generator().manual_seed(seed)
+        return tuple(torch.randn(s.B, h, n, s.D, generator=g)
+                     for h, n in ((s.Hq, s.Sq), (s.Hkv, s.Sk), (s.Hkv, s.Sk)))
+
+    monkeypatch.setattr(mod, "make_inputs", cpu_inputs)
+    monkeypatch.setattr(mod, "make_mask", lambda s: None)
+    monkeypatch.setattr(mod, "poison_allocator", lambda shape, dtype: None)
+    monkeypatch.setattr(mod.torch.cuda, "synchronize", lambda: None)
+    return mod
+
+
+class FakeImpl:
+    """Returns the exact attention (or garbage, or raises), and logs each timing call's order."""
+
+    def __init__(self, name, kind="right"):
+        self.name, self.kind = name, kind
+
+    def context(self):
+        return contextlib.nullcontext()
+
+    def explain(self, q, k, v, s, mask):
+        return "kernel fake" if self.name.startswith("flashcore") else None
+
+    def fn(self, q, k, v, s, mask=None):
+        def call():
+            if self.kind == "raises":
+                raise RuntimeError("no kernel for this shape")
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=s.causal)
+            return out + 1.0 if self.kind == "wrong" else out
+        call.impl_name = self.name
+        return call
+
+
+class FakeTimer:
+    """eager_us hands out the next time of the impl's script; records the order of calls."""
+
+    def __init__(self, scripts):
+        self.scripts = {n: list(ts) for n, ts in scripts.items()}
+        self.order = []
+
+    def eager_us(self, fn):
+        self.order.append(fn.impl_name)
+        return self.scripts[fn.impl_name].pop(0)
+
+    def graph_us(self, fn):
+        return 1.0
+
+
+def test_rounds_are_round_robin_and_rows_report_the_median(bench):
+    s = bench.Shape(1, 2, 2, 16, 16, 8, False)
+    impls = [FakeImpl("cudnn"), FakeImpl("flashcore")]
+    # One slow spell (flashcore's second round) must not decide the row.
+    timer = FakeTimer({"cudnn": [10.0, 11.0, 12.0], "flashcore": [8.0, 30.0, 9.0]})
+    rows = bench.run_shape(s, impls, timer, seed=0, graph=False, rounds=3)
+    assert timer.order == ["cudnn", "flashcore"] * 3
+    cudnn, fc = rows
+    assert cudnn["us"] == 11.0 and cudnn["us_rounds"] == [10.0, 11.0, 12.0]
+    assert fc["us"] == 9.0 and fc["us_rounds"] == [8.0, 30.0, 9.0]
+    assert fc["vs_cudnn"] == pytest.approx(11.0 / 9.0)
+    assert fc["tflops"] == pytest.approx(bench.flops(s) / 9.0 / 1e6)
+
+
+def test_one_round_keeps_the_old_rows(bench):
+    s = bench.Shape(1, 2, 2, 16, 16, 8, True)
+    timer = FakeTimer({"cudnn": [10.0], "flashcore": [5.0]})
+    rows = bench.run_shape(s, [FakeImpl("cudnn"), FakeImpl("flashcore")], timer, seed=1,
+                           graph=False, rounds=1)
+    assert [r["us"] for r in rows] == [10.0, 5.0]
+    assert all("us_rounds" not in r for r in rows)
+
+
+def test_wrong_and_skipped_rows_are_never_timed(bench):
+    s = bench.Shape(1, 2, 2, 16, 16, 8, False)
+    impls = [FakeImpl("cudnn"), FakeImpl("flash", "raises"), FakeImpl("flashcore", "wrong")]
+    timer = FakeTimer({"cudnn": [10.0, 10.0]})
+    rows = bench.run_shape(s, impls, timer, seed=2, graph=False, rounds=2)
+    assert timer.order == ["cudnn", "cudnn"]
+    cudnn, flash, fc = rows
+    assert cudnn["us"] == 10.0
+    assert flash["status"].startswith("skipped") and flash["us"] is None
+    assert fc["status"].startswith("WRONG") and fc["us"] is None
+
+
+def test_rounds_below_one_is_an_error():
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, str(REPO / "bench" / "bench.py"), "--dry-run", "--quick",
+                          "--no-json", "--rounds", "0"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--rounds must be at least 1" in res.stderr
