@@ -62,21 +62,25 @@ namespace ptx = cuda::ptx;
 // Tile shape per head dim (FlashAttention-3's choices as the starting point):
 //   D=64:  three consumer warpgroups (192 query rows), 128-key tiles: per tile the GEMMs are
 //          short next to the softmax, so more warpgroups take turns on the tensor cores; two
-//          (128 rows) for short query sequences (kShort, below).
+//          (128 rows) for short query sequences, one (64 rows) for tiny grids (kShape, below).
 //   D=128: two consumer warpgroups (128 rows), 240 registers each.
 // Register budgets (setmaxnreg) must sum to at most 64K over the CTA's threads.
-// kShort: the configuration for short query sequences (see launch_fwd); only D=64 has one.
-template <int kHeadDim, bool kCausal, bool kShort = false>
+// kShape: the configuration for long query sequences (kLong), short ones (kShort) or grids too
+// small to fill a quarter of the SMs (kTiny); see launch_fwd. Only D=64 has the last two.
+constexpr int kLong = 0, kShort = 1, kTiny = 2;
+template <int kHeadDim, bool kCausal, int kShape = kLong>
 struct FwdConfig;
 // D=64 causal with two consumer warpgroups (128-row blocks, less diagonal waste) was measured
 // and lost at long sequences: 8k 441 vs 483 TFLOP/s, 16k 414 vs 444 (it won at 512-1k:
 // 179 vs 170, 262 vs 237); three are kept there. Short query sequences (kShort) take two:
 // 192-row blocks waste 11% of the rows at S = 512 and 1024, and a small grid's CTAs each run
-// 1.5x the rows of 128-row blocks.
-template <bool kCausal, bool kShort>
-struct FwdConfig<64, kCausal, kShort> {
-    static constexpr int kConsumerWarpgroups = kShort ? 2 : 3, kBlockN = 128, kStages = 3;
-    static constexpr int kProducerRegs = kShort ? 24 : 32, kConsumerRegs = kShort ? 240 : 160;
+// 1.5x the rows of 128-row blocks. Tiny grids (kTiny) take one: twice the CTAs of 64 rows, each
+// with the tensor cores to itself (no ping-pong partner to wait for).
+template <bool kCausal, int kShape>
+struct FwdConfig<64, kCausal, kShape> {
+    static constexpr int kConsumerWarpgroups = kShape == kLong ? 3 : (kShape == kShort ? 2 : 1);
+    static constexpr int kBlockN = 128, kStages = 3;
+    static constexpr int kProducerRegs = kShape == kLong ? 32 : 24, kConsumerRegs = kShape == kLong ? 160 : 240;
 };
 // D=128: non-causal takes 176-key tiles (fewer, longer GEMMs per softmax); causal keeps 128 so
 // that diagonal tiles waste less work, and with them a third stage fits (225 KB): causal S=512
@@ -85,22 +89,22 @@ struct FwdConfig<64, kCausal, kShort> {
 // tiles for key sequences <= 1024 (512 keys are 4 full tiles, not 3 with padding): S=512
 // 0.855-0.859 -> 0.859-0.861x, 1k unchanged; not worth a kernel instantiation. (Without that
 // ring it had been 0.78-0.80 -> 0.84x: the ring took the same fill-and-drain time.)
-template <bool kCausal, bool kShort>
-struct FwdConfig<128, kCausal, kShort> {
+template <bool kCausal, int kShape>
+struct FwdConfig<128, kCausal, kShape> {
     static constexpr int kConsumerWarpgroups = 2, kBlockN = kCausal ? 128 : 176, kStages = kCausal ? 3 : 2;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 // D=256: O alone takes 128 registers per consumer thread and a K or V row is 512 bytes, so
 // 80-key tiles: 64 KB of Q + 2 stages x (40 + 40) KB of K/V fill the 227 KB.
-template <bool kCausal, bool kShort>
-struct FwdConfig<256, kCausal, kShort> {
+template <bool kCausal, int kShape>
+struct FwdConfig<256, kCausal, kShape> {
     static constexpr int kConsumerWarpgroups = 2, kBlockN = 80, kStages = 2;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
-template <int kHeadDim, bool kCausal, bool kShort = false>
-struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShort> {
-    using C = FwdConfig<kHeadDim, kCausal, kShort>;
+template <int kHeadDim, bool kCausal, int kShape = kLong>
+struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
+    using C = FwdConfig<kHeadDim, kCausal, kShape>;
     static constexpr int kConsumerWarpgroups = C::kConsumerWarpgroups;
     static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // query rows per CTA
     static constexpr int kBlockN = C::kBlockN;                // keys per K/V tile
@@ -341,10 +345,10 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int lane) {
     w[3] = high ? a[3] : r1;
 }
 
-template <typename Elem, int kHeadDim, bool kCausal, bool kShort>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim, kCausal, kShort>::kThreads, 1)
+template <typename Elem, int kHeadDim, bool kCausal, int kShape>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kCausal, kShape>::kThreads, 1)
 fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
-    using T = FwdTraits<kHeadDim, kCausal, kShort>;
+    using T = FwdTraits<kHeadDim, kCausal, kShape>;
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
     constexpr int kNTiles = kBlockN / 8;   // 8-column accumulator tiles of S
     constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of O
@@ -547,10 +551,14 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // starts the ring at the CTA's first tile (every tile of a persistent CTA has key tiles; a
     // split CTA has one tile, which may have none, and then starts no ring), and skips its pass
     // after the final section of the CTA's last tile, so no arrival is left over.
-    auto wait_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory"); };
+    // A single consumer warpgroup (kTiny) has no one to take turns with.
+    auto wait_turn = [&] {
+        if constexpr (kW > 1) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
+    };
     auto pass_turn = [&](bool last_section) {
-        if (!(consumer == kW - 1 && last_section))
-            asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
+        if constexpr (kW > 1)
+            if (!(consumer == kW - 1 && last_section))
+                asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
     };
 
     int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
@@ -647,7 +655,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // sits in ring slot `slot0 + n` (slots count every tile this CTA has consumed).
         if (keys.first < keys.end) {
             const int first = keys.first, end = keys.end, slot0 = kv_iter - first;
-            if (local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+            if (kW > 1 && local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
             // In split mode a CTA has one tile; persistent CTAs' tiles all have key tiles, so the
             // CTA's last tile is the one without a successor.
             const bool last_tile = snake_tile(local + 1, n_tiles, cluster_size()) >= n_tiles;
@@ -867,9 +875,9 @@ int64_t tile_count(const fc_params &p) {
 }
 
 // `device` and `sms`: the current device and its SM count (launch_fwd reads them once per call).
-template <typename Elem, int kHeadDim, bool kCausal, bool kShort>
+template <typename Elem, int kHeadDim, bool kCausal, int kShape>
 cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int device, int sms) {
-    using T = FwdTraits<kHeadDim, kCausal, kShort>;
+    using T = FwdTraits<kHeadDim, kCausal, kShape>;
     const CUtensorMapDataType dtype =
         p.dtype == FC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     FwdMaps maps;
@@ -883,7 +891,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
                               p.v_stride_s, p.v_stride_h, p.v_stride_b, T::kBlockN);
     if (err != cudaSuccess) return err;
 
-    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShort>;
+    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape>;
     // Per device, once: the shared-memory opt-in.
     static int configured[64];
     if (device >= 64 || !__atomic_load_n(&configured[device], __ATOMIC_ACQUIRE)) {
@@ -973,7 +981,9 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 //   causal      S=512 0.74 -> 0.82, 1k 0.75-0.76 -> 0.82-0.85, 2k 0.93 -> 0.88, 4k+ 1.0 -> 0.9
 //   non-causal  S=512 0.90 -> 0.84, 1k 0.94 -> 0.86, 2k+ 1.06-1.13 -> 0.86-0.96
 //   small grids B=1 H=8 S=512: 0.82 -> 0.89-0.91 (both); GQA 256 x 8192 chunk: 1.34 -> 1.55
-// FLASHCORE_SM90_SHORT=0 / 1 forces the choice (A/B runs).
+// The tiny configuration (one consumer warpgroup, 64-row blocks) runs grids whose short
+// configuration would fill at most a quarter of the SMs.
+// FLASHCORE_SM90_SHORT=0 / 1 / 2 forces long / short / tiny (A/B runs).
 constexpr int64_t kShortSeqlenQ = 1024;
 
 template <typename Elem, int kHeadDim, bool kCausal>
@@ -982,16 +992,19 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     if (fc_device_info_(&device, nullptr, nullptr, &sms) != FC_OK) return fc_last_cuda_error();
     if constexpr (kHeadDim == 64) {
         const char *forced = getenv("FLASHCORE_SM90_SHORT");
-        bool short_q;
-        if (forced != nullptr && (forced[0] == '0' || forced[0] == '1') && forced[1] == '\0') {
-            short_q = forced[0] == '1';
+        int shape;
+        if (forced != nullptr && forced[0] >= '0' && forced[0] <= '2' && forced[1] == '\0') {
+            shape = forced[0] - '0';
+        } else if (p.seqlen_q <= kShortSeqlenQ &&
+                   (kCausal || fc_grid_is_small(tile_count<FwdTraits<kHeadDim, kCausal, kLong>>(p), sms))) {
+            shape = tile_count<FwdTraits<kHeadDim, kCausal, kShort>>(p) * 4 <= sms ? kTiny : kShort;
         } else {
-            short_q = p.seqlen_q <= kShortSeqlenQ &&
-                      (kCausal || fc_grid_is_small(tile_count<FwdTraits<kHeadDim, kCausal, false>>(p), sms));
+            shape = kLong;
         }
-        if (short_q) return launch_fwd_config<Elem, kHeadDim, kCausal, true>(p, stream, device, sms);
+        if (shape == kShort) return launch_fwd_config<Elem, kHeadDim, kCausal, kShort>(p, stream, device, sms);
+        if (shape == kTiny) return launch_fwd_config<Elem, kHeadDim, kCausal, kTiny>(p, stream, device, sms);
     }
-    return launch_fwd_config<Elem, kHeadDim, kCausal, false>(p, stream, device, sms);
+    return launch_fwd_config<Elem, kHeadDim, kCausal, kLong>(p, stream, device, sms);
 }
 
 }  // namespace sm90

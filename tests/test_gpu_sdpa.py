@@ -435,13 +435,13 @@ def test_sm90_kv_split_does_not_change_result(case, splits, monkeypatch):
     torch.testing.assert_close(lse_split, lse_whole, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("short", ["0", "1"])
+@pytest.mark.parametrize("short", ["0", "1", "2"])
 @pytest.mark.parametrize("causal,sq,sk", [(False, 1000, 1000), (True, 1000, 777), (True, 4097, 4097),
                                           (False, 17, 3000), (True, 300, 1000)])
 def test_sm90_d64_configurations(causal, sq, sk, short, monkeypatch):
-    """D=64 has two sm90 configurations (three consumer warpgroups, or two for short query
-    sequences; kernels/fwd_sm90.cuh launch_fwd). Each is forced over lengths the automatic
-    choice would give to the other; both must match the reference."""
+    """D=64 has three sm90 configurations (three consumer warpgroups, two for short query
+    sequences, one for tiny grids; kernels/fwd_sm90.cuh launch_fwd). Each is forced over lengths
+    the automatic choice would give to another; all must match the reference."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
     q, k, v = make_inputs(2, 8, 2, sq, sk, 64, torch.bfloat16, "bshd")
