@@ -318,10 +318,8 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits) {
  * keys into s ranges run by a cluster of s CTAs shortens that loop s-fold for the price of one
  * merge through distributed shared memory. Only grids that fill at most half the SMs are cut;
  * the largest s <= max_splits is taken whose clusters all fit in one wave, with at least
- * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT key tiles per range (a range of one tile leaves no loads
- * to overlap with the math).
+ * min_key_tiles_per_split key tiles per range (dispatch.h).
  */
-#define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT 2
 
 int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave) { return tiles * 2 <= ctas_per_wave; }
 
@@ -331,10 +329,12 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas) {
     return !(text != NULL && text[0] == '0' && text[1] == '\0');
 }
 
-int fc_prefill_splits(int64_t tiles, int64_t key_tiles, const int *wave_ctas, int max_splits) {
+int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_split, const int *wave_ctas,
+                      int max_splits) {
     if (tiles <= 0 || wave_ctas == NULL || !fc_grid_is_small(tiles, wave_ctas[1])) return 1;
+    if (min_key_tiles_per_split < 1) min_key_tiles_per_split = 1;
     int best = 1;
     for (int s = 2; s <= max_splits; ++s)
-        if (tiles * s <= wave_ctas[s] && key_tiles >= (int64_t)s * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT) best = s;
+        if (tiles * s <= wave_ctas[s] && key_tiles >= (int64_t)s * min_key_tiles_per_split) best = s;
     return best;
 }

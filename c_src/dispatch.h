@@ -46,9 +46,16 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
 /*
  * Split-KV for the Hopper family's small grids: into how many key ranges (one cluster of CTAs
  * per tile) to cut each of `tiles` (query block, head, batch) tiles of up to `key_tiles` key
- * tiles, given wave_ctas[s] = the CTAs that run at once in clusters of s, s = 1..max_splits.
+ * tiles, with at least `min_key_tiles_per_split` key tiles per range, given wave_ctas[s] = the
+ * CTAs that run at once in clusters of s, s = 1..max_splits.
  */
-int fc_prefill_splits(int64_t tiles, int64_t key_tiles, const int *wave_ctas, int max_splits);
+int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_split, const int *wave_ctas,
+                      int max_splits);
+/* Key tiles per range: 2 (a range of one tile leaves no loads to overlap with the math), and 8
+ * for D=64's one-warpgroup configuration, whose key tiles are short next to the merge (~3 us on
+ * the H100): B=1 H=8 S=512 in a CUDA graph took 6.1 us unsplit, 6.8 us in 2 ranges of 2 tiles. */
+#define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT 2
+#define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY 8
 /* A small grid: `tiles` CTAs fill at most half of `ctas_per_wave` (the SMs, for one CTA per SM).
  * The Hopper family cuts such grids' keys (fc_prefill_splits) and gives D=64 its short
  * configuration for them (kernels/fwd_sm90.cuh, launch_fwd). */

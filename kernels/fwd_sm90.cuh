@@ -954,7 +954,8 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
             }
             if (device < 64) __atomic_store_n(&wave_known[device], 1, __ATOMIC_RELEASE);
         }
-        splits = fc_prefill_splits(tiles, (p.seqlen_k + T::kBlockN - 1) / T::kBlockN, wave, kMaxKvSplits);
+        const int min_key_tiles = kShape == kTiny ? FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY : FC_PREFILL_MIN_KEY_TILES_PER_SPLIT;
+        splits = fc_prefill_splits(tiles, (p.seqlen_k + T::kBlockN - 1) / T::kBlockN, min_key_tiles, wave, kMaxKvSplits);
     }
     cudaLaunchAttribute attrs[2];
     if (splits > 1) {

@@ -680,9 +680,9 @@ static void check_split_heuristic(void) {
 
 /*
  * The sm90 family's prefill split (clusters of CTAs per tile): never more CTAs than one wave of
- * clusters of that size holds, at least 2 key tiles per range, at most max_splits, no split
- * for a grid that fills more than half the SMs, and a split whenever a 2-cluster wave has room
- * and the keys allow it. Waves: H100-like (clusters fill whole GPCs less a remainder), a card
+ * clusters of that size holds, at least min_key_tiles_per_split key tiles per range, at most
+ * max_splits, no split for a grid that fills more than half the SMs, and a split whenever a
+ * 2-cluster wave has room and the keys allow it. Waves: H100-like (clusters fill whole GPCs less a remainder), a card
  * where no cluster fits (all zero past 1), and tiny ones.
  */
 static void check_prefill_split_heuristic(void) {
@@ -696,20 +696,22 @@ static void check_prefill_split_heuristic(void) {
     for (size_t w = 0; w < sizeof kWaves / sizeof kWaves[0]; ++w)
         for (int64_t tiles = 0; tiles <= 300; ++tiles)
             for (size_t k = 0; k < sizeof kKeyTiles / sizeof kKeyTiles[0]; ++k)
-                for (int max_splits = 1; max_splits <= 8; ++max_splits) {
-                    const int *wave = kWaves[w];
-                    const int s = fc_prefill_splits(tiles, kKeyTiles[k], wave, max_splits);
-                    REQUIRE(s >= 1 && s <= max_splits);
-                    if (s > 1) {
-                        REQUIRE(tiles * s <= wave[s]);
-                        REQUIRE(kKeyTiles[k] >= 2 * (int64_t)s);
-                        REQUIRE(tiles * 2 <= wave[1]);
+                for (int max_splits = 1; max_splits <= 8; ++max_splits)
+                    for (int min = FC_PREFILL_MIN_KEY_TILES_PER_SPLIT; min <= FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY;
+                         min += FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY - FC_PREFILL_MIN_KEY_TILES_PER_SPLIT) {
+                        const int *wave = kWaves[w];
+                        const int s = fc_prefill_splits(tiles, kKeyTiles[k], min, wave, max_splits);
+                        REQUIRE(s >= 1 && s <= max_splits);
+                        if (s > 1) {
+                            REQUIRE(tiles * s <= wave[s]);
+                            REQUIRE(kKeyTiles[k] >= min * (int64_t)s);
+                            REQUIRE(tiles * 2 <= wave[1]);
+                        }
+                        if (tiles >= 1 && tiles * 2 <= wave[1] && tiles * 2 <= wave[2] && kKeyTiles[k] >= 2 * min &&
+                            max_splits >= 2)
+                            REQUIRE(s >= 2);
                     }
-                    if (tiles >= 1 && tiles * 2 <= wave[1] && tiles * 2 <= wave[2] && kKeyTiles[k] >= 4 &&
-                        max_splits >= 2)
-                        REQUIRE(s >= 2);
-                }
-    REQUIRE(fc_prefill_splits(4, 100, NULL, 8) == 1);
+    REQUIRE(fc_prefill_splits(4, 100, FC_PREFILL_MIN_KEY_TILES_PER_SPLIT, NULL, 8) == 1);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
