@@ -51,11 +51,12 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
  */
 int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_split, const int *wave_ctas,
                       int max_splits);
-/* Key tiles per range: 2 (a range of one tile leaves no loads to overlap with the math), and 8
+/* Key tiles per range: 2 (a range of one tile leaves no loads to overlap with the math), and 4
  * for D=64's one-warpgroup configuration, whose key tiles are short next to the merge (~3 us on
- * the H100): B=1 H=8 S=512 in a CUDA graph took 6.1 us unsplit, 6.8 us in 2 ranges of 2 tiles. */
+ * the H100). Measured there (B=1 H=8 D=64 fp16, CUDA graph, us per call, unsplit -> 2 ranges):
+ * Sq x Sk 512 x 512 (4 key tiles) 6.1 -> 6.8, 256 x 1024 (8) 9.5 -> 8.2, 256 x 2048 (16) 16.4 -> 11.5. */
 #define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT 2
-#define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY 8
+#define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY 4
 /* A small grid: `tiles` CTAs fill at most half of `ctas_per_wave` (the SMs, for one CTA per SM).
  * The Hopper family cuts such grids' keys (fc_prefill_splits) and gives D=64 its short
  * configuration for them (kernels/fwd_sm90.cuh, launch_fwd). */

@@ -954,8 +954,11 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
             }
             if (device < 64) __atomic_store_n(&wave_known[device], 1, __ATOMIC_RELEASE);
         }
+        // The longest key loop of a block: with causal masking no key past the last query row
+        // (B=1 H=8 Sq=128 Sk=8192 D=64 causal: 1 key tile, not 64; split 7.3 us, unsplit 3.7).
+        const int64_t key_len = kCausal ? (p.seqlen_q < p.seqlen_k ? p.seqlen_q : p.seqlen_k) : p.seqlen_k;
         const int min_key_tiles = kShape == kTiny ? FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY : FC_PREFILL_MIN_KEY_TILES_PER_SPLIT;
-        splits = fc_prefill_splits(tiles, (p.seqlen_k + T::kBlockN - 1) / T::kBlockN, min_key_tiles, wave, kMaxKvSplits);
+        splits = fc_prefill_splits(tiles, (key_len + T::kBlockN - 1) / T::kBlockN, min_key_tiles, wave, kMaxKvSplits);
     }
     cudaLaunchAttribute attrs[2];
     if (splits > 1) {
