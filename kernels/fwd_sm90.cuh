@@ -65,9 +65,10 @@ namespace ptx = cuda::ptx;
 //          (128 rows) for short query sequences, one (64 rows) for tiny grids (kShape, below).
 //   D=128: two consumer warpgroups (128 rows), 240 registers each.
 // Register budgets (setmaxnreg) must sum to at most 64K over the CTA's threads.
-// kShape: the configuration for long query sequences (kLong), short ones (kShort) or grids too
-// small to fill a quarter of the SMs (kTiny); see launch_fwd. Only D=64 has the last two.
-constexpr int kLong = 0, kShort = 1, kTiny = 2;
+// kShape: the configuration for long query sequences (kLong), short ones (kShort), grids too
+// small to fill a quarter of the SMs (kTiny), and such grids with short key sequences (kPair);
+// see launch_fwd. Only D=64 has the last three.
+constexpr int kLong = 0, kShort = 1, kTiny = 2, kPair = 3;
 template <int kHeadDim, bool kCausal, int kShape = kLong>
 struct FwdConfig;
 // D=64 causal with two consumer warpgroups (128-row blocks, less diagonal waste) was measured
@@ -75,10 +76,13 @@ struct FwdConfig;
 // 179 vs 170, 262 vs 237); three are kept there. Short query sequences (kShort) take two:
 // 192-row blocks waste 11% of the rows at S = 512 and 1024, and a small grid's CTAs each run
 // 1.5x the rows of 128-row blocks. Tiny grids (kTiny) take one: twice the CTAs of 64 rows, each
-// with the tensor cores to itself (no ping-pong partner to wait for).
+// with the tensor cores to itself (no ping-pong partner to wait for). kPair: two warpgroups on
+// the same 64 rows, one taking the even key tiles and the other the odd ones (kKeySplit), merged
+// in registers through shared memory at the end: half the key loop, for one named barrier.
 template <bool kCausal, int kShape>
 struct FwdConfig<64, kCausal, kShape> {
-    static constexpr int kConsumerWarpgroups = kShape == kLong ? 3 : (kShape == kShort ? 2 : 1);
+    static constexpr int kConsumerWarpgroups = kShape == kLong ? 3 : (kShape == kTiny ? 1 : 2);
+    static constexpr int kKeySplit = kShape == kPair ? 2 : 1;
     static constexpr int kBlockN = 128, kStages = 3;
     static constexpr int kProducerRegs = kShape == kLong ? 32 : 24, kConsumerRegs = kShape == kLong ? 160 : 240;
 };
@@ -91,6 +95,7 @@ struct FwdConfig<64, kCausal, kShape> {
 // ring it had been 0.78-0.80 -> 0.84x: the ring took the same fill-and-drain time.)
 template <bool kCausal, int kShape>
 struct FwdConfig<128, kCausal, kShape> {
+    static constexpr int kKeySplit = 1;
     static constexpr int kConsumerWarpgroups = 2, kBlockN = kCausal ? 128 : 176, kStages = kCausal ? 3 : 2;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
@@ -98,6 +103,7 @@ struct FwdConfig<128, kCausal, kShape> {
 // 80-key tiles: 64 KB of Q + 2 stages x (40 + 40) KB of K/V fill the 227 KB.
 template <bool kCausal, int kShape>
 struct FwdConfig<256, kCausal, kShape> {
+    static constexpr int kKeySplit = 1;
     static constexpr int kConsumerWarpgroups = 2, kBlockN = 80, kStages = 2;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
@@ -106,7 +112,8 @@ template <int kHeadDim, bool kCausal, int kShape = kLong>
 struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     using C = FwdConfig<kHeadDim, kCausal, kShape>;
     static constexpr int kConsumerWarpgroups = C::kConsumerWarpgroups;
-    static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // query rows per CTA
+    static constexpr int kKeySplit = C::kKeySplit;  // consumer warpgroups per 64 query rows
+    static constexpr int kBlockM = 64 * kConsumerWarpgroups / kKeySplit;  // query rows per CTA
     static constexpr int kBlockN = C::kBlockN;                // keys per K/V tile
     static constexpr int kStages = C::kStages;
     static constexpr int kThreads = 128 * (kConsumerWarpgroups + 1);
@@ -115,8 +122,11 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     static constexpr int kKVPanelBytes = kBlockN * 128;
     static constexpr int kQBytes = kPanels * kQPanelBytes;
     static constexpr int kKVTileBytes = kPanels * kKVPanelBytes;
-    // Q, then kStages K tiles, then kStages V tiles; every tile 1024-byte aligned (swizzle atom).
-    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + 1024 /* alignment */;
+    // kKeySplit: the second warpgroup's partial (O, then row max and sum, per thread) for the merge.
+    static constexpr int kPairBytes = kKeySplit > 1 ? 128 * (kHeadDim / 2 + 4) * 4 : 0;
+    // Q, then kStages K tiles, then kStages V tiles (every tile 1024-byte aligned: swizzle atom),
+    // then the pair partial.
+    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + 1024 /* alignment */;
     static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte panels)");
     static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
     static_assert(128 * (C::kProducerRegs + kConsumerWarpgroups * C::kConsumerRegs) <= 65536,
@@ -353,6 +363,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     constexpr int kNTiles = kBlockN / 8;   // 8-column accumulator tiles of S
     constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of O
     constexpr int kW = T::kConsumerWarpgroups;
+    constexpr int kKeySplit = T::kKeySplit;
+    // Warpgroups that share rows split the keys instead of taking turns (kPair).
+    constexpr bool kPingPong = kW > 1 && kKeySplit == 1;
 
     extern __shared__ unsigned char smem_raw[];
     __shared__ Barriers<kStages> bars;
@@ -399,8 +412,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         for (int s = 0; s < kStages; ++s) {
             ptx::mbarrier_init(&bars.k_full[s], 1);
             ptx::mbarrier_init(&bars.v_full[s], 1);
-            ptx::mbarrier_init(&bars.k_empty[s], 4 * kW);
-            ptx::mbarrier_init(&bars.v_empty[s], 4 * kW);
+            ptx::mbarrier_init(&bars.k_empty[s], 4 * kW / kKeySplit);  // each tile has one reader per row group
+            ptx::mbarrier_init(&bars.v_empty[s], 4 * kW / kKeySplit);
         }
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     }
@@ -457,11 +470,13 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
     // ---------------- consumers ----------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegs));
-    const int consumer = warpgroup - 1;             // which 64 rows of the block
+    const int consumer = warpgroup - 1;
+    const int row_group = consumer / kKeySplit;     // which 64 rows of the block
+    const int key_part = consumer % kKeySplit;      // which of the row group's key tiles (kPair)
     const int warp_in_wg = (threadIdx.x / 32) % 4;  // which 16 of those rows
     const int row_in_warp = lane / 4;               // accumulator rows row_in_warp, +8
     const int col_in_tile = 2 * (lane % 4);         // accumulator columns col_in_tile, +1
-    const uint32_t q_base = smem_addr(smem_q) + consumer * 64 * 128;
+    const uint32_t q_base = smem_addr(smem_q) + row_group * 64 * 128;
     const uint32_t k_base = smem_addr(smem_k);
     const uint32_t v_base = smem_addr(smem_v);
     const float scale_log2 = p.scale * 1.4426950408889634f;
@@ -551,12 +566,13 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // starts the ring at the CTA's first tile (every tile of a persistent CTA has key tiles; a
     // split CTA has one tile, which may have none, and then starts no ring), and skips its pass
     // after the final section of the CTA's last tile, so no arrival is left over.
-    // A single consumer warpgroup (kTiny) has no one to take turns with.
+    // A single consumer warpgroup (kTiny) has no one to take turns with; a pair (kPair) reads
+    // different key tiles and runs free.
     auto wait_turn = [&] {
-        if constexpr (kW > 1) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
+        if constexpr (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
     };
     auto pass_turn = [&](bool last_section) {
-        if constexpr (kW > 1)
+        if constexpr (kPingPong)
             if (!(consumer == kW - 1 && last_section))
                 asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
     };
@@ -566,7 +582,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     for (int t = snake_tile(0, n_tiles, cluster_size()); t < n_tiles; t = snake_tile(++local, n_tiles, cluster_size())) {
         const Tile tile = decode_tile(t, m_blocks, heads_q);
         const KeyRange keys = key_range(tile.m_block);  // key tiles [first, end) of this CTA
-        const int wg_row0 = tile.m_block * kBlockM + consumer * 64;  // first query row of this WG
+        const int wg_row0 = tile.m_block * kBlockM + row_group * 64;  // first query row of this WG
         const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;    // this thread's first row
 
         // row_max is kept in raw score units; the scale (> 0, see fc_dispatch) goes into one
@@ -653,45 +669,52 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         float rescale[2];
         // The whole CTA agrees on the range: an empty one loads and runs nothing. Key tile n
         // sits in ring slot `slot0 + n` (slots count every tile this CTA has consumed).
+        // kPair: this warpgroup runs key tiles mine, mine + 2, ... of [first, end) (the other one
+        // of its row group the rest); otherwise every key tile (kKeySplit = 1).
         if (keys.first < keys.end) {
             const int first = keys.first, end = keys.end, slot0 = kv_iter - first;
-            if (kW > 1 && local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+            const int mine = first + key_part;
+            if (kPingPong && local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
             // In split mode a CTA has one tile; persistent CTAs' tiles all have key tiles, so the
             // CTA's last tile is the one without a successor.
             const bool last_tile = snake_tile(local + 1, n_tiles, cluster_size()) >= n_tiles;
             wait_barrier(&bars.q_full, q_loads++ & 1);
-
-            wait_turn();
-            issue_qk(slot0 + first);
-            pass_turn(false);
-            wgmma_wait<0>();
-            fence_registers(s);
-            release(&bars.k_empty[(slot0 + first) % kStages]);
-            if (first + 1 == end) release(&bars.q_empty);  // last use of Q in this tile
-            softmax(first, rescale);  // O is still zero: nothing to rescale
-            convert_p();
-            for (int n = first + 1; n < end; ++n) {
+            if (mine >= end) {
+                release(&bars.q_empty);  // kPair with a single key tile: nothing for this one
+            } else {
+                const int last = mine + (end - 1 - mine) / kKeySplit * kKeySplit;  // this WG's last
                 wait_turn();
-                issue_qk(slot0 + n);
-                issue_pv(slot0 + n - 1);
+                issue_qk(slot0 + mine);
                 pass_turn(false);
-                wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
+                wgmma_wait<0>();
                 fence_registers(s);
-                release(&bars.k_empty[(slot0 + n) % kStages]);
-                if (n == end - 1) release(&bars.q_empty);
-                const bool rebased = softmax(n, rescale);
+                release(&bars.k_empty[(slot0 + mine) % kStages]);
+                if (mine == last) release(&bars.q_empty);  // last use of Q in this tile
+                softmax(mine, rescale);  // O is still zero: nothing to rescale
+                convert_p();
+                for (int n = mine + kKeySplit; n < end; n += kKeySplit) {
+                    wait_turn();
+                    issue_qk(slot0 + n);
+                    issue_pv(slot0 + n - kKeySplit);
+                    pass_turn(false);
+                    wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
+                    fence_registers(s);
+                    release(&bars.k_empty[(slot0 + n) % kStages]);
+                    if (n == last) release(&bars.q_empty);
+                    const bool rebased = softmax(n, rescale);
+                    wgmma_wait<0>();
+                    fence_registers(o_acc);
+                    release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]);
+                    if (rebased) rescale_o(rescale);  // else every factor is 1
+                    convert_p();
+                }
+                wait_turn();
+                issue_pv(slot0 + last);
+                pass_turn(last_tile);  // the tile's last GEMM section
                 wgmma_wait<0>();
                 fence_registers(o_acc);
-                release(&bars.v_empty[(slot0 + n - 1) % kStages]);
-                if (rebased) rescale_o(rescale);  // else every factor is 1
-                convert_p();
+                release(&bars.v_empty[(slot0 + last) % kStages]);
             }
-            wait_turn();
-            issue_pv(slot0 + end - 1);
-            pass_turn(last_tile);  // the tile's last GEMM section
-            wgmma_wait<0>();
-            fence_registers(o_acc);
-            release(&bars.v_empty[(slot0 + end - 1) % kStages]);
             kv_iter = slot0 + end;
         }
 
@@ -705,7 +728,44 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             row_sum[h] = sum;
             inv_sum[h] = 1.f / sum;
         }
-        if (cluster_size() > 1) {
+        if constexpr (kKeySplit > 1) {
+            // kPair: the odd-tile warpgroup leaves its partial (per thread, in the accumulator
+            // layout both share, lane-contiguous: no bank conflicts) in its own region, and the
+            // even-tile one merges it in registers and writes the rows. A CTA has one tile (launch_fwd).
+            float *pair = reinterpret_cast<float *>(smem_v + kStages * T::kKVTileBytes);
+            const int t = threadIdx.x % 128;
+            constexpr int kAcc = kDTiles * 4;
+            if (key_part == 1) {
+#pragma unroll
+                for (int i = 0; i < kAcc; ++i) pair[i * 128 + t] = o_acc[i];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    pair[(kAcc + h) * 128 + t] = row_max[h];
+                    pair[(kAcc + 2 + h) * 128 + t] = row_sum[h];
+                }
+                asm volatile("bar.arrive %0, 256;\n" ::"n"(kW + 2) : "memory");
+                continue;
+            }
+            asm volatile("bar.sync %0, 256;\n" ::"n"(kW + 2) : "memory");
+            float w_own[2], w_other[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float other_max = pair[(kAcc + h) * 128 + t], other_sum = pair[(kAcc + 2 + h) * 128 + t];
+                const float mx = fmaxf(row_max[h], other_max);
+                // A part that saw no key of this row has max -inf and sum 0: weight 0.
+                w_own[h] = row_max[h] == -INFINITY ? 0.f : fast_exp2((row_max[h] - mx) * scale_log2);
+                w_other[h] = other_max == -INFINITY ? 0.f : fast_exp2((other_max - mx) * scale_log2);
+                row_sum[h] = w_own[h] * row_sum[h] + w_other[h] * other_sum;
+                row_max[h] = mx;
+                inv_sum[h] = 1.f / row_sum[h];
+            }
+#pragma unroll
+            for (int i = 0; i < kAcc; ++i) {
+                const int h = (i % 4) / 2;  // accumulator word i holds row (i % 4) / 2 of the pair
+                o_acc[i] = w_own[h] * o_acc[i] + w_other[h] * pair[i * 128 + t];
+            }
+        }
+        if (kKeySplit == 1 && cluster_size() > 1) {  // (kPair is never launched in clusters)
             // Leave this CTA's partials in the K/V ring, once every consumer warpgroup is past
             // its last P V (the producer has nothing in flight: each loaded tile was consumed).
             using SP = SplitPartials<kHeadDim, kBlockM>;
@@ -713,7 +773,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             asm volatile("bar.sync %0, %1;\n" ::"r"(kW + 1), "n"(128 * kW) : "memory");
             float *part_o = reinterpret_cast<float *>(smem_k);
             float2 *part_ml = reinterpret_cast<float2 *>(part_o + kBlockM * SP::kOPitch);
-            const int r0 = consumer * 64 + warp_in_wg * 16 + row_in_warp;  // row within the block
+            const int r0 = row_group * 64 + warp_in_wg * 16 + row_in_warp;  // row within the block
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 float *dst = part_o + (r0 + 8 * h) * SP::kOPitch + col_in_tile;
@@ -933,7 +993,9 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     // Merging with all remote loads issued before any is used beat one peer at a time by ~3%.
     int splits = 1;
     const char *forced = getenv("FLASHCORE_KV_SPLITS");
-    if (forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits && forced[1] == '\0') {
+    if (kShape == kPair) {
+        // Its warpgroups already split the keys; its merge is within the CTA (one tile each).
+    } else if (forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits && forced[1] == '\0') {
         splits = forced[0] - '0';
     } else if (fc_grid_is_small(tiles, sms)) {  // (saves the occupancy query on full grids)
         // CTAs that run at once in clusters of s (s = 1..8), per device, queried once.
@@ -968,7 +1030,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     }
 
     int64_t persistent_grid = sms;
-    bool persistent = true;
+    bool persistent = kShape != kPair;  // kPair's merge region serves one tile per CTA
     if (kCausal) {
         persistent_grid = paired_grid(m_blocks, sms);
         persistent = m_blocks <= 64 && persistent_grid * 10 >= static_cast<int64_t>(sms) * 9;
@@ -986,9 +1048,12 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 //   non-causal  S=512 0.90 -> 0.84, 1k 0.94 -> 0.86, 2k+ 1.06-1.13 -> 0.86-0.96
 //   small grids B=1 H=8 S=512: 0.82 -> 0.89-0.91 (both); GQA 256 x 8192 chunk: 1.34 -> 1.55
 // The tiny configuration (one consumer warpgroup, 64-row blocks) runs grids whose short
-// configuration would fill at most a quarter of the SMs.
-// FLASHCORE_SM90_SHORT=0 / 1 / 2 forces long / short / tiny (A/B runs).
+// configuration would fill at most a quarter of the SMs; among those, the pair configuration
+// (two warpgroups splitting one block's key tiles) runs key sequences of up to kPairKeyTiles
+// key tiles (longer ones split across CTAs, kTiny).
+// FLASHCORE_SM90_SHORT=0 / 1 / 2 / 3 forces long / short / tiny / pair (A/B runs).
 constexpr int64_t kShortSeqlenQ = 1024;
+constexpr int64_t kPairKeyTiles = 8;
 
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
@@ -997,16 +1062,22 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     if constexpr (kHeadDim == 64) {
         const char *forced = getenv("FLASHCORE_SM90_SHORT");
         int shape;
-        if (forced != nullptr && forced[0] >= '0' && forced[0] <= '2' && forced[1] == '\0') {
+        if (forced != nullptr && forced[0] >= '0' && forced[0] <= '3' && forced[1] == '\0') {
             shape = forced[0] - '0';
         } else if (p.seqlen_q <= kShortSeqlenQ &&
                    (kCausal || fc_grid_is_small(tile_count<FwdTraits<kHeadDim, kCausal, kLong>>(p), sms))) {
-            shape = tile_count<FwdTraits<kHeadDim, kCausal, kShort>>(p) * 4 <= sms ? kTiny : kShort;
+            shape = kShort;
+            if (tile_count<FwdTraits<kHeadDim, kCausal, kShort>>(p) * 4 <= sms) {
+                // Key tiles of the longest block (causal: none past the last query row).
+                const int64_t key_len = kCausal && p.seqlen_q < p.seqlen_k ? p.seqlen_q : p.seqlen_k;
+                shape = (key_len + 127) / 128 <= kPairKeyTiles ? kPair : kTiny;
+            }
         } else {
             shape = kLong;
         }
         if (shape == kShort) return launch_fwd_config<Elem, kHeadDim, kCausal, kShort>(p, stream, device, sms);
         if (shape == kTiny) return launch_fwd_config<Elem, kHeadDim, kCausal, kTiny>(p, stream, device, sms);
+        if (shape == kPair) return launch_fwd_config<Elem, kHeadDim, kCausal, kPair>(p, stream, device, sms);
     }
     return launch_fwd_config<Elem, kHeadDim, kCausal, kLong>(p, stream, device, sms);
 }

@@ -420,6 +420,8 @@ def test_sm90_kv_split_does_not_change_result(case, splits, monkeypatch):
     q, k, v = make_inputs(B, hkv * ratio, hkv, sq, sk, D, dtype, "bhsd")
     gqa = ratio > 1
     monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
+    if D == 64:  # the configurations that split across CTAs: two warpgroups, or one (tiny grids)
+        monkeypatch.setenv("FLASHCORE_SM90_SHORT", "1" if splits % 2 == 0 else "2")
     assert flashcore.explain(q, k, v, is_causal=causal, enable_gqa=gqa) == "kernel sm90"
     monkeypatch.setenv("FLASHCORE_KV_SPLITS", "1")
     poison_allocator((B, hkv * ratio, sq, D), dtype)
@@ -435,13 +437,15 @@ def test_sm90_kv_split_does_not_change_result(case, splits, monkeypatch):
     torch.testing.assert_close(lse_split, lse_whole, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("short", ["0", "1", "2"])
+@pytest.mark.parametrize("short", ["0", "1", "2", "3"])
 @pytest.mark.parametrize("causal,sq,sk", [(False, 1000, 1000), (True, 1000, 777), (True, 4097, 4097),
-                                          (False, 17, 3000), (True, 300, 1000)])
+                                          (False, 17, 3000), (True, 300, 1000), (False, 200, 100),
+                                          (True, 100, 300)])
 def test_sm90_d64_configurations(causal, sq, sk, short, monkeypatch):
-    """D=64 has three sm90 configurations (three consumer warpgroups, two for short query
-    sequences, one for tiny grids; kernels/fwd_sm90.cuh launch_fwd). Each is forced over lengths
-    the automatic choice would give to another; all must match the reference."""
+    """D=64 has four sm90 configurations (three consumer warpgroups, two for short query
+    sequences, one for tiny grids, and two splitting one block's keys; kernels/fwd_sm90.cuh
+    launch_fwd). Each is forced over lengths the automatic choice would give to another (a
+    single key tile leaves the pair's second warpgroup nothing); all must match the reference."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
     q, k, v = make_inputs(2, 8, 2, sq, sk, 64, torch.bfloat16, "bshd")
