@@ -83,7 +83,11 @@ template <bool kCausal, int kShape>
 struct FwdConfig<64, kCausal, kShape> {
     static constexpr int kConsumerWarpgroups = kShape == kLong ? 3 : (kShape == kTiny ? 1 : 2);
     static constexpr int kKeySplit = kShape == kPair ? 2 : 1;
-    static constexpr int kBlockN = 128, kStages = 3;
+    // kPair: 4 stages, so that each stage only ever holds one warpgroup's tiles (tile n in stage
+    // n % 4, read by warpgroup n % 2). Its readers then take its phases in order; with 3 stages a
+    // warpgroup could wait on a stage two phases ahead of the other's pending load, and the
+    // parity wait passes on the wrong phase (found as a hang and a launch failure on the H100).
+    static constexpr int kBlockN = 128, kStages = kShape == kPair ? 4 : 3;
     static constexpr int kProducerRegs = kShape == kLong ? 32 : 24, kConsumerRegs = kShape == kLong ? 160 : 240;
 };
 // D=128: non-causal takes 176-key tiles (fewer, longer GEMMs per softmax); causal keeps 128 so
@@ -128,6 +132,7 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     // then the pair partial.
     static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + 1024 /* alignment */;
     static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte panels)");
+    static_assert(kStages % kKeySplit == 0, "a stage must hold the tiles of one key part only");
     static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
     static_assert(128 * (C::kProducerRegs + kConsumerWarpgroups * C::kConsumerRegs) <= 65536,
                   "register budgets exceed the register file");
