@@ -1035,8 +1035,9 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     }
 
     int64_t persistent_grid = sms;
-    bool persistent = kShape != kPair;  // kPair's merge region serves one tile per CTA
-    if (kCausal) {
+    // kPair runs one tile per CTA: its merge region and its stage-per-warpgroup ring assume it.
+    bool persistent = kShape != kPair;
+    if (kCausal && persistent) {
         persistent_grid = paired_grid(m_blocks, sms);
         persistent = m_blocks <= 64 && persistent_grid * 10 >= static_cast<int64_t>(sms) * 9;
     }
