@@ -2,16 +2,18 @@
 //
 // What it computes: the same as fwd_sm80.cuh, O = softmax(scale * Q K^T [causal]) V and the
 // natural-log LSE, for one (batch, query head) and a block of kBlockM = 64 x (consumer
-// warpgroups) query rows per CTA.
+// warpgroups) query rows per CTA (64 rows for D=64's pair configuration, below).
 //
-// How (one CTA = one producer and 2-3 consumer warpgroups):
+// How (one CTA = one producer and 1-3 consumer warpgroups):
 //   * Warpgroup 0 is the producer. It gives most of its registers away (setmaxnreg.dec) and
 //     one thread issues every load with the tensor memory accelerator: Q once, then K and V
 //     tiles of kBlockN rows into a kStages-deep ring. Each load completes on an mbarrier
 //     ("full"); the consumers release a stage through another mbarrier ("empty").
 //   * The other warpgroups (2 for D=128 and 256, 3 for D=64, 2 for D=64 query sequences of up
-//     to 1024) are consumers, 64 query rows each, with
-//     the registers the producer gave up (setmaxnreg.inc).
+//     to 1024, 1 for D=64 grids that fill at most a quarter of the SMs) are consumers, 64 query
+//     rows each, with the registers the producer gave up (setmaxnreg.inc). D=64's pair
+//     configuration (tiny grids, short keys) gives two consumers the same 64 rows, one the even
+//     key tiles and one the odd, merged through shared memory at the end (FwdConfig, kPair).
 //     Per K/V tile: S = Q K^T with wgmma (both operands in shared memory, K-major), the online
 //     softmax in fp32 registers (exp2, scale folded into log2(e)), then O += P V with wgmma
 //     taking P straight from registers (the accumulator layout of S is the A-fragment layout)
