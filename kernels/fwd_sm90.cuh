@@ -1004,11 +1004,11 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     // Merging with all remote loads issued before any is used beat one peer at a time by ~3%.
     int splits = 1;
     const char *forced = getenv("FLASHCORE_KV_SPLITS");
-    if (kShape == kPair) {
-        // Its warpgroups already split the keys; its merge is within the CTA (one tile each).
-    } else if (forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits && forced[1] == '\0') {
+    // kPair never splits across CTAs: its warpgroups already split the keys, merging in the CTA.
+    if (kShape != kPair && forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits &&
+        forced[1] == '\0') {
         splits = forced[0] - '0';
-    } else if (fc_grid_is_small(tiles, sms)) {  // (saves the occupancy query on full grids)
+    } else if (kShape != kPair && fc_grid_is_small(tiles, sms)) {  // (saves the occupancy query on full grids)
         // CTAs that run at once in clusters of s (s = 1..8), per device, queried once.
         static int wave_ctas[64][kMaxKvSplits + 1];
         static int wave_known[64];
