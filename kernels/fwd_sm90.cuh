@@ -935,6 +935,12 @@ inline cudaLaunchConfig_t launch_config(int64_t grid, int cluster_size, bool pdl
     return cfg;
 }
 
+// The longest run of keys a query block reads: with causal masking (top-left aligned) no key
+// past the last query row.
+inline int64_t longest_key_run(const fc_params &p, bool causal) {
+    return causal && p.seqlen_q < p.seqlen_k ? p.seqlen_q : p.seqlen_k;
+}
+
 // The (query block, head, batch) tiles of a call in configuration T.
 template <typename T>
 int64_t tile_count(const fc_params &p) {
@@ -1000,11 +1006,11 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     // Merging with all remote loads issued before any is used beat one peer at a time by ~3%.
     int splits = 1;
     const char *forced = getenv("FLASHCORE_KV_SPLITS");
-    if (kShape == kPair) {
-        // Its warpgroups already split the keys; its merge is within the CTA (one tile each).
-    } else if (forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits && forced[1] == '\0') {
+    // kPair never splits across CTAs: its warpgroups already split the keys, merging in the CTA.
+    if (kShape != kPair && forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits &&
+        forced[1] == '\0') {
         splits = forced[0] - '0';
-    } else if (fc_grid_is_small(tiles, sms)) {  // (saves the occupancy query on full grids)
+    } else if (kShape != kPair && fc_grid_is_small(tiles, sms)) {  // (saves the occupancy query on full grids)
         // CTAs that run at once in clusters of s (s = 1..8), per device, queried once.
         static int wave_ctas[64][kMaxKvSplits + 1];
         static int wave_known[64];
@@ -1023,9 +1029,9 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
             }
             if (device < 64) __atomic_store_n(&wave_known[device], 1, __ATOMIC_RELEASE);
         }
-        // The longest key loop of a block: with causal masking no key past the last query row
-        // (B=1 H=8 Sq=128 Sk=8192 D=64 causal: 1 key tile, not 64; split 7.3 us, unsplit 3.7).
-        const int64_t key_len = kCausal ? (p.seqlen_q < p.seqlen_k ? p.seqlen_q : p.seqlen_k) : p.seqlen_k;
+        // Key tiles of the longest block (B=1 H=8 Sq=128 Sk=8192 D=64 causal: 1 key tile, not
+        // 64; split 7.3 us, unsplit 3.7).
+        const int64_t key_len = longest_key_run(p, kCausal);
         const int min_key_tiles = kShape == kTiny ? FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY : FC_PREFILL_MIN_KEY_TILES_PER_SPLIT;
         splits = fc_prefill_splits(tiles, (key_len + T::kBlockN - 1) / T::kBlockN, min_key_tiles, wave, kMaxKvSplits);
     }
@@ -1076,9 +1082,9 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
                    (kCausal || fc_grid_is_small(tile_count<FwdTraits<kHeadDim, kCausal, kLong>>(p), sms))) {
             shape = kShort;
             if (tile_count<FwdTraits<kHeadDim, kCausal, kShort>>(p) * 4 <= sms) {
-                // Key tiles of the longest block (causal: none past the last query row).
-                const int64_t key_len = kCausal && p.seqlen_q < p.seqlen_k ? p.seqlen_q : p.seqlen_k;
-                shape = (key_len + 127) / 128 <= kPairKeyTiles ? kPair : kTiny;
+                constexpr int kPairBlockN = FwdTraits<kHeadDim, kCausal, kPair>::kBlockN;
+                const int64_t key_tiles = (longest_key_run(p, kCausal) + kPairBlockN - 1) / kPairBlockN;
+                shape = key_tiles <= kPairKeyTiles ? kPair : kTiny;
             }
         } else {
             shape = kLong;
