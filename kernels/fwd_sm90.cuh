@@ -114,6 +114,28 @@ struct FwdConfig<256, kCausal, kShape> {
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
+// Split-KV (launch_fwd): a cluster of up to kMaxKvSplits CTAs shares one tile's keys.
+constexpr int kMaxKvSplits = 8;  // the portable cluster size
+// The D=64 configurations merge a split by pushing (kPushMerge): rows [rank * R, rank * R + R)
+// of the block, R = ceil(kBlockM / splits), are finalised by CTA `rank`, and every other CTA
+// sends its partial of those rows into slot [its rank] of that CTA's slots region with st.async
+// (unnormalised O in fp32, relative to its own row maxima, then the row's (max, sum)), counted
+// by the receiver's mbarrier. O rows are padded by 8 floats (a warp's float2 stores of its 8
+// rows spread over all banks).
+template <int kHeadDim, int kBlockM>
+struct SplitSlots {
+    static constexpr int kOPitch = kHeadDim + 8;  // floats
+    static constexpr int kRowBytes = kHeadDim * 4 + 8;  // what one row's partial sends
+    static constexpr int rows_per_rank(int splits) { return (kBlockM + splits - 1) / splits; }
+    // O slots [splits][R][kOPitch], then (max, sum) slots [splits][R].
+    static constexpr int bytes(int splits) { return splits * rows_per_rank(splits) * (kOPitch * 4 + 8); }
+    static constexpr int max_bytes() {
+        int most = 0;
+        for (int s = 2; s <= kMaxKvSplits; ++s) most = bytes(s) > most ? bytes(s) : most;
+        return most;
+    }
+};
+
 template <int kHeadDim, bool kCausal, int kShape = kLong>
 struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     using C = FwdConfig<kHeadDim, kCausal, kShape>;
@@ -130,9 +152,13 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     static constexpr int kKVTileBytes = kPanels * kKVPanelBytes;
     // kKeySplit: the second warpgroup's partial (O, then row max and sum, per thread) for the merge.
     static constexpr int kPairBytes = kKeySplit > 1 ? 128 * (kHeadDim / 2 + 4) * 4 : 0;
+    // Split merge by pushing (SplitSlots) where its slots fit: D=64 (D=128 and 256 fill the 227 KB
+    // with their rings and merge by reading the peers' partials, finish_split_rows).
+    static constexpr bool kPushMerge = kHeadDim == 64 && kKeySplit == 1;
+    static constexpr int kSlotBytes = kPushMerge ? SplitSlots<kHeadDim, kBlockM>::max_bytes() : 0;
     // Q, then kStages K tiles, then kStages V tiles (every tile 1024-byte aligned: swizzle atom),
-    // then the pair partial.
-    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + 1024 /* alignment */;
+    // then the pair partial or the split slots.
+    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + kSlotBytes + 1024 /* alignment */;
     static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte panels)");
     static_assert(kStages % kKeySplit == 0, "a stage must hold the tiles of one key part only");
     static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
@@ -149,6 +175,7 @@ struct Barriers {
     uint64_t v_full[kStages];
     uint64_t k_empty[kStages];  // K and V are released separately: with the pipelined loop,
     uint64_t v_empty[kStages];  // K(n) is done long before V(n)
+    uint64_t merge_full;        // kPushMerge: the peers' partials of this CTA's rows have landed
 
 };
 
@@ -237,7 +264,6 @@ __device__ __forceinline__ int snake_tile(int round, int n_tiles, int splits) {
 // its unnormalised O (fp32, relative to its own row maxima) and each row's (max, sum) in its
 // shared memory, and after a cluster barrier finalises 1/splits of the block's rows from every
 // CTA's partials, read through distributed shared memory. No workspace, no second kernel.
-constexpr int kMaxKvSplits = 8;  // the portable cluster size
 // Lazy rescaling of O (must_rebase, common/sm80_ptx.cuh) in fwd_kernel's softmax: only at
 // D=256, where the skipped rescale is 128 FMUL per thread and tile: there it gained 1-4% (H100,
 // fp16, all 12 sweep shapes, same run); at D=64 and D=128 the warp vote cost about what it saved
@@ -270,6 +296,12 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
                  : "r"(addr)
                  : "memory");
     return v;
+}
+// A float2 into a peer CTA's shared memory, counted (8 bytes) by that CTA's mbarrier.
+__device__ __forceinline__ void st_async_f2(uint32_t remote_addr, float x, float y, uint32_t remote_bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n"
+                 ::"r"(remote_addr), "f"(x), "f"(y), "r"(remote_bar)
+                 : "memory");
 }
 // The cluster's size and this CTA's rank in it (1 and 0 without a cluster launch). Volatile: read
 // again at each use instead of being kept in a register across the main loop.
@@ -422,9 +454,22 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             ptx::mbarrier_init(&bars.k_empty[s], 4 * kW / kKeySplit);  // each tile has one reader per row group
             ptx::mbarrier_init(&bars.v_empty[s], 4 * kW / kKeySplit);
         }
+        if (T::kPushMerge && cluster_size() > 1) {
+            // One arrival (now) and the bytes the peers will push: (splits - 1) partials of this
+            // CTA's rows. The arrival comes first, so no peer's bytes can find the phase open.
+            using SS = SplitSlots<kHeadDim, kBlockM>;
+            const int splits = cluster_size(), rows_per_rank = SS::rows_per_rank(splits);
+            const int my_rows = min(kBlockM, (cluster_rank() + 1) * rows_per_rank) - cluster_rank() * rows_per_rank;
+            ptx::mbarrier_init(&bars.merge_full, 1);
+            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cluster, ptx::space_shared, &bars.merge_full,
+                                           (splits - 1) * my_rows * SS::kRowBytes);
+        }
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     }
     __syncthreads();
+    // kPushMerge: no peer may push before this CTA's merge_full is set up. Every thread arrives
+    // here (under the previous grid's tail, with PDL); the consumers wait just before they push.
+    if (T::kPushMerge && cluster_size() > 1) ptx::barrier_cluster_arrive(ptx::sem_release);
     // With programmatic dependent launch (fc_use_pdl) the above ran under the previous grid's
     // tail: it touched only shared memory and the parameters. Global memory from here on.
     wait_for_prior_grids();
@@ -772,7 +817,72 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 o_acc[i] = w_own[h] * o_acc[i] + w_other[h] * pair[i * 128 + t];
             }
         }
-        if (kKeySplit == 1 && cluster_size() > 1) {  // (kPair is never launched in clusters)
+        // Rows this CTA writes (all, unless a pushed split leaves some to a peer) and their LSE.
+        bool finalise[2] = {true, true};
+        float lse_log2[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) lse_log2[h] = row_max[h] * scale_log2 + __log2f(row_sum[h]);
+        if (T::kPushMerge && cluster_size() > 1) {  // (a split CTA has one tile: one merge)
+            using SS = SplitSlots<kHeadDim, kBlockM>;
+            const int splits = cluster_size(), rank = cluster_rank();
+            const int rows_per_rank = SS::rows_per_rank(splits);
+            const float *slots_o = reinterpret_cast<const float *>(smem_v + kStages * T::kKVTileBytes + T::kPairBytes);
+            const float2 *slots_ml = reinterpret_cast<const float2 *>(slots_o + splits * rows_per_rank * SS::kOPitch);
+            const uint32_t slot_o = smem_addr(slots_o), slot_ml = smem_addr(slots_ml);
+            const uint32_t merge_bar = smem_addr(&bars.merge_full);
+            ptx::barrier_cluster_wait(ptx::sem_acquire);  // every peer's merge_full is set up
+            int local_row[2];
+            float m_log2[2];  // the row's max in exp2 units
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = row_group * 64 + warp_in_wg * 16 + row_in_warp + 8 * h;  // row in the block
+                const int owner = r / rows_per_rank;
+                local_row[h] = r - owner * rows_per_rank;
+                finalise[h] = owner == rank;
+                m_log2[h] = row_max[h] == -INFINITY ? -INFINITY : row_max[h] * scale_log2;
+                if (finalise[h]) continue;
+                const int slot_row = rank * rows_per_rank + local_row[h];
+                const uint32_t dst = cluster_peer_addr(slot_o + (slot_row * SS::kOPitch + col_in_tile) * 4, owner);
+                const uint32_t bar = cluster_peer_addr(merge_bar, owner);
+#pragma unroll
+                for (int d = 0; d < kDTiles; ++d) st_async_f2(dst + d * 32, o_acc[d * 4 + 2 * h], o_acc[d * 4 + 2 * h + 1], bar);
+                if ((lane % 4) == 0) st_async_f2(cluster_peer_addr(slot_ml + slot_row * 8, owner), m_log2[h], row_sum[h], bar);
+            }
+            wait_barrier(&bars.merge_full, 0);  // every peer's partial of this CTA's rows is here
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (!finalise[h]) continue;
+                // O = sum_j w_j O_j / L, LSE = (M + log2 L) ln 2 with M = max_j m_j, w_j = 2^(m_j - M),
+                // L = sum_j w_j l_j; a CTA whose range was empty, or whose keys this row could not
+                // see, left m = -inf, l = 0, O = 0 and gets weight 0.
+                float mx = m_log2[h];
+                for (int j = 0; j < splits; ++j)
+                    if (j != rank) mx = fmaxf(mx, slots_ml[j * rows_per_rank + local_row[h]].x);
+                const float w_own = m_log2[h] == -INFINITY ? 0.f : exp2f(m_log2[h] - mx);
+                float total = w_own * row_sum[h];
+#pragma unroll
+                for (int d = 0; d < kDTiles; ++d) {
+                    o_acc[d * 4 + 2 * h] *= w_own;
+                    o_acc[d * 4 + 2 * h + 1] *= w_own;
+                }
+                for (int j = 0; j < splits; ++j) {
+                    if (j == rank) continue;
+                    const int slot_row = j * rows_per_rank + local_row[h];
+                    const float2 ml = slots_ml[slot_row];
+                    const float w = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
+                    total += w * ml.y;
+                    const float *src = slots_o + slot_row * SS::kOPitch + col_in_tile;
+#pragma unroll
+                    for (int d = 0; d < kDTiles; ++d) {
+                        const float2 o = *reinterpret_cast<const float2 *>(src + d * 8);
+                        o_acc[d * 4 + 2 * h] += w * o.x;
+                        o_acc[d * 4 + 2 * h + 1] += w * o.y;
+                    }
+                }
+                inv_sum[h] = total > 0.f ? 1.f / total : 0.f;  // the epilogue below writes the merged row
+                lse_log2[h] = mx + __log2f(total);
+            }
+        } else if (!T::kPushMerge && kKeySplit == 1 && cluster_size() > 1) {  // (kPair never splits)
             // Leave this CTA's partials in the K/V ring, once every consumer warpgroup is past
             // its last P V (the producer has nothing in flight: each loaded tile was consumed).
             using SP = SplitPartials<kHeadDim, kBlockM>;
@@ -805,9 +915,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = row0 + 8 * h;
-                if (row < seqlen_q)
+                if (row < seqlen_q && finalise[h])
                     p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + row * p.lse_stride_s] =
-                        (row_max[h] * scale_log2 + __log2f(row_sum[h])) * 0.6931471805599453f;
+                        lse_log2[h] * 0.6931471805599453f;
             }
         }
         // 16-byte stores: after quad_transpose each lane holds 8 consecutive columns of its row,
@@ -830,7 +940,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     w[t] = pack2<Elem>(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h]);
                 }
                 quad_transpose(w, lane);
-                if (row < seqlen_q)
+                if (row < seqlen_q && finalise[h])
                     *reinterpret_cast<uint4 *>(out_row + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
             }
         }
