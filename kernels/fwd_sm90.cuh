@@ -1171,10 +1171,15 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 //   causal      S=512 0.74 -> 0.82, 1k 0.75-0.76 -> 0.82-0.85, 2k 0.93 -> 0.88, 4k+ 1.0 -> 0.9
 //   non-causal  S=512 0.90 -> 0.84, 1k 0.94 -> 0.86, 2k+ 1.06-1.13 -> 0.86-0.96
 //   small grids B=1 H=8 S=512: 0.82 -> 0.89-0.91 (both); GQA 256 x 8192 chunk: 1.34 -> 1.55
-// The tiny configuration (one consumer warpgroup, 64-row blocks) runs grids whose short
-// configuration would fill at most a quarter of the SMs; among those, the pair configuration
-// (two warpgroups splitting one block's key tiles) runs key sequences of up to kPairKeyTiles
-// key tiles (longer ones split across CTAs, kTiny).
+// 64-row blocks for grids that would leave most SMs idle: the pair configuration (two
+// warpgroups splitting one block's key tiles) when its grid fits in one wave and the longest
+// block has at most kPairKeyTiles key tiles, unless the one-warpgroup configuration (kTiny)
+// would split those keys across CTAs (its grid fills at most half the SMs and has at least
+// two ranges of FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY key tiles); kTiny, split or not, for
+// the other grids of at most half the SMs. Measured (H100, fp16, CUDA graph us, B=1 H=8,
+// D=64; cuDNN in brackets): 512 x 512 pair 6.1 / tiny split 2 6.5 (9.2); 256 x 1024 pair
+// 8.5 / tiny split 2 7.3 (13.4); causal 1024 x 1024 (128 blocks, no split) pair 8.6 / tiny
+// 10.3 / short (before) 10.5-11.0 (13.9).
 // FLASHCORE_SM90_SHORT=0 / 1 / 2 / 3 forces long / short / tiny / pair (A/B runs).
 constexpr int64_t kShortSeqlenQ = 1024;
 constexpr int64_t kPairKeyTiles = 8;
@@ -1191,11 +1196,15 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
         } else if (p.seqlen_q <= kShortSeqlenQ &&
                    (kCausal || fc_grid_is_small(tile_count<FwdTraits<kHeadDim, kCausal, kLong>>(p), sms))) {
             shape = kShort;
-            if (tile_count<FwdTraits<kHeadDim, kCausal, kShort>>(p) * 4 <= sms) {
-                constexpr int kPairBlockN = FwdTraits<kHeadDim, kCausal, kPair>::kBlockN;
-                const int64_t key_tiles = (longest_key_run(p, kCausal) + kPairBlockN - 1) / kPairBlockN;
-                shape = key_tiles <= kPairKeyTiles ? kPair : kTiny;
-            }
+            const int64_t tiny_tiles = tile_count<FwdTraits<kHeadDim, kCausal, kTiny>>(p);  // 64-row blocks
+            constexpr int kPairBlockN = FwdTraits<kHeadDim, kCausal, kPair>::kBlockN;
+            const int64_t key_tiles = (longest_key_run(p, kCausal) + kPairBlockN - 1) / kPairBlockN;
+            const bool tiny_splits =
+                fc_grid_is_small(tiny_tiles, sms) && key_tiles >= 2 * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY;
+            if (tiny_tiles <= sms && key_tiles <= kPairKeyTiles && !tiny_splits)
+                shape = kPair;
+            else if (fc_grid_is_small(tiny_tiles, sms))
+                shape = kTiny;
         } else {
             shape = kLong;
         }
