@@ -10,7 +10,7 @@
 //     tiles of kBlockN rows into a kStages-deep ring. Each load completes on an mbarrier
 //     ("full"); the consumers release a stage through another mbarrier ("empty").
 //   * The other warpgroups (2 for D=128 and 256, 3 for D=64, 2 for D=64 query sequences of up
-//     to 1024, 1 for D=64 grids that fill at most a quarter of the SMs) are consumers, 64 query
+//     to 1024, 1 for D=64 grids that fill at most half the SMs with 64-row blocks) are consumers, 64 query
 //     rows each, with the registers the producer gave up (setmaxnreg.inc). D=64's pair
 //     configuration (tiny grids, short keys) gives two consumers the same 64 rows, one the even
 //     key tiles and one the odd, merged through shared memory at the end (FwdConfig, kPair).
@@ -31,7 +31,9 @@
 //   * Split-KV for small grids (a B=1 prefill, a chunk of queries against a cache): when the
 //     tiles fill at most half the SMs, a cluster of 2-8 CTAs shares each tile, each CTA runs
 //     its share of the key tiles, and they merge their partial O and row statistics through
-//     distributed shared memory (finish_split_rows): no workspace, no second kernel.
+//     distributed shared memory: no workspace, no second kernel. D=64 pushes each partial to
+//     the CTA that finalises its rows (st.async, counted by that CTA's mbarrier: SplitSlots);
+//     D=128 and 256, with no shared memory to spare, read the peers' (finish_split_rows).
 //   * Epilogue: each consumer thread normalises its rows and writes them from registers in
 //     16-byte stores (quad_transpose regroups a quad's accumulator words so that each lane holds
 //     8 consecutive columns); rows past Sq are skipped.
@@ -68,7 +70,8 @@ namespace ptx = cuda::ptx;
 //   D=128: two consumer warpgroups (128 rows), 240 registers each.
 // Register budgets (setmaxnreg) must sum to at most 64K over the CTA's threads.
 // kShape: the configuration for long query sequences (kLong), short ones (kShort), grids too
-// small to fill a quarter of the SMs (kTiny), and such grids with short key sequences (kPair);
+// small to fill half the SMs with 64-row blocks (kTiny), and one-wave grids of such blocks with
+// short key sequences (kPair);
 // see launch_fwd. Only D=64 has the last three.
 constexpr int kLong = 0, kShort = 1, kTiny = 2, kPair = 3;
 template <int kHeadDim, bool kCausal, int kShape = kLong>
@@ -263,7 +266,11 @@ __device__ __forceinline__ int snake_tile(int round, int n_tiles, int splits) {
 // A cluster of `splits` CTAs shares one tile: CTA `rank` runs its share of the key tiles, leaves
 // its unnormalised O (fp32, relative to its own row maxima) and each row's (max, sum) in its
 // shared memory, and after a cluster barrier finalises 1/splits of the block's rows from every
-// CTA's partials, read through distributed shared memory. No workspace, no second kernel.
+// CTA's partials, read through distributed shared memory (finish_split_rows; D=128 and 256).
+// D=64 pushes instead (SplitSlots, above): no cluster barrier at the merge, and no round trips.
+// Measured (H100, fp16, CUDA graph us, same run): one warpgroup split 2 at B=1 H=8 512 x 512
+// 7.0 -> 6.5, 256 x 1024 8.4 -> 7.3; two warpgroups split 2 at 512 x 512 8.4 -> 7.6.
+// No workspace, no second kernel.
 // Lazy rescaling of O (must_rebase, common/sm80_ptx.cuh) in fwd_kernel's softmax: only at
 // D=256, where the skipped rescale is 128 FMUL per thread and tile: there it gained 1-4% (H100,
 // fp16, all 12 sweep shapes, same run); at D=64 and D=128 the warp vote cost about what it saved
@@ -1102,7 +1109,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 
     // Split-KV for grids that leave most SMs idle (B=1 prefill, a chunk of queries against a
     // cache): clusters of `splits` CTAs share each tile's key tiles and merge through
-    // distributed shared memory (finish_split_rows). How many: fc_prefill_splits in
+    // distributed shared memory (SplitSlots, finish_split_rows). How many: fc_prefill_splits in
     // c_src/dispatch.c, from the CTAs that fit at once in clusters of each size (clusters must
     // sit inside one GPC, so fewer fit than SMs). FLASHCORE_KV_SPLITS=1..8 forces a split count
     // (for A/B runs and the tests' split-independence checks). Measured (H100, fp16, GQA 32:8,
