@@ -1173,23 +1173,28 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 
 // D=64's short configuration (two consumer warpgroups, 128-row blocks; FwdConfig) runs query
 // sequences of up to kShortSeqlenQ rows when causal, or when the three-warpgroup grid would
-// fill at most half the SMs. Measured against three warpgroups (H100, fp16, two passes each,
+// fill less than one wave while the two-warpgroup grid fits in one (until the eighth session:
+// at most half the SMs; B=1 H=32/8 512 x 2048, 96 against 128 blocks: 26.9 -> 22.6 us in a
+// graph, cuDNN 22.1). Measured against three warpgroups (H100, fp16, two passes each,
 // ratio to cuDNN in the same run; bench/NOTES.md):
 //   causal      S=512 0.74 -> 0.82, 1k 0.75-0.76 -> 0.82-0.85, 2k 0.93 -> 0.88, 4k+ 1.0 -> 0.9
 //   non-causal  S=512 0.90 -> 0.84, 1k 0.94 -> 0.86, 2k+ 1.06-1.13 -> 0.86-0.96
 //   small grids B=1 H=8 S=512: 0.82 -> 0.89-0.91 (both); GQA 256 x 8192 chunk: 1.34 -> 1.55
 // 64-row blocks for grids that would leave most SMs idle: the pair configuration (two
 // warpgroups splitting one block's key tiles) when its grid fits in one wave and the longest
-// block has at most kPairKeyTiles key tiles, unless the one-warpgroup configuration (kTiny)
+// block has at most kPairKeyTiles key tiles (the most measured), unless the one-warpgroup configuration (kTiny)
 // would split those keys across CTAs (its grid fills at most half the SMs and has at least
 // two ranges of FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY key tiles); kTiny, split or not, for
 // the other grids of at most half the SMs. Measured (H100, fp16, CUDA graph us, B=1 H=8,
 // D=64; cuDNN in brackets): 512 x 512 pair 6.1 / tiny split 2 6.5 (9.2); 256 x 1024 pair
 // 8.5 / tiny split 2 7.3 (13.4); causal 1024 x 1024 (128 blocks, no split) pair 8.6 / tiny
-// 10.3 / short (before) 10.5-11.0 (13.9).
+// 10.3 / short (before) 10.5-11.0 (13.9). One-wave grids of 128 blocks that cannot split, pair
+// against two warpgroups by key tiles (H=32/8 256 x Sk, H=8 1024 x Sk, H=16 512 x Sk, B=2 H=8
+// 512 x Sk): 8 8.7 / 11.1, 16 12.8-13.6 / 15.5-16.0, 32 22.0-22.8 / 24.4-25.3, 64 39.9-41.2 /
+// 42.5 (cuDNN 13.5, 22, 39, 74).
 // FLASHCORE_SM90_SHORT=0 / 1 / 2 / 3 forces long / short / tiny / pair (A/B runs).
 constexpr int64_t kShortSeqlenQ = 1024;
-constexpr int64_t kPairKeyTiles = 8;
+constexpr int64_t kPairKeyTiles = 64;
 
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
@@ -1201,7 +1206,8 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
         if (forced != nullptr && forced[0] >= '0' && forced[0] <= '3' && forced[1] == '\0') {
             shape = forced[0] - '0';
         } else if (p.seqlen_q <= kShortSeqlenQ &&
-                   (kCausal || fc_grid_is_small(tile_count<FwdTraits<kHeadDim, kCausal, kLong>>(p), sms))) {
+                   (kCausal || tile_count<FwdTraits<kHeadDim, kCausal, kLong>>(p) < sms &&
+                                   tile_count<FwdTraits<kHeadDim, kCausal, kShort>>(p) <= sms)) {
             shape = kShort;
             const int64_t tiny_tiles = tile_count<FwdTraits<kHeadDim, kCausal, kTiny>>(p);  // 64-row blocks
             constexpr int kPairBlockN = FwdTraits<kHeadDim, kCausal, kPair>::kBlockN;
