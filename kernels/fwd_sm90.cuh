@@ -1172,10 +1172,11 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 }
 
 // D=64's short configuration (two consumer warpgroups, 128-row blocks; FwdConfig) runs query
-// sequences of up to kShortSeqlenQ rows when causal, or when the three-warpgroup grid would
-// fill less than one wave while the two-warpgroup grid fits in one (until the eighth session:
-// at most half the SMs; B=1 H=32/8 512 x 2048, 96 against 128 blocks: 26.9 -> 22.6 us in a
-// graph, cuDNN 22.1). Measured against three warpgroups (H100, fp16, two passes each,
+// sequences of up to kShortSeqlenQ rows when causal, and any call whose three-warpgroup grid
+// would fill less than one wave while the two-warpgroup grid fits in one (until the eighth
+// session: query sequences of up to kShortSeqlenQ whose three-warpgroup grid filled at most
+// half the SMs; B=1 H=32/8 512 x 2048, 96 against 128 blocks: 27.1 -> 22.9 us in a graph,
+// cuDNN 22.2-22.8). Measured against three warpgroups (H100, fp16, two passes each,
 // ratio to cuDNN in the same run; bench/NOTES.md):
 //   causal      S=512 0.74 -> 0.82, 1k 0.75-0.76 -> 0.82-0.85, 2k 0.93 -> 0.88, 4k+ 1.0 -> 0.9
 //   non-causal  S=512 0.90 -> 0.84, 1k 0.94 -> 0.86, 2k+ 1.06-1.13 -> 0.86-0.96
@@ -1205,9 +1206,9 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
         int shape;
         if (forced != nullptr && forced[0] >= '0' && forced[0] <= '3' && forced[1] == '\0') {
             shape = forced[0] - '0';
-        } else if (p.seqlen_q <= kShortSeqlenQ &&
-                   (kCausal || tile_count<FwdTraits<kHeadDim, kCausal, kLong>>(p) < sms &&
-                                   tile_count<FwdTraits<kHeadDim, kCausal, kShort>>(p) <= sms)) {
+        } else if ((kCausal && p.seqlen_q <= kShortSeqlenQ) ||
+                   (tile_count<FwdTraits<kHeadDim, kCausal, kLong>>(p) < sms &&
+                    tile_count<FwdTraits<kHeadDim, kCausal, kShort>>(p) <= sms)) {
             shape = kShort;
             const int64_t tiny_tiles = tile_count<FwdTraits<kHeadDim, kCausal, kTiny>>(p);  // 64-row blocks
             constexpr int kPairBlockN = FwdTraits<kHeadDim, kCausal, kPair>::kBlockN;
