@@ -1172,11 +1172,14 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 }
 
 // D=64's short configuration (two consumer warpgroups, 128-row blocks; FwdConfig) runs query
-// sequences of up to kShortSeqlenQ rows when causal, and any call whose three-warpgroup grid
-// would fill less than one wave while the two-warpgroup grid fits in one (until the eighth
-// session: query sequences of up to kShortSeqlenQ whose three-warpgroup grid filled at most
-// half the SMs; B=1 H=32/8 512 x 2048, 96 against 128 blocks: 27.1 -> 22.9 us in a graph,
-// cuDNN 22.2-22.8). Measured against three warpgroups (H100, fp16, two passes each,
+// sequences of up to kShortSeqlenQ rows when causal or when the three-warpgroup grid would
+// split, and any call whose three-warpgroup grid would fill less than one wave without
+// splitting while the two-warpgroup grid fits in one (d64_shape). That last rule came in the
+// eighth session (CUDA graph us, H100, fp16, two passes, cuDNN in brackets): B=1 H=32/8 512 x
+// 2048 27.1-27.8 -> 23.0-24.1 (22.3-23.6); H=8 2048 x 2048 causal 26.6 -> 22.4-22.5 (22.9),
+// non-causal 27.5 -> 22.9-23.0 (22.5); H=4 4096 x 4096 49.4-50.4 -> 41.7-42.1 (39.3-40.7);
+// H=2 8192 x 8192 96.7-99.0 -> 78.9-80.7 (73.1); H=16 1024 x 1024 16.2 -> 13.8-14.0 (13.9).
+// (One warpgroup would do better still on the causal ones: 2048 19.4, 4096 33.0; not yet a rule.) Measured against three warpgroups (H100, fp16, two passes each,
 // ratio to cuDNN in the same run; bench/NOTES.md):
 //   causal      S=512 0.74 -> 0.82, 1k 0.75-0.76 -> 0.82-0.85, 2k 0.93 -> 0.88, 4k+ 1.0 -> 0.9
 //   non-causal  S=512 0.90 -> 0.84, 1k 0.94 -> 0.86, 2k+ 1.06-1.13 -> 0.86-0.96
@@ -1197,6 +1200,28 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 constexpr int64_t kShortSeqlenQ = 1024;
 constexpr int64_t kPairKeyTiles = 64;
 
+// The D=64 configuration for a call (the rules above), on a GPU of `sms` SMs.
+template <bool kCausal>
+int d64_shape(const fc_params &p, int64_t sms) {
+    const int64_t long_tiles = tile_count<FwdTraits<64, kCausal, kLong>>(p);    // 192-row blocks
+    const int64_t short_tiles = tile_count<FwdTraits<64, kCausal, kShort>>(p);  // 128-row blocks
+    const int64_t tiny_tiles = tile_count<FwdTraits<64, kCausal, kTiny>>(p);    // 64-row blocks
+    constexpr int kPairBlockN = FwdTraits<64, kCausal, kPair>::kBlockN;
+    const int64_t key_tiles = (longest_key_run(p, kCausal) + kPairBlockN - 1) / kPairBlockN;
+    const bool long_splits = fc_grid_is_small(long_tiles, sms);  // (its keys split across CTAs)
+    const bool long_partial_wave = !long_splits && long_tiles < sms && short_tiles <= sms;
+    const bool tiny_splits = fc_grid_is_small(tiny_tiles, sms) && key_tiles >= 2 * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY;
+    const bool pair_fits = tiny_tiles <= sms && key_tiles <= kPairKeyTiles && !tiny_splits;
+    // Longer query sequences leave three warpgroups only a partial wave, or a split grid that a
+    // pair of one-wave 64-row blocks beats (B=1 H=4 2048 x 8192: 50.5 -> 39.9 us); B=1 H=8 1536 x
+    // 1536 keeps its split three-warpgroup grid (15.5 us against 18.7 for two warpgroups).
+    const bool small_family = p.seqlen_q <= kShortSeqlenQ ? kCausal || long_splits || long_partial_wave
+                                                          : long_partial_wave || (long_splits && pair_fits);
+    if (!small_family) return kLong;
+    if (pair_fits) return kPair;
+    return fc_grid_is_small(tiny_tiles, sms) ? kTiny : kShort;
+}
+
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     int device = 0, sms = 0;
@@ -1206,21 +1231,8 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
         int shape;
         if (forced != nullptr && forced[0] >= '0' && forced[0] <= '3' && forced[1] == '\0') {
             shape = forced[0] - '0';
-        } else if ((kCausal && p.seqlen_q <= kShortSeqlenQ) ||
-                   (tile_count<FwdTraits<kHeadDim, kCausal, kLong>>(p) < sms &&
-                    tile_count<FwdTraits<kHeadDim, kCausal, kShort>>(p) <= sms)) {
-            shape = kShort;
-            const int64_t tiny_tiles = tile_count<FwdTraits<kHeadDim, kCausal, kTiny>>(p);  // 64-row blocks
-            constexpr int kPairBlockN = FwdTraits<kHeadDim, kCausal, kPair>::kBlockN;
-            const int64_t key_tiles = (longest_key_run(p, kCausal) + kPairBlockN - 1) / kPairBlockN;
-            const bool tiny_splits =
-                fc_grid_is_small(tiny_tiles, sms) && key_tiles >= 2 * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY;
-            if (tiny_tiles <= sms && key_tiles <= kPairKeyTiles && !tiny_splits)
-                shape = kPair;
-            else if (fc_grid_is_small(tiny_tiles, sms))
-                shape = kTiny;
         } else {
-            shape = kLong;
+            shape = d64_shape<kCausal>(p, sms);
         }
         if (shape == kShort) return launch_fwd_config<Elem, kHeadDim, kCausal, kShort>(p, stream, device, sms);
         if (shape == kTiny) return launch_fwd_config<Elem, kHeadDim, kCausal, kTiny>(p, stream, device, sms);
