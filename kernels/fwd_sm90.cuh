@@ -9,11 +9,11 @@
 //     one thread issues every load with the tensor memory accelerator: Q once, then K and V
 //     tiles of kBlockN rows into a kStages-deep ring. Each load completes on an mbarrier
 //     ("full"); the consumers release a stage through another mbarrier ("empty").
-//   * The other warpgroups (2 for D=128 and 256, 3 for D=64, 2 for D=64 query sequences of up
-//     to 1024, 1 for D=64 grids that fill at most half the SMs with 64-row blocks) are consumers, 64 query
-//     rows each, with the registers the producer gave up (setmaxnreg.inc). D=64's pair
-//     configuration (tiny grids, short keys) gives two consumers the same 64 rows, one the even
-//     key tiles and one the odd, merged through shared memory at the end (FwdConfig, kPair).
+//   * The other warpgroups (2 for D=128 and 256; for D=64 3, or 2 or 1 for grids that would
+//     leave SMs idle, d64_shape) are consumers, 64 query rows each, with the registers the
+//     producer gave up (setmaxnreg.inc). D=64's pair configuration (one-wave grids) gives two
+//     consumers the same 64 rows, one the even key tiles and one the odd, merged through
+//     shared memory at the end (FwdConfig, kPair).
 //     Per K/V tile: S = Q K^T with wgmma (both operands in shared memory, K-major), the online
 //     softmax in fp32 registers (exp2, scale folded into log2(e)), then O += P V with wgmma
 //     taking P straight from registers (the accumulator layout of S is the A-fragment layout)
@@ -69,10 +69,9 @@ namespace ptx = cuda::ptx;
 //          (128 rows) for short query sequences, one (64 rows) for tiny grids (kShape, below).
 //   D=128: two consumer warpgroups (128 rows), 240 registers each.
 // Register budgets (setmaxnreg) must sum to at most 64K over the CTA's threads.
-// kShape: the configuration for long query sequences (kLong), short ones (kShort), grids too
-// small to fill half the SMs with 64-row blocks (kTiny), and one-wave grids of such blocks with
-// short key sequences (kPair);
-// see launch_fwd. Only D=64 has the last three.
+// kShape: the configuration for long query sequences (kLong), short ones or partial waves
+// (kShort), grids of 64-row blocks that fill at most half the SMs (kTiny), and one-wave grids
+// of such blocks (kPair); see d64_shape. Only D=64 has the last three.
 constexpr int kLong = 0, kShort = 1, kTiny = 2, kPair = 3;
 template <int kHeadDim, bool kCausal, int kShape = kLong>
 struct FwdConfig;
@@ -1186,13 +1185,13 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 //   small grids B=1 H=8 S=512: 0.82 -> 0.89-0.91 (both); GQA 256 x 8192 chunk: 1.34 -> 1.55
 // 64-row blocks for grids that would leave most SMs idle: the pair configuration (two
 // warpgroups splitting one block's key tiles) when its grid fits in one wave and the longest
-// block has at most kPairKeyTiles key tiles (the most measured), unless the one-warpgroup configuration (kTiny)
-// would split those keys across CTAs (its grid fills at most half the SMs and has at least
-// two ranges of FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY key tiles); kTiny, split or not, for
-// the other grids of at most half the SMs. Measured (H100, fp16, CUDA graph us, B=1 H=8,
-// D=64; cuDNN in brackets): 512 x 512 pair 6.1 / tiny split 2 6.5 (9.2); 256 x 1024 pair
-// 8.5 / tiny split 2 7.3 (13.4); causal 1024 x 1024 (128 blocks, no split) pair 8.6 / tiny
-// 10.3 / short (before) 10.5-11.0 (13.9). One-wave grids of 128 blocks that cannot split, pair
+// block has at most kPairKeyTiles key tiles (the most measured), unless the one-warpgroup
+// configuration (kTiny) would split those keys across CTAs (its grid fills at most half the
+// SMs and has at least two ranges of FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY key tiles);
+// kTiny, split or not, for the other grids of at most half the SMs. Measured (H100, fp16,
+// CUDA graph us, B=1 H=8, D=64; cuDNN in brackets): 512 x 512 pair 6.1 / tiny split 2 6.5
+// (9.2); 256 x 1024 pair 8.5 / tiny split 2 7.3 (13.4); causal 1024 x 1024 (128 blocks, no
+// split) pair 8.6 / tiny 10.3 / short (before) 10.5-11.0 (13.9). One-wave grids of 128 blocks that cannot split, pair
 // against two warpgroups by key tiles (H=32/8 256 x Sk, H=8 1024 x Sk, H=16 512 x Sk, B=2 H=8
 // 512 x Sk): 8 8.7 / 11.1, 16 12.8-13.6 / 15.5-16.0, 32 22.0-22.8 / 24.4-25.3, 64 39.9-41.2 /
 // 42.5 (cuDNN 13.5, 22, 39, 74).
