@@ -1191,10 +1191,10 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 // kTiny, split or not, for the other grids of at most half the SMs. Measured (H100, fp16,
 // CUDA graph us, B=1 H=8, D=64; cuDNN in brackets): 512 x 512 pair 6.1 / tiny split 2 6.5
 // (9.2); 256 x 1024 pair 8.5 / tiny split 2 7.3 (13.4); causal 1024 x 1024 (128 blocks, no
-// split) pair 8.6 / tiny 10.3 / short (before) 10.5-11.0 (13.9). One-wave grids of 128 blocks that cannot split, pair
-// against two warpgroups by key tiles (H=32/8 256 x Sk, H=8 1024 x Sk, H=16 512 x Sk, B=2 H=8
-// 512 x Sk): 8 8.7 / 11.1, 16 12.8-13.6 / 15.5-16.0, 32 22.0-22.8 / 24.4-25.3, 64 39.9-41.2 /
-// 42.5 (cuDNN 13.5, 22, 39, 74).
+// split) pair 8.6 / tiny 10.3 / short (before) 10.5-11.0 (13.9). One-wave grids of 128
+// blocks that cannot split, pair against two warpgroups by key tiles (H=32/8 256 x Sk, H=8
+// 1024 x Sk, H=16 512 x Sk, B=2 H=8 512 x Sk): 8 8.7 / 11.1, 16 12.8-13.6 / 15.5-16.0, 32
+// 22.0-22.8 / 24.4-25.3, 64 39.9-41.2 / 42.5 (cuDNN 13.5, 22, 39, 74).
 // FLASHCORE_SM90_SHORT=0 / 1 / 2 / 3 forces long / short / tiny / pair (A/B runs).
 constexpr int64_t kShortSeqlenQ = 1024;
 constexpr int64_t kPairKeyTiles = 64;
