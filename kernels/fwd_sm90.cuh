@@ -1218,7 +1218,8 @@ int d64_shape(const fc_params &p, int64_t sms) {
                                                           : long_partial_wave || (long_splits && pair_fits);
     if (!small_family) return kLong;
     if (pair_fits) return kPair;
-    return fc_grid_is_small(tiny_tiles, sms) ? kTiny : kShort;
+    // Causal grids of up to two waves of 64-row blocks: one warpgroup per block (experiment).
+    return fc_grid_is_small(tiny_tiles, sms) || (kCausal && tiny_tiles <= 2 * sms) ? kTiny : kShort;
 }
 
 template <typename Elem, int kHeadDim, bool kCausal>
