@@ -1218,8 +1218,13 @@ int d64_shape(const fc_params &p, int64_t sms) {
                                                           : long_partial_wave || (long_splits && pair_fits);
     if (!small_family) return kLong;
     if (pair_fits) return kPair;
-    // Causal grids of up to two waves of 64-row blocks: one warpgroup per block (experiment).
-    return fc_grid_is_small(tiny_tiles, sms) || (kCausal && tiny_tiles <= 2 * sms) ? kTiny : kShort;
+    // Causal grids of up to two waves of 64-row blocks with 8 or more key tiles: one warpgroup
+    // per block. Measured against two warpgroups (CUDA graph us; cuDNN in brackets): B=1 H=8
+    // 2048 x 2048 22.5 -> 19.6 (23.0), H=4 4096 40.5 -> 33.0 (40.1), H=2 8192 76.3 -> 61.4
+    // (74.9), H=16 1024 13.3 -> 12.3 (14.0), B=2 H=8 1024 13.4 -> 12.7 (14.3); with 4 key tiles
+    // (S=512, 256 blocks) two warpgroups stay 1-3% ahead (8.8 against 9.0).
+    const bool tiny_causal = kCausal && tiny_tiles <= 2 * sms && key_tiles >= 8;
+    return fc_grid_is_small(tiny_tiles, sms) || tiny_causal ? kTiny : kShort;
 }
 
 template <typename Elem, int kHeadDim, bool kCausal>
