@@ -70,8 +70,9 @@ namespace ptx = cuda::ptx;
 //   D=128: two consumer warpgroups (128 rows), 240 registers each.
 // Register budgets (setmaxnreg) must sum to at most 64K over the CTA's threads.
 // kShape: the configuration for long query sequences (kLong), short ones or partial waves
-// (kShort), grids of 64-row blocks that fill at most half the SMs (kTiny), and one-wave grids
-// of such blocks (kPair); see d64_shape. Only D=64 has the last three.
+// (kShort), grids of 64-row blocks that fill at most half the SMs, or causal ones of up to two
+// waves (kTiny), and one-wave grids of such blocks (kPair); see d64_shape. Only D=64 has the
+// last three.
 constexpr int kLong = 0, kShort = 1, kTiny = 2, kPair = 3;
 template <int kHeadDim, bool kCausal, int kShape = kLong>
 struct FwdConfig;
