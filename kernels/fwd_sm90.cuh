@@ -1179,8 +1179,8 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 // 2048 27.1-27.8 -> 23.0-24.1 (22.3-23.6); H=8 2048 x 2048 causal 26.6 -> 22.4-22.5 (22.9),
 // non-causal 27.5 -> 22.9-23.0 (22.5); H=4 4096 x 4096 49.4-50.4 -> 41.7-42.1 (39.3-40.7);
 // H=2 8192 x 8192 96.7-99.0 -> 78.9-80.7 (73.1); H=16 1024 x 1024 16.2 -> 13.8-14.0 (13.9).
-// (One warpgroup would do better still on the causal ones: 2048 19.4, 4096 33.0; not yet a rule.) Measured against three warpgroups (H100, fp16, two passes each,
-// ratio to cuDNN in the same run; bench/NOTES.md):
+// (The causal ones now take one warpgroup: see d64_shape.) Two warpgroups measured against
+// three before (H100, fp16, two passes each, ratio to cuDNN in the same run; bench/NOTES.md):
 //   causal      S=512 0.74 -> 0.82, 1k 0.75-0.76 -> 0.82-0.85, 2k 0.93 -> 0.88, 4k+ 1.0 -> 0.9
 //   non-causal  S=512 0.90 -> 0.84, 1k 0.94 -> 0.86, 2k+ 1.06-1.13 -> 0.86-0.96
 //   small grids B=1 H=8 S=512: 0.82 -> 0.89-0.91 (both); GQA 256 x 8192 chunk: 1.34 -> 1.55
