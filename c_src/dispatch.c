@@ -338,3 +338,66 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
         if (tiles * s <= wave_ctas[s] && key_tiles >= (int64_t)s * min_key_tiles_per_split) best = s;
     return best;
 }
+
+/*
+ * D=64 in the Hopper family (kernels/fwd_sm90.cuh): which of four configurations a call runs.
+ * Tile counts are (query blocks) x heads x batch for each block height; key tiles are those of
+ * the longest block (causal, top-left aligned: none past the last query row).
+ *
+ * LONG (three warpgroups, 192-row blocks) is the default: per tile the GEMMs are short next to
+ * the softmax, and three warpgroups keep the tensor cores busiest.
+ *
+ * SHORT (two warpgroups, 128-row blocks) for query sequences of up to
+ * FC_SM90_D64_SHORT_SEQLEN_Q rows when causal or when the three-warpgroup grid would split
+ * (fc_grid_is_small), and for any call whose three-warpgroup grid would fill less than one wave
+ * without splitting while the two-warpgroup grid fits in one. Two warpgroups against three
+ * (H100, fp16, two passes each, ratio to cuDNN in the same run; bench/NOTES.md):
+ *   causal      S=512 0.74 -> 0.82, 1k 0.75-0.76 -> 0.82-0.85, 2k 0.93 -> 0.88, 4k+ 1.0 -> 0.9
+ *   non-causal  S=512 0.90 -> 0.84, 1k 0.94 -> 0.86, 2k+ 1.06-1.13 -> 0.86-0.96
+ *   small grids B=1 H=8 S=512: 0.82 -> 0.89-0.91 (both); GQA 256 x 8192 chunk: 1.34 -> 1.55
+ * The partial-wave rule (eighth session; CUDA graph us, cuDNN in brackets): B=1 H=32/8 512 x
+ * 2048 27.1-27.8 -> 23.0-24.1 (22.3-23.6); H=8 2048 x 2048 non-causal 27.5 -> 22.9-23.0
+ * (22.5); H=4 4096 x 4096 49.4-50.4 -> 41.7-42.1 (39.3-40.7); H=2 8192 x 8192 96.7-99.0 ->
+ * 78.9-80.7 (73.1); H=16 1024 x 1024 16.2 -> 13.8-14.0 (13.9).
+ *
+ * PAIR (two warpgroups on the same 64-row block, even and odd key tiles) when its grid fits in
+ * one wave and the longest block has at most FC_SM90_D64_PAIR_KEY_TILES key tiles (the most
+ * measured), unless TINY would split those keys across CTAs (its grid fills at most half the
+ * SMs, with at least two ranges of FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY key tiles). Longer
+ * query sequences whose three-warpgroup grid would split take it too when it fits (B=1 H=4
+ * 2048 x 8192: split three warpgroups 50.5 us, pair 39.9); B=1 H=8 1536 x 1536 keeps its split
+ * (15.5 us against 18.7 for two warpgroups). Measured (CUDA graph us, B=1 H=8 unless noted;
+ * cuDNN in brackets): 512 x 512 pair 6.1 / tiny split 2 6.5 (9.2); 256 x 1024 pair 8.5 / tiny
+ * split 2 7.3 (13.4); causal 1024 x 1024 (128 blocks, no split) pair 8.6 / tiny 10.3 / short
+ * 10.5-11.0 (13.9). One-wave grids of 128 blocks that cannot split, pair against two
+ * warpgroups by key tiles (H=32/8 256 x Sk, H=8 1024 x Sk, H=16 512 x Sk, B=2 H=8 512 x Sk):
+ * 8 8.7 / 11.1, 16 12.8-13.6 / 15.5-16.0, 32 22.0-22.8 / 24.4-25.3, 64 39.9-41.2 / 42.5
+ * (cuDNN 13.5, 22, 39, 74).
+ *
+ * TINY (one warpgroup, 64-row blocks) for the other grids of the SHORT family whose 64-row
+ * grid fills at most half the SMs (split or not), and for causal ones of up to two waves of
+ * 64-row blocks with at least FC_SM90_D64_TINY_CAUSAL_KEY_TILES key tiles. The causal rule
+ * against two warpgroups (CUDA graph us; cuDNN in brackets): B=1 H=8 2048 x 2048 22.5 -> 19.6
+ * (23.0), H=4 4096 40.5 -> 33.0 (40.1), H=2 8192 76.3 -> 61.4 (74.9), H=16 1024 13.3 -> 12.3
+ * (14.0), B=2 H=8 1024 13.4 -> 12.7 (14.3); with 4 key tiles (S=512, 256 blocks) two
+ * warpgroups stay 1-3% ahead (8.8 against 9.0).
+ */
+int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k, int causal, int64_t sms) {
+    const int64_t heads = heads_q * batch;
+    const int64_t long_tiles = (seqlen_q + FC_SM90_D64_LONG_ROWS - 1) / FC_SM90_D64_LONG_ROWS * heads;
+    const int64_t short_tiles = (seqlen_q + FC_SM90_D64_SHORT_ROWS - 1) / FC_SM90_D64_SHORT_ROWS * heads;
+    const int64_t tiny_tiles = (seqlen_q + FC_SM90_D64_TINY_ROWS - 1) / FC_SM90_D64_TINY_ROWS * heads;
+    const int64_t key_run = causal && seqlen_q < seqlen_k ? seqlen_q : seqlen_k;
+    const int64_t key_tiles = (key_run + FC_SM90_D64_KEY_TILE - 1) / FC_SM90_D64_KEY_TILE;
+    const int long_splits = fc_grid_is_small(long_tiles, sms);
+    const int long_partial_wave = !long_splits && long_tiles < sms && short_tiles <= sms;
+    const int tiny_splits =
+        fc_grid_is_small(tiny_tiles, sms) && key_tiles >= 2 * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY;
+    const int pair_fits = tiny_tiles <= sms && key_tiles <= FC_SM90_D64_PAIR_KEY_TILES && !tiny_splits;
+    const int short_family = seqlen_q <= FC_SM90_D64_SHORT_SEQLEN_Q ? causal || long_splits || long_partial_wave
+                                                                   : long_partial_wave || (long_splits && pair_fits);
+    if (!short_family) return FC_SM90_D64_LONG;
+    if (pair_fits) return FC_SM90_D64_PAIR;
+    const int tiny_causal = causal && tiny_tiles <= 2 * sms && key_tiles >= FC_SM90_D64_TINY_CAUSAL_KEY_TILES;
+    return fc_grid_is_small(tiny_tiles, sms) || tiny_causal ? FC_SM90_D64_TINY : FC_SM90_D64_SHORT;
+}

@@ -61,6 +61,21 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
  * The Hopper family cuts such grids' keys (fc_prefill_splits) and gives D=64 its short
  * configuration for them (kernels/fwd_sm90.cuh, launch_fwd). */
 int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave);
+/*
+ * The Hopper family's configuration for a D=64 call (kernels/fwd_sm90.cuh, FwdConfig), on a
+ * device of `sms` SMs: three consumer warpgroups on 192-row blocks (LONG), two on 128 (SHORT),
+ * one on 64 (TINY), or two splitting the key tiles of 64-row blocks (PAIR). The rules and the
+ * measurements behind them are at the definition (dispatch.c).
+ */
+enum { FC_SM90_D64_LONG = 0, FC_SM90_D64_SHORT = 1, FC_SM90_D64_TINY = 2, FC_SM90_D64_PAIR = 3 };
+#define FC_SM90_D64_LONG_ROWS 192
+#define FC_SM90_D64_SHORT_ROWS 128
+#define FC_SM90_D64_TINY_ROWS 64 /* also the pair's */
+#define FC_SM90_D64_KEY_TILE 128
+#define FC_SM90_D64_SHORT_SEQLEN_Q 1024   /* SHORT for causal calls up to this length */
+#define FC_SM90_D64_PAIR_KEY_TILES 64     /* PAIR for blocks of up to this many key tiles */
+#define FC_SM90_D64_TINY_CAUSAL_KEY_TILES 8 /* TINY for two-wave causal grids from this many */
+int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k, int causal, int64_t sms);
 /* Whether to launch a grid of `grid_ctas` CTAs with programmatic dependent launch
  * (cudaLaunchAttributeProgrammaticStreamSerialization; sm90 forward, decode kernels and their
  * merge on sm_90 only): the kernel's launch and prologue then overlap the tail of the kernel

@@ -10,10 +10,10 @@
 //     tiles of kBlockN rows into a kStages-deep ring. Each load completes on an mbarrier
 //     ("full"); the consumers release a stage through another mbarrier ("empty").
 //   * The other warpgroups (2 for D=128 and 256; for D=64 3, or 2 or 1 for grids that would
-//     leave SMs idle, d64_shape) are consumers, 64 query rows each, with the registers the
-//     producer gave up (setmaxnreg.inc). D=64's pair configuration (one-wave grids) gives two
-//     consumers the same 64 rows, one the even key tiles and one the odd, merged through
-//     shared memory at the end (FwdConfig, kPair).
+//     leave SMs idle, fc_sm90_d64_config) are consumers, 64 query rows each, with the
+//     registers the producer gave up (setmaxnreg.inc). D=64's pair configuration (one-wave
+//     grids) gives two consumers the same 64 rows, one the even key tiles and one the odd,
+//     merged through shared memory at the end (FwdConfig, kPair).
 //     Per K/V tile: S = Q K^T with wgmma (both operands in shared memory, K-major), the online
 //     softmax in fp32 registers (exp2, scale folded into log2(e)), then O += P V with wgmma
 //     taking P straight from registers (the accumulator layout of S is the A-fragment layout)
@@ -70,8 +70,9 @@ namespace ptx = cuda::ptx;
 //   D=128: two consumer warpgroups (128 rows), 240 registers each.
 // Register budgets (setmaxnreg) must sum to at most 64K over the CTA's threads.
 // kShape: the configuration for long query sequences (kLong), short ones or partial waves
-// (kShort), grids of 64-row blocks that fill at most half the SMs (kTiny), and one-wave grids
-// of such blocks (kPair); see d64_shape. Only D=64 has the last three.
+// (kShort), grids of 64-row blocks that fill at most half the SMs, or causal ones of up to two
+// waves (kTiny), and one-wave grids of such blocks (kPair); see fc_sm90_d64_config in
+// c_src/dispatch.c. Only D=64 has the last three.
 constexpr int kLong = 0, kShort = 1, kTiny = 2, kPair = 3;
 template <int kHeadDim, bool kCausal, int kShape = kLong>
 struct FwdConfig;
@@ -1170,56 +1171,20 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     return cudaLaunchKernelEx(&cfg, kernel, maps, p);
 }
 
-// D=64's short configuration (two consumer warpgroups, 128-row blocks; FwdConfig) runs query
-// sequences of up to kShortSeqlenQ rows when causal or when the three-warpgroup grid would
-// split, and any call whose three-warpgroup grid would fill less than one wave without
-// splitting while the two-warpgroup grid fits in one (d64_shape). That last rule came in the
-// eighth session (CUDA graph us, H100, fp16, two passes, cuDNN in brackets): B=1 H=32/8 512 x
-// 2048 27.1-27.8 -> 23.0-24.1 (22.3-23.6); H=8 2048 x 2048 causal 26.6 -> 22.4-22.5 (22.9),
-// non-causal 27.5 -> 22.9-23.0 (22.5); H=4 4096 x 4096 49.4-50.4 -> 41.7-42.1 (39.3-40.7);
-// H=2 8192 x 8192 96.7-99.0 -> 78.9-80.7 (73.1); H=16 1024 x 1024 16.2 -> 13.8-14.0 (13.9).
-// (One warpgroup would do better still on the causal ones: 2048 19.4, 4096 33.0; not yet a rule.) Measured against three warpgroups (H100, fp16, two passes each,
-// ratio to cuDNN in the same run; bench/NOTES.md):
-//   causal      S=512 0.74 -> 0.82, 1k 0.75-0.76 -> 0.82-0.85, 2k 0.93 -> 0.88, 4k+ 1.0 -> 0.9
-//   non-causal  S=512 0.90 -> 0.84, 1k 0.94 -> 0.86, 2k+ 1.06-1.13 -> 0.86-0.96
-//   small grids B=1 H=8 S=512: 0.82 -> 0.89-0.91 (both); GQA 256 x 8192 chunk: 1.34 -> 1.55
-// 64-row blocks for grids that would leave most SMs idle: the pair configuration (two
-// warpgroups splitting one block's key tiles) when its grid fits in one wave and the longest
-// block has at most kPairKeyTiles key tiles (the most measured), unless the one-warpgroup
-// configuration (kTiny) would split those keys across CTAs (its grid fills at most half the
-// SMs and has at least two ranges of FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY key tiles);
-// kTiny, split or not, for the other grids of at most half the SMs. Measured (H100, fp16,
-// CUDA graph us, B=1 H=8, D=64; cuDNN in brackets): 512 x 512 pair 6.1 / tiny split 2 6.5
-// (9.2); 256 x 1024 pair 8.5 / tiny split 2 7.3 (13.4); causal 1024 x 1024 (128 blocks, no
-// split) pair 8.6 / tiny 10.3 / short (before) 10.5-11.0 (13.9). One-wave grids of 128
-// blocks that cannot split, pair against two warpgroups by key tiles (H=32/8 256 x Sk, H=8
-// 1024 x Sk, H=16 512 x Sk, B=2 H=8 512 x Sk): 8 8.7 / 11.1, 16 12.8-13.6 / 15.5-16.0, 32
-// 22.0-22.8 / 24.4-25.3, 64 39.9-41.2 / 42.5 (cuDNN 13.5, 22, 39, 74).
-// FLASHCORE_SM90_SHORT=0 / 1 / 2 / 3 forces long / short / tiny / pair (A/B runs).
-constexpr int64_t kShortSeqlenQ = 1024;
-constexpr int64_t kPairKeyTiles = 64;
-
-// The D=64 configuration for a call (the rules above), on a GPU of `sms` SMs.
+// D=64's configuration: fc_sm90_d64_config (c_src/dispatch.c), with the rules and their
+// measurements. FLASHCORE_SM90_SHORT=0 / 1 / 2 / 3 forces long / short / tiny / pair (A/B runs).
+static_assert(kLong == FC_SM90_D64_LONG && kShort == FC_SM90_D64_SHORT && kTiny == FC_SM90_D64_TINY &&
+                  kPair == FC_SM90_D64_PAIR, "fc_sm90_d64_config names the configurations");
 template <bool kCausal>
-int d64_shape(const fc_params &p, int64_t sms) {
-    const int64_t long_tiles = tile_count<FwdTraits<64, kCausal, kLong>>(p);    // 192-row blocks
-    const int64_t short_tiles = tile_count<FwdTraits<64, kCausal, kShort>>(p);  // 128-row blocks
-    const int64_t tiny_tiles = tile_count<FwdTraits<64, kCausal, kTiny>>(p);    // 64-row blocks
-    constexpr int kPairBlockN = FwdTraits<64, kCausal, kPair>::kBlockN;
-    const int64_t key_tiles = (longest_key_run(p, kCausal) + kPairBlockN - 1) / kPairBlockN;
-    const bool long_splits = fc_grid_is_small(long_tiles, sms);  // (its keys split across CTAs)
-    const bool long_partial_wave = !long_splits && long_tiles < sms && short_tiles <= sms;
-    const bool tiny_splits = fc_grid_is_small(tiny_tiles, sms) && key_tiles >= 2 * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY;
-    const bool pair_fits = tiny_tiles <= sms && key_tiles <= kPairKeyTiles && !tiny_splits;
-    // Longer query sequences leave three warpgroups only a partial wave, or a split grid that a
-    // pair of one-wave 64-row blocks beats (B=1 H=4 2048 x 8192: 50.5 -> 39.9 us); B=1 H=8 1536 x
-    // 1536 keeps its split three-warpgroup grid (15.5 us against 18.7 for two warpgroups).
-    const bool small_family = p.seqlen_q <= kShortSeqlenQ ? kCausal || long_splits || long_partial_wave
-                                                          : long_partial_wave || (long_splits && pair_fits);
-    if (!small_family) return kLong;
-    if (pair_fits) return kPair;
-    return fc_grid_is_small(tiny_tiles, sms) ? kTiny : kShort;
+constexpr bool d64_blocks_match() {
+    return FwdTraits<64, kCausal, kLong>::kBlockM == FC_SM90_D64_LONG_ROWS &&
+           FwdTraits<64, kCausal, kShort>::kBlockM == FC_SM90_D64_SHORT_ROWS &&
+           FwdTraits<64, kCausal, kTiny>::kBlockM == FC_SM90_D64_TINY_ROWS &&
+           FwdTraits<64, kCausal, kPair>::kBlockM == FC_SM90_D64_TINY_ROWS &&
+           FwdTraits<64, kCausal, kPair>::kBlockN == FC_SM90_D64_KEY_TILE &&
+           FwdTraits<64, kCausal, kTiny>::kBlockN == FC_SM90_D64_KEY_TILE;
 }
+static_assert(d64_blocks_match<false>() && d64_blocks_match<true>(), "fc_sm90_d64_config counts these blocks");
 
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
@@ -1231,7 +1196,7 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
         if (forced != nullptr && forced[0] >= '0' && forced[0] <= '3' && forced[1] == '\0') {
             shape = forced[0] - '0';
         } else {
-            shape = d64_shape<kCausal>(p, sms);
+            shape = fc_sm90_d64_config(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, kCausal, sms);
         }
         if (shape == kShort) return launch_fwd_config<Elem, kHeadDim, kCausal, kShort>(p, stream, device, sms);
         if (shape == kTiny) return launch_fwd_config<Elem, kHeadDim, kCausal, kTiny>(p, stream, device, sms);

@@ -714,10 +714,53 @@ static void check_prefill_split_heuristic(void) {
     REQUIRE(fc_prefill_splits(4, 100, FC_PREFILL_MIN_KEY_TILES_PER_SPLIT, NULL, 8) == 1);
 }
 
+/*
+ * The sm90 family's D=64 configuration (fc_sm90_d64_config) on a 132-SM H100: the choices the
+ * eighth session measured (bench/NOTES.md), and over a grid of shapes what each choice promises:
+ * PAIR only for one wave of 64-row blocks, TINY only for at most two waves of them (one when not
+ * causal), LONG whenever the three-warpgroup grid fills a wave.
+ */
+static void check_d64_config(void) {
+    static const struct {
+        int64_t b, h, sq, sk;
+        int causal, want;
+    } kMeasured[] = {
+        {1, 8, 512, 512, 0, FC_SM90_D64_PAIR},     {1, 8, 512, 512, 1, FC_SM90_D64_PAIR},
+        {1, 8, 256, 1024, 0, FC_SM90_D64_TINY},    {1, 8, 1024, 1024, 1, FC_SM90_D64_PAIR},
+        {2, 8, 512, 512, 0, FC_SM90_D64_PAIR},     {1, 32, 256, 2048, 0, FC_SM90_D64_PAIR},
+        {1, 32, 256, 8192, 0, FC_SM90_D64_PAIR},   {1, 32, 512, 2048, 0, FC_SM90_D64_SHORT},
+        {1, 4, 2048, 8192, 0, FC_SM90_D64_PAIR},   {1, 8, 1536, 1536, 0, FC_SM90_D64_LONG},
+        {1, 8, 2048, 2048, 0, FC_SM90_D64_SHORT},  {1, 8, 2048, 2048, 1, FC_SM90_D64_TINY},
+        {1, 4, 4096, 4096, 1, FC_SM90_D64_TINY},   {1, 2, 8192, 8192, 0, FC_SM90_D64_SHORT},
+        {1, 16, 1024, 1024, 1, FC_SM90_D64_TINY},  {4, 8, 512, 512, 1, FC_SM90_D64_SHORT},
+        {1, 16, 256, 3072, 0, FC_SM90_D64_TINY},   {32, 32, 512, 512, 0, FC_SM90_D64_LONG},
+        {32, 32, 512, 512, 1, FC_SM90_D64_SHORT},  {8, 32, 2048, 2048, 1, FC_SM90_D64_LONG},
+    };
+    for (size_t i = 0; i < sizeof kMeasured / sizeof kMeasured[0]; ++i)
+        REQUIRE(fc_sm90_d64_config(kMeasured[i].b, kMeasured[i].h, kMeasured[i].sq, kMeasured[i].sk,
+                                   kMeasured[i].causal, 132) == kMeasured[i].want);
+    static const int64_t kSeq[] = {1, 17, 64, 65, 127, 128, 300, 512, 1000, 1024, 1025, 2048, 4097, 8192, 32768};
+    static const int64_t kSms[] = {1, 16, 78, 114, 132};
+    for (size_t a = 0; a < sizeof kSeq / sizeof kSeq[0]; ++a)
+        for (size_t c = 0; c < sizeof kSeq / sizeof kSeq[0]; ++c)
+            for (int64_t heads = 1; heads <= 512; heads *= 2)
+                for (size_t m = 0; m < sizeof kSms / sizeof kSms[0]; ++m)
+                    for (int causal = 0; causal <= 1; ++causal) {
+                        const int64_t sq = kSeq[a], sk = kSeq[c], sms = kSms[m];
+                        const int got = fc_sm90_d64_config(1, heads, sq, sk, causal, sms);
+                        const int64_t tiny_tiles = (sq + 63) / 64 * heads, long_tiles = (sq + 191) / 192 * heads;
+                        REQUIRE(got >= FC_SM90_D64_LONG && got <= FC_SM90_D64_PAIR);
+                        if (got == FC_SM90_D64_PAIR) REQUIRE(tiny_tiles <= sms);
+                        if (got == FC_SM90_D64_TINY) REQUIRE(tiny_tiles <= (causal ? 2 : 1) * sms);
+                        if (long_tiles >= sms && !(causal && sq <= FC_SM90_D64_SHORT_SEQLEN_Q)) REQUIRE(got == FC_SM90_D64_LONG);
+                    }
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     check_split_heuristic();
+    check_d64_config();
     check_prefill_split_heuristic();
     return 0;
 }
