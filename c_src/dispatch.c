@@ -381,6 +381,32 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
  * (23.0), H=4 4096 40.5 -> 33.0 (40.1), H=2 8192 76.3 -> 61.4 (74.9), H=16 1024 13.3 -> 12.3
  * (14.0), B=2 H=8 1024 13.4 -> 12.7 (14.3); with 4 key tiles (S=512, 256 blocks) two
  * warpgroups stay 1-3% ahead (8.8 against 9.0).
+ *
+ * Causal calls with more than FC_SM90_D64_SHORT_SEQLEN_Q query rows whose 64-row grid fills
+ * more than one wave, with at least FC_SM90_D64_TINY_CAUSAL_KEY_TILES key tiles (the
+ * causal-waves rule, ninth session): up to two waves, PAIR when the
+ * longest block has at least FC_SM90_D64_PAIR_CAUSAL_KEY_TILES key tiles, or at least
+ * FC_SM90_D64_PAIR_CAUSAL_KEY_TILES_SHORT_WAVE within one and a half waves, else TINY; up to
+ * FC_SM90_D64_SHORT_CAUSAL_WAVES waves SHORT; LONG beyond. Three warpgroups' causal grids of
+ * 192-row blocks balance badly over a few waves; at 62 waves (the bench's 16k-token sweeps)
+ * they win again. CUDA graph us, cuDNN first, then three / two / one / pair warpgroups (H100,
+ * fp16, one pass; bench/NOTES.md, ninth session):
+ *   B=1 H=3 4096 (192 blocks, 32 key tiles)    39.1: 27.6 / 39.1 / 32.0 / 24.2
+ *   B=1 H=2 6144 (192, 48)                      58.0: 39.6 / 57.8 / 44.8 / 31.5
+ *   B=1 H=1 12288 (192, 96)                    106.7: 73.5 / 113.0 / 87.2 / 60.2
+ *   B=1 H=4 4096 (256, 32)                      42.4: 49.0 / 40.1 / 32.9 / 34.7
+ *   B=1 H=2 8192 (256, 64)                      73.8: 90.4 / 77.4 / 60.4 / 43.9
+ *   B=1 H=1 16384 (256, 128)                   142.6: 182.9 / 150.9 / 115.4 / 82.0
+ *   B=1 H=4 6144 (384, 48)                      78.5: 72.1 / 61.9 / 82.7 / 58.1
+ *   B=1 H=16 2048 (512, 16)                     36.5: 33.4 / 25.0 / 35.4 / 37.7
+ *   B=1 H=8 4096 (512, 32)                      65.2: 55.3 / 43.0 / 65.9 / 60.6
+ *   B=1 H=2 16384 (512, 128)                   230.3: 188.0 / 159.9 / 224.4 / 168.0
+ *   B=1 H=16 4096 (1024, 32)                   101.5: 105.8 / 85.1 / 129.6 / 110.1
+ *   B=1 H=8 8192 (1024, 64)                    197.9: 194.0 / 156.7 / 237.5 / 183.8
+ *   B=1 H=32 4096 (2048, 32)                   188.0: 178.8 / 176.6 / 245.0 / 215.9
+ *   B=2 H=32 2048 (2048, 16)                   101.3: 104.2 / 98.2 / 142.5 / 138.2
+ *   B=8 H=32 2048 (8192, 16)                   380.2: 391.3 / 400.8 / 543.5 / 537.0
+ *   B=2 H=32 8192 (8192, 64)                  1328.2: 1225.6 / 1355.8 / 1898.1 / 1542.3
  */
 int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k, int causal, int64_t sms) {
     const int64_t heads = heads_q * batch;
@@ -396,6 +422,16 @@ int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t
     const int pair_fits = tiny_tiles <= sms && key_tiles <= FC_SM90_D64_PAIR_KEY_TILES && !tiny_splits;
     const int short_family = seqlen_q <= FC_SM90_D64_SHORT_SEQLEN_Q ? causal || long_splits || long_partial_wave
                                                                    : long_partial_wave || (long_splits && pair_fits);
+    /* Long causal grids of more than one wave of 64-row blocks (the causal-waves rule above). */
+    if (causal && seqlen_q > FC_SM90_D64_SHORT_SEQLEN_Q && tiny_tiles > sms &&
+        key_tiles >= FC_SM90_D64_TINY_CAUSAL_KEY_TILES) {
+        if (tiny_tiles <= 2 * sms) {
+            const int pair_pays = key_tiles >= FC_SM90_D64_PAIR_CAUSAL_KEY_TILES ||
+                                  (key_tiles >= FC_SM90_D64_PAIR_CAUSAL_KEY_TILES_SHORT_WAVE && 2 * tiny_tiles <= 3 * sms);
+            return pair_pays ? FC_SM90_D64_PAIR : FC_SM90_D64_TINY;
+        }
+        return tiny_tiles <= FC_SM90_D64_SHORT_CAUSAL_WAVES * sms ? FC_SM90_D64_SHORT : FC_SM90_D64_LONG;
+    }
     if (!short_family) return FC_SM90_D64_LONG;
     if (pair_fits) return FC_SM90_D64_PAIR;
     const int tiny_causal = causal && tiny_tiles <= 2 * sms && key_tiles >= FC_SM90_D64_TINY_CAUSAL_KEY_TILES;

@@ -716,9 +716,10 @@ static void check_prefill_split_heuristic(void) {
 
 /*
  * The sm90 family's D=64 configuration (fc_sm90_d64_config) on a 132-SM H100: the choices the
- * eighth session measured (bench/NOTES.md), and over a grid of shapes what each choice promises:
- * PAIR only for one wave of 64-row blocks, TINY only for at most two waves of them (one when not
- * causal), LONG whenever the three-warpgroup grid fills a wave.
+ * eighth and ninth sessions measured (bench/NOTES.md), and over a grid of shapes what each choice promises:
+ * PAIR and TINY only for at most two waves of 64-row blocks (one when not causal), LONG whenever
+ * the three-warpgroup grid fills a wave (not causal) or the 64-row grid fills more than
+ * FC_SM90_D64_SHORT_CAUSAL_WAVES waves (causal).
  */
 static void check_d64_config(void) {
     static const struct {
@@ -735,6 +736,15 @@ static void check_d64_config(void) {
         {1, 16, 1024, 1024, 1, FC_SM90_D64_TINY},  {4, 8, 512, 512, 1, FC_SM90_D64_SHORT},
         {1, 16, 256, 3072, 0, FC_SM90_D64_TINY},   {32, 32, 512, 512, 0, FC_SM90_D64_LONG},
         {32, 32, 512, 512, 1, FC_SM90_D64_SHORT},  {8, 32, 2048, 2048, 1, FC_SM90_D64_LONG},
+        /* ninth session: causal grids past one wave of 64-row blocks */
+        {1, 3, 4096, 4096, 1, FC_SM90_D64_PAIR},   {1, 2, 6144, 6144, 1, FC_SM90_D64_PAIR},
+        {1, 1, 12288, 12288, 1, FC_SM90_D64_PAIR}, {1, 2, 8192, 8192, 1, FC_SM90_D64_PAIR},
+        {1, 1, 16384, 16384, 1, FC_SM90_D64_PAIR}, {1, 4, 6144, 6144, 1, FC_SM90_D64_SHORT},
+        {1, 16, 2048, 2048, 1, FC_SM90_D64_SHORT}, {1, 8, 4096, 4096, 1, FC_SM90_D64_SHORT},
+        {1, 2, 16384, 16384, 1, FC_SM90_D64_SHORT}, {1, 16, 4096, 4096, 1, FC_SM90_D64_SHORT},
+        {1, 8, 8192, 8192, 1, FC_SM90_D64_SHORT},  {1, 32, 4096, 4096, 1, FC_SM90_D64_SHORT},
+        {2, 32, 2048, 2048, 1, FC_SM90_D64_SHORT}, {2, 32, 8192, 8192, 1, FC_SM90_D64_LONG},
+        {4, 32, 4096, 4096, 1, FC_SM90_D64_LONG},
     };
     for (size_t i = 0; i < sizeof kMeasured / sizeof kMeasured[0]; ++i)
         REQUIRE(fc_sm90_d64_config(kMeasured[i].b, kMeasured[i].h, kMeasured[i].sq, kMeasured[i].sk,
@@ -750,9 +760,11 @@ static void check_d64_config(void) {
                         const int got = fc_sm90_d64_config(1, heads, sq, sk, causal, sms);
                         const int64_t tiny_tiles = (sq + 63) / 64 * heads, long_tiles = (sq + 191) / 192 * heads;
                         REQUIRE(got >= FC_SM90_D64_LONG && got <= FC_SM90_D64_PAIR);
-                        if (got == FC_SM90_D64_PAIR) REQUIRE(tiny_tiles <= sms);
+                        if (got == FC_SM90_D64_PAIR) REQUIRE(tiny_tiles <= (causal ? 2 : 1) * sms);
                         if (got == FC_SM90_D64_TINY) REQUIRE(tiny_tiles <= (causal ? 2 : 1) * sms);
-                        if (long_tiles >= sms && !(causal && sq <= FC_SM90_D64_SHORT_SEQLEN_Q)) REQUIRE(got == FC_SM90_D64_LONG);
+                        if (long_tiles >= sms && !causal) REQUIRE(got == FC_SM90_D64_LONG);
+                        if (causal && sq > FC_SM90_D64_SHORT_SEQLEN_Q && tiny_tiles > FC_SM90_D64_SHORT_CAUSAL_WAVES * sms)
+                            REQUIRE(got == FC_SM90_D64_LONG);
                     }
 }
 
