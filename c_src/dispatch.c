@@ -388,21 +388,27 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
  * longest block has at least FC_SM90_D64_PAIR_CAUSAL_KEY_TILES key tiles, or at least
  * FC_SM90_D64_PAIR_CAUSAL_KEY_TILES_SHORT_WAVE within one and a half waves, else TINY; up to
  * FC_SM90_D64_SHORT_CAUSAL_WAVES waves SHORT; LONG beyond. Three warpgroups' causal grids of
- * 192-row blocks balance badly over a few waves; at 62 waves (the bench's 16k-token sweeps)
- * they win again. CUDA graph us, cuDNN first, then three / two / one / pair warpgroups (H100,
- * fp16, one pass; bench/NOTES.md, ninth session):
- *   B=1 H=3 4096 (192 blocks, 32 key tiles)    39.1: 27.6 / 39.1 / 32.0 / 24.2
+ * 192-row blocks balance badly over a few waves (how badly depends on how the query length
+ * divides into blocks: S=3072, 16 blocks of 192, balances well); from about 8 waves on the two
+ * are within a few percent, either way, and at 62 waves (the bench's 16k-token sweeps) three
+ * win. CUDA graph us, cuDNN first, then three / two / one / pair warpgroups (H100, fp16, one
+ * pass each, two runs; bench/NOTES.md, ninth session):
+ *   B=1 H=4 3072 (192 blocks, 24 key tiles)    31.0: 22.6 / 30.5 / 25.4 / 23.1
+ *   B=1 H=3 4096 (192, 32)                      39.1: 27.6 / 39.1 / 32.0 / 24.2
  *   B=1 H=2 6144 (192, 48)                      58.0: 39.6 / 57.8 / 44.8 / 31.5
  *   B=1 H=1 12288 (192, 96)                    106.7: 73.5 / 113.0 / 87.2 / 60.2
  *   B=1 H=4 4096 (256, 32)                      42.4: 49.0 / 40.1 / 32.9 / 34.7
  *   B=1 H=2 8192 (256, 64)                      73.8: 90.4 / 77.4 / 60.4 / 43.9
  *   B=1 H=1 16384 (256, 128)                   142.6: 182.9 / 150.9 / 115.4 / 82.0
+ *   B=1 H=6 3072 (288, 24)                      34.3: 37.8 / 33.5 / 46.3 / 31.2
  *   B=1 H=4 6144 (384, 48)                      78.5: 72.1 / 61.9 / 82.7 / 58.1
+ *   B=1 H=12 2048 (384, 16)                     30.9: 26.0 / 24.5 / 33.2 / 30.3
  *   B=1 H=16 2048 (512, 16)                     36.5: 33.4 / 25.0 / 35.4 / 37.7
  *   B=1 H=8 4096 (512, 32)                      65.2: 55.3 / 43.0 / 65.9 / 60.6
  *   B=1 H=2 16384 (512, 128)                   230.3: 188.0 / 159.9 / 224.4 / 168.0
  *   B=1 H=16 4096 (1024, 32)                   101.5: 105.8 / 85.1 / 129.6 / 110.1
  *   B=1 H=8 8192 (1024, 64)                    197.9: 194.0 / 156.7 / 237.5 / 183.8
+ *   B=1 H=24 3072 (1152, 24)                    86.8: 82.0 / 95.5 / 123.3 / 105.2
  *   B=1 H=32 4096 (2048, 32)                   188.0: 178.8 / 176.6 / 245.0 / 215.9
  *   B=2 H=32 2048 (2048, 16)                   101.3: 104.2 / 98.2 / 142.5 / 138.2
  *   B=8 H=32 2048 (8192, 16)                   380.2: 391.3 / 400.8 / 543.5 / 537.0

@@ -77,8 +77,8 @@ enum { FC_SM90_D64_LONG = 0, FC_SM90_D64_SHORT = 1, FC_SM90_D64_TINY = 2, FC_SM9
 #define FC_SM90_D64_TINY_CAUSAL_KEY_TILES 8 /* TINY for two-wave causal grids from this many */
 /* Causal, more than FC_SM90_D64_SHORT_SEQLEN_Q rows, 64-row grid past one wave (dispatch.c): */
 #define FC_SM90_D64_PAIR_CAUSAL_KEY_TILES 48            /* PAIR up to two waves from this many */
-#define FC_SM90_D64_PAIR_CAUSAL_KEY_TILES_SHORT_WAVE 32 /* PAIR up to 1.5 waves from this many */
-#define FC_SM90_D64_SHORT_CAUSAL_WAVES 16               /* SHORT up to this many waves */
+#define FC_SM90_D64_PAIR_CAUSAL_KEY_TILES_SHORT_WAVE 24 /* PAIR up to 1.5 waves from this many */
+#define FC_SM90_D64_SHORT_CAUSAL_WAVES 8                /* SHORT up to this many waves */
 int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k, int causal, int64_t sms);
 /* Whether to launch a grid of `grid_ctas` CTAs with programmatic dependent launch
  * (cudaLaunchAttributeProgrammaticStreamSerialization; sm90 forward, decode kernels and their

@@ -742,9 +742,11 @@ static void check_d64_config(void) {
         {1, 1, 16384, 16384, 1, FC_SM90_D64_PAIR}, {1, 4, 6144, 6144, 1, FC_SM90_D64_SHORT},
         {1, 16, 2048, 2048, 1, FC_SM90_D64_SHORT}, {1, 8, 4096, 4096, 1, FC_SM90_D64_SHORT},
         {1, 2, 16384, 16384, 1, FC_SM90_D64_SHORT}, {1, 16, 4096, 4096, 1, FC_SM90_D64_SHORT},
-        {1, 8, 8192, 8192, 1, FC_SM90_D64_SHORT},  {1, 32, 4096, 4096, 1, FC_SM90_D64_SHORT},
-        {2, 32, 2048, 2048, 1, FC_SM90_D64_SHORT}, {2, 32, 8192, 8192, 1, FC_SM90_D64_LONG},
-        {4, 32, 4096, 4096, 1, FC_SM90_D64_LONG},
+        {1, 8, 8192, 8192, 1, FC_SM90_D64_SHORT},  {1, 32, 4096, 4096, 1, FC_SM90_D64_LONG},
+        {2, 32, 2048, 2048, 1, FC_SM90_D64_LONG},  {2, 32, 8192, 8192, 1, FC_SM90_D64_LONG},
+        {4, 32, 4096, 4096, 1, FC_SM90_D64_LONG},  {1, 24, 3072, 3072, 1, FC_SM90_D64_LONG},
+        {1, 4, 3072, 3072, 1, FC_SM90_D64_PAIR},   {1, 6, 3072, 3072, 1, FC_SM90_D64_SHORT},
+        {1, 12, 2048, 2048, 1, FC_SM90_D64_SHORT},
     };
     for (size_t i = 0; i < sizeof kMeasured / sizeof kMeasured[0]; ++i)
         REQUIRE(fc_sm90_d64_config(kMeasured[i].b, kMeasured[i].h, kMeasured[i].sq, kMeasured[i].sk,
