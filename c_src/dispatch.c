@@ -235,6 +235,48 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
            fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor) && find_kernel(FC_FAMILY_SM90, p) == NULL;
 }
 
+/*
+ * Decoding (one query row) against many (batch, KV head) pairs: the decode kernel's cp.async
+ * ring reads K/V at ~2.9 TB/s on the H100, the Hopper family's TMA ring at ~3.05, about what
+ * cuDNN reads. Under AUTO such calls go to the Hopper family when they have at least
+ * FC_DECODE_SM90_MIN_PAIRS pairs (two waves of its CTAs, so no split is needed) and at least
+ * FC_DECODE_SM90_MIN_KEY_ROWS key rows over all pairs (shorter calls are set by fixed costs,
+ * where the decode kernel is ahead). A GQA group's query heads become the rows of one block
+ * (fc_pack_decode_gqa), so each K/V byte is read once, as in the decode kernel. Measured at D=128
+ * (H100, fp16, eager us with a cold L2, cuDNN / decode kernel / Hopper family, ninth session):
+ *   B=8  Hkv=32 Sk=1k 60.2 / 61.9 / 63.3     B=8  Hkv=32 Sk=8k  362.9 / 380.0 / 367.7
+ *   B=8  Hkv=32 Sk=32k 1392 / 1442 / 1404    B=32 Hkv=32 Sk=1k 190.7 / 199.3 / 195.1
+ *   B=32 Hkv=32 Sk=8k  1412 / 1475 / 1398    B=1  Hkv=32 Sk=32k 193.5 / 197.8 / 208.2
+ * Only D=128, one query row, no causal mask (a causal row 0 sees one key) were measured.
+ */
+#define FC_DECODE_SM90_MIN_PAIRS 256
+#define FC_DECODE_SM90_MIN_KEY_ROWS (1 << 20)
+
+int fc_decode_packs_for_sm90(const fc_params *p) { return p->seqlen_q == 1 && !p->causal && p->heads_q > p->heads_kv; }
+
+void fc_pack_decode_gqa(fc_params *p) {
+    const int64_t group = p->heads_q / p->heads_kv;
+    /* Query head h = hk * group + j of batch b sits at b * q_stride_b + (hk * group + j) *
+     * q_stride_h: row j of KV head hk's block, rows q_stride_h apart, blocks group * q_stride_h. */
+    p->seqlen_q = group;
+    p->heads_q = p->heads_kv;
+    p->q_stride_s = p->q_stride_h;
+    p->q_stride_h *= group;
+    p->o_stride_s = p->o_stride_h;
+    p->o_stride_h *= group;
+    p->lse_stride_s = p->lse_stride_h;
+    p->lse_stride_h *= group;
+}
+
+static int sm90_reads_decode_faster(const fc_params *p, int cc_major, int cc_minor) {
+    if (p->seqlen_q != 1 || p->causal || p->head_dim != 128 || p->mask_kind != FC_MASK_NONE) return 0;
+    if (!fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor) || find_kernel(FC_FAMILY_SM90, p) == NULL ||
+        !family_takes_layout(FC_FAMILY_SM90, p))
+        return 0;
+    const int64_t pairs = p->batch * p->heads_kv;
+    return pairs >= FC_DECODE_SM90_MIN_PAIRS && pairs * p->seqlen_k >= FC_DECODE_SM90_MIN_KEY_ROWS;
+}
+
 fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_fn *launch,
                       fc_family *family) {
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
@@ -249,6 +291,8 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
         const fc_family f = p->family == FC_FAMILY_AUTO ? preference[i] : p->family;
         if (!fc_family_runs_on_(f, cc_major, cc_minor)) continue;
         any_family_runs = 1;
+        if (f == FC_FAMILY_DECODE && p->family == FC_FAMILY_AUTO && sm90_reads_decode_faster(p, cc_major, cc_minor))
+            continue;
         const kernel_entry *e = find_kernel(f, p);
         if (e != NULL && p->family == FC_FAMILY_AUTO && sm80_slower_than_fallback(f, p, cc_major, cc_minor)) {
             declined_as_slower = 1;

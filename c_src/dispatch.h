@@ -42,6 +42,11 @@ int fc_decode_splits(const fc_params *p, int sm_count);
 #define FC_DECODE_CTAS_PER_SM(p) \
     ((p)->heads_q / (p)->heads_kv * (p)->seqlen_q <= FC_DECODE_MMA_ROWS ? FC_DECODE_CTAS_PER_SM_MMA : FC_DECODE_CTAS_PER_SM_ROWS)
 int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
+/* A GQA call of one query row without a causal mask, run in the Hopper family, goes as one block
+ * of `group` rows per KV head (fc_pack_decode_gqa rewrites sizes and strides to that equivalent
+ * call: K/V are then read once per KV head). See sm90_reads_decode_faster in dispatch.c. */
+int fc_decode_packs_for_sm90(const fc_params *p);
+void fc_pack_decode_gqa(fc_params *p);
 
 /*
  * Split-KV for the Hopper family's small grids: into how many key ranges (one cluster of CTAs

@@ -269,7 +269,7 @@ static int forced_decode_splits(void) {
 }
 
 /* Pick the kernel and, for the decode path, the split count; *bytes = workspace it needs. */
-static fc_status plan(const fc_params *p, fc_launch_fn *launch, int *splits, int64_t *bytes) {
+static fc_status plan(const fc_params *p, fc_launch_fn *launch, fc_family *family_out, int *splits, int64_t *bytes) {
     fc_status s = fc_params_validate(p);
     if (s != FC_OK) return s;
     int major = 0, minor = 0, sms = 0;
@@ -278,6 +278,7 @@ static fc_status plan(const fc_params *p, fc_launch_fn *launch, int *splits, int
     fc_family family = FC_FAMILY_AUTO;
     s = fc_dispatch(p, major, minor, launch, &family);
     if (s != FC_OK) return s;
+    *family_out = family;
     *splits = 1;
     *bytes = 0;
     if (family == FC_FAMILY_DECODE) {
@@ -292,8 +293,9 @@ FC_API fc_status fc_sdpa_workspace_size(const fc_params *p, int64_t *bytes) {
     if (bytes == NULL) return FC_ERR_NULL_POINTER;
     *bytes = 0;
     fc_launch_fn launch = NULL;
+    fc_family family = FC_FAMILY_AUTO;
     int splits = 1;
-    return plan(p, &launch, &splits, bytes);
+    return plan(p, &launch, &family, &splits, bytes);
 }
 
 /* One launch over batches [b0, b0 + nb) and query heads [h0, h0 + nh), whose key/value heads
@@ -320,14 +322,17 @@ static fc_status launch_slice(const fc_params *p, fc_launch_fn launch, cudaStrea
 
 FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
     fc_launch_fn launch = NULL;
+    fc_family family = FC_FAMILY_AUTO;
     int splits = 1;
     int64_t bytes = 0;
-    const fc_status s = plan(p, &launch, &splits, &bytes);
+    const fc_status s = plan(p, &launch, &family, &splits, &bytes);
     if (s != FC_OK) return s;
     fc_params run = *p;
+    /* A one-row GQA call in the Hopper family runs as one block of the group's rows per KV head. */
+    if (family == FC_FAMILY_SM90 && fc_decode_packs_for_sm90(p)) fc_pack_decode_gqa(&run);
     /* Without enough workspace the decode path runs unsplit: slower on a small batch, same result. */
     run.num_splits_ = (bytes > 0 && p->workspace != NULL && p->workspace_bytes >= bytes) ? splits : 1;
-    if (p->batch <= FC_MAX_GRID_YZ && p->heads_q <= FC_MAX_GRID_YZ) {
+    if (run.batch <= FC_MAX_GRID_YZ && run.heads_q <= FC_MAX_GRID_YZ) {
         const cudaError_t err = launch(&run, stream);
         last_cuda_error = err;
         return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
@@ -337,19 +342,19 @@ FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
      * key/value heads are its own), or, for a group itself past 65535, in pieces of one group
      * (one key/value head). Validation checked every offset of the whole call, so every
      * slice's pointers stay inside the tensors. */
-    const int64_t group = p->heads_q / p->heads_kv;
-    const int64_t batch_step = p->batch <= FC_MAX_GRID_YZ ? p->batch : FC_MAX_GRID_YZ;
-    for (int64_t b0 = 0; b0 < p->batch; b0 += batch_step) {
-        const int64_t nb = p->batch - b0 < batch_step ? p->batch - b0 : batch_step;
+    const int64_t group = run.heads_q / run.heads_kv;
+    const int64_t batch_step = run.batch <= FC_MAX_GRID_YZ ? run.batch : FC_MAX_GRID_YZ;
+    for (int64_t b0 = 0; b0 < run.batch; b0 += batch_step) {
+        const int64_t nb = run.batch - b0 < batch_step ? run.batch - b0 : batch_step;
         if (group <= FC_MAX_GRID_YZ) {
-            const int64_t step = p->heads_q <= FC_MAX_GRID_YZ ? p->heads_q : FC_MAX_GRID_YZ / group * group;
-            for (int64_t h0 = 0; h0 < p->heads_q; h0 += step) {
-                const int64_t nh = p->heads_q - h0 < step ? p->heads_q - h0 : step;
+            const int64_t step = run.heads_q <= FC_MAX_GRID_YZ ? run.heads_q : FC_MAX_GRID_YZ / group * group;
+            for (int64_t h0 = 0; h0 < run.heads_q; h0 += step) {
+                const int64_t nh = run.heads_q - h0 < step ? run.heads_q - h0 : step;
                 if (launch_slice(&run, launch, stream, b0, nb, h0, nh, h0 / group, nh / group) != FC_OK)
                     return FC_ERR_CUDA;
             }
         } else {
-            for (int64_t hk = 0; hk < p->heads_kv; ++hk)
+            for (int64_t hk = 0; hk < run.heads_kv; ++hk)
                 for (int64_t off = 0; off < group; off += FC_MAX_GRID_YZ) {
                     const int64_t nh = group - off < FC_MAX_GRID_YZ ? group - off : FC_MAX_GRID_YZ;
                     if (launch_slice(&run, launch, stream, b0, nb, hk * group + off, nh, hk, 1) != FC_OK)

@@ -357,6 +357,42 @@ def test_decode_forced_split_count(ratio, sq, causal, splits, monkeypatch):
     torch.testing.assert_close(forced, chosen, atol=1e-3, rtol=0)  # one fp16 ulp at |x| ~ 1
 
 
+@pytest.mark.parametrize("b,hq,hkv,sk,layout", [(2, 6, 2, 1000, "bshd"), (1, 32, 4, 4097, "sliced"),
+                                                 (3, 8, 1, 17, "bhsd"), (2, 4, 4, 300, "bshd")])
+def test_sm90_decode_packs_gqa_rows(b, hq, hkv, sk, layout, monkeypatch):
+    """One query row, no causal mask, in the Hopper family: the query heads of each KV head's
+    group go as the rows of one block (fc_pack_decode_gqa rewrites sizes and strides, so K/V are
+    read once per KV head). Output and LSE match the reference at odd lengths, group sizes 1-8
+    and strided layouts (bshd: the packed rows are H * D apart, not D)."""
+    if not HOPPER:
+        pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
+    q, k, v = make_inputs(b, hq, hkv, 1, sk, 128, torch.float16, layout)
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
+    poison_allocator((b, hq, 1, 128), torch.float16)
+    out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, None, 0.0, False, enable_gqa=hq != hkv)
+    torch.cuda.synchronize()
+    check_close(out, q, k, v, False, None, f"sm90 packed decode B={b} H={hq}/{hkv} Sk={sk} {layout}")
+    scores = q.double() @ _expand_kv(k, hq).double().transpose(-1, -2) / math.sqrt(128)
+    ref_lse = torch.logsumexp(scores, dim=-1).reshape(lse.shape)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("b,hq,hkv,sk", [(8, 32, 32, 4097), (32, 32, 8, 4100), (8, 32, 32, 1000)])
+def test_decode_route_by_pairs(b, hq, hkv, sk):
+    """Under AUTO on Hopper, D=128 decoding over at least 256 (batch, KV head) pairs and 2^20 key
+    rows runs in the Hopper family (c_src/dispatch.c, sm90_reads_decode_faster), shorter calls in
+    the decode kernel; both match the reference."""
+    if not HOPPER:
+        pytest.skip("the decode route to the sm90 family is for sm_90 only")
+    q, k, v = make_inputs(b, hq, hkv, 1, sk, 128, torch.bfloat16, "bhsd")
+    want = "kernel sm90" if b * hkv * sk >= 1 << 20 else "kernel decode"
+    assert flashcore.explain(q, k, v, enable_gqa=hq != hkv) == want
+    poison_allocator((b, hq, 1, 128), torch.bfloat16)
+    out = sdpa(q, k, v, enable_gqa=hq != hkv)
+    torch.cuda.synchronize()
+    check_close(out, q, k, v, False, None, f"decode route B={b} H={hq}/{hkv} Sk={sk} ({want})")
+
+
 @pytest.mark.parametrize("shape", [(1, 8, 8, 512, 512, 64), (2, 8, 8, 700, 700, 128), (1, 32, 8, 1, 4096, 128)],
                          ids=["sm90-split", "sm90-persistent", "decode-split-combine"])
 def test_pdl_chain_matches_serial(shape, monkeypatch):

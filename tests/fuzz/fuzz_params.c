@@ -47,6 +47,9 @@
  *      cuTensorMapEncodeTiled) instead of being declined by the support query.
  */
 #include "flashcore.h"
+/* fc_decode_splits, fc_prefill_splits, fc_pack_decode_gqa...: c_src/dispatch.h (internal; this
+ * target is built from c_src's sources). */
+#include "dispatch.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -152,6 +155,13 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
      * past CUDA's 65535 grid limit on batch or query heads, one slice of it: the same struct
      * but for the slice's sizes and pointers, which lie at or after the caller's. */
     const fc_params *e = g_expected_launch;
+    /* A one-row GQA call in the Hopper family launches as its packed equivalent. */
+    fc_params packed;
+    if (family == FC_FAMILY_SM90 && fc_decode_packs_for_sm90(e)) {
+        packed = *e;
+        fc_pack_decode_gqa(&packed);
+        e = &packed;
+    }
     if (e->batch <= 65535 && e->heads_q <= 65535) {
         REQUIRE(memcmp(p, e, offsetof(fc_params, num_splits_)) == 0);
     } else {
@@ -376,11 +386,15 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     else if (fam == FC_FAMILY_DECODE) REQUIRE(decode_takes(p) && (d == 64 || d == 128));
     else REQUIRE(fam == FC_FAMILY_SM80);
     /* AUTO: the decode kernel for the small-Sq calls it takes, else Hopper wherever it can run
-     * (unmasked calls: a mask always means the sm80 family, checked above). */
+     * (unmasked calls: a mask always means the sm80 family, checked above)... */
     if (p->mask_kind != FC_MASK_NONE) return;
     const int decode = decode_takes(p) && (d == 64 || d == 128);
     const int sm90 = cc == 90 && sm90_takes(p) && (d == 64 || d == 128 || d == 256);
-    if (p->family == FC_FAMILY_AUTO && decode) REQUIRE(fam == FC_FAMILY_DECODE);
+    /* ...except one-row D=128 calls over many (batch, KV head) pairs and key rows, which the
+     * Hopper family reads faster (dispatch.c, sm90_reads_decode_faster). */
+    const int decode_to_sm90 = cc == 90 && sm90_takes(p) && d == 128 && p->seqlen_q == 1 && !p->causal &&
+                               p->batch * p->heads_kv >= 256 && p->batch * p->heads_kv * p->seqlen_k >= (1 << 20);
+    if (p->family == FC_FAMILY_AUTO && decode) REQUIRE(fam == (decode_to_sm90 ? FC_FAMILY_SM90 : FC_FAMILY_DECODE));
     if (p->family == FC_FAMILY_AUTO && !decode && sm90) REQUIRE(fam == FC_FAMILY_SM90);
     /* The sm80-only dims run in the sm80 family under AUTO, and never unmasked on Hopper (there
      * AUTO declines them: PyTorch's cuDNN path is faster). */
@@ -584,8 +598,11 @@ static void check_struct(const fc_params *p, int device) {
     const int cc = kDeviceCC[(unsigned)device % 8u];
     const fc_status f = fc_sdpa_fwd(p, (cudaStream_t)0);
     REQUIRE(f == fc_sdpa_support(p, cc / 10, cc % 10));
+    /* A packed one-row GQA call launches with heads_kv query heads (fc_pack_decode_gqa). */
+    const int packs = fc_sdpa_family(p, cc / 10, cc % 10) == FC_FAMILY_SM90 && fc_decode_packs_for_sm90(p);
+    const int64_t launched_heads = packs ? p->heads_kv : p->heads_q;
     if (f != FC_OK) REQUIRE(g_launches == 0);
-    else if (p->batch <= 65535 && p->heads_q <= 65535) REQUIRE(g_launches == 1);
+    else if (p->batch <= 65535 && launched_heads <= 65535) REQUIRE(g_launches == 1);
     else REQUIRE(g_launches >= 2);
     REQUIRE(fc_last_cuda_error() == cudaSuccess);
 
@@ -638,9 +655,6 @@ static void check_contiguous(reader *r, fc_params *p) {
     if (s != FC_OK) REQUIRE(s == FC_ERR_STRIDE_ALIGNMENT || s == FC_ERR_OFFSET_OVERFLOW);
 }
 
-/* fc_decode_splits, fc_prefill_splits: c_src/dispatch.h (internal; this target is built from
- * c_src's sources). */
-#include "dispatch.h"
 
 /*
  * The split-KV heuristic's promises over a grid of shapes, once per run: the fuzzer rarely
@@ -770,11 +784,50 @@ static void check_d64_config(void) {
                     }
 }
 
+/*
+ * fc_pack_decode_gqa (the Hopper family's one-row GQA calls): every query head h = hk * group + j
+ * of batch b, its output row and its LSE entry keep their element offsets as row j of KV head hk
+ * in the packed call, and the packed call is an MHA call of `group` rows.
+ */
+static void check_decode_packing(void) {
+    static const int64_t kStrides[][3] = {{4096, 128, 128}, {4096, 1024, 8}, {12800, 3200, 64}, {640, 128, 256}};
+    for (int64_t group = 1; group <= 8; ++group)
+        for (int64_t heads_kv = 1; heads_kv <= 3; ++heads_kv)
+            for (size_t st = 0; st < sizeof kStrides / sizeof kStrides[0]; ++st) {
+                fc_params p;
+                fc_params_init(&p);
+                p.batch = 2, p.heads_kv = heads_kv, p.heads_q = heads_kv * group, p.seqlen_q = 1, p.seqlen_k = 77;
+                p.head_dim = 128, p.scale = 0.1f;
+                fc_params_set_contiguous_strides(&p);
+                p.q_stride_b = p.o_stride_b = kStrides[st][0] * heads_kv * group;
+                p.q_stride_h = p.o_stride_h = kStrides[st][1];
+                p.q_stride_s = p.o_stride_s = kStrides[st][2];
+                p.lse_stride_b = 3 * p.heads_q, p.lse_stride_h = 3, p.lse_stride_s = 1;
+                REQUIRE(fc_decode_packs_for_sm90(&p) == (group > 1));
+                fc_params packed = p;
+                fc_pack_decode_gqa(&packed);
+                REQUIRE(packed.heads_q == heads_kv && packed.heads_kv == heads_kv && packed.seqlen_q == group);
+                for (int64_t b = 0; b < p.batch; ++b)
+                    for (int64_t h = 0; h < p.heads_q; ++h) {
+                        const int64_t hk = h / group, j = h % group;
+                        REQUIRE(b * p.q_stride_b + h * p.q_stride_h ==
+                                b * packed.q_stride_b + hk * packed.q_stride_h + j * packed.q_stride_s);
+                        REQUIRE(b * p.o_stride_b + h * p.o_stride_h ==
+                                b * packed.o_stride_b + hk * packed.o_stride_h + j * packed.o_stride_s);
+                        REQUIRE(b * p.lse_stride_b + h * p.lse_stride_h ==
+                                b * packed.lse_stride_b + hk * packed.lse_stride_h + j * packed.lse_stride_s);
+                    }
+                p.causal = 1;
+                REQUIRE(!fc_decode_packs_for_sm90(&p));
+            }
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     check_split_heuristic();
     check_d64_config();
+    check_decode_packing();
     check_prefill_split_heuristic();
     return 0;
 }
