@@ -236,21 +236,26 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
 }
 
 /*
- * Decoding (one query row) against many (batch, KV head) pairs: the decode kernel's cp.async
- * ring reads K/V at ~2.9 TB/s on the H100, the Hopper family's TMA ring at ~3.05, about what
- * cuDNN reads. Under AUTO such calls go to the Hopper family when they have at least
- * FC_DECODE_SM90_MIN_PAIRS pairs (two waves of its CTAs, so no split is needed) and at least
+ * Decoding (one query row) against many (batch, KV head) pairs and long caches: the decode
+ * kernel's cp.async ring reads K/V at ~2.9 TB/s on the H100, the Hopper family's TMA ring at
+ * ~3.05, about what cuDNN reads. Under AUTO such calls go to the Hopper family when they have at
+ * least FC_DECODE_SM90_MIN_PAIRS pairs (64: half a wave of its CTAs, which it splits in two) and
  * FC_DECODE_SM90_MIN_KEY_ROWS key rows over all pairs (shorter calls are set by fixed costs,
- * where the decode kernel is ahead). A GQA group's query heads become the rows of one block
- * (fc_pack_decode_gqa), so each K/V byte is read once, as in the decode kernel. Measured at D=128
- * (H100, fp16, eager us with a cold L2, cuDNN / decode kernel / Hopper family, ninth session):
- *   B=8  Hkv=32 Sk=1k 60.2 / 61.9 / 63.3     B=8  Hkv=32 Sk=8k  362.9 / 380.0 / 367.7
- *   B=8  Hkv=32 Sk=32k 1392 / 1442 / 1404    B=32 Hkv=32 Sk=1k 190.7 / 199.3 / 195.1
- *   B=32 Hkv=32 Sk=8k  1412 / 1475 / 1398    B=1  Hkv=32 Sk=32k 193.5 / 197.8 / 208.2
+ * where the decode kernel is ahead, as it is with fewer pairs, which it splits finer). A GQA
+ * group's query heads become the rows of one block (fc_pack_decode_gqa), so each K/V byte is
+ * read once, as in the decode kernel. Measured at D=128, Hq=32 (H100, fp16, eager us with a cold
+ * L2, cuDNN / decode kernel / Hopper family; ninth session, two runs):
+ *   B=8  Hkv=32 Sk=8k   362.9 / 380.0 / 367.7    B=8  Hkv=32 Sk=32k  1392 / 1442 / 1402-1404
+ *   B=32 Hkv=32 Sk=8k   1405-1412 / 1475 / 1398  B=8  Hkv=8  Sk=32k  365.6 / 375.9 / 367.2
+ *   B=8  Hkv=8  Sk=128k 1398 / 1456 / 1390       B=32 Hkv=8  Sk=8k   362.0 / 367.5 / 366.0
+ * and the calls left to the decode kernel:
+ *   B=8  Hkv=32 Sk=1k   60.2 / 61.9 / 63.3       B=32 Hkv=32 Sk=1k   190.7 / 194.0-199.3 / 194.4
+ *   B=32 Hkv=8  Sk=1k   60.4 / 61.7 / 63.5       B=1  Hkv=32 Sk=32k  193.5 / 197.8 / 208.2
+ *   B=1  Hkv=32 Sk=128k 709 / 729 / 768          B=1  Hkv=8  Sk=128k 193.9 / 198.8 / 204.5
  * Only D=128, one query row, no causal mask (a causal row 0 sees one key) were measured.
  */
-#define FC_DECODE_SM90_MIN_PAIRS 256
-#define FC_DECODE_SM90_MIN_KEY_ROWS (1 << 20)
+#define FC_DECODE_SM90_MIN_PAIRS 64
+#define FC_DECODE_SM90_MIN_KEY_ROWS (1 << 21)
 
 int fc_decode_packs_for_sm90(const fc_params *p) { return p->seqlen_q == 1 && !p->causal && p->heads_q > p->heads_kv; }
 

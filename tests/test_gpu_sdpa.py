@@ -357,13 +357,15 @@ def test_decode_forced_split_count(ratio, sq, causal, splits, monkeypatch):
     torch.testing.assert_close(forced, chosen, atol=1e-3, rtol=0)  # one fp16 ulp at |x| ~ 1
 
 
-@pytest.mark.parametrize("b,hq,hkv,sk,layout", [(2, 6, 2, 1000, "bshd"), (1, 32, 4, 4097, "sliced"),
-                                                 (3, 8, 1, 17, "bhsd"), (2, 4, 4, 300, "bshd")])
+@pytest.mark.parametrize("b,hq,hkv,sk,layout", [(2, 6, 2, 1000, "sliced"), (1, 32, 4, 4097, "sliced"),
+                                                 (3, 8, 1, 17, "bhsd"), (2, 4, 4, 300, "sliced"),
+                                                 (8, 16, 8, 2049, "bhsd")])
 def test_sm90_decode_packs_gqa_rows(b, hq, hkv, sk, layout, monkeypatch):
     """One query row, no causal mask, in the Hopper family: the query heads of each KV head's
     group go as the rows of one block (fc_pack_decode_gqa rewrites sizes and strides, so K/V are
     read once per KV head). Output and LSE match the reference at odd lengths, group sizes 1-8
-    and strided layouts (bshd: the packed rows are H * D apart, not D)."""
+    and strided layouts (sliced: the packed rows are S * (D + 24) apart, not D), split or not
+    (B=8 Hkv=8: 64 blocks, a small grid, split across CTAs)."""
     if not HOPPER:
         pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
     q, k, v = make_inputs(b, hq, hkv, 1, sk, 128, torch.float16, layout)
@@ -377,15 +379,16 @@ def test_sm90_decode_packs_gqa_rows(b, hq, hkv, sk, layout, monkeypatch):
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
 
 
-@pytest.mark.parametrize("b,hq,hkv,sk", [(8, 32, 32, 4097), (32, 32, 8, 4100), (8, 32, 32, 1000)])
+@pytest.mark.parametrize("b,hq,hkv,sk", [(8, 32, 32, 8200), (32, 32, 8, 8200), (8, 32, 8, 32769), (8, 32, 32, 1000),
+                                         (1, 32, 8, 131072)])
 def test_decode_route_by_pairs(b, hq, hkv, sk):
-    """Under AUTO on Hopper, D=128 decoding over at least 256 (batch, KV head) pairs and 2^20 key
-    rows runs in the Hopper family (c_src/dispatch.c, sm90_reads_decode_faster), shorter calls in
+    """Under AUTO on Hopper, D=128 decoding over at least 64 (batch, KV head) pairs and 2^21 key
+    rows runs in the Hopper family (c_src/dispatch.c, sm90_reads_decode_faster), other calls in
     the decode kernel; both match the reference."""
     if not HOPPER:
         pytest.skip("the decode route to the sm90 family is for sm_90 only")
     q, k, v = make_inputs(b, hq, hkv, 1, sk, 128, torch.bfloat16, "bhsd")
-    want = "kernel sm90" if b * hkv * sk >= 1 << 20 else "kernel decode"
+    want = "kernel sm90" if b * hkv >= 64 and b * hkv * sk >= 1 << 21 else "kernel decode"
     assert flashcore.explain(q, k, v, enable_gqa=hq != hkv) == want
     poison_allocator((b, hq, 1, 128), torch.bfloat16)
     out = sdpa(q, k, v, enable_gqa=hq != hkv)
