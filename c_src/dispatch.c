@@ -434,8 +434,9 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
  *
  * Causal calls with more than FC_SM90_D64_SHORT_SEQLEN_Q query rows whose 64-row grid fills
  * more than one wave, with at least FC_SM90_D64_TINY_CAUSAL_KEY_TILES key tiles (the
- * causal-waves rule, ninth session): up to two waves, PAIR when the
- * longest block has at least FC_SM90_D64_PAIR_CAUSAL_KEY_TILES key tiles, or at least
+ * causal-waves rule, ninth session): up to two waves, PAIR within 1.25 waves (the blocks
+ * of the second wave are the shortest, the list running longest first), or when the longest
+ * block has at least FC_SM90_D64_PAIR_CAUSAL_KEY_TILES key tiles, or at least
  * FC_SM90_D64_PAIR_CAUSAL_KEY_TILES_SHORT_WAVE within one and a half waves, else TINY; up to
  * FC_SM90_D64_SHORT_CAUSAL_WAVES waves SHORT; LONG beyond. Three warpgroups' causal grids of
  * 192-row blocks balance badly over a few waves (how badly depends on how the query length
@@ -443,7 +444,12 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
  * are within a few percent, either way, and at 62 waves (the bench's 16k-token sweeps) three
  * win. CUDA graph us, cuDNN first, then three / two / one / pair warpgroups (H100, fp16, one
  * pass each, two runs; bench/NOTES.md, ninth session):
- *   B=1 H=4 3072 (192 blocks, 24 key tiles)    31.0: 22.6 / 30.5 / 25.4 / 23.1
+ *   B=1 H=6 1536 (144 blocks, 12 key tiles)    18.0: 14.3 / 17.2 / 15.6 / 11.5
+ *   B=1 H=3 3072 (144, 24)                      31.0: 22.6 / 30.6 / 25.5 / 18.0
+ *   B=1 H=5 2048 (160, 16)                      22.8: 17.5 / 22.0 / 19.1 / 15.7
+ *   B=1 H=6 2048 (192, 16)                      22.7: 17.7 / 21.9 / 18.7 / 18.9 (three split)
+ *   B=1 H=4 3072 (192, 24)                      31.0: 22.6 / 30.5 / 25.4 / 23.1
+ *   B=1 H=7 2048 (224, 16)                      22.6: 26.0 / 21.8 / 18.9 / 21.1
  *   B=1 H=3 4096 (192, 32)                      39.1: 27.6 / 39.1 / 32.0 / 24.2
  *   B=1 H=2 6144 (192, 48)                      58.0: 39.6 / 57.8 / 44.8 / 31.5
  *   B=1 H=1 12288 (192, 96)                    106.7: 73.5 / 113.0 / 87.2 / 60.2
@@ -482,7 +488,7 @@ int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t
     if (causal && seqlen_q > FC_SM90_D64_SHORT_SEQLEN_Q && tiny_tiles > sms &&
         key_tiles >= FC_SM90_D64_TINY_CAUSAL_KEY_TILES) {
         if (tiny_tiles <= 2 * sms) {
-            const int pair_pays = key_tiles >= FC_SM90_D64_PAIR_CAUSAL_KEY_TILES ||
+            const int pair_pays = 4 * tiny_tiles <= 5 * sms || key_tiles >= FC_SM90_D64_PAIR_CAUSAL_KEY_TILES ||
                                   (key_tiles >= FC_SM90_D64_PAIR_CAUSAL_KEY_TILES_SHORT_WAVE && 2 * tiny_tiles <= 3 * sms);
             return pair_pays ? FC_SM90_D64_PAIR : FC_SM90_D64_TINY;
         }

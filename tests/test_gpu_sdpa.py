@@ -497,11 +497,12 @@ def test_sm90_d64_configurations(causal, sq, sk, short, monkeypatch):
     check_close(out, q, k, v, causal, None, f"sm90 D=64 short={short}")
 
 
-@pytest.mark.parametrize("b,hq,hkv,s", [(1, 3, 1, 4097), (1, 5, 5, 2100), (1, 16, 4, 2049)])
+@pytest.mark.parametrize("b,hq,hkv,s", [(1, 3, 1, 4097), (1, 5, 5, 2100), (1, 7, 7, 2049), (1, 16, 4, 2049)])
 def test_sm90_d64_causal_waves(b, hq, hkv, s):
     """The automatic D=64 choice for causal grids past one wave of 64-row blocks
     (fc_sm90_d64_config's causal-waves rule): B=1 H=3 4097 takes the pair over 1.5 waves (one CTA
-    per block, 33 key tiles), H=5 2100 one warpgroup over two waves, H=16 2049 two warpgroups."""
+    per block, 33 key tiles), H=5 2100 the pair within 1.25 waves (17 key tiles), H=7 2049 one
+    warpgroup over 1.75 waves, H=16 2049 two warpgroups."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
     q, k, v = make_inputs(b, hq, hkv, s, s, 64, torch.float16, "bhsd")

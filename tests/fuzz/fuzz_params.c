@@ -760,7 +760,9 @@ static void check_d64_config(void) {
         {2, 32, 2048, 2048, 1, FC_SM90_D64_LONG},  {2, 32, 8192, 8192, 1, FC_SM90_D64_LONG},
         {4, 32, 4096, 4096, 1, FC_SM90_D64_LONG},  {1, 24, 3072, 3072, 1, FC_SM90_D64_LONG},
         {1, 4, 3072, 3072, 1, FC_SM90_D64_PAIR},   {1, 6, 3072, 3072, 1, FC_SM90_D64_SHORT},
-        {1, 12, 2048, 2048, 1, FC_SM90_D64_SHORT},
+        {1, 12, 2048, 2048, 1, FC_SM90_D64_SHORT}, {1, 5, 2048, 2048, 1, FC_SM90_D64_PAIR},
+        {1, 6, 1536, 1536, 1, FC_SM90_D64_PAIR},   {1, 7, 2048, 2048, 1, FC_SM90_D64_TINY},
+        {1, 3, 3072, 3072, 1, FC_SM90_D64_PAIR},   {1, 6, 2048, 2048, 1, FC_SM90_D64_TINY},
     };
     for (size_t i = 0; i < sizeof kMeasured / sizeof kMeasured[0]; ++i)
         REQUIRE(fc_sm90_d64_config(kMeasured[i].b, kMeasured[i].h, kMeasured[i].sq, kMeasured[i].sk,
