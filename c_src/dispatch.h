@@ -44,7 +44,8 @@ int fc_decode_splits(const fc_params *p, int sm_count);
 int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
 /* A GQA call of one query row without a causal mask, run in the Hopper family, goes as one block
  * of `group` rows per KV head (fc_pack_decode_gqa rewrites sizes and strides to that equivalent
- * call: K/V are then read once per KV head). See sm90_reads_decode_faster in dispatch.c. */
+ * call: K/V are then read once per KV head), unless a packed slice would pass the kernels' int
+ * offsets. See sm90_reads_decode_faster in dispatch.c. */
 int fc_decode_packs_for_sm90(const fc_params *p);
 void fc_pack_decode_gqa(fc_params *p);
 

@@ -4,11 +4,18 @@
 # with stub launchers). A finding (crash, ASan/UBSan report, violated property) fails the script
 # and leaves the input in build/fuzz/artifacts/.
 #
-#   bash ci/fuzz.sh                    # 60 s (FUZZ_SECONDS=n to change), every property
-#                                      # (FC_FUZZ_STRICT; all hold since 2026-11-26), after
-#                                      # running each open-bug reproducer (none now)
+#   bash ci/fuzz.sh                    # 400000 inputs from a fixed seed (about 60 s), every
+#                                      # property (FC_FUZZ_STRICT; all hold since 2026-11-26),
+#                                      # after running each open-bug reproducer (none now)
+#   FUZZ_SEED=0 FUZZ_SECONDS=600 bash ci/fuzz.sh   # explore: a random seed, for 10 minutes
 #   FUZZ_STRICT=0 bash ci/fuzz.sh      # only the properties checked before then
 #   build/fuzz/fuzz_params FILE        # replay one input
+#
+# Why a fixed seed by default: CI (ci/test.sh) should give the same answer for the same commit.
+# A random seed failed CI once on a bug a day older than the commit under test (an input found
+# after 416000 runs, 2026-11-26). Bugs are to be found by exploring with FUZZ_SEED=0 before
+# landing, and kept in make_seeds.py as reproducers. (libFuzzer is not bit-for-bit repeatable even
+# so: a few choices depend on timing; two runs of the same seed differ by a few corpus entries.)
 #
 # Needs clang with libFuzzer and the CUDA headers (cuda_runtime_api.h, from the CUDA toolkit
 # the build uses). Installs clang with apt-get if it is missing; skips, saying so, only if
@@ -16,10 +23,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-SECONDS_TO_RUN=${FUZZ_SECONDS:-60}
+SEED=${FUZZ_SEED:-20261126}
+if [ -n "${FUZZ_SECONDS:-}" ]; then
+  BUDGET=(-max_total_time="$FUZZ_SECONDS")
+  WHAT="${FUZZ_SECONDS} s"
+else
+  RUNS=${FUZZ_RUNS:-400000}
+  BUDGET=(-runs="$RUNS" -max_total_time=900)
+  WHAT="${RUNS} inputs"
+fi
+[ "$SEED" = 0 ] && WHAT="$WHAT, random seed" || WHAT="$WHAT, seed $SEED"
 STRICT=${FUZZ_STRICT:-1}
 OUT=build/fuzz
-echo "== fuzz: libFuzzer over fc_params_validate / fc_sdpa_support (${SECONDS_TO_RUN} s, strict=${STRICT})"
+echo "== fuzz: libFuzzer over fc_params_validate / fc_sdpa_support (${WHAT}, strict=${STRICT})"
 
 CC_FUZZ=${CC_FUZZ:-clang}
 have_libfuzzer() {
@@ -57,7 +73,10 @@ if [ -z "$CUDA_INC" ]; then
   exit 1
 fi
 
-mkdir -p "$OUT/corpus" "$OUT/artifacts"
+# A fixed seed starts from the seeds alone (an empty corpus), as on a fresh clone; a random
+# seed keeps growing the corpus of earlier exploring runs.
+if [ "$SEED" = 0 ]; then CORPUS="$OUT/corpus"; else CORPUS="$OUT/corpus-seed$SEED"; rm -rf "$CORPUS"; fi
+mkdir -p "$CORPUS" "$OUT/artifacts"
 # Every kernel of the default build in the dispatch table, both archs built: the launchers
 # themselves are the stubs in fuzz_params.c.
 "$CC_FUZZ" -std=c11 -g -O1 -fno-omit-frame-pointer \
@@ -98,8 +117,8 @@ if [ "$STRICT" = 1 ]; then
 fi
 
 # -max_len covers the raw mode (the whole struct) and the longest structured inputs.
-"$OUT/fuzz_params" "$OUT/corpus" "$OUT/seeds" \
-  -max_total_time="$SECONDS_TO_RUN" -max_len=512 -timeout=10 -rss_limit_mb=2048 \
+"$OUT/fuzz_params" "$CORPUS" "$OUT/seeds" \
+  -seed="$SEED" "${BUDGET[@]}" -max_len=512 -timeout=10 -rss_limit_mb=2048 \
   -artifact_prefix="$OUT/artifacts/" -print_final_stats=1 > "$OUT/fuzz.log" 2>&1 || {
   tail -n 40 "$OUT/fuzz.log"
   echo "fuzz: FINDING (input saved under $OUT/artifacts/, full log $OUT/fuzz.log)" >&2
@@ -107,4 +126,4 @@ fi
 }
 grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$OUT/fuzz.log" || true
 grep -E "DONE|INITED" "$OUT/fuzz.log" | tail -n 2
-echo "fuzz: no finding in ${SECONDS_TO_RUN} s"
+echo "fuzz: no finding (${WHAT})"

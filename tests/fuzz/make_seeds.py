@@ -130,6 +130,12 @@ FIXED_BUGS = {
     #    takes it, and its TMA tensor map cannot (strides must be below 2^40 bytes).
     "known_bug_E_tma_stride_2_40": structured(
         B=2, layouts=(0, layout(5, strides=(2**40, 300 * 64, 64, 1)), 0, 0), device=1),
+    # F: a one-row GQA call on an sm_90 device, packed for the Hopper family (fc_pack_decode_gqa)
+    #    with query heads 2^29 elements apart: the packed slice (8 rows) passes 2^31 elements.
+    #    Found by CI's fuzz run on 5ea693d (67044095 query heads 64 apart); such calls now run unpacked.
+    "known_bug_F_packed_decode_slice_past_int32": structured(
+        B=1, Hkv=1, group=8, Sq=1, Sk=300,
+        layouts=(layout(5, strides=(8 * 2**29, 2**29, 64, 1)), 0, 0, 0), family=2, device=1),
 }
 SEEDS.update({name.replace("known_bug_", "fixed_bug_"): data for name, data in FIXED_BUGS.items()})
 # One reproducer per bug still open (FC_FUZZ_STRICT=1 runs each and reports it); none now.
