@@ -488,18 +488,10 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
  */
 int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k, int causal, int64_t sms) {
     const int64_t heads = heads_q * batch;
-    const int64_t long_tiles = (seqlen_q + FC_SM90_D64_LONG_ROWS - 1) / FC_SM90_D64_LONG_ROWS * heads;
-    const int64_t short_tiles = (seqlen_q + FC_SM90_D64_SHORT_ROWS - 1) / FC_SM90_D64_SHORT_ROWS * heads;
     const int64_t tiny_tiles = (seqlen_q + FC_SM90_D64_TINY_ROWS - 1) / FC_SM90_D64_TINY_ROWS * heads;
-    const int64_t key_run = causal && seqlen_q < seqlen_k ? seqlen_q : seqlen_k;
-    const int64_t key_tiles = (key_run + FC_SM90_D64_KEY_TILE - 1) / FC_SM90_D64_KEY_TILE;
-    const int long_splits = fc_grid_is_small(long_tiles, sms);
-    const int long_partial_wave = !long_splits && long_tiles < sms && short_tiles <= sms;
-    const int tiny_splits =
-        fc_grid_is_small(tiny_tiles, sms) && key_tiles >= 2 * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY;
-    const int pair_fits = tiny_tiles <= sms && key_tiles <= FC_SM90_D64_PAIR_KEY_TILES && !tiny_splits;
-    const int short_family = seqlen_q <= FC_SM90_D64_SHORT_SEQLEN_Q ? causal || long_splits || long_partial_wave
-                                                                   : long_partial_wave || (long_splits && pair_fits);
+    const int64_t key_tiles =
+        (fc_longest_key_run(seqlen_q, seqlen_k, causal) + FC_SM90_D64_KEY_TILE - 1) / FC_SM90_D64_KEY_TILE;
+
     /* Long causal grids of more than one wave of 64-row blocks (the causal-waves rule above). */
     if (causal && seqlen_q > FC_SM90_D64_SHORT_SEQLEN_Q && tiny_tiles > sms &&
         key_tiles >= FC_SM90_D64_TINY_CAUSAL_KEY_TILES) {
@@ -510,6 +502,18 @@ int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t
         }
         return tiny_tiles <= FC_SM90_D64_SHORT_CAUSAL_WAVES * sms ? FC_SM90_D64_SHORT : FC_SM90_D64_LONG;
     }
+
+    /* Every other call: LONG unless it belongs to the SHORT family (short query sequences,
+     * grids that would split or fill part of a wave), which then picks PAIR, TINY or SHORT. */
+    const int64_t long_tiles = (seqlen_q + FC_SM90_D64_LONG_ROWS - 1) / FC_SM90_D64_LONG_ROWS * heads;
+    const int64_t short_tiles = (seqlen_q + FC_SM90_D64_SHORT_ROWS - 1) / FC_SM90_D64_SHORT_ROWS * heads;
+    const int long_splits = fc_grid_is_small(long_tiles, sms);
+    const int long_partial_wave = !long_splits && long_tiles < sms && short_tiles <= sms;
+    const int tiny_splits =
+        fc_grid_is_small(tiny_tiles, sms) && key_tiles >= 2 * FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY;
+    const int pair_fits = tiny_tiles <= sms && key_tiles <= FC_SM90_D64_PAIR_KEY_TILES && !tiny_splits;
+    const int short_family = seqlen_q <= FC_SM90_D64_SHORT_SEQLEN_Q ? causal || long_splits || long_partial_wave
+                                                                   : long_partial_wave || (long_splits && pair_fits);
     if (!short_family) return FC_SM90_D64_LONG;
     if (pair_fits) return FC_SM90_D64_PAIR;
     const int tiny_causal = causal && tiny_tiles <= 2 * sms && key_tiles >= FC_SM90_D64_TINY_CAUSAL_KEY_TILES;

@@ -67,6 +67,11 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
  * The Hopper family cuts such grids' keys (fc_prefill_splits) and gives D=64 its short
  * configuration for them (kernels/fwd_sm90.cuh, launch_fwd). */
 int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave);
+/* Keys the longest query block sees: causal (top-left aligned) rows see no key past their own
+ * index, so a causal call with fewer queries than keys reads only its first seqlen_q keys. */
+static inline int64_t fc_longest_key_run(int64_t seqlen_q, int64_t seqlen_k, int causal) {
+    return causal && seqlen_q < seqlen_k ? seqlen_q : seqlen_k;
+}
 /*
  * The Hopper family's configuration for a D=64 call (kernels/fwd_sm90.cuh, FwdConfig), on a
  * device of `sms` SMs: three consumer warpgroups on 192-row blocks (LONG), two on 128 (SHORT),

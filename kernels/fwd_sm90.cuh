@@ -1052,12 +1052,6 @@ inline cudaLaunchConfig_t launch_config(int64_t grid, int cluster_size, bool pdl
     return cfg;
 }
 
-// The longest run of keys a query block reads: with causal masking (top-left aligned) no key
-// past the last query row.
-inline int64_t longest_key_run(const fc_params &p, bool causal) {
-    return causal && p.seqlen_q < p.seqlen_k ? p.seqlen_q : p.seqlen_k;
-}
-
 // The (query block, head, batch) tiles of a call in configuration T.
 template <typename T>
 int64_t tile_count(const fc_params &p) {
@@ -1148,7 +1142,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
         }
         // Key tiles of the longest block (B=1 H=8 Sq=128 Sk=8192 D=64 causal: 1 key tile, not
         // 64; split 7.3 us, unsplit 3.7).
-        const int64_t key_len = longest_key_run(p, kCausal);
+        const int64_t key_len = fc_longest_key_run(p.seqlen_q, p.seqlen_k, kCausal);  // dispatch.h
         const int min_key_tiles = kShape == kTiny ? FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY : FC_PREFILL_MIN_KEY_TILES_PER_SPLIT;
         splits = fc_prefill_splits(tiles, (key_len + T::kBlockN - 1) / T::kBlockN, min_key_tiles, wave, kMaxKvSplits);
     }
