@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Static schedule of a kernel's main loop, read from the SASS control codes (no GPU needed).
+
+Every Volta-and-later SASS instruction carries, in its control bits, the number of cycles the
+warp waits before issuing its next instruction ("stall", 1 = the next cycle). The compiler
+sets it for fixed-latency dependencies and pipe throughputs (an FADD whose result the next
+instruction reads, back-to-back MUFU), and Nsight Compute reports those cycles as the "wait"
+stall reason. Summed over a loop body they are the fewest cycles one warp takes per iteration
+before any dynamic stall (barriers, memory, tensor-core queue), so two builds of a kernel can
+be compared on a CPU-only machine. What it cannot say: whether those cycles are on the
+critical path (in the Hopper family a consumer warpgroup's softmax overlaps the other's GEMMs).
+
+For each loop (a backward branch) that holds tensor-core instructions (HGMMA, HMMA), it prints
+the loop's instructions, static cycles, the opcodes that take most of them, and its basic
+blocks, so that rarely taken blocks (masking, the exact-exponent path) can be told apart.
+
+  python3 ci/sass_schedule.py kernels/fwd_sm90_hdim128_fp16.cu --kernel 'Lb0'   # compiles
+  python3 ci/sass_schedule.py build.cubin --kernel fwd_kernel --blocks
+  python3 ci/sass_schedule.py a.cubin --compare b.cubin --kernel 'Lb0'         # A/B totals
+
+Needs nvcc (for a .cu) and cuobjdump (CUDA toolkit; or $CUOBJDUMP). Control-bit layout: bits
+41-44 of each instruction's upper 64-bit word (Volta to Hopper).
+"""
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TENSOR_OPS = ("HGMMA", "HMMA")
+INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\* (0x[0-9a-f]+) \*/")
+UPPER = re.compile(r"^\s*/\* (0x[0-9a-f]+) \*/")
+FUNC = re.compile(r"Function : (\S+)")
+BRANCH_TARGET = re.compile(r"\bBRA\b.*?(0x[0-9a-f]+)")
+
+
+def find_tool(name, env):
+    path = os.environ.get(env) or shutil.which(name)
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if not path and home and os.path.exists(os.path.join(home, "bin", name)):
+            path = os.path.join(home, "bin", name)
+    if not path:
+        sys.exit(f"sass_schedule: {name} not found (set {env} or put the CUDA toolkit's bin on PATH)")
+    return path
+
+
+def compile_cu(source, workdir):
+    """One kernel file to a cubin with the project's flags (CMakeLists.txt)."""
+    arch = "90a" if "sm90" in os.path.basename(source) else os.environ.get("SASS_ARCH", "89")
+    cubin = os.path.join(workdir, os.path.basename(source) + ".cubin")
+    cmd = [find_tool("nvcc", "NVCC"), "-I", os.path.join(ROOT, "c_src"), "-I", os.path.join(ROOT, "kernels"),
+           "-O3", "--use_fast_math", "--expt-relaxed-constexpr", "-std=c++17",
+           f"-gencode=arch=compute_{arch},code=sm_{arch}", "-cubin", "-o", cubin, source]
+    subprocess.run(cmd, check=True)
+    return cubin
+
+
+def instructions(binary, kernel_pattern):
+    """{function: [(address, text, stall)]} for functions whose mangled name matches."""
+    text = subprocess.run([find_tool("cuobjdump", "CUOBJDUMP"), "-sass", binary], check=True,
+                          stdout=subprocess.PIPE, text=True).stdout.splitlines()
+    pattern = re.compile(kernel_pattern)
+    functions, current = {}, None
+    for i, line in enumerate(text):
+        m = FUNC.search(line)
+        if m:
+            current = m.group(1) if pattern.search(m.group(1)) else None
+            if current:
+                functions[current] = []
+            continue
+        m = INSTR.match(line)
+        if m and current and i + 1 < len(text):
+            upper = UPPER.match(text[i + 1])
+            stall = (int(upper.group(1), 16) >> 41) & 0xF if upper else 1
+            functions[current].append((int(m.group(1), 16), m.group(2), stall))
+    return functions
+
+
+def opcode(text):
+    words = text.split()
+    word = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+    return word.split(".")[0]
+
+
+def tensor_loops(body):
+    """(start, end) of every loop closed by a backward branch that holds a tensor-core op."""
+    loops = []
+    for address, text, _ in body:
+        m = BRANCH_TARGET.search(text)
+        if m and int(m.group(1), 16) <= address:
+            start = int(m.group(1), 16)
+            if any(start <= a <= address and opcode(t) in TENSOR_OPS for a, t, _ in body):
+                loops.append((start, address))
+    return sorted(set(loops), key=lambda r: r[1] - r[0])
+
+
+def summary(instrs):
+    cycles = sum(s for _, _, s in instrs)
+    by_op, count = collections.Counter(), collections.Counter()
+    for _, text, stall in instrs:
+        by_op[opcode(text)] += stall
+        count[opcode(text)] += 1
+    return cycles, by_op, count
+
+
+def blocks(instrs):
+    """Basic blocks: a block ends at a branch or before a branch target."""
+    targets = {int(m.group(1), 16) for _, t, _ in instrs for m in [BRANCH_TARGET.search(t)] if m}
+    out, cur = [], []
+    for ins in instrs:
+        if cur and ins[0] in targets:
+            out.append(cur)
+            cur = []
+        cur.append(ins)
+        if opcode(ins[1]) in ("BRA", "EXIT", "RET"):
+            out.append(cur)
+            cur = []
+    if cur:
+        out.append(cur)
+    return out
+
+
+def report(name, body, show_blocks, loops_to_show):
+    print(f"== {name}")
+    loops = tensor_loops(body)
+    if not loops:
+        print("   no loop with tensor-core instructions")
+        return []
+    totals = []
+    for start, end in loops[:loops_to_show]:
+        instrs = [x for x in body if start <= x[0] <= end]
+        cycles, by_op, count = summary(instrs)
+        tensor = sum(count[o] for o in TENSOR_OPS)
+        totals.append(cycles)
+        print(f"   loop {start:#07x}-{end:#07x}: {len(instrs)} instructions ({tensor} tensor), "
+              f"{cycles} static cycles, {cycles - len(instrs)} of them waits")
+        top = ", ".join(f"{op} {by_op[op]} ({count[op]})" for op, _ in by_op.most_common(10))
+        print(f"     cycles by opcode (instructions): {top}")
+        if show_blocks:
+            for block in blocks(instrs):
+                c, ops, _ = summary(block)
+                main_ops = ",".join(op for op, _ in ops.most_common(3))
+                print(f"       {block[0][0]:#07x} {len(block):4d} instr {c:5d} cycles  [{main_ops}]  "
+                      f"ends: {block[-1][1][:60]}")
+    return totals
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("binary", help="a .cubin / .so, or a kernels/*.cu file to compile")
+    ap.add_argument("--compare", help="a second binary or .cu: print both loops' totals side by side")
+    ap.add_argument("--kernel", default="fwd_kernel", help="regex on the mangled kernel name")
+    ap.add_argument("--blocks", action="store_true", help="list each loop's basic blocks")
+    ap.add_argument("--loops", type=int, default=1, help="how many loops per kernel, innermost first")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        results = []
+        for binary in [args.binary] + ([args.compare] if args.compare else []):
+            path = compile_cu(binary, tmp) if binary.endswith(".cu") else binary
+            print(f"# {binary}")
+            per_kernel = {}
+            for name, body in instructions(path, args.kernel).items():
+                per_kernel[name] = report(name, body, args.blocks, args.loops)
+            results.append(per_kernel)
+        if args.compare:
+            print("# static cycles of the innermost tensor loop: A -> B")
+            for name in results[0]:
+                a, b = results[0][name], results[1].get(name)
+                if a and b:
+                    print(f"   {name}: {a[0]} -> {b[0]} ({100.0 * (b[0] - a[0]) / a[0]:+.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
