@@ -17,6 +17,7 @@ blocks, so that rarely taken blocks (masking, the exact-exponent path) can be to
   python3 ci/sass_schedule.py kernels/fwd_sm90_hdim128_fp16.cu --kernel 'Lb0'   # compiles
   python3 ci/sass_schedule.py build.cubin --kernel fwd_kernel --blocks
   python3 ci/sass_schedule.py a.cubin --compare b.cubin --kernel 'Lb0'         # A/B totals
+  python3 ci/sass_schedule.py kernels/fwd_sm90_hdim64_fp16.cu --against main    # this tree vs main
 
 Needs nvcc (for a .cu) and cuobjdump (CUDA toolkit; or $CUOBJDUMP). Control-bit layout: bits
 41-44 of each instruction's upper 64-bit word (Volta to Hopper).
@@ -48,11 +49,12 @@ def find_tool(name, env):
     return path
 
 
-def compile_cu(source, workdir):
-    """One kernel file to a cubin with the project's flags (CMakeLists.txt)."""
+def compile_cu(source, workdir, root=ROOT, tag="this"):
+    """One kernel file (path relative to `root` or absolute) to a cubin with the project's flags."""
     arch = "90a" if "sm90" in os.path.basename(source) else os.environ.get("SASS_ARCH", "89")
-    cubin = os.path.join(workdir, os.path.basename(source) + ".cubin")
-    cmd = [find_tool("nvcc", "NVCC"), "-I", os.path.join(ROOT, "c_src"), "-I", os.path.join(ROOT, "kernels"),
+    source = source if os.path.isabs(source) else os.path.join(root, source)
+    cubin = os.path.join(workdir, f"{tag}_{os.path.basename(source)}.cubin")
+    cmd = [find_tool("nvcc", "NVCC"), "-I", os.path.join(root, "c_src"), "-I", os.path.join(root, "kernels"),
            "-O3", "--use_fast_math", "--expt-relaxed-constexpr", "-std=c++17",
            f"-gencode=arch=compute_{arch},code=sm_{arch}", "-cubin", "-o", cubin, source]
     subprocess.run(cmd, check=True)
@@ -153,20 +155,34 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary", help="a .cubin / .so, or a kernels/*.cu file to compile")
     ap.add_argument("--compare", help="a second binary or .cu: print both loops' totals side by side")
+    ap.add_argument("--against", metavar="REV", help="compare with the same .cu built from git revision REV")
     ap.add_argument("--kernel", default="fwd_kernel", help="regex on the mangled kernel name")
     ap.add_argument("--blocks", action="store_true", help="list each loop's basic blocks")
     ap.add_argument("--loops", type=int, default=1, help="how many loops per kernel, innermost first")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        builds = [(args.binary, ROOT, "this")]
+        if args.against:
+            if not args.binary.endswith(".cu"):
+                sys.exit("sass_schedule: --against needs a .cu file")
+            tree = os.path.join(tmp, "against")
+            os.makedirs(tree)
+            archive = subprocess.run(["git", "-C", ROOT, "archive", args.against, "c_src", "kernels"],
+                                     check=True, stdout=subprocess.PIPE).stdout
+            subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+            source = os.path.relpath(os.path.abspath(args.binary), ROOT)
+            builds = [(source, tree, args.against), (source, ROOT, "this tree")]
+        elif args.compare:
+            builds.append((args.compare, ROOT, "that"))
         results = []
-        for binary in [args.binary] + ([args.compare] if args.compare else []):
-            path = compile_cu(binary, tmp) if binary.endswith(".cu") else binary
-            print(f"# {binary}")
+        for binary, root, tag in builds:
+            path = compile_cu(binary, tmp, root, tag.replace(" ", "_")) if binary.endswith(".cu") else binary
+            print(f"# {binary} ({tag})")
             per_kernel = {}
             for name, body in instructions(path, args.kernel).items():
                 per_kernel[name] = report(name, body, args.blocks, args.loops)
             results.append(per_kernel)
-        if args.compare:
+        if len(results) == 2:
             print("# static cycles of the innermost tensor loop: A -> B")
             for name in results[0]:
                 a, b = results[0][name], results[1].get(name)
