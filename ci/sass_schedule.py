@@ -93,7 +93,9 @@ def tensor_loops(body):
     loops = []
     for address, text, _ in body:
         m = BRANCH_TARGET.search(text)
-        if m and int(m.group(1), 16) <= address:
+        # A loop's back edge is conditional; an unconditional backward branch is the way back
+        # from an out-of-line stub (a barrier's retry loop placed after the kernel's code).
+        if m and int(m.group(1), 16) <= address and text.startswith("@"):
             start = int(m.group(1), 16)
             if any(start <= a <= address and opcode(t) in TENSOR_OPS for a, t, _ in body):
                 loops.append((start, address))
@@ -126,33 +128,50 @@ def blocks(instrs):
     return out
 
 
-def shortest_path(instrs):
-    """The loop's cheapest way round: fewest instructions from its head to its back-edge branch,
-    taking forward branches inside the loop or falling through (a branch out of the loop, such
-    as a barrier's retry, is taken as not taken). Rare blocks (masking, the exact-exponent path)
-    are longer than what they replace, so this is the common path of a full, unmasked tile."""
-    bl = blocks(instrs)
+def _cheapest(bl, src, dst):
+    """Fewest (instructions, static cycles) from the start of block src to the end of block dst,
+    going forward: a branch to a later block of the loop, or falling through. (A branch out of
+    the loop, such as a barrier's retry, counts as not taken.)"""
     start = {b[0][0]: i for i, b in enumerate(bl)}
-    inf = float("inf")
-    best = [(inf, 0)] * len(bl)  # (instructions, static cycles) to reach block i's start
-    best[0] = (0, 0)
-    for i, b in enumerate(bl):
-        if best[i][0] == inf:
+    inf = (float("inf"), 0)
+    best = [inf] * len(bl)
+    best[src] = (0, 0)
+    for i in range(src, dst + 1):
+        if best[i] == inf:
             continue
+        b = bl[i]
         here = (best[i][0] + len(b), best[i][1] + sum(x[2] for x in b))
+        if i == dst:
+            return here
         last = b[-1][1]
         m = BRANCH_TARGET.search(last)
-        successors = []
-        if m and int(m.group(1), 16) in start and int(m.group(1), 16) > b[0][0]:
-            successors.append(start[int(m.group(1), 16)])
-        if not (m and not last.startswith("@")) and i + 1 < len(bl):  # falls through
-            successors.append(i + 1)
-        if i == len(bl) - 1:
-            return here
-        for j in successors:
-            if here < best[j]:
-                best[j] = here
+        if m and int(m.group(1), 16) in start and src < start[int(m.group(1), 16)] <= dst:
+            j = start[int(m.group(1), 16)]
+            best[j] = min(best[j], here)
+        if not (m and not last.startswith("@")) and i + 1 <= dst:  # falls through
+            best[i + 1] = min(best[i + 1], here)
     return None
+
+
+def common_path(instrs):
+    """One full, unmasked iteration: the fewest instructions round the loop through its main
+    exponentiation block (the block with the most MUFU, the fewer instructions on a tie; a
+    masked tile's blocks, the rare exact-exponent path and partial copies are not on it). Without
+    MUFU, just the fewest instructions round the loop."""
+    bl = blocks(instrs)
+    mufu = [sum(opcode(t) == "MUFU" for _, t, _ in b) for b in bl]
+    if max(mufu) == 0:
+        return _cheapest(bl, 0, len(bl) - 1)
+    through = min(range(len(bl)), key=lambda i: (-mufu[i], len(bl[i])))
+    to = _cheapest(bl, 0, through)
+    on = _cheapest(bl, through, len(bl) - 1) if through < len(bl) - 1 else None
+    if to is None or (through < len(bl) - 1 and on is None):
+        return None
+    if through == len(bl) - 1:
+        return to
+    b = bl[through]
+    own = (len(b), sum(x[2] for x in b))  # counted in both halves
+    return (to[0] + on[0] - own[0], to[1] + on[1] - own[1])
 
 
 def report(name, body, show_blocks, loops_to_show):
@@ -166,12 +185,12 @@ def report(name, body, show_blocks, loops_to_show):
         instrs = [x for x in body if start <= x[0] <= end]
         cycles, by_op, count = summary(instrs)
         tensor = sum(count[o] for o in TENSOR_OPS)
-        path = shortest_path(instrs)
+        path = common_path(instrs)
         totals.append(path)
         print(f"   loop {start:#07x}-{end:#07x}: {len(instrs)} instructions ({tensor} tensor), "
               f"{cycles} static cycles, {cycles - len(instrs)} of them waits")
         if path:
-            print(f"     common path (fewest instructions round the loop): {path[0]} instructions, "
+            print(f"     common path (a full tile, through the main MUFU block): {path[0]} instructions, "
                   f"{path[1]} static cycles")
         top = ", ".join(f"{op} {by_op[op]} ({count[op]})" for op, _ in by_op.most_common(10))
         print(f"     cycles by opcode (instructions): {top}")
