@@ -40,13 +40,18 @@ BRANCH_TARGET = re.compile(r"\bBRA\b.*?(0x[0-9a-f]+)")
 
 
 def find_tool(name, env):
-    path = os.environ.get(env) or shutil.which(name)
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if not path and home and os.path.exists(os.path.join(home, "bin", name)):
-            path = os.path.join(home, "bin", name)
-    if not path:
-        sys.exit(f"sass_schedule: {name} not found (set {env} or put the CUDA toolkit's bin on PATH)")
-    return path
+    """$env, PATH, the CUDA toolkit, then (cuobjdump) the copy Triton ships beside PyTorch."""
+    candidates = [os.environ.get(env), shutil.which(name)]
+    candidates += [os.path.join(home, "bin", name) for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if home]
+    try:
+        import triton  # a pip-installed CUDA toolkit may lack cuobjdump; Triton's wheel has one
+        candidates.append(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name))
+    except ImportError:
+        pass
+    for path in candidates:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    sys.exit(f"sass_schedule: {name} not found (set {env} or put the CUDA toolkit's bin on PATH)")
 
 
 def compile_cu(source, workdir, root=ROOT, tag="this"):
@@ -63,8 +68,15 @@ def compile_cu(source, workdir, root=ROOT, tag="this"):
 
 def instructions(binary, kernel_pattern):
     """{function: [(address, text, stall)]} for functions whose mangled name matches."""
-    text = subprocess.run([find_tool("cuobjdump", "CUOBJDUMP"), "-sass", binary], check=True,
-                          stdout=subprocess.PIPE, text=True).stdout.splitlines()
+    listing = subprocess.run([find_tool("cuobjdump", "CUOBJDUMP"), "-sass", binary], check=True,
+                             stdout=subprocess.PIPE, text=True).stdout
+    return parse_listing(listing, kernel_pattern)
+
+
+def parse_listing(listing, kernel_pattern):
+    """cuobjdump -sass text -> {function: [(address, text, stall)]}; each instruction line is
+    followed by the line with its upper 64 bits, whose bits 41-44 are the stall count."""
+    text = listing.splitlines()
     pattern = re.compile(kernel_pattern)
     functions, current = {}, None
     for i, line in enumerate(text):
