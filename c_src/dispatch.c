@@ -258,22 +258,15 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
 #define FC_DECODE_SM90_MIN_PAIRS 64
 #define FC_DECODE_SM90_MIN_KEY_ROWS (1 << 20)
 
-/* Does a slice of `rows` rows, `row_stride` elements apart and `row_len` long, end inside the
- * int offsets the kernels use within one slice (validation checks that for the call as given)? */
-static int slice_fits_int32(int64_t rows, int64_t row_stride, int64_t row_len) {
-    if (rows > INT32_MAX - 256) return 0; /* the kernels' row arithmetic needs headroom too */
-    if (rows <= 1 || row_stride == 0) return row_len <= INT32_MAX;
-    return rows - 1 <= (INT32_MAX - row_len) / row_stride;
-}
-
-/* Packing makes a group's query heads the rows of one slice, q_stride_h apart. A call whose
- * packed slice would pass 2^31 elements (huge head strides, or a group of millions of heads)
- * runs unpacked: the same result, each query head its own (b, h) slice. */
+/* Packing makes a group's query heads the rows of one slice, q_stride_h apart. The packed call
+ * must pass the same checks as any call (fc_params_validate: its slices must stay inside the
+ * kernels' int offsets, which huge head strides or millions of heads break) and suit the Hopper
+ * family's tensor maps; otherwise it runs unpacked, with the same result. */
 int fc_decode_packs_for_sm90(const fc_params *p) {
     if (p->seqlen_q != 1 || p->causal || p->heads_q <= p->heads_kv) return 0;
-    const int64_t group = p->heads_q / p->heads_kv;
-    return slice_fits_int32(group, p->q_stride_h, p->head_dim) && slice_fits_int32(group, p->o_stride_h, p->head_dim) &&
-           (p->lse == NULL || slice_fits_int32(group, p->lse_stride_h, 1));
+    fc_params packed = *p;
+    fc_pack_decode_gqa(&packed);
+    return fc_params_validate(&packed) == FC_OK && family_takes_layout(FC_FAMILY_SM90, &packed);
 }
 
 void fc_pack_decode_gqa(fc_params *p) {

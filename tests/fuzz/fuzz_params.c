@@ -791,6 +791,15 @@ static void check_d64_config(void) {
  * of batch b, its output row and its LSE entry keep their element offsets as row j of KV head hk
  * in the packed call, and the packed call is an MHA call of `group` rows.
  */
+/* Aligned, distinct, never dereferenced addresses (the launchers here are stubs). */
+static void set_fake_pointers(fc_params *p) {
+    p->q = (const void *)(uintptr_t)0x7f0000100000ull;
+    p->k = (const void *)(uintptr_t)0x7f0000200000ull;
+    p->v = (const void *)(uintptr_t)0x7f0000300000ull;
+    p->out = (void *)(uintptr_t)0x7f0000400000ull;
+    p->lse = (float *)(uintptr_t)0x7f0000500000ull;
+}
+
 static void check_decode_packing(void) {
     static const int64_t kStrides[][3] = {{4096, 128, 128}, {4096, 1024, 8}, {12800, 3200, 64}, {640, 128, 256}};
     for (int64_t group = 1; group <= 8; ++group)
@@ -801,6 +810,7 @@ static void check_decode_packing(void) {
                 p.batch = 2, p.heads_kv = heads_kv, p.heads_q = heads_kv * group, p.seqlen_q = 1, p.seqlen_k = 77;
                 p.head_dim = 128, p.scale = 0.1f;
                 fc_params_set_contiguous_strides(&p);
+                set_fake_pointers(&p);  /* packing checks the packed call as validation would */
                 p.q_stride_b = p.o_stride_b = kStrides[st][0] * heads_kv * group;
                 p.q_stride_h = p.o_stride_h = kStrides[st][1];
                 p.q_stride_s = p.o_stride_s = kStrides[st][2];
@@ -823,20 +833,24 @@ static void check_decode_packing(void) {
                 REQUIRE(!fc_decode_packs_for_sm90(&p));
             }
     /* A packed slice must end inside the kernels' int offsets: (group - 1) * head stride + D
-     * elements for q and out, (group - 1) * head stride + 1 for the LSE; one more runs unpacked. */
+     * elements for q and out, (group - 1) * head stride + 1 for the LSE. At the widest stride
+     * validation allows (q and out strides step 16 bytes) it packs; one step more runs unpacked,
+     * and the call as given stays valid. */
     for (int which = 0; which < 3; ++which) {
         fc_params p;
         fc_params_init(&p);
         p.batch = 1, p.heads_kv = 2, p.heads_q = 16, p.seqlen_q = 1, p.seqlen_k = 77, p.head_dim = 128, p.scale = 0.1f;
         fc_params_set_contiguous_strides(&p);
-        static float lse_buffer[1];
-        p.lse = lse_buffer, p.lse_stride_b = 16, p.lse_stride_h = 1, p.lse_stride_s = 1;
-        const int64_t row_len = which == 2 ? 1 : p.head_dim;
-        const int64_t widest = (INT32_MAX - row_len) / 7; /* group 8: rows 0..7 */
+        set_fake_pointers(&p);
+        p.lse_stride_b = 16, p.lse_stride_h = 1, p.lse_stride_s = 1;
+        const int64_t row_len = which == 2 ? 1 : p.head_dim, step = which == 2 ? 1 : 8;
+        const int64_t widest = (INT32_MAX - row_len) / 7 / step * step; /* group 8: rows 0..7 */
         int64_t *stride_h = which == 0 ? &p.q_stride_h : which == 1 ? &p.o_stride_h : &p.lse_stride_h;
         *stride_h = widest;
+        REQUIRE(fc_params_validate(&p) == FC_OK);
         REQUIRE(fc_decode_packs_for_sm90(&p));
-        *stride_h = widest + 1;
+        *stride_h = widest + step;
+        REQUIRE(fc_params_validate(&p) == FC_OK);
         REQUIRE(!fc_decode_packs_for_sm90(&p));
     }
 }
