@@ -327,10 +327,18 @@ __device__ __forceinline__ void cluster_sync_all() {
     ptx::barrier_cluster_wait(ptx::sem_acquire);
 }
 
-// Rows [rank * R, rank * R + R) of the block, R = ceil(kBlockM / splits): O = sum_j w_j O_j / L
-// and LSE = (M + log2 L) ln 2 with M = max_j m_j, w_j = 2^(m_j - M), L = sum_j w_j l_j (m in
-// base-2 units), accumulated one CTA at a time. A CTA whose key range was empty, or whose keys a row could not see, left
-// m = -inf, l = 0, O = 0 for it and gets weight 0.
+// Merging partial results of one query row (a split's CTAs, or a pair's two warpgroups): each part j
+// left an unnormalised O_j, its row maximum m_j and its sum l_j. With M = max_j m_j the merged row
+// is O = sum_j w_j O_j / L, L = sum_j w_j l_j, LSE = M + log2 L (base 2), and w_j is the weight
+// below. A part whose key range was empty, or whose keys the row could not see, left m_j = -inf,
+// l_j = 0, O_j = 0: it gets weight 0 (2^(m_j - M) would be NaN when every part is empty).
+// `scale` turns m into base-2 units (1 where m already is).
+__device__ __forceinline__ float partial_weight(float m, float m_max, float scale = 1.f) {
+    return m == -INFINITY ? 0.f : fast_exp2((m - m_max) * scale);
+}
+
+// Rows [rank * R, rank * R + R) of the block, R = ceil(kBlockM / splits), merged from every CTA's
+// partials (partial_weight; m in base-2 units), accumulated one CTA at a time.
 template <typename Elem, int kHeadDim, int kBlockM>
 __device__ __forceinline__ void finish_split_rows(uint32_t part_addr, int rank, int splits, int tid, int n_threads,
                                                   int m_block, int head, int batch, const fc_params &p) {
@@ -360,7 +368,7 @@ __device__ __forceinline__ void finish_split_rows(uint32_t part_addr, int rank, 
 #pragma unroll
         for (int j = 0; j < kMaxKvSplits; ++j) {
             if (j >= splits) break;
-            const float w = ml[j].x == -INFINITY ? 0.f : exp2f(ml[j].x - mx);
+            const float w = partial_weight(ml[j].x, mx);
             const float4 o = ld_cluster_f4(cluster_peer_addr(part_addr + (r * SP::kOPitch + col) * 4, j));
             sum += w * ml[j].y;
             acc[0] += w * o.x;
@@ -811,9 +819,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             for (int h = 0; h < 2; ++h) {
                 const float other_max = pair[(kAcc + h) * 128 + t], other_sum = pair[(kAcc + 2 + h) * 128 + t];
                 const float mx = fmaxf(row_max[h], other_max);
-                // A part that saw no key of this row has max -inf and sum 0: weight 0.
-                w_own[h] = row_max[h] == -INFINITY ? 0.f : fast_exp2((row_max[h] - mx) * scale_log2);
-                w_other[h] = other_max == -INFINITY ? 0.f : fast_exp2((other_max - mx) * scale_log2);
+                w_own[h] = partial_weight(row_max[h], mx, scale_log2);  // raw score units
+                w_other[h] = partial_weight(other_max, mx, scale_log2);
                 row_sum[h] = w_own[h] * row_sum[h] + w_other[h] * other_sum;
                 row_max[h] = mx;
                 inv_sum[h] = 1.f / row_sum[h];
@@ -859,13 +866,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if (!finalise[h]) continue;
-                // O = sum_j w_j O_j / L, LSE = (M + log2 L) ln 2 with M = max_j m_j, w_j = 2^(m_j - M),
-                // L = sum_j w_j l_j; a CTA whose range was empty, or whose keys this row could not
-                // see, left m = -inf, l = 0, O = 0 and gets weight 0.
+                // The merge of partial_weight's comment, m in base-2 units.
                 float mx = m_log2[h];
                 for (int j = 0; j < splits; ++j)
                     if (j != rank) mx = fmaxf(mx, slots_ml[j * rows_per_rank + local_row[h]].x);
-                const float w_own = m_log2[h] == -INFINITY ? 0.f : exp2f(m_log2[h] - mx);
+                const float w_own = partial_weight(m_log2[h], mx);
                 float total = w_own * row_sum[h];
 #pragma unroll
                 for (int d = 0; d < kDTiles; ++d) {
@@ -876,7 +881,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     if (j == rank) continue;
                     const int slot_row = j * rows_per_rank + local_row[h];
                     const float2 ml = slots_ml[slot_row];
-                    const float w = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
+                    const float w = partial_weight(ml.x, mx);
                     total += w * ml.y;
                     const float *src = slots_o + slot_row * SS::kOPitch + col_in_tile;
 #pragma unroll
