@@ -451,16 +451,25 @@ fwd_kernel(const fc_params p) {
             const bool ragged = n_start + kBlockN > seqlen_k;
             const bool crosses_diagonal = causal && n_start + kBlockN - 1 > m_start + warp_row0;
             if (ragged || crosses_diagonal) {
+                // Columns n_start + col_in_tile + c, c = j * 8 + (e & 1) a compile-time constant:
+                // row (a, h) keeps those with c < valid[a][h] (keys before seqlen_k and, causal,
+                // up to the row itself), one compare with an immediate per element.
+                int valid[kAtoms][2];
+#pragma unroll
+                for (int a = 0; a < kAtoms; ++a)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = m_start + warp_row0 + a * 16 + row_in_atom + h * 8;
+                        const int key_end = causal ? min(seqlen_k, row + 1) : seqlen_k;
+                        valid[a][h] = key_end - n_start - col_in_tile;
+                    }
 #pragma unroll
                 for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
                     for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const int col = n_start + j * 8 + col_in_tile + (e & 1);
-                            const int row = m_start + warp_row0 + a * 16 + row_in_atom + (e >> 1) * 8;
-                            if (col >= seqlen_k || (causal && col > row)) s[a][j][e] = -INFINITY;
-                        }
+                        for (int e = 0; e < 4; ++e)
+                            if (j * 8 + (e & 1) >= valid[a][e >> 1]) s[a][j][e] = -INFINITY;
             }
         }
 
