@@ -252,3 +252,17 @@ def test_missing_library_gives_clear_import_error(tmp_path):
 
 def test_version():
     assert isinstance(flashcore.__version__, str) and flashcore.__version__
+
+
+def test_build_record_lists_what_was_compiled():
+    # CMake writes flashcore/_build_config.py beside the libraries; the GPU tests skip the head
+    # dims and dtypes a trimmed build (FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES) left out.
+    from flashcore import _build_config as cfg
+    assert cfg.HEAD_DIMS and all(isinstance(d, int) for d in cfg.HEAD_DIMS)
+    assert set(cfg.DTYPES) <= {"fp16", "bf16"} and cfg.DTYPES
+    assert set(cfg.CUDA_ARCHS) <= {"89", "90a"} and cfg.CUDA_ARCHS
+    d, name = cfg.HEAD_DIMS[0], cfg.DTYPES[0]
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
+    assert flashcore._built_for(d, dtype)
+    assert not flashcore._built_for(48, dtype)           # no family has D=48
+    assert not flashcore._built_for(d, torch.float32)    # no kernel takes float32

@@ -81,6 +81,21 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
                                     scale=scale, enable_gqa=enable_gqa)
 
 
+
+def _built_for(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether this build compiled forward kernels for ``head_dim`` and ``dtype``.
+
+    FLASHCORE_HEAD_DIMS and FLASHCORE_DTYPES can trim a build (README, "Build options"); CMake
+    records what it kept in ``_build_config.py`` beside the libraries. The GPU tests use this to
+    skip the cases a trimmed build left out instead of failing on them. A build made before that
+    record existed counts as the full set."""
+    try:
+        from . import _build_config
+    except ImportError:
+        return True
+    name = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
+    return head_dim in _build_config.HEAD_DIMS and name in _build_config.DTYPES
+
 @torch.compiler.disable  # a diagnostic on real tensors: runs eagerly inside compiled code
 def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
             enable_gqa=False) -> str:
