@@ -81,7 +81,6 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
                                     scale=scale, enable_gqa=enable_gqa)
 
 
-
 def _built_for(head_dim: int, dtype: torch.dtype) -> bool:
     """Whether this build compiled forward kernels for ``head_dim`` and ``dtype``.
 
@@ -95,6 +94,7 @@ def _built_for(head_dim: int, dtype: torch.dtype) -> bool:
         return True
     name = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
     return head_dim in _build_config.HEAD_DIMS and name in _build_config.DTYPES
+
 
 @torch.compiler.disable  # a diagnostic on real tensors: runs eagerly inside compiled code
 def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
