@@ -161,16 +161,29 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     static constexpr int kSlotBytes = kPushMerge ? SplitSlots<kHeadDim, kBlockM>::max_bytes() : 0;
     // Q, then kStages K tiles, then kStages V tiles (every tile 1024-byte aligned: swizzle atom),
     // then the pair partial or the split slots.
-    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + kSlotBytes + 1024 /* alignment */;
+    static constexpr int kRingBytes = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + kSlotBytes;
+    static constexpr int kOStageOffset = (kRingBytes + 1023) / 1024 * 1024;  // swizzle atoms are 1024 bytes
+    static constexpr int kRingEnd = kOStageOffset + 1024 /* alignment */;
+    // The epilogue's staging for O (store_o_tma): one 64-row block of O per buffer, 128-byte
+    // swizzled panels as TMA reads them. One buffer per consumer warpgroup where they fit after
+    // the rings; else one that the warpgroups take in ring order (D=128 non-causal); else none
+    // (D=128 causal, D=256: their rings fill the 227 KB; kPair merges first, in its own region).
+    static constexpr int kOStageBytes = 64 * kHeadDim * 2;
+    static constexpr int kSmemLimit = 227 * 1024;
+    static constexpr int kOBufs = kKeySplit > 1                                                   ? 0
+                                  : kRingEnd + kConsumerWarpgroups * kOStageBytes <= kSmemLimit ? kConsumerWarpgroups
+                                  : kRingEnd + kOStageBytes <= kSmemLimit                       ? 1
+                                                                                                : 0;
+    static constexpr int kSmemBytes = kOBufs > 0 ? kRingEnd + kOBufs * kOStageBytes : kRingBytes + 1024;
     static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte panels)");
     static_assert(kStages % kKeySplit == 0, "a stage must hold the tiles of one key part only");
-    static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
+    static_assert(kSmemBytes <= kSmemLimit, "must fit Hopper's 227 KB per block");
     static_assert(128 * (C::kProducerRegs + kConsumerWarpgroups * C::kConsumerRegs) <= 65536,
                   "register budgets exceed the register file");
 };
 
 // Barriers live in static shared memory, apart from the tiles.
-template <int kStages>
+template <int kStages, int kOBufs>
 struct Barriers {
     uint64_t q_full;
     uint64_t q_empty;
@@ -179,6 +192,7 @@ struct Barriers {
     uint64_t k_empty[kStages];  // K and V are released separately: with the pipelined loop,
     uint64_t v_empty[kStages];  // K(n) is done long before V(n)
     uint64_t merge_full;        // kPushMerge: the peers' partials of this CTA's rows have landed
+    uint64_t o_free[kOBufs > 0 ? kOBufs : 1];  // an O staging buffer's last TMA store has read it
 
 };
 
@@ -231,8 +245,9 @@ __device__ __forceinline__ void set_coords(int32_t (&c)[4], const MapOrder &o, i
 }
 
 struct FwdMaps {
-    CUtensorMap q, k, v;
-    MapOrder q_order, k_order, v_order;
+    CUtensorMap q, k, v, o;  // o: 64-row boxes, for the TMA-store epilogue
+    MapOrder q_order, k_order, v_order, o_order;
+    int32_t o_tma;  // O goes out through `o` (store_o_tma); 0: 16-byte stores from registers
 };
 
 // The work list: one tile = (query block, head, batch). Tiles of one (batch, head) are
@@ -409,6 +424,14 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int lane) {
     w[3] = high ? a[3] : r1;
 }
 
+// Stores four 8x8 16-bit matrices from the mma accumulator layout (lane l holds row l / 4,
+// columns 2 (l % 4) and +1 of each): lanes 8i..8i+7 give the shared addresses of matrix i's rows.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t m0, uint32_t m1, uint32_t m2, uint32_t m3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(m0), "r"(m1),
+                 "r"(m2), "r"(m3)
+                 : "memory");
+}
+
 template <typename Elem, int kHeadDim, bool kCausal, int kShape>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kCausal, kShape>::kThreads, 1)
 fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
@@ -422,7 +445,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     constexpr bool kPingPong = kW > 1 && kKeySplit == 1;
 
     extern __shared__ unsigned char smem_raw[];
-    __shared__ Barriers<kStages> bars;
+    __shared__ Barriers<kStages, T::kOBufs> bars;
     // Swizzled tiles need 1024-byte alignment. Stepped from smem_raw (not rebuilt from an
     // integer), so the compiler still knows the pointers are shared memory and stores through
     // them (the split partials) are STS, not generic stores.
@@ -430,6 +453,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     unsigned char *smem_q = smem;
     unsigned char *smem_k = smem_q + T::kQBytes;
     unsigned char *smem_v = smem_k + kStages * T::kKVTileBytes;
+    unsigned char *smem_o = smem + T::kOStageOffset;  // kOBufs staging buffers of O
 
     const int seqlen_q = static_cast<int>(p.seqlen_q);
     const int seqlen_k = static_cast<int>(p.seqlen_k);
@@ -469,6 +493,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             ptx::mbarrier_init(&bars.k_empty[s], 4 * kW / kKeySplit);  // each tile has one reader per row group
             ptx::mbarrier_init(&bars.v_empty[s], 4 * kW / kKeySplit);
         }
+        for (int b = 0; b < T::kOBufs; ++b) ptx::mbarrier_init(&bars.o_free[b], 1);  // the issuing thread
         if (T::kPushMerge && cluster_size() > 1) {
             // One arrival (now) and the bytes the peers will push: (splits - 1) partials of this
             // CTA's rows. The arrival comes first, so no peer's bytes can find the phase open.
@@ -644,6 +669,22 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
     };
 
+    // The TMA-store epilogue (below): the thread that issued this warpgroup's last store of O
+    // lets the next user of the staging buffer in once the store has read it. It checks only
+    // after issuing its next S = Q K^T (by then the read is long done), so no thread of the
+    // epilogue waits on its own store. With one buffer the warpgroups take it in ring order,
+    // the order of their epilogues.
+    const int o_buf = T::kOBufs == 1 ? 0 : consumer;
+    bool o_store_pending = false;
+    auto retire_o_store = [&] {
+        if (o_store_pending) {
+            ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{});
+            ptx::mbarrier_arrive(&bars.o_free[o_buf]);
+            o_store_pending = false;
+        }
+        __syncwarp();
+    };
+
     int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
     int local = 0;
     for (int t = snake_tile(0, n_tiles, cluster_size()); t < n_tiles; t = snake_tile(++local, n_tiles, cluster_size())) {
@@ -761,6 +802,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 wait_turn();
                 issue_qk(slot0 + mine);
                 pass_turn(false);
+                if constexpr (T::kOBufs > 0) retire_o_store();  // the previous tile's store of O
                 wgmma_wait<0>();
                 fence_registers(s);
                 release(&bars.k_empty[(slot0 + mine) % kStages]);
@@ -940,6 +982,44 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                         lse_log2[h] * 0.6931471805599453f;
             }
         }
+        if constexpr (T::kOBufs > 0) {
+            if (maps.o_tma && cluster_size() == 1) {  // (split CTAs finish their rows below)
+                // Normalised O goes into this warpgroup's staging buffer with stmatrix, laid out
+                // as TMA reads it (64-column panels, 128-byte swizzle: 16-byte chunk c of row r at
+                // c ^ (r % 8), conflict-free for the 8 rows a matrix stores), then one thread
+                // stores the 64-row block with TMA, which clips the rows past Sq. The threads move
+                // on at once: no STG queue to drain before the next tile's GEMMs.
+                const int uses = T::kOBufs == 1 ? local * kW + consumer : local;  // earlier uses of the buffer
+                if (uses > 0) wait_barrier(&bars.o_free[o_buf], (uses - 1) & 1);
+                const uint32_t stage = smem_addr(smem_o) + o_buf * T::kOStageBytes;
+                const int matrix = lane / 8;  // lanes 8i..8i+7 address the rows of matrix i
+                const int stage_row = warp_in_wg * 16 + (matrix & 1) * 8 + (lane & 7);
+#pragma unroll
+                for (int d = 0; d < kDTiles; d += 2) {
+                    // Matrices: column tile d rows 0-7 and 8-15 of the warp, then tile d + 1.
+                    const int chunk = d + (matrix >> 1);
+                    const uint32_t addr = stage + (chunk / 8) * (64 * 128) + stage_row * 128 + (((chunk % 8) ^ (lane & 7)) * 16);
+                    stmatrix_x4(addr, pack2<Elem>(o_acc[d * 4 + 0] * inv_sum[0], o_acc[d * 4 + 1] * inv_sum[0]),
+                                pack2<Elem>(o_acc[d * 4 + 2] * inv_sum[1], o_acc[d * 4 + 3] * inv_sum[1]),
+                                pack2<Elem>(o_acc[d * 4 + 4] * inv_sum[0], o_acc[d * 4 + 5] * inv_sum[0]),
+                                pack2<Elem>(o_acc[d * 4 + 6] * inv_sum[1], o_acc[d * 4 + 7] * inv_sum[1]));
+                }
+                ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to TMA
+                asm volatile("bar.sync %0, 128;\n" ::"r"(kW + 3 + consumer) : "memory");
+                if (threadIdx.x % 128 == 0) {
+                    int32_t c[4];
+#pragma unroll
+                    for (int panel = 0; panel < T::kPanels; ++panel) {
+                        set_coords(c, maps.o_order, panel * 64, wg_row0, tile.head, tile.batch);
+                        ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &maps.o, c,
+                                                  smem_o + o_buf * T::kOStageBytes + panel * (64 * 128));
+                    }
+                    ptx::cp_async_bulk_commit_group();
+                    o_store_pending = true;
+                }
+                continue;
+            }
+        }
         // 16-byte stores: after quad_transpose each lane holds 8 consecutive columns of its row,
         // so a warp's store fills whole sectors (4-byte stores straight from the accumulator
         // layout filled half a sector each). fc_sdpa checked that out and its strides are
@@ -965,6 +1045,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             }
         }
     }
+    // The last store of O must have read the staging buffer before the CTA's shared memory goes
+    // (and, with one buffer, the other warpgroup's last epilogue may be waiting for it).
+    if constexpr (T::kOBufs > 0) retire_o_store();
 }
 
 // ------------------------------------------------------------------------- host side
@@ -1077,7 +1160,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     using T = FwdTraits<kHeadDim, kCausal, kShape>;
     const CUtensorMapDataType dtype =
         p.dtype == FC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    FwdMaps maps;
+    FwdMaps maps = {};
     cudaError_t err = make_tensor_map(&maps.q, &maps.q_order, p.q, dtype, p.seqlen_q, p.heads_q, p.batch, p.head_dim,
                                       p.q_stride_s, p.q_stride_h, p.q_stride_b, T::kBlockM);
     if (err == cudaSuccess)
@@ -1087,6 +1170,12 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
         err = make_tensor_map(&maps.v, &maps.v_order, p.v, dtype, p.seqlen_k, p.heads_kv, p.batch, p.head_dim,
                               p.v_stride_s, p.v_stride_h, p.v_stride_b, T::kBlockN);
     if (err != cudaSuccess) return err;
+    // O through TMA where the configuration has staging buffers (kOBufs) and O's map encodes;
+    // else, and with FLASHCORE_SM90_TMA_STORE=0 (A/B runs), 16-byte stores from registers.
+    const char *tma_store = getenv("FLASHCORE_SM90_TMA_STORE");
+    if (T::kOBufs > 0 && !(tma_store != nullptr && tma_store[0] == '0' && tma_store[1] == '\0'))
+        maps.o_tma = make_tensor_map(&maps.o, &maps.o_order, p.out, dtype, p.seqlen_q, p.heads_q, p.batch,
+                                     p.head_dim, p.o_stride_s, p.o_stride_h, p.o_stride_b, 64) == cudaSuccess;
 
     auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape>;
     // Per device, once: the shared-memory opt-in.

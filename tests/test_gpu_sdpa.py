@@ -514,6 +514,46 @@ def test_sm90_d64_causal_waves(b, hq, hkv, s):
     check_close(out, q, k, v, True, None, f"sm90 D=64 causal B={b} H={hq}/{hkv} S={s}")
 
 
+@pytest.mark.parametrize("short", ["auto", "0", "1", "2"])
+@pytest.mark.parametrize("case", [
+    (torch.float16, 64, False, 2, 4, 2, 1000, 777, "bhsd"),
+    (torch.bfloat16, 64, True, 1, 3, 1, 4097, 4097, "bshd"),
+    (torch.float16, 64, True, 3, 2, 4, 17, 300, "sliced"),
+    (torch.float16, 128, False, 2, 4, 2, 1000, 1000, "bshd"),
+    (torch.bfloat16, 128, False, 1, 2, 8, 127, 4097, "bhsd"),
+    (torch.float16, 128, True, 2, 4, 1, 1000, 1000, "bhsd"),
+    (torch.bfloat16, 256, False, 1, 2, 2, 300, 1000, "bshd"),
+], ids=lambda c: f"{'fp16' if c[0] == torch.float16 else 'bf16'}-d{c[1]}-{'causal' if c[2] else 'full'}"
+                 f"-b{c[3]}-hkv{c[4]}x{c[5]}-q{c[6]}-k{c[7]}-{c[8]}")
+def test_sm90_tma_store_epilogue(case, short, monkeypatch):
+    """The sm90 epilogue stores O through shared memory and TMA where the configuration has a
+    staging buffer (D=64, D=128 non-causal; kernels/fwd_sm90.cuh store_o_tma), else from
+    registers; FLASHCORE_SM90_TMA_STORE=0 forces the register stores. Both must match the
+    reference, write every row up to Sq and none past it (the map clips the last block), and
+    agree bit for bit: they round the same normalised values."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
+    dtype, D, causal, B, hkv, ratio, sq, sk, layout = case
+    if short != "auto" and D != 64:
+        pytest.skip("only D=64 has more than one configuration")
+    if not flashcore._built_for(D, dtype):
+        pytest.skip(f"this build has no D={D} {dtype} kernels")
+    q, k, v = make_inputs(B, hkv * ratio, hkv, sq, sk, D, dtype, layout)
+    gqa = ratio > 1
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
+    monkeypatch.setenv("FLASHCORE_KV_SPLITS", "1")  # split CTAs always store from registers
+    if short != "auto":
+        monkeypatch.setenv("FLASHCORE_SM90_SHORT", short)
+    outs = {}
+    for tma in ("1", "0"):
+        monkeypatch.setenv("FLASHCORE_SM90_TMA_STORE", tma)
+        poison_allocator((B, hkv * ratio, sq, D), dtype)
+        outs[tma] = sdpa(q, k, v, None, 0.0, causal, enable_gqa=gqa)
+        torch.cuda.synchronize()
+        check_close(outs[tma], q, k, v, causal, None, f"sm90 epilogue tma_store={tma}")
+    assert torch.equal(outs["1"], outs["0"]), "TMA-store and register-store epilogues differ"
+
+
 # --------------------------------------------------------------------------- fallbacks
 
 def _fallback_cases():
