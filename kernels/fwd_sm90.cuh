@@ -96,8 +96,10 @@ struct FwdConfig<64, kCausal, kShape> {
     static constexpr int kProducerRegs = kShape == kLong ? 32 : 24, kConsumerRegs = kShape == kLong ? 160 : 240;
 };
 // D=128: non-causal takes 176-key tiles (fewer, longer GEMMs per softmax); causal keeps 128 so
-// that diagonal tiles waste less work, and with them a third stage fits (225 KB): causal S=512
-// 0.885-0.894 -> 0.901-0.903x cuDNN, 1k-4k unchanged (three passes each, same run).
+// that diagonal tiles waste less work. Causal had a third stage (225 KB: S=512 0.885-0.894 ->
+// 0.901-0.903x cuDNN, 1k-4k unchanged); two stages leave room for the TMA-store epilogue's two
+// staging buffers, which won more (H100, fp16, two passes each, same run: causal 512 0.957 ->
+// 0.993-0.997, 1k 1.03 -> 1.07, 2k 1.08 -> 1.12, 4k 1.07-1.10 -> 1.13).
 // Also measured, with the ping-pong ring running on across tiles: non-causal with 128-key
 // tiles for key sequences <= 1024 (512 keys are 4 full tiles, not 3 with padding): S=512
 // 0.855-0.859 -> 0.859-0.861x, 1k unchanged; not worth a kernel instantiation. (Without that
@@ -105,7 +107,7 @@ struct FwdConfig<64, kCausal, kShape> {
 template <bool kCausal, int kShape>
 struct FwdConfig<128, kCausal, kShape> {
     static constexpr int kKeySplit = 1;
-    static constexpr int kConsumerWarpgroups = 2, kBlockN = kCausal ? 128 : 176, kStages = kCausal ? 3 : 2;
+    static constexpr int kConsumerWarpgroups = 2, kBlockN = kCausal ? 128 : 176, kStages = 2;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 // D=256: O alone takes 128 registers per consumer thread and a K or V row is 512 bytes, so
