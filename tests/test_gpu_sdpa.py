@@ -529,7 +529,7 @@ def test_sm90_d64_causal_waves(b, hq, hkv, s):
                  f"-b{c[3]}-hkv{c[4]}x{c[5]}-q{c[6]}-k{c[7]}-{c[8]}")
 def test_sm90_tma_store_epilogue(case, short, monkeypatch):
     """The sm90 epilogue stores O through shared memory and TMA where the configuration has a
-    staging buffer (D=64, D=128 non-causal; kernels/fwd_sm90.cuh store_o_tma), else from
+    staging buffer (all but the pair; kernels/fwd_sm90.cuh, FwdTraits::kOBufs), else from
     registers; FLASHCORE_SM90_TMA_STORE=0 forces the register stores. Both must match the
     reference, write every row up to Sq and none past it (the map clips the last block), and
     agree bit for bit: they round the same normalised values."""
