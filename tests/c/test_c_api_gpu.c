@@ -316,6 +316,11 @@ static int run_bwd_case(const test_case *tc) {
     CUDA_OK(cudaMemset(d_dq, 0xff, nq * 2));
     CUDA_OK(cudaMemset(d_dk, 0xff, nk * 2));
     CUDA_OK(cudaMemset(d_dv, 0xff, nk * 2));
+    /* NaN-poisoned: a row the forward leaves unwritten shows up in the gradients. (Also, the sm90
+     * forward writes O with TMA stores, which compute-sanitizer's initcheck does not count as
+     * initialising memory: without this it flags the backward's reads of O.) */
+    CUDA_OK(cudaMemset(d_o, 0xff, nq * 2));
+    CUDA_OK(cudaMemset(d_lse, 0xff, nr * sizeof(float)));
 
     fc_bwd_params b;
     fc_bwd_params_init(&b);
