@@ -24,9 +24,10 @@ done
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
 
-# The tree may arrive without .git (device copies): `git rev-parse HEAD > .git-sha` beforehand.
+# The device copy of a tree is not the sender's checkout (its .git, if any, may name another
+# commit): `git rev-parse HEAD > .git-sha` beforehand, and that file wins when present.
 if [ -z "${FLASHCORE_SHA:-}" ]; then
-  FLASHCORE_SHA=$(git rev-parse HEAD 2>/dev/null || cat .git-sha 2>/dev/null || echo unknown)
+  FLASHCORE_SHA=$(cat .git-sha 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 fi
 export FLASHCORE_SHA
 
