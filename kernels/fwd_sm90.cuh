@@ -43,7 +43,7 @@
 //     so that each lane holds 8 consecutive columns). Measured (H100, fp16, same runs, ratio to
 //     cuDNN): D=128 non-causal 512 0.906 -> 0.951, 1k 0.96 -> 0.99; D=64 non-causal 512 0.952
 //     -> 0.983; D=128 causal and D=256 gave up a K/V stage or 16 keys per tile for the staging
-//     and still gained 4% (FwdConfig).
+//     and still gained 4%, D=128 non-causal 3% more on 128-key tiles (FwdConfig).
 //   * Lazy rescaling at D=256 (kLazyRescale): O is rescaled only when a row's max grew by more
 //     than 2^8 since its exponent base was set.
 //
@@ -102,19 +102,20 @@ struct FwdConfig<64, kCausal, kShape> {
     static constexpr int kBlockN = 128, kStages = kShape == kPair ? 4 : 3;
     static constexpr int kProducerRegs = kShape == kLong ? 32 : 24, kConsumerRegs = kShape == kLong ? 160 : 240;
 };
-// D=128: non-causal takes 176-key tiles (fewer, longer GEMMs per softmax); causal keeps 128 so
-// that diagonal tiles waste less work. Causal had a third stage (225 KB: S=512 0.885-0.894 ->
-// 0.901-0.903x cuDNN, 1k-4k unchanged); two stages leave room for the TMA-store epilogue's two
-// staging buffers, which won more (H100, fp16, two passes each, same run: causal 512 0.957 ->
-// 0.993-0.997, 1k 1.03 -> 1.07, 2k 1.08 -> 1.12, 4k 1.07-1.10 -> 1.13).
-// Also measured, with the ping-pong ring running on across tiles: non-causal with 128-key
-// tiles for key sequences <= 1024 (512 keys are 4 full tiles, not 3 with padding): S=512
-// 0.855-0.859 -> 0.859-0.861x, 1k unchanged; not worth a kernel instantiation. (Without that
-// ring it had been 0.78-0.80 -> 0.84x: the ring took the same fill-and-drain time.)
+// D=128: 128-key tiles and two stages (160 KB), which leave room for two O staging buffers, one
+// per consumer warpgroup (the TMA-store epilogue). Measured on the H100 (fp16, two passes each,
+// same run, ratio to cuDNN):
+//   * non-causal had 176-key tiles (fewer, longer GEMMs per softmax) with one staging buffer
+//     taken in turn: 128 keys and two buffers gave 512 0.953 -> 0.983-0.987, 1k 0.994 -> 1.02-1.03,
+//     2k 1.00 -> 1.03, 16k +1.5%, 4k-8k within the spread. (Before the staging, 128-key tiles
+//     had been worth +0.5% at 512 only.)
+//   * causal had a third stage (225 KB: S=512 0.885-0.894 -> 0.901-0.903, 1k-4k unchanged); two
+//     stages with the staging won more: 512 0.957 -> 0.993-0.997, 1k 1.03 -> 1.07, 2k 1.08 ->
+//     1.12, 4k 1.07-1.10 -> 1.13.
 template <bool kCausal, int kShape>
 struct FwdConfig<128, kCausal, kShape> {
     static constexpr int kKeySplit = 1;
-    static constexpr int kConsumerWarpgroups = 2, kBlockN = kCausal ? 128 : 176, kStages = 2;
+    static constexpr int kConsumerWarpgroups = 2, kBlockN = 128, kStages = 2;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 // D=256: O alone takes 128 registers per consumer thread and a K or V row is 512 bytes, so
@@ -178,8 +179,8 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     static constexpr int kRingEnd = kOStageOffset + 1024 /* alignment */;
     // The epilogue's staging for O (the TMA-store epilogue in fwd_kernel): one 64-row block of O
     // per buffer, 128-byte swizzled panels as TMA reads them. One buffer per consumer warpgroup
-    // where they fit after the rings (D=64, D=128 causal); else one that the warpgroups take in
-    // ring order (D=128 non-causal, D=256); else none (kPair merges in its own region first).
+    // where they fit after the rings (D=64, D=128); else one that the warpgroups take in ring
+    // order (D=256); else none (kPair merges in its own region first).
     static constexpr int kOStageBytes = 64 * kHeadDim * 2;
     static constexpr int kSmemLimit = 227 * 1024;
     static constexpr int kOBufs = kKeySplit > 1                                                   ? 0
