@@ -173,7 +173,7 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     static constexpr bool kPushMerge = kHeadDim == 64 && kKeySplit == 1;
     static constexpr int kSlotBytes = kPushMerge ? SplitSlots<kHeadDim, kBlockM>::max_bytes() : 0;
     // Q, then kStages K tiles, then kStages V tiles (every tile 1024-byte aligned: swizzle atom),
-    // then the pair partial or the split slots.
+    // then the pair partial or the split slots, then the O staging buffers.
     static constexpr int kRingBytes = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + kSlotBytes;
     static constexpr int kOStageOffset = (kRingBytes + 1023) / 1024 * 1024;  // swizzle atoms are 1024 bytes
     static constexpr int kRingEnd = kOStageOffset + 1024 /* alignment */;
@@ -260,7 +260,7 @@ __device__ __forceinline__ void set_coords(int32_t (&c)[4], const MapOrder &o, i
 struct FwdMaps {
     CUtensorMap q, k, v, o;  // o: 64-row boxes, for the TMA-store epilogue
     MapOrder q_order, k_order, v_order, o_order;
-    int32_t o_tma;  // O goes out through `o` (store_o_tma); 0: 16-byte stores from registers
+    int32_t o_tma;  // O goes out through `o` (the TMA-store epilogue); 0: 16-byte stores from registers
 };
 
 // The work list: one tile = (query block, head, batch). Tiles of one (batch, head) are
