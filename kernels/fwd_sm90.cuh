@@ -187,7 +187,7 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
                                   : kRingEnd + kConsumerWarpgroups * kOStageBytes <= kSmemLimit ? kConsumerWarpgroups
                                   : kRingEnd + kOStageBytes <= kSmemLimit                       ? 1
                                                                                                 : 0;
-    static constexpr int kSmemBytes = kOBufs > 0 ? kRingEnd + kOBufs * kOStageBytes : kRingBytes + 1024;
+    static constexpr int kSmemBytes = kRingEnd + kOBufs * kOStageBytes;
     static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte panels)");
     static_assert(kStages % kKeySplit == 0, "a stage must hold the tiles of one key part only");
     static_assert(kSmemBytes <= kSmemLimit, "must fit Hopper's 227 KB per block");
