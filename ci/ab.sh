@@ -8,6 +8,8 @@
 #   ab_build.log and ab.txt. Default bench options: --impls cudnn,flashcore --no-bwd.
 #   AB_ENV_a, AB_ENV_b, ... add environment settings to one tree's passes (a tree may be given
 #   twice, e.g. AB_ENV_b="FLASHCORE_SM90_SHORT=1" for a run-time switch).
+#   AB_IMPL / AB_REF pick the compared impl and its reference (default flashcore against cudnn;
+#   e.g. AB_IMPL=flashcore-sm80 AB_REF=flash with --impls flash,flashcore-sm80).
 #   CMAKE_ARGS adds configure options (e.g. "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=fp16
 #   -DFLASHCORE_CUDA_ARCHS=90a" for a faster build when the bench rows need no more).
 # Make the trees with `git archive REV | tar -x -C DIR` (the device copies no .git).
@@ -39,4 +41,4 @@ for pass in $(seq 1 "${PASSES:-2}"); do
     files+=("$OUT/$name.json")
   done
 done
-"$PY" "${TREES[0]}/bench/compare.py" "${files[@]}" --impl flashcore | tee "$OUT/ab.txt"
+"$PY" "${TREES[0]}/bench/compare.py" "${files[@]}" --impl "${AB_IMPL:-flashcore}" ${AB_REF:+--ref "$AB_REF"} | tee "$OUT/ab.txt"
