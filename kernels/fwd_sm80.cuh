@@ -42,6 +42,8 @@
 
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 #include <type_traits>
 
 namespace flashcore {
@@ -51,12 +53,13 @@ namespace sm80 {
 // (two 16-row m-atoms) and every K/V fragment it loads from shared memory feeds two mma instead of
 // one (half the ldmatrix traffic per FLOP of 16 rows per warp, as FlashAttention-2). Q is re-read
 // from shared memory per k-step: registers hold O (D=64: 64, D=128: 128 fp32) and S (64 / 64).
-// Key tiles: D=64 64 keys (128 spilled: 144-1000 bytes). D=128 64 keys, FlashAttention-2's
-// 128x64 (not yet timed on a GPU): against the 128x32 tiles measured below, 20% fewer ldmatrix
-// per key (Q re-read per 64 keys, not 32) and half the O rescales and row-max shuffles. It fits
-// 255 registers only with FwdTraits::kLeanRegs and load_rows' one shared address per thread
-// (before them: 20-144 bytes of spill stores; FlashAttention-2 keeps 128x32 on sm8x). It takes 64 KB
-// of shared memory: one CTA per SM on sm_89 (100 KB per SM), where 128x32 (48 KB) ran two.
+// Key tiles: D=64 64 keys (128 spilled: 144-1000 bytes). D=128 64 keys on Hopper,
+// FlashAttention-2's 128x64 there: against 128x32 tiles, 20% fewer ldmatrix per key (Q re-read
+// per 64 keys, not 32) and half the O rescales and row-max shuffles; forced sm80 on the H100 it
+// measured 0.86-1.02 -> 0.95-1.13x flash (bench/NOTES.md, thirteenth session). It fits 255
+// registers only with FwdTraits::kLeanRegs and load_rows' one shared address per thread (before
+// them: 20-144 bytes of spill stores). Its 64 KB of shared memory would leave one CTA per SM on
+// sm_89 (100 KB per SM), so Ada keeps 128x32 (48 KB, two CTAs; FwdTraits' kNarrow).
 // Masked variants (a mask tile rides with K) keep one m-atom per warp, 64x64:
 // two atoms spilled 40-370 bytes there (the mask tile's addressing lives beside S and O).
 // ptxas (sm_90a / sm_89): D=64 213-219 registers, D=128 255, masked 156-255; no spills, no stack.
@@ -105,7 +108,12 @@ namespace sm80 {
 template <int kHeadDim, bool kCausal>
 constexpr bool kLazyRescale = kHeadDim == 128 && kCausal;
 
-template <int kHeadDim, bool kMasked = false>
+// kNarrow: the D=128 unmasked kernel on 128x32 tiles, as before the 128x64 ones (above), for
+// sm_89: its 64 KB of shared memory would leave one CTA per SM there (100 KB per SM), where the
+// 48 KB of 128x32 leave two, and FlashAttention-2 also keeps 128x32 on sm8x. Neither was timed
+// on an Ada card; launch_fwd takes the narrow tiles below compute capability 9, or anywhere with
+// FLASHCORE_SM80_D128_KEYS=32 (how the tests run them on Hopper).
+template <int kHeadDim, bool kMasked = false, bool kNarrow = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
     // 16-row m-atoms per warp: two (each K/V fragment feeds two mma), except masked variants and
@@ -117,7 +125,7 @@ struct FwdTraits {
     static constexpr int kBlockN = kHeadDim == 256             ? 32
                                    : kMasked                   ? 64
                                    : kHeadDim == 32            ? 128
-                                   : kHeadDim == 128           ? 64
+                                   : kHeadDim == 128           ? (kNarrow ? 32 : 64)
                                    : kHeadDim == 96            ? 32
                                                                : 64;  // D=64, D=80
     static constexpr int kThreads = 32 * kWarps;
@@ -134,7 +142,7 @@ struct FwdTraits {
     // modulo 4, and the K/V slice pointers read back from shared memory per tile (kv_slices in
     // fwd_kernel) instead of held. Each is needed: without the V walk, the Q/K walks or the
     // shared pointers, ptxas spilled 32-40 bytes (non-causal, sm_90a).
-    static constexpr bool kLeanRegs = kHeadDim == 128 && !kMasked;
+    static constexpr bool kLeanRegs = kHeadDim == 128 && !kMasked && !kNarrow;
     // Elements: Q tile + one K tile + one V tile (single-buffered: V(n) loads under S(n), K(n+1)
     // under softmax(n) and PV(n); see the main loop).
     static constexpr int kSmemElems = kBlockM * kPitch + 2 * kBlockN * kPitch;
@@ -295,12 +303,14 @@ __device__ __forceinline__ void load_tile(Elem *smem_tile, const Elem *gmem, int
 // offset off the tile's (both hoisted out of the main loop, its parts would hold registers
 // across it: 8-16 per tile load, spilled at D=128). Offsets of existing rows fit in 32 bits
 // (fc_params_validate); unsigned arithmetic, as rows past the end are computed but not read.
-// Same mapping of chunks to threads as load_tile. Other head dims: load_tile.
-template <typename Elem, int kRows, int kChunks, int kThreads, int kPitchChunks>
+// Same mapping of chunks to threads as load_tile. Only the kLeanRegs kernel (kOneAddress) copies
+// this way; the others call load_tile (with load_rows, D=64 measured 1-2% slower non-causal on
+// the H100, thirteenth session: a few more instructions per tile, no registers it needed).
+template <bool kOneAddress, typename Elem, int kRows, int kChunks, int kThreads, int kPitchChunks>
 __device__ __forceinline__ void load_rows(Elem *smem_tile, const Elem *slice, int row_start,
                                           int row_stride, int rows) {
     constexpr int kRowStep = kThreads / kChunks;
-    if constexpr (kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0) {
+    if constexpr (kOneAddress && kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0) {
         const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
         const uint32_t dst = smem_addr(smem_tile + swizzled<kPitchChunks>(row0, chunk));
         uint32_t off = static_cast<uint32_t>(row_start + row0) * static_cast<uint32_t>(row_stride) +
@@ -323,11 +333,11 @@ __device__ __forceinline__ void load_rows(Elem *smem_tile, const Elem *slice, in
 // kCausal: the causal variant without a mask. With a mask (kMask != kNoMask) the causal flag is
 // read at run time instead (one instantiation per mask kind: PyTorch never sends a mask with
 // is_causal, C callers may).
-template <typename Elem, int kHeadDim, bool kCausal, int kMask>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim, kMask != kNoMask>::kThreads,
-                                FwdTraits<kHeadDim, kMask != kNoMask>::kMinBlocksPerSm)
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kNarrow = false>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>::kThreads,
+                                FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>::kMinBlocksPerSm)
 fwd_kernel(const fc_params p) {
-    using T = FwdTraits<kHeadDim, kMask != kNoMask>;
+    using T = FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>;
     using M = MaskTile<kMask, T::kBlockM, T::kBlockN>;
     using MaskBits = typename std::conditional<kMask == kBoolMask, uint8_t, uint16_t>::type;
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kChunks = T::kChunks;
@@ -419,7 +429,7 @@ fwd_kernel(const fc_params p) {
     };
     // K tile n (and its mask tile) / V tile n into their single buffers; rows past Sk zero-filled.
     auto load_k = [&](const Elem *k_tiles, int n_start) {
-        load_rows<Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_k, k_tiles, n_start, k_stride,
+        load_rows<T::kLeanRegs, Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_k, k_tiles, n_start, k_stride,
                                                                      min(kBlockN, seqlen_k - n_start));
         if constexpr (kMask != kNoMask) {
             constexpr int kP = M::kPitch, kTh = T::kThreads;
@@ -439,7 +449,7 @@ fwd_kernel(const fc_params p) {
         }
     };
     auto load_v = [&](int n_start) {
-        load_rows<Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_v, v_slice(), n_start, v_stride,
+        load_rows<T::kLeanRegs, Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_v, v_slice(), n_start, v_stride,
                                                                      min(kBlockN, seqlen_k - n_start));
     };
 
@@ -711,17 +721,15 @@ fwd_kernel(const fc_params p) {
 }
 
 // Host side: configure shared memory once per (kernel, device), then launch on `stream`.
-template <typename Elem, int kHeadDim, bool kCausal, int kMask>
-cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
-    using T = FwdTraits<kHeadDim, kMask != kNoMask>;
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kNarrow = false>
+cudaError_t launch_fwd_tiles(const fc_params &p, cudaStream_t stream, int device) {
+    using T = FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>;
     constexpr int kSmemBytes = T::kSmemBytes + MaskTile<kMask, T::kBlockM, T::kBlockN>::kStageBytes;
     static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block (99 KB)");
-    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kMask>;
+    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kMask, kNarrow>;
     // The attribute is per device; remember which devices are done (bitmask, up to 64).
     static unsigned long long configured_devices = 0;
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
+    cudaError_t err = cudaSuccess;
     const unsigned long long bit = 1ull << (device & 63);
     if (kSmemBytes > 48 * 1024 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & bit)) {
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -732,6 +740,33 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
     kernel<<<grid, T::kThreads, kSmemBytes, stream>>>(p);
     return cudaGetLastError();
+}
+
+// The D=128 unmasked kernel's tiles for this device (FwdTraits' kNarrow): 128x32 below compute
+// capability 9 or with FLASHCORE_SM80_D128_KEYS=32, else 128x64 (=64 forces those anywhere).
+inline cudaError_t narrow_d128_tiles(int device, bool *narrow) {
+    const char *keys = getenv("FLASHCORE_SM80_D128_KEYS");
+    if (keys != nullptr && (strcmp(keys, "32") == 0 || strcmp(keys, "64") == 0)) {
+        *narrow = keys[0] == '3';
+        return cudaSuccess;
+    }
+    int major = 0;
+    const cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    *narrow = major < 9;
+    return err;
+}
+
+template <typename Elem, int kHeadDim, bool kCausal, int kMask>
+cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    if constexpr (kHeadDim == 128 && kMask == kNoMask) {
+        bool narrow = false;
+        if ((err = narrow_d128_tiles(device, &narrow)) != cudaSuccess) return err;
+        if (narrow) return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true>(p, stream, device);
+    }
+    return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask>(p, stream, device);
 }
 
 }  // namespace sm80
