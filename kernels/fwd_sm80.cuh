@@ -42,6 +42,8 @@
 
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 #include <type_traits>
 
 namespace flashcore {
@@ -50,18 +52,25 @@ namespace sm80 {
 // Tile shape per head dim. Unmasked: 4 warps, 128 query rows per CTA, so each warp owns 32 rows
 // (two 16-row m-atoms) and every K/V fragment it loads from shared memory feeds two mma instead of
 // one (half the ldmatrix traffic per FLOP of 16 rows per warp, as FlashAttention-2). Q is re-read
-// from shared memory per k-step: registers hold O (D=64: 64, D=128: 128 fp32) and S (64 / 32).
-// Key tiles: D=64 64 keys (128 spilled: 144-1000 bytes); D=128 32 keys (64 spilled 96-144 bytes on
-// sm_90a even with one address register per operand; FlashAttention-2 picks 128x32 on sm8x for
-// the same reason). Masked variants (a mask tile rides with K) keep one m-atom per warp, 64x64:
+// from shared memory per k-step: registers hold O (D=64: 64, D=128: 128 fp32) and S (64 / 64).
+// Key tiles: D=64 64 keys (128 spilled: 144-1000 bytes). D=128 64 keys on Hopper,
+// FlashAttention-2's 128x64 there: against 128x32 tiles, 20% fewer ldmatrix per key (Q re-read
+// per 64 keys, not 32) and half the O rescales and row-max shuffles; forced sm80 on the H100 it
+// measured 0.86-1.02 -> 0.95-1.13x flash (bench/NOTES.md, thirteenth session). It fits 255
+// registers only with FwdTraits::kLeanRegs and load_rows' one shared address per thread (before
+// them: 20-144 bytes of spill stores). Its 64 KB of shared memory would leave one CTA per SM on
+// sm_89 (100 KB per SM), so Ada keeps 128x32 (48 KB, two CTAs; FwdTraits' kNarrow).
+// Masked variants (a mask tile rides with K) keep one m-atom per warp, 64x64:
 // two atoms spilled 40-370 bytes there (the mask tile's addressing lives beside S and O).
-// ptxas (sm_90a / sm_89): D=64 229-246 registers, D=128 246-250, masked 184-253; no spills.
+// ptxas (sm_90a / sm_89): D=64 213-219 registers, D=128 255, masked 156-255; no spills, no stack.
 // Measured (H100 80GB HBM3, forced sm80, fp16, 16k-token sweeps; flash = PyTorch's FlashAttention-2
 // in the same run; bench/NOTES.md, 2026-11-26):
 //   * v1, 4 warps x 16 rows (BM=64, BN=64), Q in registers, 2-stage K/V ring: D=64 nc 4k 244 vs
 //     flash 308; D=128 nc 4k 265 vs 326; causal D=64 237 vs 284, D=128 252 vs 304.
-//   * v2 (this shape): D=64 nc 4k 297 vs 303, D=128 nc 4k 321 vs 349, causal D=64 251 vs 287,
-//     D=128 266 vs 312 (0.85-0.98x at 4k; 1.0x at D=64 nc 1k and D=128 nc 16k).
+//   * v2 (this shape; D=128 with 128x32 tiles): D=64 nc 4k 297 vs 303, D=128 nc 4k 321 vs 349,
+//     causal D=64 251 vs 287, D=128 266 vs 312 (0.85-0.98x at 4k; 1.0x at D=64 nc 1k and D=128
+//     nc 16k). A GPU profile of D=128 nc against flash (128x64): 20% more ldmatrix, twice the
+//     rescales and row-max shuffles, ~9% slower; hence the 64-key tiles above.
 // Measured and lost:
 //   * The scale folded into the exponent's FFMA (exp2(s * c - max * c), max over raw scores) with
 //     a per-row branch to the exact form for huge scores (the sm90 family's fix): with the fold
@@ -69,7 +78,8 @@ namespace sm80 {
 //     on every shape (D=128 nc 4k 277-279 vs 321, flash unchanged at 349-352). The per-row branch
 //     (4 per tile, splitting the softmax into separate blocks) is the suspect; not verified.
 //   * load_tile with one running source pointer per thread (fewer live registers): no gain.
-//   * D=128 with 64-key tiles: spills 56-144 bytes (255 registers) in the unmasked variants.
+//   * D=128 with 64-key tiles and the old addressing: spills 20-144 bytes (255 registers) in the
+//     unmasked variants; no gain measured. (Now without spills; see above.)
 //   * 8 warps / 128 query rows of 16 rows per warp for D=128 (one CTA of 8 warps per SM instead of
 //     two of 4): non-causal 4k 222 vs 263 TFLOP/s, causal 196 vs 248.
 //   * K and V in separate cp.async groups on the v1 2-stage ring: D=64 nc 4k 236 vs 248.
@@ -79,14 +89,15 @@ namespace sm80 {
 //     conflicts, no extra global traffic; the cost is shared memory (D=80/96 take D=128's tiles).
 //   * D=32: 128 x 128 (O is 32 fp32, so S can be 128 keys wide: half the barriers per key of a
 //     64-key tile, and 2 k-steps per tile is little work to hide them behind; FlashAttention-2's
-//     choice too). 243-255 registers, no spills.
-//   * D=80: 128 x 64 like D=64 (O 80 + S 64 fp32): 239-249 registers.
-//   * D=96: 128 x 32 like D=128 (O 96 + S 32): 213-232 registers. 128 x 64 also compiles without
-//     spills but at 255 registers on both archs (O 96 + S 64); the candidate to time first.
-//   * D=256: 64 x 32, one m-atom per warp (O alone is 128 fp32 per atom): 248-253 registers,
+//     choice too). 235-240 registers, no spills.
+//   * D=80: 128 x 64 like D=64 (O 80 + S 64 fp32): 239-246 registers.
+//   * D=96: 128 x 32 (O 96 + S 32): 215-229 registers. 128 x 64 also compiled without spills
+//     but at 255 registers on both archs (O 96 + S 64; before load_rows); the candidate to time
+//     first.
+//   * D=256: 64 x 32, one m-atom per warp (O alone is 128 fp32 per atom): 242-255 registers,
 //     64 KB of shared memory (one CTA per SM on sm_89). 64 x 64 (96 KB) also compiles without
 //     spills at 255 registers; on Hopper the sm90 family runs D=256 anyway unless forced.
-//   * Masked: 64 x 64 for D=32/80/96 (158-253 registers), 64 x 32 for D=256 (255 registers;
+//   * Masked: 64 x 64 for D=32/80/96 (156-251 registers), 64 x 32 for D=256 (255 registers;
 //     a 64-key tile would not fit 99 KB beside its mask tile).
 // Lazy rescaling of O (must_rebase, common/sm80_ptx.cuh) in fwd_kernel's online softmax: only
 // in the causal D=128 kernel, where it measured a gain. Forced sm80 on the H100 (fp16, 2 passes
@@ -97,7 +108,12 @@ namespace sm80 {
 template <int kHeadDim, bool kCausal>
 constexpr bool kLazyRescale = kHeadDim == 128 && kCausal;
 
-template <int kHeadDim, bool kMasked = false>
+// kNarrow: the D=128 unmasked kernel on 128x32 tiles, as before the 128x64 ones (above), for
+// sm_89: its 64 KB of shared memory would leave one CTA per SM there (100 KB per SM), where the
+// 48 KB of 128x32 leave two, and FlashAttention-2 also keeps 128x32 on sm8x. Neither was timed
+// on an Ada card; launch_fwd takes the narrow tiles below compute capability 9, or anywhere with
+// FLASHCORE_SM80_D128_KEYS=32 (how the tests run them on Hopper).
+template <int kHeadDim, bool kMasked = false, bool kNarrow = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
     // 16-row m-atoms per warp: two (each K/V fragment feeds two mma), except masked variants and
@@ -109,7 +125,7 @@ struct FwdTraits {
     static constexpr int kBlockN = kHeadDim == 256             ? 32
                                    : kMasked                   ? 64
                                    : kHeadDim == 32            ? 128
-                                   : kHeadDim == 128           ? 32
+                                   : kHeadDim == 128           ? (kNarrow ? 32 : 64)
                                    : kHeadDim == 96            ? 32
                                                                : 64;  // D=64, D=80
     static constexpr int kThreads = 32 * kWarps;
@@ -120,10 +136,19 @@ struct FwdTraits {
     static constexpr int kPitchChunks = (kChunks + 7) / 8 * 8;
     static constexpr int kPitch = kPitchChunks * 8;  // elements
     static constexpr int kMinBlocksPerSm = 2;
+    // D=128 unmasked (O 128 + S 64 fp32 of the 255 registers two CTAs per SM leave) keeps its
+    // addresses in as few registers as it can, for a few more instructions per tile: ldmatrix
+    // addresses walked along the k-steps (ChunkPairWalk) instead of one register per k-step
+    // modulo 4, and the K/V slice pointers read back from shared memory per tile (kv_slices in
+    // fwd_kernel) instead of held. Each is needed: without the V walk, the Q/K walks or the
+    // shared pointers, ptxas spilled 32-40 bytes (non-causal, sm_90a).
+    static constexpr bool kLeanRegs = kHeadDim == 128 && !kMasked && !kNarrow;
     // Elements: Q tile + one K tile + one V tile (single-buffered: V(n) loads under S(n), K(n+1)
     // under softmax(n) and PV(n); see the main loop).
     static constexpr int kSmemElems = kBlockM * kPitch + 2 * kBlockN * kPitch;
-    static constexpr int kSmemBytes = kSmemElems * 2;
+    // Bytes: the tiles, then (kLeanRegs) the K and V slice pointers; a mask tile follows the
+    // tiles instead (launch_fwd adds it; kLeanRegs variants have none).
+    static constexpr int kSmemBytes = kSmemElems * 2 + (kLeanRegs ? 2 * sizeof(void *) : 0);
     static_assert(kHeadDim % 16 == 0, "k-steps of 16 and V fragments in pairs of 8 columns");
     static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block (99 KB)");
 };
@@ -223,6 +248,31 @@ __device__ __forceinline__ uint32_t chunk_pair_addr(uint32_t base, int kk) {
     return (base ^ ((kk & 3) << 5)) + ((kk >> 2) << 7);
 }
 
+// The address of chunk pair kk for a loop over kk = 0, 1, ... (fully unrolled). kWalk = false:
+// chunk_pair_addr(base, kk), whose four (kk % 4) values ptxas computes once and keeps in four
+// registers for the whole kernel. kWalk = true: one register, stepped from pair kk to kk + 1
+// (one LOP3, and an add every fourth step) and set back to pair 0 by rewind() after the loop;
+// the empty asm there hides from the compiler that the round trip is the identity, which would
+// let it hoist the four values again. `at` is a compile-time constant after unrolling.
+template <bool kWalk>
+struct ChunkPairWalk {
+    uint32_t addr;  // kWalk: the address of chunk pair `at`; otherwise of pair 0
+    int at = 0;
+    __device__ __forceinline__ explicit ChunkPairWalk(uint32_t base) : addr(base) {}
+    __device__ __forceinline__ uint32_t operator()(int kk) {
+        if constexpr (!kWalk) return chunk_pair_addr(addr, kk);
+        for (; at < kk; ++at) addr = (addr ^ (at & 1 ? 96 : 32)) + ((at & 3) == 3 ? 128 : 0);
+        return addr;
+    }
+    __device__ __forceinline__ void rewind() {
+        if constexpr (kWalk) {
+            addr = (addr - ((at >> 2) << 7)) ^ ((at & 3) << 5);
+            at = 0;
+            asm volatile("" : "+r"(addr));
+        }
+    }
+};
+
 // Copy `rows` x D elements (rows <= kRows, D = 8 * kChunks) of a row-strided global tile into a
 // swizzled shared tile of kRows rows of kPitchChunks chunks; rows >= `rows` are zero-filled. All
 // threads of the CTA take part (with a ragged last round where the chunks do not split evenly:
@@ -244,14 +294,50 @@ __device__ __forceinline__ void load_tile(Elem *smem_tile, const Elem *gmem, int
     }
 }
 
+// load_tile for the forward's K and V tiles: rows [row_start, row_start + kRows) of `slice`
+// (row stride `row_stride`), of which the first `rows` exist (the rest are zero-filled). Where
+// the chunks split into whole rounds of a multiple of 8 rows (D=32/64/128: 32/16/8 rows per
+// round), a thread copies the same chunk of rows row0, row0 + kRowStep, ...: the same (row % 8)
+// swizzle every round, so one shared address plus immediates; and one global pointer, its
+// rounds kRowStep rows apart. The empty asm keeps the compiler from splitting the thread's
+// offset off the tile's (both hoisted out of the main loop, its parts would hold registers
+// across it: 8-16 per tile load, spilled at D=128). Offsets of existing rows fit in 32 bits
+// (fc_params_validate); unsigned arithmetic, as rows past the end are computed but not read.
+// Same mapping of chunks to threads as load_tile. Only the kLeanRegs kernel (kOneAddress) copies
+// this way; the others call load_tile (with load_rows, D=64 measured 1-2% slower non-causal on
+// the H100, thirteenth session: a few more instructions per tile, no registers it needed).
+template <bool kOneAddress, typename Elem, int kRows, int kChunks, int kThreads, int kPitchChunks>
+__device__ __forceinline__ void load_rows(Elem *smem_tile, const Elem *slice, int row_start,
+                                          int row_stride, int rows) {
+    constexpr int kRowStep = kThreads / kChunks;
+    if constexpr (kOneAddress && kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0) {
+        const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
+        const uint32_t dst = smem_addr(smem_tile + swizzled<kPitchChunks>(row0, chunk));
+        uint32_t off = static_cast<uint32_t>(row_start + row0) * static_cast<uint32_t>(row_stride) +
+                       static_cast<uint32_t>(chunk * 8);
+        asm volatile("" : "+r"(off));
+        const Elem *src = slice + static_cast<int>(off);
+        const int left = rows - row0;  // this thread's rows that exist: it * kRowStep < left
+#pragma unroll
+        for (int it = 0; it < kRows / kRowStep; ++it) {
+            const bool valid = it * kRowStep < left;
+            cp_async_16(dst + it * kRowStep * kPitchChunks * 16,
+                        valid ? src + it * kRowStep * row_stride : slice, valid);
+        }
+    } else {
+        load_tile<Elem, kRows, kChunks, kThreads, kPitchChunks>(smem_tile, slice + row_start * row_stride,
+                                                                row_stride, rows);
+    }
+}
+
 // kCausal: the causal variant without a mask. With a mask (kMask != kNoMask) the causal flag is
 // read at run time instead (one instantiation per mask kind: PyTorch never sends a mask with
 // is_causal, C callers may).
-template <typename Elem, int kHeadDim, bool kCausal, int kMask>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim, kMask != kNoMask>::kThreads,
-                                FwdTraits<kHeadDim, kMask != kNoMask>::kMinBlocksPerSm)
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kNarrow = false>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>::kThreads,
+                                FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>::kMinBlocksPerSm)
 fwd_kernel(const fc_params p) {
-    using T = FwdTraits<kHeadDim, kMask != kNoMask>;
+    using T = FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>;
     using M = MaskTile<kMask, T::kBlockM, T::kBlockN>;
     using MaskBits = typename std::conditional<kMask == kBoolMask, uint8_t, uint16_t>::type;
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kChunks = T::kChunks;
@@ -303,10 +389,11 @@ fwd_kernel(const fc_params p) {
         mask_chunk = mask_chunk_bytes(mask, p.mask_stride_q, p.mask_stride_k, seqlen_q, seqlen_k,
                                       M::kElemBytes);
     }
-    // Key tiles this query block needs: with causal masking, none past its last row.
+    // Keys this query block needs, [0, n_end): with causal masking, none past its last row. The
+    // loop runs over the tiles that start before n_end (the same tiles as counting them, one
+    // register fewer: seqlen_k is n_end when not causal).
     const int last_row = min(m_start + kBlockM, seqlen_q) - 1;
-    int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
-    if (causal) n_blocks = min(n_blocks, last_row / kBlockN + 1);
+    const int n_end = causal ? min(seqlen_k, last_row + 1) : seqlen_k;
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -318,17 +405,32 @@ fwd_kernel(const fc_params p) {
     // ldmatrix row addresses, chunk pair 0 (see chunk_pair_addr). Q (A operand) and V (B
     // operand, transposed): lanes 0-15 give rows 0-15 of the first chunk, 16-31 of the second.
     // K (B operand): lanes 0-7 / 16-23 give key rows 0-7 / 8-15 of the first chunk, 8-15 / 24-31
-    // of the second. m-atoms, key groups and V rows step by 16 rows: immediate offsets.
+    // of the second. m-atoms, key groups and V rows step by 16 rows: immediate offsets. kLeanRegs
+    // walks the chunk pairs from these (ChunkPairWalk); the others hold four per operand.
     constexpr int kRowBytes = kPitch * 2;
     const uint32_t q_base = smem_addr(smem_q + swizzled<kPitchChunks>(warp_row0 + (lane & 15), lane >> 4));
     const uint32_t k_base = smem_addr(smem_k + swizzled<kPitchChunks>((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1));
     const uint32_t v_base = smem_addr(smem_v + swizzled<kPitchChunks>(lane & 15, lane >> 4));
+    ChunkPairWalk<T::kLeanRegs> q_addr(q_base), k_addr(k_base), v_addr(v_base);
 
+    // The K and V slices for the loads in the main loop. kLeanRegs: read back from shared memory
+    // per tile (written here, first read after the loop's first barrier; a load cannot move
+    // across a barrier, so the pointers hold no registers in between). Others: held.
+    const Elem **kv_slices = reinterpret_cast<const Elem **>(smem_v + kBlockN * kPitch);
+    static_assert(!T::kLeanRegs || kMask == kNoMask, "kv_slices sits where a mask tile would");
+    if constexpr (T::kLeanRegs) {
+        if (threadIdx.x == 0) kv_slices[0] = k, kv_slices[1] = v;
+    }
+    auto k_slice = [&]() {
+        if constexpr (T::kLeanRegs) return kv_slices[0]; else return k;
+    };
+    auto v_slice = [&]() {
+        if constexpr (T::kLeanRegs) return kv_slices[1]; else return v;
+    };
     // K tile n (and its mask tile) / V tile n into their single buffers; rows past Sk zero-filled.
-    auto load_k = [&](int n_block) {
-        const int n_start = n_block * kBlockN;
-        load_tile<Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_k, k + n_start * k_stride, k_stride,
-                                                       min(kBlockN, seqlen_k - n_start));
+    auto load_k = [&](const Elem *k_tiles, int n_start) {
+        load_rows<T::kLeanRegs, Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_k, k_tiles, n_start, k_stride,
+                                                                     min(kBlockN, seqlen_k - n_start));
         if constexpr (kMask != kNoMask) {
             constexpr int kP = M::kPitch, kTh = T::kThreads;
             switch (mask_chunk) {  // the same for the whole CTA: no divergence
@@ -346,14 +448,13 @@ fwd_kernel(const fc_params p) {
             }
         }
     };
-    auto load_v = [&](int n_block) {
-        const int n_start = n_block * kBlockN;
-        load_tile<Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_v, v + n_start * v_stride, v_stride,
-                                                       min(kBlockN, seqlen_k - n_start));
+    auto load_v = [&](int n_start) {
+        load_rows<T::kLeanRegs, Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_v, v_slice(), n_start, v_stride,
+                                                                     min(kBlockN, seqlen_k - n_start));
     };
 
     load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_q, q, q_stride, seqlen_q - m_start);
-    load_k(0);
+    load_k(k, 0);
     cp_async_commit();
 
     float o_acc[kAtoms][kDTiles][4];
@@ -376,11 +477,10 @@ fwd_kernel(const fc_params p) {
     // Single-buffered K and V (FlashAttention-2's schedule): V(n) loads while S(n) = Q K(n) is
     // multiplied, K(n+1) while softmax(n) and P V(n) run. Two barriers per tile, each both a
     // "landed" and a "free" fence.
-    for (int n_block = 0; n_block < n_blocks; ++n_block) {
-        const int n_start = n_block * kBlockN;
+    for (int n_start = 0; n_start < n_end; n_start += kBlockN) {
         cp_async_wait<0>();
         __syncthreads();  // K(n) and mask(n) have landed; every warp is done reading V(n-1)
-        load_v(n_block);
+        load_v(n_start);
         cp_async_commit();
 
         // With causal masking, a warp whose last row is left of this tile's first key would
@@ -403,18 +503,20 @@ fwd_kernel(const fc_params p) {
                 uint32_t qf[kAtoms][4];
 #pragma unroll
                 for (int a = 0; a < kAtoms; ++a)
-                    ldmatrix_x4(qf[a], chunk_pair_addr(q_base, kk) + a * 16 * kRowBytes);
+                    ldmatrix_x4(qf[a], q_addr(kk) + a * 16 * kRowBytes);
 #pragma unroll
                 for (int np = 0; np < kNTiles / 2; ++np) {
                     // B fragments of K for n-tiles 2np, 2np+1: (keys 0-7 | 8-15) x (d 0-7 | 8-15).
                     uint32_t kf[4];
-                    ldmatrix_x4(kf, chunk_pair_addr(k_base, kk) + np * 16 * kRowBytes);
+                    ldmatrix_x4(kf, k_addr(kk) + np * 16 * kRowBytes);
 #pragma unroll
                     for (int a = 0; a < kAtoms; ++a) {
                         mma_16816_pair<Elem>(s[a][2 * np], s[a][2 * np + 1], qf[a], kf);
                     }
                 }
             }
+            q_addr.rewind();
+            k_addr.rewind();
 
             // ---- scale, then mask (after scaling: a negative scale must not turn -inf into
             //      +inf). The attn_mask comes first, so the causal/ragged -inf has the last word. ----
@@ -475,8 +577,8 @@ fwd_kernel(const fc_params p) {
 
         cp_async_wait<0>();
         __syncthreads();  // V(n) has landed; every warp is done reading K(n) and mask(n)
-        if (n_block + 1 < n_blocks) {
-            load_k(n_block + 1);
+        if (n_start + kBlockN < n_end) {
+            load_k(k_slice(), n_start + kBlockN);
             cp_async_commit();
         }
 
@@ -544,12 +646,13 @@ fwd_kernel(const fc_params p) {
                 for (int dp = 0; dp < kDTiles / 2; ++dp) {
                     // Transposed B fragments of V: (keys 0-7 | 8-15) x (d 0-7 | 8-15).
                     uint32_t vf[4];
-                    ldmatrix_x4_trans(vf, chunk_pair_addr(v_base, dp) + kk * 16 * kRowBytes);
+                    ldmatrix_x4_trans(vf, v_addr(dp) + kk * 16 * kRowBytes);
 #pragma unroll
                     for (int a = 0; a < kAtoms; ++a) {
                         mma_16816_pair<Elem>(o_acc[a][2 * dp], o_acc[a][2 * dp + 1], pf[a], vf);
                     }
                 }
+                v_addr.rewind();
             }
         }
     }
@@ -618,17 +721,15 @@ fwd_kernel(const fc_params p) {
 }
 
 // Host side: configure shared memory once per (kernel, device), then launch on `stream`.
-template <typename Elem, int kHeadDim, bool kCausal, int kMask>
-cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
-    using T = FwdTraits<kHeadDim, kMask != kNoMask>;
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kNarrow = false>
+cudaError_t launch_fwd_tiles(const fc_params &p, cudaStream_t stream, int device) {
+    using T = FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>;
     constexpr int kSmemBytes = T::kSmemBytes + MaskTile<kMask, T::kBlockM, T::kBlockN>::kStageBytes;
     static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block (99 KB)");
-    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kMask>;
+    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kMask, kNarrow>;
     // The attribute is per device; remember which devices are done (bitmask, up to 64).
     static unsigned long long configured_devices = 0;
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
+    cudaError_t err = cudaSuccess;
     const unsigned long long bit = 1ull << (device & 63);
     if (kSmemBytes > 48 * 1024 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & bit)) {
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -639,6 +740,33 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
     kernel<<<grid, T::kThreads, kSmemBytes, stream>>>(p);
     return cudaGetLastError();
+}
+
+// The D=128 unmasked kernel's tiles for this device (FwdTraits' kNarrow): 128x32 below compute
+// capability 9 or with FLASHCORE_SM80_D128_KEYS=32, else 128x64 (=64 forces those anywhere).
+inline cudaError_t narrow_d128_tiles(int device, bool *narrow) {
+    const char *keys = getenv("FLASHCORE_SM80_D128_KEYS");
+    if (keys != nullptr && (strcmp(keys, "32") == 0 || strcmp(keys, "64") == 0)) {
+        *narrow = keys[0] == '3';
+        return cudaSuccess;
+    }
+    int major = 0;
+    const cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    *narrow = major < 9;
+    return err;
+}
+
+template <typename Elem, int kHeadDim, bool kCausal, int kMask>
+cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    if constexpr (kHeadDim == 128 && kMask == kNoMask) {
+        bool narrow = false;
+        if ((err = narrow_d128_tiles(device, &narrow)) != cudaSuccess) return err;
+        if (narrow) return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true>(p, stream, device);
+    }
+    return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask>(p, stream, device);
 }
 
 }  // namespace sm80

@@ -309,6 +309,51 @@ def test_kernel_matches_reference(case, family):
     check_close(out, q, k, v, c.causal, c.scale, f"{c.id} [{family}] ({path})")
 
 
+def _launched_kernels(call):
+    """(name, grid) of every CUDA kernel launched during call(), from the profiler's trace."""
+    import json
+    import tempfile
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    kernels = [(e["name"], tuple(e["args"]["grid"])) for e in events if e.get("cat") == "kernel"]
+    if not kernels:
+        pytest.skip("the profiler recorded no CUDA kernels here (CUPTI unavailable?)")
+    return kernels
+
+
+@pytest.mark.parametrize("keys", ["32", "64"])
+@pytest.mark.parametrize("b,hq,hkv,sq,sk,causal,dtype", [
+    (2, 4, 4, 1000, 1000, True, torch.float16), (1, 8, 2, 127, 4097, False, torch.bfloat16),
+    (3, 6, 3, 200, 77, True, torch.bfloat16), (1, 2, 2, 4097, 4097, False, torch.float16),
+    (2, 4, 1, 17, 1, False, torch.float16)])
+def test_sm80_d128_tiles(b, hq, hkv, sq, sk, causal, dtype, keys, monkeypatch):
+    """The sm80 family's D=128 kernel has two tile shapes (kernels/fwd_sm80.cuh, FwdTraits'
+    kNarrow): 128x64 on Hopper, 128x32 below compute capability 9 (Ada);
+    FLASHCORE_SM80_D128_KEYS=32 / 64 picks one anywhere. Both match the reference at odd
+    lengths, Sq != Sk, GQA and causal, and the variable does pick the kernel (its template
+    argument in the launched kernel's name)."""
+    if not KERNEL_CARD:
+        pytest.skip("no FlashCore kernel on this card")
+    skip_unless_built(128, dtype)
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
+    monkeypatch.setenv("FLASHCORE_SM80_D128_KEYS", keys)
+    q, k, v = make_inputs(b, hq, hkv, sq, sk, 128, dtype, "bshd")
+    poison_allocator((b, hq, sq, 128), dtype)
+    out = {}
+    launched = _launched_kernels(lambda: out.update(o=sdpa(q, k, v, None, 0.0, causal, enable_gqa=hq != hkv)))
+    names = [n for n, _ in launched if "sm80::fwd_kernel" in n]
+    assert len(names) == 1, launched
+    narrow = ("true>(fc_params)", "(bool)1>(fc_params)")  # the last template argument, kNarrow
+    wide = ("false>(fc_params)", "(bool)0>(fc_params)")
+    assert names[0].replace(" ", "").endswith(narrow if keys == "32" else wide), names
+    check_close(out["o"], q, k, v, causal, None, f"sm80 D=128 {keys}-key tiles B={b} H={hq}/{hkv} {sq}x{sk}")
+
+
 def test_repeated_calls_are_deterministic(family):
     """Same inputs twice -> bit-identical outputs (a race or stale-state bug shows here)."""
     q, k, v = make_inputs(2, 8, 2, 1000, 1000, 128, torch.float16, "bhsd")
