@@ -52,24 +52,30 @@ namespace sm80 {
 // Tile shape per head dim. Unmasked: 4 warps, 128 query rows per CTA, so each warp owns 32 rows
 // (two 16-row m-atoms) and every K/V fragment it loads from shared memory feeds two mma instead of
 // one (half the ldmatrix traffic per FLOP of 16 rows per warp, as FlashAttention-2). Q is re-read
-// from shared memory per k-step: registers hold O (D=64: 64, D=128: 128 fp32) and S (64 / 64).
-// Key tiles: D=64 64 keys (128 spilled: 144-1000 bytes). D=128 64 keys on Hopper,
-// FlashAttention-2's 128x64 there: against 128x32 tiles, 20% fewer ldmatrix per key (Q re-read
-// per 64 keys, not 32) and half the O rescales and row-max shuffles; forced sm80 on the H100 it
-// measured 0.86-1.02 -> 0.95-1.13x flash (bench/NOTES.md, thirteenth session). It fits 255
-// registers only with FwdTraits::kLeanRegs and load_rows' one shared address per thread (before
-// them: 20-144 bytes of spill stores). Its 64 KB of shared memory would leave one CTA per SM on
-// sm_89 (100 KB per SM), so Ada keeps 128x32 (48 KB, two CTAs; FwdTraits' kNarrow).
-// Masked variants (a mask tile rides with K) keep one m-atom per warp, 64x64:
-// two atoms spilled 40-370 bytes there (the mask tile's addressing lives beside S and O).
-// ptxas (sm_90a / sm_89): D=64 213-219 registers, D=128 255, masked 156-255; no spills, no stack.
+// from shared memory per k-step: registers hold O (D=64: 64, D=128: 128 fp32) and S (128 / 64
+// on Hopper). Key tiles:
+//   * D=64: 128 keys on Hopper, FlashAttention-2's 128x128 (S 128 + O 64 fp32, the same 192
+//     accumulators as D=128's 128x64); not yet timed on a GPU. It fits 255 registers only with
+//     FwdTraits::kLeanRegs (without it: 12-148 bytes of spill stores; 144-1000 in an earlier
+//     attempt). Ada keeps 128x64 (FwdTraits' kNarrow).
+//   * D=128: 64 keys on Hopper, FlashAttention-2's 128x64 there: against 128x32 tiles, 20% fewer
+//     ldmatrix per key (Q re-read per 64 keys, not 32) and half the O rescales and row-max
+//     shuffles; forced sm80 on the H100 it measured 0.86-1.02 -> 0.95-1.13x flash
+//     (bench/NOTES.md, thirteenth session). It fits 255 registers only with FwdTraits::kLeanRegs
+//     and load_rows' one shared address per thread (before them: 20-144 bytes of spill stores).
+//     Its 64 KB of shared memory would leave one CTA per SM on sm_89 (100 KB per SM), so Ada
+//     keeps 128x32 (48 KB, two CTAs; FwdTraits' kNarrow).
+//   * Masked variants (a mask tile rides with K) keep one m-atom per warp, 64x64: two atoms
+//     spilled 40-370 bytes there (the mask tile's addressing lives beside S and O).
+// ptxas (sm_90a / sm_89): D=64 255 registers (128x64: 225-237), D=128 255 (128x32: 248-255),
+// masked 156-255; no spills, no stack.
 // Measured (H100 80GB HBM3, forced sm80, fp16, 16k-token sweeps; flash = PyTorch's FlashAttention-2
 // in the same run; bench/NOTES.md, 2026-11-26):
 //   * v1, 4 warps x 16 rows (BM=64, BN=64), Q in registers, 2-stage K/V ring: D=64 nc 4k 244 vs
 //     flash 308; D=128 nc 4k 265 vs 326; causal D=64 237 vs 284, D=128 252 vs 304.
-//   * v2 (this shape; D=128 with 128x32 tiles): D=64 nc 4k 297 vs 303, D=128 nc 4k 321 vs 349,
-//     causal D=64 251 vs 287, D=128 266 vs 312 (0.85-0.98x at 4k; 1.0x at D=64 nc 1k and D=128
-//     nc 16k). A GPU profile of D=128 nc against flash (128x64): 20% more ldmatrix, twice the
+//   * v2 (this shape; D=64 with 128x64, D=128 with 128x32 tiles): D=64 nc 4k 297 vs 303, D=128
+//     nc 4k 321 vs 349, causal D=64 251 vs 287, D=128 266 vs 312 (0.85-0.98x at 4k; 1.0x at
+//     D=64 nc 1k and D=128 nc 16k). A GPU profile of D=128 nc against flash (128x64): 20% more ldmatrix, twice the
 //     rescales and row-max shuffles, ~9% slower; hence the 64-key tiles above.
 // Measured and lost:
 //   * The scale folded into the exponent's FFMA (exp2(s * c - max * c), max over raw scores) with
@@ -108,11 +114,14 @@ namespace sm80 {
 template <int kHeadDim, bool kCausal>
 constexpr bool kLazyRescale = kHeadDim == 128 && kCausal;
 
-// kNarrow: the D=128 unmasked kernel on 128x32 tiles, as before the 128x64 ones (above), for
-// sm_89: its 64 KB of shared memory would leave one CTA per SM there (100 KB per SM), where the
-// 48 KB of 128x32 leave two, and FlashAttention-2 also keeps 128x32 on sm8x. Neither was timed
-// on an Ada card; launch_fwd takes the narrow tiles below compute capability 9, or anywhere with
-// FLASHCORE_SM80_D128_KEYS=32 (how the tests run them on Hopper).
+// kNarrow: the D=64 and D=128 unmasked kernels on their narrower key tiles, as before the wide
+// ones (above), for sm_89. D=128 128x32: 128x64's 64 KB of shared memory would leave one CTA per
+// SM there (100 KB per SM), where the 48 KB of 128x32 leave two, and FlashAttention-2 also keeps
+// 128x32 on sm8x. D=64 128x64: both shapes leave two CTAs per SM there (128x128: 48 KB);
+// Ada keeps the shape it had. Neither head dim's shapes were compared on an Ada card.
+// launch_fwd takes the narrow tiles below compute capability 9, or anywhere with
+// FLASHCORE_SM80_D64_KEYS=64 / FLASHCORE_SM80_D128_KEYS=32 (how the tests run them on Hopper);
+// =128 / =64 take the wide ones anywhere (narrow_tiles).
 template <int kHeadDim, bool kMasked = false, bool kNarrow = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
@@ -125,9 +134,10 @@ struct FwdTraits {
     static constexpr int kBlockN = kHeadDim == 256             ? 32
                                    : kMasked                   ? 64
                                    : kHeadDim == 32            ? 128
+                                   : kHeadDim == 64            ? (kNarrow ? 64 : 128)
                                    : kHeadDim == 128           ? (kNarrow ? 32 : 64)
                                    : kHeadDim == 96            ? 32
-                                                               : 64;  // D=64, D=80
+                                                               : 64;  // D=80
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of data per row
     // Shared-memory row pitch in chunks: rounded up to a multiple of 8 (128 bytes), so the
@@ -136,13 +146,18 @@ struct FwdTraits {
     static constexpr int kPitchChunks = (kChunks + 7) / 8 * 8;
     static constexpr int kPitch = kPitchChunks * 8;  // elements
     static constexpr int kMinBlocksPerSm = 2;
-    // D=128 unmasked (O 128 + S 64 fp32 of the 255 registers two CTAs per SM leave) keeps its
-    // addresses in as few registers as it can, for a few more instructions per tile: ldmatrix
-    // addresses walked along the k-steps (ChunkPairWalk) instead of one register per k-step
-    // modulo 4, and the K/V slice pointers read back from shared memory per tile (kv_slices in
-    // fwd_kernel) instead of held. Each is needed: without the V walk, the Q/K walks or the
-    // shared pointers, ptxas spilled 32-40 bytes (non-causal, sm_90a).
-    static constexpr bool kLeanRegs = kHeadDim == 128 && !kMasked && !kNarrow;
+    // The wide unmasked kernels, D=64 128x128 and D=128 128x64 (192 fp32 accumulators, O + S, of
+    // the 255 registers two CTAs per SM leave), keep their addresses in as few registers as they
+    // can, for a few more instructions per tile: V's ldmatrix addresses walked along the d-steps
+    // (ChunkPairWalk) instead of one register per step modulo 4, the K/V slice pointers read back
+    // from shared memory per tile (kv_slices in fwd_kernel) instead of held, and K/V tiles copied
+    // with one shared address per thread (load_rows). D=128 also walks Q's and K's addresses
+    // along its 8 k-steps (kWalkQK). Each is needed: without the V walk, the Q/K walks or the
+    // shared pointers, D=128 spilled 32-40 bytes (non-causal, sm_90a); without the V walk, the
+    // shared pointers or load_rows, D=64 spilled 32-144 bytes (non-causal), and with the Q/K
+    // walks as well 44-48 bytes (non-causal, sm_90a), so D=64 leaves them out.
+    static constexpr bool kLeanRegs = !kMasked && !kNarrow && (kHeadDim == 64 || kHeadDim == 128);
+    static constexpr bool kWalkQK = kLeanRegs && kHeadDim == 128;
     // Elements: Q tile + one K tile + one V tile (single-buffered: V(n) loads under S(n), K(n+1)
     // under softmax(n) and PV(n); see the main loop).
     static constexpr int kSmemElems = kBlockM * kPitch + 2 * kBlockN * kPitch;
@@ -303,9 +318,10 @@ __device__ __forceinline__ void load_tile(Elem *smem_tile, const Elem *gmem, int
 // offset off the tile's (both hoisted out of the main loop, its parts would hold registers
 // across it: 8-16 per tile load, spilled at D=128). Offsets of existing rows fit in 32 bits
 // (fc_params_validate); unsigned arithmetic, as rows past the end are computed but not read.
-// Same mapping of chunks to threads as load_tile. Only the kLeanRegs kernel (kOneAddress) copies
-// this way; the others call load_tile (with load_rows, D=64 measured 1-2% slower non-causal on
-// the H100, thirteenth session: a few more instructions per tile, no registers it needed).
+// Same mapping of chunks to threads as load_tile. Only the kLeanRegs kernels (kOneAddress) copy
+// this way; the others call load_tile (with load_rows, D=64 on 128x64 tiles measured 1-2% slower
+// non-causal on the H100, thirteenth session: a few more instructions per tile, no registers it
+// needed).
 template <bool kOneAddress, typename Elem, int kRows, int kChunks, int kThreads, int kPitchChunks>
 __device__ __forceinline__ void load_rows(Elem *smem_tile, const Elem *slice, int row_start,
                                           int row_stride, int rows) {
@@ -406,12 +422,14 @@ fwd_kernel(const fc_params p) {
     // operand, transposed): lanes 0-15 give rows 0-15 of the first chunk, 16-31 of the second.
     // K (B operand): lanes 0-7 / 16-23 give key rows 0-7 / 8-15 of the first chunk, 8-15 / 24-31
     // of the second. m-atoms, key groups and V rows step by 16 rows: immediate offsets. kLeanRegs
-    // walks the chunk pairs from these (ChunkPairWalk); the others hold four per operand.
+    // walks V's chunk pairs from these (ChunkPairWalk), kWalkQK Q's and K's too; the others hold
+    // four per operand.
     constexpr int kRowBytes = kPitch * 2;
     const uint32_t q_base = smem_addr(smem_q + swizzled<kPitchChunks>(warp_row0 + (lane & 15), lane >> 4));
     const uint32_t k_base = smem_addr(smem_k + swizzled<kPitchChunks>((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1));
     const uint32_t v_base = smem_addr(smem_v + swizzled<kPitchChunks>(lane & 15, lane >> 4));
-    ChunkPairWalk<T::kLeanRegs> q_addr(q_base), k_addr(k_base), v_addr(v_base);
+    ChunkPairWalk<T::kWalkQK> q_addr(q_base), k_addr(k_base);
+    ChunkPairWalk<T::kLeanRegs> v_addr(v_base);
 
     // The K and V slices for the loads in the main loop. kLeanRegs: read back from shared memory
     // per tile (written here, first read after the loop's first barrier; a load cannot move
@@ -742,12 +760,21 @@ cudaError_t launch_fwd_tiles(const fc_params &p, cudaStream_t stream, int device
     return cudaGetLastError();
 }
 
-// The D=128 unmasked kernel's tiles for this device (FwdTraits' kNarrow): 128x32 below compute
-// capability 9 or with FLASHCORE_SM80_D128_KEYS=32, else 128x64 (=64 forces those anywhere).
-inline cudaError_t narrow_d128_tiles(int device, bool *narrow) {
-    const char *keys = getenv("FLASHCORE_SM80_D128_KEYS");
-    if (keys != nullptr && (strcmp(keys, "32") == 0 || strcmp(keys, "64") == 0)) {
-        *narrow = keys[0] == '3';
+// Whether the D=64 / D=128 unmasked kernel runs on its narrow tiles on this device (FwdTraits'
+// kNarrow): below compute capability 9, or anywhere with FLASHCORE_SM80_D64_KEYS=64 /
+// FLASHCORE_SM80_D128_KEYS=32; =128 / =64 take the wide tiles (128x128 / 128x64) anywhere. Other
+// values are ignored.
+template <int kHeadDim>
+inline cudaError_t narrow_tiles(int device, bool *narrow) {
+    static_assert(kHeadDim == 64 || kHeadDim == 128, "only D=64 and D=128 have two tile shapes");
+    constexpr bool kD64 = kHeadDim == 64;
+    static_assert(FwdTraits<kHeadDim, false, true>::kBlockN == (kD64 ? 64 : 32) &&
+                      FwdTraits<kHeadDim, false, false>::kBlockN == (kD64 ? 128 : 64),
+                  "the key counts the variables name");
+    const char *keys = getenv(kD64 ? "FLASHCORE_SM80_D64_KEYS" : "FLASHCORE_SM80_D128_KEYS");
+    const char *narrow_keys = kD64 ? "64" : "32", *wide_keys = kD64 ? "128" : "64";
+    if (keys != nullptr && (strcmp(keys, narrow_keys) == 0 || strcmp(keys, wide_keys) == 0)) {
+        *narrow = strcmp(keys, narrow_keys) == 0;
         return cudaSuccess;
     }
     int major = 0;
@@ -761,9 +788,9 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    if constexpr (kHeadDim == 128 && kMask == kNoMask) {
+    if constexpr ((kHeadDim == 64 || kHeadDim == 128) && kMask == kNoMask) {
         bool narrow = false;
-        if ((err = narrow_d128_tiles(device, &narrow)) != cudaSuccess) return err;
+        if ((err = narrow_tiles<kHeadDim>(device, &narrow)) != cudaSuccess) return err;
         if (narrow) return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true>(p, stream, device);
     }
     return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask>(p, stream, device);

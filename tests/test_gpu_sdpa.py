@@ -326,32 +326,36 @@ def _launched_kernels(call):
     return kernels
 
 
-@pytest.mark.parametrize("keys", ["32", "64"])
+# (head dim, key count, whether that count is the narrow tile): each dim's two tile shapes.
+SM80_TILE_SHAPES = [(64, "64", True), (64, "128", False), (128, "32", True), (128, "64", False)]
+
+
+@pytest.mark.parametrize("d,keys,narrow", SM80_TILE_SHAPES, ids=[f"d{d}-{n}keys" for d, n, _ in SM80_TILE_SHAPES])
 @pytest.mark.parametrize("b,hq,hkv,sq,sk,causal,dtype", [
     (2, 4, 4, 1000, 1000, True, torch.float16), (1, 8, 2, 127, 4097, False, torch.bfloat16),
     (3, 6, 3, 200, 77, True, torch.bfloat16), (1, 2, 2, 4097, 4097, False, torch.float16),
     (2, 4, 1, 17, 1, False, torch.float16)])
-def test_sm80_d128_tiles(b, hq, hkv, sq, sk, causal, dtype, keys, monkeypatch):
-    """The sm80 family's D=128 kernel has two tile shapes (kernels/fwd_sm80.cuh, FwdTraits'
-    kNarrow): 128x64 on Hopper, 128x32 below compute capability 9 (Ada);
-    FLASHCORE_SM80_D128_KEYS=32 / 64 picks one anywhere. Both match the reference at odd
-    lengths, Sq != Sk, GQA and causal, and the variable does pick the kernel (its template
-    argument in the launched kernel's name)."""
+def test_sm80_tile_shapes(b, hq, hkv, sq, sk, causal, dtype, d, keys, narrow, monkeypatch):
+    """The sm80 family's D=64 and D=128 kernels have two tile shapes each (kernels/fwd_sm80.cuh,
+    FwdTraits' kNarrow): D=64 128x128 and D=128 128x64 on Hopper, 128x64 and 128x32 below compute
+    capability 9 (Ada); FLASHCORE_SM80_D64_KEYS=64 / 128 and FLASHCORE_SM80_D128_KEYS=32 / 64
+    pick one anywhere. Each matches the reference at odd lengths, Sq != Sk, GQA and causal, and
+    the variable does pick the kernel (its template argument in the launched kernel's name)."""
     if not KERNEL_CARD:
         pytest.skip("no FlashCore kernel on this card")
-    skip_unless_built(128, dtype)
+    skip_unless_built(d, dtype)
     monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
-    monkeypatch.setenv("FLASHCORE_SM80_D128_KEYS", keys)
-    q, k, v = make_inputs(b, hq, hkv, sq, sk, 128, dtype, "bshd")
-    poison_allocator((b, hq, sq, 128), dtype)
+    monkeypatch.setenv(f"FLASHCORE_SM80_D{d}_KEYS", keys)
+    q, k, v = make_inputs(b, hq, hkv, sq, sk, d, dtype, "bshd")
+    poison_allocator((b, hq, sq, d), dtype)
     out = {}
     launched = _launched_kernels(lambda: out.update(o=sdpa(q, k, v, None, 0.0, causal, enable_gqa=hq != hkv)))
     names = [n for n, _ in launched if "sm80::fwd_kernel" in n]
     assert len(names) == 1, launched
-    narrow = ("true>(fc_params)", "(bool)1>(fc_params)")  # the last template argument, kNarrow
-    wide = ("false>(fc_params)", "(bool)0>(fc_params)")
-    assert names[0].replace(" ", "").endswith(narrow if keys == "32" else wide), names
-    check_close(out["o"], q, k, v, causal, None, f"sm80 D=128 {keys}-key tiles B={b} H={hq}/{hkv} {sq}x{sk}")
+    narrow_arg = ("true>(fc_params)", "(bool)1>(fc_params)")  # the last template argument, kNarrow
+    wide_arg = ("false>(fc_params)", "(bool)0>(fc_params)")
+    assert names[0].replace(" ", "").endswith(narrow_arg if narrow else wide_arg), names
+    check_close(out["o"], q, k, v, causal, None, f"sm80 D={d} {keys}-key tiles B={b} H={hq}/{hkv} {sq}x{sk}")
 
 
 def test_repeated_calls_are_deterministic(family):
