@@ -10,8 +10,9 @@
 // How:
 //   * One CTA = 4 warps; warp w owns query rows [32w, 32w+32) of the 128-row block as two 16-row
 //     m-atoms, so each K/V fragment read from shared memory feeds two mma, and every softmax
-//     reduction stays inside a quad of lanes (no shared memory, no block barrier). Masked
-//     variants and D=256 keep one m-atom per warp (64-row blocks; see FwdTraits).
+//     reduction stays inside a quad of lanes (no shared memory, no block barrier). D=256 and
+//     the masked variants other than D=64 / D=128 on Hopper keep one m-atom per warp (64-row
+//     blocks; see FwdTraits).
 //   * Q is copied to shared memory once (cp.async) and its A fragments re-read per k-step.
 //   * K and V tiles (kBlockN x D) are single-buffered on FlashAttention-2's schedule: V(n) loads
 //     while S(n) = Q K(n) is multiplied, K(n+1) (and its mask tile) while softmax(n) and P V(n)
@@ -65,10 +66,17 @@ namespace sm80 {
 //     and load_rows' one shared address per thread (before them: 20-144 bytes of spill stores).
 //     Its 64 KB of shared memory would leave one CTA per SM on sm_89 (100 KB per SM), so Ada
 //     keeps 128x32 (48 KB, two CTAs; FwdTraits' kNarrow).
-//   * Masked variants (a mask tile rides with K) keep one m-atom per warp, 64x64: two atoms
-//     spilled 40-370 bytes there (the mask tile's addressing lives beside S and O).
+//   * Masked D=64 / D=128 (a mask tile rides with K; FwdTraits' kTwoAtomMask): on Hopper two
+//     m-atoms per warp like the unmasked kernels, D=64 128x64 and D=128 128x32; not yet timed on
+//     a GPU. Both need FwdTraits::kLeanRegs (with the mask's pointer, strides and copy mode in
+//     the shared slots too) and the mask copies' one address per thread (load_mask_chunks /
+//     load_mask_elements): before those, two atoms spilled 40-370 bytes. D=128 128x64 (192 fp32
+//     accumulators, as the unmasked 128x64) still spilled 4-108 bytes (255 registers) with
+//     them, whichever of the mask copies, the mask reads or the run-time causal flag was taken
+//     out, so D=128 takes 32-key tiles (160 accumulators). Ada keeps one m-atom, 64x64 (kNarrow;
+//     launch_fwd, narrow_mask_tiles). The other head dims keep one m-atom.
 // ptxas (sm_90a / sm_89): D=64 255 registers (128x64: 225-237), D=128 255 (128x32: 248-255),
-// masked 156-255; no spills, no stack.
+// masked two-atom D=64 207-215, D=128 230-236, masked one-atom 182-255; no spills, no stack.
 // Measured (H100 80GB HBM3, forced sm80, fp16, 16k-token sweeps; flash = PyTorch's FlashAttention-2
 // in the same run; bench/NOTES.md, 2026-11-26):
 //   * v1, 4 warps x 16 rows (BM=64, BN=64), Q in registers, 2-stage K/V ring: D=64 nc 4k 244 vs
@@ -103,7 +111,8 @@ namespace sm80 {
 //   * D=256: 64 x 32, one m-atom per warp (O alone is 128 fp32 per atom): 242-255 registers,
 //     64 KB of shared memory (one CTA per SM on sm_89). 64 x 64 (96 KB) also compiles without
 //     spills at 255 registers; on Hopper the sm90 family runs D=256 anyway unless forced.
-//   * Masked: 64 x 64 for D=32/80/96 (156-251 registers), 64 x 32 for D=256 (255 registers;
+//   * Masked: 64 x 64 for D=32/80/96 (156-251 registers) and for D=64/128 on Ada, 64 x 32 for
+//     D=256 (255 registers;
 //     a 64-key tile would not fit 99 KB beside its mask tile).
 // Lazy rescaling of O (must_rebase, common/sm80_ptx.cuh) in fwd_kernel's online softmax: only
 // in the causal D=128 kernel, where it measured a gain. Forced sm80 on the H100 (fp16, 2 passes
@@ -125,14 +134,17 @@ constexpr bool kLazyRescale = kHeadDim == 128 && kCausal;
 template <int kHeadDim, bool kMasked = false, bool kNarrow = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
-    // 16-row m-atoms per warp: two (each K/V fragment feeds two mma), except masked variants and
-    // D=256, whose O accumulators (128 fp32 per atom) leave no room for a second atom.
-    static constexpr int kMAtoms = kMasked || kHeadDim == 256 ? 1 : 2;
+    // kTwoAtomMask: the D=64 / D=128 masked variants on two m-atoms per warp, 128x64 tiles
+    // (kNarrow = false); with kNarrow they keep the one-atom 64x64 shape (Ada; see launch_fwd).
+    static constexpr bool kTwoAtomMask = kMasked && !kNarrow && (kHeadDim == 64 || kHeadDim == 128);
+    // 16-row m-atoms per warp: two (each K/V fragment feeds two mma), except the other masked
+    // variants and D=256, whose O accumulators (128 fp32 per atom) leave no room for a second atom.
+    static constexpr int kMAtoms = (kMasked && !kTwoAtomMask) || kHeadDim == 256 ? 1 : 2;
     static constexpr int kWarpRows = 16 * kMAtoms;
     static constexpr int kBlockM = kWarpRows * kWarps;  // query rows per CTA
     // Key rows per K/V tile (see the tile-shape comment above for why each).
     static constexpr int kBlockN = kHeadDim == 256             ? 32
-                                   : kMasked                   ? 64
+                                   : kMasked                   ? (kTwoAtomMask && kHeadDim == 128 ? 32 : 64)
                                    : kHeadDim == 32            ? 128
                                    : kHeadDim == 64            ? (kNarrow ? 64 : 128)
                                    : kHeadDim == 128           ? (kNarrow ? 32 : 64)
@@ -146,25 +158,30 @@ struct FwdTraits {
     static constexpr int kPitchChunks = (kChunks + 7) / 8 * 8;
     static constexpr int kPitch = kPitchChunks * 8;  // elements
     static constexpr int kMinBlocksPerSm = 2;
-    // The wide unmasked kernels, D=64 128x128 and D=128 128x64 (192 fp32 accumulators, O + S, of
-    // the 255 registers two CTAs per SM leave), keep their addresses in as few registers as they
-    // can, for a few more instructions per tile: V's ldmatrix addresses walked along the d-steps
-    // (ChunkPairWalk) instead of one register per step modulo 4, the K/V slice pointers read back
-    // from shared memory per tile (kv_slices in fwd_kernel) instead of held, and K/V tiles copied
-    // with one shared address per thread (load_rows). D=128 also walks Q's and K's addresses
-    // along its 8 k-steps (kWalkQK). Each is needed: without the V walk, the Q/K walks or the
-    // shared pointers, D=128 spilled 32-40 bytes (non-causal, sm_90a); without the V walk, the
-    // shared pointers or load_rows, D=64 spilled 32-144 bytes (non-causal), and with the Q/K
+    // The wide kernels, unmasked D=64 128x128 and D=128 128x64 (192 fp32 accumulators, O + S, of
+    // the 255 registers two CTAs per SM leave) and the two-atom masked ones (kTwoAtomMask: D=128
+    // 192 accumulators too, D=64 128, beside the mask tile's addressing), keep their addresses
+    // in as few registers as they can, for a few more instructions per tile: V's ldmatrix
+    // addresses walked along the d-steps (ChunkPairWalk) instead of one register per step
+    // modulo 4, the K/V slice pointers read back from shared memory per tile (kv_slices in
+    // fwd_kernel) instead of held, and K/V tiles (and mask tiles) copied with one shared address
+    // per thread (load_rows, load_mask_chunks / load_mask_elements). D=128 also walks Q's and K's
+    // addresses along its 8 k-steps (kWalkQK). Each is needed: without the V walk, the Q/K walks
+    // or the shared pointers, D=128 spilled 32-40 bytes (non-causal, sm_90a); without the V walk,
+    // the shared pointers or load_rows, D=64 spilled 32-144 bytes (non-causal), and with the Q/K
     // walks as well 44-48 bytes (non-causal, sm_90a), so D=64 leaves them out.
-    static constexpr bool kLeanRegs = !kMasked && !kNarrow && (kHeadDim == 64 || kHeadDim == 128);
+    static constexpr bool kLeanRegs = (!kMasked || kTwoAtomMask) && !kNarrow && (kHeadDim == 64 || kHeadDim == 128);
     static constexpr bool kWalkQK = kLeanRegs && kHeadDim == 128;
     // Elements: Q tile + one K tile + one V tile (single-buffered: V(n) loads under S(n), K(n+1)
     // under softmax(n) and PV(n); see the main loop).
     static constexpr int kSmemElems = kBlockM * kPitch + 2 * kBlockN * kPitch;
-    // Bytes: the tiles, then (kLeanRegs) the K and V slice pointers; a mask tile follows the
-    // tiles instead (launch_fwd adds it; kLeanRegs variants have none).
-    static constexpr int kSmemBytes = kSmemElems * 2 + (kLeanRegs ? 2 * sizeof(void *) : 0);
+    // kLeanRegs: the K and V slice pointers (and a mask's pointer, strides and copy mode), after
+    // the tiles (16 / 48 bytes: a mask tile after them stays 16-byte aligned for cp.async).
+    static constexpr int kSlotBytes = kLeanRegs ? (kMasked ? 48 : 16) : 0;
+    // Bytes: the tiles, then the slots; a mask tile follows (launch_fwd adds it).
+    static constexpr int kSmemBytes = kSmemElems * 2 + kSlotBytes;
     static_assert(kHeadDim % 16 == 0, "k-steps of 16 and V fragments in pairs of 8 columns");
+    static_assert(kSmemBytes % 16 == 0, "the mask tile after the slots: 16-byte aligned");
     static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block (99 KB)");
 };
 
@@ -203,11 +220,36 @@ __device__ __forceinline__ int mask_chunk_bytes(const void *slice, int64_t strid
     return 0;
 }
 
+// threadIdx.x read afresh at each call: the compiler cannot hoist what is computed from it out
+// of the main loop (where each of load_k's four mask paths would hold its own per-thread
+// addresses in registers across the loop).
+__device__ __forceinline__ int fresh_tid() {
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+    return t;
+}
+
+// 16- / 32-bit shared-memory loads at a 32-bit shared address (the mask tile's values).
+__device__ __forceinline__ uint32_t ld_shared_u16(uint32_t addr) {
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+    return v;
+}
+
 // Copy the mask tile of query rows [m_start, m_start + kRows) and keys [n_start, n_start +
 // kBlockN) into `smem` (pitch kPitch) in kChunk-byte cp.async copies. Rows past Sq and keys
 // past Sk are zero-filled without being read (a chunk that straddles Sk reads only up to it).
 // `slice` is this (batch, head)'s mask; offsets inside it fit in int (checked by the C layer).
-template <int kChunk, typename Bits, int kRows, int kBlockN, int kPitch, int kThreads>
+// kOneAddress (the kLeanRegs kernels; as load_rows): where the chunks split into whole rounds
+// of rows, a thread copies the same chunk of rows row0, row0 + kRowStep, ...: one shared
+// address plus immediates, one global pointer and one byte count for all its rounds (otherwise
+// the compiler keeps an address per round across the main loop).
+template <bool kOneAddress, int kChunk, typename Bits, int kRows, int kBlockN, int kPitch, int kThreads>
 __device__ __forceinline__ void load_mask_chunks(unsigned char *smem, const Bits *slice,
                                                  int stride_q, int m_start, int n_start,
                                                  int seqlen_q, int seqlen_k) {
@@ -215,33 +257,69 @@ __device__ __forceinline__ void load_mask_chunks(unsigned char *smem, const Bits
     constexpr int kPerRow = kBlockN / kChunkElems;
     constexpr int kItems = kRows * kPerRow;
     static_assert(kItems % kThreads == 0, "mask tile must split evenly over the CTA");
+    if constexpr (kOneAddress && kThreads % kPerRow == 0) {
+        constexpr int kRowStep = kThreads / kPerRow;
+        const int tid = fresh_tid();
+        const int row0 = tid / kPerRow, c = tid % kPerRow;
+        const int col = n_start + c * kChunkElems;
+        const int bytes = max(0, min(kChunk, (seqlen_k - col) * static_cast<int>(sizeof(Bits))));
+        const uint32_t dst = smem_addr(smem + row0 * kPitch + c * kChunk);
+        uint32_t off = static_cast<uint32_t>(m_start + row0) * static_cast<uint32_t>(stride_q) +
+                       static_cast<uint32_t>(col);
+        asm volatile("" : "+r"(off));
+        const Bits *src = slice + static_cast<int>(off);
+        const int left = seqlen_q - m_start - row0;  // this thread's rows that exist: it * kRowStep < left
 #pragma unroll
-    for (int it = 0; it < kItems / kThreads; ++it) {
-        const int item = threadIdx.x + it * kThreads;
-        const int row = item / kPerRow;
-        const int col = n_start + (item % kPerRow) * kChunkElems;
-        int bytes = (seqlen_k - col) * static_cast<int>(sizeof(Bits));
-        bytes = m_start + row < seqlen_q ? max(0, min(kChunk, bytes)) : 0;
-        const Bits *src = bytes > 0 ? slice + (m_start + row) * stride_q + col : slice;
-        cp_async_zfill<kChunk>(smem_addr(smem + row * kPitch + (item % kPerRow) * kChunk), src, bytes);
+        for (int it = 0; it < kRows / kRowStep; ++it) {
+            const int n = it * kRowStep < left ? bytes : 0;
+            cp_async_zfill<kChunk>(dst + it * kRowStep * kPitch, n > 0 ? src + it * kRowStep * stride_q : slice, n);
+        }
+    } else {
+#pragma unroll
+        for (int it = 0; it < kItems / kThreads; ++it) {
+            const int item = threadIdx.x + it * kThreads;
+            const int row = item / kPerRow;
+            const int col = n_start + (item % kPerRow) * kChunkElems;
+            int bytes = (seqlen_k - col) * static_cast<int>(sizeof(Bits));
+            bytes = m_start + row < seqlen_q ? max(0, min(kChunk, bytes)) : 0;
+            const Bits *src = bytes > 0 ? slice + (m_start + row) * stride_q + col : slice;
+            cp_async_zfill<kChunk>(smem_addr(smem + row * kPitch + (item % kPerRow) * kChunk), src, bytes);
+        }
     }
 }
 
 // The same tile element by element (any strides, any alignment): plain loads, then shared
 // stores; the stores are seen by the other warps after the loop's next __syncthreads.
-template <typename Bits, int kRows, int kBlockN, int kPitch, int kThreads>
+// kOneAddress: as in load_mask_chunks, a thread keeps one key and steps over rows.
+template <bool kOneAddress, typename Bits, int kRows, int kBlockN, int kPitch, int kThreads>
 __device__ __forceinline__ void load_mask_elements(unsigned char *smem, const Bits *slice,
                                                    int stride_q, int stride_k, int m_start,
                                                    int n_start, int seqlen_q, int seqlen_k) {
     static_assert(kRows * kBlockN % kThreads == 0, "mask tile must split evenly over the CTA");
+    if constexpr (kOneAddress && kThreads % kBlockN == 0) {
+        constexpr int kRowStep = kThreads / kBlockN;
+        const int tid = fresh_tid();
+        const int row0 = tid / kBlockN, col = tid % kBlockN;
+        // Rows this thread reads: it * kRowStep < left (none when its key is past Sk).
+        const int left = n_start + col < seqlen_k ? seqlen_q - m_start - row0 : 0;
+        const Bits *src = slice + (m_start + row0) * stride_q + (n_start + col) * stride_k;
+        Bits *dst = reinterpret_cast<Bits *>(smem + row0 * kPitch) + col;
 #pragma unroll 8
-    for (int it = 0; it < kRows * kBlockN / kThreads; ++it) {
-        const int item = threadIdx.x + it * kThreads;  // consecutive threads: consecutive keys
-        const int row = item / kBlockN, col = item % kBlockN;
-        Bits val = 0;
-        if (m_start + row < seqlen_q && n_start + col < seqlen_k)
-            val = slice[(m_start + row) * stride_q + (n_start + col) * stride_k];
-        reinterpret_cast<Bits *>(smem + row * kPitch)[col] = val;
+        for (int it = 0; it < kRows / kRowStep; ++it) {
+            Bits val = 0;
+            if (it * kRowStep < left) val = src[it * kRowStep * stride_q];
+            dst[it * kRowStep * kPitch / static_cast<int>(sizeof(Bits))] = val;
+        }
+    } else {
+#pragma unroll 8
+        for (int it = 0; it < kRows * kBlockN / kThreads; ++it) {
+            const int item = threadIdx.x + it * kThreads;  // consecutive threads: consecutive keys
+            const int row = item / kBlockN, col = item % kBlockN;
+            Bits val = 0;
+            if (m_start + row < seqlen_q && n_start + col < seqlen_k)
+                val = slice[(m_start + row) * stride_q + (n_start + col) * stride_k];
+            reinterpret_cast<Bits *>(smem + row * kPitch)[col] = val;
+        }
     }
 }
 
@@ -373,7 +451,8 @@ fwd_kernel(const fc_params p) {
     Elem *smem_q = reinterpret_cast<Elem *>(smem_raw);      // [kBlockM][kPitch]
     Elem *smem_k = smem_q + kBlockM * kPitch;                // [kBlockN][kPitch]
     Elem *smem_v = smem_k + kBlockN * kPitch;                // [kBlockN][kPitch]
-    unsigned char *smem_mask = reinterpret_cast<unsigned char *>(smem_v + kBlockN * kPitch);
+    // After the tiles: kLeanRegs' K/V slice pointers (T::kSlotBytes), then the mask tile.
+    unsigned char *smem_mask = smem_raw + T::kSmemBytes;
 
     const int seqlen_q = static_cast<int>(p.seqlen_q);
     const int seqlen_k = static_cast<int>(p.seqlen_k);
@@ -431,38 +510,54 @@ fwd_kernel(const fc_params p) {
     ChunkPairWalk<T::kWalkQK> q_addr(q_base), k_addr(k_base);
     ChunkPairWalk<T::kLeanRegs> v_addr(v_base);
 
-    // The K and V slices for the loads in the main loop. kLeanRegs: read back from shared memory
-    // per tile (written here, first read after the loop's first barrier; a load cannot move
-    // across a barrier, so the pointers hold no registers in between). Others: held.
-    const Elem **kv_slices = reinterpret_cast<const Elem **>(smem_v + kBlockN * kPitch);
-    static_assert(!T::kLeanRegs || kMask == kNoMask, "kv_slices sits where a mask tile would");
-    if constexpr (T::kLeanRegs) {
-        if (threadIdx.x == 0) kv_slices[0] = k, kv_slices[1] = v;
-    }
-    auto k_slice = [&]() {
-        if constexpr (T::kLeanRegs) return kv_slices[0]; else return k;
+    // The K and V slices (and the mask's) for the loads in the main loop. kLeanRegs: read back
+    // from shared memory per tile (written here, first read after the loop's first barrier; a
+    // load cannot move across a barrier, so they hold no registers in between). Others: held.
+    struct Slices {
+        const Elem *k, *v;
+        const MaskBits *mask;
+        int mask_stride_q, mask_stride_k, mask_chunk;
     };
+    static_assert(!T::kLeanRegs || sizeof(Slices) <= T::kSlotBytes || (kMask == kNoMask && 2 * sizeof(void *) <= T::kSlotBytes),
+                  "the slots hold the slices");
+    Slices *slices = reinterpret_cast<Slices *>(smem_v + kBlockN * kPitch);
+    if constexpr (T::kLeanRegs) {
+        if (threadIdx.x == 0) {
+            slices->k = k, slices->v = v;
+            if constexpr (kMask != kNoMask) {
+                slices->mask = mask, slices->mask_stride_q = mask_stride_q;
+                slices->mask_stride_k = mask_stride_k, slices->mask_chunk = mask_chunk;
+            }
+        }
+    }
     auto v_slice = [&]() {
-        if constexpr (T::kLeanRegs) return kv_slices[1]; else return v;
+        if constexpr (T::kLeanRegs) return slices->v; else return v;
     };
     // K tile n (and its mask tile) / V tile n into their single buffers; rows past Sk zero-filled.
-    auto load_k = [&](const Elem *k_tiles, int n_start) {
-        load_rows<T::kLeanRegs, Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_k, k_tiles, n_start, k_stride,
+    // kFromSlots: the K and mask slices from the shared slots (kLeanRegs, in the main loop).
+    auto load_k = [&](auto from_slots, int n_start) {
+        constexpr bool kFromSlots = decltype(from_slots)::value;
+        load_rows<T::kLeanRegs, Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_k, kFromSlots ? slices->k : k, n_start, k_stride,
                                                                      min(kBlockN, seqlen_k - n_start));
         if constexpr (kMask != kNoMask) {
             constexpr int kP = M::kPitch, kTh = T::kThreads;
-            switch (mask_chunk) {  // the same for the whole CTA: no divergence
+            constexpr bool kOne = T::kLeanRegs;
+            const MaskBits *ms = kFromSlots ? slices->mask : mask;
+            const int sq = kFromSlots ? slices->mask_stride_q : mask_stride_q;
+
+            switch (kFromSlots ? slices->mask_chunk : mask_chunk) {  // the same for the whole CTA: no divergence
             case 16:
-                load_mask_chunks<16, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, mask, mask_stride_q, m_start, n_start, seqlen_q, seqlen_k);
+                load_mask_chunks<kOne, 16, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
                 break;
             case 8:
-                load_mask_chunks<8, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, mask, mask_stride_q, m_start, n_start, seqlen_q, seqlen_k);
+                load_mask_chunks<kOne, 8, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
                 break;
             case 4:
-                load_mask_chunks<4, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, mask, mask_stride_q, m_start, n_start, seqlen_q, seqlen_k);
+                load_mask_chunks<kOne, 4, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
                 break;
             default:
-                load_mask_elements<MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, mask, mask_stride_q, mask_stride_k, m_start, n_start, seqlen_q, seqlen_k);
+                load_mask_elements<kOne, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, kFromSlots ? slices->mask_stride_k : mask_stride_k,
+                                                                        m_start, n_start, seqlen_q, seqlen_k);
             }
         }
     };
@@ -472,7 +567,7 @@ fwd_kernel(const fc_params p) {
     };
 
     load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_q, q, q_stride, seqlen_q - m_start);
-    load_k(k, 0);
+    load_k(std::false_type(), 0);
     cp_async_commit();
 
     float o_acc[kAtoms][kDTiles][4];
@@ -546,22 +641,23 @@ fwd_kernel(const fc_params p) {
                     for (int e = 0; e < 4; ++e) s[a][j][e] *= score_mul;
             if constexpr (kMask != kNoMask) {
                 // This thread's values sit at rows (row_in_atom, +8) of each atom and columns
-                // (8j + col_in_tile, +1): one 2-value load per (row, n-tile).
+                // (8j + col_in_tile, +1): one 2-value load per (row, n-tile), from one shared
+                // address per thread plus immediates.
+                const uint32_t mask_base = smem_addr(smem_mask + (warp_row0 + row_in_atom) * M::kPitch +
+                                                     col_in_tile * M::kElemBytes);
 #pragma unroll
                 for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const unsigned char *mrow =
-                            smem_mask + (warp_row0 + a * 16 + row_in_atom + 8 * h) * M::kPitch;
 #pragma unroll
                         for (int j = 0; j < kNTiles; ++j) {
-                            const int at = (j * 8 + col_in_tile) * M::kElemBytes;
+                            const uint32_t at = mask_base + (a * 16 + 8 * h) * M::kPitch + j * 8 * M::kElemBytes;
                             if constexpr (kMask == kBoolMask) {
-                                const uint32_t two = *reinterpret_cast<const uint16_t *>(mrow + at);
+                                const uint32_t two = ld_shared_u16(at);
                                 if ((two & 0xffu) == 0) s[a][j][2 * h] = -INFINITY;
                                 if ((two >> 8) == 0) s[a][j][2 * h + 1] = -INFINITY;
                             } else {
-                                const float2 add = unpack2<Elem>(*reinterpret_cast<const uint32_t *>(mrow + at));
+                                const float2 add = unpack2<Elem>(ld_shared_u32(at));
                                 s[a][j][2 * h] += add.x;
                                 s[a][j][2 * h + 1] += add.y;
                             }
@@ -596,7 +692,7 @@ fwd_kernel(const fc_params p) {
         cp_async_wait<0>();
         __syncthreads();  // V(n) has landed; every warp is done reading K(n) and mask(n)
         if (n_start + kBlockN < n_end) {
-            load_k(k_slice(), n_start + kBlockN);
+            load_k(std::integral_constant<bool, T::kLeanRegs>(), n_start + kBlockN);
             cp_async_commit();
         }
 
@@ -783,6 +879,23 @@ inline cudaError_t narrow_tiles(int device, bool *narrow) {
     return err;
 }
 
+// Whether the D=64 / D=128 masked kernel keeps its one-atom 64x64 tiles on this device (FwdTraits'
+// kNarrow with a mask) instead of the two-atom 128x64 ones (kTwoAtomMask): below compute
+// capability 9, or anywhere with FLASHCORE_SM80_MASK_ROWS=64; =128 takes 128x64 anywhere. Other
+// values are ignored. Ada keeps 64x64: 128x64 needs 74-82 KB of shared memory at D=128 (one CTA
+// per SM of its 100 KB) and 42 / 50 KB at D=64 (bool / additive; the additive one leaves one CTA).
+inline cudaError_t narrow_mask_tiles(int device, bool *narrow) {
+    const char *rows = getenv("FLASHCORE_SM80_MASK_ROWS");
+    if (rows != nullptr && (strcmp(rows, "64") == 0 || strcmp(rows, "128") == 0)) {
+        *narrow = strcmp(rows, "64") == 0;
+        return cudaSuccess;
+    }
+    int major = 0;
+    const cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    *narrow = major < 9;
+    return err;
+}
+
 template <typename Elem, int kHeadDim, bool kCausal, int kMask>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     int device = 0;
@@ -791,6 +904,14 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     if constexpr ((kHeadDim == 64 || kHeadDim == 128) && kMask == kNoMask) {
         bool narrow = false;
         if ((err = narrow_tiles<kHeadDim>(device, &narrow)) != cudaSuccess) return err;
+        if (narrow) return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true>(p, stream, device);
+    }
+    if constexpr ((kHeadDim == 64 || kHeadDim == 128) && kMask != kNoMask) {
+        static_assert(FwdTraits<kHeadDim, true, true>::kBlockM == 64 &&
+                          FwdTraits<kHeadDim, true, false>::kBlockM == 128,
+                      "the row counts FLASHCORE_SM80_MASK_ROWS names");
+        bool narrow = false;
+        if ((err = narrow_mask_tiles(device, &narrow)) != cudaSuccess) return err;
         if (narrow) return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true>(p, stream, device);
     }
     return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask>(p, stream, device);

@@ -348,3 +348,64 @@ def test_mask_in_cuda_graph(family):
         torch.cuda.synchronize()
         ref = reference(q, k, v, mask, None, torch.float64)
         assert (out.double() - ref).abs().max().item() < 5e-3
+
+
+def _launched_kernels(call):
+    """(name, grid) of every CUDA kernel launched during call(), from the profiler's trace (as
+    tests/test_gpu_sdpa.py's helper of the same name)."""
+    import json
+    import tempfile
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    kernels = [(e["name"], tuple(e["args"]["grid"])) for e in events if e.get("cat") == "kernel"]
+    if not kernels:
+        pytest.skip("the profiler recorded no CUDA kernels here (CUPTI unavailable?)")
+    return kernels
+
+
+@pytest.mark.parametrize("rows", [64, 128], ids=["64rows", "128rows"])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D,Sq,Sk,dtype", [(64, 1000, 1000, torch.float16), (128, 257, 1003, torch.bfloat16),
+                                           (64, 127, 77, torch.bfloat16), (128, 1000, 1000, torch.float16)])
+def test_sm80_mask_tile_shapes(D, Sq, Sk, dtype, causal, kind, rows, monkeypatch):
+    """The D=64 / D=128 masked kernels have two tile shapes (kernels/fwd_sm80.cuh, FwdTraits'
+    kTwoAtomMask / kNarrow): 64 query rows per CTA (one m-atom per warp, 64x64) and 128 (two
+    m-atoms: D=64 128x64, D=128 128x32); Hopper takes 128, Ada 64, FLASHCORE_SM80_MASK_ROWS=64 /
+    128 either anywhere. Each matches the reference with a bool and an additive mask, odd lengths,
+    fully masked rows, and "causal" as the lower-triangular (B, 1, Sq, Sk) mask HuggingFace sends
+    (the op takes no attn_mask with is_causal=True, so the kernel's run-time causal flag is not
+    reached from here); and the variable does pick the kernel (the last template argument,
+    kNarrow, of the launched kernel's name, and the grid's query blocks)."""
+    if not KERNEL_CARD:
+        pytest.skip("no FlashCore kernel on this card")
+    if not flashcore._built_for(D, dtype):
+        pytest.skip(f"this build has no D={D} {dtype} kernels (FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES)")
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
+    monkeypatch.setenv("FLASHCORE_SM80_MASK_ROWS", str(rows))
+    B, H = 2, 3
+    q = torch.randn(B, H, Sq, D, dtype=dtype, device=DEVICE)
+    k = torch.randn(B, H, Sk, D, dtype=dtype, device=DEVICE)
+    v = torch.randn(B, H, Sk, D, dtype=dtype, device=DEVICE)
+    c = Case(kind, "b1qk", Sq, Sk, dtype, D, B=B, Hkv=H)
+    mask = mask_values(c, mask_dims(c))  # every 7th row from 3 fully masked
+    if causal:  # top-left aligned, as is_causal: key j <= query i
+        keep = torch.ones(Sq, Sk, dtype=torch.bool, device=DEVICE).tril()
+        mask = mask & keep if kind == "bool" else mask.masked_fill(~keep, NEG_INF)
+    out = {}
+    launched = _launched_kernels(lambda: out.update(o=_check(c, "sm80", mask, q, k, v, {})))
+    fwd = [(n, g) for n, g in launched if "sm80::fwd_kernel" in n]
+    assert len(fwd) == 1, launched
+    name, grid = fwd[0]
+    narrow = rows == 64
+    narrow_arg = ("true>(fc_params)", "(bool)1>(fc_params)")  # the last template argument, kNarrow
+    wide_arg = ("false>(fc_params)", "(bool)0>(fc_params)")
+    assert name.replace(" ", "").endswith(narrow_arg if narrow else wide_arg), name
+    mask_arg = {"bool": (",1,", ",(int)1,"), "additive": (",2,", ",(int)2,")}[kind]  # kMask
+    assert any(a in name.replace(" ", "") for a in mask_arg), name
+    assert grid[0] == (Sq + rows - 1) // rows, (name, grid)
