@@ -212,10 +212,21 @@ def shape_set(quick, bf16, extra):
 
 def git_info():
     # The GPU machine gets a copy of the tree without .git: the caller passes the commit in
-    # FLASHCORE_SHA (ci/gpu.sh reads it from .git-sha, written before the tree is sent).
+    # FLASHCORE_SHA (ci/gpu.sh reads it from .git-sha, written before the tree is sent). A tree
+    # that is not its own repository's top level (a `git archive` snapshot inside another
+    # checkout, as ci/ab.sh times them) takes its .git-sha file, or "unknown": the enclosing
+    # repository's HEAD would name another commit.
     if os.environ.get("FLASHCORE_SHA"):
         return os.environ["FLASHCORE_SHA"], None
     try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=REPO, capture_output=True,
+                             text=True, timeout=10)
+        if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(REPO):
+            try:
+                with open(os.path.join(REPO, ".git-sha")) as f:
+                    return (f.read().strip() or "unknown"), None
+            except OSError:
+                return "unknown", None
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                              text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
