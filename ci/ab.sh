@@ -12,7 +12,8 @@
 #   e.g. AB_IMPL=flashcore-sm80 AB_REF=flash with --impls flash,flashcore-sm80).
 #   CMAKE_ARGS adds configure options (e.g. "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=fp16
 #   -DFLASHCORE_CUDA_ARCHS=90a" for a faster build when the bench rows need no more).
-# Make the trees with `git archive REV | tar -x -C DIR` (the device copies no .git).
+# Make the trees with `git archive REV | tar -x -C DIR && git rev-parse REV > DIR/.git-sha` (the
+# device copies no .git; bench.py takes a snapshot's commit from its .git-sha).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
