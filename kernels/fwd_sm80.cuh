@@ -56,7 +56,8 @@ namespace sm80 {
 // from shared memory per k-step: registers hold O (D=64: 64, D=128: 128 fp32) and S (128 / 64
 // on Hopper). Key tiles:
 //   * D=64: 128 keys on Hopper, FlashAttention-2's 128x128 (S 128 + O 64 fp32, the same 192
-//     accumulators as D=128's 128x64); not yet timed on a GPU. It fits 255 registers only with
+//     accumulators as D=128's 128x64); forced sm80 on the H100 it measured 0.86-1.17 ->
+//     0.95-1.32x flash, +8-11% non-causal (bench/NOTES.md). It fits 255 registers only with
 //     FwdTraits::kLeanRegs (without it: 12-148 bytes of spill stores; 144-1000 in an earlier
 //     attempt). Ada keeps 128x64 (FwdTraits' kNarrow).
 //   * D=128: 64 keys on Hopper, FlashAttention-2's 128x64 there: against 128x32 tiles, 20% fewer
@@ -67,8 +68,9 @@ namespace sm80 {
 //     Its 64 KB of shared memory would leave one CTA per SM on sm_89 (100 KB per SM), so Ada
 //     keeps 128x32 (48 KB, two CTAs; FwdTraits' kNarrow).
 //   * Masked D=64 / D=128 (a mask tile rides with K; FwdTraits' kTwoAtomMask): on Hopper two
-//     m-atoms per warp like the unmasked kernels, D=64 128x64 and D=128 128x32; not yet timed on
-//     a GPU. Both need FwdTraits::kLeanRegs (with the mask's pointer, strides and copy mode in
+//     m-atoms per warp like the unmasked kernels, D=64 128x64 and D=128 128x32; on the H100
+//     with HuggingFace's padded causal bool mask: 0.80 -> 1.02x cuDNN at D=64 4k, 0.83-0.86 ->
+//     0.90-0.92 at D=128 (bench/NOTES.md). Both need FwdTraits::kLeanRegs (with the mask's pointer, strides and copy mode in
 //     the shared slots too) and the mask copies' one address per thread (load_mask_chunks /
 //     load_mask_elements): before those, two atoms spilled 40-370 bytes. D=128 128x64 (192 fp32
 //     accumulators, as the unmasked 128x64) still spilled 4-108 bytes (255 registers) with
@@ -544,7 +546,6 @@ fwd_kernel(const fc_params p) {
             constexpr bool kOne = T::kLeanRegs;
             const MaskBits *ms = kFromSlots ? slices->mask : mask;
             const int sq = kFromSlots ? slices->mask_stride_q : mask_stride_q;
-
             switch (kFromSlots ? slices->mask_chunk : mask_chunk) {  // the same for the whole CTA: no divergence
             case 16:
                 load_mask_chunks<kOne, 16, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
