@@ -36,6 +36,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device: GPU tests of attn_mask skipped", allow_module_level=True)
 
 import flashcore  # noqa: E402  (on a GPU machine a failed import is an error)
+from kernel_trace import launched_kernels  # noqa: E402
 
 DEVICE = "cuda"
 KERNEL_CARD = torch.cuda.get_device_capability() in ((8, 9), (9, 0))
@@ -350,24 +351,6 @@ def test_mask_in_cuda_graph(family):
         assert (out.double() - ref).abs().max().item() < 5e-3
 
 
-def _launched_kernels(call):
-    """(name, grid) of every CUDA kernel launched during call(), from the profiler's trace (as
-    tests/test_gpu_sdpa.py's helper of the same name)."""
-    import json
-    import tempfile
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
-    kernels = [(e["name"], tuple(e["args"]["grid"])) for e in events if e.get("cat") == "kernel"]
-    if not kernels:
-        pytest.skip("the profiler recorded no CUDA kernels here (CUPTI unavailable?)")
-    return kernels
-
-
 @pytest.mark.parametrize("rows", [64, 128], ids=["64rows", "128rows"])
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -398,7 +381,7 @@ def test_sm80_mask_tile_shapes(D, Sq, Sk, dtype, causal, kind, rows, monkeypatch
         keep = torch.ones(Sq, Sk, dtype=torch.bool, device=DEVICE).tril()
         mask = mask & keep if kind == "bool" else mask.masked_fill(~keep, NEG_INF)
     out = {}
-    launched = _launched_kernels(lambda: out.update(o=_check(c, "sm80", mask, q, k, v, {})))
+    launched = launched_kernels(lambda: out.update(o=_check(c, "sm80", mask, q, k, v, {})))
     fwd = [(n, g) for n, g in launched if "sm80::fwd_kernel" in n]
     assert len(fwd) == 1, launched
     name, grid = fwd[0]

@@ -42,6 +42,7 @@ if not torch.cuda.is_available():
 
 # On a GPU machine the package must load: let ImportError fail the run.
 import flashcore  # noqa: E402
+from kernel_trace import launched_kernels  # noqa: E402
 
 sdpa = torch.ops.flashcore.sdpa
 DEVICE = "cuda"
@@ -309,23 +310,6 @@ def test_kernel_matches_reference(case, family):
     check_close(out, q, k, v, c.causal, c.scale, f"{c.id} [{family}] ({path})")
 
 
-def _launched_kernels(call):
-    """(name, grid) of every CUDA kernel launched during call(), from the profiler's trace."""
-    import json
-    import tempfile
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
-    kernels = [(e["name"], tuple(e["args"]["grid"])) for e in events if e.get("cat") == "kernel"]
-    if not kernels:
-        pytest.skip("the profiler recorded no CUDA kernels here (CUPTI unavailable?)")
-    return kernels
-
-
 # (head dim, key count, whether that count is the narrow tile): each dim's two tile shapes.
 SM80_TILE_SHAPES = [(64, "64", True), (64, "128", False), (128, "32", True), (128, "64", False)]
 
@@ -349,7 +333,7 @@ def test_sm80_tile_shapes(b, hq, hkv, sq, sk, causal, dtype, d, keys, narrow, mo
     q, k, v = make_inputs(b, hq, hkv, sq, sk, d, dtype, "bshd")
     poison_allocator((b, hq, sq, d), dtype)
     out = {}
-    launched = _launched_kernels(lambda: out.update(o=sdpa(q, k, v, None, 0.0, causal, enable_gqa=hq != hkv)))
+    launched = launched_kernels(lambda: out.update(o=sdpa(q, k, v, None, 0.0, causal, enable_gqa=hq != hkv)))
     names = [n for n, _ in launched if "sm80::fwd_kernel" in n]
     assert len(names) == 1, launched
     narrow_arg = ("true>(fc_params)", "(bool)1>(fc_params)")  # the last template argument, kNarrow
