@@ -114,8 +114,7 @@ namespace sm80 {
 //     64 KB of shared memory (one CTA per SM on sm_89). 64 x 64 (96 KB) also compiles without
 //     spills at 255 registers; on Hopper the sm90 family runs D=256 anyway unless forced.
 //   * Masked: 64 x 64 for D=32/80/96 (156-251 registers) and for D=64/128 on Ada, 64 x 32 for
-//     D=256 (255 registers;
-//     a 64-key tile would not fit 99 KB beside its mask tile).
+//     D=256 (255 registers; a 64-key tile would not fit 99 KB beside its mask tile).
 // Lazy rescaling of O (must_rebase, common/sm80_ptx.cuh) in fwd_kernel's online softmax: only
 // in the causal D=128 kernel, where it measured a gain. Forced sm80 on the H100 (fp16, 2 passes
 // of each build in one run, ratio to cuDNN): causal D=128 +2-4% at S=512-1k, +7-8% at 2k, +3-14%
@@ -136,8 +135,9 @@ constexpr bool kLazyRescale = kHeadDim == 128 && kCausal;
 template <int kHeadDim, bool kMasked = false, bool kNarrow = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
-    // kTwoAtomMask: the D=64 / D=128 masked variants on two m-atoms per warp, 128x64 tiles
-    // (kNarrow = false); with kNarrow they keep the one-atom 64x64 shape (Ada; see launch_fwd).
+    // kTwoAtomMask: the D=64 / D=128 masked variants on two m-atoms per warp, D=64 128x64 and
+    // D=128 128x32 tiles (kNarrow = false); with kNarrow they keep the one-atom 64x64 shape (Ada;
+    // see launch_fwd).
     static constexpr bool kTwoAtomMask = kMasked && !kNarrow && (kHeadDim == 64 || kHeadDim == 128);
     // 16-row m-atoms per warp: two (each K/V fragment feeds two mma), except the other masked
     // variants and D=256, whose O accumulators (128 fp32 per atom) leave no room for a second atom.
@@ -162,10 +162,10 @@ struct FwdTraits {
     static constexpr int kMinBlocksPerSm = 2;
     // The wide kernels, unmasked D=64 128x128 and D=128 128x64 (192 fp32 accumulators, O + S, of
     // the 255 registers two CTAs per SM leave) and the two-atom masked ones (kTwoAtomMask: D=128
-    // 192 accumulators too, D=64 128, beside the mask tile's addressing), keep their addresses
+    // 160 accumulators, D=64 128, beside the mask tile's addressing), keep their addresses
     // in as few registers as they can, for a few more instructions per tile: V's ldmatrix
     // addresses walked along the d-steps (ChunkPairWalk) instead of one register per step
-    // modulo 4, the K/V slice pointers read back from shared memory per tile (kv_slices in
+    // modulo 4, the K/V slice pointers read back from shared memory per tile (`slices` in
     // fwd_kernel) instead of held, and K/V tiles (and mask tiles) copied with one shared address
     // per thread (load_rows, load_mask_chunks / load_mask_elements). D=128 also walks Q's and K's
     // addresses along its 8 k-steps (kWalkQK). Each is needed: without the V walk, the Q/K walks
@@ -880,11 +880,12 @@ inline cudaError_t narrow_tiles(int device, bool *narrow) {
     return err;
 }
 
-// Whether the D=64 / D=128 masked kernel keeps its one-atom 64x64 tiles on this device (FwdTraits'
-// kNarrow with a mask) instead of the two-atom 128x64 ones (kTwoAtomMask): below compute
-// capability 9, or anywhere with FLASHCORE_SM80_MASK_ROWS=64; =128 takes 128x64 anywhere. Other
-// values are ignored. Ada keeps 64x64: 128x64 needs 74-82 KB of shared memory at D=128 (one CTA
-// per SM of its 100 KB) and 42 / 50 KB at D=64 (bool / additive; the additive one leaves one CTA).
+// Whether the D=64 / D=128 masked kernel keeps its one-atom 64x64 tiles on this device
+// (FwdTraits' kNarrow with a mask) instead of the two-atom ones (kTwoAtomMask: D=64 128x64,
+// D=128 128x32): below compute capability 9, or anywhere with FLASHCORE_SM80_MASK_ROWS=64; =128
+// takes the two-atom ones anywhere. Other values are ignored. Ada keeps 64x64: the two-atom tiles need 54-58 KB of shared memory at
+// D=128 (128x32; one CTA per SM of its 100 KB) and 42 / 50 KB at D=64 (128x64, bool / additive;
+// the additive one leaves one CTA).
 inline cudaError_t narrow_mask_tiles(int device, bool *narrow) {
     const char *rows = getenv("FLASHCORE_SM80_MASK_ROWS");
     if (rows != nullptr && (strcmp(rows, "64") == 0 || strcmp(rows, "128") == 0)) {
