@@ -39,6 +39,7 @@
 #pragma once
 
 #include "common/sm80_ptx.cuh"
+#include "dispatch.h"
 #include "flashcore.h"
 
 #include <cuda_runtime.h>
@@ -76,7 +77,7 @@ namespace sm80 {
 //     accumulators, as the unmasked 128x64) still spilled 4-108 bytes (255 registers) with
 //     them, whichever of the mask copies, the mask reads or the run-time causal flag was taken
 //     out, so D=128 takes 32-key tiles (160 accumulators). Ada keeps one m-atom, 64x64 (kNarrow;
-//     launch_fwd, narrow_mask_tiles). The other head dims keep one m-atom.
+//     launch_fwd, narrow_by_setting). The other head dims keep one m-atom.
 // ptxas (sm_90a / sm_89): D=64 255 registers (128x64: 225-237), D=128 255 (128x32: 248-255),
 // masked two-atom D=64 207-215, D=128 230-236, masked one-atom 182-255; no spills, no stack.
 // Measured (H100 80GB HBM3, forced sm80, fp16, 16k-token sweeps; flash = PyTorch's FlashAttention-2
@@ -131,7 +132,7 @@ constexpr bool kLazyRescale = kHeadDim == 128 && kCausal;
 // Ada keeps the shape it had. Neither head dim's shapes were compared on an Ada card.
 // launch_fwd takes the narrow tiles below compute capability 9, or anywhere with
 // FLASHCORE_SM80_D64_KEYS=64 / FLASHCORE_SM80_D128_KEYS=32 (how the tests run them on Hopper);
-// =128 / =64 take the wide ones anywhere (narrow_tiles).
+// =128 / =64 take the wide ones anywhere (launch_fwd, narrow_by_setting).
 template <int kHeadDim, bool kMasked = false, bool kNarrow = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
@@ -857,63 +858,35 @@ cudaError_t launch_fwd_tiles(const fc_params &p, cudaStream_t stream, int device
     return cudaGetLastError();
 }
 
-// Whether the D=64 / D=128 unmasked kernel runs on its narrow tiles on this device (FwdTraits'
-// kNarrow): below compute capability 9, or anywhere with FLASHCORE_SM80_D64_KEYS=64 /
-// FLASHCORE_SM80_D128_KEYS=32; =128 / =64 take the wide tiles (128x128 / 128x64) anywhere. Other
-// values are ignored.
-template <int kHeadDim>
-inline cudaError_t narrow_tiles(int device, bool *narrow) {
-    static_assert(kHeadDim == 64 || kHeadDim == 128, "only D=64 and D=128 have two tile shapes");
-    constexpr bool kD64 = kHeadDim == 64;
-    static_assert(FwdTraits<kHeadDim, false, true>::kBlockN == (kD64 ? 64 : 32) &&
-                      FwdTraits<kHeadDim, false, false>::kBlockN == (kD64 ? 128 : 64),
-                  "the key counts the variables name");
-    const char *keys = getenv(kD64 ? "FLASHCORE_SM80_D64_KEYS" : "FLASHCORE_SM80_D128_KEYS");
-    const char *narrow_keys = kD64 ? "64" : "32", *wide_keys = kD64 ? "128" : "64";
-    if (keys != nullptr && (strcmp(keys, narrow_keys) == 0 || strcmp(keys, wide_keys) == 0)) {
-        *narrow = strcmp(keys, narrow_keys) == 0;
-        return cudaSuccess;
-    }
-    int major = 0;
-    const cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    *narrow = major < 9;
-    return err;
+// Whether a kernel with two tile shapes (FwdTraits' kNarrow) takes its narrow one: `variable`
+// set to `narrow_value` / `wide_value` picks one anywhere (other values are ignored); unset,
+// the narrow shape below compute capability 9 (Ada; see kNarrow and kTwoAtomMask for why).
+// `major` comes from the library's cached device query, so a call costs one getenv here.
+inline bool narrow_by_setting(const char *variable, const char *narrow_value, const char *wide_value, int major) {
+    const char *value = getenv(variable);
+    if (value != nullptr && strcmp(value, narrow_value) == 0) return true;
+    if (value != nullptr && strcmp(value, wide_value) == 0) return false;
+    return major < 9;
 }
 
-// Whether the D=64 / D=128 masked kernel keeps its one-atom 64x64 tiles on this device
-// (FwdTraits' kNarrow with a mask) instead of the two-atom ones (kTwoAtomMask: D=64 128x64,
-// D=128 128x32): below compute capability 9, or anywhere with FLASHCORE_SM80_MASK_ROWS=64; =128
-// takes the two-atom ones anywhere. Other values are ignored. Ada keeps 64x64: the two-atom tiles need 54-58 KB of shared memory at
-// D=128 (128x32; one CTA per SM of its 100 KB) and 42 / 50 KB at D=64 (128x64, bool / additive;
-// the additive one leaves one CTA).
-inline cudaError_t narrow_mask_tiles(int device, bool *narrow) {
-    const char *rows = getenv("FLASHCORE_SM80_MASK_ROWS");
-    if (rows != nullptr && (strcmp(rows, "64") == 0 || strcmp(rows, "128") == 0)) {
-        *narrow = strcmp(rows, "64") == 0;
-        return cudaSuccess;
-    }
-    int major = 0;
-    const cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    *narrow = major < 9;
-    return err;
-}
-
+// D=64 / D=128 have two tile shapes: unmasked, FLASHCORE_SM80_D64_KEYS=64 / 128 and
+// FLASHCORE_SM80_D128_KEYS=32 / 64 (the key tiles); with a mask, FLASHCORE_SM80_MASK_ROWS=64 /
+// 128 (the query rows per CTA).
 template <typename Elem, int kHeadDim, bool kCausal, int kMask>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
-    if constexpr ((kHeadDim == 64 || kHeadDim == 128) && kMask == kNoMask) {
-        bool narrow = false;
-        if ((err = narrow_tiles<kHeadDim>(device, &narrow)) != cudaSuccess) return err;
-        if (narrow) return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true>(p, stream, device);
-    }
-    if constexpr ((kHeadDim == 64 || kHeadDim == 128) && kMask != kNoMask) {
-        static_assert(FwdTraits<kHeadDim, true, true>::kBlockM == 64 &&
-                          FwdTraits<kHeadDim, true, false>::kBlockM == 128,
-                      "the row counts FLASHCORE_SM80_MASK_ROWS names");
-        bool narrow = false;
-        if ((err = narrow_mask_tiles(device, &narrow)) != cudaSuccess) return err;
+    int device = 0, major = 0;
+    if (fc_device_info_(&device, &major, nullptr, nullptr) != FC_OK) return fc_last_cuda_error();
+    if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+        constexpr bool kMasked = kMask != kNoMask;
+        using Narrow = FwdTraits<kHeadDim, kMasked, true>;
+        using Wide = FwdTraits<kHeadDim, kMasked, false>;
+        static_assert(kMasked ? Narrow::kBlockM == 64 && Wide::kBlockM == 128
+                              : Narrow::kBlockN == (kHeadDim == 64 ? 64 : 32) &&
+                                    Wide::kBlockN == (kHeadDim == 64 ? 128 : 64),
+                      "the tile sizes the variables name");
+        const bool narrow = kMasked           ? narrow_by_setting("FLASHCORE_SM80_MASK_ROWS", "64", "128", major)
+                            : kHeadDim == 64 ? narrow_by_setting("FLASHCORE_SM80_D64_KEYS", "64", "128", major)
+                                             : narrow_by_setting("FLASHCORE_SM80_D128_KEYS", "32", "64", major);
         if (narrow) return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true>(p, stream, device);
     }
     return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask>(p, stream, device);

@@ -23,3 +23,15 @@ def launched_kernels(call):
     if not kernels:
         pytest.skip("the profiler recorded no CUDA kernels here (CUPTI unavailable?)")
     return kernels
+
+
+def launched_narrow(name):
+    """Whether a launched sm80 forward kernel (its demangled name) is a narrow-tile variant: its
+    last template argument, FwdTraits' kNarrow (kernels/fwd_sm80.cuh). Fails on a name that ends
+    otherwise, so a change of the kernel's signature cannot pass unnoticed."""
+    tail = name.replace(" ", "")
+    if tail.endswith(("true>(fc_params)", "(bool)1>(fc_params)")):
+        return True
+    if tail.endswith(("false>(fc_params)", "(bool)0>(fc_params)")):
+        return False
+    raise AssertionError(f"not an sm80 forward kernel's name: {name}")

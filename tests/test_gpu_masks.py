@@ -36,7 +36,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device: GPU tests of attn_mask skipped", allow_module_level=True)
 
 import flashcore  # noqa: E402  (on a GPU machine a failed import is an error)
-from kernel_trace import launched_kernels  # noqa: E402
+from kernel_trace import launched_kernels, launched_narrow  # noqa: E402
 
 DEVICE = "cuda"
 KERNEL_CARD = torch.cuda.get_device_capability() in ((8, 9), (9, 0))
@@ -385,10 +385,7 @@ def test_sm80_mask_tile_shapes(D, Sq, Sk, dtype, causal, kind, rows, monkeypatch
     fwd = [(n, g) for n, g in launched if "sm80::fwd_kernel" in n]
     assert len(fwd) == 1, launched
     name, grid = fwd[0]
-    narrow = rows == 64
-    narrow_arg = ("true>(fc_params)", "(bool)1>(fc_params)")  # the last template argument, kNarrow
-    wide_arg = ("false>(fc_params)", "(bool)0>(fc_params)")
-    assert name.replace(" ", "").endswith(narrow_arg if narrow else wide_arg), name
+    assert launched_narrow(name) == (rows == 64), name
     mask_arg = {"bool": (",1,", ",(int)1,"), "additive": (",2,", ",(int)2,")}[kind]  # kMask
     assert any(a in name.replace(" ", "") for a in mask_arg), name
     assert grid[0] == (Sq + rows - 1) // rows, (name, grid)

@@ -42,7 +42,7 @@ if not torch.cuda.is_available():
 
 # On a GPU machine the package must load: let ImportError fail the run.
 import flashcore  # noqa: E402
-from kernel_trace import launched_kernels  # noqa: E402
+from kernel_trace import launched_kernels, launched_narrow  # noqa: E402
 
 sdpa = torch.ops.flashcore.sdpa
 DEVICE = "cuda"
@@ -336,9 +336,7 @@ def test_sm80_tile_shapes(b, hq, hkv, sq, sk, causal, dtype, d, keys, narrow, mo
     launched = launched_kernels(lambda: out.update(o=sdpa(q, k, v, None, 0.0, causal, enable_gqa=hq != hkv)))
     names = [n for n, _ in launched if "sm80::fwd_kernel" in n]
     assert len(names) == 1, launched
-    narrow_arg = ("true>(fc_params)", "(bool)1>(fc_params)")  # the last template argument, kNarrow
-    wide_arg = ("false>(fc_params)", "(bool)0>(fc_params)")
-    assert names[0].replace(" ", "").endswith(narrow_arg if narrow else wide_arg), names
+    assert launched_narrow(names[0]) == narrow, names
     check_close(out["o"], q, k, v, causal, None, f"sm80 D={d} {keys}-key tiles B={b} H={hq}/{hkv} {sq}x{sk}")
 
 
