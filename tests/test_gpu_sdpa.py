@@ -425,6 +425,7 @@ def test_decode_route_by_pairs(b, hq, hkv, sk):
     the decode kernel; both match the reference."""
     if not HOPPER:
         pytest.skip("the decode route to the sm90 family is for sm_90 only")
+    skip_unless_built(128, torch.bfloat16)  # a trimmed build has neither family's kernels for it
     q, k, v = make_inputs(b, hq, hkv, 1, sk, 128, torch.bfloat16, "bhsd")
     want = "kernel sm90" if b * hkv >= 64 and b * hkv * sk >= 1 << 20 else "kernel decode"
     assert flashcore.explain(q, k, v, enable_gqa=hq != hkv) == want
@@ -527,6 +528,7 @@ def test_sm90_d64_configurations(causal, sq, sk, short, monkeypatch):
     single key tile leaves the pair's second warpgroup nothing); all must match the reference."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
+    skip_unless_built(64, torch.bfloat16)
     q, k, v = make_inputs(2, 8, 2, sq, sk, 64, torch.bfloat16, "bshd")
     monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
     monkeypatch.setenv("FLASHCORE_SM90_SHORT", short)
