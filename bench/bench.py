@@ -193,6 +193,9 @@ def shape_set(quick, bf16, extra):
             B, H = 16384 // S, 2048 // D
             out.append(Shape(B, H, H, S, S, D, False, dt, mask=True))
         if extra:
+            # The same mask at Phi-2's and Phi-3-mini's head dims (32 heads of 80 / 96).
+            for D in (80, 96):
+                out.append(Shape(4, 32, 32, 2048, 2048, D, False, dt, mask=True))
             out.append(Shape(4, 32, 8, 2048, 2048, 128, True, dt))
             # Small grids (issue 5): chunks of queries against a cache (chunked prefill, GQA
             # 32:8, not causal: the chunk sees the whole cache), and a short prefill; one CTA
