@@ -159,7 +159,7 @@ struct FwdTraits {
     static constexpr int kBlockM = kWarpRows * kWarps;  // query rows per CTA
     // Key rows per K/V tile (see the tile-shape comment above for why each).
     static constexpr int kBlockN = kHeadDim == 256             ? 32
-                                   : kMasked                   ? (kTwoAtomMask && kHeadDim >= 96 ? 32 : 64)
+                                   : kMasked                   ? (kTwoAtomMask && kHeadDim == 128 ? 32 : 64)
                                    : kHeadDim == 32            ? 128
                                    : kHeadDim == 64            ? (kNarrow ? 64 : 128)
                                    : kHeadDim == 128           ? (kNarrow ? 32 : 64)
@@ -190,7 +190,7 @@ struct FwdTraits {
     // there it is the V walk, the shared slots and the mask copies' one address.
     static constexpr bool kLeanRegs = (!kMasked || kTwoAtomMask) && !kNarrow &&
                                       (kHeadDim == 64 || kHeadDim == 128 || kTwoAtomMask);
-    static constexpr bool kWalkQK = kLeanRegs && kHeadDim == 128;
+    static constexpr bool kWalkQK = kLeanRegs && (kHeadDim == 128 || (kTwoAtomMask && kHeadDim == 96));
     // Elements: Q tile + one K tile + one V tile (single-buffered: V(n) loads under S(n), K(n+1)
     // under softmax(n) and PV(n); see the main loop).
     static constexpr int kSmemElems = kBlockM * kPitch + 2 * kBlockN * kPitch;
