@@ -78,18 +78,19 @@ namespace sm80 {
 //     them, whichever of the mask copies, the mask reads or the run-time causal flag was taken
 //     out, so D=128 takes 32-key tiles (160 accumulators). Ada keeps one m-atom, 64x64 (kNarrow;
 //     launch_fwd, narrow_by_setting).
-//   * Masked D=80 / D=96 (compile-only, not yet run on a GPU): two m-atoms on Hopper the same
-//     way, D=80 128x64 (O 80 + S 64 fp32) and D=96 128x32 (O 96 + S 32), with kLeanRegs (as
-//     far as it applies: load_rows has no one-address path for 10 / 12 chunks per row). Without
-//     kLeanRegs they spilled (D=80 128x64: 120-444 bytes; D=96 128x32: 16-32 bytes, additive).
-//     D=96 128x64 (160 accumulators, as D=128 128x32) spilled 4-24 bytes (additive) with
-//     kLeanRegs alone and compiled spill-free at 251-255 registers with kWalkQK as well: the
-//     candidate to time against 128x32, which keeps 43-50 registers of headroom. Ada keeps the
-//     one-atom 64x64 shape (kNarrow), as for D=64 / D=128. Shared memory per CTA: D=80 74 KB
-//     (bool) / 82 KB (additive), D=96 54 / 58 KB (64x64: 53 / 57 KB); two CTAs per SM on Hopper.
-//     D=32 and D=256 keep one m-atom everywhere.
+//   * Masked D=80 / D=96 (Phi-2's and Phi-3-mini's heads): two m-atoms on Hopper the same way,
+//     D=80 128x64 (O 80 + S 64 fp32) and D=96 128x64 (O 96 + S 64: D=128 128x32's 160
+//     accumulators), with kLeanRegs (as far as it applies: load_rows has no one-address path for
+//     10 / 12 chunks per row) and, at D=96, the Q/K address walks (kWalkQK). Without kLeanRegs
+//     they spilled (D=80 128x64: 120-444 bytes; D=96 128x32: 16-32 bytes, additive); D=96 128x64
+//     spilled 4-24 bytes with kLeanRegs alone. On the H100 with HuggingFace's padded bool mask
+//     (B=4 H=32 S=2048, three passes, cuDNN time / ours): D=80 1.01-1.04 -> 1.31-1.32, D=96
+//     0.90-0.92 -> 1.12-1.15 (128x32 tiles: 0.97-0.99); 2.3-2.5x -> 2.8-3.2x PyTorch's
+//     `efficient`. Ada keeps the one-atom 64x64 shape (kNarrow), as for D=64 / D=128. Shared
+//     memory per CTA: D=80 74 KB (bool) / 82 KB (additive), D=96 72 / 80 KB; two CTAs per SM on
+//     Hopper. D=32 and D=256 keep one m-atom everywhere.
 // ptxas (sm_90a / sm_89): D=64 255 registers (128x64: 225-237), D=128 255 (128x32: 248-255),
-// masked two-atom D=64 207-215, D=128 230-236, D=80 239-241, D=96 205-212, masked one-atom 182-255;
+// masked two-atom D=64 207-215, D=128 230-236, D=80 239-241, D=96 250-255, masked one-atom 182-255;
 // no spills, no stack.
 // Measured (H100 80GB HBM3, forced sm80, fp16, 16k-token sweeps; flash = PyTorch's FlashAttention-2
 // in the same run; bench/NOTES.md, 2026-11-26):
@@ -149,8 +150,8 @@ template <int kHeadDim, bool kMasked = false, bool kNarrow = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
     // kTwoAtomMask: the D=64 / 80 / 96 / 128 masked variants on two m-atoms per warp, 128-row
-    // tiles (kNarrow = false; D=80/96 compile-only, not yet run on a GPU); with kNarrow they keep
-    // the one-atom 64x64 shape (Ada; see launch_fwd).
+    // tiles (kNarrow = false); with kNarrow they keep the one-atom 64x64 shape (Ada; see
+    // launch_fwd).
     static constexpr bool kTwoAtomMask = kMasked && !kNarrow && kHeadDim != 32 && kHeadDim != 256;
     // 16-row m-atoms per warp: two (each K/V fragment feeds two mma), except the other masked
     // variants and D=256, whose O accumulators (128 fp32 per atom) leave no room for a second atom.
@@ -187,7 +188,8 @@ struct FwdTraits {
     // walks as well 44-48 bytes (non-causal, sm_90a), so D=64 leaves them out.
     // The two-atom masked D=80 / D=96 kernels take kLeanRegs too (without it they spilled
     // 16-444 bytes); load_rows has no one-address path for their 10 / 12 chunks per row, so
-    // there it is the V walk, the shared slots and the mask copies' one address.
+    // there it is the V walk, the shared slots and the mask copies' one address, and at D=96
+    // (128x64) the Q/K walks as well.
     static constexpr bool kLeanRegs = (!kMasked || kTwoAtomMask) && !kNarrow &&
                                       (kHeadDim == 64 || kHeadDim == 128 || kTwoAtomMask);
     static constexpr bool kWalkQK = kLeanRegs && (kHeadDim == 128 || (kTwoAtomMask && kHeadDim == 96));
