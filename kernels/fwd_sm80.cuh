@@ -10,9 +10,9 @@
 // How:
 //   * One CTA = 4 warps; warp w owns query rows [32w, 32w+32) of the 128-row block as two 16-row
 //     m-atoms, so each K/V fragment read from shared memory feeds two mma, and every softmax
-//     reduction stays inside a quad of lanes (no shared memory, no block barrier). D=256 and
-//     the masked variants other than D=64 / D=128 on Hopper keep one m-atom per warp (64-row
-//     blocks; see FwdTraits).
+//     reduction stays inside a quad of lanes (no shared memory, no block barrier). D=256, masked
+//     D=32 and every masked variant on Ada keep one m-atom per warp (64-row blocks; see
+//     FwdTraits).
 //   * Q is copied to shared memory once (cp.async) and its A fragments re-read per k-step.
 //   * K and V tiles (kBlockN x D) are single-buffered on FlashAttention-2's schedule: V(n) loads
 //     while S(n) = Q K(n) is multiplied, K(n+1) (and its mask tile) while softmax(n) and P V(n)
@@ -77,9 +77,21 @@ namespace sm80 {
 //     accumulators, as the unmasked 128x64) still spilled 4-108 bytes (255 registers) with
 //     them, whichever of the mask copies, the mask reads or the run-time causal flag was taken
 //     out, so D=128 takes 32-key tiles (160 accumulators). Ada keeps one m-atom, 64x64 (kNarrow;
-//     launch_fwd, narrow_by_setting). The other head dims keep one m-atom.
+//     launch_fwd, narrow_by_setting).
+//   * Masked D=80 / D=96 (Phi-2's and Phi-3-mini's heads): two m-atoms on Hopper the same way,
+//     D=80 128x64 (O 80 + S 64 fp32) and D=96 128x64 (O 96 + S 64: D=128 128x32's 160
+//     accumulators), with kLeanRegs (as far as it applies: load_rows has no one-address path for
+//     10 / 12 chunks per row) and, at D=96, the Q/K address walks (kWalkQK). Without kLeanRegs
+//     they spilled (D=80 128x64: 120-444 bytes; D=96 128x32: 16-32 bytes, additive); D=96 128x64
+//     spilled 4-24 bytes with kLeanRegs alone. On the H100 with HuggingFace's padded bool mask
+//     (B=4 H=32 S=2048, three passes, cuDNN time / ours): D=80 1.01-1.04 -> 1.31-1.32, D=96
+//     0.90-0.92 -> 1.12-1.15 (128x32 tiles: 0.97-0.99); 2.3-2.5x -> 2.8-3.2x PyTorch's
+//     `efficient`. Ada keeps the one-atom 64x64 shape (kNarrow), as for D=64 / D=128. Shared
+//     memory per CTA: D=80 74 KB (bool) / 82 KB (additive), D=96 72 / 80 KB; two CTAs per SM on
+//     Hopper. D=32 and D=256 keep one m-atom everywhere.
 // ptxas (sm_90a / sm_89): D=64 255 registers (128x64: 225-237), D=128 255 (128x32: 248-255),
-// masked two-atom D=64 207-215, D=128 230-236, masked one-atom 182-255; no spills, no stack.
+// masked two-atom D=64 207-215, D=128 230-236, D=80 239-241, D=96 250-255, masked one-atom 182-255;
+// no spills, no stack.
 // Measured (H100 80GB HBM3, forced sm80, fp16, 16k-token sweeps; flash = PyTorch's FlashAttention-2
 // in the same run; bench/NOTES.md, 2026-11-26):
 //   * v1, 4 warps x 16 rows (BM=64, BN=64), Q in registers, 2-stage K/V ring: D=64 nc 4k 244 vs
@@ -114,8 +126,9 @@ namespace sm80 {
 //   * D=256: 64 x 32, one m-atom per warp (O alone is 128 fp32 per atom): 242-255 registers,
 //     64 KB of shared memory (one CTA per SM on sm_89). 64 x 64 (96 KB) also compiles without
 //     spills at 255 registers; on Hopper the sm90 family runs D=256 anyway unless forced.
-//   * Masked: 64 x 64 for D=32/80/96 (156-251 registers) and for D=64/128 on Ada, 64 x 32 for
-//     D=256 (255 registers; a 64-key tile would not fit 99 KB beside its mask tile).
+//   * Masked: 64 x 64 for D=32 (156-220 registers) and for D=64/80/96/128 on Ada (D=80/96:
+//     203-251), 64 x 32 for D=256 (255 registers;
+//     a 64-key tile would not fit 99 KB beside its mask tile).
 // Lazy rescaling of O (must_rebase, common/sm80_ptx.cuh) in fwd_kernel's online softmax: only
 // in the causal D=128 kernel, where it measured a gain. Forced sm80 on the H100 (fp16, 2 passes
 // of each build in one run, ratio to cuDNN): causal D=128 +2-4% at S=512-1k, +7-8% at 2k, +3-14%
@@ -136,10 +149,10 @@ constexpr bool kLazyRescale = kHeadDim == 128 && kCausal;
 template <int kHeadDim, bool kMasked = false, bool kNarrow = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
-    // kTwoAtomMask: the D=64 / D=128 masked variants on two m-atoms per warp, D=64 128x64 and
-    // D=128 128x32 tiles (kNarrow = false); with kNarrow they keep the one-atom 64x64 shape (Ada;
-    // see launch_fwd).
-    static constexpr bool kTwoAtomMask = kMasked && !kNarrow && (kHeadDim == 64 || kHeadDim == 128);
+    // kTwoAtomMask: the D=64 / 80 / 96 / 128 masked variants on two m-atoms per warp, 128-row
+    // tiles (kNarrow = false); with kNarrow they keep the one-atom 64x64 shape (Ada; see
+    // launch_fwd).
+    static constexpr bool kTwoAtomMask = kMasked && !kNarrow && kHeadDim != 32 && kHeadDim != 256;
     // 16-row m-atoms per warp: two (each K/V fragment feeds two mma), except the other masked
     // variants and D=256, whose O accumulators (128 fp32 per atom) leave no room for a second atom.
     static constexpr int kMAtoms = (kMasked && !kTwoAtomMask) || kHeadDim == 256 ? 1 : 2;
@@ -173,8 +186,13 @@ struct FwdTraits {
     // or the shared pointers, D=128 spilled 32-40 bytes (non-causal, sm_90a); without the V walk,
     // the shared pointers or load_rows, D=64 spilled 32-144 bytes (non-causal), and with the Q/K
     // walks as well 44-48 bytes (non-causal, sm_90a), so D=64 leaves them out.
-    static constexpr bool kLeanRegs = (!kMasked || kTwoAtomMask) && !kNarrow && (kHeadDim == 64 || kHeadDim == 128);
-    static constexpr bool kWalkQK = kLeanRegs && kHeadDim == 128;
+    // The two-atom masked D=80 / D=96 kernels take kLeanRegs too (without it they spilled
+    // 16-444 bytes); load_rows has no one-address path for their 10 / 12 chunks per row, so
+    // there it is the V walk, the shared slots and the mask copies' one address, and at D=96
+    // (128x64) the Q/K walks as well.
+    static constexpr bool kLeanRegs = (!kMasked || kTwoAtomMask) && !kNarrow &&
+                                      (kHeadDim == 64 || kHeadDim == 128 || kTwoAtomMask);
+    static constexpr bool kWalkQK = kLeanRegs && (kHeadDim == 128 || (kTwoAtomMask && kHeadDim == 96));
     // Elements: Q tile + one K tile + one V tile (single-buffered: V(n) loads under S(n), K(n+1)
     // under softmax(n) and PV(n); see the main loop).
     static constexpr int kSmemElems = kBlockM * kPitch + 2 * kBlockN * kPitch;
@@ -876,7 +894,8 @@ template <typename Elem, int kHeadDim, bool kCausal, int kMask>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     int device = 0, major = 0;
     if (fc_device_info_(&device, &major, nullptr, nullptr) != FC_OK) return fc_last_cuda_error();
-    if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+    // D=64 / D=128 have two tile shapes with or without a mask; D=80 / D=96 with a mask only.
+    if constexpr (kHeadDim == 64 || kHeadDim == 128 || (kMask != kNoMask && kHeadDim != 32 && kHeadDim != 256)) {
         constexpr bool kMasked = kMask != kNoMask;
         using Narrow = FwdTraits<kHeadDim, kMasked, true>;
         using Wide = FwdTraits<kHeadDim, kMasked, false>;
