@@ -285,6 +285,9 @@ def test_finfo_min_rows(dtype, family):
     unmasked row's attention; in bf16 (-3.4e38) fp32 rounding erases the scores and the row
     becomes V's average. Either way: the float64 reference of the same math, no NaN."""
     B, H, Sq, Sk, D = 1, 2, 70, 90, 64
+    if not flashcore._built_for(D, dtype):
+        # A trimmed build falls back to PyTorch here, whose backends round the bf16 rows otherwise.
+        pytest.skip(f"this build has no D={D} {dtype} kernels (FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES)")
     q, k, v = (torch.randn(B, H, s, D, dtype=dtype, device=DEVICE) for s in (Sq, Sk, Sk))
     mask = torch.zeros(Sq, Sk, dtype=dtype, device=DEVICE)
     mask[5] = torch.finfo(dtype).min
