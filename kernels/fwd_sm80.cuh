@@ -374,9 +374,12 @@ struct ChunkPairWalk {
     int at = 0;
     __device__ __forceinline__ explicit ChunkPairWalk(uint32_t base) : addr(base) {}
     __device__ __forceinline__ uint32_t operator()(int kk) {
-        if constexpr (!kWalk) return chunk_pair_addr(addr, kk);
-        for (; at < kk; ++at) addr = (addr ^ (at & 1 ? 96 : 32)) + ((at & 3) == 3 ? 128 : 0);
-        return addr;
+        if constexpr (!kWalk) {
+            return chunk_pair_addr(addr, kk);
+        } else {
+            for (; at < kk; ++at) addr = (addr ^ (at & 1 ? 96 : 32)) + ((at & 3) == 3 ? 128 : 0);
+            return addr;
+        }
     }
     __device__ __forceinline__ void rewind() {
         if constexpr (kWalk) {
@@ -887,20 +890,21 @@ inline bool narrow_by_setting(const char *variable, const char *narrow_value, co
     return major < 9;
 }
 
-// D=64 / D=128 have two tile shapes: unmasked, FLASHCORE_SM80_D64_KEYS=64 / 128 and
-// FLASHCORE_SM80_D128_KEYS=32 / 64 (the key tiles); with a mask, FLASHCORE_SM80_MASK_ROWS=64 /
-// 128 (the query rows per CTA).
+// A kernel whose FwdTraits differ with kNarrow has two tile shapes (unmasked D=64 / D=128, and
+// the masked D=64 / 80 / 96 / 128 on two m-atoms): unmasked, FLASHCORE_SM80_D64_KEYS=64 / 128
+// and FLASHCORE_SM80_D128_KEYS=32 / 64 pick the key tile; with a mask, FLASHCORE_SM80_MASK_ROWS=64
+// / 128 the query rows per CTA. The others have one.
 template <typename Elem, int kHeadDim, bool kCausal, int kMask>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     int device = 0, major = 0;
     if (fc_device_info_(&device, &major, nullptr, nullptr) != FC_OK) return fc_last_cuda_error();
-    // D=64 / D=128 have two tile shapes with or without a mask; D=80 / D=96 with a mask only.
-    if constexpr (kHeadDim == 64 || kHeadDim == 128 || (kMask != kNoMask && kHeadDim != 32 && kHeadDim != 256)) {
-        constexpr bool kMasked = kMask != kNoMask;
-        using Narrow = FwdTraits<kHeadDim, kMasked, true>;
-        using Wide = FwdTraits<kHeadDim, kMasked, false>;
+    constexpr bool kMasked = kMask != kNoMask;
+    using Narrow = FwdTraits<kHeadDim, kMasked, true>;
+    using Wide = FwdTraits<kHeadDim, kMasked, false>;
+    if constexpr (Narrow::kBlockM != Wide::kBlockM || Narrow::kBlockN != Wide::kBlockN) {
         static_assert(kMasked ? Narrow::kBlockM == 64 && Wide::kBlockM == 128
-                              : Narrow::kBlockN == (kHeadDim == 64 ? 64 : 32) &&
+                              : (kHeadDim == 64 || kHeadDim == 128) &&
+                                    Narrow::kBlockN == (kHeadDim == 64 ? 64 : 32) &&
                                     Wide::kBlockN == (kHeadDim == 64 ? 128 : 64),
                       "the tile sizes the variables name");
         const bool narrow = kMasked           ? narrow_by_setting("FLASHCORE_SM80_MASK_ROWS", "64", "128", major)

@@ -36,6 +36,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device: GPU tests of attn_mask skipped", allow_module_level=True)
 
 import flashcore  # noqa: E402  (on a GPU machine a failed import is an error)
+from build_record import skip_unless_built  # noqa: E402
 from kernel_trace import launched_kernels, launched_narrow  # noqa: E402
 
 DEVICE = "cuda"
@@ -219,8 +220,7 @@ CASES = _cases()
 
 def _check(c, family, mask, q, k, v, kw):
     out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
-    if not flashcore._built_for(q.shape[3], q.dtype):
-        pytest.skip(f"this build has no D={q.shape[3]} {q.dtype} kernels (FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES)")
+    skip_unless_built(q.shape[3], q.dtype)
     path = flashcore.explain(q, k, v, attn_mask=mask, **kw)
     if KERNEL_CARD:
         assert path.startswith("kernel sm80"), f"expected the sm80 kernel, explain() says {path!r}"
@@ -285,9 +285,7 @@ def test_finfo_min_rows(dtype, family):
     unmasked row's attention; in bf16 (-3.4e38) fp32 rounding erases the scores and the row
     becomes V's average. Either way: the float64 reference of the same math, no NaN."""
     B, H, Sq, Sk, D = 1, 2, 70, 90, 64
-    if not flashcore._built_for(D, dtype):
-        # A trimmed build falls back to PyTorch here, whose backends round the bf16 rows otherwise.
-        pytest.skip(f"this build has no D={D} {dtype} kernels (FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES)")
+    skip_unless_built(D, dtype)  # a fallback to PyTorch rounds the bf16 rows otherwise
     q, k, v = (torch.randn(B, H, s, D, dtype=dtype, device=DEVICE) for s in (Sq, Sk, Sk))
     mask = torch.zeros(Sq, Sk, dtype=dtype, device=DEVICE)
     mask[5] = torch.finfo(dtype).min
@@ -372,8 +370,7 @@ def test_sm80_mask_tile_shapes(D, Sq, Sk, dtype, causal, kind, rows, monkeypatch
     kNarrow, of the launched kernel's name, and the grid's query blocks)."""
     if not KERNEL_CARD:
         pytest.skip("no FlashCore kernel on this card")
-    if not flashcore._built_for(D, dtype):
-        pytest.skip(f"this build has no D={D} {dtype} kernels (FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES)")
+    skip_unless_built(D, dtype)
     monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
     monkeypatch.setenv("FLASHCORE_SM80_MASK_ROWS", str(rows))
     B, H = 2, 3

@@ -42,6 +42,7 @@ if not torch.cuda.is_available():
 
 # On a GPU machine the package must load: let ImportError fail the run.
 import flashcore  # noqa: E402
+from build_record import skip_unless_built  # noqa: E402
 from kernel_trace import launched_kernels, launched_narrow  # noqa: E402
 
 sdpa = torch.ops.flashcore.sdpa
@@ -115,12 +116,6 @@ def _reference_chunks(q, kk, vv, out, keep, scale, step, compute_dtype):
 
 
 # --------------------------------------------------------------------------- helpers
-
-def skip_unless_built(D, dtype):
-    """Skip a case whose kernels a trimmed build left out (FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES)."""
-    if not flashcore._built_for(D, dtype):
-        pytest.skip(f"this build has no D={D} {dtype} kernels (FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES)")
-
 
 def poison_allocator(shape, dtype):
     """Fill a block of the output's size with NaN and free it, so that the op's own

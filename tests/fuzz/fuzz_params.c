@@ -129,8 +129,8 @@ static void accepted_is_consistent(const fc_params *p);
 static void tile_shape(fc_family family, int head_dim, int causal, int *block_m, int *block_n) {
     if (family == FC_FAMILY_SM80) {
         /* 128 x 64 (D=32 and D=64: 128 x 128; D=96: 128 x 32; D=256: 64 x 32), narrow variants
-         * D=64 128 x 64 and D=128 128 x 32, masked 64 x 64 (D=256: 64 x 32; D=64 / D=80 on
-         * Hopper: 128 x 64, D=96 / D=128 there: 128 x 32): the larger of each bounds both */
+         * D=64 128 x 64 and D=128 128 x 32, masked 64 x 64 (D=256: 64 x 32; D=64 / 80 / 96 on
+         * Hopper: 128 x 64, D=128 there: 128 x 32): the larger of each bounds both */
         *block_m = 128;
         *block_n = head_dim == 32 || head_dim == 64 ? 128 : 64;
     } else if (family == FC_FAMILY_DECODE) {
