@@ -306,6 +306,17 @@ __device__ __forceinline__ int snake_tile(int round, int n_tiles, int splits) {
 template <int kHeadDim>
 constexpr bool kLazyRescale = kHeadDim == 256;
 
+// When the consumer waits for O += P(n-1) V(n-1) (fwd_kernel's key loop). Late: after the
+// softmax of S(n), then O is rescaled and P(n) converted, a tail of FMULs and F2FPs after the last
+// exponential. Early (kEarlyPvWait): as soon as the row maxima of S(n) are known, so O's rescale
+// and P's conversion are free to interleave with the exponentials, whose MUFU pacing leaves issue
+// slots idle. The early wait can stall where P V outlasts the max reduction (long head dims).
+#ifndef FLASHCORE_SM90_EARLY_PV
+#define FLASHCORE_SM90_EARLY_PV 64
+#endif
+template <int kHeadDim>
+constexpr bool kEarlyPvWait = !kLazyRescale<kHeadDim> && kHeadDim <= FLASHCORE_SM90_EARLY_PV;
+
 // Partials in the (then idle) K/V ring: O rows padded by 8 floats, so the float2 stores of a
 // warp's 8 rows spread over all banks (2 wavefronts for 256 bytes, the minimum).
 template <int kHeadDim, int kBlockM>
@@ -709,7 +720,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // row_max is kept in raw score units; the scale (> 0, see fc_dispatch) goes into one
         // FFMA per element: p = exp2(s * scale * log2(e) - max * scale * log2(e)).
         // Returns whether this warp moved its rows' exponent base (else O needs no rescaling).
-        auto softmax = [&](int n, float (&rescale)[2]) -> bool {  // S(n) -> unnormalised P, in place
+        // kEarlyPvWait: also waits for O += P(n-1) V(n-1) (`pv_pending`, then `pv_done` releases its
+        // V stage) once the maxima are known, rescales O and converts P(n) into p_frag.
+        auto softmax = [&](int n, float (&rescale)[2], bool pv_pending, auto &&pv_done) -> bool {
             const int n_start = n * kBlockN;
             const bool ragged = n_start + kBlockN > seqlen_k;
             const bool crosses_diagonal = kCausal && n_start + kBlockN - 1 > wg_row0;
@@ -746,6 +759,13 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) rebase_row |= must_rebase(mx[h], row_max[h], scale_log2);
             const bool rebase = !kLazyRescale<kHeadDim> || __any_sync(0xffffffff, rebase_row);
+            if constexpr (kEarlyPvWait<kHeadDim>) {
+                if (pv_pending) {
+                    wgmma_wait<0>();
+                    fence_registers(o_acc);
+                    pv_done();
+                }
+            }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if (!rebase) mx[h] = row_max[h];
@@ -781,6 +801,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                         sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
                     }
                     row_sum[h] = row_sum[h] * rescale[h] + sum;
+                }
+                if constexpr (kEarlyPvWait<kHeadDim>) {
+                    if (pv_pending) rescale_o(rescale);  // (kEarlyPvWait: never lazy, always rebased)
+                    convert_p();
                 }
             };
             const bool huge = fabsf(base[0]) >= 4096.f || fabsf(base[1]) >= 4096.f;
@@ -820,8 +844,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 fence_registers(s);
                 release(&bars.k_empty[(slot0 + mine) % kStages]);
                 if (mine == last) release(&bars.q_empty);  // last use of Q in this tile
-                softmax(mine, rescale);  // O is still zero: nothing to rescale
-                convert_p();
+                softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
+                if constexpr (!kEarlyPvWait<kHeadDim>) convert_p();
                 for (int n = mine + kKeySplit; n < end; n += kKeySplit) {
                     wait_turn();
                     issue_qk(slot0 + n);
@@ -831,12 +855,15 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     fence_registers(s);
                     release(&bars.k_empty[(slot0 + n) % kStages]);
                     if (n == last) release(&bars.q_empty);
-                    const bool rebased = softmax(n, rescale);
-                    wgmma_wait<0>();
-                    fence_registers(o_acc);
-                    release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]);
-                    if (rebased) rescale_o(rescale);  // else every factor is 1
-                    convert_p();
+                    auto pv_done = [&] { release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]); };
+                    const bool rebased = softmax(n, rescale, true, pv_done);
+                    if constexpr (!kEarlyPvWait<kHeadDim>) {
+                        wgmma_wait<0>();
+                        fence_registers(o_acc);
+                        pv_done();
+                        if (rebased) rescale_o(rescale);  // else every factor is 1
+                        convert_p();
+                    }
                 }
                 wait_turn();
                 issue_pv(slot0 + last);
