@@ -316,6 +316,15 @@ constexpr bool kLazyRescale = kHeadDim == 256;
 #endif
 template <int kHeadDim>
 constexpr bool kEarlyPvWait = !kLazyRescale<kHeadDim> && kHeadDim <= FLASHCORE_SM90_EARLY_PV;
+// Mid (kMidPvWait): after the first of the thread's two rows is exponentiated, for head dims
+// whose P V takes longer than the max reduction.
+#ifndef FLASHCORE_SM90_MID_PV
+#define FLASHCORE_SM90_MID_PV 0
+#endif
+template <int kHeadDim>
+constexpr bool kMidPvWait = !kLazyRescale<kHeadDim> && !kEarlyPvWait<kHeadDim> && kHeadDim <= FLASHCORE_SM90_MID_PV;
+template <int kHeadDim>
+constexpr bool kPvWaitInSoftmax = kEarlyPvWait<kHeadDim> || kMidPvWait<kHeadDim>;
 
 // Partials in the (then idle) K/V ring: O rows padded by 8 floats, so the float2 stores of a
 // warp's 8 rows spread over all banks (2 wavefronts for 256 bytes, the minimum).
@@ -801,8 +810,15 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                         sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
                     }
                     row_sum[h] = row_sum[h] * rescale[h] + sum;
+                    if constexpr (kMidPvWait<kHeadDim>) {
+                        if (h == 0 && pv_pending) {
+                            wgmma_wait<0>();
+                            fence_registers(o_acc);
+                            pv_done();
+                        }
+                    }
                 }
-                if constexpr (kEarlyPvWait<kHeadDim>) {
+                if constexpr (kPvWaitInSoftmax<kHeadDim>) {
                     if (pv_pending) rescale_o(rescale);  // (kEarlyPvWait: never lazy, always rebased)
                     convert_p();
                 }
@@ -845,7 +861,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 release(&bars.k_empty[(slot0 + mine) % kStages]);
                 if (mine == last) release(&bars.q_empty);  // last use of Q in this tile
                 softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
-                if constexpr (!kEarlyPvWait<kHeadDim>) convert_p();
+                if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p();
                 for (int n = mine + kKeySplit; n < end; n += kKeySplit) {
                     wait_turn();
                     issue_qk(slot0 + n);
@@ -857,7 +873,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     if (n == last) release(&bars.q_empty);
                     auto pv_done = [&] { release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]); };
                     const bool rebased = softmax(n, rescale, true, pv_done);
-                    if constexpr (!kEarlyPvWait<kHeadDim>) {
+                    if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
                         wgmma_wait<0>();
                         fence_registers(o_acc);
                         pv_done();
