@@ -306,23 +306,22 @@ __device__ __forceinline__ int snake_tile(int round, int n_tiles, int splits) {
 template <int kHeadDim>
 constexpr bool kLazyRescale = kHeadDim == 256;
 
-// When the consumer waits for O += P(n-1) V(n-1) (fwd_kernel's key loop). Late: after the
-// softmax of S(n), then O is rescaled and P(n) converted, a tail of FMULs and F2FPs after the last
-// exponential. Early (kEarlyPvWait): as soon as the row maxima of S(n) are known, so O's rescale
-// and P's conversion are free to interleave with the exponentials, whose MUFU pacing leaves issue
-// slots idle. The early wait can stall where P V outlasts the max reduction (long head dims).
-#ifndef FLASHCORE_SM90_EARLY_PV
-#define FLASHCORE_SM90_EARLY_PV 64
-#endif
+// When a consumer waits for O += P(n-1) V(n-1) in the key loop (fwd_kernel's softmax). Main
+// used to wait after the softmax of S(n), then rescale O and convert P(n) into p_frag: a tail of
+// FMULs and F2FPs after the last exponential, on the path to the warpgroup's next GEMM turn.
+// Waiting earlier lets the compiler interleave them with the exponentials, whose MUFU pacing
+// leaves issue slots idle (ncu: our MUFUs stalled on "wait" 15x as often as cuDNN's):
+//   * early (kEarlyPvWait, D=64): as soon as the row maxima are known. P V(n-1) takes half the
+//     time of D=128's and is done by then.
+//   * mid (kMidPvWait, D=128): after the first of the thread's two rows is exponentiated; the
+//     early wait stalled there (D=128 non-causal 2k 1.03 -> 0.99, causal 2k 1.12 -> 1.10).
+// Measured (H100, fp16, 3 passes each, ratio to cuDNN; bench/NOTES.md, fifteenth session):
+// D=64 causal 512 0.92 -> 0.94, 2k 0.99 -> 1.01; D=128 non-causal 512 0.98 -> 1.00, 1k-2k
+// 1.02 -> 1.04, causal 512 0.995 -> 1.015, 1k 1.07 -> 1.10; the long rows within their spread.
 template <int kHeadDim>
-constexpr bool kEarlyPvWait = !kLazyRescale<kHeadDim> && kHeadDim <= FLASHCORE_SM90_EARLY_PV;
-// Mid (kMidPvWait): after the first of the thread's two rows is exponentiated, for head dims
-// whose P V takes longer than the max reduction.
-#ifndef FLASHCORE_SM90_MID_PV
-#define FLASHCORE_SM90_MID_PV 0
-#endif
+constexpr bool kEarlyPvWait = kHeadDim == 64;
 template <int kHeadDim>
-constexpr bool kMidPvWait = !kLazyRescale<kHeadDim> && !kEarlyPvWait<kHeadDim> && kHeadDim <= FLASHCORE_SM90_MID_PV;
+constexpr bool kMidPvWait = kHeadDim == 128;
 template <int kHeadDim>
 constexpr bool kPvWaitInSoftmax = kEarlyPvWait<kHeadDim> || kMidPvWait<kHeadDim>;
 

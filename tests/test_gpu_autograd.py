@@ -40,6 +40,7 @@ if not torch.cuda.is_available():
 
 import flashcore  # noqa: E402  (on a GPU machine a failed import is an error)
 from attention_block import Attention as _AttentionBlock  # noqa: E402
+from build_record import skip_unless_built  # noqa: E402
 
 DEVICE = "cuda"
 KERNEL_CARD = torch.cuda.get_device_capability() in ((8, 9), (9, 0))
@@ -86,6 +87,13 @@ def assert_grads_within_rule(got, low, ref32, dtype, what):
                             f"(PyTorch low-precision err {lp_err:.3e})")
 
 
+def require_kernel(D, dtype):
+    """A case that asserts a kernel path needs this build to have that kernel (a trimmed build
+    may leave the head dim or dtype out, and then the op falls back)."""
+    if KERNEL_CARD:
+        skip_unless_built(D, dtype)
+
+
 def assert_backward_kernel(grad_out, q, k, v, is_causal=False, enable_gqa=False):
     """The fused backward kernel (not the Python backward) takes these tensors."""
     with torch.no_grad():
@@ -114,6 +122,7 @@ SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_kernel_grads(dtype, D, causal, shape):
+    require_kernel(D, dtype)
     B, Hq, Hkv, Sq, Sk = SHAPES[shape]
     q, k, v = rand(B, Hq, Sq, D, dtype=dtype), rand(B, Hkv, Sk, D, dtype=dtype), \
         rand(B, Hkv, Sk, D, dtype=dtype)
@@ -135,6 +144,7 @@ def test_kernel_grads(dtype, D, causal, shape):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_kernel_grads_noncontiguous(dtype, D, causal):
     """(B, S, H, D) transposed views for q, k, v and a grad_out that is a transposed view too."""
+    require_kernel(D, dtype)
     B, Hq, Hkv, Sq, Sk = 2, 8, 2, 300, 257
     q = torch.randn(B, Sq, Hq, D, dtype=dtype, device=DEVICE).transpose(1, 2).requires_grad_()
     k = torch.randn(B, Sk, Hkv, D, dtype=dtype, device=DEVICE).transpose(1, 2).requires_grad_()
@@ -151,6 +161,7 @@ def test_kernel_grads_noncontiguous(dtype, D, causal):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_kernel_bwd_deterministic(dtype):
     """No atomics in the backward: two calls give bitwise equal gradients (README, issue 8)."""
+    require_kernel(128, dtype)
     q, k, v = rand(2, 16, 1000, 128, dtype=dtype), rand(2, 2, 1000, 128, dtype=dtype), \
         rand(2, 2, 1000, 128, dtype=dtype)
     grad_out = torch.randn(2, 16, 1000, 128, dtype=dtype, device=DEVICE)
@@ -169,6 +180,7 @@ def test_kernel_bwd_through_lse(dtype, causal):
     """grad_lse reaches the kernel (delta - dLSE): sdpa_bwd_kernel vs a float64 autograd of
     (out, logsumexp). Tolerance: 2% (fp16) / 5% (bf16) of max|ref| (P and dS are rounded to 16
     bits inside the kernel; a wrong dLSE term is off by O(max|ref|))."""
+    require_kernel(64, dtype)
     B, Hq, Hkv, Sq, Sk, D = 2, 4, 2, 129, 77, 64
     q, k, v = (rand(B, h, s, D, dtype=dtype, requires_grad=False)
                for h, s in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
@@ -199,6 +211,7 @@ def test_kernel_bwd_through_lse(dtype, causal):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_kernel_lse_and_out(dtype, layout):
     B, Hq, Hkv, S, D = 2, 8, 2, 333, 128
+    require_kernel(D, dtype)
     if layout == "bshd":  # HuggingFace's transposed views
         q = torch.randn(B, S, Hq, D, dtype=dtype, device=DEVICE).transpose(1, 2)
         k = torch.randn(B, S, Hkv, D, dtype=dtype, device=DEVICE).transpose(1, 2)
@@ -245,6 +258,7 @@ def test_grads_head_dims_without_backward_kernel(D, dtype, monkeypatch):
     """D=32/80/96/256: the forward runs a FlashCore kernel, the backward is the Python one from
     the kernel's LSE (the fused backward has 64/128 only), within the rule of the kernel path.
     On Hopper AUTO leaves D=32/80/96 to cuDNN, so those force the sm80 family."""
+    require_kernel(D, dtype)
     if D in (32, 80, 96) and KERNEL_CARD:
         monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
     q, k, v = rand(2, 8, 127, D, dtype=dtype), rand(2, 2, 200, D, dtype=dtype), \
@@ -377,6 +391,7 @@ def _close(a, b, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_compile_fullgraph_dynamic(dtype):
+    require_kernel(64, dtype)
     import torch._dynamo.testing
     model = Attention().to(DEVICE, dtype)
     torch._dynamo.reset()
