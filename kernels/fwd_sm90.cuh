@@ -324,6 +324,8 @@ template <int kHeadDim>
 constexpr bool kMidPvWait = kHeadDim == 128;
 template <int kHeadDim>
 constexpr bool kPvWaitInSoftmax = kEarlyPvWait<kHeadDim> || kMidPvWait<kHeadDim>;
+static_assert(!(kPvWaitInSoftmax<64> && kLazyRescale<64>) && !(kPvWaitInSoftmax<128> && kLazyRescale<128>),
+              "the softmax rescales O unconditionally where it waits for P V: not with lazy rescaling");
 
 // Partials in the (then idle) K/V ring: O rows padded by 8 floats, so the float2 stores of a
 // warp's 8 rows spread over all banks (2 wavefronts for 256 bytes, the minimum).
@@ -728,8 +730,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // row_max is kept in raw score units; the scale (> 0, see fc_dispatch) goes into one
         // FFMA per element: p = exp2(s * scale * log2(e) - max * scale * log2(e)).
         // Returns whether this warp moved its rows' exponent base (else O needs no rescaling).
-        // kEarlyPvWait: also waits for O += P(n-1) V(n-1) (`pv_pending`, then `pv_done` releases its
-        // V stage) once the maxima are known, rescales O and converts P(n) into p_frag.
+        // kPvWaitInSoftmax (kEarlyPvWait, kMidPvWait): it also waits for O += P(n-1) V(n-1) when
+        // `pv_pending` (then `pv_done` releases its V stage), rescales O and converts P(n) into p_frag.
         auto softmax = [&](int n, float (&rescale)[2], bool pv_pending, auto &&pv_done) -> bool {
             const int n_start = n * kBlockN;
             const bool ragged = n_start + kBlockN > seqlen_k;
@@ -818,7 +820,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     }
                 }
                 if constexpr (kPvWaitInSoftmax<kHeadDim>) {
-                    if (pv_pending) rescale_o(rescale);  // (kEarlyPvWait: never lazy, always rebased)
+                    if (pv_pending) rescale_o(rescale);  // (never lazy here: always rebased)
                     convert_p();
                 }
             };
