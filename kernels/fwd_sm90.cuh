@@ -466,6 +466,19 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t m0, uint32_t
                  : "memory");
 }
 
+#ifndef FLASHCORE_SM90_TRACE
+#define FLASHCORE_SM90_TRACE 0
+#endif
+// Profiling only (built with -DFLASHCORE_SM90_TRACE=1; off, the kernels are unchanged): thread 0
+// of every consumer warpgroup records numbered events of its loop (`trace` in fwd_kernel) with the
+// SM's clock into g_trace, kTracePerWg entries per (CTA of the first kTraceCtas, warpgroup), each
+// event << 56 | argument << 48 | clock. ci/sm90_trace.py reads it through fc_sm90_trace_hdim*_*
+// and prints where the cycles go between events.
+constexpr int kTracePerWg = 4096, kTraceCtas = 160;
+#if FLASHCORE_SM90_TRACE
+__device__ unsigned long long g_trace[kTraceCtas * 4 * kTracePerWg];
+#endif
+
 template <typename Elem, int kHeadDim, bool kCausal, int kShape>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kCausal, kShape>::kThreads, 1)
 fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
@@ -606,6 +619,23 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const uint32_t k_base = smem_addr(smem_k);
     const uint32_t v_base = smem_addr(smem_v);
     const float scale_log2 = p.scale * 1.4426950408889634f;
+    // Trace events (FLASHCORE_SM90_TRACE; names as in ci/sm90_trace.py): 1 tile start (argument:
+    // its key tiles), 2 Q landed, 3 / 4 GEMM turn waited for / taken, 5 GEMMs issued, 6 S ready,
+    // 8 P V done, 11 softmax done, 7 P converted, 9 / 10 epilogue start / end, 12 CTA done.
+#if FLASHCORE_SM90_TRACE
+    int trace_n = 0;
+    auto trace = [&](int ev, int n) {
+        if (threadIdx.x % 128 == 0 && trace_n < kTracePerWg && blockIdx.x < kTraceCtas) {
+            const unsigned long long c = clock64();
+            g_trace[(blockIdx.x * 4 + warpgroup) * kTracePerWg + trace_n] =
+                (static_cast<unsigned long long>(ev) << 56) | (static_cast<unsigned long long>(n & 0xff) << 48) |
+                (c & ((1ull << 48) - 1));
+        }
+        ++trace_n;
+    };
+#else
+    auto trace = [](int, int) {};
+#endif
 
     float o_acc[kDTiles * 4];
     float row_max[2], row_sum[2];
@@ -695,9 +725,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // A single consumer warpgroup (kTiny) has no one to take turns with; a pair (kPair) reads
     // different key tiles and runs free.
     auto wait_turn = [&] {
+        trace(3, 0);
         if constexpr (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
+        trace(4, 0);
     };
     auto pass_turn = [&](bool last_section) {
+        trace(5, 0);
         if constexpr (kPingPong)
             if (!(consumer == kW - 1 && last_section))
                 asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
@@ -848,7 +881,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             // In split mode a CTA has one tile; persistent CTAs' tiles all have key tiles, so the
             // CTA's last tile is the one without a successor.
             const bool last_tile = snake_tile(local + 1, n_tiles, cluster_size()) >= n_tiles;
+            trace(1, end - first);
             wait_barrier(&bars.q_full, q_loads++ & 1);
+            trace(2, 0);
             if (mine >= end) {
                 release(&bars.q_empty);  // kPair with a single key tile: nothing for this one
             } else {
@@ -858,34 +893,43 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 pass_turn(false);
                 if constexpr (T::kOBufs > 0) retire_o_store();  // the previous tile's store of O
                 wgmma_wait<0>();
+                trace(6, mine);
                 fence_registers(s);
                 release(&bars.k_empty[(slot0 + mine) % kStages]);
                 if (mine == last) release(&bars.q_empty);  // last use of Q in this tile
                 softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
                 if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p();
+                trace(7, mine);
                 for (int n = mine + kKeySplit; n < end; n += kKeySplit) {
                     wait_turn();
                     issue_qk(slot0 + n);
                     issue_pv(slot0 + n - kKeySplit);
                     pass_turn(false);
                     wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
+                    trace(6, n);
                     fence_registers(s);
                     release(&bars.k_empty[(slot0 + n) % kStages]);
                     if (n == last) release(&bars.q_empty);
-                    auto pv_done = [&] { release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]); };
+                    auto pv_done = [&] {
+                        trace(8, n);
+                        release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]);
+                    };
                     const bool rebased = softmax(n, rescale, true, pv_done);
+                    trace(11, n);
                     if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
                         wgmma_wait<0>();
                         fence_registers(o_acc);
                         pv_done();
                         if (rebased) rescale_o(rescale);  // else every factor is 1
                         convert_p();
+                        trace(7, n);
                     }
                 }
                 wait_turn();
                 issue_pv(slot0 + last);
                 pass_turn(last_tile);  // the tile's last GEMM section
                 wgmma_wait<0>();
+                trace(8, last);
                 fence_registers(o_acc);
                 release(&bars.v_empty[(slot0 + last) % kStages]);
             }
@@ -893,6 +937,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         }
 
         // ---- epilogue: normalise, write O from registers (Q's buffer is already refilling) ----
+        trace(9, 0);
         float inv_sum[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -1076,6 +1121,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     ptx::cp_async_bulk_commit_group();
                     o_store_pending = true;
                 }
+                trace(10, 0);
                 continue;
             }
         }
@@ -1104,6 +1150,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             }
         }
     }
+    trace(12, 0);
     // The last store of O must have read the staging buffer before the CTA's shared memory goes
     // (and, with one buffer, the other warpgroup's last epilogue may be waiting for it).
     if constexpr (T::kOBufs > 0) retire_o_store();
@@ -1363,9 +1410,24 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
 }  // namespace sm90
 }  // namespace flashcore
 
+#if FLASHCORE_SM90_TRACE
+#define FLASHCORE_SM90_TRACE_COPY(HDIM, DTYPE_NAME)                                              \
+    extern "C" __attribute__((visibility("default"))) int fc_sm90_trace_hdim##HDIM##_##DTYPE_NAME(void *dst, int clear) { \
+        if (clear) {                                                                             \
+            static unsigned long long zeros[flashcore::sm90::kTracePerWg];                       \
+            for (int i = 0; i < flashcore::sm90::kTraceCtas * 4; ++i)                            \
+                cudaMemcpyToSymbol(flashcore::sm90::g_trace, zeros, sizeof zeros, i * sizeof zeros); \
+            return 0;                                                                            \
+        }                                                                                        \
+        return cudaMemcpyFromSymbol(dst, flashcore::sm90::g_trace, sizeof flashcore::sm90::g_trace); \
+    }
+#else
+#define FLASHCORE_SM90_TRACE_COPY(HDIM, DTYPE_NAME)
+#endif
 #define FLASHCORE_DEFINE_SM90_FWD(HDIM, DTYPE_NAME, ELEM)                                       \
     extern "C" cudaError_t fc_sm90_fwd_hdim##HDIM##_##DTYPE_NAME(const fc_params *p,          \
                                                                  cudaStream_t stream) {       \
         return p->causal ? flashcore::sm90::launch_fwd<ELEM, HDIM, true>(*p, stream)           \
                          : flashcore::sm90::launch_fwd<ELEM, HDIM, false>(*p, stream);         \
-    }
+    }                                                                                          \
+    FLASHCORE_SM90_TRACE_COPY(HDIM, DTYPE_NAME)
