@@ -324,8 +324,6 @@ template <int kHeadDim>
 constexpr bool kMidPvWait = kHeadDim == 128;
 template <int kHeadDim>
 constexpr bool kPvWaitInSoftmax = kEarlyPvWait<kHeadDim> || kMidPvWait<kHeadDim>;
-static_assert(!(kPvWaitInSoftmax<64> && kLazyRescale<64>) && !(kPvWaitInSoftmax<128> && kLazyRescale<128>),
-              "the softmax rescales O unconditionally where it waits for P V: not with lazy rescaling");
 
 // Partials in the (then idle) K/V ring: O rows padded by 8 floats, so the float2 stores of a
 // warp's 8 rows spread over all banks (2 wavefronts for 256 bytes, the minimum).
@@ -490,6 +488,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     constexpr int kKeySplit = T::kKeySplit;
     // Warpgroups that share rows split the keys instead of taking turns (kPair).
     constexpr bool kPingPong = kW > 1 && kKeySplit == 1;
+    static_assert(!(kPvWaitInSoftmax<kHeadDim> && kLazyRescale<kHeadDim>),
+                  "the softmax rescales O unconditionally where it waits for P V: not with lazy rescaling");
 
     extern __shared__ unsigned char smem_raw[];
     __shared__ Barriers<kStages, T::kOBufs> bars;
@@ -763,9 +763,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // row_max is kept in raw score units; the scale (> 0, see fc_dispatch) goes into one
         // FFMA per element: p = exp2(s * scale * log2(e) - max * scale * log2(e)).
         // Returns whether this warp moved its rows' exponent base (else O needs no rescaling).
-        // kPvWaitInSoftmax (kEarlyPvWait, kMidPvWait): it also waits for O += P(n-1) V(n-1) when
-        // `pv_pending` (then `pv_done` releases its V stage), rescales O and converts P(n) into p_frag.
-        auto softmax = [&](int n, float (&rescale)[2], bool pv_pending, auto &&pv_done) -> bool {
+        // kPvWaitInSoftmax (kEarlyPvWait, kMidPvWait): when `pv_pending` it also calls `finish_pv`
+        // (waits for O += P(n-1) V(n-1), releases its V stage), rescales O and converts P(n).
+        auto softmax = [&](int n, float (&rescale)[2], bool pv_pending, auto &&finish_pv) -> bool {
             const int n_start = n * kBlockN;
             const bool ragged = n_start + kBlockN > seqlen_k;
             const bool crosses_diagonal = kCausal && n_start + kBlockN - 1 > wg_row0;
@@ -802,13 +802,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) rebase_row |= must_rebase(mx[h], row_max[h], scale_log2);
             const bool rebase = !kLazyRescale<kHeadDim> || __any_sync(0xffffffff, rebase_row);
-            if constexpr (kEarlyPvWait<kHeadDim>) {
-                if (pv_pending) {
-                    wgmma_wait<0>();
-                    fence_registers(o_acc);
-                    pv_done();
-                }
-            }
+            if constexpr (kEarlyPvWait<kHeadDim>)
+                if (pv_pending) finish_pv();
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if (!rebase) mx[h] = row_max[h];
@@ -844,13 +839,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                         sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
                     }
                     row_sum[h] = row_sum[h] * rescale[h] + sum;
-                    if constexpr (kMidPvWait<kHeadDim>) {
-                        if (h == 0 && pv_pending) {
-                            wgmma_wait<0>();
-                            fence_registers(o_acc);
-                            pv_done();
-                        }
-                    }
+                    if constexpr (kMidPvWait<kHeadDim>)
+                        if (h == 0 && pv_pending) finish_pv();
                 }
                 if constexpr (kPvWaitInSoftmax<kHeadDim>) {
                     if (pv_pending) rescale_o(rescale);  // (never lazy here: always rebased)
@@ -910,16 +900,16 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     fence_registers(s);
                     release(&bars.k_empty[(slot0 + n) % kStages]);
                     if (n == last) release(&bars.q_empty);
-                    auto pv_done = [&] {
+                    auto finish_pv = [&] {  // O += P(n-1) V(n-1) is done: its V stage is free
+                        wgmma_wait<0>();
+                        fence_registers(o_acc);
                         trace(8, n);
                         release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]);
                     };
-                    const bool rebased = softmax(n, rescale, true, pv_done);
+                    const bool rebased = softmax(n, rescale, true, finish_pv);
                     trace(11, n);
                     if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
-                        wgmma_wait<0>();
-                        fence_registers(o_acc);
-                        pv_done();
+                        finish_pv();
                         if (rebased) rescale_o(rescale);  // else every factor is 1
                         convert_p();
                         trace(7, n);
