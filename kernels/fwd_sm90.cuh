@@ -284,7 +284,9 @@ __device__ __forceinline__ Tile decode_tile(int t, int m_blocks, int heads) {
 // With a KV split the grid is made of clusters of `splits` CTAs that share each tile, so the
 // order goes over clusters (slots) instead of CTAs.
 __device__ __forceinline__ int snake_tile(int round, int n_tiles, int splits) {
-    const int slots = static_cast<int>(gridDim.x) / splits, slot = static_cast<int>(blockIdx.x) / splits;
+    // (No division without a split: this runs at every tile boundary.)
+    const int slots = splits == 1 ? static_cast<int>(gridDim.x) : static_cast<int>(gridDim.x) / splits;
+    const int slot = splits == 1 ? static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x) / splits;
     const int in_round = (round & 1) ? slots - 1 - slot : slot;
     const long long t = static_cast<long long>(round) * slots + in_round;
     return t < n_tiles ? static_cast<int>(t) : n_tiles;
@@ -522,7 +524,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         int first, end;
     };
     auto key_range = [&](int m_block) {
-        const int n = key_tiles(m_block), splits = cluster_size(), rank = cluster_rank();
+        const int n = key_tiles(m_block), splits = cluster_size();
+        if (splits == 1) return KeyRange{0, n};
+        const int rank = cluster_rank();
         return KeyRange{n * rank / splits, n * (rank + 1) / splits};
     };
 
@@ -754,7 +758,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
     int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
     int local = 0;
-    for (int t = snake_tile(0, n_tiles, cluster_size()); t < n_tiles; t = snake_tile(++local, n_tiles, cluster_size())) {
+    // t_next: the tile after this one, found once per tile (the loop steps to it, and the last
+    // GEMM section of the CTA's last tile is told by it).
+    for (int t = snake_tile(0, n_tiles, cluster_size()), t_next; t < n_tiles; t = t_next, ++local) {
+        t_next = snake_tile(local + 1, n_tiles, cluster_size());
         const Tile tile = decode_tile(t, m_blocks, heads_q);
         const KeyRange keys = key_range(tile.m_block);  // key tiles [first, end) of this CTA
         const int wg_row0 = tile.m_block * kBlockM + row_group * 64;  // first query row of this WG
@@ -870,7 +877,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             if (kPingPong && local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
             // In split mode a CTA has one tile; persistent CTAs' tiles all have key tiles, so the
             // CTA's last tile is the one without a successor.
-            const bool last_tile = snake_tile(local + 1, n_tiles, cluster_size()) >= n_tiles;
+            const bool last_tile = t_next >= n_tiles;
             trace(1, end - first);
             wait_barrier(&bars.q_full, q_loads++ & 1);
             trace(2, 0);
