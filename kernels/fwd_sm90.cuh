@@ -793,11 +793,30 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     const int key_end = kCausal ? min(seqlen_k, row0 + h * 8 + 1) : seqlen_k;
                     valid[h] = key_end - n_start - col_in_tile;
                 }
+                // Causal, not ragged, 128-key tiles: this warpgroup's 64 rows start `band` 64-key
+                // halves into the tile (both offsets are multiples of 64). Its rows see all of
+                // the halves before that one and none after it, so only that half needs the
+                // per-element compare; the halves after it are set to -inf. Half the compares and
+                // selects of the general form, on up to every other diagonal tile.
+                const int band = (wg_row0 - n_start) / 64;
+                auto mask = [&](auto band_tag) {  // band_tag: the band, or -1 (per element)
+                    constexpr int kBand = decltype(band_tag)::value;
 #pragma unroll
-                for (int j = 0; j < kNTiles; ++j)
+                    for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (j * 8 + (e & 1) >= valid[e >> 1]) s[j * 4 + e] = -INFINITY;
+                        for (int e = 0; e < 4; ++e) {
+                            const bool per_element = kBand < 0 || j / 8 == kBand;
+                            if ((kBand >= 0 && j / 8 > kBand) || (per_element && j * 8 + (e & 1) >= valid[e >> 1]))
+                                s[j * 4 + e] = -INFINITY;
+                        }
+                };
+                static_assert(kBlockM % 64 == 0 && kBlockN % 64 == 0, "band: 64-row and 64-key alignment");
+                if (kCausal && kNTiles == 16 && !ragged && band == 0)
+                    mask(std::integral_constant<int, 0>{});
+                else if (kCausal && kNTiles == 16 && !ragged && band == 1)
+                    mask(std::integral_constant<int, 1>{});
+                else
+                    mask(std::integral_constant<int, -1>{});
             }
             float mx[2], base[2];
 #pragma unroll
