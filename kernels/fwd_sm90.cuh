@@ -797,7 +797,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 // halves into the tile (both offsets are multiples of 64). Its rows see all of
                 // the halves before that one and none after it, so only that half needs the
                 // per-element compare; the halves after it are set to -inf. Half the compares and
-                // selects of the general form, on up to every other diagonal tile.
+                // selects of the general form (D=64 SHORT: 65 or 96 instructions against 129).
+                // Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64 causal 512
+                // 0.946-0.951 -> 0.965-0.967, 1k 0.943-0.948 -> 0.943-0.971, 2k 1.000 -> 0.995;
+                // D=128 causal 512-2k within +-0.5%.
                 const int band = (wg_row0 - n_start) / 64;
                 auto mask = [&](auto band_tag) {  // band_tag: the band, or -1 (per element)
                     constexpr int kBand = decltype(band_tag)::value;
