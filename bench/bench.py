@@ -213,23 +213,31 @@ def shape_set(quick, bf16, extra):
 
 # --------------------------------------------------------------------------- environment
 
+def read_git_sha_file():
+    try:
+        with open(os.path.join(REPO, ".git-sha")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def git_info():
-    # The GPU machine gets a copy of the tree without .git: the caller passes the commit in
-    # FLASHCORE_SHA (ci/gpu.sh reads it from .git-sha, written before the tree is sent). A tree
-    # that is not its own repository's top level (a `git archive` snapshot inside another
-    # checkout, as ci/ab.sh times them) takes its .git-sha file, or "unknown": the enclosing
-    # repository's HEAD would name another commit.
+    # The GPU machine gets a copy of the tree whose .git, if any, may name another commit (a
+    # bench run there once reported the session's starting commit, "dirty"): the caller passes
+    # the commit in FLASHCORE_SHA, or writes it to .git-sha before the tree is sent, and that
+    # file wins when present, as in ci/gpu.sh. A tree that is not its own repository's top level
+    # (a `git archive` snapshot inside another checkout, as ci/ab.sh times them) without that
+    # file reports "unknown": the enclosing repository's HEAD would name another commit.
     if os.environ.get("FLASHCORE_SHA"):
         return os.environ["FLASHCORE_SHA"], None
+    from_file = read_git_sha_file()
+    if from_file:
+        return from_file, None
     try:
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=REPO, capture_output=True,
                              text=True, timeout=10)
         if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(REPO):
-            try:
-                with open(os.path.join(REPO, ".git-sha")) as f:
-                    return (f.read().strip() or "unknown"), None
-            except OSError:
-                return "unknown", None
+            return "unknown", None
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                              text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,

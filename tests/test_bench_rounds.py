@@ -106,3 +106,22 @@ def test_rounds_below_one_is_an_error():
     res = subprocess.run([sys.executable, str(REPO / "bench" / "bench.py"), "--dry-run", "--quick",
                           "--no-json", "--rounds", "0"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--rounds must be at least 1" in res.stderr
+
+
+def test_git_info_prefers_the_sent_commit(bench, monkeypatch, tmp_path):
+    """The commit a bench JSON names: FLASHCORE_SHA, then the tree's .git-sha (written before a
+    tree is sent to the GPU machine, whose copy's .git may name another commit), then git; a
+    tree that is not a repository's top level and has no .git-sha says "unknown"."""
+    import subprocess
+    monkeypatch.delenv("FLASHCORE_SHA", raising=False)
+    monkeypatch.setattr(bench, "REPO", str(tmp_path))
+    assert bench.git_info() == ("unknown", None)
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    assert bench.git_info() == (head, False)  # a repository of its own, clean
+    (tmp_path / ".git-sha").write_text("abc123\n")  # a stale .git beside the sent commit's file
+    assert bench.git_info() == ("abc123", None)
+    monkeypatch.setenv("FLASHCORE_SHA", "def456")
+    assert bench.git_info() == ("def456", None)
