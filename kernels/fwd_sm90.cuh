@@ -801,22 +801,24 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 // Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64 causal 512
                 // 0.946-0.951 -> 0.965-0.967, 1k 0.943-0.948 -> 0.943-0.971, 2k 1.000 -> 0.995;
                 // D=128 causal 512-2k within +-0.5%.
-                const int band = (wg_row0 - n_start) / 64;
-                auto mask = [&](auto band_tag) {  // band_tag: the band, or -1 (per element)
+                static_assert(kBlockM % 64 == 0 && kBlockN % 64 == 0, "band: 64-row and 64-key alignment");
+                auto mask = [&](auto band_tag) {  // band_tag: the band, or -1 (every half per element)
                     constexpr int kBand = decltype(band_tag)::value;
 #pragma unroll
                     for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
-                            const bool per_element = kBand < 0 || j / 8 == kBand;
-                            if ((kBand >= 0 && j / 8 > kBand) || (per_element && j * 8 + (e & 1) >= valid[e >> 1]))
-                                s[j * 4 + e] = -INFINITY;
+                            const int half = j / 8;  // 64-key half of the tile
+                            const bool masked = kBand < 0 || half == kBand ? j * 8 + (e & 1) >= valid[e >> 1]
+                                                                           : half > kBand;
+                            if (masked) s[j * 4 + e] = -INFINITY;
                         }
                 };
-                static_assert(kBlockM % 64 == 0 && kBlockN % 64 == 0, "band: 64-row and 64-key alignment");
-                if (kCausal && kNTiles == 16 && !ragged && band == 0)
+                const bool banded = kCausal && kNTiles == 16 && !ragged;
+                const int band = (wg_row0 - n_start) / 64;
+                if (banded && band == 0)
                     mask(std::integral_constant<int, 0>{});
-                else if (kCausal && kNTiles == 16 && !ragged && band == 1)
+                else if (banded && band == 1)
                     mask(std::integral_constant<int, 1>{});
                 else
                     mask(std::integral_constant<int, -1>{});
