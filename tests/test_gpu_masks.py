@@ -364,10 +364,11 @@ def test_sm80_mask_tile_shapes(D, Sq, Sk, dtype, causal, kind, rows, monkeypatch
     FwdTraits' kTwoAtomMask / kNarrow): 64 query rows per CTA (one m-atom per warp, 64x64) and 128
     (two m-atoms: D=64 / 80 / 96 128x64, D=128 128x32); Hopper takes 128, Ada 64,
     FLASHCORE_SM80_MASK_ROWS=64 / 128 either anywhere. Each matches the reference with a bool
-    and an additive mask, odd lengths, fully masked rows, and "causal" as the lower-triangular (B, 1, Sq, Sk) mask HuggingFace sends
-    (the op takes no attn_mask with is_causal=True, so the kernel's run-time causal flag is not
-    reached from here); and the variable does pick the kernel (the last template argument,
-    kNarrow, of the launched kernel's name, and the grid's query blocks)."""
+    and an additive mask, odd lengths, fully masked rows, and "causal" as the lower-triangular
+    (B, 1, Sq, Sk) mask HuggingFace sends (the op takes no attn_mask with is_causal=True, so the
+    kernel's run-time causal flag is not reached from here); and the variable does pick the
+    kernel (the last template argument, kNarrow, of the launched kernel's name, and the grid's
+    query blocks)."""
     if not KERNEL_CARD:
         pytest.skip("no FlashCore kernel on this card")
     skip_unless_built(D, dtype)
