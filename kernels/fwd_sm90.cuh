@@ -716,9 +716,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         }
     };
     // The S accumulator layout of two 8-key tiles is the A-fragment layout of one 16-key step.
-    auto convert_p = [&] {
+    // `live_tag`: the 8-key tiles of S that hold P (the rest, masked for every row of a half
+    // tile, feed no GEMM).
+    auto convert_p = [&](auto live_tag) {
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        for (int kk = 0; kk < decltype(live_tag)::value / 2; ++kk) {
             p_frag[kk][0] = pack2<Elem>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
             p_frag[kk][1] = pack2<Elem>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
             p_frag[kk][2] = pack2<Elem>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
@@ -796,6 +798,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             const int n_start = n * kBlockN;
             const bool ragged = n_start + kBlockN > seqlen_k;
             const bool crosses_diagonal = kCausal && n_start + kBlockN - 1 > wg_row0;
+            bool half_live = false;  // only S's first 64 keys are seen (half_tile, with kHalfTiles)
             if (ragged || crosses_diagonal) {
                 // This thread's columns are n_start + col_in_tile + c, c = j * 8 + (e & 1) a
                 // compile-time constant; row h keeps those with c < valid[h] (keys before
@@ -826,84 +829,97 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                             const int half = j / 8;  // 64-key half of the tile
                             const bool masked = kBand < 0 || half == kBand ? j * 8 + (e & 1) >= valid[e >> 1]
                                                                            : half > kBand;
-                            if (masked) s[j * 4 + e] = -INFINITY;
+                            // (Band 0 with kHalfTiles: the second half is left out below.)
+                            if (masked && !(kHalfTiles && kBand == 0 && half > 0)) s[j * 4 + e] = -INFINITY;
                         }
                 };
                 const bool banded = kCausal && kNTiles == 16 && !ragged;
                 const int band = (wg_row0 - n_start) / 64;
-                if (banded && band == 0)
+                if (banded && band == 0) {
                     mask(std::integral_constant<int, 0>{});
-                else if (banded && band == 1)
+                    half_live = kHalfTiles;
+                } else if (banded && band == 1)
                     mask(std::integral_constant<int, 1>{});
                 else
                     mask(std::integral_constant<int, -1>{});
             }
-            float mx[2], base[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                mx[h] = row_max[h];
-#pragma unroll
-                for (int j = 0; j < kNTiles; ++j) mx[h] = fmaxf(mx[h], fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
-                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
-                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
-            }
-            // Lazy rescaling (must_rebase): the warp's rows keep their bases unless one of them
-            // must move. One vote per warp and tile.
-            bool rebase_row = false;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) rebase_row |= must_rebase(mx[h], row_max[h], scale_log2);
-            const bool rebase = !kLazyRescale<kHeadDim> || __any_sync(0xffffffff, rebase_row);
-            if constexpr (kEarlyPvWait<kHeadDim>)
-                if (pv_pending) finish_pv();
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (!rebase) mx[h] = row_max[h];
-                // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
-                base[h] = mx[h] == -INFINITY ? 0.f : mx[h] * scale_log2;
-            }
-            // p = exp2(fmaf(s, c, -round(mx * c))) is off from exp2((s - mx) * c) by the rounding
-            // of mx * c, |mx * c| * 2^-24 in the exponent: nothing for ordinary scores, but with
-            // huge scores or scales (scale = 1e30 in tests/test_bad_inputs.py) that residual is
-            // itself huge and exp2 of it overflows (inf / inf = NaN). A warp whose rows reach
-            // |mx * c| >= 4096 takes the exact form (s - mx) * c for this tile instead. The
-            // choice is one vote per warp and tile. Measured against the fold alone (H100, fp16,
-            // same runs, 3 passes each): a per-row branch cost 4-9% (D=64 causal 4k 383 vs 422
-            // TFLOP/s); this vote costs 1-4% (D=64 causal 16k 455 vs 474, D=128 causal 4k 530 vs
-            // 546, D=128 non-causal 16k 629 vs 636), the price of no NaN at huge scales.
-            auto exponentiate = [&](auto exact_tag) {
-                constexpr bool kExact = decltype(exact_tag)::value;
+            // The rest runs over the live 8-key tiles of S: all, or the first half on a half tile
+            // (its other half is never read: its P V takes the first 64 keys only). Measured
+            // against the half P V alone (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64
+            // causal 2k 1.047-1.049 -> 1.068-1.069, 4k 1.076 -> 1.087-1.094; 512-1k and D=128
+            // within the spread.
+            auto finish = [&](auto live_tag) -> bool {
+                constexpr int kLive = decltype(live_tag)::value;
+                float mx[2], base[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    // kExact: exactly 1 when the max did not move (a row still at -inf too),
-                    // else the difference is taken before scaling, never a rounding residual.
-                    rescale[h] = kExact ? (row_max[h] == mx[h] ? 1.f : fast_exp2((row_max[h] - mx[h]) * scale_log2))
-                                        : fast_exp2(row_max[h] * scale_log2 - base[h]);
-                    row_max[h] = mx[h];
-                    float sum = 0.f;
+                    mx[h] = row_max[h];
 #pragma unroll
-                    for (int j = 0; j < kNTiles; ++j) {
+                    for (int j = 0; j < kLive; ++j) mx[h] = fmaxf(mx[h], fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
+                    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
+                    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+                }
+                // Lazy rescaling (must_rebase): the warp's rows keep their bases unless one of them
+                // must move. One vote per warp and tile.
+                bool rebase_row = false;
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            float &x = s[j * 4 + 2 * h + e];
-                            x = kExact ? fast_exp2((x - mx[h]) * scale_log2) : fast_exp2(fmaf(x, scale_log2, -base[h]));
+                for (int h = 0; h < 2; ++h) rebase_row |= must_rebase(mx[h], row_max[h], scale_log2);
+                const bool rebase = !kLazyRescale<kHeadDim> || __any_sync(0xffffffff, rebase_row);
+                if constexpr (kEarlyPvWait<kHeadDim>)
+                    if (pv_pending) finish_pv();
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (!rebase) mx[h] = row_max[h];
+                    // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
+                    base[h] = mx[h] == -INFINITY ? 0.f : mx[h] * scale_log2;
+                }
+                // p = exp2(fmaf(s, c, -round(mx * c))) is off from exp2((s - mx) * c) by the rounding
+                // of mx * c, |mx * c| * 2^-24 in the exponent: nothing for ordinary scores, but with
+                // huge scores or scales (scale = 1e30 in tests/test_bad_inputs.py) that residual is
+                // itself huge and exp2 of it overflows (inf / inf = NaN). A warp whose rows reach
+                // |mx * c| >= 4096 takes the exact form (s - mx) * c for this tile instead. The
+                // choice is one vote per warp and tile. Measured against the fold alone (H100, fp16,
+                // same runs, 3 passes each): a per-row branch cost 4-9% (D=64 causal 4k 383 vs 422
+                // TFLOP/s); this vote costs 1-4% (D=64 causal 16k 455 vs 474, D=128 causal 4k 530 vs
+                // 546, D=128 non-causal 16k 629 vs 636), the price of no NaN at huge scales.
+                auto exponentiate = [&](auto exact_tag) {
+                    constexpr bool kExact = decltype(exact_tag)::value;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        // kExact: exactly 1 when the max did not move (a row still at -inf too),
+                        // else the difference is taken before scaling, never a rounding residual.
+                        rescale[h] = kExact ? (row_max[h] == mx[h] ? 1.f : fast_exp2((row_max[h] - mx[h]) * scale_log2))
+                                            : fast_exp2(row_max[h] * scale_log2 - base[h]);
+                        row_max[h] = mx[h];
+                        float sum = 0.f;
+#pragma unroll
+                        for (int j = 0; j < kLive; ++j) {
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                float &x = s[j * 4 + 2 * h + e];
+                                x = kExact ? fast_exp2((x - mx[h]) * scale_log2) : fast_exp2(fmaf(x, scale_log2, -base[h]));
+                            }
+                            sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
                         }
-                        sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
+                        row_sum[h] = row_sum[h] * rescale[h] + sum;
+                        if constexpr (kMidPvWait<kHeadDim>)
+                            if (h == 0 && pv_pending) finish_pv();
                     }
-                    row_sum[h] = row_sum[h] * rescale[h] + sum;
-                    if constexpr (kMidPvWait<kHeadDim>)
-                        if (h == 0 && pv_pending) finish_pv();
-                }
-                if constexpr (kPvWaitInSoftmax<kHeadDim>) {
-                    if (pv_pending) rescale_o(rescale);  // (never lazy here: always rebased)
-                    convert_p();
-                }
+                    if constexpr (kPvWaitInSoftmax<kHeadDim>) {
+                        if (pv_pending) rescale_o(rescale);  // (never lazy here: always rebased)
+                        convert_p(live_tag);
+                    }
+                };
+                const bool huge = fabsf(base[0]) >= 4096.f || fabsf(base[1]) >= 4096.f;
+                if (__any_sync(0xffffffff, huge))
+                    exponentiate(std::true_type{});
+                else
+                    exponentiate(std::false_type{});
+                return rebase;
             };
-            const bool huge = fabsf(base[0]) >= 4096.f || fabsf(base[1]) >= 4096.f;
-            if (__any_sync(0xffffffff, huge))
-                exponentiate(std::true_type{});
-            else
-                exponentiate(std::false_type{});
-            return rebase;
+            if constexpr (kHalfTiles)
+                if (half_live) return finish(std::integral_constant<int, kNTiles / 2>{});
+            return finish(std::integral_constant<int, kNTiles>{});
         };
 
 #pragma unroll
@@ -953,7 +969,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 release(&bars.k_empty[(slot0 + mine) % kStages]);
                 if (mine == last) release(&bars.q_empty);  // last use of Q in this tile
                 softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
-                if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p();
+                if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
                 trace(7, mine);
                 for (int n = mine + kKeySplit; n < seen_end; n += kKeySplit) {
                     wait_turn();
@@ -976,7 +992,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
                         finish_pv();
                         if (rebased) rescale_o(rescale);  // else every factor is 1
-                        convert_p();
+                        convert_p(std::integral_constant<int, kNTiles>{});
                         trace(7, n);
                     }
                 }
