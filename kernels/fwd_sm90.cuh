@@ -172,21 +172,32 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     // with their rings and merge by reading the peers' partials, finish_split_rows).
     static constexpr bool kPushMerge = kHeadDim == 64 && kKeySplit == 1;
     static constexpr int kSlotBytes = kPushMerge ? SplitSlots<kHeadDim, kBlockM>::max_bytes() : 0;
-    // Q, then kStages K tiles, then kStages V tiles (every tile 1024-byte aligned: swizzle atom),
-    // then the pair partial or the split slots, then the O staging buffers.
-    static constexpr int kRingBytes = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + kSlotBytes;
-    static constexpr int kOStageOffset = (kRingBytes + 1023) / 1024 * 1024;  // swizzle atoms are 1024 bytes
-    static constexpr int kRingEnd = kOStageOffset + 1024 /* alignment */;
+    // kQBufs Q buffers, then kStages K tiles, then kStages V tiles (every tile 1024-byte aligned:
+    // swizzle atom), then the pair partial or the split slots, then the O staging buffers.
+    static constexpr int kRingBytes1 = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + kSlotBytes;
+    static constexpr int kRingEnd1 = (kRingBytes1 + 1023) / 1024 * 1024 + 1024 /* alignment */;
+    static constexpr int kOStageBytes = 64 * kHeadDim * 2;
+    static constexpr int kSmemLimit = 227 * 1024;
     // The epilogue's staging for O (the TMA-store epilogue in fwd_kernel): one 64-row block of O
     // per buffer, 128-byte swizzled panels as TMA reads them. One buffer per consumer warpgroup
     // where they fit after the rings (D=64, D=128); else one that the warpgroups take in ring
     // order (D=256); else none (kPair merges in its own region first).
-    static constexpr int kOStageBytes = 64 * kHeadDim * 2;
-    static constexpr int kSmemLimit = 227 * 1024;
-    static constexpr int kOBufs = kKeySplit > 1                                                   ? 0
-                                  : kRingEnd + kConsumerWarpgroups * kOStageBytes <= kSmemLimit ? kConsumerWarpgroups
-                                  : kRingEnd + kOStageBytes <= kSmemLimit                       ? 1
-                                                                                                : 0;
+    static constexpr int kOBufs = kKeySplit > 1                                                    ? 0
+                                  : kRingEnd1 + kConsumerWarpgroups * kOStageBytes <= kSmemLimit ? kConsumerWarpgroups
+                                  : kRingEnd1 + kOStageBytes <= kSmemLimit                       ? 1
+                                                                                                 : 0;
+    // A second Q buffer for two consumer warpgroups where it fits beside those (D=64 SHORT, D=128):
+    // the producer loads the next tile's Q while this one runs, instead of once every consumer
+    // has issued its last S = Q K^T of this tile (the consumers waited ~400 traced cycles per tile
+    // for Q at D=64 S=512). Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64
+    // non-causal 512 1.006 -> 1.029, causal 512 1.011 -> 1.025-1.037, 1k 1.001 -> 1.017; D=128
+    // non-causal 512-2k +0.5-1%, causal 1k-4k +0.5%. D=64 LONG (three warpgroups, 226 KB with
+    // it) lost: causal 2k 1.083 -> 1.069, 4k 1.092 -> 1.084. D=256 has no room.
+    static constexpr int kQBufs =
+        kConsumerWarpgroups <= 2 && kRingEnd1 + kQBytes + kOBufs * kOStageBytes <= kSmemLimit ? 2 : 1;
+    static constexpr int kRingBytes = kRingBytes1 + (kQBufs - 1) * kQBytes;
+    static constexpr int kOStageOffset = (kRingBytes + 1023) / 1024 * 1024;  // swizzle atoms are 1024 bytes
+    static constexpr int kRingEnd = kOStageOffset + 1024 /* alignment */;
     static constexpr int kSmemBytes = kRingEnd + kOBufs * kOStageBytes;
     static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte panels)");
     static_assert(kStages % kKeySplit == 0, "a stage must hold the tiles of one key part only");
@@ -198,8 +209,8 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
 // Barriers live in static shared memory, apart from the tiles.
 template <int kStages, int kOBufs>
 struct Barriers {
-    uint64_t q_full;
-    uint64_t q_empty;
+    uint64_t q_full[2];   // per Q buffer (FwdTraits::kQBufs of them in use)
+    uint64_t q_empty[2];
     uint64_t k_full[kStages];
     uint64_t v_full[kStages];
     uint64_t k_empty[kStages];  // K and V are released separately: with the pipelined loop,
@@ -527,7 +538,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // them (the split partials) are STS, not generic stores.
     unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     unsigned char *smem_q = smem;
-    unsigned char *smem_k = smem_q + T::kQBytes;
+    unsigned char *smem_k = smem_q + T::kQBufs * T::kQBytes;
     unsigned char *smem_v = smem_k + kStages * T::kKVTileBytes;
     unsigned char *smem_o = smem + T::kOStageOffset;  // kOBufs staging buffers of O
 
@@ -564,8 +575,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const int lane = threadIdx.x % 32;
 
     if (threadIdx.x == 0) {
-        ptx::mbarrier_init(&bars.q_full, 1);
-        ptx::mbarrier_init(&bars.q_empty, 4 * kW);  // one arrival per consumer warp
+        for (int b = 0; b < T::kQBufs; ++b) {
+            ptx::mbarrier_init(&bars.q_full[b], 1);
+            ptx::mbarrier_init(&bars.q_empty[b], 4 * kW);  // one arrival per consumer warp
+        }
         for (int s = 0; s < kStages; ++s) {
             ptx::mbarrier_init(&bars.k_full[s], 1);
             ptx::mbarrier_init(&bars.v_full[s], 1);
@@ -608,12 +621,13 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             const KeyRange keys = key_range(tile.m_block);
             if (keys.first == keys.end) continue;  // nothing to load (the consumers skip it too)
             // The Q buffer frees once every consumer warp has issued its last S = Q K^T.
-            wait_barrier(&bars.q_empty, (q_loads++ & 1) ^ 1);
-            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars.q_full,
+            const int qb = q_loads % T::kQBufs;
+            wait_barrier(&bars.q_empty[qb], ((q_loads++ / T::kQBufs) & 1) ^ 1);
+            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars.q_full[qb],
                                            T::kQBytes);
             for (int panel = 0; panel < T::kPanels; ++panel) {
                 set_coords(c, maps.q_order, panel * 64, tile.m_block * kBlockM, tile.head, tile.batch);
-                tma_load(smem_q + panel * T::kQPanelBytes, &maps.q, c, &bars.q_full);
+                tma_load(smem_q + qb * T::kQBytes + panel * T::kQPanelBytes, &maps.q, c, &bars.q_full[qb]);
             }
             for (int n = keys.first; n < keys.end; ++n, ++kv_iter) {
                 const int stage = kv_iter % kStages;
@@ -647,7 +661,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const int warp_in_wg = (threadIdx.x / 32) % 4;  // which 16 of those rows
     const int row_in_warp = lane / 4;               // accumulator rows row_in_warp, +8
     const int col_in_tile = 2 * (lane % 4);         // accumulator columns col_in_tile, +1
-    const uint32_t q_base = smem_addr(smem_q) + row_group * 64 * 128;
+    const uint32_t q_rows = smem_addr(smem_q) + row_group * 64 * 128;  // this warpgroup's rows of Q buffer 0
+    uint32_t q_base = q_rows;  // ... of the current tile's Q buffer
     const uint32_t k_base = smem_addr(smem_k);
     const uint32_t v_base = smem_addr(smem_v);
     const float scale_log2 = p.scale * 1.4426950408889634f;
@@ -976,10 +991,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             // CTA's last tile is the one without a successor.
             const bool last_tile = t_next >= n_tiles;
             trace(1, end - first);
-            wait_barrier(&bars.q_full, q_loads++ & 1);
+            const int qb = q_loads % T::kQBufs;
+            q_base = q_rows + qb * T::kQBytes;
+            wait_barrier(&bars.q_full[qb], (q_loads++ / T::kQBufs) & 1);
             trace(2, 0);
             if (mine >= end) {
-                release(&bars.q_empty);  // kPair with a single key tile: nothing for this one
+                release(&bars.q_empty[qb]);  // kPair with a single key tile: nothing for this one
             } else {
                 const int last = mine + (seen_end - 1 - mine) / kKeySplit * kKeySplit;  // this WG's last
                 wait_turn();
@@ -990,7 +1007,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 trace(6, mine);
                 fence_registers(s);
                 release(&bars.k_empty[(slot0 + mine) % kStages]);
-                if (mine == last) release(&bars.q_empty);  // last use of Q in this tile
+                if (mine == last) release(&bars.q_empty[qb]);  // last use of Q in this tile
                 softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
                 if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
                 trace(7, mine);
@@ -1003,7 +1020,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     trace(6, n);
                     fence_registers(s);
                     release(&bars.k_empty[(slot0 + n) % kStages]);
-                    if (n == last) release(&bars.q_empty);
+                    if (n == last) release(&bars.q_empty[qb]);
                     auto finish_pv = [&] {  // O += P(n-1) V(n-1) is done: its V stage is free
                         wgmma_wait<0>();
                         fence_registers(o_acc);
@@ -1156,7 +1173,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             // split CTAs do not use), once every consumer warpgroup is past its last P V (the
             // producer has nothing in flight: each loaded tile was consumed).
             using SP = SplitPartials<kHeadDim, kBlockM>;
-            static_assert(SP::kBytes <= T::kOStageOffset + T::kOBufs * T::kOStageBytes - T::kQBytes,
+            static_assert(SP::kBytes <= T::kOStageOffset + T::kOBufs * T::kOStageBytes - T::kQBufs * T::kQBytes,
                           "split partials must fit the K/V ring and the O staging");
             asm volatile("bar.sync %0, %1;\n" ::"r"(kW + 1), "n"(128 * kW) : "memory");
             float *part_o = reinterpret_cast<float *>(smem_k);
