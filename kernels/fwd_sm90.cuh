@@ -186,15 +186,16 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
                                   : kRingEnd1 + kConsumerWarpgroups * kOStageBytes <= kSmemLimit ? kConsumerWarpgroups
                                   : kRingEnd1 + kOStageBytes <= kSmemLimit                       ? 1
                                                                                                  : 0;
-    // A second Q buffer for two consumer warpgroups where it fits beside those (D=64 SHORT, D=128):
+    // A second Q buffer where it fits beside those (D=64 SHORT and non-causal LONG, D=128):
     // the producer loads the next tile's Q while this one runs, instead of once every consumer
     // has issued its last S = Q K^T of this tile (the consumers waited ~400 traced cycles per tile
     // for Q at D=64 S=512). Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64
     // non-causal 512 1.006 -> 1.029, causal 512 1.011 -> 1.025-1.037, 1k 1.001 -> 1.017; D=128
     // non-causal 512-2k +0.5-1%, causal 1k-4k +0.5%. D=64 LONG (three warpgroups, 226 KB with
-    // it) lost: causal 2k 1.083 -> 1.069, 4k 1.092 -> 1.084. D=256 has no room.
+    // it) gained non-causal (512 1.006 -> 1.029, 1k +0.5%, 2k-4k within the spread) but lost
+    // causal (2k 1.083 -> 1.069, 4k 1.092 -> 1.084), which keeps one. D=256 has no room.
     static constexpr int kQBufs =
-        kConsumerWarpgroups <= 2 && kRingEnd1 + kQBytes + kOBufs * kOStageBytes <= kSmemLimit ? 2 : 1;
+        (kConsumerWarpgroups <= 2 || !kCausal) && kRingEnd1 + kQBytes + kOBufs * kOStageBytes <= kSmemLimit ? 2 : 1;
     static constexpr int kRingBytes = kRingBytes1 + (kQBufs - 1) * kQBytes;
     static constexpr int kOStageOffset = (kRingBytes + 1023) / 1024 * 1024;  // swizzle atoms are 1024 bytes
     static constexpr int kRingEnd = kOStageOffset + 1024 /* alignment */;
