@@ -186,14 +186,13 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
                                   : kRingEnd1 + kConsumerWarpgroups * kOStageBytes <= kSmemLimit ? kConsumerWarpgroups
                                   : kRingEnd1 + kOStageBytes <= kSmemLimit                       ? 1
                                                                                                  : 0;
-    // A second Q buffer where it fits beside those (D=64 SHORT and non-causal LONG, D=128):
+    // A second Q buffer for two consumer warpgroups where it fits beside those (D=64 SHORT, D=128):
     // the producer loads the next tile's Q while this one runs, instead of once every consumer
     // has issued its last S = Q K^T of this tile (the consumers waited ~400 traced cycles per tile
     // for Q at D=64 S=512). Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64
     // non-causal 512 1.006 -> 1.029, causal 512 1.011 -> 1.025-1.037, 1k 1.001 -> 1.017; D=128
     // non-causal 512-2k +0.5-1%, causal 1k-4k +0.5%. D=64 LONG (three warpgroups, 226 KB with
-    // it) gained non-causal (512 1.006 -> 1.029, 1k +0.5%, 2k-4k within the spread) but lost
-    // causal (2k 1.083 -> 1.069, 4k 1.092 -> 1.084), which keeps one. D=256 has no room.
+    // it) lost: causal 2k 1.083 -> 1.069, 4k 1.092 -> 1.084. D=256 has no room.
     static constexpr int kQBufs =
         (kConsumerWarpgroups <= 2 || !kCausal) && kRingEnd1 + kQBytes + kOBufs * kOStageBytes <= kSmemLimit ? 2 : 1;
     static constexpr int kRingBytes = kRingBytes1 + (kQBufs - 1) * kQBytes;
@@ -718,7 +717,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         wgmma_commit();
     };
     // `half`: P's keys 64..127 are all zero (half_tile in the key loop), so only the first 64 keys.
-    auto issue_pv = [&](int i, bool half) {  // O += P V for ring slot i, asynchronous
+    // `overwrite`: the tile's first P V, which writes O instead of adding to it (kCarryS: O is not
+    // zeroed at the tile's start, see there).
+    auto issue_pv = [&](int i, bool half, bool overwrite) {  // O += P V for ring slot i, asynchronous
         const int stage = i % kStages;
         wait_barrier(&bars.v_full[stage], (i / kStages) & 1);
         const uint64_t desc_v0 = smem_desc(v_base + stage * T::kKVTileBytes, T::kKVPanelBytes, 1024);
@@ -729,7 +730,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             for (int kk = 0; kk < decltype(keys_tag)::value / 16; ++kk) {
                 // 16 keys = two 8-row groups of 1024 bytes; 64-column panels of V are lbo apart.
                 const uint64_t desc_v = desc_v0 + kk * 2048 / 16;
-                Wgmma<kHeadDim, WgmmaA::RS, Elem>::template mma<1>(o_acc, p_frag[kk], desc_v, 1);
+                Wgmma<kHeadDim, WgmmaA::RS, Elem>::template mma<1>(o_acc, p_frag[kk], desc_v, kk > 0 || !overwrite);
             }
         };
         if constexpr (kHalfTiles)
@@ -821,6 +822,16 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // 0.925 -> 0.94, 1k 0.937 -> 0.952; D=128 non-causal 512 1.006 -> 1.021, causal 1k 1.10 ->
     // 1.12; but D=64 causal 2k 1.005 -> 0.996 and 4k 1.065 -> 1.05. The divisions skipped
     // without t_next (the same loop step as before) lost to both: D=64 non-causal 1k 0.995.
+    // kCarryS: a tile's last GEMM section also issues the next tile's first S = Q K^T (its Q is
+    // in the other buffer), and the epilogue runs while that GEMM does; s_carried says the
+    // current tile's first S is already on its way, in Q buffer qb.
+    // Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64 non-causal 1k 1.009-1.018
+    // -> 1.025-1.034, 2k 1.065-1.079 -> 1.083-1.104, 512 unchanged. Non-causal D=64 LONG only:
+    // D=64 SHORT causal lost 5% with it (512 1.034 -> 0.981), and at D=128 ptxas serialised the
+    // GEMMs (C7515). Non-causal tiles have no masked sections (seen_end == end).
+    constexpr bool kCarryS = kPingPong && T::kQBufs == 2 && kHeadDim == 64 && kW == 3 && !kCausal;
+    bool s_carried = false;
+    int qb = 0;  // the current tile's Q buffer
     for (int t = snake_tile(0, n_tiles, cluster_size()), t_next; t < n_tiles; t = t_next, ++local) {
         t_next = snake_tile(local + 1, n_tiles, cluster_size());
         const Tile tile = decode_tile(t, m_blocks_div, heads_q_div);
@@ -961,8 +972,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             return finish(std::integral_constant<int, kNTiles>{});
         };
 
+        // kCarryS: the tile's first P V overwrites O instead (zeroing O here, where the previous
+        // tile's carried S GEMM may be in flight in ptxas's view, made it serialise the GEMMs at
+        // D=128); only a CTA with no key tiles (a split's empty range) runs none.
+        if (!kCarryS || keys.first >= keys.end)
 #pragma unroll
-        for (int i = 0; i < kDTiles * 4; ++i) o_acc[i] = 0.f;
+            for (int i = 0; i < kDTiles * 4; ++i) o_acc[i] = 0.f;
         row_max[0] = row_max[1] = -INFINITY;
         row_sum[0] = row_sum[1] = 0.f;
         float rescale[2];
@@ -992,18 +1007,23 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             // CTA's last tile is the one without a successor.
             const bool last_tile = t_next >= n_tiles;
             trace(1, end - first);
-            const int qb = q_loads % T::kQBufs;
-            q_base = q_rows + qb * T::kQBytes;
-            wait_barrier(&bars.q_full[qb], (q_loads++ / T::kQBufs) & 1);
+            if (!s_carried) {
+                qb = q_loads % T::kQBufs;
+                q_base = q_rows + qb * T::kQBytes;
+                wait_barrier(&bars.q_full[qb], (q_loads++ / T::kQBufs) & 1);
+            }
             trace(2, 0);
             if (mine >= end) {
                 release(&bars.q_empty[qb]);  // kPair with a single key tile: nothing for this one
             } else {
                 const int last = mine + (seen_end - 1 - mine) / kKeySplit * kKeySplit;  // this WG's last
-                wait_turn();
-                issue_qk(slot0 + mine);
-                pass_turn(false);
-                if constexpr (T::kOBufs > 0) retire_o_store();  // the previous tile's store of O
+                if (!s_carried) {
+                    wait_turn();
+                    issue_qk(slot0 + mine);
+                    pass_turn(false);
+                }
+                s_carried = false;
+                if constexpr (T::kOBufs > 0 && !kCarryS) retire_o_store();  // the previous tile's store of O
                 wgmma_wait<0>();
                 trace(6, mine);
                 fence_registers(s);
@@ -1015,7 +1035,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 for (int n = mine + kKeySplit; n < seen_end; n += kKeySplit) {
                     wait_turn();
                     issue_qk(slot0 + n);
-                    issue_pv(slot0 + n - kKeySplit, false);
+                    issue_pv(slot0 + n - kKeySplit, false, kCarryS && n - kKeySplit == mine);
                     pass_turn(false);
                     wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
                     trace(6, n);
@@ -1037,10 +1057,23 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                         trace(7, n);
                     }
                 }
+                // kCarryS: the tile's last section (this one, or the last masked one below) issues
+                // the next tile's first S = Q K^T; its Q is waited for before the turn is taken.
+                const bool carry = kCarryS && !last_tile;
+                const int next_qb = (qb + 1) % T::kQBufs;
+                if (carry) wait_barrier(&bars.q_full[next_qb], (q_loads / T::kQBufs) & 1);
+                // The previous tile's store of O (issued a section or more ago): before this tile's
+                // epilogue waits for its buffer, whether or not a next tile follows.
+                if constexpr (T::kOBufs > 0 && kCarryS) retire_o_store();
+                auto issue_next_qk = [&] {
+                    q_base = q_rows + next_qb * T::kQBytes;  // (this tile's S GEMMs are all issued)
+                    issue_qk(slot0 + end);                    // the next tile's first key tile
+                };
                 wait_turn();
-                issue_pv(slot0 + last, last == half_tile);
+                if (carry) issue_next_qk();  // (first, as in the loop's sections; non-causal: seen_end == end)
+                issue_pv(slot0 + last, last == half_tile, kCarryS && last == mine);
                 pass_turn(last_tile && seen_end == end);  // the tile's last GEMM section?
-                wgmma_wait<0>();
+                wgmma_wait<0>();  // (with the next S: the epilogue overlapping it made ptxas serialise)
                 trace(8, last);
                 fence_registers(o_acc);
                 release(&bars.v_empty[(slot0 + last) % kStages]);
@@ -1054,6 +1087,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     release(&bars.k_empty[i % kStages]);
                     wait_barrier(&bars.v_full[i % kStages], (i / kStages) & 1);
                     release(&bars.v_empty[i % kStages]);
+                }
+                if (carry) {
+                    qb = next_qb;
+                    ++q_loads;
+                    s_carried = true;
                 }
             }
             kv_iter = slot0 + end;
