@@ -24,10 +24,17 @@
 //     TMA zero-fills rows past Sq or Sk; only the keys past Sk (and, causal, past the diagonal)
 //     are masked, and only in the tiles that contain them.
 //   * Persistent: one CTA per SM loops over (query block, head, batch) tiles in snake order.
-//     The Q buffer is released as soon as the last S = Q K^T of a tile completes, so the next
-//     tile's Q and K/V loads run under the current tile's last PV and its epilogue. Causal
-//     calls take a grid that pairs long and short tiles, up to 64 query blocks per head; longer
-//     ones launch one CTA per tile (see launch_fwd).
+//     Q has two buffers where they fit (kQBufs), so the next tile's Q loads during this one;
+//     with one, the buffer is released as soon as the last S = Q K^T of a tile completes. The
+//     next tile's K/V loads run under the current tile's last P V and its epilogue, and at
+//     D=64's non-causal three-warpgroup blocks the next tile's first S = Q K^T goes out in the
+//     current tile's last GEMM turn (kCarryS). The tile decode divides by multiply-high and
+//     shift (FastDiv). Causal calls take a grid that pairs long and short tiles, up to 64 query
+//     blocks per head; longer ones launch one CTA per tile (see launch_fwd).
+//   * Causal: key tiles wholly past the diagonal are never loaded; within a block, a
+//     warpgroup's key tiles past its own rows' diagonal take their GEMM turns without GEMMs
+//     (seen_end), and a diagonal tile whose keys 64..127 its rows never see runs P V and the
+//     softmax on its first 64 keys (kHalfTiles).
 //   * Split-KV for small grids (a B=1 prefill, a chunk of queries against a cache): when the
 //     tiles fill at most half the SMs, a cluster of 2-8 CTAs shares each tile, each CTA runs
 //     its share of the key tiles, and they merge their partial O and row statistics through
