@@ -193,13 +193,13 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
                                   : kRingEnd1 + kConsumerWarpgroups * kOStageBytes <= kSmemLimit ? kConsumerWarpgroups
                                   : kRingEnd1 + kOStageBytes <= kSmemLimit                       ? 1
                                                                                                  : 0;
-    // A second Q buffer for two consumer warpgroups where it fits beside those (D=64 SHORT, D=128):
-    // the producer loads the next tile's Q while this one runs, instead of once every consumer
-    // has issued its last S = Q K^T of this tile (the consumers waited ~400 traced cycles per tile
+    // A second Q buffer where it fits beside those (D=64 SHORT and non-causal LONG, D=128): the
+    // producer loads the next tile's Q while this one runs, instead of once every consumer has
+    // issued its last S = Q K^T of this tile (the consumers waited ~400 traced cycles per tile
     // for Q at D=64 S=512). Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64
-    // non-causal 512 1.006 -> 1.029, causal 512 1.011 -> 1.025-1.037, 1k 1.001 -> 1.017; D=128
-    // non-causal 512-2k +0.5-1%, causal 1k-4k +0.5%. D=64 LONG (three warpgroups, 226 KB with
-    // it) lost: causal 2k 1.083 -> 1.069, 4k 1.092 -> 1.084. D=256 has no room.
+    // non-causal 512 (LONG) 1.006 -> 1.029, causal 512 1.011 -> 1.025-1.037, 1k 1.001 -> 1.017;
+    // D=128 non-causal 512-2k +0.5-1%, causal 1k-4k +0.5%. D=64 causal LONG (three warpgroups,
+    // 226 KB with it) lost, 2k 1.083 -> 1.069, 4k 1.092 -> 1.084, and keeps one. D=256: no room.
     static constexpr int kQBufs =
         (kConsumerWarpgroups <= 2 || !kCausal) && kRingEnd1 + kQBytes + kOBufs * kOStageBytes <= kSmemLimit ? 2 : 1;
     static constexpr int kRingBytes = kRingBytes1 + (kQBufs - 1) * kQBytes;
@@ -830,13 +830,15 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // 1.12; but D=64 causal 2k 1.005 -> 0.996 and 4k 1.065 -> 1.05. The divisions skipped
     // without t_next (the same loop step as before) lost to both: D=64 non-causal 1k 0.995.
     // kCarryS: a tile's last GEMM section also issues the next tile's first S = Q K^T (its Q is
-    // in the other buffer), and the epilogue runs while that GEMM does; s_carried says the
-    // current tile's first S is already on its way, in Q buffer qb.
+    // in the other buffer), so the tensor cores take the next warpgroup's GEMMs and then this
+    // one's next S without waiting for its epilogue and tile boundary; s_carried says the current
+    // tile's first S is already done, from Q buffer qb.
     // Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64 non-causal 1k 1.009-1.018
     // -> 1.025-1.034, 2k 1.065-1.079 -> 1.083-1.104, 512 unchanged. Non-causal D=64 LONG only:
     // D=64 SHORT causal lost 5% with it (512 1.034 -> 0.981), and at D=128 ptxas serialised the
     // GEMMs (C7515). Non-causal tiles have no masked sections (seen_end == end).
     constexpr bool kCarryS = kPingPong && T::kQBufs == 2 && kHeadDim == 64 && kW == 3 && !kCausal;
+    static_assert(!(kCarryS && kCausal), "kCarryS issues the next S in the PV section: no masked sections");
     bool s_carried = false;
     int qb = 0;  // the current tile's Q buffer
     for (int t = snake_tile(0, n_tiles, cluster_size()), t_next; t < n_tiles; t = t_next, ++local) {
@@ -979,9 +981,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             return finish(std::integral_constant<int, kNTiles>{});
         };
 
-        // kCarryS: the tile's first P V overwrites O instead (zeroing O here, where the previous
-        // tile's carried S GEMM may be in flight in ptxas's view, made it serialise the GEMMs at
-        // D=128); only a CTA with no key tiles (a split's empty range) runs none.
+        // kCarryS: the tile's first P V overwrites O instead (scale-d 0), so no plain instruction
+        // writes O's registers between two tiles' GEMMs; only a CTA with no key tiles (a split's
+        // empty range, which runs no P V) zeroes it.
         if (!kCarryS || keys.first >= keys.end)
 #pragma unroll
             for (int i = 0; i < kDTiles * 4; ++i) o_acc[i] = 0.f;
@@ -1064,8 +1066,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                         trace(7, n);
                     }
                 }
-                // kCarryS: the tile's last section (this one, or the last masked one below) issues
-                // the next tile's first S = Q K^T; its Q is waited for before the turn is taken.
+                // kCarryS: the tile's last section (this one: non-causal tiles have no masked
+                // sections) issues the next tile's first S = Q K^T; its Q is waited for before
+                // the turn is taken.
                 const bool carry = kCarryS && !last_tile;
                 const int next_qb = (qb + 1) % T::kQBufs;
                 if (carry) wait_barrier(&bars.q_full[next_qb], (q_loads / T::kQBufs) & 1);
