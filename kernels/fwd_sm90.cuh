@@ -60,6 +60,7 @@
 // Run it through the C API; tests force it with FLASHCORE_FAMILY=sm90.
 #pragma once
 
+#include "common/fast_div.cuh"
 #include "common/sm80_ptx.cuh"
 #include "common/wgmma_generated.cuh"
 #include "dispatch.h"
@@ -288,26 +289,14 @@ struct Tile {
     int m_block, head, batch;
 };
 
-// Division by a divisor fixed for the whole launch, as a multiply-high, add and shift
-// (Granlund and Montgomery, "Division by invariant integers using multiplication", 1994): exact
-// for 0 <= n < 2^31 and 1 <= d < 2^31. The tile boundary's two divisions (decode_tile) were each
-// a dependent chain of ~30 instructions around a MUFU.RCP, on every consumer's path between one
-// tile's epilogue and the next tile's first GEMM (~800 traced cycles from the epilogue's end to
-// the next tile's start at D=64 causal 512, a ninth of a tile). Measured against main (H100,
-// fp16, 3 interleaved passes, ratio to cuDNN): D=64 causal 512 0.977-0.982 -> 1.009-1.042, 1k
-// 0.978 -> 1.002-1.004, 2k 1.070 -> 1.084, non-causal 512 1.001 -> 1.007-1.009; D=128 causal
-// 1k 1.124 -> 1.137; the rest within the spread.
-struct FastDiv {
-    uint32_t d, mul, shift;
-    __device__ explicit FastDiv(int divisor) : d(static_cast<uint32_t>(divisor)) {
-        shift = 32 - __clz(d - 1);  // ceil(log2(d)); 0 for d = 1 (__clz(0) is 32)
-        mul = static_cast<uint32_t>(((1ull << 32) * ((1ull << shift) - d)) / d + 1);
-    }
-    __device__ __forceinline__ int div(int n) const {
-        return static_cast<int>((__umulhi(static_cast<uint32_t>(n), mul) + static_cast<uint32_t>(n)) >> shift);
-    }
-};
-
+// The tile decode divides by multiply-high and shift (FastDiv, common/fast_div.cuh): its two
+// run-time divisions were each a dependent chain of ~30 instructions around a MUFU.RCP, on every
+// consumer's path between one tile's epilogue and the next tile's first GEMM (~800 traced
+// cycles from the epilogue's end to the next tile's start at D=64 causal 512, a ninth of a
+// tile). Measured against the divisions (H100, fp16, 3 interleaved passes, ratio to cuDNN):
+// D=64 causal 512 0.977-0.982 -> 1.009-1.042, 1k 0.978 -> 1.002-1.004, 2k 1.070 -> 1.084,
+// non-causal 512 1.001 -> 1.007-1.009; D=128 causal 1k 1.124 -> 1.137; the rest within the
+// spread.
 __device__ __forceinline__ Tile decode_tile(int t, const FastDiv &m_blocks, const FastDiv &heads) {
     const int bh = m_blocks.div(t);
     const int head_batch = heads.div(bh);
