@@ -182,18 +182,19 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     static constexpr int kSlotBytes = kPushMerge ? SplitSlots<kHeadDim, kBlockM>::max_bytes() : 0;
     // kQBufs Q buffers, then kStages K tiles, then kStages V tiles (every tile 1024-byte aligned:
     // swizzle atom), then the pair partial or the split slots, then the O staging buffers.
-    static constexpr int kRingBytes1 = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + kSlotBytes;
-    static constexpr int kRingEnd1 = (kRingBytes1 + 1023) / 1024 * 1024 + 1024 /* alignment */;
+    // (First with one Q buffer: the O staging is sized before a second Q buffer is fitted.)
+    static constexpr int kRingBytesOneQ = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + kSlotBytes;
+    static constexpr int kRingEndOneQ = (kRingBytesOneQ + 1023) / 1024 * 1024 + 1024 /* alignment */;
     static constexpr int kOStageBytes = 64 * kHeadDim * 2;
     static constexpr int kSmemLimit = 227 * 1024;
     // The epilogue's staging for O (the TMA-store epilogue in fwd_kernel): one 64-row block of O
     // per buffer, 128-byte swizzled panels as TMA reads them. One buffer per consumer warpgroup
     // where they fit after the rings (D=64, D=128); else one that the warpgroups take in ring
     // order (D=256); else none (kPair merges in its own region first).
-    static constexpr int kOBufs = kKeySplit > 1                                                    ? 0
-                                  : kRingEnd1 + kConsumerWarpgroups * kOStageBytes <= kSmemLimit ? kConsumerWarpgroups
-                                  : kRingEnd1 + kOStageBytes <= kSmemLimit                       ? 1
-                                                                                                 : 0;
+    static constexpr int kOBufs = kKeySplit > 1                                                       ? 0
+                                  : kRingEndOneQ + kConsumerWarpgroups * kOStageBytes <= kSmemLimit ? kConsumerWarpgroups
+                                  : kRingEndOneQ + kOStageBytes <= kSmemLimit                       ? 1
+                                                                                                    : 0;
     // A second Q buffer where it fits beside those (D=64 SHORT and non-causal LONG, D=128): the
     // producer loads the next tile's Q while this one runs, instead of once every consumer has
     // issued its last S = Q K^T of this tile (the consumers waited ~400 traced cycles per tile
@@ -202,8 +203,8 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     // D=128 non-causal 512-2k +0.5-1%, causal 1k-4k +0.5%. D=64 causal LONG (three warpgroups,
     // 226 KB with it) lost, 2k 1.083 -> 1.069, 4k 1.092 -> 1.084, and keeps one. D=256: no room.
     static constexpr int kQBufs =
-        (kConsumerWarpgroups <= 2 || !kCausal) && kRingEnd1 + kQBytes + kOBufs * kOStageBytes <= kSmemLimit ? 2 : 1;
-    static constexpr int kRingBytes = kRingBytes1 + (kQBufs - 1) * kQBytes;
+        (kConsumerWarpgroups <= 2 || !kCausal) && kRingEndOneQ + kQBytes + kOBufs * kOStageBytes <= kSmemLimit ? 2 : 1;
+    static constexpr int kRingBytes = kRingBytesOneQ + (kQBufs - 1) * kQBytes;
     static constexpr int kOStageOffset = (kRingBytes + 1023) / 1024 * 1024;  // swizzle atoms are 1024 bytes
     static constexpr int kRingEnd = kOStageOffset + 1024 /* alignment */;
     static constexpr int kSmemBytes = kRingEnd + kOBufs * kOStageBytes;
@@ -827,7 +828,6 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // D=64 SHORT causal lost 5% with it (512 1.034 -> 0.981), and at D=128 ptxas serialised the
     // GEMMs (C7515). Non-causal tiles have no masked sections (seen_end == end).
     constexpr bool kCarryS = kPingPong && T::kQBufs == 2 && kHeadDim == 64 && kW == 3 && !kCausal;
-    static_assert(!(kCarryS && kCausal), "kCarryS issues the next S in the PV section: no masked sections");
     bool s_carried = false;
     int qb = 0;  // the current tile's Q buffer
     for (int t = snake_tile(0, n_tiles, cluster_size()), t_next; t < n_tiles; t = t_next, ++local) {
