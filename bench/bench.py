@@ -44,15 +44,20 @@ Method
     FlashCore kernel is timed but marked "fallback".
   * Eager timing: 5 warm-up calls, then 30 timed calls (--warmup/--iters); each timed call
     is bracketed by its own pair of CUDA events, and before each one L2 is flushed by
-    writing a 256 MB buffer (not timed). Reported: the median.
+    writing a 256 MB buffer (not timed). Reported: the median. The impls of a shape take
+    their calls in turn (cudnn, flashcore, cudnn, flashcore, ...), so every impl meets the
+    same clocks: the H100 runs at its 700 W power cap under these kernels, where the SM clock
+    swings between ~1.2 and 1.98 GHz over tens of milliseconds, and 30 calls of one impl
+    after another's once moved a 16k row's ratio by +-8% from run to run (bench/NOTES.md,
+    eighteenth session).
   * Graph timing (small shape): 20 calls captured in one CUDA graph, replayed --iters
     times, each replay bracketed by events; reported median replay time / 20 (L2 warm:
     the same inputs are reused inside the graph).
-  * --rounds N (forward rows): the impls of a shape are timed N times over, round-robin
-    (cudnn, flashcore, ..., cudnn, flashcore, ...), and a row reports the median of its N
-    medians (each one in the JSON's us_rounds / graph_us_rounds). The machine has slow spells
-    of seconds that can double one impl's median in a single pass (bench/NOTES.md, sixth
-    session); rounds spread them over every impl and outvote them.
+  * --rounds N (forward rows): the interleaved timing above is repeated N times (each
+    impl's graph timing after each), and a row reports the median of its N medians (each
+    one in the JSON's us_rounds / graph_us_rounds). The machine has slow spells of seconds
+    that can double one impl's median in a single pass (bench/NOTES.md, sixth session);
+    rounds outvote them.
   * TFLOP/s = 4 * B * Hq * D * pairs / time, pairs = Sq * Sk; causal with Sq == Sk counts
     Sq * Sk / 2 (the FlashAttention convention), other causal shapes the exact number of
     unmasked (query, key) pairs under PyTorch's top-left alignment.
@@ -74,6 +79,7 @@ path (flashcore.explain() for flashcore rows). Rows not timed have us = null.
 """
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -316,21 +322,30 @@ class Timer:
         self.warmup, self.iters = warmup, iters
         self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
 
-    def eager_us(self, fn):
-        for _ in range(self.warmup):
-            fn()
+    def eager_us(self, calls):
+        """Median us of each (context, fn) in `calls`, timed call by call in turn (see the module
+        docstring): call i of every impl runs before call i + 1 of any."""
+        def run(context, fn):
+            with context():
+                fn()
+        for context, fn in calls:
+            for _ in range(self.warmup):
+                run(context, fn)
         # Drain the warm-up before timing: queued work (or a previous shape's graph teardown)
         # ahead of the first events once inflated whole rows ~20x (NOTES.md, sm90 runs).
         torch.cuda.synchronize()
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(self.iters)]
-        for start, end in ev:
-            self.flush_buf.zero_()  # evict L2 (50 MB on H100); not inside the events
-            start.record()
-            fn()
-            end.record()
+        ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+               for _ in range(self.iters)] for _ in calls]
+        for i in range(self.iters):
+            for (context, fn), pairs in zip(calls, ev):
+                start, end = pairs[i]
+                with context():  # entered before the events: its host time is not timed
+                    self.flush_buf.zero_()  # evict L2 (50 MB on H100); not inside the events
+                    start.record()
+                    fn()
+                    end.record()
         torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in ev) * 1e3
+        return [statistics.median(s.elapsed_time(e) for s, e in pairs) * 1e3 for pairs in ev]
 
     def graph_us(self, fn):
         side = torch.cuda.Stream()
@@ -431,9 +446,10 @@ def finish_timed(row, flop_count, cudnn_us):
 
 
 def run_shape(s, impls, timer, seed, graph, rounds=1):
-    """Verify every impl on one shape, then time the ones that are right: `rounds` times each,
-    round-robin over the impls, so that a slow spell of the machine lands on every impl alike;
-    a row's time is the median of its rounds' medians (all of them in `us_rounds`). Returns rows."""
+    """Verify every impl on one shape, then time the ones that are right: `rounds` times, each
+    round timing the impls call by call in turn (Timer.eager_us), so that the card's clock
+    swings and slow spells land on every impl alike; a row's time is the median of its rounds'
+    medians (all of them in `us_rounds`). Returns rows."""
     q, k, v = make_inputs(s, seed)
     mask = make_mask(s)
     f = flops(s)
@@ -468,12 +484,15 @@ def run_shape(s, impls, timer, seed, graph, rounds=1):
     eager = {id(row): [] for _, row, _ in timed}
     graphed = {id(row): [] for _, row, _ in timed}
     for _ in range(rounds):
-        for impl, row, fn in timed:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                with impl.context():
-                    eager[id(row)].append(timer.eager_us(fn))
-                    if graph and "graph_note" not in row:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if timed:
+                times = timer.eager_us([(impl.context, fn) for impl, _, fn in timed])
+                for (_, row, _), us in zip(timed, times):
+                    eager[id(row)].append(us)
+            for impl, row, fn in timed:
+                if graph and "graph_note" not in row:
+                    with impl.context():
                         try:
                             graphed[id(row)].append(timer.graph_us(fn))
                         except Exception as e:  # report, keep going
@@ -543,7 +562,7 @@ def run_bwd_shape(s, impls, timer, seed):
         if not judge(row, nan, ref, "gradients"):
             report(s, row, ref_name)
             continue
-        row["us"] = timer.eager_us(fns[impl.name])
+        row["us"] = timer.eager_us([(contextlib.nullcontext, fns[impl.name])])[0]
         cudnn_us = finish_timed(row, f, cudnn_us)
         report(s, row, ref_name)
     return rows
@@ -655,7 +674,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=1,
-                    help="time each forward shape's impls this many times, round-robin; report the "
+                    help="time each forward shape's impls this many times over; report the "
                          "median of the rounds' medians (default 1)")
     ap.add_argument("--impls", default=",".join(IMPLS),
                     help=f"comma-separated subset of {','.join(IMPLS)}")
@@ -694,10 +713,9 @@ def main(argv=None):
 
     method = (f"eager: {args.warmup} warm-up, median of {args.iters} calls, each between its own "
               f"CUDA events, L2 flushed before each call by writing a {FLUSH_BYTES >> 20} MB buffer "
-              f"(untimed); graph: {GRAPH_CALLS} calls per CUDA graph, median of {args.iters} replays "
+              f"(untimed), the impls' calls interleaved one by one; graph: {GRAPH_CALLS} calls per CUDA graph, median of {args.iters} replays "
               f"/ {GRAPH_CALLS}, L2 warm; inputs randn, one set per shape"
-              + (f"; forward rows: median of {args.rounds} such medians, timed round-robin over "
-                 f"the impls" if args.rounds > 1 else ""))
+              + (f"; forward rows: median of {args.rounds} such medians" if args.rounds > 1 else ""))
     print(f"FlashCore bench  sha={sha}{' (dirty)' if dirty else ''}  torch={torch.__version__}  "
           f"card={card}  {now:%Y-%m-%d %H:%M}")
     print(f"method: {method}")

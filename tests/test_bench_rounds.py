@@ -51,32 +51,82 @@ class FakeImpl:
 
 
 class FakeTimer:
-    """eager_us hands out the next time of the impl's script; records the order of calls."""
+    """eager_us hands out each impl's next time from its script; records the order of calls
+    (one entry per interleaved timing: the impls it was given, in order)."""
 
     def __init__(self, scripts):
         self.scripts = {n: list(ts) for n, ts in scripts.items()}
         self.order = []
 
-    def eager_us(self, fn):
-        self.order.append(fn.impl_name)
-        return self.scripts[fn.impl_name].pop(0)
+    def eager_us(self, calls):
+        names = []
+        for context, fn in calls:
+            with context():
+                names.append(fn.impl_name)
+        self.order.append(names)
+        return [self.scripts[n].pop(0) for n in names]
 
     def graph_us(self, fn):
         return 1.0
 
 
-def test_rounds_are_round_robin_and_rows_report_the_median(bench):
+def test_rounds_time_the_impls_together_and_rows_report_the_median(bench):
     s = bench.Shape(1, 2, 2, 16, 16, 8, False)
     impls = [FakeImpl("cudnn"), FakeImpl("flashcore")]
     # One slow spell (flashcore's second round) must not decide the row.
     timer = FakeTimer({"cudnn": [10.0, 11.0, 12.0], "flashcore": [8.0, 30.0, 9.0]})
     rows = bench.run_shape(s, impls, timer, seed=0, graph=False, rounds=3)
-    assert timer.order == ["cudnn", "flashcore"] * 3
+    assert timer.order == [["cudnn", "flashcore"]] * 3
     cudnn, fc = rows
     assert cudnn["us"] == 11.0 and cudnn["us_rounds"] == [10.0, 11.0, 12.0]
     assert fc["us"] == 9.0 and fc["us_rounds"] == [8.0, 30.0, 9.0]
     assert fc["vs_cudnn"] == pytest.approx(11.0 / 9.0)
     assert fc["tflops"] == pytest.approx(bench.flops(s) / 9.0 / 1e6)
+
+
+def test_timer_interleaves_the_impls_call_by_call(bench, monkeypatch):
+    """Timer.eager_us on fake CUDA events: every impl's call i runs (inside its own context)
+    before any impl's call i + 1, and each impl gets the median of its own event pairs."""
+    log = []
+
+    class FakeEvent:
+        clock = 0.0
+
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = FakeEvent.clock
+
+        def elapsed_time(self, end):  # as torch's: from this event to `end`, in ms
+            return (end.t - self.t) / 1e3
+
+    monkeypatch.setattr(bench.torch.cuda, "Event", FakeEvent)
+
+    class FakeFlush:
+        def zero_(self):
+            log.append("flush")
+
+    timer = object.__new__(bench.Timer)
+    timer.warmup, timer.iters, timer.flush_buf = 2, 3, FakeFlush()
+
+    def impl(name, us):
+        @contextlib.contextmanager
+        def context():
+            log.append(f"enter {name}")
+            yield
+            log.append(f"exit {name}")
+
+        def fn():
+            log.append(name)
+            FakeEvent.clock += us
+        return context, fn
+
+    times = timer.eager_us([impl("a", 5.0), impl("b", 7.0)])
+    assert times == [pytest.approx(5.0), pytest.approx(7.0)]
+    timed = log[2 * 3 * 2:]  # after the warm-up: 2 impls x 2 calls x (enter, call, exit)
+    assert log[:6] == ["enter a", "a", "exit a"] * 2
+    assert timed == ["enter a", "flush", "a", "exit a", "enter b", "flush", "b", "exit b"] * 3
 
 
 def test_one_round_keeps_the_old_rows(bench):
@@ -93,7 +143,7 @@ def test_wrong_and_skipped_rows_are_never_timed(bench):
     impls = [FakeImpl("cudnn"), FakeImpl("flash", "raises"), FakeImpl("flashcore", "wrong")]
     timer = FakeTimer({"cudnn": [10.0, 10.0]})
     rows = bench.run_shape(s, impls, timer, seed=2, graph=False, rounds=2)
-    assert timer.order == ["cudnn", "cudnn"]
+    assert timer.order == [["cudnn"], ["cudnn"]]
     cudnn, flash, fc = rows
     assert cudnn["us"] == 10.0
     assert flash["status"].startswith("skipped") and flash["us"] is None
