@@ -343,9 +343,13 @@ constexpr bool kLazyRescale = kHeadDim == 256;
 // cycle of the SM's 128, with the TMA writes of the next K/V tiles (~32 bytes a cycle) beside
 // them. With Q's fragments in 32 registers per thread (loaded once per tile with ldmatrix), the
 // S GEMM reads only K: 64 bytes a cycle. Q's buffer is also freed as soon as the fragments are
-// loaded, not after the tile's last S GEMM.
-template <int kHeadDim>
-constexpr bool kQInRegs = kHeadDim == 128;
+// loaded, not after the tile's last S GEMM. Measured (H100, fp16, 3 passes of A/B, ratio to
+// cuDNN, backends timed call by call in turn): D=128 non-causal 1k 1.052-1.055 -> 1.063-1.064,
+// 2k 1.058 -> 1.067-1.068, 4k 1.058-1.065 -> 1.067-1.074, 8k 1.062 -> 1.071-1.072, 16k
+// 1.058-1.068 -> 1.062-1.071, 512 unchanged; causal 512 1.040-1.057 -> 1.033-1.041 and 1k -0.5%,
+// so causal keeps Q in shared memory.
+template <int kHeadDim, bool kCausal>
+constexpr bool kQInRegs = kHeadDim == 128 && !kCausal;
 
 // When a consumer waits for O += P(n-1) V(n-1) in the key loop (fwd_kernel's softmax). Main
 // used to wait after the softmax of S(n), then rescale O and convert P(n) into p_frag: a tail of
@@ -698,7 +702,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     float s[kNTiles * 4];
     uint32_t p_frag[kBlockN / 16][4];
     // kQInRegs: this warpgroup's rows of Q as wgmma A fragments, one per 16-column k-step.
-    uint32_t q_frag[kQInRegs<kHeadDim> ? kHeadDim / 16 : 1][4];
+    uint32_t q_frag[kQInRegs<kHeadDim, kCausal> ? kHeadDim / 16 : 1][4];
     int kv_iter = 0;  // K/V tiles consumed so far: ring stage and phase, as in the producer
 
     // kQInRegs: Q's fragments from the current buffer (q_base). ldmatrix.x4 gives a warp the
@@ -706,7 +710,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // 0-7 of the first 8 columns, 8-15 rows 8-15, 16-31 the same rows' next 8 columns. The
     // buffer is 128-byte swizzled (as TMA wrote it): 16-byte chunk c of row r sits at c ^ (r % 8).
     auto load_q_frags = [&] {
-        if constexpr (kQInRegs<kHeadDim>) {
+        if constexpr (kQInRegs<kHeadDim, kCausal>) {
             const int row = warp_in_wg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
             for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -735,7 +739,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             const uint32_t offset = (kk % 4) * 32;  // 16 columns = 32 bytes along a 128-byte row
             const uint64_t desc_q = desc_q0 + ((kk / 4) * T::kQPanelBytes + offset) / 16;
             const uint64_t desc_k = desc_k0 + ((kk / 4) * T::kKVPanelBytes + offset) / 16;
-            if constexpr (kQInRegs<kHeadDim>)
+            if constexpr (kQInRegs<kHeadDim, kCausal>)
                 Wgmma<kBlockN, WgmmaA::RS, Elem>::template mma<0>(s, q_frag[kk], desc_k, kk > 0);
             else
                 Wgmma<kBlockN, WgmmaA::SS, Elem>::template mma<0>(s, desc_q, desc_k, kk > 0);
@@ -857,7 +861,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // D=64 SHORT causal lost 5% with it (512 1.034 -> 0.981), and at D=128 ptxas serialised the
     // GEMMs (C7515). Non-causal tiles have no masked sections (seen_end == end).
     constexpr bool kCarryS = kPingPong && T::kQBufs == 2 && kHeadDim == 64 && kW == 3 && !kCausal;
-    static_assert(!kQInRegs<kHeadDim> || (!kCarryS && kKeySplit == 1),
+    static_assert(!kQInRegs<kHeadDim, kCausal> || (!kCarryS && kKeySplit == 1),
                   "Q in registers frees its buffer at the tile's start: not with a carried S or a pair");
     bool s_carried = false;
     int qb = 0;  // the current tile's Q buffer
@@ -1042,7 +1046,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 wait_barrier(&bars.q_full[qb], (q_loads++ / T::kQBufs) & 1);
             }
             trace(2, 0);
-            if constexpr (kQInRegs<kHeadDim>) {  // (no kCarryS, no kPair at D=128)
+            if constexpr (kQInRegs<kHeadDim, kCausal>) {  // (no kCarryS, no kPair at D=128)
                 load_q_frags();
                 release(&bars.q_empty[qb]);
             }
@@ -1061,7 +1065,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 trace(6, mine);
                 fence_registers(s);
                 release(&bars.k_empty[(slot0 + mine) % kStages]);
-                if (!kQInRegs<kHeadDim> && mine == last) release(&bars.q_empty[qb]);  // last use of Q in this tile
+                if (!kQInRegs<kHeadDim, kCausal> && mine == last) release(&bars.q_empty[qb]);  // last use of Q in this tile
                 softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
                 if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
                 trace(7, mine);
@@ -1074,7 +1078,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     trace(6, n);
                     fence_registers(s);
                     release(&bars.k_empty[(slot0 + n) % kStages]);
-                    if (!kQInRegs<kHeadDim> && n == last) release(&bars.q_empty[qb]);
+                    if (!kQInRegs<kHeadDim, kCausal> && n == last) release(&bars.q_empty[qb]);
                     auto finish_pv = [&] {  // O += P(n-1) V(n-1) is done: its V stage is free
                         wgmma_wait<0>();
                         fence_registers(o_acc);
