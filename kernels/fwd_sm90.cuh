@@ -216,10 +216,10 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
 };
 
 // Barriers live in static shared memory, apart from the tiles.
-template <int kStages, int kOBufs>
+template <int kQBufs, int kStages, int kOBufs>
 struct Barriers {
-    uint64_t q_full[2];   // per Q buffer (FwdTraits::kQBufs of them in use)
-    uint64_t q_empty[2];
+    uint64_t q_full[kQBufs];  // per Q buffer
+    uint64_t q_empty[kQBufs];
     uint64_t k_full[kStages];
     uint64_t v_full[kStages];
     uint64_t k_empty[kStages];  // K and V are released separately: with the pipelined loop,
@@ -542,7 +542,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                   "the softmax rescales O unconditionally where it waits for P V: not with lazy rescaling");
 
     extern __shared__ unsigned char smem_raw[];
-    __shared__ Barriers<kStages, T::kOBufs> bars;
+    __shared__ Barriers<T::kQBufs, kStages, T::kOBufs> bars;
     // Swizzled tiles need 1024-byte alignment. Stepped from smem_raw (not rebuilt from an
     // integer), so the compiler still knows the pointers are shared memory and stores through
     // them (the split partials) are STS, not generic stores.
