@@ -14,7 +14,8 @@
 //     registers the producer gave up (setmaxnreg.inc). D=64's pair configuration (one-wave
 //     grids) gives two consumers the same 64 rows, one the even key tiles and one the odd,
 //     merged through shared memory at the end (FwdConfig, kPair).
-//     Per K/V tile: S = Q K^T with wgmma (both operands in shared memory, K-major), the online
+//     Per K/V tile: S = Q K^T with wgmma (both operands in shared memory, K-major; at D=128
+//     non-causal Q comes from registers, loaded once per tile: kQInRegs), the online
 //     softmax in fp32 registers (exp2, scale folded into log2(e)), then O += P V with wgmma
 //     taking P straight from registers (the accumulator layout of S is the A-fragment layout)
 //     and V from shared memory read N-major (no transpose pass).
