@@ -713,8 +713,9 @@ def main(argv=None):
 
     method = (f"eager: {args.warmup} warm-up, median of {args.iters} calls, each between its own "
               f"CUDA events, L2 flushed before each call by writing a {FLUSH_BYTES >> 20} MB buffer "
-              f"(untimed), the impls' calls interleaved one by one; graph: {GRAPH_CALLS} calls per CUDA graph, median of {args.iters} replays "
-              f"/ {GRAPH_CALLS}, L2 warm; inputs randn, one set per shape"
+              f"(untimed), the impls' calls interleaved one by one; graph: {GRAPH_CALLS} calls per "
+              f"CUDA graph, median of {args.iters} replays / {GRAPH_CALLS}, L2 warm; inputs randn, one "
+              f"set per shape"
               + (f"; forward rows: median of {args.rounds} such medians" if args.rounds > 1 else ""))
     print(f"FlashCore bench  sha={sha}{' (dirty)' if dirty else ''}  torch={torch.__version__}  "
           f"card={card}  {now:%Y-%m-%d %H:%M}")
