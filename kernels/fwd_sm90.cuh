@@ -701,6 +701,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // overlap): while the tensor cores run O += P(n-1) V(n-1), this warpgroup's threads do the
     // softmax of S(n), issued just before. P(n-1) lives in p_frag, S(n) in s.
     float s[kNTiles * 4];
+    float s_next[kNTiles * 4];  // kPair with two key tiles: the second S, issued with the first
     uint32_t p_frag[kBlockN / 16][4];
     // kQInRegs: this warpgroup's rows of Q as wgmma A fragments, one per 16-column k-step.
     uint32_t q_frag[kQInRegs<kHeadDim, kCausal> ? kHeadDim / 16 : 1][4];
@@ -721,7 +722,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             }
         }
     };
-    auto issue_qk = [&](int i) {  // S = Q K^T for ring slot i, asynchronous
+    // S = Q K^T for ring slot i into `acc` (s, or kPair's s_next), asynchronous.
+    auto issue_qk_into = [&](float (&acc)[kNTiles * 4], int i) {
         const int stage = i % kStages;
         wait_barrier(&bars.k_full[stage], (i / kStages) & 1);
         // Descriptors of the tiles' starts; each k-step adds its byte offset / 16 to the start
@@ -733,7 +735,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // D=64 non-causal 512 0.93 -> 0.95; geomean of 38 sweep shapes 0.972 -> 0.992-1.001.)
         const uint64_t desc_q0 = smem_desc(q_base, 16, 1024);
         const uint64_t desc_k0 = smem_desc(k_base + stage * T::kKVTileBytes, 16, 1024);
-        fence_registers(s);
+        fence_registers(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -741,12 +743,13 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             const uint64_t desc_q = desc_q0 + ((kk / 4) * T::kQPanelBytes + offset) / 16;
             const uint64_t desc_k = desc_k0 + ((kk / 4) * T::kKVPanelBytes + offset) / 16;
             if constexpr (kQInRegs<kHeadDim, kCausal>)
-                Wgmma<kBlockN, WgmmaA::RS, Elem>::template mma<0>(s, q_frag[kk], desc_k, kk > 0);
+                Wgmma<kBlockN, WgmmaA::RS, Elem>::template mma<0>(acc, q_frag[kk], desc_k, kk > 0);
             else
-                Wgmma<kBlockN, WgmmaA::SS, Elem>::template mma<0>(s, desc_q, desc_k, kk > 0);
+                Wgmma<kBlockN, WgmmaA::SS, Elem>::template mma<0>(acc, desc_q, desc_k, kk > 0);
         }
         wgmma_commit();
     };
+    auto issue_qk = [&](int i) { issue_qk_into(s, i); };
     // `half`: P's keys 64..127 are all zero (half_tile in the key loop), so only the first 64 keys.
     // `overwrite`: the tile's first P V, which writes O instead of adding to it (kCarryS: O is not
     // zeroed at the tile's start, see there).
@@ -1055,6 +1058,61 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 release(&bars.q_empty[qb]);  // kPair with a single key tile: nothing for this one
             } else {
                 const int last = mine + (seen_end - 1 - mine) / kKeySplit * kKeySplit;  // this WG's last
+                // kPair, two key tiles for this warpgroup (S = 512-1k keys): both S = Q K^T go out
+                // together, so the second one runs during the first tile's softmax instead of
+                // after it. (The small shape's trace had both warpgroups issue S(2nd) + P V(1st)
+                // only after their first softmax, ~1000 cycles of issue and GEMM latency in each
+                // chain.)
+                bool pair_done = false;
+                if constexpr (kShape == kPair) {
+                    if (last == mine + kKeySplit) {
+                        const int i0 = slot0 + mine, i1 = slot0 + last;
+                        wait_turn();
+                        issue_qk(i0);
+                        issue_qk_into(s_next, i1);
+                        pass_turn(false);
+                        wgmma_wait<1>();  // S(mine) is ready
+                        trace(6, mine);
+                        fence_registers(s);
+                        release(&bars.k_empty[i0 % kStages]);
+                        softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
+                        if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
+                        trace(7, mine);
+                        wait_turn();
+                        issue_pv(i0, false, false);
+                        pass_turn(false);
+                        wgmma_wait<1>();  // S(last) is ready; O += P(mine) V(mine) may still run
+                        trace(6, last);
+                        fence_registers(s_next);
+                        release(&bars.k_empty[i1 % kStages]);
+                        release(&bars.q_empty[qb]);  // last use of Q in this tile
+#pragma unroll
+                        for (int e = 0; e < kNTiles * 4; ++e) s[e] = s_next[e];
+                        auto finish_pv = [&] {
+                            wgmma_wait<0>();
+                            fence_registers(o_acc);
+                            trace(8, last);
+                            release(&bars.v_empty[i0 % kStages]);
+                        };
+                        const bool rebased = softmax(last, rescale, true, finish_pv);
+                        trace(11, last);
+                        if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
+                            finish_pv();
+                            if (rebased) rescale_o(rescale);
+                            convert_p(std::integral_constant<int, kNTiles>{});
+                            trace(7, last);
+                        }
+                        wait_turn();
+                        issue_pv(i1, false, false);
+                        pass_turn(false);
+                        wgmma_wait<0>();
+                        trace(8, last);
+                        fence_registers(o_acc);
+                        release(&bars.v_empty[i1 % kStages]);
+                        pair_done = true;
+                    }
+                }
+                if (!pair_done) {
                 if (!s_carried) {
                     wait_turn();
                     issue_qk(slot0 + mine);
@@ -1132,6 +1190,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     ++q_loads;
                     s_carried = true;
                 }
+                }  // !pair_done
             }
             kv_iter = slot0 + end;
         }
