@@ -282,6 +282,7 @@ struct FwdMaps {
     CUtensorMap q, k, v, o;  // o: 64-row boxes, for the TMA-store epilogue
     MapOrder q_order, k_order, v_order, o_order;
     int32_t o_tma;  // O goes out through `o` (the TMA-store epilogue); 0: 16-byte stores from registers
+    int32_t pair_s_ahead;  // kPair, not causal: a warpgroup with two key tiles issues both S GEMMs at once
 };
 
 // The work list: one tile = (query block, head, batch). Tiles of one (batch, head) are
@@ -1058,14 +1059,19 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 release(&bars.q_empty[qb]);  // kPair with a single key tile: nothing for this one
             } else {
                 const int last = mine + (seen_end - 1 - mine) / kKeySplit * kKeySplit;  // this WG's last
-                // kPair, two key tiles for this warpgroup (S = 512-1k keys): both S = Q K^T go out
+                // kPair, not causal, two key tiles for this warpgroup (257-512 keys), grids of at
+                // most half the SMs (maps.pair_s_ahead, launch_fwd_config): both S = Q K^T go out
                 // together, so the second one runs during the first tile's softmax instead of
-                // after it. (The small shape's trace had both warpgroups issue S(2nd) + P V(1st)
-                // only after their first softmax, ~1000 cycles of issue and GEMM latency in each
-                // chain.)
+                // after it (the small shape's trace had both warpgroups issue S(2nd) + P V(1st)
+                // only after their first softmax). The warpgroup then waits for its second K tile
+                // before its first softmax: on fuller grids, whose loads land later, and on causal
+                // blocks that cost more than it saved. Measured on every pair grid (H100, fp16, us
+                // per call in a CUDA graph, ci/d64_configs.py, two passes): B=1 H=8 512 x 512
+                // 6.01 / 6.02 -> 5.78 / 5.76, but causal 512 x 512 5.60 / 5.58 -> 5.73 / 5.68 and
+                // B=2 H=8 512 x 512 6.06 / 6.10 -> 6.38 / 6.36: hence the limits.
                 bool pair_done = false;
-                if constexpr (kShape == kPair) {
-                    if (last == mine + kKeySplit) {
+                if constexpr (kShape == kPair && !kCausal) {
+                    if (maps.pair_s_ahead && last == mine + kKeySplit) {
                         const int i0 = slot0 + mine, i1 = slot0 + last;
                         wait_turn();
                         issue_qk(i0);
@@ -1541,6 +1547,9 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     if (T::kOBufs > 0 && !(tma_store != nullptr && tma_store[0] == '0' && tma_store[1] == '\0'))
         maps.o_tma = make_tensor_map(&maps.o, &maps.o_order, p.out, dtype, p.seqlen_q, p.heads_q, p.batch,
                                      p.head_dim, p.o_stride_s, p.o_stride_h, p.o_stride_b, 64) == cudaSuccess;
+    // kPair: both S GEMMs of a two-key-tile warpgroup at once, on grids of at most half the SMs
+    // (see the key loop in fwd_kernel).
+    maps.pair_s_ahead = kShape == kPair && !kCausal && 2 * tile_count<T>(p) <= sms;
 
     auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape>;
     // Per device, once: the shared-memory opt-in.
