@@ -1068,7 +1068,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 // blocks that cost more than it saved. Measured on every pair grid (H100, fp16, us
                 // per call in a CUDA graph, ci/d64_configs.py, two passes): B=1 H=8 512 x 512
                 // 6.01 / 6.02 -> 5.78 / 5.76, but causal 512 x 512 5.60 / 5.58 -> 5.73 / 5.68 and
-                // B=2 H=8 512 x 512 6.06 / 6.10 -> 6.38 / 6.36: hence the limits.
+                // B=2 H=8 512 x 512 6.06 / 6.10 -> 6.38 / 6.36: hence the limits. With them (same
+                // tool, two passes): B=1 H=8 512 x 512 5.99 / 5.94 -> 5.73 / 5.72, 256 x 512 5.97 /
+                // 6.00 -> 5.77 / 5.76; causal, B=2 and H=16 unchanged.
                 bool pair_done = false;
                 if constexpr (kShape == kPair && !kCausal) {
                     if (maps.pair_s_ahead && last == mine + kKeySplit) {
