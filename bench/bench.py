@@ -44,12 +44,12 @@ Method
     FlashCore kernel is timed but marked "fallback".
   * Eager timing: 5 warm-up calls, then 30 timed calls (--warmup/--iters); each timed call
     is bracketed by its own pair of CUDA events, and before each one L2 is flushed by
-    writing a 256 MB buffer (not timed). Reported: the median. The impls of a shape take
-    their calls in turn (cudnn, flashcore, cudnn, flashcore, ...), so every impl meets the
-    same clocks: the H100 runs at its 700 W power cap under these kernels, where the SM clock
-    swings between ~1.2 and 1.98 GHz over tens of milliseconds, and 30 calls of one impl
-    after another's once moved a 16k row's ratio by +-8% from run to run (bench/NOTES.md,
-    eighteenth session).
+    writing a 256 MB buffer (not timed). Reported: the median. In forward rows the impls of a
+    shape take their calls in turn (cudnn, flashcore, cudnn, flashcore, ...; backward rows
+    still time one impl after another), so every impl meets the same clocks: the H100 runs
+    at its 700 W power cap under these kernels, where the SM clock swings between ~1.2 and
+    1.98 GHz over tens of milliseconds, and 30 calls of one impl after another's once moved
+    a 16k row's ratio by +-8% from run to run (bench/NOTES.md, eighteenth session).
   * Graph timing (small shape): 20 calls captured in one CUDA graph, replayed --iters
     times, each replay bracketed by events; reported median replay time / 20 (L2 warm:
     the same inputs are reused inside the graph).
