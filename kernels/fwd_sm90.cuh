@@ -282,6 +282,7 @@ struct FwdMaps {
     CUtensorMap q, k, v, o;  // o: 64-row boxes, for the TMA-store epilogue
     MapOrder q_order, k_order, v_order, o_order;
     int32_t o_tma;  // O goes out through `o` (the TMA-store epilogue); 0: 16-byte stores from registers
+    int32_t pair_s_ahead;  // kPair, not causal: a warpgroup with two key tiles issues both S GEMMs at once
 };
 
 // The work list: one tile = (query block, head, batch). Tiles of one (batch, head) are
@@ -701,6 +702,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // overlap): while the tensor cores run O += P(n-1) V(n-1), this warpgroup's threads do the
     // softmax of S(n), issued just before. P(n-1) lives in p_frag, S(n) in s.
     float s[kNTiles * 4];
+    float s_next[kNTiles * 4];  // kPair with two key tiles: the second S, issued with the first
     uint32_t p_frag[kBlockN / 16][4];
     // kQInRegs: this warpgroup's rows of Q as wgmma A fragments, one per 16-column k-step.
     uint32_t q_frag[kQInRegs<kHeadDim, kCausal> ? kHeadDim / 16 : 1][4];
@@ -721,7 +723,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             }
         }
     };
-    auto issue_qk = [&](int i) {  // S = Q K^T for ring slot i, asynchronous
+    // S = Q K^T for ring slot i into `acc` (s, or kPair's s_next), asynchronous.
+    auto issue_qk_into = [&](float (&acc)[kNTiles * 4], int i) {
         const int stage = i % kStages;
         wait_barrier(&bars.k_full[stage], (i / kStages) & 1);
         // Descriptors of the tiles' starts; each k-step adds its byte offset / 16 to the start
@@ -733,7 +736,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // D=64 non-causal 512 0.93 -> 0.95; geomean of 38 sweep shapes 0.972 -> 0.992-1.001.)
         const uint64_t desc_q0 = smem_desc(q_base, 16, 1024);
         const uint64_t desc_k0 = smem_desc(k_base + stage * T::kKVTileBytes, 16, 1024);
-        fence_registers(s);
+        fence_registers(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -741,12 +744,13 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             const uint64_t desc_q = desc_q0 + ((kk / 4) * T::kQPanelBytes + offset) / 16;
             const uint64_t desc_k = desc_k0 + ((kk / 4) * T::kKVPanelBytes + offset) / 16;
             if constexpr (kQInRegs<kHeadDim, kCausal>)
-                Wgmma<kBlockN, WgmmaA::RS, Elem>::template mma<0>(s, q_frag[kk], desc_k, kk > 0);
+                Wgmma<kBlockN, WgmmaA::RS, Elem>::template mma<0>(acc, q_frag[kk], desc_k, kk > 0);
             else
-                Wgmma<kBlockN, WgmmaA::SS, Elem>::template mma<0>(s, desc_q, desc_k, kk > 0);
+                Wgmma<kBlockN, WgmmaA::SS, Elem>::template mma<0>(acc, desc_q, desc_k, kk > 0);
         }
         wgmma_commit();
     };
+    auto issue_qk = [&](int i) { issue_qk_into(s, i); };
     // `half`: P's keys 64..127 are all zero (half_tile in the key loop), so only the first 64 keys.
     // `overwrite`: the tile's first P V, which writes O instead of adding to it (kCarryS: O is not
     // zeroed at the tile's start, see there).
@@ -1055,6 +1059,68 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 release(&bars.q_empty[qb]);  // kPair with a single key tile: nothing for this one
             } else {
                 const int last = mine + (seen_end - 1 - mine) / kKeySplit * kKeySplit;  // this WG's last
+                // kPair, not causal, two key tiles for this warpgroup (257-512 keys), grids of at
+                // most half the SMs (maps.pair_s_ahead, launch_fwd_config): both S = Q K^T go out
+                // together, so the second one runs during the first tile's softmax instead of
+                // after it (the small shape's trace had both warpgroups issue S(2nd) + P V(1st)
+                // only after their first softmax). The warpgroup then waits for its second K tile
+                // before its first softmax: on fuller grids, whose loads land later, and on causal
+                // blocks that cost more than it saved. Measured on every pair grid (H100, fp16, us
+                // per call in a CUDA graph, ci/d64_configs.py, two passes): B=1 H=8 512 x 512
+                // 6.01 / 6.02 -> 5.78 / 5.76, but causal 512 x 512 5.60 / 5.58 -> 5.73 / 5.68 and
+                // B=2 H=8 512 x 512 6.06 / 6.10 -> 6.38 / 6.36: hence the limits. With them (same
+                // tool, two passes): B=1 H=8 512 x 512 5.99 / 5.94 -> 5.73 / 5.72, 256 x 512 5.97 /
+                // 6.00 -> 5.77 / 5.76; causal, B=2 and H=16 unchanged.
+                bool pair_done = false;
+                if constexpr (kShape == kPair && !kCausal) {
+                    if (maps.pair_s_ahead && last == mine + kKeySplit) {
+                        const int i0 = slot0 + mine, i1 = slot0 + last;
+                        wait_turn();
+                        issue_qk(i0);
+                        issue_qk_into(s_next, i1);
+                        pass_turn(false);
+                        wgmma_wait<1>();  // S(mine) is ready
+                        trace(6, mine);
+                        fence_registers(s);
+                        release(&bars.k_empty[i0 % kStages]);
+                        softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
+                        if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
+                        trace(7, mine);
+                        wait_turn();
+                        issue_pv(i0, false, false);
+                        pass_turn(false);
+                        wgmma_wait<1>();  // S(last) is ready; O += P(mine) V(mine) may still run
+                        trace(6, last);
+                        fence_registers(s_next);
+                        release(&bars.k_empty[i1 % kStages]);
+                        release(&bars.q_empty[qb]);  // last use of Q in this tile
+#pragma unroll
+                        for (int e = 0; e < kNTiles * 4; ++e) s[e] = s_next[e];
+                        auto finish_pv = [&] {
+                            wgmma_wait<0>();
+                            fence_registers(o_acc);
+                            trace(8, last);
+                            release(&bars.v_empty[i0 % kStages]);
+                        };
+                        const bool rebased = softmax(last, rescale, true, finish_pv);
+                        trace(11, last);
+                        if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
+                            finish_pv();
+                            if (rebased) rescale_o(rescale);
+                            convert_p(std::integral_constant<int, kNTiles>{});
+                            trace(7, last);
+                        }
+                        wait_turn();
+                        issue_pv(i1, false, false);
+                        pass_turn(false);
+                        wgmma_wait<0>();
+                        trace(8, last);
+                        fence_registers(o_acc);
+                        release(&bars.v_empty[i1 % kStages]);
+                        pair_done = true;
+                    }
+                }
+                if (!pair_done) {
                 if (!s_carried) {
                     wait_turn();
                     issue_qk(slot0 + mine);
@@ -1132,6 +1198,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     ++q_loads;
                     s_carried = true;
                 }
+                }  // !pair_done
             }
             kv_iter = slot0 + end;
         }
@@ -1482,6 +1549,9 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     if (T::kOBufs > 0 && !(tma_store != nullptr && tma_store[0] == '0' && tma_store[1] == '\0'))
         maps.o_tma = make_tensor_map(&maps.o, &maps.o_order, p.out, dtype, p.seqlen_q, p.heads_q, p.batch,
                                      p.head_dim, p.o_stride_s, p.o_stride_h, p.o_stride_b, 64) == cudaSuccess;
+    // kPair: both S GEMMs of a two-key-tile warpgroup at once, on grids of at most half the SMs
+    // (see the key loop in fwd_kernel).
+    maps.pair_s_ahead = kShape == kPair && !kCausal && 2 * tile_count<T>(p) <= sms;
 
     auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape>;
     // Per device, once: the shared-memory opt-in.

@@ -515,12 +515,14 @@ def test_sm90_kv_split_does_not_change_result(case, splits, monkeypatch):
 @pytest.mark.parametrize("short", ["0", "1", "2", "3"])
 @pytest.mark.parametrize("causal,sq,sk", [(False, 1000, 1000), (True, 1000, 777), (True, 4097, 4097),
                                           (False, 17, 3000), (True, 300, 1000), (False, 200, 100),
-                                          (True, 100, 300)])
+                                          (True, 100, 300), (False, 200, 400), (False, 64, 300)])
 def test_sm90_d64_configurations(causal, sq, sk, short, monkeypatch):
     """D=64 has four sm90 configurations (three consumer warpgroups, two for short query
     sequences, one for tiny grids, and two splitting one block's keys; kernels/fwd_sm90.cuh
     launch_fwd). Each is forced over lengths the automatic choice would give to another (a
-    single key tile leaves the pair's second warpgroup nothing); all must match the reference."""
+    single key tile leaves the pair's second warpgroup nothing; 200 x 400 and 64 x 300 give the
+    pair at most 64 blocks, half the SMs, and warpgroups of two key tiles, which issue both S
+    GEMMs at once, beside one of a single tile at 300 keys); all must match the reference."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
     skip_unless_built(64, torch.bfloat16)
