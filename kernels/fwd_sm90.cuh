@@ -175,8 +175,9 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     static constexpr int kKVPanelBytes = kBlockN * 128;
     static constexpr int kQBytes = kPanels * kQPanelBytes;
     static constexpr int kKVTileBytes = kPanels * kKVPanelBytes;
-    // kKeySplit: the second warpgroup's partial (O, then row max and sum, per thread) for the merge.
-    static constexpr int kPairBytes = kKeySplit > 1 ? 128 * (kHeadDim / 2 + 4) * 4 : 0;
+    // kKeySplit: each warpgroup's partial of the other's half of O, then its row max and sum (per
+    // thread), for the merge.
+    static constexpr int kPairBytes = kKeySplit > 1 ? 2 * 128 * (kHeadDim / 4 + 4) * 4 : 0;
     // Split merge by pushing (SplitSlots) where its slots fit: D=64 (D=128 and 256 fill the 227 KB
     // with their rings and merge by reading the peers' partials, finish_split_rows).
     static constexpr bool kPushMerge = kHeadDim == 64 && kKeySplit == 1;
@@ -1215,28 +1216,35 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             inv_sum[h] = 1.f / sum;
         }
         if constexpr (kKeySplit > 1) {
-            // kPair: the odd-tile warpgroup leaves its partial (per thread, in the accumulator
-            // layout both share, lane-contiguous: no bank conflicts) in its own region, and the
-            // even-tile one merges it in registers and writes the rows. A CTA has one tile (launch_fwd).
+            // kPair: each warpgroup finalises half of O's columns (16-byte store group `key_part`,
+            // column tiles 4 key_part .. 4 key_part + 3). Each leaves its partial of the other
+            // half and its row statistics (per thread, in the accumulator layout both share,
+            // lane-contiguous: no bank conflicts) in its own region, both meet at one named
+            // barrier, and each merges the other's partial into its half in registers and writes
+            // it. (Before, the even-tile warpgroup merged and wrote all of O after the odd-tile
+            // one had left its whole partial: a longer serial tail, ~1500 traced cycles at the
+            // small shape.) Indices into o_acc stay compile-time: the halves are chosen with
+            // selects and predicates, not by a run-time offset. A CTA has one tile (launch_fwd).
+            static_assert(kKeySplit == 2 && kDTiles == 8, "the pair splits D=64's two 16-byte store groups");
+            constexpr int kHalf = kDTiles * 2;  // accumulator words of one half of the columns
             float *pair = reinterpret_cast<float *>(smem_v + kStages * T::kKVTileBytes);
+            float *own_region = pair + key_part * (kHalf + 4) * 128;
+            const float *other_region = pair + (1 - key_part) * (kHalf + 4) * 128;
             const int t = threadIdx.x % 128;
-            constexpr int kAcc = kDTiles * 4;
-            if (key_part == 1) {
 #pragma unroll
-                for (int i = 0; i < kAcc; ++i) pair[i * 128 + t] = o_acc[i];
+            for (int i = 0; i < kHalf; ++i)  // the half the other warpgroup finalises
+                own_region[i * 128 + t] = key_part == 0 ? o_acc[kHalf + i] : o_acc[i];
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    pair[(kAcc + h) * 128 + t] = row_max[h];
-                    pair[(kAcc + 2 + h) * 128 + t] = row_sum[h];
-                }
-                asm volatile("bar.arrive %0, 256;\n" ::"n"(kW + 2) : "memory");
-                continue;
+            for (int h = 0; h < 2; ++h) {
+                own_region[(kHalf + h) * 128 + t] = row_max[h];
+                own_region[(kHalf + 2 + h) * 128 + t] = row_sum[h];
             }
             asm volatile("bar.sync %0, 256;\n" ::"n"(kW + 2) : "memory");
             float w_own[2], w_other[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const float other_max = pair[(kAcc + h) * 128 + t], other_sum = pair[(kAcc + 2 + h) * 128 + t];
+                const float other_max = other_region[(kHalf + h) * 128 + t];
+                const float other_sum = other_region[(kHalf + 2 + h) * 128 + t];
                 const float mx = fmaxf(row_max[h], other_max);
                 w_own[h] = partial_weight(row_max[h], mx, scale_log2);  // raw score units
                 w_other[h] = partial_weight(other_max, mx, scale_log2);
@@ -1245,9 +1253,13 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 inv_sum[h] = 1.f / row_sum[h];
             }
 #pragma unroll
-            for (int i = 0; i < kAcc; ++i) {
+            for (int i = 0; i < kHalf; ++i) {
                 const int h = (i % 4) / 2;  // accumulator word i holds row (i % 4) / 2 of the pair
-                o_acc[i] = w_own[h] * o_acc[i] + w_other[h] * pair[i * 128 + t];
+                const float other = other_region[i * 128 + t];
+                if (key_part == 0)
+                    o_acc[i] = w_own[h] * o_acc[i] + w_other[h] * other;
+                else
+                    o_acc[kHalf + i] = w_own[h] * o_acc[kHalf + i] + w_other[h] * other;
             }
         }
         // Rows this CTA writes (all, unless a pushed split leaves some to a peer) and their LSE.
@@ -1344,7 +1356,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             ptx::barrier_cluster_wait();
             continue;
         }
-        if (p.lse != nullptr && (lane % 4) == 0) {
+        if (p.lse != nullptr && (lane % 4) == 0 && key_part == 0) {  // (kPair: both hold the merged rows)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = row0 + 8 * h;
@@ -1405,6 +1417,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             Elem *out_row = out + row * o_stride + 8 * (lane % 4);
 #pragma unroll
             for (int g = 0; g < kDTiles / 4; ++g) {
+                if (kKeySplit > 1 && g != key_part) continue;  // kPair: the other warpgroup writes it
                 uint32_t w[4];
 #pragma unroll
                 for (int t = 0; t < 4; ++t) {
