@@ -253,10 +253,15 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
  *   B=8  Hkv=32 Sk=1k   60.2 / 61.9 / 63.3       B=32 Hkv=8  Sk=1k   60.4 / 61.7 / 63.5
  *   B=1  Hkv=32 Sk=32k  193.5 / 197.8 / 208.2    B=1  Hkv=32 Sk=128k 709 / 729 / 768
  *   B=1  Hkv=8  Sk=128k 193.9 / 198.8 / 204.5
- * Only D=128, one query row, no causal mask (a causal row 0 sees one key) were measured.
+ * Only D=128, one query row, no causal mask (a causal row 0 sees one key) were measured. The
+ * threshold was 2^20 key rows until the nineteenth session, when the Hopper family had caught up
+ * on the shorter calls (same tool, decode kernel at its automatic split count, two runs):
+ *   B=32 Hkv=8 Sk=1k  60.7-60.8 / 62.1-62.5 / 61.5     B=8 Hkv=32 Sk=1k 60.5-61.2 / 61.2-62.0 / 61.1-61.8
+ *   B=8  Hkv=8 Sk=8k  109.3-109.9 / 108.3-109.6 / 105.2-105.6
+ * while the B=1 calls (32 or 8 pairs) still read faster in the decode kernel (above).
  */
 #define FC_DECODE_SM90_MIN_PAIRS 64
-#define FC_DECODE_SM90_MIN_KEY_ROWS (1 << 20)
+#define FC_DECODE_SM90_MIN_KEY_ROWS (1 << 18)
 
 /* Packing makes a group's query heads the rows of one slice, q_stride_h apart. The packed call
  * must pass the same checks as any call (fc_params_validate: its slices must stay inside the

@@ -394,7 +394,7 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     /* ...except one-row D=128 calls over many (batch, KV head) pairs and key rows, which the
      * Hopper family reads faster (dispatch.c, sm90_reads_decode_faster). */
     const int decode_to_sm90 = cc == 90 && sm90_takes(p) && d == 128 && p->seqlen_q == 1 && !p->causal &&
-                               p->batch * p->heads_kv >= 64 && p->batch * p->heads_kv * p->seqlen_k >= (1 << 20);
+                               p->batch * p->heads_kv >= 64 && p->batch * p->heads_kv * p->seqlen_k >= (1 << 18);
     if (p->family == FC_FAMILY_AUTO && decode) REQUIRE(fam == (decode_to_sm90 ? FC_FAMILY_SM90 : FC_FAMILY_DECODE));
     if (p->family == FC_FAMILY_AUTO && !decode && sm90) REQUIRE(fam == FC_FAMILY_SM90);
     /* The sm80-only dims run in the sm80 family under AUTO, and never unmasked on Hopper (there
