@@ -1122,83 +1122,84 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     }
                 }
                 if (!pair_done) {
-                if (!s_carried) {
-                    wait_turn();
-                    issue_qk(slot0 + mine);
-                    pass_turn(false);
-                }
-                s_carried = false;
-                if constexpr (T::kOBufs > 0 && !kCarryS) retire_o_store();  // the previous tile's store of O
-                wgmma_wait<0>();
-                trace(6, mine);
-                fence_registers(s);
-                release(&bars.k_empty[(slot0 + mine) % kStages]);
-                if (!kQInRegs<kHeadDim, kCausal> && mine == last) release(&bars.q_empty[qb]);  // last use of Q in this tile
-                softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
-                if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
-                trace(7, mine);
-                for (int n = mine + kKeySplit; n < seen_end; n += kKeySplit) {
-                    wait_turn();
-                    issue_qk(slot0 + n);
-                    issue_pv(slot0 + n - kKeySplit, false, kCarryS && n - kKeySplit == mine);
-                    pass_turn(false);
-                    wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
-                    trace(6, n);
-                    fence_registers(s);
-                    release(&bars.k_empty[(slot0 + n) % kStages]);
-                    if (!kQInRegs<kHeadDim, kCausal> && n == last) release(&bars.q_empty[qb]);
-                    auto finish_pv = [&] {  // O += P(n-1) V(n-1) is done: its V stage is free
-                        wgmma_wait<0>();
-                        fence_registers(o_acc);
-                        trace(8, n);
-                        release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]);
-                    };
-                    const bool rebased = softmax(n, rescale, true, finish_pv);
-                    trace(11, n);
-                    if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
-                        finish_pv();
-                        if (rebased) rescale_o(rescale);  // else every factor is 1
-                        convert_p(std::integral_constant<int, kNTiles>{});
-                        trace(7, n);
+                    if (!s_carried) {
+                        wait_turn();
+                        issue_qk(slot0 + mine);
+                        pass_turn(false);
                     }
-                }
-                // kCarryS: the tile's last section (this one: non-causal tiles have no masked
-                // sections) issues the next tile's first S = Q K^T; its Q is waited for before
-                // the turn is taken.
-                const bool carry = kCarryS && !last_tile;
-                const int next_qb = (qb + 1) % T::kQBufs;
-                if (carry) wait_barrier(&bars.q_full[next_qb], (q_loads / T::kQBufs) & 1);
-                // The previous tile's store of O (issued a section or more ago): before this tile's
-                // epilogue waits for its buffer, whether or not a next tile follows.
-                if constexpr (T::kOBufs > 0 && kCarryS) retire_o_store();
-                auto issue_next_qk = [&] {
-                    q_base = q_rows + next_qb * T::kQBytes;  // (this tile's S GEMMs are all issued)
-                    issue_qk(slot0 + end);                    // the next tile's first key tile
-                };
-                wait_turn();
-                if (carry) issue_next_qk();  // (first, as in the loop's sections; non-causal: seen_end == end)
-                issue_pv(slot0 + last, last == half_tile, kCarryS && last == mine);
-                pass_turn(last_tile && seen_end == end);  // the tile's last GEMM section?
-                wgmma_wait<0>();  // (with the next S: the epilogue overlapping it made ptxas serialise)
-                trace(8, last);
-                fence_registers(o_acc);
-                release(&bars.v_empty[(slot0 + last) % kStages]);
-                for (int n = seen_end; n < end; ++n) {  // masked for all of this warpgroup's rows
+                    s_carried = false;
+                    if constexpr (T::kOBufs > 0 && !kCarryS) retire_o_store();  // the previous tile's store of O
+                    wgmma_wait<0>();
+                    trace(6, mine);
+                    fence_registers(s);
+                    release(&bars.k_empty[(slot0 + mine) % kStages]);
+                    if (!kQInRegs<kHeadDim, kCausal> && mine == last)
+                        release(&bars.q_empty[qb]);  // last use of Q in this tile
+                    softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
+                    if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
+                    trace(7, mine);
+                    for (int n = mine + kKeySplit; n < seen_end; n += kKeySplit) {
+                        wait_turn();
+                        issue_qk(slot0 + n);
+                        issue_pv(slot0 + n - kKeySplit, false, kCarryS && n - kKeySplit == mine);
+                        pass_turn(false);
+                        wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
+                        trace(6, n);
+                        fence_registers(s);
+                        release(&bars.k_empty[(slot0 + n) % kStages]);
+                        if (!kQInRegs<kHeadDim, kCausal> && n == last) release(&bars.q_empty[qb]);
+                        auto finish_pv = [&] {  // O += P(n-1) V(n-1) is done: its V stage is free
+                            wgmma_wait<0>();
+                            fence_registers(o_acc);
+                            trace(8, n);
+                            release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]);
+                        };
+                        const bool rebased = softmax(n, rescale, true, finish_pv);
+                        trace(11, n);
+                        if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
+                            finish_pv();
+                            if (rebased) rescale_o(rescale);  // else every factor is 1
+                            convert_p(std::integral_constant<int, kNTiles>{});
+                            trace(7, n);
+                        }
+                    }
+                    // kCarryS: the tile's last section (this one: non-causal tiles have no masked
+                    // sections) issues the next tile's first S = Q K^T; its Q is waited for before
+                    // the turn is taken.
+                    const bool carry = kCarryS && !last_tile;
+                    const int next_qb = (qb + 1) % T::kQBufs;
+                    if (carry) wait_barrier(&bars.q_full[next_qb], (q_loads / T::kQBufs) & 1);
+                    // The previous tile's store of O (issued a section or more ago): before this tile's
+                    // epilogue waits for its buffer, whether or not a next tile follows.
+                    if constexpr (T::kOBufs > 0 && kCarryS) retire_o_store();
+                    auto issue_next_qk = [&] {
+                        q_base = q_rows + next_qb * T::kQBytes;  // (this tile's S GEMMs are all issued)
+                        issue_qk(slot0 + end);                    // the next tile's first key tile
+                    };
                     wait_turn();
-                    pass_turn(last_tile && n == end - 1);
-                    // Freed only once loaded: a release ahead of the load would count toward the
-                    // stage's previous phase, which another warpgroup may still be reading.
-                    const int i = slot0 + n;
-                    wait_barrier(&bars.k_full[i % kStages], (i / kStages) & 1);
-                    release(&bars.k_empty[i % kStages]);
-                    wait_barrier(&bars.v_full[i % kStages], (i / kStages) & 1);
-                    release(&bars.v_empty[i % kStages]);
-                }
-                if (carry) {
-                    qb = next_qb;
-                    ++q_loads;
-                    s_carried = true;
-                }
+                    if (carry) issue_next_qk();  // (first, as in the loop's sections; non-causal: seen_end == end)
+                    issue_pv(slot0 + last, last == half_tile, kCarryS && last == mine);
+                    pass_turn(last_tile && seen_end == end);  // the tile's last GEMM section?
+                    wgmma_wait<0>();  // (with the next S: the epilogue overlapping it made ptxas serialise)
+                    trace(8, last);
+                    fence_registers(o_acc);
+                    release(&bars.v_empty[(slot0 + last) % kStages]);
+                    for (int n = seen_end; n < end; ++n) {  // masked for all of this warpgroup's rows
+                        wait_turn();
+                        pass_turn(last_tile && n == end - 1);
+                        // Freed only once loaded: a release ahead of the load would count toward the
+                        // stage's previous phase, which another warpgroup may still be reading.
+                        const int i = slot0 + n;
+                        wait_barrier(&bars.k_full[i % kStages], (i / kStages) & 1);
+                        release(&bars.k_empty[i % kStages]);
+                        wait_barrier(&bars.v_full[i % kStages], (i / kStages) & 1);
+                        release(&bars.v_empty[i % kStages]);
+                    }
+                    if (carry) {
+                        qb = next_qb;
+                        ++q_loads;
+                        s_carried = true;
+                    }
                 }  // !pair_done
             }
             kv_iter = slot0 + end;
@@ -1223,8 +1224,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             // barrier, and each merges the other's partial into its half in registers and writes
             // it. (Before, the even-tile warpgroup merged and wrote all of O after the odd-tile
             // one had left its whole partial: a longer serial tail, ~1500 traced cycles at the
-            // small shape.) Indices into o_acc stay compile-time: the halves are chosen with
-            // selects and predicates, not by a run-time offset. A CTA has one tile (launch_fwd).
+            // small shape. Measured, H100, us per call in a CUDA graph, ci/d64_configs.py, two
+            // passes: B=1 H=8 512 x 512 5.80 / 5.77 -> 5.50 / 5.54, causal 5.61 / 5.63 -> 5.35 /
+            // 5.29, B=2 6.07 -> 5.71 / 5.65, H=16 6.06 -> 5.60 / 5.67.) Indices into o_acc stay
+            // compile-time: the halves are chosen with selects and predicates, not by a run-time
+            // offset. A CTA has one tile (launch_fwd).
             static_assert(kKeySplit == 2 && kDTiles == 8, "the pair splits D=64's two 16-byte store groups");
             constexpr int kHalf = kDTiles * 2;  // accumulator words of one half of the columns
             float *pair = reinterpret_cast<float *>(smem_v + kStages * T::kKVTileBytes);
