@@ -367,6 +367,29 @@ int fc_decode_splits(const fc_params *p, int sm_count) {
     return splits > 1 ? (int)splits : 1;
 }
 
+/*
+ * The Hopper family's grid split for one-row decoding over fewer than FC_DECODE_SM90_MIN_PAIRS
+ * (batch, KV head) pairs (kernels/fwd_sm90.cuh, launch_fwd_config): each pair's block (its
+ * packed GQA rows, or one query head's row) is cut into `splits` key ranges, one CTA each,
+ * without clusters, and the decode kernels' combine_kernel merges the partials from the
+ * workspace (fc_decode_workspace_bytes). As many ranges as give one CTA per SM, each at least
+ * FC_SM90_DECODE_MIN_KEYS_PER_SPLIT keys; `forced` > 0 (FLASHCORE_DECODE_SPLITS) overrides the
+ * count. Only D=128 (the head dim the decode route measured) and calls whose blocks are one per
+ * pair: no causal mask, no mask, one query row, Hq == Hkv or a group that packs.
+ */
+#define FC_SM90_DECODE_MIN_KEYS_PER_SPLIT 2048
+
+int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced) {
+    if (p->seqlen_q != 1 || p->causal || p->mask_kind != FC_MASK_NONE || p->head_dim != 128) return 1;
+    const int64_t pairs = p->batch * p->heads_kv, group = p->heads_q / p->heads_kv;
+    if (pairs >= FC_DECODE_SM90_MIN_PAIRS || group > 64 || (group > 1 && !fc_decode_packs_for_sm90(p))) return 1;
+    int64_t splits = forced > 0 ? forced : (sm_count > 0 ? sm_count : 1) / pairs;
+    if (forced <= 0 && splits > p->seqlen_k / FC_SM90_DECODE_MIN_KEYS_PER_SPLIT)
+        splits = p->seqlen_k / FC_SM90_DECODE_MIN_KEYS_PER_SPLIT;
+    if (splits > FC_DECODE_MAX_SPLITS) splits = FC_DECODE_MAX_SPLITS;
+    return splits > 1 ? (int)splits : 1;
+}
+
 int64_t fc_decode_workspace_bytes(const fc_params *p, int splits) {
     const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
     /* partial O [rows][splits][D] then partial LSE [rows][splits], fp32, 16-byte rounded */

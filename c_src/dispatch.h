@@ -42,6 +42,8 @@ int fc_decode_splits(const fc_params *p, int sm_count);
 #define FC_DECODE_CTAS_PER_SM(p) \
     ((p)->heads_q / (p)->heads_kv * (p)->seqlen_q <= FC_DECODE_MMA_ROWS ? FC_DECODE_CTAS_PER_SM_MMA : FC_DECODE_CTAS_PER_SM_ROWS)
 int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
+/* The Hopper family's grid split for one-row decoding over few pairs (1: none); see dispatch.c. */
+int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced);
 /* A GQA call of one query row without a causal mask, run in the Hopper family, goes as one block
  * of `group` rows per KV head (fc_pack_decode_gqa rewrites sizes and strides to that equivalent
  * call: K/V are then read once per KV head), unless a packed slice would pass the kernels' int

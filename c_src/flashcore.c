@@ -285,6 +285,10 @@ static fc_status plan(const fc_params *p, fc_launch_fn *launch, fc_family *famil
         const int forced = forced_decode_splits();
         *splits = forced > 0 ? forced : fc_decode_splits(p, sms);
         if (*splits > 1) *bytes = fc_decode_workspace_bytes(p, *splits);
+    } else if (family == FC_FAMILY_SM90) {
+        /* One-row decoding over few pairs: the grid split, merged like the decode path's. */
+        *splits = fc_sm90_decode_splits(p, sms, forced_decode_splits());
+        if (*splits > 1) *bytes = fc_decode_workspace_bytes(p, *splits);
     }
     return FC_OK;
 }

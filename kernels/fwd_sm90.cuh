@@ -63,6 +63,7 @@
 
 #include "common/fast_div.cuh"
 #include "common/sm80_ptx.cuh"
+#include "common/split_combine.cuh"
 #include "common/wgmma_generated.cuh"
 #include "dispatch.h"
 #include "flashcore.h"
@@ -568,17 +569,21 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         if (kCausal) n = min(n, (min((m_block + 1) * kBlockM, seqlen_q) - 1) / kBlockN + 1);
         return n;
     };
-    // KV split (launch_fwd): this CTA's rank in its cluster of `splits` takes key tiles
-    // [first, end) of its query block; without a split, all of them. A range may be empty
-    // (more splits than key tiles, e.g. the first causal blocks).
-    // (Read from the special registers where used, so they hold no register through the loop.)
+    // KV split (launch_fwd): this CTA's rank among the `splits` CTAs that share its tile takes
+    // key tiles [first, end) of its query block; without a split, all of them. A range may be
+    // empty (more splits than key tiles, e.g. the first causal blocks). The sharing CTAs are a
+    // cluster, or, in the grid split for decoding (p.num_splits_ > 1, launch_fwd_config), the
+    // grid's consecutive CTAs: in both, CTA x's rank is x mod splits.
+    // (Read from the special registers and parameters where used, so they hold no register
+    // through the loop.)
+    auto kv_splits = [&] { return p.num_splits_ > 1 ? p.num_splits_ : cluster_size(); };
     struct KeyRange {
         int first, end;
     };
     auto key_range = [&](int m_block) {
-        const int n = key_tiles(m_block), splits = cluster_size();
+        const int n = key_tiles(m_block), splits = kv_splits();
         if (splits == 1) return KeyRange{0, n};
-        const int rank = cluster_rank();
+        const int rank = p.num_splits_ > 1 ? static_cast<int>(blockIdx.x) % splits : cluster_rank();
         return KeyRange{n * rank / splits, n * (rank + 1) / splits};
     };
 
@@ -628,7 +633,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         int kv_iter = 0;  // K/V tiles loaded so far by this CTA: ring stage and phase
         int q_loads = 0;  // Q tiles loaded so far by this CTA: Q buffer phase
         int local = 0;    // tiles taken by this CTA
-        for (int t = snake_tile(0, n_tiles, cluster_size()); t < n_tiles; t = snake_tile(++local, n_tiles, cluster_size())) {
+        for (int t = snake_tile(0, n_tiles, kv_splits()); t < n_tiles; t = snake_tile(++local, n_tiles, kv_splits())) {
             const Tile tile = decode_tile(t, m_blocks_div, heads_q_div);
             const int head_kv = tile.head / group;
             const KeyRange keys = key_range(tile.m_block);
@@ -871,8 +876,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                   "Q in registers frees its buffer at the tile's start: not with a carried S or a pair");
     bool s_carried = false;
     int qb = 0;  // the current tile's Q buffer
-    for (int t = snake_tile(0, n_tiles, cluster_size()), t_next; t < n_tiles; t = t_next, ++local) {
-        t_next = snake_tile(local + 1, n_tiles, cluster_size());
+    for (int t = snake_tile(0, n_tiles, kv_splits()), t_next; t < n_tiles; t = t_next, ++local) {
+        t_next = snake_tile(local + 1, n_tiles, kv_splits());
         const Tile tile = decode_tile(t, m_blocks_div, heads_q_div);
         const KeyRange keys = key_range(tile.m_block);  // key tiles [first, end) of this CTA
         const int wg_row0 = tile.m_block * kBlockM + row_group * 64;  // first query row of this WG
@@ -1359,6 +1364,29 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             ptx::barrier_cluster_arrive(ptx::sem_relaxed);
             ptx::barrier_cluster_wait();
             continue;
+        } else if (kKeySplit == 1 && p.num_splits_ > 1) {
+            // Grid split (decoding): this CTA's partial of its rows, normalised over its keys,
+            // and its base-2 LSE go to the workspace; combine_kernel (common/split_combine.cuh)
+            // merges the splits. A row that saw no key (an empty range) leaves O = 0 and
+            // LSE = -inf, which the merge weighs 0.
+            const int splits = p.num_splits_, slot = static_cast<int>(blockIdx.x) % splits;
+            float *part_o = static_cast<float *>(p.workspace);
+            float *part_lse = part_o + partial_rows(p) * splits * kHeadDim;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + 8 * h;
+                if (row >= seqlen_q) continue;
+                const int64_t prow = (static_cast<int64_t>(tile.batch) * heads_q + tile.head) * seqlen_q + row;
+                const bool seen = row_sum[h] > 0.f;
+                float *dst = part_o + (prow * splits + slot) * kHeadDim + col_in_tile;
+#pragma unroll
+                for (int d = 0; d < kDTiles; ++d)
+                    *reinterpret_cast<float2 *>(dst + d * 8) =
+                        seen ? make_float2(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h])
+                             : make_float2(0.f, 0.f);
+                if ((lane % 4) == 0) part_lse[prow * splits + slot] = seen ? lse_log2[h] : -INFINITY;
+            }
+            continue;
         }
         if (p.lse != nullptr && (lane % 4) == 0 && key_part == 0) {  // (kPair: both hold the merged rows)
 #pragma unroll
@@ -1610,6 +1638,27 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     //   B=1 H=8 S=512 D=64 (24 tiles of 4 key tiles): 14.8 us eager, 11.0 in a graph, split or
     //   not (cuDNN 12.2 / 9.1): there the fixed cost of a CTA, not its key loop, sets the time.
     // Merging with all remote loads issued before any is used beat one peer at a time by ~3%.
+    cudaLaunchAttribute attrs[2];
+    if (kShape != kPair && p.num_splits_ > 1) {  // (the pair's warpgroups split the keys already)
+        // Grid split for decoding (fc_sm90_decode_splits in c_src/dispatch.c sets num_splits_ and
+        // the workspace): `splits` consecutive CTAs per tile, no cluster, each leaving its
+        // partial in the workspace, then combine_kernel merges them (as the decode kernels do).
+        // Clusters cannot give a one-row call over 8 or 32 (batch, KV head) pairs one CTA per
+        // SM: clusters of 4 or 8 do not all fit in one wave (GPCs of 16-18 SMs). Measured (H100,
+        // fp16, D=128, Hq=32, eager us with a cold L2, cuDNN / this family): B=1 Hkv=32 Sk=128k
+        // with clusters of 2 (64 CTAs) 716 / 731, of 4 947, of 8 807; Hkv=8 clusters of 8
+        // (64 CTAs) 195 / 201 (bench/NOTES.md, twentieth session).
+        const int64_t ctas = tiles * p.num_splits_;
+        const bool pdl = fc_use_pdl(ctas, sms) != 0;
+        cudaLaunchConfig_t cfg = launch_config(ctas, 0, pdl, T::kThreads, T::kSmemBytes, stream, attrs);
+        const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, maps, p);
+        if (err != cudaSuccess) return err;
+        const float *partial_o = static_cast<const float *>(p.workspace);
+        const float *partial_lse = partial_o + partial_rows(p) * p.num_splits_ * kHeadDim;
+        cfg = launch_config(partial_rows(p), 0, pdl, kCombineThreads, 0, stream, attrs);  // (it waits for the split grid)
+        return cudaLaunchKernelEx(&cfg, combine_kernel<Elem, kHeadDim>, p, static_cast<int>(p.num_splits_), partial_o,
+                                  partial_lse);
+    }
     int splits = 1;
     const char *forced = getenv("FLASHCORE_KV_SPLITS");
     // kPair never splits across CTAs: its warpgroups already split the keys, merging in the CTA.
@@ -1641,7 +1690,6 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
         const int min_key_tiles = kShape == kTiny ? FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY : FC_PREFILL_MIN_KEY_TILES_PER_SPLIT;
         splits = fc_prefill_splits(tiles, (key_len + T::kBlockN - 1) / T::kBlockN, min_key_tiles, wave, kMaxKvSplits);
     }
-    cudaLaunchAttribute attrs[2];
     if (splits > 1) {
         const bool pdl = fc_use_pdl(tiles * splits, sms) != 0;
         const cudaLaunchConfig_t cfg = launch_config(tiles * splits, splits, pdl, T::kThreads, T::kSmemBytes, stream, attrs);

@@ -412,6 +412,41 @@ def test_sm90_decode_packs_gqa_rows(b, hq, hkv, sk, layout, monkeypatch):
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
 
 
+@pytest.mark.parametrize("splits", [None, 2, 5, 16, 64])
+@pytest.mark.parametrize("b,hq,hkv,sk,layout", [(1, 32, 8, 4097, "bhsd"), (1, 32, 32, 1000, "sliced"),
+                                                 (1, 28, 4, 2049, "bhsd"), (3, 6, 6, 300, "bhsd"),
+                                                 (1, 8, 1, 17, "sliced"), (2, 16, 2, 33000, "bhsd")])
+def test_sm90_decode_grid_split(b, hq, hkv, sk, layout, splits, monkeypatch):
+    """The Hopper family's grid split for one-row D=128 decoding over fewer than 64 (batch, KV
+    head) pairs (c_src/dispatch.c, fc_sm90_decode_splits): each pair's block is cut into key
+    ranges, one CTA each without clusters, and combine_kernel merges the partials from the
+    workspace. Forced counts (FLASHCORE_DECODE_SPLITS) up to 64 leave some ranges empty (17 and
+    300 keys are one or three key tiles), which the merge must weigh zero. Output and LSE match
+    the reference at odd lengths, GQA groups 1-8 and strided layouts, for every count."""
+    if not HOPPER:
+        pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
+    skip_unless_built(128, torch.float16)
+    q, k, v = make_inputs(b, hq, hkv, 1, sk, 128, torch.float16, layout)
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
+    if splits is None:
+        monkeypatch.delenv("FLASHCORE_DECODE_SPLITS", raising=False)
+    else:
+        monkeypatch.setenv("FLASHCORE_DECODE_SPLITS", str(splits))
+    poison_allocator((b, hq, 1, 128), torch.float16)
+    res = {}
+    launched = launched_kernels(lambda: res.update(r=torch.ops.flashcore.sdpa_fwd(q, k, v, None, 0.0, False,
+                                                                                  enable_gqa=hq != hkv)))
+    out, lse = res["r"]
+    names = [n for n, _ in launched]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    split = splits is not None or min(sms // (b * hkv), sk // 2048) > 1  # fc_sm90_decode_splits' count
+    assert any("combine_kernel" in n for n in names) == split, names
+    check_close(out, q, k, v, False, None, f"sm90 grid split {splits} B={b} H={hq}/{hkv} Sk={sk} {layout}")
+    scores = q.double() @ _expand_kv(k, hq).double().transpose(-1, -2) / math.sqrt(128)
+    ref_lse = torch.logsumexp(scores, dim=-1).reshape(lse.shape)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+
+
 @pytest.mark.parametrize("b,hq,hkv,sk", [(8, 32, 32, 8200), (32, 32, 8, 8200), (8, 32, 8, 32769), (8, 32, 32, 1000),
                                          (1, 32, 8, 131072), (32, 32, 32, 1024), (32, 32, 8, 1024),
                                          (8, 32, 8, 1000), (4, 32, 32, 2047), (4, 32, 32, 2049), (1, 32, 32, 8192)])
