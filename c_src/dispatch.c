@@ -258,10 +258,22 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
  * on the shorter calls (same tool, decode kernel at its automatic split count, two runs):
  *   B=32 Hkv=8 Sk=1k  60.7-60.8 / 62.1-62.5 / 61.5     B=8 Hkv=32 Sk=1k 60.5-61.2 / 61.2-62.0 / 61.1-61.8
  *   B=8  Hkv=8 Sk=8k  109.3-109.9 / 108.3-109.6 / 105.2-105.6
- * while the B=1 calls (32 or 8 pairs) still read faster in the decode kernel (above).
+ * while the B=1 calls (32 or 8 pairs) still read faster in the decode kernel (above): there the
+ * family's clusters of 4-16 CTAs per tile do not all fit in one wave. Since the twentieth
+ * session calls over fewer pairs go to the family too, from FC_DECODE_SM90_SPLIT_MIN_KEY_ROWS
+ * key rows, split over the grid instead (fc_sm90_decode_splits: one CTA per SM, a workspace and
+ * the decode kernels' merge). Same tool, D=128, Hq=32, two runs:
+ *   B=1 Hkv=32 Sk=32k  193.3-193.7 / 197.9-198.0 / 194.8-195.0
+ *   B=1 Hkv=32 Sk=128k 710.2-710.3 / 731.1-732.2 / 707.1-707.2
+ *   B=1 Hkv=8  Sk=128k 193.4-193.5 / 198.7-199.0 / 195.0-195.3
+ *   B=2 Hkv=8  Sk=64k  193.8-194.4 / 199.6-199.8 / 194.2-194.6
+ *   B=4 Hkv=8  Sk=32k  195.9-196.3 / 198.4 / 194.1-194.7
+ * and below it the decode kernel stays ahead:
+ *   B=1 Hkv=8  Sk=32k  64.5-64.7 / 63.4-63.9 / 64.4-64.8    B=1 Hkv=32 Sk=8k 64.3-65.0 / 62.8-63.1 / 64.6-64.9
  */
 #define FC_DECODE_SM90_MIN_PAIRS 64
 #define FC_DECODE_SM90_MIN_KEY_ROWS (1 << 18)
+#define FC_DECODE_SM90_SPLIT_MIN_KEY_ROWS (1 << 20)
 
 /* Packing makes a group's query heads the rows of one slice, q_stride_h apart. The packed call
  * must pass the same checks as any call (fc_params_validate: its slices must stay inside the
@@ -288,13 +300,22 @@ void fc_pack_decode_gqa(fc_params *p) {
     p->lse_stride_h *= group;
 }
 
+/* Whether the Hopper family runs this one-row call as one block per (batch, KV head) pair: its
+ * query heads' rows packed (fc_decode_packs_for_sm90), or one head per KV head. */
+static int sm90_decode_block_per_pair(const fc_params *p) {
+    if (p->seqlen_q != 1 || p->causal || p->mask_kind != FC_MASK_NONE) return 0;
+    const int64_t group = p->heads_q / p->heads_kv;
+    return group == 1 || (group <= 64 && fc_decode_packs_for_sm90(p));
+}
+
 static int sm90_reads_decode_faster(const fc_params *p, int cc_major, int cc_minor) {
     if (p->seqlen_q != 1 || p->causal || p->head_dim != 128 || p->mask_kind != FC_MASK_NONE) return 0;
     if (!fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor) || find_kernel(FC_FAMILY_SM90, p) == NULL ||
         !family_takes_layout(FC_FAMILY_SM90, p))
         return 0;
     const int64_t pairs = p->batch * p->heads_kv;
-    return pairs >= FC_DECODE_SM90_MIN_PAIRS && pairs * p->seqlen_k >= FC_DECODE_SM90_MIN_KEY_ROWS;
+    if (pairs >= FC_DECODE_SM90_MIN_PAIRS) return pairs * p->seqlen_k >= FC_DECODE_SM90_MIN_KEY_ROWS;
+    return pairs * p->seqlen_k >= FC_DECODE_SM90_SPLIT_MIN_KEY_ROWS && sm90_decode_block_per_pair(p);
 }
 
 fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_fn *launch,
@@ -375,14 +396,15 @@ int fc_decode_splits(const fc_params *p, int sm_count) {
  * workspace (fc_decode_workspace_bytes). As many ranges as give one CTA per SM, each at least
  * FC_SM90_DECODE_MIN_KEYS_PER_SPLIT keys; `forced` > 0 (FLASHCORE_DECODE_SPLITS) overrides the
  * count. Only D=128 (the head dim the decode route measured) and calls whose blocks are one per
- * pair: no causal mask, no mask, one query row, Hq == Hkv or a group that packs.
+ * pair (sm90_decode_block_per_pair). Measured at B=1 Hkv=8 Sk=8k (H100, fp16, eager us, cuDNN /
+ * this split): 4 ranges of 2048 keys 26.8-27.1 / 33.5-34.9, 8 ranges (forced) 25.7.
  */
-#define FC_SM90_DECODE_MIN_KEYS_PER_SPLIT 2048
+#define FC_SM90_DECODE_MIN_KEYS_PER_SPLIT 512
 
 int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced) {
-    if (p->seqlen_q != 1 || p->causal || p->mask_kind != FC_MASK_NONE || p->head_dim != 128) return 1;
-    const int64_t pairs = p->batch * p->heads_kv, group = p->heads_q / p->heads_kv;
-    if (pairs >= FC_DECODE_SM90_MIN_PAIRS || group > 64 || (group > 1 && !fc_decode_packs_for_sm90(p))) return 1;
+    if (p->head_dim != 128 || !sm90_decode_block_per_pair(p)) return 1;
+    const int64_t pairs = p->batch * p->heads_kv;
+    if (pairs >= FC_DECODE_SM90_MIN_PAIRS) return 1;
     int64_t splits = forced > 0 ? forced : (sm_count > 0 ? sm_count : 1) / pairs;
     if (forced <= 0 && splits > p->seqlen_k / FC_SM90_DECODE_MIN_KEYS_PER_SPLIT)
         splits = p->seqlen_k / FC_SM90_DECODE_MIN_KEYS_PER_SPLIT;

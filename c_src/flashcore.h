@@ -120,7 +120,8 @@ typedef struct fc_params {
     fc_family family;   /* FC_FAMILY_AUTO unless forcing a family */
 
     /* Optional scratch for split-KV decoding (see fc_sdpa_workspace_size): device memory the
-     * library may use during the call. NULL or too small: the decode path runs unsplit. */
+     * library may use during the call. NULL or too small: the decode kernels run unsplit, and
+     * the Hopper family splits a one-row call over few pairs in clusters instead (slower). */
     void *workspace;
     int64_t workspace_bytes;
 

@@ -449,16 +449,19 @@ def test_sm90_decode_grid_split(b, hq, hkv, sk, layout, splits, monkeypatch):
 
 @pytest.mark.parametrize("b,hq,hkv,sk", [(8, 32, 32, 8200), (32, 32, 8, 8200), (8, 32, 8, 32769), (8, 32, 32, 1000),
                                          (1, 32, 8, 131072), (32, 32, 32, 1024), (32, 32, 8, 1024),
-                                         (8, 32, 8, 1000), (4, 32, 32, 2047), (4, 32, 32, 2049), (1, 32, 32, 8192)])
+                                         (8, 32, 8, 1000), (4, 32, 32, 2047), (4, 32, 32, 2049), (1, 32, 32, 8192),
+                                         (1, 32, 32, 32768), (1, 32, 8, 32768), (2, 32, 8, 65536), (1, 32, 8, 131071)])
 def test_decode_route_by_pairs(b, hq, hkv, sk):
     """Under AUTO on Hopper, D=128 decoding over at least 64 (batch, KV head) pairs and 2^18 key
-    rows runs in the Hopper family (c_src/dispatch.c, sm90_reads_decode_faster), other calls in
-    the decode kernel; both match the reference."""
+    rows, or over fewer pairs and 2^20 key rows (split over the grid), runs in the Hopper family
+    (c_src/dispatch.c, sm90_reads_decode_faster), other calls in the decode kernel; both match
+    the reference."""
     if not HOPPER:
         pytest.skip("the decode route to the sm90 family is for sm_90 only")
     skip_unless_built(128, torch.bfloat16)  # a trimmed build has neither family's kernels for it
     q, k, v = make_inputs(b, hq, hkv, 1, sk, 128, torch.bfloat16, "bhsd")
-    want = "kernel sm90" if b * hkv >= 64 and b * hkv * sk >= 1 << 18 else "kernel decode"
+    pairs = b * hkv
+    want = "kernel sm90" if pairs * sk >= (1 << 18 if pairs >= 64 else 1 << 20) else "kernel decode"
     assert flashcore.explain(q, k, v, enable_gqa=hq != hkv) == want
     poison_allocator((b, hq, 1, 128), torch.bfloat16)
     out = sdpa(q, k, v, enable_gqa=hq != hkv)

@@ -181,12 +181,19 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
         REQUIRE((const char *)p->v >= (const char *)e->v && (char *)p->out >= (char *)e->out);
     }
     REQUIRE(p->num_splits_ >= 1 && p->num_splits_ <= 64);
-    if (p->num_splits_ > 1) REQUIRE(family == FC_FAMILY_DECODE && p->workspace != NULL);
+    if (p->num_splits_ > 1) REQUIRE((family == FC_FAMILY_DECODE || family == FC_FAMILY_SM90) && p->workspace != NULL);
     /* Split-KV promises (c_src/dispatch.c): one wave of 132 SMs x 3 CTAs at most, and every key
-     * range at least 2 chunks of 32 keys. */
-    if (p->num_splits_ > 1) {
+     * range at least 2 chunks of 32 keys; the Hopper family's grid split (one-row D=128 calls
+     * over fewer than 64 pairs, launched packed: one block per pair) one CTA per SM and ranges of
+     * at least 512 keys. */
+    if (p->num_splits_ > 1 && family == FC_FAMILY_DECODE) {
         REQUIRE(p->batch * p->heads_kv * p->num_splits_ <= 3 * 132);
         REQUIRE(p->num_splits_ * 2 <= (p->seqlen_k + 31) / 32);
+    }
+    if (p->num_splits_ > 1 && family == FC_FAMILY_SM90) {
+        REQUIRE(head_dim == 128 && !p->causal && p->mask_kind == FC_MASK_NONE && p->heads_q == p->heads_kv);
+        REQUIRE(p->seqlen_q == g_expected_launch->heads_q / g_expected_launch->heads_kv && p->batch * p->heads_kv < 64);
+        REQUIRE(p->batch * p->heads_kv * p->num_splits_ <= 132 && p->num_splits_ * 512 <= p->seqlen_k);
     }
     if (family == FC_FAMILY_DECODE) REQUIRE(decode_takes(p));
     REQUIRE(p->head_dim == head_dim && p->dtype == dtype);
@@ -392,9 +399,12 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     const int decode = decode_takes(p) && (d == 64 || d == 128);
     const int sm90 = cc == 90 && sm90_takes(p) && (d == 64 || d == 128 || d == 256);
     /* ...except one-row D=128 calls over many (batch, KV head) pairs and key rows, which the
-     * Hopper family reads faster (dispatch.c, sm90_reads_decode_faster). */
+     * Hopper family reads faster (dispatch.c, sm90_reads_decode_faster): from 64 pairs and 2^18
+     * key rows, or, over fewer pairs whose query heads pack into one block each, 2^20. */
+    const int64_t pairs = p->batch * p->heads_kv, key_rows = pairs * p->seqlen_k;
+    const int one_block_per_pair = p->heads_q == p->heads_kv || fc_decode_packs_for_sm90(p);
     const int decode_to_sm90 = cc == 90 && sm90_takes(p) && d == 128 && p->seqlen_q == 1 && !p->causal &&
-                               p->batch * p->heads_kv >= 64 && p->batch * p->heads_kv * p->seqlen_k >= (1 << 18);
+                               (pairs >= 64 ? key_rows >= (1 << 18) : key_rows >= (1 << 20) && one_block_per_pair);
     if (p->family == FC_FAMILY_AUTO && decode) REQUIRE(fam == (decode_to_sm90 ? FC_FAMILY_SM90 : FC_FAMILY_DECODE));
     if (p->family == FC_FAMILY_AUTO && !decode && sm90) REQUIRE(fam == FC_FAMILY_SM90);
     /* The sm80-only dims run in the sm80 family under AUTO, and never unmasked on Hopper (there
@@ -687,6 +697,17 @@ static void check_split_heuristic(void) {
                 }
                 /* It does split a call that leaves most of the wave empty and has the keys. */
                 if (ctas * 2 <= FC_DECODE_CTAS_PER_SM(&p) * (int64_t)sms && p.seqlen_k >= 4 * 32) REQUIRE(splits >= 2);
+                /* The Hopper family's grid split (one block per pair: Hq == Hkv here): one CTA per
+                 * SM at most, ranges of at least 512 keys, only under 64 pairs, and a split
+                 * whenever half the SMs are idle and the keys allow two ranges. */
+                p.heads_q = p.heads_kv;
+                const int grid_splits = fc_sm90_decode_splits(&p, kSms[j], 0);
+                REQUIRE(grid_splits >= 1 && grid_splits <= 64);
+                if (grid_splits > 1) {
+                    REQUIRE(ctas < 64 && ctas * grid_splits <= (int64_t)sms);
+                    REQUIRE(grid_splits * 512 <= p.seqlen_k);
+                }
+                if (ctas < 64 && ctas * 2 <= (int64_t)sms && p.seqlen_k >= 2 * 512) REQUIRE(grid_splits >= 2);
             }
         }
     }
