@@ -42,6 +42,8 @@
 //     distributed shared memory: no workspace, no second kernel. D=64 pushes each partial to
 //     the CTA that finalises its rows (st.async, counted by that CTA's mbarrier: SplitSlots);
 //     D=128 and 256, with no shared memory to spare, read the peers' (finish_split_rows).
+//     One-row D=128 decoding over few (batch, KV head) pairs splits over the grid instead
+//     (kGridSplit): partials to a workspace, merged by a second kernel (common/split_combine.cuh).
 //   * Epilogue: each consumer warpgroup normalises its 64 rows into a staging buffer in shared
 //     memory (stmatrix, in the 128-byte-swizzled layout TMA reads) and one thread stores them
 //     with TMA, which clips the rows past Sq; the threads go straight on to the next tile. The
@@ -355,6 +357,12 @@ constexpr bool kLazyRescale = kHeadDim == 256;
 template <int kHeadDim, bool kCausal>
 constexpr bool kQInRegs = kHeadDim == 128 && !kCausal;
 
+// The grid split for one-row decoding (launch_fwd_config, fc_sm90_decode_splits in
+// c_src/dispatch.c) runs only where the decode route sends calls: D=128 without a causal mask.
+// Elsewhere it is compiled out, so the other configurations' code is unchanged by it.
+template <int kHeadDim, bool kCausal, int kShape>
+constexpr bool kGridSplit = kHeadDim == 128 && !kCausal && kShape == kLong;
+
 // When a consumer waits for O += P(n-1) V(n-1) in the key loop (fwd_kernel's softmax). Main
 // used to wait after the softmax of S(n), then rescale O and convert P(n) into p_frag: a tail of
 // FMULs and F2FPs after the last exponential, on the path to the warpgroup's next GEMM turn.
@@ -576,14 +584,15 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // grid's consecutive CTAs: in both, CTA x's rank is x mod splits.
     // (Read from the special registers and parameters where used, so they hold no register
     // through the loop.)
-    auto kv_splits = [&] { return p.num_splits_ > 1 ? p.num_splits_ : cluster_size(); };
+    constexpr bool kGridSplitHere = kGridSplit<kHeadDim, kCausal, kShape>;
+    auto kv_splits = [&] { return kGridSplitHere && p.num_splits_ > 1 ? p.num_splits_ : cluster_size(); };
     struct KeyRange {
         int first, end;
     };
     auto key_range = [&](int m_block) {
         const int n = key_tiles(m_block), splits = kv_splits();
         if (splits == 1) return KeyRange{0, n};
-        const int rank = p.num_splits_ > 1 ? static_cast<int>(blockIdx.x) % splits : cluster_rank();
+        const int rank = kGridSplitHere && p.num_splits_ > 1 ? static_cast<int>(blockIdx.x) % splits : cluster_rank();
         return KeyRange{n * rank / splits, n * (rank + 1) / splits};
     };
 
@@ -1364,7 +1373,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             ptx::barrier_cluster_arrive(ptx::sem_relaxed);
             ptx::barrier_cluster_wait();
             continue;
-        } else if (kKeySplit == 1 && p.num_splits_ > 1) {
+        } else if (kGridSplitHere && p.num_splits_ > 1) {
             // Grid split (decoding): this CTA's partial of its rows, normalised over its keys,
             // and its base-2 LSE go to the workspace; combine_kernel (common/split_combine.cuh)
             // merges the splits. A row that saw no key (an empty range) leaves O = 0 and
@@ -1639,25 +1648,28 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     //   not (cuDNN 12.2 / 9.1): there the fixed cost of a CTA, not its key loop, sets the time.
     // Merging with all remote loads issued before any is used beat one peer at a time by ~3%.
     cudaLaunchAttribute attrs[2];
-    if (kShape != kPair && p.num_splits_ > 1) {  // (the pair's warpgroups split the keys already)
-        // Grid split for decoding (fc_sm90_decode_splits in c_src/dispatch.c sets num_splits_ and
-        // the workspace): `splits` consecutive CTAs per tile, no cluster, each leaving its
-        // partial in the workspace, then combine_kernel merges them (as the decode kernels do).
-        // Clusters cannot give a one-row call over 8 or 32 (batch, KV head) pairs one CTA per
-        // SM: clusters of 4 or 8 do not all fit in one wave (GPCs of 16-18 SMs). Measured (H100,
-        // fp16, D=128, Hq=32, eager us with a cold L2, cuDNN / this family): B=1 Hkv=32 Sk=128k
-        // with clusters of 2 (64 CTAs) 716 / 731, of 4 947, of 8 807; Hkv=8 clusters of 8
-        // (64 CTAs) 195 / 201 (bench/NOTES.md, twentieth session).
-        const int64_t ctas = tiles * p.num_splits_;
-        const bool pdl = fc_use_pdl(ctas, sms) != 0;
-        cudaLaunchConfig_t cfg = launch_config(ctas, 0, pdl, T::kThreads, T::kSmemBytes, stream, attrs);
-        const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, maps, p);
-        if (err != cudaSuccess) return err;
-        const float *partial_o = static_cast<const float *>(p.workspace);
-        const float *partial_lse = partial_o + partial_rows(p) * p.num_splits_ * kHeadDim;
-        cfg = launch_config(partial_rows(p), 0, pdl, kCombineThreads, 0, stream, attrs);  // (it waits for the split grid)
-        return cudaLaunchKernelEx(&cfg, combine_kernel<Elem, kHeadDim>, p, static_cast<int>(p.num_splits_), partial_o,
-                                  partial_lse);
+    if constexpr (kGridSplit<kHeadDim, kCausal, kShape>) {
+        if (p.num_splits_ > 1) {
+            // Grid split for decoding (fc_sm90_decode_splits in c_src/dispatch.c sets num_splits_ and
+            // the workspace): `splits` consecutive CTAs per tile, no cluster, each leaving its
+            // partial in the workspace, then combine_kernel merges them (as the decode kernels do).
+            // Clusters cannot give a one-row call over 8 or 32 (batch, KV head) pairs one CTA per
+            // SM: clusters of 4 or 8 do not all fit in one wave (GPCs of 16-18 SMs). Measured (H100,
+            // fp16, D=128, Hq=32, eager us with a cold L2, cuDNN / this family): B=1 Hkv=32 Sk=128k
+            // with clusters of 2 (64 CTAs) 716 / 731, of 4 947, of 8 807, split over the grid (128
+            // CTAs) 710 / 707; Hkv=8 clusters of 8 (64 CTAs) 195 / 201, grid 193.4 / 195.0
+            // (bench/NOTES.md, twentieth session).
+            const int64_t ctas = tiles * p.num_splits_;
+            const bool pdl = fc_use_pdl(ctas, sms) != 0;
+            cudaLaunchConfig_t cfg = launch_config(ctas, 0, pdl, T::kThreads, T::kSmemBytes, stream, attrs);
+            const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, maps, p);
+            if (err != cudaSuccess) return err;
+            const float *partial_o = static_cast<const float *>(p.workspace);
+            const float *partial_lse = partial_o + partial_rows(p) * p.num_splits_ * kHeadDim;
+            cfg = launch_config(partial_rows(p), 0, pdl, kCombineThreads, 0, stream, attrs);  // (it waits for the split grid)
+            return cudaLaunchKernelEx(&cfg, combine_kernel<Elem, kHeadDim>, p, static_cast<int>(p.num_splits_), partial_o,
+                                      partial_lse);
+        }
     }
     int splits = 1;
     const char *forced = getenv("FLASHCORE_KV_SPLITS");
