@@ -402,9 +402,9 @@ int fc_decode_splits(const fc_params *p, int sm_count) {
 #define FC_SM90_DECODE_MIN_KEYS_PER_SPLIT 512
 
 int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced) {
-    if (p->head_dim != 128 || !sm90_decode_block_per_pair(p)) return 1;
     const int64_t pairs = p->batch * p->heads_kv;
-    if (pairs >= FC_DECODE_SM90_MIN_PAIRS) return 1;
+    /* (The packing check validates a packed copy: last, after the cheap tests.) */
+    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || !sm90_decode_block_per_pair(p)) return 1;
     int64_t splits = forced > 0 ? forced : (sm_count > 0 ? sm_count : 1) / pairs;
     if (forced <= 0 && splits > p->seqlen_k / FC_SM90_DECODE_MIN_KEYS_PER_SPLIT)
         splits = p->seqlen_k / FC_SM90_DECODE_MIN_KEYS_PER_SPLIT;
