@@ -550,6 +550,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // (half_tile in the key loop). The S GEMM on 64 keys too (m64n64 into half of S) made ptxas
     // serialise the wgmma pipeline (C7511) in D=64 LONG and D=128: causal 2k-4k 0.73-0.78 of cuDNN.
     constexpr bool kHalfTiles = kCausal && kBlockN == 128 && kKeySplit == 1;
+    // A warpgroup with no live row skips its key tiles (seen_end in the key loop). Only where the
+    // loop has no carried S (kCarryS issues the next tile's S in the section it assumes is last).
+    constexpr bool kSkipDeadRows = kHeadDim == 128 && !kCausal;
     static_assert(!(kPvWaitInSoftmax<kHeadDim> && kLazyRescale<kHeadDim>),
                   "the softmax rescales O unconditionally where it waits for P V: not with lazy rescaling");
 
@@ -881,6 +884,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // D=64 SHORT causal lost 5% with it (512 1.034 -> 0.981), and at D=128 ptxas serialised the
     // GEMMs (C7515). Non-causal tiles have no masked sections (seen_end == end).
     constexpr bool kCarryS = kPingPong && T::kQBufs == 2 && kHeadDim == 64 && kW == 3 && !kCausal;
+    static_assert(!(kSkipDeadRows && kCarryS), "a skipping warpgroup's last section is not the tile's last");
     static_assert(!kQInRegs<kHeadDim, kCausal> || (!kCarryS && kKeySplit == 1),
                   "Q in registers frees its buffer at the tile's start: not with a carried S or a pair");
     bool s_carried = false;
@@ -1051,8 +1055,13 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             // one per block.) Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64
             // causal 512 0.957 -> 0.974, 1k 0.977 -> 0.981, 2k 0.993 -> 1.046, 4k 1.045 -> 1.07;
             // D=256 causal 512-4k +1-2%; D=128 causal within 0.5% (half tiles only).
-            const int seen_end =
-                kCausal && kKeySplit == 1 ? max(first + 1, min(end, (wg_row0 + 63) / kBlockN + 1)) : end;
+            // Non-causal D=128 (kSkipDeadRows): a warpgroup whose 64 rows all lie past the query
+            // sequence (one-row decoding: the second warpgroup of every tile) runs one key tile
+            // and takes the other tiles' turns the same way, so the live warpgroup has the tensor
+            // cores and the issue slots to itself.
+            const int seen_end = kCausal && kKeySplit == 1 ? max(first + 1, min(end, (wg_row0 + 63) / kBlockN + 1))
+                                 : kSkipDeadRows && wg_row0 >= seqlen_q ? first + 1
+                                                                        : end;
             const int half_tile =
                 kHalfTiles && wg_row0 % kBlockN == 0 && wg_row0 / kBlockN == seen_end - 1 ? seen_end - 1 : -1;
             if (kPingPong && local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
