@@ -438,6 +438,14 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas) {
     return !(text != NULL && text[0] == '0' && text[1] == '\0');
 }
 
+int64_t fc_balanced_grid(int64_t tiles, int64_t sms) {
+    if (sms <= 0 || tiles <= sms) return tiles;
+    const char *text = getenv("FLASHCORE_SM90_BALANCED");
+    if (text != NULL && text[0] == '0' && text[1] == '\0') return sms;
+    const int64_t rounds = (tiles + sms - 1) / sms;
+    return (tiles + rounds - 1) / rounds;
+}
+
 int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_split, const int *wave_ctas,
                       int max_splits) {
     if (tiles <= 0 || wave_ctas == NULL || !fc_grid_is_small(tiles, wave_ctas[1])) return 1;

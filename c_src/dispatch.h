@@ -69,6 +69,12 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
  * The Hopper family cuts such grids' keys (fc_prefill_splits) and gives D=64 its short
  * configuration for them (kernels/fwd_sm90.cuh, launch_fwd). */
 int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave);
+/* The persistent grid for `tiles` tiles of equal work on `sms` SMs (one CTA each): as few CTAs
+ * as run them in the same number of rounds as a full wave, so that every CTA runs the same
+ * number of tiles, give or take one, and none finishes a round early. E.g. 256 one-row decode
+ * tiles: 128 CTAs of 2 tiles, not 132 of which 8 idle for the second round.
+ * FLASHCORE_SM90_BALANCED=0 gives the full wave (A/B runs; read per call). */
+int64_t fc_balanced_grid(int64_t tiles, int64_t sms);
 /* Keys the longest query block sees: causal (top-left aligned) rows see no key past their own
  * index, so a causal call with fewer queries than keys reads only its first seqlen_q keys. */
 static inline int64_t fc_longest_key_run(int64_t seqlen_q, int64_t seqlen_k, int causal) {
