@@ -46,6 +46,7 @@
  *      accepted struct with a larger batch or head stride fails at launch (FC_ERR_CUDA from
  *      cuTensorMapEncodeTiled) instead of being declined by the support query.
  */
+#define _POSIX_C_SOURCE 200112L /* setenv / unsetenv (check_balanced_grid) */
 #include "flashcore.h"
 /* fc_decode_splits, fc_prefill_splits, fc_pack_decode_gqa...: c_src/dispatch.h (internal; this
  * target is built from c_src's sources). */
@@ -751,6 +752,33 @@ static void check_prefill_split_heuristic(void) {
 }
 
 /*
+ * The sm90 family's persistent grid for non-causal calls (fc_balanced_grid): one CTA per tile up
+ * to a wave; past it, no more CTAs than SMs, the same number of rounds as a full wave, and the
+ * fewest CTAs that keep it (one CTA fewer would need another round). FLASHCORE_SM90_BALANCED=0
+ * gives the full wave.
+ */
+static void check_balanced_grid(void) {
+    unsetenv("FLASHCORE_SM90_BALANCED");
+    for (int64_t sms = 1; sms <= 144; ++sms)
+        for (int64_t tiles = 0; tiles <= 3000; ++tiles) {
+            const int64_t g = fc_balanced_grid(tiles, sms);
+            if (tiles <= sms) {
+                REQUIRE(g == tiles);
+                continue;
+            }
+            const int64_t rounds = (tiles + sms - 1) / sms;
+            REQUIRE(g >= 1 && g <= sms);
+            REQUIRE((tiles + g - 1) / g == rounds);
+            REQUIRE(g == 1 || (tiles + g - 2) / (g - 1) > rounds);
+        }
+    REQUIRE(fc_balanced_grid(256, 132) == 128 && fc_balanced_grid(264, 132) == 132 && fc_balanced_grid(2048, 132) == 128);
+    REQUIRE(fc_balanced_grid((int64_t)1 << 40, 132) <= 132);
+    setenv("FLASHCORE_SM90_BALANCED", "0", 1);
+    REQUIRE(fc_balanced_grid(256, 132) == 132 && fc_balanced_grid(100, 132) == 100);
+    unsetenv("FLASHCORE_SM90_BALANCED");
+}
+
+/*
  * The sm90 family's D=64 configuration (fc_sm90_d64_config) on a 132-SM H100: the choices the
  * eighth and ninth sessions measured (bench/NOTES.md), and over a grid of shapes what each choice promises:
  * PAIR and TINY only for at most two waves of 64-row blocks (one when not causal), LONG whenever
@@ -884,6 +912,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     check_d64_config();
     check_decode_packing();
     check_prefill_split_heuristic();
+    check_balanced_grid();
     return 0;
 }
 
