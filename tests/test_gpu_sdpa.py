@@ -447,6 +447,36 @@ def test_sm90_decode_grid_split(b, hq, hkv, sk, layout, splits, monkeypatch):
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
 
 
+@pytest.mark.parametrize("b,hq,hkv,sq,sk,d,tiles", [(8, 32, 32, 1, 1000, 128, 256), (32, 32, 8, 1, 777, 128, 256),
+                                                   (4, 40, 40, 17, 300, 128, 160), (3, 16, 16, 1000, 513, 128, 384),
+                                                   (2, 16, 4, 1000, 1000, 64, 192)])
+def test_sm90_balanced_grid(b, hq, hkv, sq, sk, d, tiles, monkeypatch):
+    """Non-causal calls with more tiles than SMs run on a persistent grid of fc_balanced_grid's
+    size (c_src/dispatch.c): the fewest CTAs that keep a full wave's number of rounds, e.g. 128
+    CTAs of two tiles for 256 one-row decode tiles. The result is bitwise that of the full-wave
+    grid (FLASHCORE_SM90_BALANCED=0) and matches the reference. The D=128 rows include tiles
+    whose second warpgroup has no live row (one query row, 4 packed rows, 17 rows), which skips
+    its key tiles (kSkipDeadRows in kernels/fwd_sm90.cuh)."""
+    if not HOPPER:
+        pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
+    skip_unless_built(d, torch.float16)
+    q, k, v = make_inputs(b, hq, hkv, sq, sk, d, torch.float16, "bhsd")
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
+    monkeypatch.setenv("FLASHCORE_SM90_SHORT", "0")  # D=64: the three-warpgroup configuration (192-row blocks)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    outs, grids = {}, {}
+    for balanced in ("0", "1"):
+        monkeypatch.setenv("FLASHCORE_SM90_BALANCED", balanced)
+        poison_allocator((b, hq, sq, d), torch.float16)
+        launched = launched_kernels(lambda: outs.update({balanced: sdpa(q, k, v, enable_gqa=hq != hkv)}))
+        grids[balanced] = [grid[0] for name, grid in launched if "fwd_kernel" in name]
+    rounds = -(-tiles // sms)
+    assert grids["0"] == [min(tiles, sms)], grids
+    assert grids["1"] == [-(-tiles // rounds) if tiles > sms else tiles], grids
+    assert torch.equal(outs["0"], outs["1"])
+    check_close(outs["1"], q, k, v, False, None, f"balanced grid B={b} H={hq}/{hkv} {sq}x{sk} D={d}")
+
+
 @pytest.mark.parametrize("b,hq,hkv,sk", [(8, 32, 32, 8200), (32, 32, 8, 8200), (8, 32, 8, 32769), (8, 32, 32, 1000),
                                          (1, 32, 8, 131072), (32, 32, 32, 1024), (32, 32, 8, 1024),
                                          (8, 32, 8, 1000), (4, 32, 32, 2047), (4, 32, 32, 2049), (1, 32, 32, 8192),
