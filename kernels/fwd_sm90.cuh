@@ -24,7 +24,8 @@
 //   * Ragged edges cost nothing: the tensor maps describe each (batch, head) slice as 4-D, so
 //     TMA zero-fills rows past Sq or Sk; only the keys past Sk (and, causal, past the diagonal)
 //     are masked, and only in the tiles that contain them.
-//   * Persistent: one CTA per SM loops over (query block, head, batch) tiles in snake order.
+//   * Persistent: at most one CTA per SM loops over (query block, head, batch) tiles in snake
+//     order; non-causal grids take the fewest CTAs that keep the rounds (fc_balanced_grid).
 //     Q has two buffers where they fit (kQBufs), so the next tile's Q loads during this one;
 //     with one, the buffer is released as soon as the last S = Q K^T of a tile completes. The
 //     next tile's K/V loads run under the current tile's last P V and its epilogue, and at
