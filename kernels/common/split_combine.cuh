@@ -94,5 +94,4 @@ combine_kernel(const fc_params p, int splits, const float *partial_o, const floa
             (base + __log2f(total)) * 0.6931471805599453f;
 }
 
-
 }  // namespace flashcore
