@@ -13,7 +13,8 @@
 //     leave SMs idle, fc_sm90_d64_config) are consumers, 64 query rows each, with the
 //     registers the producer gave up (setmaxnreg.inc). D=64's pair configuration (one-wave
 //     grids) gives two consumers the same 64 rows, one the even key tiles and one the odd,
-//     merged through shared memory at the end (FwdConfig, kPair).
+//     merged through shared memory at the end (FwdConfig, kPair). On grids of at most half
+//     the SMs a pair CTA loads its first key tile alone before the rest (pair_lead_load).
 //     Per K/V tile: S = Q K^T with wgmma (both operands in shared memory, K-major; at D=128
 //     non-causal Q comes from registers, loaded once per tile: kQInRegs), the online
 //     softmax in fp32 registers (exp2, scale folded into log2(e)), then O += P V with wgmma
@@ -288,6 +289,11 @@ struct FwdMaps {
     MapOrder q_order, k_order, v_order, o_order;
     int32_t o_tma;  // O goes out through `o` (the TMA-store epilogue); 0: 16-byte stores from registers
     int32_t pair_s_ahead;  // kPair, not causal: a warpgroup with two key tiles issues both S GEMMs at once
+    int32_t pair_lead_load;  // kPair on a small grid: K0 alone first, then the other tiles (the producer)
+    // The tile decode's divisors (query blocks, query heads) and the GQA group, set up on the
+    // host: each FastDiv built in the kernel cost a 64-bit division (a called subroutine), and
+    // head / group was a 32-bit division on the producer's path to its first load.
+    FastDiv m_blocks_div, heads_q_div, group_div;
 };
 
 // The work list: one tile = (query block, head, batch). Tiles of one (batch, head) are
@@ -571,10 +577,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const int seqlen_q = static_cast<int>(p.seqlen_q);
     const int seqlen_k = static_cast<int>(p.seqlen_k);
     const int heads_q = static_cast<int>(p.heads_q);
-    const int group = static_cast<int>(p.heads_q / p.heads_kv);
     const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
     const int n_tiles = m_blocks * heads_q * static_cast<int>(p.batch);
-    const FastDiv m_blocks_div(m_blocks), heads_q_div(heads_q);  // decode_tile's divisors
+    const FastDiv &m_blocks_div = maps.m_blocks_div, &heads_q_div = maps.heads_q_div;  // for decode_tile
     // Key tiles a query block needs: with causal masking, none past its last row.
     auto key_tiles = [&](int m_block) {
         int n = (seqlen_k + kBlockN - 1) / kBlockN;
@@ -589,7 +594,13 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // (Read from the special registers and parameters where used, so they hold no register
     // through the loop.)
     constexpr bool kGridSplitHere = kGridSplit<kHeadDim, kCausal, kShape>;
-    auto kv_splits = [&] { return kGridSplitHere && p.num_splits_ > 1 ? p.num_splits_ : cluster_size(); };
+    // kPair never splits, and says so at compile time: the split's divisions in key_range and
+    // snake_tile had stayed in its code after the grid wait, on the path to its first loads
+    // (H100, fp16, CUDA graph: B=1 H=8 512 x 512 5.46-5.53 -> 5.18-5.24 us per call, causal
+    // 5.26-5.34 -> 5.19-5.25, GQA 32:8 128 x 512 5.48-5.51 -> 5.16-5.19).
+    auto kv_splits = [&] {
+        return kShape == kPair ? 1 : (kGridSplitHere && p.num_splits_ > 1 ? p.num_splits_ : cluster_size());
+    };
     struct KeyRange {
         int first, end;
     };
@@ -648,7 +659,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         int local = 0;    // tiles taken by this CTA
         for (int t = snake_tile(0, n_tiles, kv_splits()); t < n_tiles; t = snake_tile(++local, n_tiles, kv_splits())) {
             const Tile tile = decode_tile(t, m_blocks_div, heads_q_div);
-            const int head_kv = tile.head / group;
+            const int head_kv = maps.group_div.div(tile.head);
             const KeyRange keys = key_range(tile.m_block);
             if (keys.first == keys.end) continue;  // nothing to load (the consumers skip it too)
             // The Q buffer frees once every consumer warp has issued its last S = Q K^T.
@@ -659,6 +670,48 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             for (int panel = 0; panel < T::kPanels; ++panel) {
                 set_coords(c, maps.q_order, panel * 64, tile.m_block * kBlockM, tile.head, tile.batch);
                 tma_load(smem_q + qb * T::kQBytes + panel * T::kQPanelBytes, &maps.q, c, &bars.q_full[qb]);
+            }
+            if constexpr (kShape == kPair) {
+                // A pair CTA on a small grid whose key tiles all fit the ring (maps.pair_lead_load,
+                // launch_fwd_config) loads K0 alone and, once it has landed, K2, V0, K1, K3, V1,
+                // V2, V3: the first S waits for one tile instead of for a share of all nine
+                // loads in flight at once (TMA works on its queued copies together: in a probe of
+                // 64 CTAs each taking 8 x 16 KB from L2, the first copy landed ~3000 cycles after
+                // issue with all eight queued, ~2200 alone). Then the tiles in the order the two
+                // warpgroups need them: warpgroup 0's second K (its S GEMMs may go out together,
+                // pair_s_ahead), its first V, then warpgroup 1's keys. Stage j holds key tile
+                // first + j in the ring's first round, so no stage needs an empty wait.
+                // Measured (H100, fp16, CUDA graph us per call, two passes; bench/NOTES.md,
+                // twenty-second session), interleaved K0 V0 K1 V1 ... -> this order: B=1 H=8
+                // 512 x 512 5.30-5.32 -> 4.85-4.89, causal 5.27-5.34 -> 5.01-5.06, 256 x 512
+                // 5.24-5.33 -> 4.80-4.81, 384 x 384 causal 4.72-4.77 -> 4.60-4.63. On grids of more
+                // than half the SMs the wait lost (B=2 H=8 512 x 512: 5.26-5.34 -> 5.49-5.62).
+                const int nk = keys.end - keys.first;
+                if (maps.pair_lead_load && kv_iter == 0 && nk <= kStages) {
+                    auto load = [&](int j, bool v) {  // key tile first + j's K or V into stage j
+                        if (j >= nk) return;
+                        uint64_t *full = v ? &bars.v_full[j] : &bars.k_full[j];
+                        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
+                                                       T::kKVTileBytes);
+                        for (int panel = 0; panel < T::kPanels; ++panel) {
+                            set_coords(c, v ? maps.v_order : maps.k_order, panel * 64, (keys.first + j) * kBlockN,
+                                       head_kv, tile.batch);
+                            tma_load((v ? smem_v : smem_k) + j * T::kKVTileBytes + panel * T::kKVPanelBytes,
+                                     v ? &maps.v : &maps.k, c, full);
+                        }
+                    };
+                    load(0, false);
+                    wait_barrier(&bars.k_full[0], 0);
+                    load(2, false);
+                    load(0, true);
+                    load(1, false);
+                    load(3, false);
+                    load(1, true);
+                    load(2, true);
+                    load(3, true);
+                    kv_iter += nk;
+                    continue;
+                }
             }
             for (int n = keys.first; n < keys.end; ++n, ++kv_iter) {
                 const int stage = kv_iter % kStages;
@@ -1618,6 +1671,14 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     // kPair: both S GEMMs of a two-key-tile warpgroup at once, on grids of at most half the SMs
     // (see the key loop in fwd_kernel).
     maps.pair_s_ahead = kShape == kPair && !kCausal && 2 * tile_count<T>(p) <= sms;
+    maps.m_blocks_div = FastDiv(static_cast<int>((p.seqlen_q + T::kBlockM - 1) / T::kBlockM));
+    maps.heads_q_div = FastDiv(static_cast<int>(p.heads_q));
+    maps.group_div = FastDiv(static_cast<int>(p.heads_q / p.heads_kv));
+    // kPair: the first key tile loaded alone on grids of at most half the SMs (the producer in
+    // fwd_kernel); FLASHCORE_SM90_PAIR_ORDER=0 keeps the interleaved order (A/B runs).
+    const char *pair_order = getenv("FLASHCORE_SM90_PAIR_ORDER");
+    maps.pair_lead_load = kShape == kPair && 2 * tile_count<T>(p) <= sms &&
+                          !(pair_order != nullptr && pair_order[0] == '0' && pair_order[1] == '\0');
 
     auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape>;
     // Per device, once: the shared-memory opt-in.

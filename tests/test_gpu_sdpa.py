@@ -604,6 +604,41 @@ def test_sm90_d64_configurations(causal, sq, sk, short, monkeypatch):
     check_close(out, q, k, v, causal, None, f"sm90 D=64 short={short}")
 
 
+@pytest.mark.parametrize("b,hq,hkv,sq,sk,causal,dtype,layout", [
+    (1, 8, 8, 512, 512, False, torch.float16, "bhsd"),   # the small shape: 4 key tiles, both S up front
+    (1, 8, 8, 512, 512, True, torch.float16, "bhsd"),    # causal: 1-4 key tiles per block
+    (2, 8, 2, 200, 400, False, torch.bfloat16, "bshd"),  # GQA 4:1, a ragged last block and key tile
+    (1, 8, 2, 64, 300, True, torch.float16, "sliced"),   # 3 key tiles (causal, Sq < Sk: 1)
+    (1, 4, 1, 17, 127, False, torch.float16, "bhsd"),    # one key tile: the second warpgroup has none
+    (3, 4, 4, 256, 1, True, torch.bfloat16, "bhsd"),     # a single key
+    (1, 8, 8, 384, 384, True, torch.float16, "bshd"),    # 1-3 key tiles
+])
+def test_sm90_pair_lead_load(b, hq, hkv, sq, sk, causal, dtype, layout, monkeypatch):
+    """On grids of at most half the SMs, a pair CTA whose key tiles all fit its ring loads K0
+    alone, waits for it, then the other tiles in the order its warpgroups need them (the producer
+    in kernels/fwd_sm90.cuh, maps.pair_lead_load). The result must be bitwise that of the
+    interleaved order (FLASHCORE_SM90_PAIR_ORDER=0) and match the reference."""
+    if not HOPPER:
+        pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
+    skip_unless_built(64, dtype)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert 2 * (-(-sq // 64)) * hq * b <= sms, "the shape must be a small grid, or the path is not taken"
+    q, k, v = make_inputs(b, hq, hkv, sq, sk, 64, dtype, layout)
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
+    monkeypatch.setenv("FLASHCORE_SM90_SHORT", "3")  # the pair
+    outs = {}
+    for order in ("0", "lead"):
+        if order == "0":
+            monkeypatch.setenv("FLASHCORE_SM90_PAIR_ORDER", "0")
+        else:
+            monkeypatch.delenv("FLASHCORE_SM90_PAIR_ORDER", raising=False)
+        poison_allocator((b, hq, sq, 64), dtype)
+        outs[order] = sdpa(q, k, v, None, 0.0, causal, enable_gqa=hq != hkv)
+        torch.cuda.synchronize()
+    assert torch.equal(outs["lead"], outs["0"]), "the load order changed the result"
+    check_close(outs["lead"], q, k, v, causal, None, f"pair lead load B={b} H={hq}/{hkv} {sq}x{sk} causal={causal}")
+
+
 @pytest.mark.parametrize("b,hq,hkv,s", [(1, 3, 1, 4097), (1, 5, 5, 2100), (1, 7, 7, 2049), (1, 16, 4, 2049)])
 def test_sm90_d64_causal_waves(b, hq, hkv, s):
     """The automatic D=64 choice for causal grids past one wave of 64-row blocks

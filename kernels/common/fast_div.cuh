@@ -22,6 +22,7 @@ namespace flashcore {
 struct FastDiv {
     uint32_t d, mul, shift;
 
+    FastDiv() = default;  // (so that a kernel's parameter struct holding some stays an aggregate)
     FC_HOST_DEVICE explicit FastDiv(int divisor) : d(static_cast<uint32_t>(divisor)) {
         shift = 32 - count_leading_zeros(d - 1);  // ceil(log2(d)); 0 for d = 1
         mul = static_cast<uint32_t>(((1ull << 32) * ((1ull << shift) - d)) / d + 1);
