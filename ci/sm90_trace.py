@@ -27,11 +27,13 @@ import flashcore
 
 PER_WG, CTAS = 4096, 160  # kTracePerWg, kTraceCtas in kernels/fwd_sm90.cuh
 NAMES = {1: "tile", 2: "q_ready", 3: "turn_wait", 4: "turn_got", 5: "issued", 6: "S_ready", 8: "PV_done",
-         11: "softmax_done", 7: "convert_done", 9: "epi_start", 10: "epi_end", 12: "cta_end"}
+         11: "softmax_done", 7: "convert_done", 9: "epi_start", 10: "epi_end", 12: "cta_end",
+         13: "pair_left", 14: "pair_met", 15: "pair_merged"}
 SHAPES = [  # name, B, H, S, D, causal
     ("D64 causal 512", 32, 32, 512, 64, True), ("D64 nc 512", 32, 32, 512, 64, False),
     ("D64 causal 2k", 8, 32, 2048, 64, True), ("D128 nc 512", 32, 16, 512, 128, False),
-    ("D128 nc 2k", 8, 16, 2048, 128, False), ("D64 small", 1, 8, 512, 64, False)]
+    ("D128 nc 2k", 8, 16, 2048, 128, False), ("D64 small", 1, 8, 512, 64, False),
+    ("D64 small causal", 1, 8, 512, 64, True)]
 
 
 def time_us(fn, iters=20):

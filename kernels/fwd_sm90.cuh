@@ -288,7 +288,7 @@ struct FwdMaps {
     CUtensorMap q, k, v, o;  // o: 64-row boxes, for the TMA-store epilogue
     MapOrder q_order, k_order, v_order, o_order;
     int32_t o_tma;  // O goes out through `o` (the TMA-store epilogue); 0: 16-byte stores from registers
-    int32_t pair_s_ahead;  // kPair, not causal: a warpgroup with two key tiles issues both S GEMMs at once
+    int32_t pair_s_ahead;  // kPair on a small grid: a warpgroup with two key tiles issues both S GEMMs at once
     int32_t pair_lead_load;  // kPair on a small grid: K0 alone first, then the other tiles (the producer)
     // The tile decode's divisors (query blocks, query heads) and the GQA group, set up on the
     // host: each FastDiv built in the kernel cost a 64-bit division (a called subroutine), and
@@ -752,7 +752,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const float scale_log2 = p.scale * 1.4426950408889634f;
     // Trace events (FLASHCORE_SM90_TRACE; names as in ci/sm90_trace.py): 1 tile start (argument:
     // its key tiles), 2 Q landed, 3 / 4 GEMM turn waited for / taken, 5 GEMMs issued, 6 S ready,
-    // 8 P V done, 11 softmax done, 7 P converted, 9 / 10 epilogue start / end, 12 CTA done.
+    // 8 P V done, 11 softmax done, 7 P converted, 9 / 10 epilogue start / end, 12 CTA done; kPair's
+    // merge: 13 partial left, 14 both met, 15 merged.
 #if FLASHCORE_SM90_TRACE
     int trace_n = 0;
     auto trace = [&](int ev, int n) {
@@ -1139,7 +1140,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 release(&bars.q_empty[qb]);  // kPair with a single key tile: nothing for this one
             } else {
                 const int last = mine + (seen_end - 1 - mine) / kKeySplit * kKeySplit;  // this WG's last
-                // kPair, not causal, two key tiles for this warpgroup (257-512 keys), grids of at
+                // kPair, two key tiles for this warpgroup (257-512 keys), grids of at
                 // most half the SMs (maps.pair_s_ahead, launch_fwd_config): both S = Q K^T go out
                 // together, so the second one runs during the first tile's softmax instead of
                 // after it (the small shape's trace had both warpgroups issue S(2nd) + P V(1st)
@@ -1150,9 +1151,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 // 6.01 / 6.02 -> 5.78 / 5.76, but causal 512 x 512 5.60 / 5.58 -> 5.73 / 5.68 and
                 // B=2 H=8 512 x 512 6.06 / 6.10 -> 6.38 / 6.36: hence the limits. With them (same
                 // tool, two passes): B=1 H=8 512 x 512 5.99 / 5.94 -> 5.73 / 5.72, 256 x 512 5.97 /
-                // 6.00 -> 5.77 / 5.76; causal, B=2 and H=16 unchanged.
+                // 6.00 -> 5.77 / 5.76; causal, B=2 and H=16 unchanged. Causal small grids took it
+                // too once the first key tile loaded alone (pair_lead_load), which brings K2 in
+                // right after K0 (twenty-second session, three passes: B=1 H=8 512 x 512 causal
+                // 4.97-5.00 -> 4.86-4.89, 384 x 384 causal within +-0.02).
                 bool pair_done = false;
-                if constexpr (kShape == kPair && !kCausal) {
+                if constexpr (kShape == kPair) {
                     if (maps.pair_s_ahead && last == mine + kKeySplit) {
                         const int i0 = slot0 + mine, i1 = slot0 + last;
                         wait_turn();
@@ -1322,7 +1326,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 own_region[(kHalf + h) * 128 + t] = row_max[h];
                 own_region[(kHalf + 2 + h) * 128 + t] = row_sum[h];
             }
+            trace(13, 0);
             asm volatile("bar.sync %0, 256;\n" ::"n"(kW + 2) : "memory");
+            trace(14, 0);
             float w_own[2], w_other[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -1344,6 +1350,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 else
                     o_acc[kHalf + i] = w_own[h] * o_acc[kHalf + i] + w_other[h] * other;
             }
+            trace(15, 0);
         }
         // Rows this CTA writes (all, unless a pushed split leaves some to a peer) and their LSE.
         bool finalise[2] = {true, true};
@@ -1531,8 +1538,19 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     w[t] = pack2<Elem>(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h]);
                 }
                 quad_transpose(w, lane);
-                if (row < seqlen_q && finalise[h])
-                    *reinterpret_cast<uint4 *>(out_row + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
+                if (row < seqlen_q && finalise[h]) {
+                    // kPair: one 16-byte store by hand. Its first group's words sat in registers
+                    // that are not consecutive, and the compiler split the store into four 4-byte
+                    // ones (H100, fp16, CUDA graph us per call, three passes: B=1 H=8 512 x 512
+                    // 4.83-4.84 -> 4.70-4.74, causal 5.01-5.05 -> 4.97-5.00, B=2 5.38-5.40 ->
+                    // 5.26-5.28).
+                    if constexpr (kShape == kPair)
+                        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(out_row + 32 * g), "r"(w[0]),
+                                     "r"(w[1]), "r"(w[2]), "r"(w[3])
+                                     : "memory");
+                    else
+                        *reinterpret_cast<uint4 *>(out_row + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
+                }
             }
         }
     }
@@ -1669,8 +1687,8 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
         maps.o_tma = make_tensor_map(&maps.o, &maps.o_order, p.out, dtype, p.seqlen_q, p.heads_q, p.batch,
                                      p.head_dim, p.o_stride_s, p.o_stride_h, p.o_stride_b, 64) == cudaSuccess;
     // kPair: both S GEMMs of a two-key-tile warpgroup at once, on grids of at most half the SMs
-    // (see the key loop in fwd_kernel).
-    maps.pair_s_ahead = kShape == kPair && !kCausal && 2 * tile_count<T>(p) <= sms;
+    // (see the key loop in fwd_kernel); causal too since the first key tile loads alone.
+    maps.pair_s_ahead = kShape == kPair && 2 * tile_count<T>(p) <= sms;
     maps.m_blocks_div = FastDiv(static_cast<int>((p.seqlen_q + T::kBlockM - 1) / T::kBlockM));
     maps.heads_q_div = FastDiv(static_cast<int>(p.heads_q));
     maps.group_div = FastDiv(static_cast<int>(p.heads_q / p.heads_kv));
