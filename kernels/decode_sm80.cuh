@@ -77,7 +77,6 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-
 template <typename Elem, int kHeadDim, bool kCausal>
 __global__ void __launch_bounds__(kThreads)
 decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_lse) {

@@ -1686,17 +1686,17 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     if (T::kOBufs > 0 && !(tma_store != nullptr && tma_store[0] == '0' && tma_store[1] == '\0'))
         maps.o_tma = make_tensor_map(&maps.o, &maps.o_order, p.out, dtype, p.seqlen_q, p.heads_q, p.batch,
                                      p.head_dim, p.o_stride_s, p.o_stride_h, p.o_stride_b, 64) == cudaSuccess;
-    // kPair: both S GEMMs of a two-key-tile warpgroup at once, on grids of at most half the SMs
-    // (see the key loop in fwd_kernel); causal too since the first key tile loads alone.
-    maps.pair_s_ahead = kShape == kPair && 2 * tile_count<T>(p) <= sms;
-    maps.m_blocks_div = FastDiv(static_cast<int>((p.seqlen_q + T::kBlockM - 1) / T::kBlockM));
+    const int64_t m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+    const int64_t tiles = tile_count<T>(p);
+    maps.m_blocks_div = FastDiv(static_cast<int>(m_blocks));
     maps.heads_q_div = FastDiv(static_cast<int>(p.heads_q));
     maps.group_div = FastDiv(static_cast<int>(p.heads_q / p.heads_kv));
-    // kPair: the first key tile loaded alone on grids of at most half the SMs (the producer in
-    // fwd_kernel); FLASHCORE_SM90_PAIR_ORDER=0 keeps the interleaved order (A/B runs).
+    // kPair on grids of at most half the SMs (see the producer and the key loop in fwd_kernel):
+    // both S GEMMs of a two-key-tile warpgroup at once, and the first key tile loaded alone
+    // (FLASHCORE_SM90_PAIR_ORDER=0 keeps the interleaved order, for A/B runs).
+    maps.pair_s_ahead = kShape == kPair && 2 * tiles <= sms;
     const char *pair_order = getenv("FLASHCORE_SM90_PAIR_ORDER");
-    maps.pair_lead_load = kShape == kPair && 2 * tile_count<T>(p) <= sms &&
-                          !(pair_order != nullptr && pair_order[0] == '0' && pair_order[1] == '\0');
+    maps.pair_lead_load = maps.pair_s_ahead && !(pair_order != nullptr && pair_order[0] == '0' && pair_order[1] == '\0');
 
     auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape>;
     // Per device, once: the shared-memory opt-in.
@@ -1721,8 +1721,6 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     // At 16k the CTAs drift apart over heads whose K/V (8 MB each at D=128) no longer share L2,
     // hence the 64-block limit. Before the pairing, 132 CTAs in snake order lost 27% at D=128
     // 16k (128 blocks per head do not divide 2 x 132), and plain round-robin lost 40% at D=64 4k.
-    const int64_t m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
-    const int64_t tiles = tile_count<T>(p);
 
     // Split-KV for grids that leave most SMs idle (B=1 prefill, a chunk of queries against a
     // cache): clusters of `splits` CTAs share each tile's key tiles and merge through
