@@ -661,8 +661,10 @@ static void check_contiguous(reader *r, fc_params *p) {
         (B == 1 || (Hq * Sq * D * e) % 16 == 0) && (B == 1 || (Hkv * Sk * D * e) % 16 == 0) &&
         (Hq == 1 || (Sq * D * e) % 16 == 0) && (Hkv == 1 || (Sk * D * e) % 16 == 0) &&
         (Sq == 1 || (D * e) % 16 == 0) && (Sk == 1 || (D * e) % 16 == 0);
+    /* The last byte must fit int64 too: fp32 (4 bytes) elements counted in int64 may not. */
     const int fits = Sq * D <= INT32_MAX && Sk * D <= INT32_MAX &&
-                     (Sq + 63) / 64 * Hq * B <= INT32_MAX;
+                     (Sq + 63) / 64 * Hq * B <= INT32_MAX &&
+                     ((i128)n_q - 1) * e <= INT64_MAX && ((i128)n_kv - 1) * e <= INT64_MAX;
     if (aligned_rows && fits) REQUIRE(s == FC_OK);
     if (s != FC_OK) REQUIRE(s == FC_ERR_STRIDE_ALIGNMENT || s == FC_ERR_OFFSET_OVERFLOW);
 }
