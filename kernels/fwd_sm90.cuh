@@ -960,7 +960,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             const int n_start = n * kBlockN;
             const bool ragged = n_start + kBlockN > seqlen_k;
             const bool crosses_diagonal = kCausal && n_start + kBlockN - 1 > wg_row0;
-            bool half_live = false;  // only S's first 64 keys are seen (half_tile, with kHalfTiles)
+            bool first_half_only = false;  // only S's first 64 keys are live: this is the key loop's half_tile (kHalfTiles)
             if (ragged || crosses_diagonal) {
                 // This thread's columns are n_start + col_in_tile + c, c = j * 8 + (e & 1) a
                 // compile-time constant; row h keeps those with c < valid[h] (keys before
@@ -999,7 +999,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 const int band = (wg_row0 - n_start) / 64;
                 if (banded && band == 0) {
                     mask(std::integral_constant<int, 0>{});
-                    half_live = kHalfTiles;
+                    first_half_only = kHalfTiles;
                 } else if (banded && band == 1)
                     mask(std::integral_constant<int, 1>{});
                 else
@@ -1080,7 +1080,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 return rebase;
             };
             if constexpr (kHalfTiles)
-                if (half_live) return finish(std::integral_constant<int, kNTiles / 2>{});
+                if (first_half_only) return finish(std::integral_constant<int, kNTiles / 2>{});
             return finish(std::integral_constant<int, kNTiles>{});
         };
 
