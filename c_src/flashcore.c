@@ -268,38 +268,44 @@ static int forced_decode_splits(void) {
     return (*end == '\0' && n >= 1 && n <= FC_DECODE_MAX_SPLITS) ? (int)n : 0;
 }
 
-/* Pick the kernel and, for the decode path, the split count; *bytes = workspace it needs. */
-static fc_status plan(const fc_params *p, fc_launch_fn *launch, fc_family *family_out, int *splits, int64_t *bytes) {
+/* What a call runs: the kernel, its family, the split count and the workspace it needs
+ * (`bytes`), and whether a one-row GQA call in the Hopper family runs packed (one block of the
+ * group's rows per KV head; decided here once, as it validates a packed copy). */
+typedef struct {
+    fc_launch_fn launch;
+    fc_family family;
+    int splits;
+    int64_t bytes;
+    int packs;
+} launch_plan;
+
+static fc_status plan(const fc_params *p, launch_plan *out) {
+    *out = (launch_plan){NULL, FC_FAMILY_AUTO, 1, 0, 0};
     fc_status s = fc_params_validate(p);
     if (s != FC_OK) return s;
     int major = 0, minor = 0, sms = 0;
     s = device_info(NULL, &major, &minor, &sms);
     if (s != FC_OK) return s;
-    fc_family family = FC_FAMILY_AUTO;
-    s = fc_dispatch(p, major, minor, launch, &family);
+    s = fc_dispatch(p, major, minor, &out->launch, &out->family);
     if (s != FC_OK) return s;
-    *family_out = family;
-    *splits = 1;
-    *bytes = 0;
-    if (family == FC_FAMILY_DECODE) {
+    if (out->family == FC_FAMILY_DECODE) {
         const int forced = forced_decode_splits();
-        *splits = forced > 0 ? forced : fc_decode_splits(p, sms);
-        if (*splits > 1) *bytes = fc_decode_workspace_bytes(p, *splits);
-    } else if (family == FC_FAMILY_SM90) {
+        out->splits = forced > 0 ? forced : fc_decode_splits(p, sms);
+    } else if (out->family == FC_FAMILY_SM90) {
+        out->packs = fc_decode_packs_for_sm90(p);
         /* One-row decoding over few pairs: the grid split, merged like the decode path's. */
-        *splits = fc_sm90_decode_splits(p, sms, forced_decode_splits());
-        if (*splits > 1) *bytes = fc_decode_workspace_bytes(p, *splits);
+        out->splits = fc_sm90_decode_splits(p, sms, forced_decode_splits());
     }
+    if (out->splits > 1) out->bytes = fc_decode_workspace_bytes(p, out->splits);
     return FC_OK;
 }
 
 FC_API fc_status fc_sdpa_workspace_size(const fc_params *p, int64_t *bytes) {
     if (bytes == NULL) return FC_ERR_NULL_POINTER;
-    *bytes = 0;
-    fc_launch_fn launch = NULL;
-    fc_family family = FC_FAMILY_AUTO;
-    int splits = 1;
-    return plan(p, &launch, &family, &splits, bytes);
+    launch_plan run_plan;
+    const fc_status s = plan(p, &run_plan);
+    *bytes = run_plan.bytes;
+    return s;
 }
 
 /* One launch over batches [b0, b0 + nb) and query heads [h0, h0 + nh), whose key/value heads
@@ -325,17 +331,16 @@ static fc_status launch_slice(const fc_params *p, fc_launch_fn launch, cudaStrea
 }
 
 FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
-    fc_launch_fn launch = NULL;
-    fc_family family = FC_FAMILY_AUTO;
-    int splits = 1;
-    int64_t bytes = 0;
-    const fc_status s = plan(p, &launch, &family, &splits, &bytes);
+    launch_plan run_plan;
+    const fc_status s = plan(p, &run_plan);
     if (s != FC_OK) return s;
+    const fc_launch_fn launch = run_plan.launch;
     fc_params run = *p;
     /* A one-row GQA call in the Hopper family runs as one block of the group's rows per KV head. */
-    if (family == FC_FAMILY_SM90 && fc_decode_packs_for_sm90(p)) fc_pack_decode_gqa(&run);
+    if (run_plan.packs) fc_pack_decode_gqa(&run);
     /* Without enough workspace the decode path runs unsplit: slower on a small batch, same result. */
-    run.num_splits_ = (bytes > 0 && p->workspace != NULL && p->workspace_bytes >= bytes) ? splits : 1;
+    const int64_t bytes = run_plan.bytes;
+    run.num_splits_ = (bytes > 0 && p->workspace != NULL && p->workspace_bytes >= bytes) ? run_plan.splits : 1;
     if (run.batch <= FC_MAX_GRID_YZ && run.heads_q <= FC_MAX_GRID_YZ) {
         const cudaError_t err = launch(&run, stream);
         last_cuda_error = err;
