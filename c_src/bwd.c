@@ -3,9 +3,10 @@
  * launch of fc_sdpa_bwd (see flashcore.h for the contract, kernels/bwd_sm80.cuh for the kernels).
  * Nothing here allocates, synchronizes or exits.
  *
- * The backward has one kernel family, the sm80-class one (mma.sync + cp.async), built for sm_89
- * and sm_90a like the forward's sm80 family; on Hopper it runs whatever forward family ran.
- * CMake defines FC_HAVE_SM80_BWD_HDIM<d>_<dtype> for each instantiation it builds.
+ * Two kernel families: the sm80-class one (mma.sync + cp.async, kernels/bwd_sm80.cuh), built for
+ * sm_89 and sm_90a, deterministic; and the Hopper one (TMA + wgmma, kernels/sm90/bwd_kernel.cuh),
+ * sm_90a only, which sums dq through fp32 atomics. CMake defines FC_HAVE_SM80_BWD_HDIM<d>_<dtype>
+ * and FC_HAVE_SM90_BWD_HDIM<d>_<dtype> for each instantiation it builds.
  */
 #include "dispatch.h"
 #include "flashcore.h"
@@ -31,8 +32,21 @@ FC_DECLARE_BWD(fc_sm80_bwd_hdim128_fp16)
 #if defined(FC_HAVE_SM80_BWD_HDIM128_bf16)
 FC_DECLARE_BWD(fc_sm80_bwd_hdim128_bf16)
 #endif
+#if defined(FC_HAVE_SM90_BWD_HDIM64_fp16)
+FC_DECLARE_BWD(fc_sm90_bwd_hdim64_fp16)
+#endif
+#if defined(FC_HAVE_SM90_BWD_HDIM64_bf16)
+FC_DECLARE_BWD(fc_sm90_bwd_hdim64_bf16)
+#endif
+#if defined(FC_HAVE_SM90_BWD_HDIM128_fp16)
+FC_DECLARE_BWD(fc_sm90_bwd_hdim128_fp16)
+#endif
+#if defined(FC_HAVE_SM90_BWD_HDIM128_bf16)
+FC_DECLARE_BWD(fc_sm90_bwd_hdim128_bf16)
+#endif
 
 typedef struct bwd_entry {
+    fc_family family;
     int head_dim;
     fc_dtype dtype;
     fc_bwd_launch_fn launch;
@@ -40,18 +54,30 @@ typedef struct bwd_entry {
 
 static const bwd_entry kBwdKernels[] = {
 #if defined(FC_HAVE_SM80_BWD_HDIM64_fp16)
-    {64, FC_DTYPE_FP16, fc_sm80_bwd_hdim64_fp16},
+    {FC_FAMILY_SM80, 64, FC_DTYPE_FP16, fc_sm80_bwd_hdim64_fp16},
 #endif
 #if defined(FC_HAVE_SM80_BWD_HDIM64_bf16)
-    {64, FC_DTYPE_BF16, fc_sm80_bwd_hdim64_bf16},
+    {FC_FAMILY_SM80, 64, FC_DTYPE_BF16, fc_sm80_bwd_hdim64_bf16},
 #endif
 #if defined(FC_HAVE_SM80_BWD_HDIM128_fp16)
-    {128, FC_DTYPE_FP16, fc_sm80_bwd_hdim128_fp16},
+    {FC_FAMILY_SM80, 128, FC_DTYPE_FP16, fc_sm80_bwd_hdim128_fp16},
 #endif
 #if defined(FC_HAVE_SM80_BWD_HDIM128_bf16)
-    {128, FC_DTYPE_BF16, fc_sm80_bwd_hdim128_bf16},
+    {FC_FAMILY_SM80, 128, FC_DTYPE_BF16, fc_sm80_bwd_hdim128_bf16},
 #endif
-    {0, FC_DTYPE_FP16, NULL} /* sentinel */
+#if defined(FC_HAVE_SM90_BWD_HDIM64_fp16)
+    {FC_FAMILY_SM90, 64, FC_DTYPE_FP16, fc_sm90_bwd_hdim64_fp16},
+#endif
+#if defined(FC_HAVE_SM90_BWD_HDIM64_bf16)
+    {FC_FAMILY_SM90, 64, FC_DTYPE_BF16, fc_sm90_bwd_hdim64_bf16},
+#endif
+#if defined(FC_HAVE_SM90_BWD_HDIM128_fp16)
+    {FC_FAMILY_SM90, 128, FC_DTYPE_FP16, fc_sm90_bwd_hdim128_fp16},
+#endif
+#if defined(FC_HAVE_SM90_BWD_HDIM128_bf16)
+    {FC_FAMILY_SM90, 128, FC_DTYPE_BF16, fc_sm90_bwd_hdim128_bf16},
+#endif
+    {FC_FAMILY_AUTO, 0, FC_DTYPE_FP16, NULL} /* sentinel */
 };
 
 FC_API void fc_bwd_params_init(fc_bwd_params *p) {
@@ -126,21 +152,54 @@ FC_API fc_status fc_bwd_params_validate(const fc_bwd_params *p) {
 }
 
 
-/* The launcher for validated params, or the FC_UNSUPPORTED_* reason. */
-static fc_status bwd_dispatch(const fc_bwd_params *p, int cc_major, int cc_minor, fc_bwd_launch_fn *launch) {
+static const bwd_entry *find_bwd_kernel(fc_family family, const fc_params *f) {
+    for (size_t i = 0; kBwdKernels[i].launch != NULL; ++i)
+        if (kBwdKernels[i].family == family && kBwdKernels[i].head_dim == f->head_dim &&
+            kBwdKernels[i].dtype == f->dtype)
+            return &kBwdKernels[i];
+    return NULL;
+}
+
+/* The Hopper family loads Q, dO, K and V through TMA tensor maps: the forward's layout rules
+ * (no broadcast dim, positive scale) for q, k, v, and for dout as a Q-shaped operand. */
+static int sm90_takes_layout(const fc_bwd_params *p) {
+    fc_params as_dout = p->fwd;
+    as_dout.q_stride_b = p->do_stride_b;
+    as_dout.q_stride_h = p->do_stride_h;
+    as_dout.q_stride_s = p->do_stride_s;
+    return fc_sm90_takes_layout_(&p->fwd) && fc_sm90_takes_layout_(&as_dout);
+}
+
+/* Can `family` run validated params here? FC_OK and its entry, or the FC_UNSUPPORTED_* reason. */
+static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_major, int cc_minor,
+                             const bwd_entry **entry) {
+    if (!fc_family_runs_on_(family, cc_major, cc_minor)) return FC_UNSUPPORTED_FAMILY;
+    if ((*entry = find_bwd_kernel(family, &p->fwd)) == NULL) return FC_UNSUPPORTED_HEAD_DIM;
+    if (family == FC_FAMILY_SM90 && !sm90_takes_layout(p)) return FC_UNSUPPORTED_LAYOUT;
+    return FC_OK;
+}
+
+/* The kernel for validated params, or the FC_UNSUPPORTED_* reason. AUTO takes the Hopper family
+ * where it runs the call and determinism is not asked for, else the sm80-class family. */
+static fc_status bwd_dispatch(const fc_bwd_params *p, int cc_major, int cc_minor, const bwd_entry **entry) {
     const fc_params *f = &p->fwd;
     if (f->dtype != FC_DTYPE_FP16 && f->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
     if (f->mask_kind != FC_MASK_NONE) return FC_UNSUPPORTED_MASK;
-    const int forced = f->family != FC_FAMILY_AUTO;
-    if (forced && f->family != FC_FAMILY_SM80) return FC_UNSUPPORTED_FAMILY;
-    if (!fc_family_runs_on_(FC_FAMILY_SM80, cc_major, cc_minor)) return forced ? FC_UNSUPPORTED_FAMILY : FC_UNSUPPORTED_ARCH;
-    for (size_t i = 0; kBwdKernels[i].launch != NULL; ++i) {
-        if (kBwdKernels[i].head_dim == f->head_dim && kBwdKernels[i].dtype == f->dtype) {
-            if (launch != NULL) *launch = kBwdKernels[i].launch;
-            return FC_OK;
+    const bwd_entry *found = NULL;
+    fc_status s;
+    if (f->family == FC_FAMILY_SM80 || f->family == FC_FAMILY_SM90) {
+        s = family_runs(f->family, p, cc_major, cc_minor, &found);
+    } else if (f->family != FC_FAMILY_AUTO) {
+        return FC_UNSUPPORTED_FAMILY;
+    } else {
+        s = p->deterministic ? FC_UNSUPPORTED_FAMILY : family_runs(FC_FAMILY_SM90, p, cc_major, cc_minor, &found);
+        if (s != FC_OK) {
+            s = family_runs(FC_FAMILY_SM80, p, cc_major, cc_minor, &found);
+            if (s == FC_UNSUPPORTED_FAMILY) s = FC_UNSUPPORTED_ARCH;
         }
     }
-    return FC_UNSUPPORTED_HEAD_DIM;
+    if (s == FC_OK && entry != NULL) *entry = found;
+    return s;
 }
 
 FC_API fc_status fc_sdpa_bwd_support(const fc_bwd_params *p, int cc_major, int cc_minor) {
@@ -149,11 +208,20 @@ FC_API fc_status fc_sdpa_bwd_support(const fc_bwd_params *p, int cc_major, int c
     return bwd_dispatch(p, cc_major, cc_minor, NULL);
 }
 
-/* delta and LSE*log2(e), fp32, one each per query row, 16-byte rounded. Sizes are validated, so
- * rows < 2^31 * 64 (fc_params_validate bounds the number of 64-row tiles) and this cannot wrap. */
-static int64_t bwd_workspace_bytes(const fc_params *f) {
+FC_API fc_family fc_sdpa_bwd_family(const fc_bwd_params *p, int cc_major, int cc_minor) {
+    const bwd_entry *entry = NULL;
+    if (fc_bwd_params_validate(p) != FC_OK || bwd_dispatch(p, cc_major, cc_minor, &entry) != FC_OK)
+        return FC_FAMILY_AUTO;
+    return entry->family;
+}
+
+/* sm80-class: delta and LSE*log2(e), fp32, one each per query row. Sizes are validated, so
+ * rows < 2^31 * 64 (fc_params_validate bounds the number of 64-row tiles) and this cannot wrap.
+ * sm90: see fc_sm90_bwd_workspace_bytes (dispatch.h). Either way 16-byte rounded. */
+static int64_t bwd_workspace_bytes(const fc_params *f, fc_family family) {
     const int64_t rows = f->batch * f->heads_q * f->seqlen_q;
-    return (2 * rows * 4 + 15) / 16 * 16;
+    const int64_t bytes = family == FC_FAMILY_SM90 ? fc_sm90_bwd_workspace_bytes(f) : 2 * rows * 4;
+    return (bytes + 15) / 16 * 16;
 }
 
 FC_API fc_status fc_sdpa_bwd_workspace_size(const fc_bwd_params *p, int64_t *bytes) {
@@ -161,7 +229,13 @@ FC_API fc_status fc_sdpa_bwd_workspace_size(const fc_bwd_params *p, int64_t *byt
     *bytes = 0;
     const fc_status s = fc_bwd_params_validate(p);
     if (s != FC_OK) return s;
-    *bytes = bwd_workspace_bytes(&p->fwd);
+    /* Sizes only (no device query): enough for either family where a Hopper kernel is built. */
+    int64_t need = bwd_workspace_bytes(&p->fwd, FC_FAMILY_SM80);
+    if (find_bwd_kernel(FC_FAMILY_SM90, &p->fwd) != NULL) {
+        const int64_t sm90 = bwd_workspace_bytes(&p->fwd, FC_FAMILY_SM90);
+        if (sm90 > need) need = sm90;
+    }
+    *bytes = need;
     return FC_OK;
 }
 
@@ -170,10 +244,11 @@ FC_API fc_status fc_sdpa_bwd(const fc_bwd_params *p, cudaStream_t stream) {
     if (s != FC_OK) return s;
     int major = 0, minor = 0;
     if ((s = fc_device_info_(NULL, &major, &minor, NULL)) != FC_OK) return s;
-    fc_bwd_launch_fn launch = NULL;
-    if ((s = bwd_dispatch(p, major, minor, &launch)) != FC_OK) return s;
-    if (p->workspace == NULL || p->workspace_bytes < bwd_workspace_bytes(&p->fwd)) return FC_ERR_BAD_WORKSPACE;
-    const cudaError_t err = launch(p, stream);
+    const bwd_entry *entry = NULL;
+    if ((s = bwd_dispatch(p, major, minor, &entry)) != FC_OK) return s;
+    if (p->workspace == NULL || p->workspace_bytes < bwd_workspace_bytes(&p->fwd, entry->family))
+        return FC_ERR_BAD_WORKSPACE;
+    const cudaError_t err = entry->launch(p, stream);
     fc_set_last_cuda_error_(err);
     return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }

@@ -199,6 +199,9 @@ static int family_takes_layout(fc_family family, const fc_params *p) {
            stepped_strides_nonzero(p->seqlen_k, p->v_stride_s, p->heads_kv, p->v_stride_h, p->batch, p->v_stride_b);
 }
 
+/* For c_src/bwd.c: the Hopper family's layout requirements (above) for a params struct. */
+int fc_sm90_takes_layout_(const fc_params *p) { return family_takes_layout(FC_FAMILY_SM90, p); }
+
 static const kernel_entry *find_kernel(fc_family family, const fc_params *p) {
     for (size_t i = 0; kKernels[i].launch != NULL; ++i) {
         const kernel_entry *e = &kKernels[i];

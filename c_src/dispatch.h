@@ -112,6 +112,23 @@ int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t
  * FLASHCORE_PDL=0 turns it off (A/B timing; read per call). */
 int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
 
+/* The Hopper backward's workspace (c_src/bwd.c, kernels/sm90/bwd_kernel.cuh): per (batch, query
+ * head), seqlen_q rounded up to FC_SM90_BWD_ROW_BLOCK rows, so that every query block's row terms
+ * are one aligned, in-bounds bulk copy: delta [B*Hq][Sq_pad] fp32, then LSE*log2(e) [B*Hq][Sq_pad]
+ * fp32 (+inf past Sq), then the dq accumulator [B*Hq][Sq_pad][D] fp32. */
+#define FC_SM90_BWD_ROW_BLOCK 64
+#if defined(__CUDACC__)
+#define FC_HOST_DEVICE __host__ __device__ /* also called from the kernels */
+#else
+#define FC_HOST_DEVICE
+#endif
+static inline FC_HOST_DEVICE int64_t fc_sm90_bwd_padded_seqlen(const fc_params *f) {
+    return (f->seqlen_q + FC_SM90_BWD_ROW_BLOCK - 1) / FC_SM90_BWD_ROW_BLOCK * FC_SM90_BWD_ROW_BLOCK;
+}
+static inline int64_t fc_sm90_bwd_workspace_bytes(const fc_params *f) {
+    return f->batch * f->heads_q * fc_sm90_bwd_padded_seqlen(f) * (2 + f->head_dim) * 4;
+}
+
 /* For c_src/bwd.c and the launchers (defined in flashcore.c): the current device, its compute
  * capability and SM count (cached; any output may be NULL), the thread's last CUDA error, and
  * the stride / alignment / offset checks of one (B, H, S, D) operand as fc_params_validate
@@ -119,6 +136,8 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
 fc_status fc_device_info_(int *device, int *major, int *minor, int *sms);
 /* Defined in dispatch.c: does this library hold machine code of `family` for the device? */
 int fc_family_runs_on_(fc_family family, int cc_major, int cc_minor);
+/* Defined in dispatch.c: can the Hopper family's TMA tensor maps take these strides and scale? */
+int fc_sm90_takes_layout_(const fc_params *p);
 void fc_set_last_cuda_error_(cudaError_t err);
 fc_status fc_check_operand_(const int64_t size[4], const int64_t stride[4], const void *base,
                             int64_t elem_bytes);

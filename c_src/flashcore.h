@@ -171,8 +171,12 @@ cudaError_t fc_last_cuda_error(void);
  *     dq (B, Hq, Sq, D), dk (B, Hkv, Sk, D), dv (B, Hkv, Sk, D)
  * GQA: dk and dv are summed over each KV head's group of query heads. Every element of dq, dk and
  * dv is written (keys no query sees, e.g. causal with Sk > Sq, get zeros).
- * Deterministic: no atomics; two calls on the same inputs give bitwise equal gradients.
- * One kernel family (sm80-class: sm_89, and sm_90 by the same code); no mask, no dropout.
+ * Two kernel families; no mask, no dropout:
+ *   - sm80-class (mma.sync + cp.async; sm_89, and sm_90 by the same code): no atomics, so two
+ *     calls on the same inputs give bitwise equal gradients.
+ *   - sm90 (TMA + wgmma, sm_90a; head dims 64 and 128): one pass over key blocks, dq summed in
+ *     fp32 through atomic adds, so dq may differ in its last bits from run to run (dk, dv do not).
+ *     AUTO picks it on sm_90 unless `deterministic` is set.
  *
  * Usage:
  *     fc_bwd_params b;
@@ -185,7 +189,7 @@ cudaError_t fc_last_cuda_error(void);
  */
 typedef struct fc_bwd_params {
     /* q, k, v, out (the forward's output), lse (required here), sizes and their strides, scale,
-     * causal, dtype; family AUTO or SM80; mask_kind NONE. fwd.workspace is not used. */
+     * causal, dtype; family AUTO, SM80 or SM90; mask_kind NONE. fwd.workspace is not used. */
     fc_params fwd;
 
     const void *dout;   /* (B, Hq, Sq, D) gradient of out, same dtype */
@@ -200,8 +204,13 @@ typedef struct fc_bwd_params {
     int64_t dv_stride_b, dv_stride_h, dv_stride_s, dv_stride_d;
     int64_t dlse_stride_b, dlse_stride_h, dlse_stride_s;
 
+    /* Nonzero: the gradients must be bitwise reproducible (PyTorch's
+     * torch.use_deterministic_algorithms); AUTO then takes the sm80-class family. */
+    int deterministic;
+
     /* Required device scratch of at least fc_sdpa_bwd_workspace_size bytes, 16-byte aligned
-     * (per-row fp32 terms, 8 bytes per query row). Missing or too small: FC_ERR_BAD_WORKSPACE. */
+     * (per-row fp32 terms, and for the sm90 family an fp32 dq accumulator). Missing or too
+     * small: FC_ERR_BAD_WORKSPACE. */
     void *workspace;
     int64_t workspace_bytes;
 } fc_bwd_params;
@@ -222,10 +231,14 @@ fc_status fc_bwd_params_validate(const fc_bwd_params *p);
  * Needs no GPU; does not look at the workspace size. */
 fc_status fc_sdpa_bwd_support(const fc_bwd_params *p, int cc_major, int cc_minor);
 
-/* Bytes of workspace fc_sdpa_bwd needs for these params (sizes only). Sets *bytes. */
+/* The kernel family fc_sdpa_bwd would run on cc_major.cc_minor (FC_FAMILY_AUTO if none). */
+fc_family fc_sdpa_bwd_family(const fc_bwd_params *p, int cc_major, int cc_minor);
+
+/* Bytes of workspace fc_sdpa_bwd needs for these params (sizes only: enough for whichever
+ * family runs them). Sets *bytes. */
 fc_status fc_sdpa_bwd_workspace_size(const fc_bwd_params *p, int64_t *bytes);
 
-/* Launch the backward on `stream` (current device): three kernels, asynchronous. Returns FC_OK,
+/* Launch the backward on `stream` (current device): three or four kernels, asynchronous. Returns FC_OK,
  * a validation/support status, FC_ERR_BAD_WORKSPACE, or FC_ERR_CUDA. */
 fc_status fc_sdpa_bwd(const fc_bwd_params *p, cudaStream_t stream);
 

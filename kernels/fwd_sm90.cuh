@@ -71,6 +71,8 @@
 #include "common/wgmma_generated.cuh"
 #include "dispatch.h"
 #include "flashcore.h"
+#include "sm90/ptx.cuh"
+#include "sm90/tensor_map.h"
 
 #include <cuda.h>
 #include <cuda/ptx>
@@ -235,54 +237,6 @@ struct Barriers {
     uint64_t o_free[kOBufs > 0 ? kOBufs : 1];  // an O staging buffer's last TMA store has read it
 
 };
-
-// wgmma shared-memory descriptor for a 128-byte-swizzled tile (layout type 1 in bits 62-63).
-// lbo/sbo in bytes: K-major operands step 8-row groups by sbo (1024) and ignore lbo;
-// N-major V steps 64-column panels by lbo and 8-row groups by sbo.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
-           (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
-           (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-// Keep the compiler from moving accumulator reads/writes across an asynchronous wgmma.
-template <int N>
-__device__ __forceinline__ void fence_registers(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-__device__ __forceinline__ void wait_barrier(uint64_t *bar, uint32_t parity) {
-    while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
-    }
-}
-
-// TMA load of one box into shared memory, completing on `bar`. Coordinates are in the tensor
-// map's dim order (see make_tensor_map on the host).
-__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, const int32_t (&coords)[4],
-                                         uint64_t *bar) {
-    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, map, coords, bar);
-}
-
-// Where the tensor map puts the (column, row, head, batch) coordinates: the host orders the
-// map's dims 1-3 by stride, so this small permutation travels with the kernel parameters.
-struct MapOrder {
-    int8_t row_dim, head_dim, batch_dim;  // positions 1..3 in the coordinate array
-};
-
-__device__ __forceinline__ void set_coords(int32_t (&c)[4], const MapOrder &o, int col, int row,
-                                           int head, int batch) {
-    // Selects, not c[o.row_dim] = ...: a run-time index would put the array in local memory.
-    c[0] = col;
-#pragma unroll
-    for (int i = 1; i < 4; ++i) c[i] = i == o.row_dim ? row : (i == o.head_dim ? head : batch);
-}
 
 struct FwdMaps {
     CUtensorMap q, k, v, o;  // o: 64-row boxes, for the TMA-store epilogue
@@ -1561,72 +1515,6 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 }
 
 // ------------------------------------------------------------------------- host side
-
-using EncodeTiledFn = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                   const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled through the runtime, so the library loads where there is no driver.
-inline EncodeTiledFn encode_tiled() {
-    static EncodeTiledFn fn = [] {
-        void *ptr = nullptr;
-        cudaDriverEntryPointQueryResult found;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found) !=
-                cudaSuccess ||
-            found != cudaDriverEntryPointSuccess)
-            ptr = nullptr;
-        return reinterpret_cast<EncodeTiledFn>(ptr);
-    }();
-    return fn;
-}
-
-// A 4-D tensor map over (head_dim, seq, heads, batch) with boxes of 64 columns x box_rows rows,
-// 128-byte swizzled. Dims 1-3 are ordered by stride (HuggingFace's (B, S, H, D) views have the
-// head stride below the sequence stride); dims of size 1 get an outermost stride of their own.
-inline cudaError_t make_tensor_map(CUtensorMap *map, MapOrder *order, const void *base, CUtensorMapDataType dtype,
-                                   int64_t seqlen, int64_t heads, int64_t batch, int64_t head_dim, int64_t stride_s,
-                                   int64_t stride_h, int64_t stride_b, int box_rows) {
-    const EncodeTiledFn encode = encode_tiled();
-    if (encode == nullptr) return cudaErrorNotSupported;
-    struct Dim {
-        int64_t size, stride_bytes;
-        int role;  // 0 row, 1 head, 2 batch
-    } dims[3] = {{seqlen, stride_s * 2, 0}, {heads, stride_h * 2, 1}, {batch, stride_b * 2, 2}};
-    int64_t outer = head_dim * 2;
-    for (const Dim &d : dims)
-        if (d.size > 1 && d.size * d.stride_bytes > outer) outer = d.size * d.stride_bytes;
-    for (Dim &d : dims)
-        if (d.size == 1) d.stride_bytes = outer;  // never stepped over; keep the order monotone
-    // Sort the three dims by stride (insertion sort, stable).
-    for (int i = 1; i < 3; ++i)
-        for (int j = i; j > 0 && dims[j].stride_bytes < dims[j - 1].stride_bytes; --j) {
-            const Dim t = dims[j];
-            dims[j] = dims[j - 1];
-            dims[j - 1] = t;
-        }
-    cuuint64_t size[4] = {static_cast<cuuint64_t>(head_dim), 0, 0, 0};
-    cuuint64_t stride[3];
-    cuuint32_t box[4] = {64, 1, 1, 1};
-    const cuuint32_t elem_stride[4] = {1, 1, 1, 1};
-    for (int i = 0; i < 3; ++i) {
-        size[i + 1] = static_cast<cuuint64_t>(dims[i].size);
-        stride[i] = static_cast<cuuint64_t>(dims[i].stride_bytes);
-        if (dims[i].role == 0) {
-            order->row_dim = static_cast<int8_t>(i + 1);
-            box[i + 1] = static_cast<cuuint32_t>(box_rows);
-        } else if (dims[i].role == 1) {
-            order->head_dim = static_cast<int8_t>(i + 1);
-        } else {
-            order->batch_dim = static_cast<int8_t>(i + 1);
-        }
-    }
-    const CUresult r = encode(map, dtype, 4, const_cast<void *>(base), size, stride, box, elem_stride,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    // A distinct runtime error for a rejected map (strides, box or address), so a failure here
-    // is not mistaken for a bad launch configuration (cudaErrorInvalidValue).
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidPitchValue;
-}
 
 // The largest grid G <= sms for which the snake order gives every CTA complementary causal
 // tiles in consecutive rounds: a tile's rank within its head is t mod m_blocks, and it reverses

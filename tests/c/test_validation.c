@@ -15,6 +15,17 @@
 
 static int failures = 0;
 
+#define CHECK_FAMILY(label, got, want)                                                         \
+    do {                                                                                       \
+        const fc_family g_ = (got), w_ = (want);                                               \
+        if (g_ != w_) {                                                                        \
+            fprintf(stderr, "FAIL %-40s got family %d, want %d\n", label, (int)g_, (int)w_);    \
+            ++failures;                                                                        \
+        } else {                                                                               \
+            printf("ok   %-40s family %d\n", label, (int)g_);                                  \
+        }                                                                                      \
+    } while (0)
+
 #define CHECK_STATUS(label, got, want)                                                         \
     do {                                                                                       \
         fc_status g_ = (got), w_ = (want);                                                     \
@@ -232,6 +243,10 @@ static void b_head_dim_80(fc_bwd_params *b) { b->fwd.head_dim = 80; fc_bwd_param
 static void b_head_dim_96(fc_bwd_params *b) { b->fwd.head_dim = 96; fc_bwd_params_set_contiguous_strides(b); }
 static void b_force_sm90(fc_bwd_params *b) { b->fwd.family = FC_FAMILY_SM90; }
 static void b_force_sm80(fc_bwd_params *b) { b->fwd.family = FC_FAMILY_SM80; }
+static void b_deterministic(fc_bwd_params *b) { b->deterministic = 1; }
+/* A broadcast (stride-0) head dim of dout: no TMA tensor map for it (the Hopper family). */
+static void b_dout_broadcast_heads(fc_bwd_params *b) { b->do_stride_h = 0; }
+static void b_force_sm90_broadcast(fc_bwd_params *b) { b_force_sm90(b); b_dout_broadcast_heads(b); }
 static void b_empty(fc_bwd_params *b) { b->fwd.seqlen_k = 0; }
 
 typedef struct bwd_case {
@@ -262,8 +277,11 @@ static const bwd_case kBwdCases[] = {
     {"bwd head dim 256", b_head_dim_256, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
     {"bwd head dim 80", b_head_dim_80, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
     {"bwd head dim 96", b_head_dim_96, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
-    {"bwd forced sm90 family", b_force_sm90, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"bwd forced sm90 family", b_force_sm90, FC_OK, FC_OK}, /* where Hopper is built; see check_bwd */
     {"bwd forced sm80 family", b_force_sm80, FC_OK, FC_OK},
+    {"bwd deterministic", b_deterministic, FC_OK, FC_OK},
+    {"bwd dout broadcast over heads", b_dout_broadcast_heads, FC_OK, FC_OK},
+    {"bwd forced sm90, dout broadcast", b_force_sm90_broadcast, FC_OK, FC_UNSUPPORTED_LAYOUT},
     {"bwd empty", b_empty, FC_UNSUPPORTED_EMPTY, FC_UNSUPPORTED_EMPTY},
 };
 
@@ -283,8 +301,11 @@ static void check_bwd(void) {
         snprintf(label, sizeof label, "%s: validate", c->label);
         CHECK_STATUS(label, fc_bwd_params_validate(&b), c->want_validate);
         if (hopper_built || ada_built) {
+            /* Forcing the Hopper family on an Ada-only build: not built there. */
+            const fc_status want = b.fwd.family == FC_FAMILY_SM90 && !hopper_built ? FC_UNSUPPORTED_FAMILY
+                                                                                   : c->want_support;
             snprintf(label, sizeof label, "%s: support", c->label);
-            CHECK_STATUS(label, fc_sdpa_bwd_support(&b, cc_major, cc_minor), c->want_support);
+            CHECK_STATUS(label, fc_sdpa_bwd_support(&b, cc_major, cc_minor), want);
         }
         /* No device runs this library's kernels on sm_80: an otherwise valid struct says so. */
         snprintf(label, sizeof label, "%s: sm_80", c->label);
@@ -292,8 +313,31 @@ static void check_bwd(void) {
         const fc_status want_ampere = c->want_support == FC_OK ? FC_UNSUPPORTED_ARCH
                                     : c->want_support == FC_UNSUPPORTED_HEAD_DIM ? FC_UNSUPPORTED_ARCH
                                     : c->want_support;
-        CHECK_STATUS(label, ampere, b.fwd.family == FC_FAMILY_SM80 && want_ampere == FC_UNSUPPORTED_ARCH
+        const int forced_elsewhere = want_ampere == FC_UNSUPPORTED_ARCH || want_ampere == FC_UNSUPPORTED_LAYOUT;
+        CHECK_STATUS(label, ampere, b.fwd.family != FC_FAMILY_AUTO && forced_elsewhere
                                         ? FC_UNSUPPORTED_FAMILY : want_ampere);
+    }
+    /* Which family runs: on Hopper AUTO takes the sm90 family (where built) unless determinism is
+     * asked for or the layout needs the sm80-class one; on Ada always the sm80-class one. */
+    {
+        fc_bwd_params b = valid_bwd_params();
+        const fc_family want_auto = hopper_built ? FC_FAMILY_SM90 : FC_FAMILY_SM80;
+        if (hopper_built || ada_built) {
+            CHECK_FAMILY("bwd family: auto", fc_sdpa_bwd_family(&b, cc_major, cc_minor), want_auto);
+            b_deterministic(&b);
+            CHECK_FAMILY("bwd family: deterministic", fc_sdpa_bwd_family(&b, cc_major, cc_minor), FC_FAMILY_SM80);
+            b = valid_bwd_params();
+            b_dout_broadcast_heads(&b);
+            CHECK_FAMILY("bwd family: dout broadcast", fc_sdpa_bwd_family(&b, cc_major, cc_minor), FC_FAMILY_SM80);
+        }
+        if (ada_built) {
+            b = valid_bwd_params();
+            CHECK_FAMILY("bwd family: Ada", fc_sdpa_bwd_family(&b, 8, 9), FC_FAMILY_SM80);
+        }
+        b = valid_bwd_params();
+        CHECK_FAMILY("bwd family: sm_80 (none)", fc_sdpa_bwd_family(&b, 8, 0), FC_FAMILY_AUTO);
+        b_mask(&b);
+        CHECK_FAMILY("bwd family: mask (none)", fc_sdpa_bwd_family(&b, cc_major, cc_minor), FC_FAMILY_AUTO);
     }
     CHECK_STATUS("bwd NULL params: validate", fc_bwd_params_validate(NULL), FC_ERR_NULL_PARAMS);
     CHECK_STATUS("bwd NULL params: support", fc_sdpa_bwd_support(NULL, 9, 0), FC_ERR_NULL_PARAMS);
@@ -302,7 +346,12 @@ static void check_bwd(void) {
     int64_t bytes = -1;
     CHECK_STATUS("bwd workspace size: NULL out", fc_sdpa_bwd_workspace_size(&b, NULL), FC_ERR_NULL_POINTER);
     CHECK_STATUS("bwd workspace size", fc_sdpa_bwd_workspace_size(&b, &bytes), FC_OK);
-    if (bytes != 2 * 4 * b.fwd.batch * b.fwd.heads_q * b.fwd.seqlen_q) {
+    /* Enough for either family: the sm80-class one's row terms, or (where an sm90 kernel is built)
+     * the Hopper family's padded row terms and fp32 dq accumulator. */
+    const int64_t sm80_bytes = 2 * 4 * b.fwd.batch * b.fwd.heads_q * b.fwd.seqlen_q;
+    const int64_t padded = (b.fwd.seqlen_q + 63) / 64 * 64;
+    const int64_t sm90_bytes = b.fwd.batch * b.fwd.heads_q * padded * (2 + b.fwd.head_dim) * 4;
+    if (bytes != (hopper_built && sm90_bytes > sm80_bytes ? sm90_bytes : sm80_bytes)) {
         fprintf(stderr, "FAIL bwd workspace size %lld\n", (long long)bytes);
         ++failures;
     }

@@ -1,0 +1,82 @@
+// sm90/bwd_launch.cuh - host side of the Hopper backward: for validated params (c_src/bwd.c),
+// four launches on one stream, no allocation, no sync:
+//   1. zero the fp32 dq accumulator (cudaMemsetAsync),
+//   2. row_terms_kernel: delta and LSE2 per padded query row (sm90/bwd_rows.cuh),
+//   3. bwd_kernel: dK, dV and the dq accumulator, one CTA per (key block, KV head, batch), the
+//      first key blocks first (causal: they see the most query tiles) (sm90/bwd_kernel.cuh),
+//   4. dq_convert_kernel: dq = scale * accumulator, in dq's dtype and strides.
+// Instantiated per (head dim, dtype) in kernels/bwd_sm90_hdim*_*.cu.
+#pragma once
+
+#include "sm90/bwd_kernel.cuh"
+#include "sm90/bwd_rows.cuh"
+#include "sm90/tensor_map.h"
+
+#include <cuda_runtime.h>
+#include <type_traits>
+
+namespace flashcore {
+namespace sm90_bwd {
+
+template <typename Elem, int kHeadDim, bool kCausal>
+cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
+    using T = BwdTraits<kHeadDim>;
+    const fc_params &f = p.fwd;
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+
+    // The kernel's shared memory limit, raised once per device (bitmask, up to 64 devices).
+    auto kernel = bwd_kernel<Elem, kHeadDim, kCausal>;
+    static unsigned long long configured = 0;
+    const unsigned long long bit = 1ull << (device & 63);
+    if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & bit)) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+        if (err != cudaSuccess) return err;
+        __atomic_fetch_or(&configured, bit, __ATOMIC_ACQ_REL);
+    }
+
+    BwdMaps maps;
+    const CUtensorMapDataType dtype =
+        std::is_same<Elem, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    if ((err = sm90::make_tensor_map(&maps.q, &maps.q_order, f.q, dtype, f.seqlen_q, f.heads_q, f.batch, kHeadDim,
+                                     f.q_stride_s, f.q_stride_h, f.q_stride_b, T::kBlockM)) != cudaSuccess ||
+        (err = sm90::make_tensor_map(&maps.dout, &maps.dout_order, p.dout, dtype, f.seqlen_q, f.heads_q, f.batch,
+                                     kHeadDim, p.do_stride_s, p.do_stride_h, p.do_stride_b, T::kBlockM)) != cudaSuccess ||
+        (err = sm90::make_tensor_map(&maps.k, &maps.k_order, f.k, dtype, f.seqlen_k, f.heads_kv, f.batch, kHeadDim,
+                                     f.k_stride_s, f.k_stride_h, f.k_stride_b, T::kBlockN)) != cudaSuccess ||
+        (err = sm90::make_tensor_map(&maps.v, &maps.v_order, f.v, dtype, f.seqlen_k, f.heads_kv, f.batch, kHeadDim,
+                                     f.v_stride_s, f.v_stride_h, f.v_stride_b, T::kBlockN)) != cudaSuccess)
+        return err;
+
+    const Workspace ws = workspace_of(p);
+    const unsigned hq = static_cast<unsigned>(f.heads_q), batch = static_cast<unsigned>(f.batch);
+    const size_t dq_bytes = static_cast<size_t>(f.batch * f.heads_q * ws.padded_seqlen * kHeadDim) * sizeof(float);
+    if ((err = cudaMemsetAsync(ws.dq_accum, 0, dq_bytes, stream)) != cudaSuccess) return err;
+
+    constexpr int kRowsPerCta = 128 / (kHeadDim / 8);  // of the row-wise kernels
+    const dim3 rows_grid(static_cast<unsigned>((ws.padded_seqlen + kRowsPerCta - 1) / kRowsPerCta), hq, batch);
+    row_terms_kernel<Elem, kHeadDim><<<rows_grid, 128, 0, stream>>>(p);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+
+    const dim3 grid(static_cast<unsigned>((f.seqlen_k + T::kBlockN - 1) / T::kBlockN),
+                    static_cast<unsigned>(f.heads_kv), batch);
+    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+
+    const dim3 convert_grid(static_cast<unsigned>((f.seqlen_q + kRowsPerCta - 1) / kRowsPerCta), hq, batch);
+    dq_convert_kernel<Elem, kHeadDim><<<convert_grid, 128, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+}  // namespace sm90_bwd
+}  // namespace flashcore
+
+// Defines the C entry point of one (head dim, dtype) instantiation, e.g.
+//   cudaError_t fc_sm90_bwd_hdim64_fp16(const fc_bwd_params *p, cudaStream_t stream);
+#define FLASHCORE_DEFINE_SM90_BWD(HDIM, DTYPE_NAME, ELEM)                                       \
+    extern "C" cudaError_t fc_sm90_bwd_hdim##HDIM##_##DTYPE_NAME(const fc_bwd_params *p,      \
+                                                                 cudaStream_t stream) {       \
+        return p->fwd.causal ? flashcore::sm90_bwd::launch_bwd<ELEM, HDIM, true>(*p, stream)   \
+                             : flashcore::sm90_bwd::launch_bwd<ELEM, HDIM, false>(*p, stream); \
+    }

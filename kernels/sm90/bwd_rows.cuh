@@ -1,0 +1,102 @@
+// sm90/bwd_rows.cuh - the Hopper backward's row-wise kernels around its main kernel
+// (sm90/bwd_kernel.cuh), over the workspace laid out in c_src/dispatch.h
+// (fc_sm90_bwd_workspace_bytes): per (batch, query head) the query rows are padded to a multiple
+// of the main kernel's query tile, so that each tile's row terms are one aligned bulk copy.
+//
+//   row_terms_kernel (before): delta = rowsum(dO * O) - dLSE and LSE in base-2 units, fp32,
+//       for every padded row. Rows past Sq get delta 0 and LSE +inf, so their P = exp2(s - inf)
+//       is 0 and they add nothing; a row whose LSE is -inf (nothing attended) gets +inf too.
+//   dq_convert_kernel (after): dq = scale * (the fp32 dq accumulator), in dq's dtype and strides.
+#pragma once
+
+#include "common/sm80_ptx.cuh"  // pack2, unpack2
+#include "dispatch.h"
+#include "flashcore.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+
+namespace flashcore {
+namespace sm90_bwd {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Where the workspace's three regions start (floats), for validated params.
+struct Workspace {
+    float *delta, *lse2, *dq_accum;
+    int64_t padded_seqlen;  // query rows per (batch, head) in every region
+};
+__host__ __device__ inline Workspace workspace_of(const fc_bwd_params &p) {
+    const int64_t padded = fc_sm90_bwd_padded_seqlen(&p.fwd);
+    const int64_t rows = p.fwd.batch * p.fwd.heads_q * padded;
+    float *base = static_cast<float *>(p.workspace);
+    return Workspace{base, base + rows, base + 2 * rows, padded};
+}
+
+// kHeadDim / 8 threads per row, each reading 16 bytes of dO and of O. Grid: (padded rows /
+// rows per CTA, query heads, batch).
+template <typename Elem, int kHeadDim>
+__global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
+    constexpr int kThreadsPerRow = kHeadDim / 8;
+    constexpr int kRowsPerCta = 128 / kThreadsPerRow;
+    const fc_params &f = p.fwd;
+    const Workspace ws = workspace_of(p);
+    const int head = blockIdx.y, batch = blockIdx.z;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
+    const int chunk = threadIdx.x % kThreadsPerRow;
+    const bool real = row < f.seqlen_q;
+    float acc = 0.f;
+    if (real) {
+        const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b + head * p.do_stride_h +
+                           row * p.do_stride_s;
+        const Elem *out = static_cast<const Elem *>(f.out) + batch * f.o_stride_b + head * f.o_stride_h +
+                          row * f.o_stride_s;
+        const uint4 a = *reinterpret_cast<const uint4 *>(dout + chunk * 8);
+        const uint4 b = *reinterpret_cast<const uint4 *>(out + chunk * 8);
+        const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 x = unpack2<Elem>(av[i]), y = unpack2<Elem>(bv[i]);
+            acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+        }
+    }
+#pragma unroll
+    for (int off = kThreadsPerRow / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
+    if (chunk != 0 || row >= ws.padded_seqlen) return;
+    float lse2 = INFINITY;
+    if (real) {
+        if (p.dlse != nullptr) acc -= p.dlse[batch * p.dlse_stride_b + head * p.dlse_stride_h + row * p.dlse_stride_s];
+        const float lse = f.lse[batch * f.lse_stride_b + head * f.lse_stride_h + row * f.lse_stride_s];
+        if (lse != -INFINITY) lse2 = lse * kLog2e;
+    }
+    const int64_t idx = (static_cast<int64_t>(batch) * f.heads_q + head) * ws.padded_seqlen + row;
+    ws.delta[idx] = acc;
+    ws.lse2[idx] = lse2;
+}
+
+// Each thread converts 8 consecutive columns of one row. Grid as row_terms_kernel's, over Sq.
+template <typename Elem, int kHeadDim>
+__global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) {
+    constexpr int kThreadsPerRow = kHeadDim / 8;
+    constexpr int kRowsPerCta = 128 / kThreadsPerRow;
+    const fc_params &f = p.fwd;
+    const Workspace ws = workspace_of(p);
+    const int head = blockIdx.y, batch = blockIdx.z;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
+    const int chunk = threadIdx.x % kThreadsPerRow;
+    if (row >= f.seqlen_q) return;
+    const float *acc = ws.dq_accum + ((static_cast<int64_t>(batch) * f.heads_q + head) * ws.padded_seqlen + row) * kHeadDim +
+                       chunk * 8;
+    const float4 lo = *reinterpret_cast<const float4 *>(acc), hi = *reinterpret_cast<const float4 *>(acc + 4);
+    const float s = f.scale;
+    uint4 packed;
+    packed.x = pack2<Elem>(lo.x * s, lo.y * s);
+    packed.y = pack2<Elem>(lo.z * s, lo.w * s);
+    packed.z = pack2<Elem>(hi.x * s, hi.y * s);
+    packed.w = pack2<Elem>(hi.z * s, hi.w * s);
+    Elem *dq = static_cast<Elem *>(p.dq) + batch * p.dq_stride_b + head * p.dq_stride_h + row * p.dq_stride_s;
+    *reinterpret_cast<uint4 *>(dq + chunk * 8) = packed;
+}
+
+}  // namespace sm90_bwd
+}  // namespace flashcore
