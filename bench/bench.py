@@ -26,12 +26,33 @@ What it measures
             small grids: chunks of 128-512 queries against a 4k-32k cache (GQA 32:8) and a
             B=1 causal prefill, also timed inside a CUDA graph.
     --quick runs a handful of these (smoke test).
-  Backward rows (pass "bwd"; issue 6): the time of the backward alone, from a saved forward
-    (torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one forward under the
-    implementation's backend), for flashcore (its fused backward kernel; the forward family does
-    not matter) and PyTorch's cudnn and flash backwards, on 16k-token shapes S 1k/4k, D 64/128,
-    causal and not (--quick: S=4k D=128). Checked first: dq, dk, dv vs the reference backend's,
-    max abs diff relative to max(1, max|ref|). TFLOP/s counts 2.5x the forward's FLOPs.
+  Backward rows (pass "bwd"; issue 6 and the training issue): the time of the backward alone,
+    from a saved forward (torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one
+    forward under the implementation's backend), for
+      flashcore       what a training call of torch.ops.flashcore.sdpa runs: its backward (the
+                      fused kernel the C layer picks, or the Python backward for what no kernel
+                      covers, e.g. a mask), or aten's where FlashCore's training route sends the
+                      call to aten for both passes (the row is then "fallback"; `training`
+                      holds flashcore.explain_training()); the forward family does not matter
+      flashcore-det   the same with torch.use_deterministic_algorithms(True, warn_only=True)
+                      around the backward call only (restored after), which makes FlashCore run
+                      its deterministic sm80-class backward kernel; its forward runs under
+                      FLASHCORE_TRAINING=flashcore, so that the training route cannot hand the
+                      call to aten; deterministic mode's NaN fill of fresh tensors is turned
+                      off there, so the row times the kernels
+      cudnn / flash / efficient
+                      PyTorch's backward of the forward taken under that backend (skipped where
+                      the backend refuses the shape)
+    Shapes: 16k tokens per batch (B = 16384/S, H = 2048/D), S in 1k 2k 4k 8k 16k, D in 64 128,
+    causal and not; D=256 at S 1k and 4k, causal and not; GQA 32:8 causal (B=4, S=4k, D=128);
+    the masked prefill (the bool mask above, B=4, H=16, S=4k, D=128); the small shape (B=1, H=8,
+    S=512, D=64), causal and not. --quick: S=4k D=128 only, causal and not.
+    Checked first: dq, dk, dv vs the reference backend's, max abs diff relative to
+    max(1, max|ref|). Each flashcore row records in `path` what flashcore.explain_backward()
+    says (or "unknown (...)" where it cannot say), in `training` what
+    flashcore.explain_training() says (null where this flashcore has none), and in
+    `bitwise_repeat` whether a second backward gave bitwise the same gradients. TFLOP/s counts
+    2.5x the forward's FLOPs.
     --no-bwd leaves them out, --bwd-only runs only them.
 
 Method
@@ -44,18 +65,18 @@ Method
     FlashCore kernel is timed but marked "fallback".
   * Eager timing: 5 warm-up calls, then 30 timed calls (--warmup/--iters); each timed call
     is bracketed by its own pair of CUDA events, and before each one L2 is flushed by
-    writing a 256 MB buffer (not timed). Reported: the median. In forward rows the impls of a
-    shape take their calls in turn (cudnn, flashcore, cudnn, flashcore, ...; backward rows
-    still time one impl after another), so every impl meets the same clocks: the H100 runs
+    writing a 256 MB buffer (not timed). Reported: the median. The impls of a shape take their
+    calls in turn (cudnn, flashcore, cudnn, flashcore, ...; backward rows too, each impl's
+    backward call inside its own context), so every impl meets the same clocks: the H100 runs
     at its 700 W power cap under these kernels, where the SM clock swings between ~1.2 and
     1.98 GHz over tens of milliseconds, and 30 calls of one impl after another's once moved
     a 16k row's ratio by +-8% from run to run (bench/NOTES.md, eighteenth session).
   * Graph timing (small shape): 20 calls captured in one CUDA graph, replayed --iters
     times, each replay bracketed by events; reported median replay time / 20 (L2 warm:
     the same inputs are reused inside the graph).
-  * --rounds N (forward rows): the interleaved timing above is repeated N times (each
-    impl's graph timing after each), and a row reports the median of its N medians (each
-    one in the JSON's us_rounds / graph_us_rounds). The machine has slow spells of seconds
+  * --rounds N: the interleaved timing above is repeated N times (each impl's graph timing
+    after each), and a row reports the median of its N medians (each one in the JSON's
+    us_rounds / graph_us_rounds); backward rows likewise. The machine has slow spells of seconds
     that can double one impl's median in a single pass (bench/NOTES.md, sixth session);
     rounds outvote them.
   * TFLOP/s = 4 * B * Hq * D * pairs / time, pairs = Sq * Sk; causal with Sq == Sk counts
@@ -75,12 +96,15 @@ JSON: {"sha", "dirty", "torch", "card", "date", "method", "rows": [...]}; each r
 ("fwd" or "bwd"), impl,
 dtype, B, Hq, Hkv, Sq, Sk, D, causal, us, tflops, graph_us (null unless graph-timed),
 vs_cudnn, maxdiff, status ("ok", "fallback", "WRONG", "skipped: <why>", "unverified"),
-path (flashcore.explain() for flashcore rows). Rows not timed have us = null.
+path (flashcore.explain() for flashcore rows; flashcore.explain_backward() for backward ones).
+Rows not timed have us = null. Masked rows also have mask; flashcore backward rows
+training and bitwise_repeat.
 """
 
 import argparse
 import contextlib
 import datetime as _dt
+import inspect
 import json
 import math
 import os
@@ -154,19 +178,33 @@ def floor_us(s):
     return 2.0 * elems / COPY_BYTES_PER_S * 1e6
 
 
-BWD_IMPLS = ["cudnn", "flash", "flashcore"]  # the backward does not depend on the forward family
+# Backward impls, cuDNN first (ratios need it). flashcore-det is backward only: the forward rows
+# would time the same forward as flashcore's.
+BWD_IMPLS = ["cudnn", "flash", "efficient", "flashcore", "flashcore-det"]
+ALL_IMPLS = IMPLS + ["flashcore-det"]
 BWD_FLOP_FACTOR = 2.5  # backward = 5 matmuls of the forward's size, 2 (FlashAttention convention)
 
 
 def bwd_shape_set(quick, bf16):
+    """The training issue's backward sweep (see the module docstring); --quick: S=4k D=128."""
     dtypes = ["fp16", "bf16"] if bf16 else ["fp16"]
     out = []
     for dt in dtypes:
-        for D in ([128] if quick else [64, 128]):
+        if quick:
+            out += [Shape(4, 16, 16, 4096, 4096, 128, causal, dt) for causal in (False, True)]
+            continue
+        out += [Shape(1, 8, 8, 512, 512, 64, causal, dt) for causal in (False, True)]
+        for D in (64, 128):
             for causal in (False, True):
-                for S in ([4096] if quick else [1024, 4096]):
+                for S in (1024, 2048, 4096, 8192, 16384):
                     B, H = 16384 // S, 2048 // D
                     out.append(Shape(B, H, H, S, S, D, causal, dt))
+        for causal in (False, True):
+            for S in (1024, 4096):
+                out.append(Shape(16384 // S, 8, 8, S, S, 256, causal, dt))
+        out.append(Shape(4, 32, 8, 4096, 4096, 128, True, dt))  # GQA 32:8, Llama-3-8B's heads
+        # HuggingFace's padded prefill mask; causality is in the mask, as in the forward rows.
+        out.append(Shape(4, 16, 16, 4096, 4096, 128, False, dt, mask=True))
     return out
 
 
@@ -258,22 +296,48 @@ def slug(name):
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-card"
 
 
-class family_env:
-    """Set FLASHCORE_FAMILY for the duration (the op reads it at every call)."""
+class env_vars:
+    """Set environment variables for the duration (the op reads FLASHCORE_* at every call)."""
 
-    def __init__(self, value):
-        self.value, self.old = value, None
+    def __init__(self, **values):
+        self.values, self.old = values, {}
 
     def __enter__(self):
-        self.old = os.environ.get("FLASHCORE_FAMILY")
-        if self.value is not None:
-            os.environ["FLASHCORE_FAMILY"] = self.value
+        self.old = {name: os.environ.get(name) for name in self.values}
+        os.environ.update(self.values)
 
     def __exit__(self, *exc):
-        if self.old is None:
-            os.environ.pop("FLASHCORE_FAMILY", None)
-        else:
-            os.environ["FLASHCORE_FAMILY"] = self.old
+        for name, old in self.old.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def family_env(value):
+    """FLASHCORE_FAMILY=value for the duration."""
+    return env_vars(FLASHCORE_FAMILY=value)
+
+
+class deterministic_mode:
+    """torch.use_deterministic_algorithms(True, warn_only=True) for the duration, restored after
+    (flashcore-det's backward: FlashCore then runs its deterministic sm80-class backward
+    kernel). Deterministic mode also fills every fresh torch.empty with NaN; that fill is turned
+    off here so that the row times the backward, not the fill of its outputs."""
+
+    def __enter__(self):
+        import torch.utils.deterministic as det
+        self.old = (torch.are_deterministic_algorithms_enabled(),
+                    torch.is_deterministic_algorithms_warn_only_enabled(),
+                    det.fill_uninitialized_memory)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        det.fill_uninitialized_memory = False
+
+    def __exit__(self, *exc):
+        import torch.utils.deterministic as det
+        enabled, warn_only, fill = self.old
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        det.fill_uninitialized_memory = fill
 
 
 # --------------------------------------------------------------------------- implementations
@@ -289,11 +353,20 @@ class Impl:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         if self.name == "flashcore":
             return family_env("auto")
+        if self.name == "flashcore-det":
+            # FlashCore's training route (FLASHCORE_TRAINING=auto) may send a call whose
+            # backward is the sm80-class kernel to aten for both passes; this row exists to
+            # time that kernel, so the call stays on FlashCore.
+            return env_vars(FLASHCORE_FAMILY="auto", FLASHCORE_TRAINING="flashcore")
         if self.name == "flashcore-sm80":
             return family_env("sm80")
         backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                    "efficient": SDPBackend.EFFICIENT_ATTENTION}[self.name]
         return sdpa_kernel(backend)
+
+    def bwd_context(self):
+        """Wraps every backward call (the forward's backend already fixed aten's backward)."""
+        return deterministic_mode() if self.name == "flashcore-det" else contextlib.nullcontext()
 
     def fn(self, q, k, v, s, mask=None):
         gqa = s.Hq != s.Hkv
@@ -512,12 +585,56 @@ def run_shape(s, impls, timer, seed, graph, rounds=1):
     return rows
 
 
-def run_bwd_shape(s, impls, timer, seed):
-    """Backward rows: verify each impl's (dq, dk, dv) against the reference backend's, then time
-    the backward alone (autograd.grad on a retained graph of one forward)."""
-    q, k, v = (t.requires_grad_() for t in make_inputs(s, seed))
+def make_dout(s, seed, dtype):
     g = torch.Generator(device="cuda").manual_seed(seed + 7919)
-    dout = torch.randn(s.B, s.Hq, s.Sq, s.D, dtype=q.dtype, device="cuda", generator=g)
+    return torch.randn(s.B, s.Hq, s.Sq, s.D, dtype=dtype, device="cuda", generator=g)
+
+
+def explain_bwd_path(impl, s, q, k, v, dout, mask):
+    """What flashcore.explain_backward() says about this shape's backward, asked inside the impl's
+    backward context (deterministic mode can change the path). Never raises: the function's
+    answer is being reworked, so anything it cannot say reads "unknown (<why>)"."""
+    fn = getattr(impl.fc, "explain_backward", None)
+    if fn is None:
+        return "unknown (this flashcore has no explain_backward)"
+    gqa = s.Hq != s.Hkv
+    try:
+        kwargs = dict(grad_lse=None, is_causal=s.causal, scale=None, enable_gqa=gqa)
+        if mask is not None:
+            if "attn_mask" not in inspect.signature(fn).parameters:
+                # Its docstring: "An attn_mask always means python"; it takes no mask to check.
+                return "python: attn_mask (explain_backward takes no mask)"
+            kwargs["attn_mask"] = mask
+        with torch.no_grad():
+            out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, mask, 0.0, s.causal, enable_gqa=gqa)
+        with impl.bwd_context():
+            return str(fn(dout, q, k, v, out, lse, **kwargs))
+    except Exception as e:  # report, keep the row
+        msg = (str(e).strip().splitlines() or [""])[0][:100]
+        return f"unknown ({type(e).__name__}: {msg})"
+
+
+def explain_training_route(impl, s, q, k, v, mask):
+    """flashcore.explain_training() where this flashcore has it (None otherwise), asked inside the
+    impl's forward context, where the route is decided (it reads FLASHCORE_* there)."""
+    fn = getattr(impl.fc, "explain_training", None)
+    if fn is None:
+        return None
+    try:
+        with impl.context():
+            return str(fn(q, k, v, attn_mask=mask, is_causal=s.causal, enable_gqa=s.Hq != s.Hkv))
+    except Exception as e:  # report, keep the row
+        msg = (str(e).strip().splitlines() or [""])[0][:100]
+        return f"unknown ({type(e).__name__}: {msg})"
+
+
+def run_bwd_shape(s, impls, timer, seed, rounds=1):
+    """Backward rows: verify each impl's (dq, dk, dv) against the reference backend's, then time
+    the backward alone (autograd.grad on a retained graph of one forward per impl), the impls
+    call by call in turn (Timer.eager_us) as in the forward rows, `rounds` times over."""
+    q, k, v = (t.requires_grad_() for t in make_inputs(s, seed))
+    mask = make_mask(s)
+    dout = make_dout(s, seed, q.dtype)
     f = BWD_FLOP_FACTOR * flops(s)
     rows, grads, skip, fns = [], {}, {}, {}
     for impl in impls:
@@ -525,33 +642,31 @@ def run_bwd_shape(s, impls, timer, seed):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 with impl.context():
-                    out = impl.fn(q, k, v, s)()
-            fns[impl.name] = (lambda o: lambda: torch.autograd.grad(o, (q, k, v), dout,
-                                                                    retain_graph=True))(out)
-            if impl.name.startswith("flashcore"):
-                for t in (q, k, v):
-                    poison_allocator(t.shape, t.dtype)
-            grads[impl.name] = fns[impl.name]()
+                    out = impl.fn(q, k, v, s, mask)()
+                # Each impl keeps its own forward graph alive (retain_graph) until the timing ends.
+                fns[impl.name] = (lambda o: lambda: torch.autograd.grad(o, (q, k, v), dout,
+                                                                        retain_graph=True))(out)
+                if impl.name.startswith("flashcore"):
+                    for t in (q, k, v):
+                        poison_allocator(t.shape, t.dtype)
+                with impl.bwd_context():
+                    grads[impl.name] = fns[impl.name]()
             torch.cuda.synchronize()
         except RuntimeError as e:
             skip[impl.name] = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
             fns.pop(impl.name, None)
     ref_name = next((n for n in REF_ORDER if n in grads), None)
     ref = grads.get(ref_name)
-    cudnn_us = None
+    timed = []  # (impl, row) of the rows that are right
     for impl in impls:
-        path = None
+        path = explain_bwd_path(impl, s, q, k, v, dout, mask) if impl.name.startswith("flashcore") else None
+        row = base_row(s, "bwd", impl.name, path, floor_us=None,
+                       mask="bool (B,1,S,S) padded causal" if s.mask else None)
         if impl.name.startswith("flashcore"):
-            with torch.no_grad():
-                o, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, None, 0.0, s.causal,
-                                                      enable_gqa=s.Hq != s.Hkv)
-            path = impl.fc.explain_backward(dout, q, k, v, o, lse, None, s.causal, None,
-                                            s.Hq != s.Hkv)
-        row = base_row(s, "bwd", impl.name, path, floor_us=None)
+            row["training"] = explain_training_route(impl, s, q, k, v, mask)
         rows.append(row)
         if impl.name in skip:
             row["status"] = f"skipped: {skip[impl.name]}"
-            report(s, row, ref_name)
             continue
         got = grads[impl.name]
         nan = any(bool(torch.isnan(t).any()) for t in got)
@@ -559,11 +674,34 @@ def run_bwd_shape(s, impls, timer, seed):
             row["maxdiff"] = max(((a.float() - b.float()).abs().max() /
                                   max(1.0, b.float().abs().max().item())).item()
                                  for a, b in zip(got, ref))
-        if not judge(row, nan, ref, "gradients"):
-            report(s, row, ref_name)
-            continue
-        row["us"] = timer.eager_us([(contextlib.nullcontext, fns[impl.name])])[0]
-        cudnn_us = finish_timed(row, f, cudnn_us)
+        if impl.name.startswith("flashcore"):
+            with warnings.catch_warnings(), impl.bwd_context():
+                warnings.simplefilter("ignore")
+                again = fns[impl.name]()
+            row["bitwise_repeat"] = all(torch.equal(a, b) for a, b in zip(got, again))
+            del again
+        if judge(row, nan, ref, "gradients"):  # never time garbage
+            if (row.get("training") or "").startswith("aten"):
+                row["status"] = "fallback"  # the training route ran aten's SDPA, both passes
+            elif row["status"] == "fallback" and row["path"].startswith("unknown"):
+                row["status"] = "ok (path unknown)"
+            timed.append((impl, row))
+    del grads, ref
+    times = {id(row): [] for _, row in timed}
+    for _ in range(rounds):
+        if timed:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = timer.eager_us([(impl.bwd_context, fns[impl.name]) for impl, _ in timed])
+            for (_, row), us in zip(timed, got):
+                times[id(row)].append(us)
+    cudnn_us = None
+    for row in rows:
+        if id(row) in times:
+            row["us"] = statistics.median(times[id(row)])
+            if rounds > 1:
+                row["us_rounds"] = [round(t, 2) for t in times[id(row)]]
+            cudnn_us = finish_timed(row, f, cudnn_us)
         report(s, row, ref_name)
     return rows
 
@@ -585,7 +723,8 @@ def report(s, row, ref_name):
     if status.startswith("WRONG"):
         status = f"!!!!!! {status} vs {ref_name} (tol {TOL[s.dtype]:g}) !!!!!!"
     elif status == "fallback":
-        status = f"fallback ({row['path']})"
+        to_aten = (row.get("training") or "").startswith("aten")
+        status = f"fallback ({row['training'] if to_aten else row['path']})"
     if row.get("graph_note"):
         status += f"; {row['graph_note']}"
     print(f"{s.label:<26} {s.dtype:<5} {str(s.causal):<6} {row['impl']:<15} "
@@ -598,7 +737,7 @@ def summary(rows, impls):
     """TFLOP/s pivot: one line per shape, one column per impl."""
     names = [i.name for i in impls]
     print("\nTFLOP/s summary (WRONG rows never timed: 'WRONG'; skipped: '-'; fallback: '*')")
-    print(f"{'shape':<26} {'dtype':<5} {'causal':<6} " + " ".join(f"{n:>15}" for n in names))
+    print(f"{'shape':<32} {'dtype':<5} {'causal':<6} " + " ".join(f"{n:>15}" for n in names))
     keyed = {}
     for r in rows:
         key = (r.get("pass", "fwd"), r["dtype"], r["B"], r["Hq"], r["Hkv"], r["Sq"], r["Sk"],
@@ -615,24 +754,27 @@ def summary(rows, impls):
                 cells.append("WRONG" if r is not None and r["status"].startswith("WRONG") else "-")
             else:
                 cells.append(f"{r['tflops']:.1f}" + ("*" if r["status"] == "fallback" else ""))
-        print(f"{label:<26} {dt:<5} {str(causal):<6} " + " ".join(f"{c:>15}" for c in cells))
+        print(f"{label:<32} {dt:<5} {str(causal):<6} " + " ".join(f"{c:>15}" for c in cells))
 
 
 # --------------------------------------------------------------------------- dry run
 
-def dry_run_rows(shapes, impl_names):
+def dry_run_rows(shapes, impl_names, pass_="fwd"):
     """Fake, deterministic timings (no GPU): exercises FLOPs, table, summary and JSON."""
     rows = []
-    speed = {"cudnn": 450, "flash": 300, "efficient": 150, "flashcore": 200, "flashcore-sm80": 190}
+    speed = {"cudnn": 450, "flash": 300, "efficient": 150, "flashcore": 200, "flashcore-sm80": 190,
+             "flashcore-det": 180}
     for s in shapes:
-        f = flops(s)
+        f = flops(s) * (BWD_FLOP_FACTOR if pass_ == "bwd" else 1.0)
         cudnn_us = None
         for n in impl_names:
-            row = base_row(s, "fwd", n, None, floor_us=floor_us(s),
+            row = base_row(s, pass_, n, None, floor_us=floor_us(s) if pass_ == "fwd" else None,
                            mask="bool (B,1,S,S) padded causal" if s.mask else None)
             if n.startswith("flashcore"):
                 row["path"] = "kernel: (dry run)"
                 row["maxdiff"] = 1e-3
+                if pass_ == "bwd":
+                    row["bitwise_repeat"] = True
             if n == "flash" and (s.Hq != s.Hkv or s.mask):
                 row["status"] = "skipped: (dry run)"
             elif judge(row, False, "cudnn", "output"):
@@ -674,10 +816,11 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=1,
-                    help="time each forward shape's impls this many times over; report the "
+                    help="time each shape's impls this many times over; report the "
                          "median of the rounds' medians (default 1)")
-    ap.add_argument("--impls", default=",".join(IMPLS),
-                    help=f"comma-separated subset of {','.join(IMPLS)}")
+    ap.add_argument("--impls", default=",".join(ALL_IMPLS),
+                    help=f"comma-separated subset of {','.join(ALL_IMPLS)} (flashcore-det: "
+                         f"backward rows only)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--match", metavar="REGEX", help="only shapes whose label (as printed) matches")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: fake timings (tests the plumbing)")
@@ -688,10 +831,10 @@ def main(argv=None):
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1 (got {args.rounds})")
     names = [n.strip() for n in args.impls.split(",") if n.strip()]
-    bad = [n for n in names if n not in IMPLS]
+    bad = [n for n in names if n not in ALL_IMPLS]
     if bad:
-        ap.error(f"unknown impl(s) {bad}; choose from {IMPLS}")
-    names = [n for n in IMPLS if n in names]  # cuDNN first, whatever the order given
+        ap.error(f"unknown impl(s) {bad}; choose from {ALL_IMPLS}")
+    names = [n for n in ALL_IMPLS if n in names]  # cuDNN first, whatever the order given
     shapes = [] if args.bwd_only else shape_set(args.quick, args.bf16, args.extra)
     bwd_shapes = [] if args.no_bwd else bwd_shape_set(args.quick, args.bf16)
     if args.match:
@@ -716,7 +859,7 @@ def main(argv=None):
               f"(untimed), the impls' calls interleaved one by one; graph: {GRAPH_CALLS} calls per "
               f"CUDA graph, median of {args.iters} replays / {GRAPH_CALLS}, L2 warm; inputs randn, one "
               f"set per shape"
-              + (f"; forward rows: median of {args.rounds} such medians" if args.rounds > 1 else ""))
+              + (f"; median of {args.rounds} such medians" if args.rounds > 1 else ""))
     print(f"FlashCore bench  sha={sha}{' (dirty)' if dirty else ''}  torch={torch.__version__}  "
           f"card={card}  {now:%Y-%m-%d %H:%M}")
     print(f"method: {method}")
@@ -726,20 +869,19 @@ def main(argv=None):
 
     t0 = time.time()
     impls = [Impl(n, fc) for n in names]
+    fwd_impls = [i for i in impls if i.name in IMPLS]
     bwd_impls = [i for i in impls if i.name in BWD_IMPLS]
     if args.dry_run:
-        rows = dry_run_rows(shapes, names)
-        for r in dry_run_rows(bwd_shapes, [i.name for i in bwd_impls]):
-            r["pass"] = "bwd"
-            rows.append(r)
+        rows = dry_run_rows(shapes, [i.name for i in fwd_impls])
+        rows += dry_run_rows(bwd_shapes, [i.name for i in bwd_impls], "bwd")
     else:
         timer = Timer(args.warmup, args.iters)
         rows = []
         for i, s in enumerate(shapes):
-            rows += run_shape(s, impls, timer, args.seed + i, s.graph, args.rounds)
+            rows += run_shape(s, fwd_impls, timer, args.seed + i, s.graph, args.rounds)
             torch.cuda.empty_cache()
         for i, s in enumerate(bwd_shapes):
-            rows += run_bwd_shape(s, bwd_impls, timer, args.seed + 1000 + i)
+            rows += run_bwd_shape(s, bwd_impls, timer, args.seed + 1000 + i, args.rounds)
             torch.cuda.empty_cache()
     elapsed = time.time() - t0
     summary(rows, impls)

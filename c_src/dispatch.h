@@ -115,8 +115,10 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
 /* The Hopper backward's workspace (c_src/bwd.c, kernels/sm90/bwd_kernel.cuh): per (batch, query
  * head), seqlen_q rounded up to FC_SM90_BWD_ROW_BLOCK rows, so that every query block's row terms
  * are one aligned, in-bounds bulk copy: delta [B*Hq][Sq_pad] fp32, then LSE*log2(e) [B*Hq][Sq_pad]
- * fp32 (+inf past Sq), then the dq accumulator [B*Hq][Sq_pad][D] fp32. */
+ * fp32 (+inf past Sq), then the dq accumulator [B*Hq][Sq_pad][D + FC_SM90_BWD_DQ_PAD] fp32 (rows
+ * padded as the kernel's shared-memory staging is, so that a block's rows are one bulk reduction). */
 #define FC_SM90_BWD_ROW_BLOCK 64
+#define FC_SM90_BWD_DQ_PAD 8
 #if defined(__CUDACC__)
 #define FC_HOST_DEVICE __host__ __device__ /* also called from the kernels */
 #else
@@ -126,7 +128,7 @@ static inline FC_HOST_DEVICE int64_t fc_sm90_bwd_padded_seqlen(const fc_params *
     return (f->seqlen_q + FC_SM90_BWD_ROW_BLOCK - 1) / FC_SM90_BWD_ROW_BLOCK * FC_SM90_BWD_ROW_BLOCK;
 }
 static inline int64_t fc_sm90_bwd_workspace_bytes(const fc_params *f) {
-    return f->batch * f->heads_q * fc_sm90_bwd_padded_seqlen(f) * (2 + f->head_dim) * 4;
+    return f->batch * f->heads_q * fc_sm90_bwd_padded_seqlen(f) * (2 + f->head_dim + FC_SM90_BWD_DQ_PAD) * 4;
 }
 
 /* For c_src/bwd.c and the launchers (defined in flashcore.c): the current device, its compute

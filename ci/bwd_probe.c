@@ -7,6 +7,7 @@
  *
  *   nvcc -O2 -o build/bwd_probe ci/bwd_probe.c -Ic_src -Lpython/flashcore -lflashcore \
  *        -Xlinker -rpath=python/flashcore && build/bwd_probe [S ...]
+ * PROBE_FAMILIES=sm90 (or sm80) times one family only; PROBE_DIMS=128 (or 64) one head dim.
  */
 #include "flashcore.h"
 
@@ -107,10 +108,16 @@ int main(int argc, char **argv) {
         nlens = 0;
         for (int i = 1; i < argc && nlens < 8; ++i) lens[nlens++] = atoll(argv[i]);
     }
+    /* PROBE_FAMILIES=sm90 (or sm80) times one family only. */
+    const char *only = getenv("PROBE_FAMILIES");
     const fc_family families[2] = {FC_FAMILY_SM90, FC_FAMILY_SM80};
+    const char *dims = getenv("PROBE_DIMS"); /* e.g. "128": only that head dim */
     for (int d = 64; d <= 128; d *= 2)
         for (int causal = 0; causal <= 1; ++causal)
+            if (dims == NULL || atoi(dims) == d)
             for (int i = 0; i < nlens; ++i)
-                for (int f = 0; f < 2; ++f) run(lens[i], d, causal, families[f]);
+                for (int f = 0; f < 2; ++f)
+                    if (only == NULL || strcmp(only, families[f] == FC_FAMILY_SM90 ? "sm90" : "sm80") == 0)
+                        run(lens[i], d, causal, families[f]);
     return 0;
 }

@@ -329,14 +329,14 @@ def test_opcheck_bwd(name):
 @pytest.mark.parametrize("name", ["plain", "gqa_causal", "causal_sq_gt_sk"])
 def test_opcheck_bwd_kernel_ops(name):
     """The fused backward's ops (torch_op/flashcore_bwd_op.cpp): on the CPU sdpa_bwd_kernel is
-    the Python reference and explain_bwd says "not CUDA"."""
+    the Python reference and explain_bwd says "not CUDA" (reason 1, no kernel family)."""
     q, k, v, mask, kw = make(name, torch.float32)
     out, lse = FWD(q, k, v, mask, **kw)
     args = (torch.randn_like(out), q, k, v, out, lse, torch.randn_like(lse),
             kw.get("is_causal", False), kw.get("scale"), kw.get("enable_gqa", False))
     torch.library.opcheck(torch.ops.flashcore.sdpa_bwd_kernel.default, args, test_utils=ALL_UTILS)
     torch.library.opcheck(torch.ops.flashcore.explain_bwd.default, args, test_utils=ALL_UTILS)
-    assert torch.ops.flashcore.explain_bwd(*args) == 1  # not CUDA
+    assert torch.ops.flashcore.explain_bwd(*args) == (1, 0)  # not CUDA
     got = torch.ops.flashcore.sdpa_bwd_kernel(*args)
     exp = BWD(*args[:7], None, *args[7:], False)[:3]
     for g, e in zip(got, exp):

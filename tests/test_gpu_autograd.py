@@ -94,13 +94,25 @@ def require_kernel(D, dtype):
         skip_unless_built(D, dtype)
 
 
+# The fused backward family each card runs by default (the Hopper one sums dq with atomics; with
+# torch.use_deterministic_algorithms(True) Hopper runs the sm80-class family too).
+BWD_KERNEL_PATH = "kernel sm90" if torch.cuda.get_device_capability() == (9, 0) else "kernel sm80"
+
+
+@pytest.fixture(autouse=True)
+def _flashcore_training(monkeypatch):
+    """These tests check FlashCore's own backward paths: keep training calls on FlashCore even
+    where the training route would send them to aten (python/flashcore/_ops.py, TRAINING_TABLE)."""
+    monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")
+
+
 def assert_backward_kernel(grad_out, q, k, v, is_causal=False, enable_gqa=False):
     """The fused backward kernel (not the Python backward) takes these tensors."""
     with torch.no_grad():
         out, lse = FWD(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
     path = flashcore.explain_backward(grad_out, q, k, v, out, lse, None, is_causal, None,
                                       enable_gqa)
-    assert path == "kernel sm80", path
+    assert path == BWD_KERNEL_PATH, path
 
 
 # ---- gradients on the kernel path -------------------------------------------------------------
@@ -160,14 +172,26 @@ def test_kernel_grads_noncontiguous(dtype, D, causal):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_kernel_bwd_deterministic(dtype):
-    """No atomics in the backward: two calls give bitwise equal gradients (README, issue 8)."""
+    """Under torch.use_deterministic_algorithms(True) the backward is the sm80-class kernel (no
+    atomics): two calls give bitwise equal gradients (README, issue 8)."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        _check_bwd_deterministic(dtype)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def _check_bwd_deterministic(dtype):
     require_kernel(128, dtype)
     q, k, v = rand(2, 16, 1000, 128, dtype=dtype), rand(2, 2, 1000, 128, dtype=dtype), \
         rand(2, 2, 1000, 128, dtype=dtype)
     grad_out = torch.randn(2, 16, 1000, 128, dtype=dtype, device=DEVICE)
     kw = dict(is_causal=True, enable_gqa=True)
     if KERNEL_CARD:
-        assert_backward_kernel(grad_out, q, k, v, **kw)
+        with torch.no_grad():
+            out, lse = FWD(q, k, v, **kw)
+        path = flashcore.explain_backward(grad_out, q, k, v, out, lse, None, True, None, True)
+        assert path in ("kernel sm80", "kernel sm80 (deterministic)"), path
     _, first = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
     _, second = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
     for name, a, b in zip(("dq", "dk", "dv"), first, second):
@@ -189,7 +213,7 @@ def test_kernel_bwd_through_lse(dtype, causal):
     g_lse = torch.randn_like(lse)
     if KERNEL_CARD:
         assert flashcore.explain_backward(g_out, q, k, v, out, lse, g_lse, causal, None,
-                                          True) == "kernel sm80"
+                                          True) == BWD_KERNEL_PATH
     got = torch.ops.flashcore.sdpa_bwd_kernel(g_out, q, k, v, out, lse, g_lse, causal, None, True)
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     kk, vv = (t.repeat_interleave(Hq // Hkv, dim=1) for t in (k64, v64))
@@ -269,7 +293,7 @@ def test_grads_head_dims_without_backward_kernel(D, dtype, monkeypatch):
     with torch.no_grad():
         out, lse = FWD(q, k, v, is_causal=True, enable_gqa=True)
     path = flashcore.explain_backward(grad_out, q, k, v, out, lse, None, True, None, True)
-    assert path != "kernel sm80", path
+    assert not path.startswith("kernel"), path
     fn = lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, is_causal=True, enable_gqa=True)  # noqa: E731
     _, got = grads(fn, (q, k, v), grad_out)
     low, ref32 = pytorch_grads((q, k, v), grad_out, is_causal=True, enable_gqa=True)

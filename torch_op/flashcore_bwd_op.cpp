@@ -2,18 +2,25 @@
 // flashcore library that flashcore_op.cpp defines):
 //
 //   flashcore::sdpa_bwd_kernel(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-//                              enable_gqa) -> (dq, dk, dv)
+//                              enable_gqa, deterministic=False) -> (dq, dk, dv)
 //       CUDA: fills an fc_bwd_params from the tensors' real strides and runs fc_sdpa_bwd on the
 //       current stream (workspace from PyTorch's caching allocator, so CUDA-graph safe). Raises
 //       if no kernel covers the call: ask explain_bwd first. dq, dk, dv are contiguous, in
-//       query's dtype. CPU: the Python reference (python/flashcore/_ops.py), for opcheck.
-//   flashcore::explain_bwd(<same arguments>) -> int
-//       0 when sdpa_bwd_kernel runs a kernel for these tensors, else the reason (the forward's
-//       explain codes: 1..99 op-level, 100 + fc_status from fc_sdpa_bwd_support). Reads only
-//       metadata (sizes, strides, dtypes, pointer alignment, the device's compute capability).
+//       query's dtype. `deterministic` (torch.are_deterministic_algorithms_enabled() from the
+//       Python caller) asks for bitwise reproducible gradients: the C layer then runs the
+//       sm80-class family, not the sm90 one (whose dq is summed with fp32 atomics).
+//       CPU: the Python reference (python/flashcore/_ops.py), for opcheck.
+//   flashcore::explain_bwd(<same arguments>) -> (int reason, int family)
+//       reason: 0 when sdpa_bwd_kernel runs a kernel for these tensors, else why not (the
+//       forward's explain codes: 1..99 op-level, 100 + fc_status from fc_sdpa_bwd_support).
+//       family: the fc_family that kernel belongs to (1 = sm80-class, 2 = sm90), 0 when no
+//       kernel runs. Reads only metadata (sizes, strides, dtypes, pointer alignment, the
+//       device's compute capability), never the data.
 //
 // The autograd backward (flashcore::sdpa_bwd in _ops.py) calls explain_bwd, then either
 // sdpa_bwd_kernel or its Python implementation (masks, dropout-free fp32, other head dims...).
+// The training route in _ops.py also asks explain_bwd, before the forward, with stand-ins for
+// out, lse and grad_out, to decide whether a training call goes to aten instead.
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -63,12 +70,14 @@ void fill4(const Tensor& t, int64_t* b, int64_t* h, int64_t* s, int64_t* d) {
 struct BwdDecision {
   fc_bwd_params p;
   int64_t reason = kKernel;
+  fc_family family = FC_FAMILY_AUTO;  // the family that runs (when reason == kKernel)
 };
 
 // The decision: kernel (params filled; dq/dk/dv/workspace pointers are stand-ins) or why not.
 BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse,
-                       bool is_causal, std::optional<double> scale, bool enable_gqa) {
+                       bool is_causal, std::optional<double> scale, bool enable_gqa,
+                       bool deterministic) {
   BwdDecision d;
   fc_bwd_params_init(&d.p);
   auto fallback = [&](int64_t reason) {
@@ -110,6 +119,9 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
   f.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(double(D)));
   f.causal = is_causal ? 1 : 0;
   f.family = FC_FAMILY_AUTO;  // FLASHCORE_FAMILY picks the forward's family only
+  // torch.use_deterministic_algorithms(True): AUTO then takes the sm80-class family, whose
+  // gradients are bitwise reproducible (the sm90 family sums dq with fp32 atomics).
+  d.p.deterministic = deterministic ? 1 : 0;
 
   d.p.dout = dout.data_ptr();
   fill4(dout, &d.p.do_stride_b, &d.p.do_stride_h, &d.p.do_stride_s, &d.p.do_stride_d);
@@ -134,20 +146,26 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
   const fc_status s = fc_sdpa_bwd_support(&d.p, major, minor);
   if (s != FC_OK) return fallback(kStatusBase + s);
   d.reason = kKernel;
+  d.family = fc_sdpa_bwd_family(&d.p, major, minor);
   return d;
 }
 
-int64_t explain_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-                    std::optional<Tensor> dlse, bool is_causal, std::optional<double> scale,
-                    bool enable_gqa) {
-  return decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa).reason;
+std::tuple<int64_t, int64_t> explain_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                         Tensor lse, std::optional<Tensor> dlse, bool is_causal,
+                                         std::optional<double> scale, bool enable_gqa,
+                                         bool deterministic) {
+  const BwdDecision d =
+      decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa, deterministic);
+  return {d.reason, static_cast<int64_t>(d.reason == kKernel ? d.family : FC_FAMILY_AUTO)};
 }
 
 std::tuple<Tensor, Tensor, Tensor> sdpa_bwd_kernel(Tensor dout, Tensor q, Tensor k, Tensor v,
                                                    Tensor out, Tensor lse,
                                                    std::optional<Tensor> dlse, bool is_causal,
-                                                   std::optional<double> scale, bool enable_gqa) {
-  BwdDecision d = decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa);
+                                                   std::optional<double> scale, bool enable_gqa,
+                                                   bool deterministic) {
+  BwdDecision d =
+      decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa, deterministic);
   if (d.reason != kKernel)
     fail("flashcore.sdpa_bwd_kernel: no backward kernel for these inputs (explain_bwd reason ",
          d.reason, d.reason >= kStatusBase ? std::string(": ") +
@@ -185,10 +203,11 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd_kernel(Tensor dout, Tensor q, Tensor
 
 STABLE_TORCH_LIBRARY_FRAGMENT(flashcore, m) {
   m.def("sdpa_bwd_kernel(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
-        "Tensor lse, Tensor? grad_lse, bool is_causal, float? scale, bool enable_gqa) "
-        "-> (Tensor, Tensor, Tensor)");
+        "Tensor lse, Tensor? grad_lse, bool is_causal, float? scale, bool enable_gqa, "
+        "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
   m.def("explain_bwd(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
-        "Tensor lse, Tensor? grad_lse, bool is_causal, float? scale, bool enable_gqa) -> int");
+        "Tensor lse, Tensor? grad_lse, bool is_causal, float? scale, bool enable_gqa, "
+        "bool deterministic=False) -> (int, int)");
 }
 
 // CUDA only: the CPU kernel is the Python reference, registered in python/flashcore/_ops.py.

@@ -10,7 +10,7 @@
 // and to dQ when its fp32 accumulator is converted.
 //
 // How (one CTA = one producer warpgroup and two consumer warpgroups of 64 keys each):
-//   * The producer's one thread loads K and V once (TMA), then streams the (query head, query
+//   * The producer's first thread loads K and V once (TMA), then streams the (query head, query
 //     tile) steps of kBlockM = 64 rows: Q, dO (TMA, 128-byte swizzled) and the tile's LSE2 and
 //     delta (bulk copies) into a kStages ring, each stage completing on an mbarrier ("full") and
 //     released by the consumers' warps ("empty").
@@ -23,9 +23,11 @@
 //     tile comes from one more GEMM against K (read N-major). D=128 splits dQ's columns between
 //     the warpgroups (each reads both warpgroups' dS^T: a barrier of the two); D=64 splits the
 //     keys (each warpgroup its own dS^T: a barrier of its own, twice the dQ additions). Two dS^T
-//     buffers, so a step may write one while the previous step's GEMM reads the other. The tile's dQ is added to
-//     the fp32 accumulator in global memory with vector atomics (red.global.add.v2.f32): dQ sums
-//     over key blocks in whatever order they finish, so its last bits may vary from run to run.
+//     buffers, so a step may write one while the previous step's GEMM reads the other.
+//   * The tile's dQ goes to an fp32 staging tile in shared memory, and the second warp of the
+//     producer warpgroup adds it to the fp32 accumulator in global memory, one bulk reduction
+//     (cp.reduce.async.bulk .add.f32) per row: dQ sums over key blocks in whatever order they
+//     finish, so its last bits may vary from run to run.
 //   * GQA: the group's query heads are steps of the same CTA, so dK and dV are summed in
 //     registers, in a fixed order. Causal (top-left): steps start at the first query tile that
 //     sees the block's first key; scores are masked only in tiles that cross the diagonal and
@@ -89,7 +91,15 @@ struct BwdTraits {
     static constexpr int kOffQ = kOffV + kKVBytes;
     static constexpr int kOffDo = kOffQ + kStages * kQBytes;
     static constexpr int kOffDs = kOffDo + kStages * kQBytes;
-    static constexpr int kOffLse = kOffDs + kDsBufs * kDsBytes;
+    // dQ staging (fp32, rows of kDqStagePitch bytes: 8 words past a multiple of 32, so a warp's
+    // float2 stores of 8 rows hit every bank once per half; the accumulator's rows in global
+    // memory have the same pitch, so a staged tile is one bulk reduction): D=128 one 64 x 128 tile
+    // (each warpgroup its 64 columns), D=64 one 64 x 64 tile per warpgroup (each its keys' partial).
+    static constexpr int kDqStages = kDqSplitsKeys ? kConsumers : 1;
+    static constexpr int kDqStagePitch = kDqPitch<kHeadDim> * 4;
+    static constexpr int kDqStageBytes = kBlockM * kDqStagePitch;
+    static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;
+    static constexpr int kOffLse = kOffDq + kDqStages * kDqStageBytes;
     static constexpr int kOffDelta = kOffLse + kStages * kRowTermBytes;
     static constexpr int kSmemBytes = kOffDelta + kStages * kRowTermBytes + 1024 /* alignment */;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
@@ -107,6 +117,8 @@ struct BwdBarriers {
     uint64_t kv_full;
     uint64_t step_full[2];   // Q, dO, LSE2 and delta of a step have landed
     uint64_t step_empty[2];  // every consumer warp is done with the stage
+    uint64_t dq_full;        // every consumer warp has staged its share of a step's dQ
+    uint64_t dq_empty;       // the dQ writer's reductions have read the staging
 };
 
 // The steps of one CTA: (query head in the group, query tile) pairs, head-major.
@@ -147,6 +159,8 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             ptx::mbarrier_init(&bars.step_full[s], 1);
             ptx::mbarrier_init(&bars.step_empty[s], 4 * T::kConsumers);  // one arrival per consumer warp
         }
+        ptx::mbarrier_init(&bars.dq_full, 4 * T::kConsumers);
+        ptx::mbarrier_init(&bars.dq_empty, 1);
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     }
     __syncthreads();
@@ -154,6 +168,29 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     if (warpgroup == 0) {
         // ---------------- producer: one thread issues every load ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
+        if (threadIdx.x == 32) {
+            // ---------------- dQ writer: the staged dQ of each step, added to the accumulator ----
+            // One bulk reduction (cp.reduce.async.bulk .add.f32) per staged tile: whole lines
+            // through L2's reduction units, where per-thread atomics cost the kernel ~40% of its
+            // time (bench/NOTES.md). The rows' padding adds zeros.
+            for (int step = 0; step < steps.count; ++step) {
+                wait_barrier(&bars.dq_full, step & 1);
+                const int head_q = steps.head_q(step, head_kv, group), m_start = steps.m_start(step, kBlockM);
+                float *rows = ws.dq_accum + ((static_cast<int64_t>(batch) * f.heads_q + head_q) * ws.padded_seqlen +
+                                             m_start) * kDqPitch<kHeadDim>;
+                const uint32_t staged = smem_addr(smem + T::kOffDq);
+#pragma unroll
+                for (int part = 0; part < T::kDqStages; ++part)
+                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                                 ::"l"(rows), "r"(staged + part * T::kDqStageBytes), "n"(T::kDqStageBytes)
+                                 : "memory");
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
+                ptx::mbarrier_arrive(&bars.dq_empty);
+            }
+            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the reductions are done
+            return;
+        }
         if (threadIdx.x != 0 || steps.count == 0) return;
         int32_t c[4];
         ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars.kv_full,
@@ -199,6 +236,14 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     const float scale_log2 = f.scale * kLog2e;
     const int first_key = n_start + wg * 64 + my_row;  // this thread's keys: first_key, +8
 
+    // The staging rows' padding goes out with every reduction: zeros (the stores reach the async
+    // proxy through each thread's fence before its first dq_full arrival).
+    for (int i = threadIdx.x - 128; i < T::kDqStages * kBlockM * 2; i += 128 * T::kConsumers) {
+        const int part = i / (2 * kBlockM), row = i / 2 % kBlockM, half = i % 2;
+        *reinterpret_cast<float4 *>(smem + T::kOffDq + part * T::kDqStageBytes + row * T::kDqStagePitch +
+                                    kHeadDim * 4 + half * 16) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+
     float dk[kHeadDim / 2], dv[kHeadDim / 2];
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -235,7 +280,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     if (steps.count > 0) wait_barrier(&bars.kv_full, 0);
     for (int step = 0; step < steps.count; ++step) {
         const int stage = step % kStages;
-        const int head_q = steps.head_q(step, head_kv, group), m_start = steps.m_start(step, kBlockM);
+        const int m_start = steps.m_start(step, kBlockM);
         const uint32_t q_tile = base + T::kOffQ + stage * T::kQBytes;
         const uint32_t do_tile = base + T::kOffDo + stage * T::kQBytes;
         wait_barrier(&bars.step_full[stage], (step / kStages) & 1);
@@ -327,16 +372,20 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         __syncwarp();
         if (lane == 0) ptx::mbarrier_arrive(&bars.step_empty[stage]);  // Q, dO and the row terms are read
 
-        // ---- dQ accumulator += this tile's dQ ----
-        float *dq_rows = ws.dq_accum + ((static_cast<int64_t>(batch) * f.heads_q + head_q) * ws.padded_seqlen +
-                                        m_start + my_row) * kHeadDim +
-                         (T::kDqSplitsKeys ? 0 : wg * T::kDqCols) + col_in_tile;
+        // ---- dQ to the staging, for the dQ writer ----
+        wait_barrier(&bars.dq_empty, (step & 1) ^ 1);  // the previous step's reductions have read it
+        const uint32_t dq_stage = base + T::kOffDq + (T::kDqSplitsKeys ? wg * T::kDqStageBytes : 0) +
+                                  (T::kDqSplitsKeys ? 0 : wg * T::kDqCols * 4) + col_in_tile * 4;
 #pragma unroll
         for (int j = 0; j < T::kDqCols / 8; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                atomicAdd(reinterpret_cast<float2 *>(dq_rows + h * 8 * kHeadDim + 8 * j),
-                          make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]));
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_stage + (my_row + 8 * h) * T::kDqStagePitch + 32 * j),
+                             "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
+                             : "memory");
+        ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to the bulk reductions
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(&bars.dq_full);
     }
 
     // ---- epilogue: dK * scale and dV, from registers (keys past Sk are not written) ----

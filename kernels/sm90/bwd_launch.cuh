@@ -51,7 +51,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
 
     const Workspace ws = workspace_of(p);
     const unsigned hq = static_cast<unsigned>(f.heads_q), batch = static_cast<unsigned>(f.batch);
-    const size_t dq_bytes = static_cast<size_t>(f.batch * f.heads_q * ws.padded_seqlen * kHeadDim) * sizeof(float);
+    const size_t dq_bytes = static_cast<size_t>(f.batch * f.heads_q * ws.padded_seqlen * kDqPitch<kHeadDim>) * sizeof(float);
     if ((err = cudaMemsetAsync(ws.dq_accum, 0, dq_bytes, stream)) != cudaSuccess) return err;
 
     constexpr int kRowsPerCta = 128 / (kHeadDim / 8);  // of the row-wise kernels

@@ -26,6 +26,9 @@ struct Workspace {
     float *delta, *lse2, *dq_accum;
     int64_t padded_seqlen;  // query rows per (batch, head) in every region
 };
+// Floats per row of the dq accumulator (its rows are padded like the kernel's staging).
+template <int kHeadDim>
+constexpr int kDqPitch = kHeadDim + FC_SM90_BWD_DQ_PAD;
 __host__ __device__ inline Workspace workspace_of(const fc_bwd_params &p) {
     const int64_t padded = fc_sm90_bwd_padded_seqlen(&p.fwd);
     const int64_t rows = p.fwd.batch * p.fwd.heads_q * padded;
@@ -85,7 +88,8 @@ __global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) 
     const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
     const int chunk = threadIdx.x % kThreadsPerRow;
     if (row >= f.seqlen_q) return;
-    const float *acc = ws.dq_accum + ((static_cast<int64_t>(batch) * f.heads_q + head) * ws.padded_seqlen + row) * kHeadDim +
+    const float *acc = ws.dq_accum +
+                       ((static_cast<int64_t>(batch) * f.heads_q + head) * ws.padded_seqlen + row) * kDqPitch<kHeadDim> +
                        chunk * 8;
     const float4 lo = *reinterpret_cast<const float4 *>(acc), hi = *reinterpret_cast<const float4 *>(acc + 4);
     const float s = f.scale;

@@ -16,6 +16,13 @@ Usage::
 
 The environment variable ``FLASHCORE_FAMILY`` (``auto`` | ``sm80`` | ``sm90`` | ``decode``, read at each
 call) forces a kernel family; forcing one that cannot run on the device raises.
+
+Training: a call that records gradients runs FlashCore's forward and backward, or, where
+FlashCore's backward for it would be slower than PyTorch's on the device (on an H100: anything
+but the sm90 backward kernel), aten's SDPA for both passes. ``explain_training(q, k, v, ...)``
+says which and why; ``FLASHCORE_TRAINING`` (``auto`` | ``flashcore`` | ``aten``, read at each
+call) forces one route. ``torch.use_deterministic_algorithms(True)`` selects the bitwise
+reproducible sm80-class backward kernel.
 """
 
 import ctypes
@@ -57,7 +64,10 @@ _OP_REASONS = {
     9: "attn_mask does not broadcast to (batch, heads, seq_len_q, seq_len_k)",
     10: "attn_mask is on a different device than query",
     11: "grad_out, out, lse or grad_lse do not match query (shape or dtype)",  # backward only
+    12: "an attn_mask: the backward kernels take none",  # training route only (_ops.py)
 }
+# The backward's view of the same codes: its kernels have no float32 (the forward's do).
+_BWD_REASONS = {**_OP_REASONS, 7: "dtype is not float16 or bfloat16"}
 _STATUS_BASE = 100
 _NOTE_BASE = 1000  # kernel path in the sm80 family; the sm90 family declined with this status
 _FAMILIES = {0: "auto", 1: "sm80", 2: "sm90", 3: "decode"}
@@ -115,22 +125,84 @@ def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
     return f"fallback: {_OP_REASONS.get(reason, f'reason {reason}')}"
 
 
+def _bwd_reason_string(reason: int) -> str:
+    if reason >= _STATUS_BASE:
+        return _status_string(reason - _STATUS_BASE)
+    return _BWD_REASONS.get(reason, f"reason {reason}")
+
+
+def _backward_string(reason: int, family: int, by_determinism: bool) -> str:
+    """explain_bwd's (reason, family) in words: "kernel sm90", "kernel sm80",
+    "kernel sm80 (deterministic)" (determinism ruled out the sm90 kernel) or "python: <why>"."""
+    if reason != 0:
+        return f"python: {_bwd_reason_string(reason)}"
+    words = f"kernel {_FAMILIES.get(family, family)}"
+    return f"{words} (deterministic)" if by_determinism else words
+
+
 @torch.compiler.disable
 def explain_backward(grad_out, query, key, value, out, lse, grad_lse=None, is_causal=False,
+                     scale=None, enable_gqa=False, deterministic=None) -> str:
+    """Which path FlashCore's backward takes for these tensors (out, lse from
+    ``torch.ops.flashcore.sdpa_fwd``): ``"kernel sm90"`` or ``"kernel sm80"`` (a fused backward
+    kernel family), ``"kernel sm80 (deterministic)"`` (the sm90 kernel would run, but
+    determinism is asked for), or ``"python: <reason>"`` (the Python backward in _ops.py). An
+    attn_mask always means python. ``deterministic`` defaults to
+    ``torch.are_deterministic_algorithms_enabled()``, which the backward reads when it runs.
+    Whether a training call reaches FlashCore's backward at all: ``explain_training``."""
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    args = (grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, enable_gqa)
+    reason, family = _ops._EXPLAIN_BWD(*args, bool(deterministic))  # flashcore::explain_bwd
+    by_determinism = (reason == 0 and bool(deterministic) and family == 1
+                      and _ops._EXPLAIN_BWD(*args, False)[1] == 2)
+    return _backward_string(reason, family, by_determinism)
+
+
+# What explain_training says of each backward path that a table entry sends to aten.
+_PATH_WORDS = {"sm90": "the sm90 kernel", "sm80": "the sm80-class kernel"}
+
+
+@torch.compiler.disable
+def explain_training(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                      scale=None, enable_gqa=False) -> str:
-    """Which path the backward of ``sdpa`` takes for these tensors (out, lse from
-    ``torch.ops.flashcore.sdpa_fwd``): ``"kernel sm80"`` (the fused backward kernel) or
-    ``"python: <reason>"`` (the Python backward in _ops.py). An attn_mask always means python."""
-    reason = torch.ops.flashcore.explain_bwd(grad_out, query, key, value, out, lse, grad_lse,
-                                             is_causal, scale, enable_gqa)
-    if reason == 0:
-        return "kernel sm80"
-    if reason >= _STATUS_BASE:
-        return f"python: {_status_string(reason - _STATUS_BASE)}"
-    return f"python: {_OP_REASONS.get(reason, f'reason {reason}')}"
+    """Where a training call (one whose inputs require grad) of ``sdpa`` with these arguments
+    goes, and why:
+
+    * ``"flashcore: forward <path>, backward <path>"``, e.g. ``"flashcore: forward kernel sm90,
+      backward kernel sm90"`` (the paths as ``explain`` and ``explain_backward`` name them), with
+      a note in parentheses where one applies (no measurement on this device, an override);
+    * ``"aten: <why>"``: both passes in PyTorch's SDPA, e.g. ``"aten: FlashCore's backward here
+      would be the sm80-class kernel, slower than PyTorch's on this device (...)"``, dropout,
+      or ``FLASHCORE_TRAINING=aten``.
+
+    Raises for the same bad inputs ``sdpa`` raises for."""
+    forward = explain(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if dropout_p > 0.0:
+        return "aten: dropout_p > 0 (aten owns the dropout RNG and its backward)"
+    mode, why = _ops._training_mode()
+    if mode == "aten":
+        return f"aten: {why}"
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    args = (query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    route = _ops.training_route(*args, deterministic=deterministic)
+    by_determinism = (route.reason == 0 and deterministic and route.family == 1
+                      and _ops.training_route(*args, deterministic=False).family == 2)
+    backward = _backward_string(route.reason, route.family, by_determinism)
+    if mode == "flashcore":
+        return f"flashcore: forward {forward}, backward {backward} ({why})"
+    if route.to_aten:
+        if route.path == "python":
+            words = f"the Python backward ({_bwd_reason_string(route.reason)})"
+        else:
+            words = _PATH_WORDS[route.path] + (" (deterministic)" if by_determinism else "")
+        return (f"aten: FlashCore's backward here would be {words}, slower than PyTorch's on "
+                f"this device ({route.note or 'bench/NOTES.md'})")
+    note = f" ({route.note})" if route.note else ""
+    return f"flashcore: forward {forward}, backward {backward}{note}"
 
 
-__all__ += ["explain_backward"]
+__all__ += ["explain_backward", "explain_training"]
 
 
 # Drop-in use (README "Drop-in use"): flashcore.patch() / unpatch() / patched() route

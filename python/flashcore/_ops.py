@@ -13,12 +13,21 @@ Ops in the ``flashcore`` namespace:
   One opaque op, so a compiled graph neither specializes on its chunk loop nor changes when a
   fused backward kernel replaces the implementation. No double backward.
 * ``explain(...) -> (int, int)`` (C++): which path sdpa takes.
-* ``sdpa_bwd_kernel(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa)
-  -> (dq, dk, dv)`` (C++, torch_op/flashcore_bwd_op.cpp): the fused backward kernel (CUDA;
-  on CPU the Python reference below, so opcheck runs everywhere), and ``explain_bwd(<same>)
-  -> int``: 0 when that kernel covers the call, else the reason. sdpa_bwd's implementation
-  asks explain_bwd and runs the kernel when it can (no mask, fp16/bf16, head dim built, ...),
-  its Python code otherwise; the choice is made at run time, inside the opaque op.
+* ``sdpa_bwd_kernel(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa,
+  deterministic=False) -> (dq, dk, dv)`` (C++, torch_op/flashcore_bwd_op.cpp): the fused
+  backward kernel (CUDA; on CPU the Python reference below, so opcheck runs everywhere), and
+  ``explain_bwd(<same>) -> (int reason, int family)``: reason 0 when a kernel covers the call,
+  else why not; family 1 (sm80-class) or 2 (sm90) for the kernel that runs, 0 when none.
+  ``deterministic`` asks for bitwise reproducible gradients (the sm80-class family; the sm90 one
+  sums dq with fp32 atomics). sdpa_bwd's implementation asks explain_bwd and runs the kernel
+  when it can (no mask, fp16/bf16, head dim built, ...), its Python code otherwise, passing
+  torch.are_deterministic_algorithms_enabled(); the choice is made at run time, inside the
+  opaque op.
+
+Training route: ``sdpa``'s Autograd kernel decides once per call, before the forward, whether
+a call that records gradients runs FlashCore (sdpa_fwd, then sdpa_bwd) or aten's differentiable
+SDPA for both passes: aten where FlashCore's backward for the call would be slower than
+PyTorch's on this device (TRAINING_TABLE below, FLASHCORE_TRAINING to override).
 
 Every op has a fake (meta) implementation here giving the real op's sizes, strides and dtypes:
 all tensor outputs are contiguous (the C++ op makes aten's fallback output contiguous).
@@ -27,6 +36,8 @@ The LSE is float32, except for float64 inputs where it is float64 (so gradcheck 
 float64 math end to end). Shape: the output's shape without its last dim.
 """
 import math
+import os
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -159,52 +170,60 @@ _EXPLAIN_BWD = torch.ops.flashcore.explain_bwd.default
 
 @torch.library.register_fake("flashcore::sdpa_bwd_kernel", lib=_lib)
 def _sdpa_bwd_kernel_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                          enable_gqa):
+                          enable_gqa, deterministic=False):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 @torch.library.register_fake("flashcore::explain_bwd", lib=_lib)
 def _explain_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                      enable_gqa):
-    # As _explain_fake: metadata only, answered with real tensors of the same layout.
+                      enable_gqa, deterministic=False):
+    # As _explain_fake: metadata only, answered with real tensors of the same layout. Returns
+    # (reason, family), as the C++ kernel does.
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     tensors = (grad_out, query, key, value, out, lse, grad_lse)
     if not any(isinstance(t, FakeTensor) for t in tensors):
         return _EXPLAIN_BWD.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
-                                       *tensors, is_causal, scale, enable_gqa)
+                                       *tensors, is_causal, scale, enable_gqa, deterministic)
     with unset_fake_temporarily():
-        return _EXPLAIN_BWD(*(_shadow(t) for t in tensors), is_causal, scale, enable_gqa)
+        return _EXPLAIN_BWD(*(_shadow(t) for t in tensors), is_causal, scale, enable_gqa,
+                            deterministic)
 
 
 @torch.library.impl("flashcore::sdpa_bwd_kernel", "cpu", lib=_lib)
 def _sdpa_bwd_kernel_cpu(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                         enable_gqa):
-    """No kernel on the CPU: the same gradients from the Python reference."""
+                         enable_gqa, deterministic=False):
+    """No kernel on the CPU: the same gradients from the Python reference (deterministic as far
+    as PyTorch's CPU matmuls are, so `deterministic` changes nothing here)."""
     dq, dk, dv, _ = _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, None,
                                      is_causal, scale, enable_gqa, False)
     return dq, dk, dv
 
 
 def _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
-                       scale, enable_gqa):
+                       scale, enable_gqa, deterministic):
     """True when sdpa_bwd_kernel runs a CUDA kernel for these tensors (cheap checks first)."""
     return (attn_mask is None and query.is_cuda
             and query.dtype in (torch.float16, torch.bfloat16)
             and _EXPLAIN_BWD(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                             enable_gqa) == 0)
+                             enable_gqa, deterministic)[0] == 0)
 
 
 @torch.library.impl("flashcore::sdpa_bwd", ("cpu", "cuda"), lib=_lib)
 def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal, scale,
                    enable_gqa, grad_mask):
     """The fused backward kernel where it covers the call (see _kernel_bwd_covers), else the
-    Python backward. Both give dq, dk, dv contiguous in the inputs' dtypes."""
+    Python backward. Both give dq, dk, dv contiguous in the inputs' dtypes.
+
+    Determinism follows torch.use_deterministic_algorithms, read here, when the backward runs
+    (this op is opaque to torch.compile, so compiled code reads it at run time too): when it is
+    on, the C layer picks the bitwise-reproducible sm80-class kernel over the sm90 one."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
     if query.is_cuda and grad_out.dim() >= 1 and grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()  # e.g. an expanded gradient; the kernel needs rows
     if _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
-                          scale, enable_gqa):
+                          scale, enable_gqa, deterministic):
         dq, dk, dv = _BWD_KERNEL(grad_out, query, key, value, out, lse, grad_lse, is_causal,
-                                 scale, enable_gqa)
+                                 scale, enable_gqa, deterministic)
         return dq, dk, dv, _dmask_like(attn_mask, grad_mask, query)
     return _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
                             is_causal, scale, enable_gqa, grad_mask)
@@ -341,13 +360,240 @@ torch.library.register_autograd("flashcore::sdpa_fwd", _fwd_backward,
                                 setup_context=_fwd_setup_context, lib=_lib)
 
 
+# ---- the training route ------------------------------------------------------------------------
+#
+# The project's rule: a call FlashCore takes is never slower than PyTorch's default, forward or
+# training. FlashCore's forward is the faster one on the cards it has kernels for; its backward
+# is not everywhere. So a call that records gradients goes, as a whole, either to FlashCore
+# (sdpa_fwd, then sdpa_bwd) or to aten's differentiable SDPA for both passes (aten's backward
+# needs what aten's own forward saved). The choice is made once per call, before the forward,
+# from the device and the backward path FlashCore would take for the call.
+
+# (compute capability, backward path) -> (FlashCore takes the call?, note for explain_training).
+# The backward path is the one FlashCore's backward would run for the call:
+#   "sm90"    the Hopper backward kernel family (TMA + wgmma; dq summed with fp32 atomics);
+#   "sm80"    the sm80-class kernel family (also on Hopper under
+#             torch.use_deterministic_algorithms(True), which rules the sm90 family out);
+#   "python"  the fp32 Python backward (_sdpa_bwd_python): an attn_mask, fp32, head dims or
+#             layouts no backward kernel takes.
+# A (cc, path, head_dim) key, where present, wins over (cc, path) for that head dim, e.g.
+#   ((9, 0), "sm90", 256): (False, "..."),
+# A device with no entry keeps FlashCore's own backward: nothing has been measured there.
+# The measurements behind every entry live in bench/NOTES.md: change an entry together with the
+# numbers there that justify it.
+TRAINING_TABLE = {
+    # H100 / H200. sm90: no measurement against cuDNN yet (the kernel is new), FlashCore until
+    # bench/NOTES.md says otherwise. sm80: "Fused backward v1" in bench/NOTES.md. python: fp32
+    # recomputation in unfused PyTorch ops, against aten's fused backward kernels.
+    ((9, 0), "sm90"): (True, ""),
+    ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, bench/NOTES.md"),
+    ((9, 0), "python"): (False, "an unfused fp32 recomputation"),
+    # Any other card: the Python backward is an unfused fp32 recomputation, slower than aten's
+    # fused backwards wherever they run (masks: efficient; other head dims: flash/efficient).
+    (None, "python"): (False, "an unfused fp32 recomputation"),
+}
+
+# explain_bwd's family codes (fc_family) as backward paths; 0 (no kernel) is "python".
+_FAMILY_PATHS = {1: "sm80", 2: "sm90"}
+# Reason codes the route gives without asking explain_bwd (names in flashcore/__init__.py; 12 is
+# Python-only: explain_bwd has no mask argument, since its kernels take no mask).
+_REASON_NOT_CUDA, _REASON_NOT_4D, _REASON_SHAPES, _REASON_BWD_MASK = 1, 2, 3, 12
+
+
+class TrainingRoute(NamedTuple):
+    """Where FLASHCORE_TRAINING=auto sends a training call, and why (see TRAINING_TABLE)."""
+    to_aten: bool  # both passes in aten's differentiable SDPA
+    path: str      # the backward FlashCore would run: "sm90", "sm80" or "python"
+    reason: int    # explain_bwd's reason (0: a kernel runs), or one of the _REASON_* above
+    family: int    # explain_bwd's family (1 sm80-class, 2 sm90; 0 when no kernel)
+    note: str      # the table's note, or why no table entry applied ("" for none)
+
+
+def _training_mode() -> Tuple[str, str]:
+    """("auto" | "flashcore" | "aten", why) from the environment, read at each call (in compiled
+    code: when the graph is traced). FLASHCORE_TRAINING forces a route. A forced forward family
+    (FLASHCORE_FAMILY, for testing and timing the kernels) keeps training calls on FlashCore's
+    own kernels too: sending them to aten would drop the forcing without a word."""
+    mode = os.environ.get("FLASHCORE_TRAINING") or "auto"
+    if mode not in ("auto", "flashcore", "aten"):
+        raise ValueError("flashcore: environment variable FLASHCORE_TRAINING must be one of "
+                         f"'auto', 'flashcore', 'aten' (got {mode!r})")
+    if mode != "auto":
+        return mode, f"FLASHCORE_TRAINING={mode}"
+    family = _forced_family()
+    if family:
+        return "flashcore", f"FLASHCORE_FAMILY={family} forces FlashCore's kernels"
+    return "auto", ""
+
+
+def _forced_family() -> str:
+    """FLASHCORE_FAMILY's value where it forces a kernel family, else "" (auto or unset)."""
+    family = os.environ.get("FLASHCORE_FAMILY") or "auto"
+    return "" if family == "auto" else family
+
+
+def _training_goes_to_aten(query, key, value, attn_mask, is_causal, scale, enable_gqa) -> bool:
+    """The route of one training call (dropout aside, which always goes to aten). Runs on every
+    training call: as _training_mode, with FLASHCORE_FAMILY read only where it can matter."""
+    mode = os.environ.get("FLASHCORE_TRAINING") or "auto"
+    if mode != "auto":
+        return _training_mode()[0] == "aten"  # validates the value
+    route = training_route(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    return route.to_aten and not _forced_family()
+
+
+# Routes already decided, by everything the decision reads (_layout_key of q, k, v and the
+# flags): this runs on every training call, and a miss costs a few stand-in tensors and a C++
+# call. Bounded, for runs whose lengths change at every step.
+_ROUTES = {}
+_ROUTES_MAX = 4096
+
+
+def training_route(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                   deterministic: Optional[bool] = None) -> TrainingRoute:
+    """TRAINING_TABLE's decision for these arguments (FLASHCORE_TRAINING=auto). Reads metadata
+    only, so it works on fake tensors while torch.compile traces. ``deterministic`` defaults to
+    torch.are_deterministic_algorithms_enabled(), as the backward itself reads it."""
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    if scale is not None and type(scale) is not float:
+        scale = float(scale)  # e.g. a symbolic float while tracing: keys must be hashable
+    cache_key = (_layout_key(query), _layout_key(key), _layout_key(value), attn_mask is None,
+                 bool(is_causal), scale, bool(enable_gqa), bool(deterministic))
+    route = _ROUTES.get(cache_key)
+    if route is None:
+        if len(_ROUTES) >= _ROUTES_MAX:
+            _ROUTES.clear()
+        route = _ROUTES[cache_key] = _decide_route(*cache_key)
+    return route
+
+
+def _layout_key(t):
+    """What explain_bwd reads of a tensor: sizes, strides, dtype, device and where its data
+    starts modulo 16 bytes (the kernels need 16-byte-aligned operands), as plain values."""
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+        return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
+    # A fake or functional tensor while torch.compile traces: no data pointer (storages start
+    # aligned, so the storage offset tells the alignment), and with dynamic shapes the sizes are
+    # symbolic: read as the values the trace started with, without adding a guard. The route is
+    # a speed choice (both routes compute the same gradients), and what it depends on (head dim,
+    # dtype, layout) does not change with a sequence length, so the graph need not recompile.
+    return (tuple(_size_hint(n) for n in t.shape), tuple(_size_hint(n) for n in t.stride()),
+            t.dtype, t.device, (_size_hint(t.storage_offset()) * t.dtype.itemsize) % 16)
+
+
+def _size_hint(n) -> int:
+    if type(n) is int:
+        return n
+    try:
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+    except ImportError:  # older torch: the SymNode's own hint
+        hint = n.node.hint
+        return 4096 if hint is None else int(hint)
+    return optimization_hint(n, fallback=4096)  # 4096: a size with no example value (unbacked)
+
+
+_CAPABILITY = {}
+
+
+def _device_capability(device: torch.device) -> Optional[Tuple[int, int]]:
+    """(major, minor) of a CUDA device; None for other devices, or where CUDA cannot be asked
+    (fake CUDA tensors on a machine without a GPU)."""
+    if device.type != "cuda":
+        return None
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _CAPABILITY:
+        try:
+            _CAPABILITY[index] = tuple(torch.cuda.get_device_capability(index))
+        except (RuntimeError, AssertionError):
+            return None
+    return _CAPABILITY[index]
+
+
+def _decide_route(q_layout, k_layout, v_layout, no_mask, is_causal, scale, enable_gqa,
+                  deterministic) -> TrainingRoute:
+    """The table's decision from a cache key (nothing else: a cached answer is always right)."""
+    cc = _device_capability(q_layout[3])
+    if cc is None:  # CPU and other devices: FlashCore's ops, as before (no table there)
+        return TrainingRoute(False, "python", _REASON_NOT_CUDA, 0, "")
+    if not no_mask:
+        reason, family = _REASON_BWD_MASK, 0
+    else:
+        reason, family = _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale,
+                                            enable_gqa, deterministic)
+    path = _FAMILY_PATHS.get(family, "python") if reason == 0 else "python"
+    sizes = q_layout[0]
+    head_dim = sizes[-1] if len(sizes) else 0
+    entry = (TRAINING_TABLE.get((cc, path, head_dim)) or TRAINING_TABLE.get((cc, path))
+             or TRAINING_TABLE.get((None, path)))
+    if entry is None:
+        flashcore, note = True, (f"no measurement on compute capability {cc[0]}.{cc[1]}: "
+                                 "FlashCore's own backward, as before")
+    else:
+        flashcore, note = entry
+    return TrainingRoute(not flashcore, path, reason, family, note)
+
+
+# Where stand-ins "start": as the caching allocator's blocks, 512-byte aligned. Never read.
+_STAND_IN_ADDRESS = 512
+
+
+def _stand_in(sizes, strides, dtype, device, misalign=0):
+    """A tensor with these sizes, strides, dtype and device, and data at a made-up address.
+    explain_bwd reads metadata and the pointer's alignment, never data; a stand-in for a training
+    call's out or grad_out would otherwise cost their size in memory (gigabytes for long
+    sequences) just to be looked at. Nothing may read or write it."""
+    sizes, strides = list(sizes), list(strides)
+    extent = 0 if 0 in sizes else 1 + sum((n - 1) * st for n, st in zip(sizes, strides))
+    storage = torch._C._construct_storage_from_data_pointer(
+        _STAND_IN_ADDRESS + misalign, device, extent * dtype.itemsize)
+    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, sizes, strides)
+
+
+def _contiguous_strides(sizes):
+    strides, step = [], 1
+    for n in reversed(sizes):
+        strides.append(step)
+        step *= max(n, 1)
+    return strides[::-1]
+
+
+def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gqa,
+                       deterministic) -> Tuple[int, int]:
+    """explain_bwd's (reason, family) for a call whose forward has not run yet: stand-ins with
+    the layouts of q, k, v, and for out, lse and grad_out what the forward and autograd will
+    give (out and lse contiguous, as sdpa_fwd makes them; grad_out usually contiguous too)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    if any(len(layout[0]) != 4 for layout in (q_layout, k_layout, v_layout)):
+        return _REASON_NOT_4D, 0
+    # Real tensors, out of reach of any dispatch mode: while torch.compile traces, the fake and
+    # proxy modes would otherwise turn these into graph nodes.
+    with _disable_current_modes():
+        q, k, v = (_stand_in(sizes, strides, dtype, device, misalign)
+                   for sizes, strides, dtype, device, misalign in (q_layout, k_layout, v_layout))
+        try:
+            out_sizes = _out_shape(q, k, v, enable_gqa)
+        except RuntimeError:  # sizes that do not broadcast: the call itself will say so
+            return _REASON_SHAPES, 0
+        out = _stand_in(out_sizes, _contiguous_strides(out_sizes), q.dtype, q.device)
+        lse_sizes = out_sizes[:-1]
+        lse = _stand_in(lse_sizes, _contiguous_strides(lse_sizes), _lse_dtype(q.dtype), q.device)
+        reason, family = _EXPLAIN_BWD(out, q, k, v, out, lse, None, is_causal, scale, enable_gqa,
+                                      deterministic)  # grad_out: out's layout
+    return int(reason), int(family)
+
+
 def _sdpa_autograd(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                    scale=None, enable_gqa=False):
     """flashcore::sdpa's Autograd kernel: with gradients, sdpa = sdpa_fwd(...)[0], so autograd
-    saves the LSE; without, the C++ kernels run directly (no LSE computed)."""
+    saves the LSE, unless the training route sends the call to aten (dropout, or FlashCore's
+    backward slower than PyTorch's here: see TRAINING_TABLE); without gradients, the C++ kernels
+    run directly (no LSE computed)."""
     if torch.is_grad_enabled() and torch._C._any_requires_grad(query, key, value, attn_mask):
-        if dropout_p > 0.0:
-            # aten owns the dropout RNG and its backward; same result layout as sdpa's.
+        if dropout_p > 0.0 or _training_goes_to_aten(query, key, value, attn_mask, is_causal,
+                                                     scale, enable_gqa):
+            # aten's differentiable SDPA for both passes (with dropout: aten owns the dropout
+            # RNG and its backward); the result made contiguous, as sdpa's always is.
             return torch.ops.aten.scaled_dot_product_attention(
                 query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                 enable_gqa=enable_gqa).contiguous()

@@ -1,0 +1,179 @@
+"""GPU tests of the Hopper backward family (kernels/sm90/bwd_kernel.cuh) against float64.
+
+What it checks, on an sm_90 device (elsewhere the module skips with a reason):
+  * dq, dk, dv of torch.ops.flashcore.sdpa_bwd_kernel (which runs the sm90 family there unless
+    deterministic=True) against a float64 autograd of the same attention, for fp16/bf16, D 64/128,
+    causal or not, lengths 1/17/127/1000/4097, Sq != Sk both ways, GQA 1/2/4/8, (B, S, H, D)
+    transposed views, with a tolerance derived from the same computation in low precision:
+        max|g - ref64| <= 2 * max|g_lp - ref64| + atol * max(1, max|ref64|)
+    where g_lp are PyTorch's own low-precision gradients (its default SDPA backend) of the call;
+  * outputs poisoned: the caching allocator is filled with NaN before each call, so an element
+    the kernels leave unwritten shows up;
+  * the gradient of the LSE (grad_lse) and rows whose LSE is -inf (nothing attended: zero
+    gradients there);
+  * dk and dv bitwise equal from run to run (summed in registers in a fixed order); dq within
+    the tolerance of itself (summed with fp32 atomics); the deterministic path (sm80-class
+    family) bitwise equal from run to run.
+
+Run:  python -m pytest tests/test_gpu_bwd_sm90.py -q
+"""
+import math
+import os
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    if os.environ.get("FLASHCORE_REQUIRE_GPU") == "1" and not torch.cuda.is_available():
+        raise RuntimeError("FLASHCORE_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
+    pytest.skip("no sm_90 device: tests of the Hopper backward family skipped",
+                allow_module_level=True)
+
+import flashcore  # noqa: E402
+from build_record import skip_unless_built  # noqa: E402
+
+DEVICE = "cuda"
+ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
+FWD = torch.ops.flashcore.sdpa_fwd.default
+BWD_KERNEL = torch.ops.flashcore.sdpa_bwd_kernel.default
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def poison_allocator():
+    """Fill the caching allocator's free blocks with NaN (outputs allocated next reuse them)."""
+    free = torch.cuda.mem_get_info()[0]
+    n = min(free // 4, 1 << 30) // 4
+    torch.full((n,), float("nan"), dtype=torch.float32, device=DEVICE)
+
+
+def reference64(q, k, v, g_out, is_causal, g_lse=None):
+    """float64 autograd of (softmax(q k^T / sqrt(D) [causal]) v, logsumexp) (top-left causal)."""
+    group = q.shape[1] // k.shape[1]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    kk, vv = (t.repeat_interleave(group, dim=1) for t in (k64, v64))
+    s = q64 @ kk.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if is_causal:
+        sq, sk = q.shape[2], k.shape[2]
+        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool, device=DEVICE).tril(), float("-inf"))
+    out = torch.softmax(s, -1) @ vv
+    loss = (out * g_out.double()).sum()
+    if g_lse is not None:
+        loss = loss + (s.logsumexp(-1) * g_lse.double()).sum()
+    return torch.autograd.grad(loss, (q64, k64, v64))
+
+
+def pytorch_low(q, k, v, g_out, is_causal):
+    """PyTorch's default SDPA gradients in the inputs' dtype: the low-precision error to match."""
+    inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(*inputs, is_causal=is_causal,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return torch.autograd.grad(out, inputs, g_out)
+
+
+def kernel_grads(q, k, v, g_out, is_causal, deterministic=False, g_lse=None):
+    with torch.no_grad():
+        out, lse = FWD(q, k, v, is_causal=is_causal, enable_gqa=q.shape[1] != k.shape[1])
+    poison_allocator()
+    return BWD_KERNEL(g_out, q, k, v, out, lse, g_lse, is_causal, None, q.shape[1] != k.shape[1],
+                      deterministic=deterministic)
+
+
+def check(got, ref, low, dtype, what):
+    for name, g, r, lp in zip(("dq", "dk", "dv"), got, ref, low):
+        assert g.shape == r.shape and g.dtype == dtype, f"{what} {name}: shape/dtype"
+        assert torch.isfinite(g).all(), f"{what} {name}: non-finite (unwritten?) elements"
+        err = (g.double() - r).abs().max().item()
+        lp_err = (lp.double() - r).abs().max().item()
+        tol = 2 * lp_err + ATOL[dtype] * max(1.0, r.abs().max().item())
+        assert err <= tol, f"{what} {name}: max|g-ref64|={err:.3e} > tol={tol:.3e} (PyTorch's {lp_err:.3e})"
+
+
+SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk)
+    "s1": (2, 4, 4, 1, 1),
+    "s17": (2, 4, 4, 17, 17),
+    "s127_gqa2": (2, 8, 4, 127, 127),
+    "s1000_gqa4": (1, 8, 2, 1000, 1000),
+    "s4097_gqa8": (1, 8, 1, 4097, 4097),
+    "sq127_sk1000_mqa": (2, 4, 1, 127, 1000),
+    "sq1000_sk17_gqa2": (1, 4, 2, 1000, 17),
+    "sq300_sk700": (1, 2, 2, 300, 700),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_sm90_grads(dtype, D, causal, shape):
+    skip_unless_built(D, dtype)
+    B, Hq, Hkv, Sq, Sk = SHAPES[shape]
+    q = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(B, Hkv, Sk, D, dtype=dtype, device=DEVICE) for _ in range(2))
+    g_out = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
+    got = kernel_grads(q, k, v, g_out, causal)
+    check(got, reference64(q, k, v, g_out, causal), pytorch_low(q, k, v, g_out, causal), dtype,
+          f"{shape} D={D} causal={causal}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_sm90_grads_transposed_views(D, causal):
+    """HuggingFace's (B, S, H, D) views for q, k, v and a transposed grad_out."""
+    dtype = torch.bfloat16
+    skip_unless_built(D, dtype)
+    B, Hq, Hkv, Sq, Sk = 2, 8, 2, 300, 257
+    q = torch.randn(B, Sq, Hq, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+    k, v = (torch.randn(B, Sk, Hkv, D, dtype=dtype, device=DEVICE).transpose(1, 2) for _ in range(2))
+    g_out = torch.randn(B, Sq, Hq, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+    got = kernel_grads(q, k, v, g_out, causal)
+    check(got, reference64(q, k, v, g_out, causal), pytorch_low(q, k, v, g_out, causal), dtype,
+          f"bshd D={D} causal={causal}")
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_sm90_grad_lse_and_empty_rows(D):
+    """grad_lse enters through delta; rows with LSE = -inf (nothing attended) give P = 0."""
+    dtype = torch.float16
+    skip_unless_built(D, dtype)
+    B, Hq, Hkv, Sq, Sk = 2, 4, 2, 129, 77
+    q = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(B, Hkv, Sk, D, dtype=dtype, device=DEVICE) for _ in range(2))
+    g_out = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
+    g_lse = torch.randn(B, Hq, Sq, dtype=torch.float32, device=DEVICE)
+    got = kernel_grads(q, k, v, g_out, True, g_lse=g_lse)
+    ref = reference64(q, k, v, g_out, True, g_lse=g_lse)
+    for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+        err = (g.double() - r).abs().max().item()
+        assert err <= 2e-2 * max(1.0, r.abs().max().item()), f"{name}: max err {err:.3e}"
+
+    with torch.no_grad():
+        out, lse = FWD(q, k, v, is_causal=False, enable_gqa=True)
+    lse[:, :, ::3] = float("-inf")  # as if those rows attended nothing
+    dq, dk, dv = BWD_KERNEL(g_out, q, k, v, out, lse, None, False, None, True)
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    assert (dq[:, :, ::3] == 0).all(), "rows with LSE -inf must get zero dq"
+
+
+def test_sm90_run_to_run():
+    """dk, dv bitwise equal between two calls; dq close; the deterministic path bitwise equal."""
+    dtype, D = torch.bfloat16, 128
+    skip_unless_built(D, dtype)
+    q = torch.randn(2, 16, 1000, D, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(2, 2, 1000, D, dtype=dtype, device=DEVICE) for _ in range(2))
+    g_out = torch.randn_like(q)
+    a, b = kernel_grads(q, k, v, g_out, True), kernel_grads(q, k, v, g_out, True)
+    assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]), "dk/dv must not vary between runs"
+    torch.testing.assert_close(a[0], b[0], atol=1e-2, rtol=1e-2)
+    c = kernel_grads(q, k, v, g_out, True, deterministic=True)
+    d = kernel_grads(q, k, v, g_out, True, deterministic=True)
+    for name, x, y in zip(("dq", "dk", "dv"), c, d):
+        assert torch.equal(x, y), f"deterministic backward: {name} differs between two calls"
+    # Both families compute the same gradients (within their rounding).
+    for x, y in zip(a, c):
+        torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2)

@@ -1,0 +1,586 @@
+"""CPU tests of the training route and the backward's determinism plumbing
+(python/flashcore/_ops.py, torch_op/flashcore_bwd_op.cpp).
+
+A call that records gradients goes either to FlashCore (sdpa_fwd, then sdpa_bwd) or to aten's
+differentiable SDPA for both passes, decided once per call from the device's compute capability
+and the backward path FlashCore would take (_ops.TRAINING_TABLE). On the CPU there is neither a
+CUDA device nor a backward kernel, so these tests fake the two inputs of the decision:
+_ops._device_capability (the card) and _ops._EXPLAIN_BWD (what flashcore::explain_bwd answers for
+the call), and check
+
+  * the table's decision for each (cc, backward path), a head-dim entry, an edited entry, and
+    that the call then really runs where the decision says (aten's autograd node or FlashCore's);
+  * FLASHCORE_TRAINING=flashcore / aten / auto (read at each call), a bad value, and a forced
+    FLASHCORE_FAMILY keeping training calls on FlashCore;
+  * the stand-ins explain_bwd gets before the forward exists (sizes, strides, dtypes, alignment,
+    no memory), the flags it gets (deterministic included), and the per-layout cache;
+  * flashcore.explain_training's and flashcore.explain_backward's strings;
+  * the ops' schemas: explain_bwd / sdpa_bwd_kernel take `deterministic`, explain_bwd returns
+    (reason, family) from the C++ kernel and from its fake;
+  * torch.compile(fullgraph=True, dynamic=True) of a training step on fake tensors: the route is
+    decided while tracing (stand-ins are real tensors, not graph nodes), no graph break, one graph
+    for several lengths, and the graph holds aten's SDPA or FlashCore's ops as the route says.
+
+A GPU section at the end (skipped without CUDA) checks the stand-ins' answer against explain_bwd
+on a real forward's out and lse.
+"""
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+_REPO_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+if importlib.util.find_spec("flashcore") is None:
+    sys.path.insert(0, _REPO_PYTHON)
+import flashcore  # noqa: E402
+from flashcore import _ops  # noqa: E402
+from attention_block import Attention as _AttentionBlock  # noqa: E402
+
+EXPLAIN_BWD = torch.ops.flashcore.explain_bwd.default
+BWD_KERNEL = torch.ops.flashcore.sdpa_bwd_kernel.default
+CPU_FORWARD = "fallback: a tensor is not on a CUDA device"  # explain() of any CPU call
+
+SM80, SM90 = 1, 2  # fc_family values explain_bwd reports
+
+
+@pytest.fixture(autouse=True)
+def _clean_state(monkeypatch):
+    """Every test starts from an empty route cache, the default environment and determinism off."""
+    monkeypatch.delenv("FLASHCORE_TRAINING", raising=False)
+    monkeypatch.delenv("FLASHCORE_FAMILY", raising=False)
+    _ops._ROUTES.clear()
+    was = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.use_deterministic_algorithms(was)
+    _ops._ROUTES.clear()
+
+
+class FakeCard:
+    """Pretend the CPU is a card of compute capability `cc` on which explain_bwd answers
+    `answer(deterministic) -> (reason, family)`; records explain_bwd's arguments."""
+
+    def __init__(self, monkeypatch, cc, answer):
+        self.calls = []
+        self.answer = answer
+        monkeypatch.setattr(_ops, "_device_capability", lambda device: cc)
+        monkeypatch.setattr(_ops, "_EXPLAIN_BWD", self)
+        _ops._ROUTES.clear()  # routes decided for the card before (a real card never changes)
+
+    def __call__(self, grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
+                 enable_gqa, deterministic=False):
+        self.calls.append(dict(grad_out=grad_out, query=query, key=key, value=value, out=out,
+                               lse=lse, grad_lse=grad_lse, is_causal=is_causal, scale=scale,
+                               enable_gqa=enable_gqa, deterministic=deterministic))
+        return self.answer(deterministic)
+
+
+def kernel(family):
+    """explain_bwd's answer when a kernel of `family` runs (whatever determinism asks)."""
+    return lambda deterministic: (0, family)
+
+
+def sm90_unless_deterministic(deterministic):
+    """The C layer's AUTO on an H100 with both families built: sm80-class when determinism is on."""
+    return (0, SM80 if deterministic else SM90)
+
+
+def fc_status(prefix):
+    """The fc_status whose message (fc_status_string, c_src/flashcore.c) starts with `prefix`."""
+    for status in range(64):
+        if flashcore._status_string(status).startswith(prefix):
+            return status
+    raise AssertionError(f"no fc_status message starts with {prefix!r}")
+
+
+HEAD_DIM = fc_status("no kernel for this head_dim")  # FC_UNSUPPORTED_HEAD_DIM
+ARCH = fc_status("no FlashCore kernel for this GPU architecture")  # FC_UNSUPPORTED_ARCH
+
+
+def no_kernel(status):
+    """explain_bwd's answer when no kernel covers the call (100 + an fc_status)."""
+    return lambda deterministic: (100 + status, 0)
+
+
+def inputs(B=2, Hq=4, Hkv=4, Sq=9, Sk=11, D=64, dtype=torch.float32, requires_grad=True,
+           seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, Sq, D, generator=g, dtype=dtype)
+    k = torch.randn(B, Hkv, Sk, D, generator=g, dtype=dtype)
+    v = torch.randn(B, Hkv, Sk, D, generator=g, dtype=dtype)
+    return tuple(t.requires_grad_(requires_grad) for t in (q, k, v))
+
+
+def ran_on_aten(out) -> bool:
+    """Whether a training call's output came from aten's SDPA rather than flashcore::sdpa_fwd,
+    by its autograd node: FlashCore's is sdpa_fwd's; aten's is its CPU flash-attention kernel's
+    (ScaledDotProductFlashAttentionForCpuBackward), or its math path's last op with dropout."""
+    assert out.grad_fn is not None
+    return "sdpa_fwd" not in type(out.grad_fn).__name__
+
+
+def grads_match_aten(q, k, v, **kw):
+    """A training call through flashcore.sdpa gives aten's output and gradients (either route)."""
+    out = flashcore.sdpa(q, k, v, **kw)
+    ref = F.scaled_dot_product_attention(q, k, v, **kw)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(out, ref)
+    assert out.is_contiguous()
+    return out
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+TABLE_CASES = {  # name: (cc, explain_bwd's answer, deterministic, to_aten, path)
+    "h100_sm90": ((9, 0), kernel(SM90), False, False, "sm90"),
+    "h100_sm80": ((9, 0), kernel(SM80), False, True, "sm80"),
+    "h100_deterministic": ((9, 0), sm90_unless_deterministic, True, True, "sm80"),
+    "h100_not_deterministic": ((9, 0), sm90_unless_deterministic, False, False, "sm90"),
+    "h100_python_head_dim": ((9, 0), no_kernel(HEAD_DIM), False, True, "python"),
+    "ada_sm80": ((8, 9), kernel(SM80), False, False, "sm80"),
+    # The Python backward goes to aten on every card (TRAINING_TABLE's (None, "python") entry).
+    "ada_python": ((8, 9), no_kernel(HEAD_DIM), False, True, "python"),
+    "a100_python": ((8, 0), no_kernel(ARCH), False, True, "python"),
+}
+
+
+@pytest.mark.parametrize("name", list(TABLE_CASES))
+def test_table_decision_and_where_the_call_runs(name, monkeypatch):
+    cc, answer, deterministic, to_aten, path = TABLE_CASES[name]
+    card = FakeCard(monkeypatch, cc, answer)
+    torch.use_deterministic_algorithms(deterministic)
+    q, k, v = inputs()
+    route = _ops.training_route(q, k, v, None, False, None, False)
+    assert (route.to_aten, route.path) == (to_aten, path)
+    assert card.calls and card.calls[-1]["deterministic"] is deterministic
+    out = grads_match_aten(q, k, v)
+    assert ran_on_aten(out) is to_aten
+
+
+def test_table_policy():
+    """Today's H100 policy (update together with TRAINING_TABLE and bench/NOTES.md): the sm90
+    backward on FlashCore, the sm80-class and Python backwards on aten, each with its reason."""
+    assert _ops.TRAINING_TABLE[((9, 0), "sm90")][0] is True
+    assert _ops.TRAINING_TABLE[((9, 0), "sm80")][0] is False
+    assert "bench/NOTES.md" in _ops.TRAINING_TABLE[((9, 0), "sm80")][1]
+    assert _ops.TRAINING_TABLE[((9, 0), "python")][0] is False
+
+
+def test_unlisted_device_keeps_flashcore_and_says_so(monkeypatch):
+    FakeCard(monkeypatch, (8, 9), kernel(SM80))
+    route = _ops.training_route(*inputs(), None, False, None, False)
+    assert not route.to_aten
+    assert route.note == ("no measurement on compute capability 8.9: FlashCore's own backward, "
+                          "as before")
+
+
+def test_mask_means_python_without_asking_explain_bwd(monkeypatch):
+    card = FakeCard(monkeypatch, (9, 0), kernel(SM90))
+    q, k, v = inputs()
+    mask = torch.rand(2, 1, 9, 11) > 0.3
+    mask[..., 0] = True
+    route = _ops.training_route(q, k, v, mask, False, None, False)
+    assert (route.to_aten, route.path, route.reason) == (True, "python", 12)
+    assert card.calls == []  # the backward kernels take no mask: nothing to ask
+    out = flashcore.sdpa(q, k, v, mask)
+    assert ran_on_aten(out)
+
+
+def test_cpu_goes_to_flashcore_as_before():
+    """No CUDA device: no table applies, FlashCore's ops as before (aten's forward inside
+    sdpa_fwd and the Python backward), without asking explain_bwd."""
+    q, k, v = inputs()
+    route = _ops.training_route(q, k, v, None, False, None, False)
+    assert (route.to_aten, route.path, route.reason) == (False, "python", 1)
+    assert not ran_on_aten(grads_match_aten(q, k, v))
+
+
+def test_head_dim_entry_wins_over_the_family_entry(monkeypatch):
+    FakeCard(monkeypatch, (9, 0), kernel(SM90))
+    monkeypatch.setitem(_ops.TRAINING_TABLE, ((9, 0), "sm90", 64), (False, "D=64 measured slower"))
+    route64 = _ops.training_route(*inputs(D=64), None, False, None, False)
+    route128 = _ops.training_route(*inputs(D=128), None, False, None, False)
+    assert route64.to_aten and route64.note == "D=64 measured slower"
+    assert not route128.to_aten
+
+
+def test_an_edited_entry_changes_the_route(monkeypatch):
+    FakeCard(monkeypatch, (9, 0), kernel(SM90))
+    monkeypatch.setitem(_ops.TRAINING_TABLE, ((9, 0), "sm90"), (False, "measured slower"))
+    q, k, v = inputs()
+    assert ran_on_aten(grads_match_aten(q, k, v))
+
+
+def test_dropout_goes_to_aten_whatever_the_table(monkeypatch):
+    FakeCard(monkeypatch, (9, 0), kernel(SM90))
+    q, k, v = inputs()
+    assert ran_on_aten(flashcore.sdpa(q, k, v, dropout_p=0.2))
+
+
+def test_no_grad_calls_are_not_routed(monkeypatch):
+    card = FakeCard(monkeypatch, (9, 0), kernel(SM80))
+    q, k, v = inputs(requires_grad=False)
+    out = flashcore.sdpa(q, k, v)
+    assert out.grad_fn is None and card.calls == []
+
+
+# ---- FLASHCORE_TRAINING ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("env,answer,to_aten", [
+    ("flashcore", kernel(SM80), False),   # the table says aten; forced FlashCore
+    ("aten", kernel(SM90), True),         # the table says FlashCore; forced aten
+    ("auto", kernel(SM80), True),
+    ("auto", kernel(SM90), False),
+    ("", kernel(SM80), True),             # empty means auto
+])
+def test_flashcore_training_overrides(env, answer, to_aten, monkeypatch):
+    FakeCard(monkeypatch, (9, 0), answer)
+    monkeypatch.setenv("FLASHCORE_TRAINING", env)
+    q, k, v = inputs()
+    assert ran_on_aten(grads_match_aten(q, k, v)) is to_aten
+
+
+def test_flashcore_training_is_read_at_each_call(monkeypatch):
+    FakeCard(monkeypatch, (9, 0), kernel(SM80))
+    q, k, v = inputs()
+    assert ran_on_aten(flashcore.sdpa(q, k, v))
+    monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")
+    assert not ran_on_aten(flashcore.sdpa(q, k, v))
+    monkeypatch.setenv("FLASHCORE_TRAINING", "auto")
+    assert ran_on_aten(flashcore.sdpa(q, k, v))
+
+
+def test_flashcore_training_bad_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("FLASHCORE_TRAINING", "cudnn")
+    q, k, v = inputs()
+    with pytest.raises(ValueError, match="FLASHCORE_TRAINING must be one of 'auto', 'flashcore', "
+                                         "'aten' \\(got 'cudnn'\\)"):
+        flashcore.sdpa(q, k, v)
+    with pytest.raises(ValueError, match="FLASHCORE_TRAINING"):
+        flashcore.explain_training(q, k, v)
+    with torch.no_grad():  # a call that records no gradient takes no route
+        flashcore.sdpa(q, k, v)
+
+
+def test_forced_family_keeps_training_on_flashcore(monkeypatch):
+    """FLASHCORE_FAMILY forces FlashCore's kernels (for testing and timing them); the training
+    route must not quietly hand such calls to aten. FLASHCORE_TRAINING=aten still wins."""
+    FakeCard(monkeypatch, (9, 0), kernel(SM80))
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
+    q, k, v = inputs()
+    assert not ran_on_aten(flashcore.sdpa(q, k, v))
+    assert flashcore.explain_training(q, k, v) == (
+        f"flashcore: forward {CPU_FORWARD}, backward kernel sm80 "
+        "(FLASHCORE_FAMILY=sm80 forces FlashCore's kernels)")
+    monkeypatch.setenv("FLASHCORE_TRAINING", "aten")
+    assert ran_on_aten(flashcore.sdpa(q, k, v))
+
+
+# ---- what explain_bwd is asked before the forward ----------------------------------------------
+
+def test_stand_ins_have_the_call_layout_and_cost_no_memory(monkeypatch):
+    card = FakeCard(monkeypatch, (9, 0), kernel(SM90))
+    # HuggingFace's layout: (B, S, H, D) storage seen as (B, H, S, D); GQA 8:2; fp16.
+    B, Hq, Hkv, Sq, Sk, D = 2, 8, 2, 33, 40, 64
+    q = torch.randn(B, Sq, Hq, D, dtype=torch.float16).transpose(1, 2)
+    k = torch.randn(B, Sk, Hkv, D, dtype=torch.float16).transpose(1, 2)
+    v = torch.randn(B, Hkv, Sk, D, dtype=torch.float16)
+    _ops.training_route(q, k, v, None, True, 0.25, True, deterministic=True)
+    (call,) = card.calls
+    for name, real in (("query", q), ("key", k), ("value", v)):
+        got = call[name]
+        assert type(got) is torch.Tensor
+        assert (got.shape, got.stride(), got.dtype) == (real.shape, real.stride(), real.dtype)
+    for name in ("out", "grad_out"):  # what the forward and autograd will give: contiguous
+        got = call[name]
+        assert got.shape == (B, Hq, Sq, D) and got.dtype == torch.float16 and got.is_contiguous()
+    lse = call["lse"]
+    assert lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32 and lse.is_contiguous()
+    assert call["grad_lse"] is None
+    assert (call["is_causal"], call["scale"], call["enable_gqa"], call["deterministic"]) == \
+           (True, 0.25, True, True)
+    # No memory behind them: a made-up, 512-byte-aligned address that nothing reads.
+    for name in ("query", "key", "value", "out", "grad_out", "lse"):
+        assert call[name].data_ptr() == _ops._STAND_IN_ADDRESS
+
+
+def test_stand_ins_keep_misalignment(monkeypatch):
+    """A view starting 2 bytes past an aligned block fails the kernels' 16-byte rule; its
+    stand-in must too (explain_bwd reads the pointer's alignment)."""
+    card = FakeCard(monkeypatch, (9, 0), kernel(SM90))
+    base = torch.randn(2 * 4 * 9 * 64 + 1, dtype=torch.float16)
+    q = base[1:].view(2, 4, 9, 64)
+    k = v = torch.randn(2, 4, 9, 64, dtype=torch.float16)
+    _ops.training_route(q, k, v, None, False, None, False)
+    assert card.calls[-1]["query"].data_ptr() % 16 == q.data_ptr() % 16 == 2
+    assert card.calls[-1]["key"].data_ptr() % 16 == 0
+
+
+def test_broadcast_sizes_do_not_reach_explain_bwd(monkeypatch):
+    card = FakeCard(monkeypatch, (9, 0), kernel(SM90))
+    q = torch.randn(2, 4, 9, 64)
+    k = v = torch.randn(3, 4, 9, 64)  # batch 2 vs 3: sdpa itself raises for this
+    route = _ops.training_route(q, k, v, None, False, None, False)
+    assert (route.path, route.reason, card.calls) == ("python", 3, [])
+    q3 = torch.randn(4, 9, 64)  # not 4-D: no backward kernel
+    route = _ops.training_route(q3, q3, q3, None, False, None, False)
+    assert (route.path, route.reason, card.calls) == ("python", 2, [])
+
+
+def test_route_is_cached_per_layout_and_flags(monkeypatch):
+    card = FakeCard(monkeypatch, (9, 0), kernel(SM90))
+    q, k, v = inputs()
+    for _ in range(3):
+        _ops.training_route(q, k, v, None, False, None, False)
+    _ops.training_route(*inputs(seed=1), None, False, None, False)  # same layout, other data
+    assert len(card.calls) == 1
+    _ops.training_route(q, k, v, None, True, None, False)  # causal
+    _ops.training_route(q, k, v, None, False, None, False, deterministic=True)
+    _ops.training_route(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, None, False, None,
+                        False)  # another layout of q
+    assert len(card.calls) == 4
+
+
+def test_backward_passes_deterministic_to_the_kernel_choice(monkeypatch):
+    """sdpa_bwd's implementation reads torch.are_deterministic_algorithms_enabled() when it runs
+    and hands it to explain_bwd / sdpa_bwd_kernel (through _kernel_bwd_covers)."""
+    seen = []
+    real = _ops._kernel_bwd_covers
+
+    def spy(*args):
+        seen.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(_ops, "_kernel_bwd_covers", spy)
+    q, k, v = inputs()
+    for flag in (False, True):
+        torch.use_deterministic_algorithms(flag)
+        flashcore.sdpa(q, k, v).sum().backward()
+    assert seen == [False, True]
+
+
+# ---- explain_training and explain_backward -----------------------------------------------------
+
+def test_explain_training_strings(monkeypatch):
+    q, k, v = inputs()
+    assert flashcore.explain_training(q, k, v) == (
+        f"flashcore: forward {CPU_FORWARD}, backward python: a tensor is not on a CUDA device")
+
+    FakeCard(monkeypatch, (9, 0), sm90_unless_deterministic)
+    assert flashcore.explain_training(q, k, v) == (
+        f"flashcore: forward {CPU_FORWARD}, backward kernel sm90")
+    torch.use_deterministic_algorithms(True)
+    assert flashcore.explain_training(q, k, v) == (
+        "aten: FlashCore's backward here would be the sm80-class kernel (deterministic), slower "
+        "than PyTorch's on this device (0.39-0.74x cuDNN's backward on the H100, "
+        "bench/NOTES.md)")
+    torch.use_deterministic_algorithms(False)
+
+    mask = torch.ones(9, 11, dtype=torch.bool)
+    assert flashcore.explain_training(q, k, v, mask) == (
+        "aten: FlashCore's backward here would be the Python backward (an attn_mask: the "
+        "backward kernels take none), slower than PyTorch's on this device (an unfused fp32 "
+        "recomputation)")
+    assert flashcore.explain_training(q, k, v, dropout_p=0.1) == (
+        "aten: dropout_p > 0 (aten owns the dropout RNG and its backward)")
+
+    monkeypatch.setenv("FLASHCORE_TRAINING", "aten")
+    assert flashcore.explain_training(q, k, v) == "aten: FLASHCORE_TRAINING=aten"
+    monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")
+    assert flashcore.explain_training(q, k, v, mask) == (
+        f"flashcore: forward {CPU_FORWARD}, backward python: an attn_mask: the backward kernels "
+        "take none (FLASHCORE_TRAINING=flashcore)")
+
+
+def test_explain_training_on_a_device_without_measurements(monkeypatch):
+    FakeCard(monkeypatch, (8, 9), kernel(SM80))
+    q, k, v = inputs()
+    assert flashcore.explain_training(q, k, v, is_causal=True) == (
+        f"flashcore: forward {CPU_FORWARD}, backward kernel sm80 (no measurement on compute "
+        "capability 8.9: FlashCore's own backward, as before)")
+
+
+def test_explain_training_python_reason_names_the_status(monkeypatch):
+    FakeCard(monkeypatch, (9, 0), no_kernel(HEAD_DIM))
+    q, k, v = inputs()
+    got = flashcore.explain_training(q, k, v)
+    assert got.startswith("aten: FlashCore's backward here would be the Python backward (no "
+                          "kernel for this head_dim"), got
+
+
+def test_explain_training_says_what_the_call_does(monkeypatch):
+    """The string and the route agree: "aten:" exactly when the call runs on aten."""
+    for answer in (kernel(SM90), kernel(SM80), no_kernel(HEAD_DIM)):
+        _ops._ROUTES.clear()
+        FakeCard(monkeypatch, (9, 0), answer)
+        q, k, v = inputs()
+        said = flashcore.explain_training(q, k, v)
+        assert said.startswith("aten:") is ran_on_aten(flashcore.sdpa(q, k, v)), said
+
+
+def test_explain_training_raises_for_bad_inputs():
+    q, k, v = inputs()
+    with pytest.raises(RuntimeError, match="key must have the same dtype as query"):
+        flashcore.explain_training(q, k.double(), v)
+
+
+def test_explain_backward_strings(monkeypatch):
+    q, k, v = inputs(requires_grad=False)
+    out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v)
+    g = torch.randn_like(out)
+    # The real op on the CPU: no kernel.
+    assert flashcore.explain_backward(g, q, k, v, out, lse) == \
+        "python: a tensor is not on a CUDA device"
+    card = FakeCard(monkeypatch, (9, 0), sm90_unless_deterministic)
+    assert flashcore.explain_backward(g, q, k, v, out, lse) == "kernel sm90"
+    assert card.calls[-1]["deterministic"] is False
+    torch.use_deterministic_algorithms(True)
+    assert flashcore.explain_backward(g, q, k, v, out, lse) == "kernel sm80 (deterministic)"
+    assert flashcore.explain_backward(g, q, k, v, out, lse, deterministic=False) == "kernel sm90"
+    FakeCard(monkeypatch, (8, 9), kernel(SM80))  # Ada: sm80 anyway, determinism chose nothing
+    assert flashcore.explain_backward(g, q, k, v, out, lse) == "kernel sm80"
+    FakeCard(monkeypatch, (9, 0), lambda d: (7, 0))
+    assert flashcore.explain_backward(g, q, k, v, out, lse) == \
+        "python: dtype is not float16 or bfloat16"
+
+
+# ---- the ops' schemas and fakes ----------------------------------------------------------------
+
+def _bwd_args(dtype=torch.float32):
+    q, k, v = inputs(Hkv=2, dtype=dtype, requires_grad=False)
+    out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, is_causal=True, enable_gqa=True)
+    return (torch.randn_like(out), q, k, v, out, lse, None, True, None, True)
+
+
+def test_bwd_op_schemas_take_deterministic():
+    for op in (EXPLAIN_BWD, BWD_KERNEL):
+        last = op._schema.arguments[-1]
+        assert (last.name, str(last.type), last.default_value) == ("deterministic", "bool", False)
+    assert [str(r.type) for r in EXPLAIN_BWD._schema.returns] == ["int", "int"]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_explain_bwd_returns_reason_and_family(deterministic):
+    args = _bwd_args()
+    assert torch.ops.flashcore.explain_bwd(*args, deterministic) == (1, 0)  # CPU: not CUDA
+    assert torch.ops.flashcore.explain_bwd(*args, deterministic=deterministic) == (1, 0)
+    torch.library.opcheck(EXPLAIN_BWD, args + (deterministic,),
+                          test_utils=("test_schema", "test_autograd_registration",
+                                      "test_faketensor", "test_aot_dispatch_dynamic"))
+    got = torch.ops.flashcore.sdpa_bwd_kernel(*args, deterministic=deterministic)
+    expected = torch.ops.flashcore.sdpa_bwd(*args[:7], None, *args[7:], False)[:3]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+
+
+def test_explain_bwd_fake_returns_a_pair():
+    """The fake (and Meta kernel) answers as the C++ kernel does: a (reason, family) pair."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    args = _bwd_args(torch.float16)
+    with FakeTensorMode() as mode:
+        fake = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+        got = EXPLAIN_BWD(*fake, True)
+    assert got == (1, 0) and all(type(x) is int for x in got)
+    meta = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+    assert _ops._explain_bwd_fake(*meta, True) == (1, 0)
+
+
+# ---- torch.compile -----------------------------------------------------------------------------
+
+def _compiled_training(lengths, atol=1e-5, rtol=1e-5):
+    """torch.compile(fullgraph=True, dynamic=True) of tests/attention_block.py's block at dim 32
+    (head dim 8), forward and backward for each length, against eager; returns the compile
+    counter and the call_function targets of the traced forward and backward graphs."""
+    import torch._dynamo.testing
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch._aot_autograd.utils import make_boxed_func
+    targets = set()
+
+    def compiler(gm, _inputs):
+        targets.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return make_boxed_func(gm.forward)
+
+    torch.manual_seed(0)
+    model = _AttentionBlock(32)
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(
+        aot_autograd(fw_compiler=compiler, bw_compiler=compiler))
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
+    for s in lengths:
+        x = torch.randn(2, s, 32, requires_grad=True)
+        y = compiled(x)
+        gy = torch.randn_like(y)
+        got = torch.autograd.grad(y, [x, *model.parameters()], gy)
+        y_ref = model(x)
+        expected = torch.autograd.grad(y_ref, [x, *model.parameters()], gy)
+        torch.testing.assert_close(y, y_ref, atol=atol, rtol=rtol)
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, atol=atol, rtol=rtol)
+    return counter, targets
+
+
+@pytest.mark.parametrize("answer,to_aten", [(kernel(SM80), True), (kernel(SM90), False)],
+                         ids=["aten", "flashcore"])
+def test_compile_decides_the_route_while_tracing(answer, to_aten, monkeypatch):
+    """The route is decided on fake tensors while tracing, from real stand-ins (no graph node,
+    no graph break), once: one graph serves every length (the route reads sizes without guards)."""
+    card = FakeCard(monkeypatch, (9, 0), answer)
+    counter, targets = _compiled_training(lengths=(17, 33, 50))
+    assert counter.frame_count == 1
+    assert card.calls and all(type(card.calls[0][n]) is torch.Tensor
+                              for n in ("query", "key", "value", "out", "lse", "grad_out"))
+    assert not any("explain" in t for t in targets)
+    flashcore_ops = {"flashcore.sdpa_fwd.default", "flashcore.sdpa_bwd.default"}
+    if to_aten:
+        assert not targets & flashcore_ops
+        assert any("scaled_dot_product" in t for t in targets), targets
+    else:
+        assert flashcore_ops <= targets
+
+
+def test_compile_no_graph_break_with_route(monkeypatch):
+    FakeCard(monkeypatch, (9, 0), kernel(SM80))
+    torch._dynamo.reset()
+    x = torch.randn(2, 9, 32, requires_grad=True)
+    result = torch._dynamo.explain(_AttentionBlock(32))(x)
+    assert result.graph_break_count == 0 and result.graph_count == 1
+
+
+def test_compile_on_cpu_keeps_flashcore_ops():
+    """Without a faked card (the CPU): the compiled training step holds FlashCore's ops, as
+    before."""
+    counter, targets = _compiled_training(lengths=(17, 33))
+    assert counter.frame_count == 1
+    assert {"flashcore.sdpa_fwd.default", "flashcore.sdpa_bwd.default"} <= targets
+
+
+# ---- on a GPU: the stand-ins' answer equals the real tensors' ----------------------------------
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_gpu_route_matches_explain_backward(D, dtype, deterministic):
+    """What the route asked before the forward (stand-ins) is what explain_bwd says for the real
+    forward's out and lse and a contiguous grad_out, and explain_training follows the table."""
+    q = torch.randn(2, 256, 8, D, device="cuda", dtype=dtype).transpose(1, 2)  # HF layout
+    k = torch.randn(2, 256, 2, D, device="cuda", dtype=dtype).transpose(1, 2)
+    v = torch.randn(2, 256, 2, D, device="cuda", dtype=dtype).transpose(1, 2)
+    route = _ops.training_route(q, k, v, None, True, None, True, deterministic=deterministic)
+    with torch.no_grad():
+        out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, is_causal=True, enable_gqa=True)
+    real = torch.ops.flashcore.explain_bwd(torch.randn_like(out), q, k, v, out, lse, None, True,
+                                           None, True, deterministic)
+    assert (route.reason, route.family) == real
+    cc = torch.cuda.get_device_capability()
+    torch.use_deterministic_algorithms(deterministic)
+    said = flashcore.explain_training(q, k, v, is_causal=True, enable_gqa=True)
+    entry = _ops.TRAINING_TABLE.get((cc, route.path))
+    assert said.startswith("aten:") is (entry is not None and not entry[0]), said
