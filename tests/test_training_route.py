@@ -582,5 +582,5 @@ def test_gpu_route_matches_explain_backward(D, dtype, deterministic):
     cc = torch.cuda.get_device_capability()
     torch.use_deterministic_algorithms(deterministic)
     said = flashcore.explain_training(q, k, v, is_causal=True, enable_gqa=True)
-    entry = _ops.TRAINING_TABLE.get((cc, route.path))
+    entry = _ops.training_table_entry(cc, route.path, D)
     assert said.startswith("aten:") is (entry is not None and not entry[0]), said

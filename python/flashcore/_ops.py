@@ -382,16 +382,26 @@ torch.library.register_autograd("flashcore::sdpa_fwd", _fwd_backward,
 # The measurements behind every entry live in bench/NOTES.md: change an entry together with the
 # numbers there that justify it.
 TRAINING_TABLE = {
-    # H100 / H200. sm90: no measurement against cuDNN yet (the kernel is new), FlashCore until
-    # bench/NOTES.md says otherwise. sm80: "Fused backward v1" in bench/NOTES.md. python: fp32
-    # recomputation in unfused PyTorch ops, against aten's fused backward kernels.
+    # H100 / H200 (bench/results/nvidia-h100-80gb-hbm3_2026-11-27_1053_bwd.json, bench/NOTES.md).
+    # sm90: D=128 0.96-1.03x cuDNN's backward on the sweep, with the forward ahead: FlashCore;
+    # D=64 0.81-0.89x: aten until the kernel catches up. sm80: "Fused backward v1" in
+    # bench/NOTES.md. python: fp32 recomputation in unfused PyTorch ops, against aten's fused
+    # backward kernels.
     ((9, 0), "sm90"): (True, ""),
+    ((9, 0), "sm90", 64): (False, "D=64: 0.81-0.89x cuDNN's backward on the H100, bench/NOTES.md"),
     ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, bench/NOTES.md"),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),
     # Any other card: the Python backward is an unfused fp32 recomputation, slower than aten's
     # fused backwards wherever they run (masks: efficient; other head dims: flash/efficient).
     (None, "python"): (False, "an unfused fp32 recomputation"),
 }
+
+def training_table_entry(cc, path, head_dim):
+    """TRAINING_TABLE's entry for a backward path on a device: the head dim's own, else the
+    path's on that device, else the path's on any device; None if there is none."""
+    return (TRAINING_TABLE.get((cc, path, head_dim)) or TRAINING_TABLE.get((cc, path))
+            or TRAINING_TABLE.get((None, path)))
+
 
 # explain_bwd's family codes (fc_family) as backward paths; 0 (no kernel) is "python".
 _FAMILY_PATHS = {1: "sm80", 2: "sm90"}
@@ -524,8 +534,7 @@ def _decide_route(q_layout, k_layout, v_layout, no_mask, is_causal, scale, enabl
     path = _FAMILY_PATHS.get(family, "python") if reason == 0 else "python"
     sizes = q_layout[0]
     head_dim = sizes[-1] if len(sizes) else 0
-    entry = (TRAINING_TABLE.get((cc, path, head_dim)) or TRAINING_TABLE.get((cc, path))
-             or TRAINING_TABLE.get((None, path)))
+    entry = training_table_entry(cc, path, head_dim)
     if entry is None:
         flashcore, note = True, (f"no measurement on compute capability {cc[0]}.{cc[1]}: "
                                  "FlashCore's own backward, as before")
