@@ -7,7 +7,7 @@ form is spelled out; this script keeps them consistent. Run it after changing FO
 """
 
 FORMS = [  # (N, A from "ss" shared memory or "rs" registers)
-    (64, "ss"), (80, "ss"), (128, "ss"), (176, "ss"), (64, "rs"), (128, "rs"), (256, "rs"),
+    (32, "ss"), (64, "ss"), (80, "ss"), (128, "ss"), (176, "ss"), (64, "rs"), (128, "rs"), (256, "rs"),
 ]
 DTYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
 

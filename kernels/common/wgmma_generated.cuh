@@ -16,6 +16,32 @@ template <int N, WgmmaA kSrc, typename Elem>
 struct Wgmma;
 
 template <>
+struct Wgmma<32, WgmmaA::SS, __half> {
+    template <int kTransB, int kTransA = 0>
+    __device__ __forceinline__ static void mma(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %20, %19;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB), "n"(kTransA));
+    }
+};
+
+template <>
+struct Wgmma<32, WgmmaA::SS, __nv_bfloat16> {
+    template <int kTransB, int kTransA = 0>
+    __device__ __forceinline__ static void mma(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %20, %19;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB), "n"(kTransA));
+    }
+};
+
+template <>
 struct Wgmma<64, WgmmaA::SS, __half> {
     template <int kTransB, int kTransA = 0>
     __device__ __forceinline__ static void mma(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {

@@ -20,13 +20,12 @@
 //     read N-major (no transpose pass).
 //   * dQ needs dS = (dS^T)^T as an A operand: each warpgroup writes its dS^T rows to shared
 //     memory in the 128-byte-swizzled layout wgmma reads M-major (transposed A), and dQ for the
-//     tile comes from one more GEMM against K (read N-major). D=128 splits dQ's columns between
-//     the warpgroups (each reads both warpgroups' dS^T: a barrier of the two); D=64 splits the
-//     keys (each warpgroup its own dS^T: a barrier of its own, twice the dQ additions). Two dS^T
-//     buffers, so a step may write one while the previous step's GEMM reads the other.
+//     tile comes from one more GEMM against K (read N-major). The warpgroups split dQ's columns
+//     (each reads both warpgroups' dS^T: a barrier of the two). Two dS^T buffers, so a step may
+//     write one while the previous step's GEMM reads the other.
 //   * The tile's dQ goes to an fp32 staging tile in shared memory, and the second warp of the
-//     producer warpgroup adds it to the fp32 accumulator in global memory, one bulk reduction
-//     (cp.reduce.async.bulk .add.f32) per row: dQ sums over key blocks in whatever order they
+//     producer warpgroup adds it to the fp32 accumulator in global memory with one bulk
+//     reduction (cp.reduce.async.bulk .add.f32): dQ sums over key blocks in whatever order they
 //     finish, so its last bits may vary from run to run.
 //   * GQA: the group's query heads are steps of the same CTA, so dK and dV are summed in
 //     registers, in a fixed order. Causal (top-left): steps start at the first query tile that
@@ -76,10 +75,8 @@ struct BwdTraits {
     static constexpr int kQPanelBytes = kBlockM * 128;
     static constexpr int kQBytes = kPanels * kQPanelBytes;
     static constexpr int kRowTermBytes = kBlockM * 4;  // LSE2 or delta of one step
-    // dQ = dS K per step: D=64 splits the keys between the warpgroups, D=128 the columns.
-    static constexpr bool kDqSplitsKeys = kHeadDim == 64;
-    static constexpr int kDqCols = kDqSplitsKeys ? kHeadDim : kHeadDim / 2;
-    static constexpr int kDqKeys = kDqSplitsKeys ? 64 : kBlockN;
+    // dQ = dS K per step: the warpgroups split its columns (each reads all 128 keys of dS).
+    static constexpr int kDqCols = kHeadDim / 2;
     // dS^T of the CTA's 128 keys x 64 queries: one 128-byte panel of 128 rows. Two buffers: a
     // step writes one while the previous step's dQ GEMM may still read the other.
     static constexpr int kDsBytes = kBlockN * kBlockM * 2;
@@ -91,15 +88,14 @@ struct BwdTraits {
     static constexpr int kOffQ = kOffV + kKVBytes;
     static constexpr int kOffDo = kOffQ + kStages * kQBytes;
     static constexpr int kOffDs = kOffDo + kStages * kQBytes;
-    // dQ staging (fp32, rows of kDqStagePitch bytes: 8 words past a multiple of 32, so a warp's
-    // float2 stores of 8 rows hit every bank once per half; the accumulator's rows in global
-    // memory have the same pitch, so a staged tile is one bulk reduction): D=128 one 64 x 128 tile
-    // (each warpgroup its 64 columns), D=64 one 64 x 64 tile per warpgroup (each its keys' partial).
-    static constexpr int kDqStages = kDqSplitsKeys ? kConsumers : 1;
+    // dQ staging: one 64 x D fp32 tile, each warpgroup its columns. Rows of kDqStagePitch bytes,
+    // 8 words past a multiple of 32, so a warp's float2 stores of 8 rows hit every bank once per
+    // half; the accumulator's rows in global memory have the same pitch, so a staged tile is one
+    // bulk reduction.
     static constexpr int kDqStagePitch = kDqPitch<kHeadDim> * 4;
     static constexpr int kDqStageBytes = kBlockM * kDqStagePitch;
     static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;
-    static constexpr int kOffLse = kOffDq + kDqStages * kDqStageBytes;
+    static constexpr int kOffLse = kOffDq + kDqStageBytes;
     static constexpr int kOffDelta = kOffLse + kStages * kRowTermBytes;
     static constexpr int kSmemBytes = kOffDelta + kStages * kRowTermBytes + 1024 /* alignment */;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
@@ -178,12 +174,9 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                 const int head_q = steps.head_q(step, head_kv, group), m_start = steps.m_start(step, kBlockM);
                 float *rows = ws.dq_accum + ((static_cast<int64_t>(batch) * f.heads_q + head_q) * ws.padded_seqlen +
                                              m_start) * kDqPitch<kHeadDim>;
-                const uint32_t staged = smem_addr(smem + T::kOffDq);
-#pragma unroll
-                for (int part = 0; part < T::kDqStages; ++part)
-                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                                 ::"l"(rows), "r"(staged + part * T::kDqStageBytes), "n"(T::kDqStageBytes)
-                                 : "memory");
+                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                             ::"l"(rows), "r"(smem_addr(smem + T::kOffDq)), "n"(T::kDqStageBytes)
+                             : "memory");
                 asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
                 asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
                 ptx::mbarrier_arrive(&bars.dq_empty);
@@ -238,10 +231,10 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
 
     // The staging rows' padding goes out with every reduction: zeros (the stores reach the async
     // proxy through each thread's fence before its first dq_full arrival).
-    for (int i = threadIdx.x - 128; i < T::kDqStages * kBlockM * 2; i += 128 * T::kConsumers) {
-        const int part = i / (2 * kBlockM), row = i / 2 % kBlockM, half = i % 2;
-        *reinterpret_cast<float4 *>(smem + T::kOffDq + part * T::kDqStageBytes + row * T::kDqStagePitch +
-                                    kHeadDim * 4 + half * 16) = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = threadIdx.x - 128; i < kBlockM * 2; i += 128 * T::kConsumers) {
+        const int row = i / 2, half = i % 2;
+        *reinterpret_cast<float4 *>(smem + T::kOffDq + row * T::kDqStagePitch + kHeadDim * 4 + half * 16) =
+            make_float4(0.f, 0.f, 0.f, 0.f);
     }
 
     float dk[kHeadDim / 2], dv[kHeadDim / 2];
@@ -346,21 +339,21 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                 asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[kk][i]) : "memory");
             }
         ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to wgmma
-        if constexpr (T::kDqSplitsKeys)
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-        else
-            asm volatile("bar.sync 3, 256;\n" ::: "memory");
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both warpgroups' dS^T rows are in
 
         // ---- dQ (64 queries x kDqCols) = dS K: dS read M-major from dS^T, K read N-major ----
         float dq[T::kDqCols / 2];
         {
-            const uint32_t ds_a = ds_tile + (T::kDqSplitsKeys ? wg * 64 * 128 : 0);
-            const uint32_t k_b = base + T::kOffK + (T::kDqSplitsKeys ? wg * 64 * 128 : wg * T::kKVPanelBytes);
-            const uint64_t desc_a0 = smem_desc(ds_a, T::kDsBytes, 1024), desc_b0 = smem_desc(k_b, T::kKVPanelBytes, 1024);
+            // This warpgroup's columns of K: a panel of their own (D=128), or the second half of
+            // the panel's 128-byte rows (D=64: the descriptor starts 64 bytes in; the swizzle is
+            // a function of the address, as TMA wrote it).
+            const int first_col = wg * T::kDqCols;
+            const uint32_t k_b = base + T::kOffK + first_col / 64 * T::kKVPanelBytes + first_col % 64 * 2;
+            const uint64_t desc_a0 = smem_desc(ds_tile, T::kDsBytes, 1024), desc_b0 = smem_desc(k_b, T::kKVPanelBytes, 1024);
             fence_registers(dq);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < T::kDqKeys / 16; ++kk)
+            for (int kk = 0; kk < kBlockN / 16; ++kk)
                 Wgmma<T::kDqCols, WgmmaA::SS, Elem>::template mma<1, 1>(dq, desc_a0 + kk * 2048 / 16,
                                                                        desc_b0 + kk * 2048 / 16, kk > 0);
             wgmma_commit();
@@ -374,8 +367,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
 
         // ---- dQ to the staging, for the dQ writer ----
         wait_barrier(&bars.dq_empty, (step & 1) ^ 1);  // the previous step's reductions have read it
-        const uint32_t dq_stage = base + T::kOffDq + (T::kDqSplitsKeys ? wg * T::kDqStageBytes : 0) +
-                                  (T::kDqSplitsKeys ? 0 : wg * T::kDqCols * 4) + col_in_tile * 4;
+        const uint32_t dq_stage = base + T::kOffDq + wg * T::kDqCols * 4 + col_in_tile * 4;
 #pragma unroll
         for (int j = 0; j < T::kDqCols / 8; ++j)
 #pragma unroll
