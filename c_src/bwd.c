@@ -5,7 +5,7 @@
  *
  * Two kernel families: the sm80-class one (mma.sync + cp.async, kernels/bwd_sm80.cuh), built for
  * sm_89 and sm_90a, deterministic; and the Hopper one (TMA + wgmma, kernels/sm90/bwd_kernel.cuh),
- * sm_90a only, which sums dq through fp32 atomics. CMake defines FC_HAVE_SM80_BWD_HDIM<d>_<dtype>
+ * sm_90a only, which sums dq through fp32 reductions in any order. CMake defines FC_HAVE_SM80_BWD_HDIM<d>_<dtype>
  * and FC_HAVE_SM90_BWD_HDIM<d>_<dtype> for each instantiation it builds.
  */
 #include "dispatch.h"
@@ -161,8 +161,13 @@ static const bwd_entry *find_bwd_kernel(fc_family family, const fc_params *f) {
 }
 
 /* The Hopper family loads Q, dO, K and V through TMA tensor maps: the forward's layout rules
- * (no broadcast dim, positive scale) for q, k, v, and for dout as a Q-shaped operand. */
+ * (no broadcast dim, positive scale) for q, k, v, and for dout as a Q-shaped operand. Its grid is
+ * one dimension of (128-key block, KV head, batch) CTAs, at most 2^31 - 1 of them. */
 static int sm90_takes_layout(const fc_bwd_params *p) {
+    int64_t ctas = 0;
+    if (__builtin_mul_overflow((p->fwd.seqlen_k + 127) / 128, p->fwd.heads_kv, &ctas) ||
+        __builtin_mul_overflow(ctas, p->fwd.batch, &ctas) || ctas > INT32_MAX)
+        return 0;
     fc_params as_dout = p->fwd;
     as_dout.q_stride_b = p->do_stride_b;
     as_dout.q_stride_h = p->do_stride_h;

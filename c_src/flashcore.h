@@ -175,7 +175,8 @@ cudaError_t fc_last_cuda_error(void);
  *   - sm80-class (mma.sync + cp.async; sm_89, and sm_90 by the same code): no atomics, so two
  *     calls on the same inputs give bitwise equal gradients.
  *   - sm90 (TMA + wgmma, sm_90a; head dims 64 and 128): one pass over key blocks, dq summed in
- *     fp32 through atomic adds, so dq may differ in its last bits from run to run (dk, dv do not).
+ *     fp32 through bulk reductions in any order, so dq may differ in its last bits from run to
+ *     run (dk, dv do not).
  *     AUTO picks it on sm_90 unless `deterministic` is set.
  *
  * Usage:

@@ -8,7 +8,7 @@
 //       if no kernel covers the call: ask explain_bwd first. dq, dk, dv are contiguous, in
 //       query's dtype. `deterministic` (torch.are_deterministic_algorithms_enabled() from the
 //       Python caller) asks for bitwise reproducible gradients: the C layer then runs the
-//       sm80-class family, not the sm90 one (whose dq is summed with fp32 atomics).
+//       sm80-class family, not the sm90 one (whose dq is summed with fp32 reductions in any order).
 //       CPU: the Python reference (python/flashcore/_ops.py), for opcheck.
 //   flashcore::explain_bwd(<same arguments>) -> (int reason, int family)
 //       reason: 0 when sdpa_bwd_kernel runs a kernel for these tensors, else why not (the
@@ -120,7 +120,7 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
   f.causal = is_causal ? 1 : 0;
   f.family = FC_FAMILY_AUTO;  // FLASHCORE_FAMILY picks the forward's family only
   // torch.use_deterministic_algorithms(True): AUTO then takes the sm80-class family, whose
-  // gradients are bitwise reproducible (the sm90 family sums dq with fp32 atomics).
+  // gradients are bitwise reproducible (the sm90 family sums dq with fp32 reductions in any order).
   d.p.deterministic = deterministic ? 1 : 0;
 
   d.p.dout = dout.data_ptr();

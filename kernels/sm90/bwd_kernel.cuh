@@ -107,6 +107,7 @@ struct BwdTraits {
 struct BwdMaps {
     CUtensorMap q, dout, k, v;
     MapOrder q_order, dout_order, k_order, v_order;
+    int32_t chunk_pairs;  // the CTA order (see bwd_kernel): (batch, KV head) pairs per chunk
 };
 
 struct BwdBarriers {
@@ -137,8 +138,18 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
 
     const fc_params &f = p.fwd;
     const int seqlen_q = static_cast<int>(f.seqlen_q), seqlen_k = static_cast<int>(f.seqlen_k);
-    const int n_start = blockIdx.x * kBlockN;
-    const int head_kv = blockIdx.y, batch = blockIdx.z;
+    // The CTA order: chunks of maps.chunk_pairs (batch, KV head) pairs, each chunk's CTAs in
+    // order of key block, then pair. With one pair per chunk (non-causal) a pair's key blocks run
+    // side by side and share its Q and dO tiles in L2; causal chunks hold a few pairs, so that
+    // their first key blocks (the most query tiles) start first and the short ones fill the tail.
+    const int pairs = static_cast<int>(f.heads_kv * f.batch);
+    const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
+    const int chunk = static_cast<int>(blockIdx.x) / (maps.chunk_pairs * n_blocks);
+    const int in_chunk = static_cast<int>(blockIdx.x) % (maps.chunk_pairs * n_blocks);
+    const int chunk_size = min(maps.chunk_pairs, pairs - chunk * maps.chunk_pairs);
+    const int pair = chunk * maps.chunk_pairs + in_chunk % chunk_size;
+    const int n_start = in_chunk / chunk_size * kBlockN;
+    const int head_kv = pair % static_cast<int>(f.heads_kv), batch = pair / static_cast<int>(f.heads_kv);
     const int group = static_cast<int>(f.heads_q / f.heads_kv);
     // Query tiles that see any key of this block: causal, none before row n_start.
     Steps steps;

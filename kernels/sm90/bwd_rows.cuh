@@ -4,8 +4,9 @@
 // of the main kernel's query tile, so that each tile's row terms are one aligned bulk copy.
 //
 //   row_terms_kernel (before): delta = rowsum(dO * O) - dLSE and LSE in base-2 units, fp32,
-//       for every padded row. Rows past Sq get delta 0 and LSE +inf, so their P = exp2(s - inf)
-//       is 0 and they add nothing; a row whose LSE is -inf (nothing attended) gets +inf too.
+//       for every padded row, and the row of the dq accumulator zeroed. Rows past Sq get delta 0
+//       and LSE +inf, so their P = exp2(s - inf) is 0 and they add nothing; a row whose LSE is
+//       -inf (nothing attended) gets +inf too.
 //   dq_convert_kernel (after): dq = scale * (the fp32 dq accumulator), in dq's dtype and strides.
 #pragma once
 
@@ -65,14 +66,19 @@ __global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
     }
 #pragma unroll
     for (int off = kThreadsPerRow / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
-    if (chunk != 0 || row >= ws.padded_seqlen) return;
+    if (row >= ws.padded_seqlen) return;
+    const int64_t idx = (static_cast<int64_t>(batch) * f.heads_q + head) * ws.padded_seqlen + row;
+    float4 *dq_row = reinterpret_cast<float4 *>(ws.dq_accum + idx * kDqPitch<kHeadDim>);
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    dq_row[2 * chunk] = dq_row[2 * chunk + 1] = zero;
+    if (chunk == 0) dq_row[kHeadDim / 4] = dq_row[kHeadDim / 4 + 1] = zero;  // the row's padding
+    if (chunk != 0) return;
     float lse2 = INFINITY;
     if (real) {
         if (p.dlse != nullptr) acc -= p.dlse[batch * p.dlse_stride_b + head * p.dlse_stride_h + row * p.dlse_stride_s];
         const float lse = f.lse[batch * f.lse_stride_b + head * f.lse_stride_h + row * f.lse_stride_s];
         if (lse != -INFINITY) lse2 = lse * kLog2e;
     }
-    const int64_t idx = (static_cast<int64_t>(batch) * f.heads_q + head) * ws.padded_seqlen + row;
     ws.delta[idx] = acc;
     ws.lse2[idx] = lse2;
 }

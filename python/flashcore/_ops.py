@@ -19,7 +19,7 @@ Ops in the ``flashcore`` namespace:
   ``explain_bwd(<same>) -> (int reason, int family)``: reason 0 when a kernel covers the call,
   else why not; family 1 (sm80-class) or 2 (sm90) for the kernel that runs, 0 when none.
   ``deterministic`` asks for bitwise reproducible gradients (the sm80-class family; the sm90 one
-  sums dq with fp32 atomics). sdpa_bwd's implementation asks explain_bwd and runs the kernel
+  sums dq with fp32 reductions in any order). sdpa_bwd's implementation asks explain_bwd and runs the kernel
   when it can (no mask, fp16/bf16, head dim built, ...), its Python code otherwise, passing
   torch.are_deterministic_algorithms_enabled(); the choice is made at run time, inside the
   opaque op.
@@ -371,7 +371,7 @@ torch.library.register_autograd("flashcore::sdpa_fwd", _fwd_backward,
 
 # (compute capability, backward path) -> (FlashCore takes the call?, note for explain_training).
 # The backward path is the one FlashCore's backward would run for the call:
-#   "sm90"    the Hopper backward kernel family (TMA + wgmma; dq summed with fp32 atomics);
+#   "sm90"    the Hopper backward kernel family (TMA + wgmma; dq summed with fp32 reductions in any order);
 #   "sm80"    the sm80-class kernel family (also on Hopper under
 #             torch.use_deterministic_algorithms(True), which rules the sm90 family out);
 #   "python"  the fp32 Python backward (_sdpa_bwd_python): an attn_mask, fp32, head dims or

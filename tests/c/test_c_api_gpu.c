@@ -499,6 +499,8 @@ int main(void) {
         {1, 4, 2, 100, 33, 64, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0},
         {1, 2, 2, 1, 1, 128, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0},
         {1, 2, 1, 77, 140, 128, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        /* Ten steps per CTA through the two-stage ring (GQA 2, five query tiles), three key blocks. */
+        {1, 2, 1, 300, 257, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
     };
     for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i) failed += run_bwd_case(&kBwdCases[i]);
     if (failed) {
