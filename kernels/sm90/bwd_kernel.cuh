@@ -164,7 +164,10 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         ptx::mbarrier_init(&bars.kv_full, 1);
         for (int s = 0; s < kStages; ++s) {
             ptx::mbarrier_init(&bars.step_full[s], 1);
-            ptx::mbarrier_init(&bars.step_empty[s], 4 * T::kConsumers);  // one arrival per consumer warp
+            // One arrival per consumer thread: each thread's own reads of the stage's row terms
+            // (ordinary loads) come before its release of them (one per warp raced the next
+            // bulk copy in compute-sanitizer's racecheck).
+            ptx::mbarrier_init(&bars.step_empty[s], 128 * T::kConsumers);
         }
         ptx::mbarrier_init(&bars.dq_full, 4 * T::kConsumers);
         ptx::mbarrier_init(&bars.dq_empty, 1);
@@ -373,8 +376,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         fence_registers(dq);
         fence_registers(dk);
         fence_registers(dv);
-        __syncwarp();
-        if (lane == 0) ptx::mbarrier_arrive(&bars.step_empty[stage]);  // Q, dO and the row terms are read
+        ptx::mbarrier_arrive(&bars.step_empty[stage]);  // Q, dO and the row terms are read
 
         // ---- dQ to the staging, for the dQ writer ----
         wait_barrier(&bars.dq_empty, (step & 1) ^ 1);  // the previous step's reductions have read it
