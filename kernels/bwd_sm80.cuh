@@ -31,8 +31,8 @@
 // 161-208 TFLOP/s (2.5x forward FLOPs); FA2's backward 148-281, cuDNN's 232-540 in the same run.
 // At S=1k causal this matches or beats FA2; at S=4k it is ~0.75x FA2.
 //
-// Fragment layouts are those of kernels/fwd_sm80.cuh (ldmatrix patterns, swizzle, P packing);
-// the comments below say which operand plays which role.
+// Fragment layouts are those of kernels/fwd_sm80.cuh (ldmatrix patterns, P packing; the swizzle
+// is sm80/tile.cuh's); the comments below say which operand plays which role.
 //
 // Run it through the C API (c_src/flashcore.h, fc_sdpa_bwd); tests/test_gpu_autograd.py and
 // tests/c/test_c_api_gpu.c check it, bench/bench.py --bwd times it. Instantiated once per
@@ -41,7 +41,7 @@
 
 #include "common/sm80_ptx.cuh"
 #include "flashcore.h"
-#include "fwd_sm80.cuh"  // swizzled(), load_tile()
+#include "sm80/tile.cuh"  // swizzled(), load_tile()
 
 #include <cuda_runtime.h>
 #include <math.h>
