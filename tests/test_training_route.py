@@ -104,7 +104,7 @@ def no_kernel(status):
     return lambda deterministic: (100 + status, 0)
 
 
-def inputs(B=2, Hq=4, Hkv=4, Sq=9, Sk=11, D=128, dtype=torch.float32, requires_grad=True,
+def inputs(B=2, Hq=4, Hkv=4, Sq=9, Sk=2048, D=128, dtype=torch.float32, requires_grad=True,
            seed=0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Hq, Sq, D, generator=g, dtype=dtype)
@@ -161,6 +161,17 @@ def test_table_decision_and_where_the_call_runs(name, monkeypatch):
     assert ran_on_aten(out) is to_aten
 
 
+def test_h100_short_d128_calls_go_to_aten(monkeypatch):
+    """Today's table: the sm90 backward takes D=128 training calls of at least 2048 keys; below,
+    fwd + bwd measured slower than cuDNN's (the entry's third element)."""
+    FakeCard(monkeypatch, (9, 0), kernel(SM90))
+    assert not _ops.training_route(*inputs(Sk=2048), None, False, None, False).to_aten
+    route = _ops.training_route(*inputs(Sk=2047), None, False, None, False)
+    assert (route.to_aten, route.path) == (True, "sm90") and "2048 keys" in route.note
+    out = flashcore.sdpa(*inputs(Sk=1000))
+    assert ran_on_aten(out)
+
+
 def test_h100_d64_goes_to_aten(monkeypatch):
     """Today's table: on the H100 the sm90 backward takes D=128 training calls but not D=64 ones
     (measured slower than cuDNN's there: the ((9, 0), "sm90", 64) entry)."""
@@ -189,7 +200,7 @@ def test_unlisted_device_keeps_flashcore_and_says_so(monkeypatch):
 def test_mask_means_python_without_asking_explain_bwd(monkeypatch):
     card = FakeCard(monkeypatch, (9, 0), kernel(SM90))
     q, k, v = inputs()
-    mask = torch.rand(2, 1, 9, 11) > 0.3
+    mask = torch.rand(2, 1, 9, 2048) > 0.3
     mask[..., 0] = True
     route = _ops.training_route(q, k, v, mask, False, None, False)
     assert (route.to_aten, route.path, route.reason) == (True, "python", 12)
@@ -388,7 +399,7 @@ def test_explain_training_strings(monkeypatch):
         "bench/NOTES.md)")
     torch.use_deterministic_algorithms(False)
 
-    mask = torch.ones(9, 11, dtype=torch.bool)
+    mask = torch.ones(9, 2048, dtype=torch.bool)
     assert flashcore.explain_training(q, k, v, mask) == (
         "aten: FlashCore's backward here would be the Python backward (an attn_mask: the "
         "backward kernels take none), slower than PyTorch's on this device (an unfused fp32 "
@@ -537,6 +548,9 @@ def test_compile_decides_the_route_while_tracing(answer, to_aten, monkeypatch):
     """The route is decided on fake tensors while tracing, from real stand-ins (no graph node,
     no graph break), once: one graph serves every length (the route reads sizes without guards)."""
     card = FakeCard(monkeypatch, (9, 0), answer)
+    # Without the sm90 entry's fewest-keys rule: these lengths are short (the rule itself is
+    # decided by the traced length too, see TRAINING_TABLE).
+    monkeypatch.setitem(_ops.TRAINING_TABLE, ((9, 0), "sm90"), (True, ""))
     counter, targets = _compiled_training(lengths=(17, 33, 50))
     assert counter.frame_count == 1
     assert card.calls and all(type(card.calls[0][n]) is torch.Tensor
@@ -591,4 +605,6 @@ def test_gpu_route_matches_explain_backward(D, dtype, deterministic):
     torch.use_deterministic_algorithms(deterministic)
     said = flashcore.explain_training(q, k, v, is_causal=True, enable_gqa=True)
     entry = _ops.training_table_entry(cc, route.path, D)
-    assert said.startswith("aten:") is (entry is not None and not entry[0]), said
+    short = entry is not None and len(entry) > 2 and k.shape[-2] < entry[2]
+    assert said.startswith("aten:") is (entry is not None and (not entry[0] or short)), said
+    assert route.to_aten is said.startswith("aten:"), (route, said)

@@ -382,12 +382,17 @@ torch.library.register_autograd("flashcore::sdpa_fwd", _fwd_backward,
 # The measurements behind every entry live in bench/NOTES.md: change an entry together with the
 # numbers there that justify it.
 TRAINING_TABLE = {
-    # H100 / H200 (bench/results/nvidia-h100-80gb-hbm3_2026-11-27_1053_bwd.json, bench/NOTES.md).
-    # sm90: D=128 0.96-1.03x cuDNN's backward on the sweep, with the forward ahead: FlashCore;
-    # D=64 0.81-0.89x: aten until the kernel catches up. sm80: "Fused backward v1" in
-    # bench/NOTES.md. python: fp32 recomputation in unfused PyTorch ops, against aten's fused
-    # backward kernels.
-    ((9, 0), "sm90"): (True, ""),
+    # Each entry: (FlashCore?, note[, fewest keys]): with a third element, FlashCore only for
+    # calls of at least that many keys (seqlen_k), aten below. (Under torch.compile with dynamic
+    # shapes the route is decided once, by the length the graph was traced with: both routes
+    # compute the same gradients, and the rule is about a percent of speed.)
+    # H100 / H200 (bench/results/nvidia-h100-80gb-hbm3_2026-11-27_1112_bwd.json, bench/NOTES.md).
+    # sm90 D=128: the backward 0.96-0.97x cuDNN's at S = 1k, 0.97-0.99x at 2k, 1.02-1.04x from
+    # 4k; with the forward's 1.07-1.16x (README "How fast") fwd + bwd is ~1% slower than cuDNN's
+    # at 1k and ~1% faster at 2k: FlashCore from 2048 keys. D=64: 0.81-0.89x (1858216): aten
+    # until a bench says otherwise. sm80: "Fused backward v1" in bench/NOTES.md. python: fp32
+    # recomputation in unfused PyTorch ops, against aten's fused backward kernels.
+    ((9, 0), "sm90"): (True, "", 2048),
     ((9, 0), "sm90", 64): (False, "D=64: 0.81-0.89x cuDNN's backward on the H100, bench/NOTES.md"),
     ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, bench/NOTES.md"),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),
@@ -395,6 +400,7 @@ TRAINING_TABLE = {
     # fused backwards wherever they run (masks: efficient; other head dims: flash/efficient).
     (None, "python"): (False, "an unfused fp32 recomputation"),
 }
+
 
 def training_table_entry(cc, path, head_dim):
     """TRAINING_TABLE's entry for a backward path on a device: the head dim's own, else the
@@ -539,7 +545,11 @@ def _decide_route(q_layout, k_layout, v_layout, no_mask, is_causal, scale, enabl
         flashcore, note = True, (f"no measurement on compute capability {cc[0]}.{cc[1]}: "
                                  "FlashCore's own backward, as before")
     else:
-        flashcore, note = entry
+        flashcore, note = entry[0], entry[1]
+        keys = k_layout[0][-2] if len(k_layout[0]) >= 2 else 0
+        if flashcore and len(entry) > 2 and keys < entry[2]:
+            flashcore, note = False, (f"fewer than {entry[2]} keys: fwd + bwd measured slower "
+                                      "than cuDNN's there, bench/NOTES.md")
     return TrainingRoute(not flashcore, path, reason, family, note)
 
 
