@@ -239,7 +239,7 @@ fc_family fc_sdpa_bwd_family(const fc_bwd_params *p, int cc_major, int cc_minor)
  * family runs them). Sets *bytes. */
 fc_status fc_sdpa_bwd_workspace_size(const fc_bwd_params *p, int64_t *bytes);
 
-/* Launch the backward on `stream` (current device): three or four kernels, asynchronous. Returns FC_OK,
+/* Launch the backward on `stream` (current device): three kernels, asynchronous. Returns FC_OK,
  * a validation/support status, FC_ERR_BAD_WORKSPACE, or FC_ERR_CUDA. */
 fc_status fc_sdpa_bwd(const fc_bwd_params *p, cudaStream_t stream);
 

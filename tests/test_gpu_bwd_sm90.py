@@ -12,7 +12,7 @@ What it checks, on an sm_90 device (elsewhere the module skips with a reason):
   * the gradient of the LSE (grad_lse) and rows whose LSE is -inf (nothing attended: zero
     gradients there);
   * dk and dv bitwise equal from run to run (summed in registers in a fixed order); dq within
-    the tolerance of itself (summed with fp32 atomics); the deterministic path (sm80-class
+    the tolerance of itself (summed with fp32 reductions in any order); the deterministic path (sm80-class
     family) bitwise equal from run to run.
 
 Run:  python -m pytest tests/test_gpu_bwd_sm90.py -q

@@ -189,6 +189,12 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd_kernel(Tensor dout, Tensor q, Tensor
   Tensor workspace = torch::stable::empty({ws_bytes}, ScalarType::Byte, std::nullopt, q.device());
   d.p.workspace = workspace.data_ptr();
   d.p.workspace_bytes = ws_bytes;
+  // As the forward does (flashcore_op.cpp): make dev's primary context current on this thread,
+  // for libflashcore's own CUDA runtime (it takes its device from the thread's current context)
+  // and the driver's tensor-map encoder (the sm90 family).
+  const cudaError_t set_err = cudaSetDevice(dev);
+  if (set_err != cudaSuccess)
+    fail("flashcore.sdpa_bwd_kernel: cannot make cuda:", dev, " current: ", cudaGetErrorString(set_err));
   void* stream = nullptr;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
   s = fc_sdpa_bwd(&d.p, static_cast<cudaStream_t>(stream));
