@@ -115,7 +115,8 @@ static fc_status check_rows_operand(const float *base, int64_t b, int64_t h, int
         if (__builtin_mul_overflow(sizes[i] - 1, strides[i], &term)) return FC_ERR_OFFSET_OVERFLOW;
         if (__builtin_add_overflow(total, term, &total)) return FC_ERR_OFFSET_OVERFLOW;
     }
-    if (__builtin_mul_overflow(total + 1, (int64_t)4, &bytes)) return FC_ERR_OFFSET_OVERFLOW;
+    if (__builtin_add_overflow(total, (int64_t)1, &total) || __builtin_mul_overflow(total, (int64_t)4, &bytes))
+        return FC_ERR_OFFSET_OVERFLOW;
     if ((uint64_t)bytes > UINTPTR_MAX - (uintptr_t)base) return FC_ERR_OFFSET_OVERFLOW;
     return FC_OK;
 }

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Builds and runs the libFuzzer target over FlashCore's C validation (tests/fuzz/fuzz_params.c)
-# for a bounded time, on the CPU (no GPU, no CUDA code: c_src/flashcore.c + c_src/dispatch.c
-# with stub launchers). A finding (crash, ASan/UBSan report, violated property) fails the script
-# and leaves the input in build/fuzz/artifacts/.
+# for a bounded time, on the CPU (no GPU, no CUDA code: c_src/flashcore.c + c_src/dispatch.c +
+# c_src/bwd.c with stub launchers, forward and backward). A finding (crash, ASan/UBSan report,
+# violated property) fails the script and leaves the input in build/fuzz/artifacts/.
 #
 #   bash ci/fuzz.sh                    # 400000 inputs from a fixed seed (about 60 s), every
-#                                      # property (FC_FUZZ_STRICT; all hold since 2026-11-26),
-#                                      # after running each open-bug reproducer (none now)
+#                                      # property (FC_FUZZ_STRICT; the forward's all hold since
+#                                      # 2026-11-26), after running each open-bug reproducer
+#                                      # (one now: G, the backward's dlse check, c_src/bwd.c)
 #   FUZZ_SEED=0 FUZZ_SECONDS=600 bash ci/fuzz.sh   # explore: a random seed, for 10 minutes
-#   FUZZ_STRICT=0 bash ci/fuzz.sh      # only the properties checked before then
+#   FUZZ_STRICT=0 bash ci/fuzz.sh      # only the properties that hold now (inputs that reach
+#                                      # an open bug are skipped)
 #   build/fuzz/fuzz_params FILE        # replay one input
 #
 # Why a fixed seed by default: CI (ci/test.sh) should give the same answer for the same commit.
@@ -35,7 +37,7 @@ fi
 [ "$SEED" = 0 ] && WHAT="$WHAT, random seed" || WHAT="$WHAT, seed $SEED"
 STRICT=${FUZZ_STRICT:-1}
 OUT=build/fuzz
-echo "== fuzz: libFuzzer over fc_params_validate / fc_sdpa_support (${WHAT}, strict=${STRICT})"
+echo "== fuzz: libFuzzer over fc_params_validate / fc_sdpa_support / fc_sdpa_bwd_* (${WHAT}, strict=${STRICT})"
 
 CC_FUZZ=${CC_FUZZ:-clang}
 have_libfuzzer() {
@@ -77,8 +79,8 @@ fi
 # seed keeps growing the corpus of earlier exploring runs.
 if [ "$SEED" = 0 ]; then CORPUS="$OUT/corpus"; else CORPUS="$OUT/corpus-seed$SEED"; rm -rf "$CORPUS"; fi
 mkdir -p "$CORPUS" "$OUT/artifacts"
-# Every kernel of the default build in the dispatch table, both archs built: the launchers
-# themselves are the stubs in fuzz_params.c.
+# Every kernel of the default build in the dispatch tables (forward and backward), both archs
+# built: the launchers themselves are the stubs in fuzz_params.c.
 "$CC_FUZZ" -std=c11 -g -O1 -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -Wall -Wextra -Werror=implicit-function-declaration \
@@ -92,10 +94,16 @@ mkdir -p "$CORPUS" "$OUT/artifacts"
   -DFC_HAVE_SM90_HDIM64_fp16=1 -DFC_HAVE_SM90_HDIM64_bf16=1 \
   -DFC_HAVE_SM90_HDIM128_fp16=1 -DFC_HAVE_SM90_HDIM128_bf16=1 \
   -DFC_HAVE_SM90_HDIM256_fp16=1 -DFC_HAVE_SM90_HDIM256_bf16=1 -DFC_HAVE_DECODE_HDIM64_fp16=1 \
+  -DFC_HAVE_SM80_BWD_HDIM64_fp16=1 -DFC_HAVE_SM80_BWD_HDIM64_bf16=1 \
+  -DFC_HAVE_SM80_BWD_HDIM128_fp16=1 -DFC_HAVE_SM80_BWD_HDIM128_bf16=1 \
+  -DFC_HAVE_SM90_BWD_HDIM64_fp16=1 -DFC_HAVE_SM90_BWD_HDIM64_bf16=1 \
+  -DFC_HAVE_SM90_BWD_HDIM128_fp16=1 -DFC_HAVE_SM90_BWD_HDIM128_bf16=1 \
   -DFC_BUILT_SM89=1 -DFC_BUILT_SM90=1 \
   -Ic_src -I"$CUDA_INC" \
-  tests/fuzz/fuzz_params.c c_src/flashcore.c c_src/dispatch.c -lm -o "$OUT/fuzz_params"
+  tests/fuzz/fuzz_params.c c_src/flashcore.c c_src/dispatch.c c_src/bwd.c -lm -o "$OUT/fuzz_params"
 
+# Written afresh: a seed or reproducer dropped from make_seeds.py must not linger from a run before.
+rm -rf "$OUT/seeds" "$OUT/known_bugs"
 "$PY" tests/fuzz/make_seeds.py "$OUT/seeds" "$OUT/known_bugs"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
@@ -116,9 +124,10 @@ if [ "$STRICT" = 1 ]; then
   [ "$found" = 0 ] || { echo "fuzz (strict): known bugs reproduce (logs in $OUT/)"; exit 1; }
 fi
 
-# -max_len covers the raw mode (the whole struct) and the longest structured inputs.
+# -max_len covers the raw modes (the whole fc_params, 328 bytes; the whole fc_bwd_params, 544
+# bytes after two mode bytes) and the longest structured inputs.
 "$OUT/fuzz_params" "$CORPUS" "$OUT/seeds" \
-  -seed="$SEED" "${BUDGET[@]}" -max_len=512 -timeout=10 -rss_limit_mb=2048 \
+  -seed="$SEED" "${BUDGET[@]}" -max_len=560 -timeout=10 -rss_limit_mb=2048 \
   -artifact_prefix="$OUT/artifacts/" -print_final_stats=1 > "$OUT/fuzz.log" 2>&1 || {
   tail -n 40 "$OUT/fuzz.log"
   echo "fuzz: FINDING (input saved under $OUT/artifacts/, full log $OUT/fuzz.log)" >&2

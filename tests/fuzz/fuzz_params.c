@@ -1,6 +1,8 @@
 /*
  * fuzz_params.c - libFuzzer target for FlashCore's C layer: fc_params_validate, fc_sdpa_support,
- * fc_sdpa_family, fc_sdpa_fwd (up to the launch) and fc_status_string.
+ * fc_sdpa_family, fc_sdpa_fwd (up to the launch) and fc_status_string; and the backward's
+ * (c_src/bwd.c): fc_bwd_params_validate, fc_sdpa_bwd_support, fc_sdpa_bwd_family,
+ * fc_sdpa_bwd_workspace_size and fc_sdpa_bwd (up to the launch; see check_bwd below).
  *
  * What it asserts, for every input:
  *   * nothing crashes, reads out of bounds or hits undefined behaviour (built with
@@ -19,15 +21,26 @@
  *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct; the launcher
  *     stubs re-check what that family's kernel computes in int (tile counts, block bounds);
  *   * the canonical layout (fc_params_set_contiguous_strides on sane sizes) is never rejected
- *     for a layout reason (no false rejections).
+ *     for a layout reason (no false rejections);
+ *   * backward inputs (an fc_bwd_params, itself in a heap block of exactly its size): the same
+ *     for fc_bwd_params_validate (pure, forward checks first, what it accepts re-derived for
+ *     dout/dq/dk/dv/dlse/workspace), the support query and family against an independent model
+ *     of the choice (AUTO: sm90 where it runs the call and determinism is not asked for, else
+ *     sm80-class; a forced family or an FC_UNSUPPORTED_* reason that holds), the workspace size
+ *     (>= each family's need, per README / dispatch.h), and fc_sdpa_bwd on sm_89 and sm_90:
+ *     FC_ERR_BAD_WORKSPACE and no launch below the chosen family's need, else exactly that
+ *     family's kernel with the caller's struct (check_bwd, check_bwd_launch).
  *
- * Built from c_src/flashcore.c + c_src/dispatch.c only (no CUDA code, no GPU): this file
- * provides the two CUDA runtime calls flashcore.c makes (cudaGetDevice, cudaDeviceGetAttribute:
- * device d reports the compute capability kDeviceCC[d % N]) and the eight launchers dispatch.c
- * names (sm80 and sm90, D 64/128, fp16/bf16: they check the struct and return cudaSuccess
- * without touching memory). ci/fuzz.sh defines the FC_HAVE_* / FC_BUILT_* macros of the default
- * CMake build, so no hook in c_src is needed. Build and run: bash ci/fuzz.sh (400000 inputs
- * from a fixed seed; FUZZ_SEED=0 FUZZ_SECONDS=n for a random seed and n seconds).
+ * Built from c_src/flashcore.c + c_src/dispatch.c + c_src/bwd.c only (no CUDA code, no GPU):
+ * this file provides the CUDA runtime calls flashcore.c makes (cudaGetDevice,
+ * cudaDeviceGetAttribute: device d reports the compute capability kDeviceCC[d % N]; fc_sdpa_fwd
+ * and fc_sdpa_bwd ask through fc_device_info_) and the launchers dispatch.c and bwd.c name
+ * (forward: sm80, sm90, decode; backward: sm80 and sm90, D 64/128, fp16/bf16: they check the
+ * struct, record the call and return cudaSuccess without touching memory). ci/fuzz.sh defines
+ * the FC_HAVE_* / FC_BUILT_* macros of the default CMake build, so no hook in c_src is needed;
+ * the backward's expectations follow the FC_HAVE_SM{80,90}_BWD_* macros it passes (kBwdBuilt).
+ * Build and run: bash ci/fuzz.sh (400000 inputs from a fixed seed; FUZZ_SEED=0 FUZZ_SECONDS=n
+ * for a random seed and n seconds).
  *
  * FC_FUZZ_STRICT=1 (FUZZ_STRICT=1 bash ci/fuzz.sh) also asserts the properties the C layer does
  * not guarantee yet (reported in issue 8; tests/fuzz/make_seeds.py writes a reproducer for each,
@@ -45,6 +58,9 @@
  *   E. the sm90 launcher builds TMA tensor maps, whose strides must be below 2^40 bytes; an
  *      accepted struct with a larger batch or head stride fails at launch (FC_ERR_CUDA from
  *      cuTensorMapEncodeTiled) instead of being declined by the support query.
+ *   G. (fixed 2026-11-27) fc_bwd_params_validate's dlse check (c_src/bwd.c, check_rows_operand)
+ *      counted the elements as total + 1 without an overflow check: UB when dlse's largest
+ *      element offset is exactly INT64_MAX (e.g. B = 2, dlse_stride_b = INT64_MAX).
  */
 #define _POSIX_C_SOURCE 200112L /* setenv / unsetenv (check_balanced_grid) */
 #include "flashcore.h"
@@ -71,11 +87,14 @@ typedef __int128 i128;
             fprintf(stderr, "fuzz_params: property violated at %s:%d: %s\n", __FILE__,      \
                     __LINE__, #cond);                                                        \
             dump_params(g_current);                                                          \
+            dump_bwd_params(g_current_bwd);                                                  \
             abort();                                                                         \
         }                                                                                    \
     } while (0)
 
 static const fc_params *g_current; /* the struct under test, for the failure dump */
+static const fc_bwd_params *g_current_bwd; /* the backward struct under test (its fwd: g_current) */
+static void dump_bwd_params(const fc_bwd_params *b);
 
 static void dump_params(const fc_params *p) {
     if (p == NULL) return;
@@ -98,6 +117,23 @@ static void dump_params(const fc_params *p) {
             (long long)p->mask_stride_b, (long long)p->mask_stride_h, (long long)p->mask_stride_q,
             (long long)p->mask_stride_k, (double)p->scale, p->causal, (int)p->dtype,
             (int)p->mask_kind, (int)p->family);
+}
+
+static void dump_bwd_params(const fc_bwd_params *b) {
+    if (b == NULL) return;
+    fprintf(stderr,
+            "  bwd: dout=%p dq=%p dk=%p dv=%p dlse=%p workspace=%p workspace_bytes=%lld"
+            " deterministic=%d\n"
+            "  do strides %lld %lld %lld %lld | dq %lld %lld %lld %lld | dk %lld %lld %lld %lld"
+            " | dv %lld %lld %lld %lld | dlse %lld %lld %lld\n",
+            b->dout, b->dq, b->dk, b->dv, (const void *)b->dlse, b->workspace,
+            (long long)b->workspace_bytes, b->deterministic, (long long)b->do_stride_b,
+            (long long)b->do_stride_h, (long long)b->do_stride_s, (long long)b->do_stride_d,
+            (long long)b->dq_stride_b, (long long)b->dq_stride_h, (long long)b->dq_stride_s,
+            (long long)b->dq_stride_d, (long long)b->dk_stride_b, (long long)b->dk_stride_h,
+            (long long)b->dk_stride_s, (long long)b->dk_stride_d, (long long)b->dv_stride_b,
+            (long long)b->dv_stride_h, (long long)b->dv_stride_s, (long long)b->dv_stride_d,
+            (long long)b->dlse_stride_b, (long long)b->dlse_stride_h, (long long)b->dlse_stride_s);
 }
 
 /* ---- stand-ins for the CUDA runtime and the kernel launchers ------------------------------- */
@@ -157,6 +193,7 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
      * past CUDA's 65535 grid limit on batch or query heads, one slice of it: the same struct
      * but for the slice's sizes and pointers, which lie at or after the caller's. */
     const fc_params *e = g_expected_launch;
+    REQUIRE(e != NULL); /* only fc_sdpa_fwd launches a forward kernel (not fc_sdpa_bwd) */
     /* A one-row GQA call in the Hopper family launches as its packed equivalent. */
     fc_params packed;
     if (family == FC_FAMILY_SM90 && fc_decode_packs_for_sm90(e)) {
@@ -267,6 +304,29 @@ FC_FUZZ_DECODE_LAUNCHER(64, fp16, FC_DTYPE_FP16)
 FC_FUZZ_DECODE_LAUNCHER(64, bf16, FC_DTYPE_BF16)
 FC_FUZZ_DECODE_LAUNCHER(128, fp16, FC_DTYPE_FP16)
 FC_FUZZ_DECODE_LAUNCHER(128, bf16, FC_DTYPE_BF16)
+
+/* The backward launchers bwd.c names (kernels/bwd_sm80_*.cu, kernels/bwd_sm90_*.cu): all eight
+ * are defined here; bwd.c's table holds those its FC_HAVE_SM{80,90}_BWD_* macros name. */
+static const fc_bwd_params *g_expected_bwd; /* the struct fc_sdpa_bwd was given */
+static int g_bwd_launches;
+static fc_family g_bwd_launched_family;
+
+static void check_bwd_launch(const fc_bwd_params *p, fc_family family, int head_dim, fc_dtype dtype);
+
+#define FC_FUZZ_BWD_LAUNCHER(FAM, fam, HD, NAME, DT)                                           \
+    cudaError_t fc_##fam##_bwd_hdim##HD##_##NAME(const fc_bwd_params *p, cudaStream_t stream) { \
+        (void)stream;                                                                          \
+        check_bwd_launch(p, FAM, HD, DT);                                                      \
+        return cudaSuccess;                                                                    \
+    }
+FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM80, sm80, 64, fp16, FC_DTYPE_FP16)
+FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM80, sm80, 64, bf16, FC_DTYPE_BF16)
+FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM80, sm80, 128, fp16, FC_DTYPE_FP16)
+FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM80, sm80, 128, bf16, FC_DTYPE_BF16)
+FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 64, fp16, FC_DTYPE_FP16)
+FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 64, bf16, FC_DTYPE_BF16)
+FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 128, fp16, FC_DTYPE_FP16)
+FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 128, bf16, FC_DTYPE_BF16)
 
 /* ---- independent consistency checks ----------------------------------------------------------- */
 
@@ -411,6 +471,176 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     /* The sm80-only dims run in the sm80 family under AUTO, and never unmasked on Hopper (there
      * AUTO declines them: PyTorch's cuDNN path is faster). */
     if (p->family == FC_FAMILY_AUTO && (d == 32 || d == 80 || d == 96)) REQUIRE(fam == FC_FAMILY_SM80 && cc == 89);
+}
+
+/* ---- the backward's model (c_src/bwd.c, flashcore.h, README "backward") --------------------- */
+
+/* The backward kernels of this build, from the macros ci/fuzz.sh passes (as CMake defines them). */
+static const struct {
+    fc_family family;
+    int head_dim;
+    fc_dtype dtype;
+} kBwdBuilt[] = {
+#if defined(FC_HAVE_SM80_BWD_HDIM64_fp16)
+    {FC_FAMILY_SM80, 64, FC_DTYPE_FP16},
+#endif
+#if defined(FC_HAVE_SM80_BWD_HDIM64_bf16)
+    {FC_FAMILY_SM80, 64, FC_DTYPE_BF16},
+#endif
+#if defined(FC_HAVE_SM80_BWD_HDIM128_fp16)
+    {FC_FAMILY_SM80, 128, FC_DTYPE_FP16},
+#endif
+#if defined(FC_HAVE_SM80_BWD_HDIM128_bf16)
+    {FC_FAMILY_SM80, 128, FC_DTYPE_BF16},
+#endif
+#if defined(FC_HAVE_SM90_BWD_HDIM64_fp16)
+    {FC_FAMILY_SM90, 64, FC_DTYPE_FP16},
+#endif
+#if defined(FC_HAVE_SM90_BWD_HDIM64_bf16)
+    {FC_FAMILY_SM90, 64, FC_DTYPE_BF16},
+#endif
+#if defined(FC_HAVE_SM90_BWD_HDIM128_fp16)
+    {FC_FAMILY_SM90, 128, FC_DTYPE_FP16},
+#endif
+#if defined(FC_HAVE_SM90_BWD_HDIM128_bf16)
+    {FC_FAMILY_SM90, 128, FC_DTYPE_BF16},
+#endif
+    {FC_FAMILY_AUTO, 0, FC_DTYPE_FP16} /* end */
+};
+
+static int bwd_built(fc_family family, int64_t head_dim, fc_dtype dtype) {
+    for (size_t i = 0; kBwdBuilt[i].family != FC_FAMILY_AUTO; ++i)
+        if (kBwdBuilt[i].family == family && kBwdBuilt[i].head_dim == head_dim && kBwdBuilt[i].dtype == dtype)
+            return 1;
+    return 0;
+}
+
+/* Machine code of the family for compute capability cc (major * 10 + minor): the sm80-class
+ * kernels are built for sm_89 and sm_90a, the Hopper ones for sm_90a only. */
+static int bwd_family_runs_on(fc_family family, int cc) {
+#if defined(FC_BUILT_SM89)
+    if (family == FC_FAMILY_SM80 && cc == 89) return 1;
+#endif
+#if defined(FC_BUILT_SM90)
+    if ((family == FC_FAMILY_SM80 || family == FC_FAMILY_SM90) && cc == 90) return 1;
+#endif
+    (void)family;
+    (void)cc;
+    return 0;
+}
+
+/* The Hopper backward's own rules: TMA maps for q, k, v (the forward's: sm90_takes, which also
+ * wants scale > 0) and for dout as a Q-shaped operand (a stepped-over dim needs a nonzero stride
+ * below 2^40 bytes), and a 1-D grid of (128-key block, KV head, batch) CTAs in an int. */
+static int bwd_sm90_takes(const fc_bwd_params *b) {
+    const fc_params *f = &b->fwd;
+    if (!sm90_takes(f)) return 0;
+    const int64_t s[3] = {f->seqlen_q, f->heads_q, f->batch};
+    const int64_t st[3] = {b->do_stride_s, b->do_stride_h, b->do_stride_b};
+    for (int i = 0; i < 3; ++i)
+        if (s[i] > 1 && (st[i] == 0 || (i128)st[i] * 2 >= ((i128)1 << 40))) return 0;
+    const i128 ctas = ((i128)f->seqlen_k + 127) / 128 * f->heads_kv * f->batch;
+    return ctas <= INT32_MAX;
+}
+
+/* Can family `fam` run these (validated) params on cc? The dtype and the mask aside. */
+static int bwd_family_possible(const fc_bwd_params *b, fc_family fam, int cc) {
+    return bwd_family_runs_on(fam, cc) && bwd_built(fam, b->fwd.head_dim, b->fwd.dtype) &&
+           (fam != FC_FAMILY_SM90 || bwd_sm90_takes(b));
+}
+
+static i128 round16(i128 x) { return (x + 15) / 16 * 16; }
+
+/* Workspace a family needs (README, dispatch.h), 16-byte rounded, in 128-bit arithmetic: the
+ * sm80-class family 8 bytes per query row (delta and LSE in fp32), the sm90 family (D + 10) x 4
+ * bytes per row, each (batch, query head)'s rows rounded up to a multiple of 64. */
+static i128 bwd_need(const fc_params *f, fc_family fam) {
+    const i128 slices = (i128)f->batch * f->heads_q;
+    if (fam == FC_FAMILY_SM90) {
+        const i128 padded = ((i128)f->seqlen_q + 63) / 64 * 64;
+        return round16(slices * padded * ((i128)f->head_dim + 10) * 4);
+    }
+    return round16(slices * f->seqlen_q * 8);
+}
+
+/* Everything fc_bwd_params_validate promises about a struct it returns FC_OK for. */
+static void bwd_accepted_is_consistent(const fc_bwd_params *b) {
+    const fc_params *f = &b->fwd;
+    accepted_is_consistent(f);
+    REQUIRE(f->lse != NULL && b->dout != NULL && b->dq != NULL && b->dk != NULL && b->dv != NULL);
+    REQUIRE(b->workspace_bytes >= 0 && ((uintptr_t)b->workspace & 15u) == 0);
+    /* (blocks, heads, batch) grids: CUDA's y and z limits. */
+    REQUIRE(f->heads_q <= 65535 && f->batch <= 65535);
+    const i128 elem = elem_bytes(f->dtype);
+    const view4 ops[4] = {
+        {b->dout, {f->batch, f->heads_q, f->seqlen_q, f->head_dim},
+         {b->do_stride_b, b->do_stride_h, b->do_stride_s, b->do_stride_d}},
+        {b->dq, {f->batch, f->heads_q, f->seqlen_q, f->head_dim},
+         {b->dq_stride_b, b->dq_stride_h, b->dq_stride_s, b->dq_stride_d}},
+        {b->dk, {f->batch, f->heads_kv, f->seqlen_k, f->head_dim},
+         {b->dk_stride_b, b->dk_stride_h, b->dk_stride_s, b->dk_stride_d}},
+        {b->dv, {f->batch, f->heads_kv, f->seqlen_k, f->head_dim},
+         {b->dv_stride_b, b->dv_stride_h, b->dv_stride_s, b->dv_stride_d}},
+    };
+    for (int i = 0; i < 4; ++i) check_operand(&ops[i], elem);
+    if (b->dlse != NULL) {
+        /* fp32 (B, Hq, Sq), 4-byte aligned, indexed in int64; its last byte must not wrap. */
+        REQUIRE(((uintptr_t)b->dlse & 3u) == 0);
+        REQUIRE(b->dlse_stride_b >= 0 && b->dlse_stride_h >= 0 && b->dlse_stride_s >= 0);
+        const i128 tb = ((i128)f->batch - 1) * b->dlse_stride_b;
+        const i128 th = ((i128)f->heads_q - 1) * b->dlse_stride_h;
+        const i128 ts = ((i128)f->seqlen_q - 1) * b->dlse_stride_s;
+        REQUIRE(tb <= INT64_MAX && th <= INT64_MAX && ts <= INT64_MAX && tb + th + ts <= INT64_MAX);
+        REQUIRE((i128)(uintptr_t)b->dlse + (tb + th + ts) * 4 + 3 <= (i128)UINTPTR_MAX);
+    }
+}
+
+/* Everything fc_sdpa_bwd_support promises on top: family `fam` has a kernel for it on cc. */
+static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family fam) {
+    const fc_params *f = &b->fwd;
+    bwd_accepted_is_consistent(b);
+    REQUIRE(fam == FC_FAMILY_SM80 || fam == FC_FAMILY_SM90);
+    REQUIRE(f->dtype == FC_DTYPE_FP16 || f->dtype == FC_DTYPE_BF16);
+    REQUIRE(f->mask_kind == FC_MASK_NONE);
+    REQUIRE(f->head_dim == 64 || f->head_dim == 128);
+    REQUIRE(bwd_built(fam, f->head_dim, f->dtype) && bwd_family_runs_on(fam, cc));
+    REQUIRE(cc == 89 || cc == 90);
+    REQUIRE(f->family == FC_FAMILY_AUTO || f->family == fam);
+    if (fam == FC_FAMILY_SM90) {
+        /* compute capability 9.0, TMA-able q/k/v/dout, scale > 0, the CTA count in an int */
+        REQUIRE(cc == 90 && f->scale > 0.0f && bwd_sm90_takes(b));
+        /* determinism asked for: never the family that sums dq in any order (AUTO) */
+        if (f->family == FC_FAMILY_AUTO) REQUIRE(!b->deterministic);
+    }
+    /* The int arithmetic of both families' kernels: key / query block counts and bounds. */
+    REQUIRE((i128)f->seqlen_q + 127 <= INT32_MAX && (i128)f->seqlen_k + 127 <= INT32_MAX);
+}
+
+/* The launcher stubs: called by fc_sdpa_bwd alone, with the caller's struct, on a device where
+ * the support query names this family, with enough workspace for it. */
+static void check_bwd_launch(const fc_bwd_params *p, fc_family family, int head_dim, fc_dtype dtype) {
+    const fc_bwd_params *e = g_expected_bwd;
+    REQUIRE(e != NULL);
+    REQUIRE(g_bwd_launches == 0); /* one launcher per call */
+    REQUIRE(memcmp(&p->fwd, &e->fwd, offsetof(fc_params, num_splits_)) == 0);
+    REQUIRE(memcmp((const char *)p + offsetof(fc_bwd_params, dout), (const char *)e + offsetof(fc_bwd_params, dout),
+                   offsetof(fc_bwd_params, deterministic) - offsetof(fc_bwd_params, dout)) == 0);
+    REQUIRE(p->deterministic == e->deterministic && p->workspace == e->workspace &&
+            p->workspace_bytes == e->workspace_bytes);
+    REQUIRE(fc_bwd_params_validate(p) == FC_OK);
+    const int cc = kDeviceCC[(unsigned)g_device % 8u];
+    REQUIRE(fc_sdpa_bwd_support(p, cc / 10, cc % 10) == FC_OK);
+    REQUIRE(fc_sdpa_bwd_family(p, cc / 10, cc % 10) == family);
+    REQUIRE(p->fwd.head_dim == head_dim && p->fwd.dtype == dtype);
+    bwd_supported_is_runnable(p, cc, family);
+    /* The workspace: present, aligned, at least this family's need, which the size query covers. */
+    REQUIRE(p->workspace != NULL && ((uintptr_t)p->workspace & 15u) == 0);
+    const i128 need = bwd_need(&p->fwd, family);
+    REQUIRE((i128)p->workspace_bytes >= need);
+    int64_t size = -1;
+    REQUIRE(fc_sdpa_bwd_workspace_size(p, &size) == FC_OK && (i128)size >= need);
+    ++g_bwd_launches;
+    g_bwd_launched_family = family;
 }
 
 /* ---- input decoding ------------------------------------------------------------------------- */
@@ -568,6 +798,87 @@ static void decode_structured(reader *r, fc_params *p) {
     if (extra & 0x80) p->family = (fc_family)(int)take_i64(r);
 }
 
+/* Saturating i128 -> int64 (workspace sizes derived from a need). */
+static int64_t clamp_i64(i128 x) {
+    return x > INT64_MAX ? INT64_MAX : x < INT64_MIN ? INT64_MIN : (int64_t)x;
+}
+
+/* One gradient operand: its strides (even selector: the forward operand's `from`, as autograd
+ * usually hands them; odd: a layout of take_strides) and its pointer. */
+static void take_grad_operand(reader *r, int64_t B, int64_t H, int64_t S, int64_t D, const int64_t from[4],
+                              int64_t *st[4], const void **ptr, uintptr_t base) {
+    if (take_u8(r) & 1) take_strides(r, B, H, S, D, st[0], st[1], st[2], st[3]);
+    else for (int i = 0; i < 4; ++i) *st[i] = from[i];
+    *ptr = take_pointer(r, base);
+}
+
+/*
+ * Backward decoding: the forward's fields as decode_structured reads them (b->fwd), then
+ *   flags: bit 0 keep a NULL lse (else one is set, contiguous), bit 1 deterministic, bit 2
+ *          deterministic = any int (take_i64), bit 3 dlse, bit 4 dlse strides from the input
+ *          (else contiguous), bits 5-7 the workspace size (below);
+ *   dout, dq, dk, dv: take_grad_operand each; dlse (bit 3): pointer [, 3 strides];
+ *   workspace pointer, then its size: 0 what fc_sdpa_bwd_workspace_size answers (0 if it
+ *   fails), 1 that less 1..256, 2 the sm80-class need, 3 one byte less, 4 the sm90 need, 5 one
+ *   byte less, 6 any int64 (take_i64), 7 zero.
+ */
+static void decode_bwd(reader *r, fc_bwd_params *b) {
+    fc_bwd_params_init(b);
+    fc_params *f = &b->fwd;
+    decode_structured(r, f);
+    const uint8_t flags = take_u8(r);
+    b->deterministic = (flags >> 1) & 1;
+    if (flags & 4) b->deterministic = (int)take_i64(r);
+    if (!(flags & 1) && f->lse == NULL) {
+        f->lse = (float *)(uintptr_t)0x7f0000600000ull;
+        f->lse_stride_s = 1, f->lse_stride_h = f->seqlen_q;
+        f->lse_stride_b = (int64_t)((uint64_t)f->heads_q * (uint64_t)f->seqlen_q);
+    }
+    const int64_t q_st[4] = {f->q_stride_b, f->q_stride_h, f->q_stride_s, f->q_stride_d};
+    const int64_t o_st[4] = {f->o_stride_b, f->o_stride_h, f->o_stride_s, f->o_stride_d};
+    const int64_t k_st[4] = {f->k_stride_b, f->k_stride_h, f->k_stride_s, f->k_stride_d};
+    const int64_t v_st[4] = {f->v_stride_b, f->v_stride_h, f->v_stride_s, f->v_stride_d};
+    int64_t *do_st[4] = {&b->do_stride_b, &b->do_stride_h, &b->do_stride_s, &b->do_stride_d};
+    int64_t *dq_st[4] = {&b->dq_stride_b, &b->dq_stride_h, &b->dq_stride_s, &b->dq_stride_d};
+    int64_t *dk_st[4] = {&b->dk_stride_b, &b->dk_stride_h, &b->dk_stride_s, &b->dk_stride_d};
+    int64_t *dv_st[4] = {&b->dv_stride_b, &b->dv_stride_h, &b->dv_stride_s, &b->dv_stride_d};
+    const void *ptr = NULL;
+    take_grad_operand(r, f->batch, f->heads_q, f->seqlen_q, f->head_dim, o_st, do_st, &ptr, 0x7f0000800000u);
+    b->dout = ptr;
+    take_grad_operand(r, f->batch, f->heads_q, f->seqlen_q, f->head_dim, q_st, dq_st, &ptr, 0x7f0000900000u);
+    b->dq = (void *)(uintptr_t)ptr;
+    take_grad_operand(r, f->batch, f->heads_kv, f->seqlen_k, f->head_dim, k_st, dk_st, &ptr, 0x7f0000a00000u);
+    b->dk = (void *)(uintptr_t)ptr;
+    take_grad_operand(r, f->batch, f->heads_kv, f->seqlen_k, f->head_dim, v_st, dv_st, &ptr, 0x7f0000b00000u);
+    b->dv = (void *)(uintptr_t)ptr;
+    if (flags & 8) {
+        b->dlse = (const float *)take_pointer(r, 0x7f0000c00000u);
+        if (flags & 16) {
+            b->dlse_stride_b = take_i64(r), b->dlse_stride_h = take_i64(r), b->dlse_stride_s = take_i64(r);
+        } else {
+            b->dlse_stride_s = 1, b->dlse_stride_h = f->seqlen_q;
+            b->dlse_stride_b = (int64_t)((uint64_t)f->heads_q * (uint64_t)f->seqlen_q);
+        }
+    }
+    b->workspace = (void *)(uintptr_t)take_pointer(r, 0x7f0000d00000u);
+    /* The size query on the struct without its workspace (which validation looks at). */
+    fc_bwd_params sized = *b;
+    sized.workspace = NULL, sized.workspace_bytes = 0;
+    int64_t answer = 0;
+    if (fc_sdpa_bwd_workspace_size(&sized, &answer) != FC_OK) answer = 0;
+    const int sane = fc_params_validate(f) == FC_OK; /* the needs below then fit easily in i128 */
+    switch (flags >> 5) {
+    case 0: b->workspace_bytes = answer; break;
+    case 1: b->workspace_bytes = answer - 1 - (int64_t)take_u8(r); break;
+    case 2: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, FC_FAMILY_SM80)) : 0; break;
+    case 3: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, FC_FAMILY_SM80) - 1) : 0; break;
+    case 4: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, FC_FAMILY_SM90)) : 0; break;
+    case 5: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, FC_FAMILY_SM90) - 1) : 0; break;
+    case 6: b->workspace_bytes = take_i64(r); break;
+    default: b->workspace_bytes = 0; break;
+    }
+}
+
 /* ---- the checks run on every struct ----------------------------------------------------------- */
 
 static const int kQueryCC[] = {89, 90, 80, 86, 75, 100, 120, 0, 91, 8};
@@ -667,6 +978,126 @@ static void check_contiguous(reader *r, fc_params *p) {
                      ((i128)n_q - 1) * e <= INT64_MAX && ((i128)n_kv - 1) * e <= INT64_MAX;
     if (aligned_rows && fits) REQUIRE(s == FC_OK);
     if (s != FC_OK) REQUIRE(s == FC_ERR_STRIDE_ALIGNMENT || s == FC_ERR_OFFSET_OVERFLOW);
+}
+
+
+/*
+ * The backward C layer (c_src/bwd.c) on one fc_bwd_params: validation, the support query and
+ * family on every compute capability of kQueryCC against the model above, the workspace size,
+ * and fc_sdpa_bwd on an sm_89 device, an sm_90 one and the input's.
+ */
+static void check_bwd(const fc_bwd_params *b, int device) {
+    const fc_params *f = &b->fwd;
+    g_current = f;
+    g_current_bwd = b;
+    g_expected_launch = NULL; /* no forward launch from here */
+    fc_bwd_params before;
+    memcpy(&before, b, sizeof before);
+
+    const fc_status v = fc_bwd_params_validate(b);
+    REQUIRE((int)v >= 0 && v < FC_UNSUPPORTED_DTYPE && v != FC_ERR_NULL_PARAMS);
+    REQUIRE(fc_status_string(v) != NULL && fc_status_string(v)[0] != '\0');
+    REQUIRE(fc_bwd_params_validate(b) == v);
+    /* The forward's checks come first. */
+    const fc_status fv = fc_params_validate(f);
+    if (fv != FC_OK) REQUIRE(v == fv);
+    if (v == FC_OK) bwd_accepted_is_consistent(b);
+
+    /* The workspace size: the validation status; when valid, 16-byte multiples enough for the
+     * sm80-class family (8 bytes per query row) and, where its kernel is built, the sm90 one
+     * (dispatch.h's fc_sm90_bwd_workspace_bytes, which is README's formula). */
+    int64_t ws = -1;
+    REQUIRE(fc_sdpa_bwd_workspace_size(b, &ws) == v);
+    REQUIRE(fc_sdpa_bwd_workspace_size(b, NULL) == FC_ERR_NULL_POINTER);
+    if (v != FC_OK) {
+        REQUIRE(ws == 0);
+    } else {
+        REQUIRE(ws % 16 == 0);
+        REQUIRE((i128)ws >= (i128)8 * f->batch * f->heads_q * f->seqlen_q);
+        REQUIRE((i128)ws >= bwd_need(f, FC_FAMILY_SM80));
+        if (f->head_dim == 64 || f->head_dim == 128) {
+            /* (other head dims have no sm90 kernel; their byte count may not fit int64) */
+            REQUIRE(round16(fc_sm90_bwd_workspace_bytes(f)) == bwd_need(f, FC_FAMILY_SM90));
+        }
+        if (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype)) REQUIRE((i128)ws >= bwd_need(f, FC_FAMILY_SM90));
+    }
+
+    const int dtype_ok = f->dtype == FC_DTYPE_FP16 || f->dtype == FC_DTYPE_BF16;
+    for (size_t i = 0; i < sizeof kQueryCC / sizeof kQueryCC[0]; ++i) {
+        const int cc = kQueryCC[i];
+        const fc_status sup = fc_sdpa_bwd_support(b, cc / 10, cc % 10);
+        const fc_family fam = fc_sdpa_bwd_family(b, cc / 10, cc % 10);
+        REQUIRE(fc_status_string(sup) != NULL);
+        REQUIRE(fc_sdpa_bwd_support(b, cc / 10, cc % 10) == sup);
+        /* support == FC_OK implies validate == FC_OK; family AUTO iff unsupported, else SM80 / SM90 */
+        if (v != FC_OK) REQUIRE(sup == v);
+        else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA));
+        REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
+        REQUIRE(fam == FC_FAMILY_AUTO || fam == FC_FAMILY_SM80 || fam == FC_FAMILY_SM90);
+        if (v != FC_OK) continue;
+        if (sup == FC_OK) bwd_supported_is_runnable(b, cc, fam);
+        if (b->deterministic && f->family == FC_FAMILY_AUTO) REQUIRE(fam != FC_FAMILY_SM90);
+        /* The choice, modelled: AUTO takes the sm90 family where it runs the call and determinism
+         * is not asked for, else the sm80-class one; a forced sm80 / sm90 family runs where it
+         * can, or the call is declined (never moved to the other family). */
+        const int common = dtype_ok && f->mask_kind == FC_MASK_NONE;
+        const int sm80 = common && bwd_family_possible(b, FC_FAMILY_SM80, cc);
+        const int sm90 = common && bwd_family_possible(b, FC_FAMILY_SM90, cc);
+        if (f->family == FC_FAMILY_AUTO) {
+            const fc_family want = sm90 && !b->deterministic ? FC_FAMILY_SM90 : sm80 ? FC_FAMILY_SM80 : FC_FAMILY_AUTO;
+            REQUIRE(fam == want);
+        } else if (f->family == FC_FAMILY_SM80 || f->family == FC_FAMILY_SM90) {
+            const int runs = f->family == FC_FAMILY_SM80 ? sm80 : sm90;
+            REQUIRE(fam == f->family || fam == FC_FAMILY_AUTO);
+            if (!runs) REQUIRE(fam == FC_FAMILY_AUTO);
+            /* A forced sm90 family with determinism asked for: flashcore.h says only what AUTO
+             * does then; bwd.c runs the forced family (either answer is accepted here). */
+            if (runs && !(f->family == FC_FAMILY_SM90 && b->deterministic)) REQUIRE(fam == f->family);
+        } else {
+            REQUIRE(sup != FC_OK); /* the decode family has no backward */
+        }
+        /* Declined only for a reason that holds. */
+        if (sup == FC_UNSUPPORTED_DTYPE) REQUIRE(!dtype_ok);
+        if (sup == FC_UNSUPPORTED_MASK) REQUIRE(f->mask_kind != FC_MASK_NONE);
+        if (sup == FC_UNSUPPORTED_LAYOUT) REQUIRE(f->family == FC_FAMILY_SM90 && !bwd_sm90_takes(b));
+        if (sup == FC_UNSUPPORTED_ARCH) REQUIRE(f->family == FC_FAMILY_AUTO && !bwd_family_runs_on(FC_FAMILY_SM80, cc));
+        if (sup == FC_UNSUPPORTED_FAMILY)
+            REQUIRE(f->family != FC_FAMILY_AUTO &&
+                    ((f->family != FC_FAMILY_SM80 && f->family != FC_FAMILY_SM90) || !bwd_family_runs_on(f->family, cc)));
+        if (sup == FC_UNSUPPORTED_HEAD_DIM)
+            REQUIRE(!bwd_built(f->family == FC_FAMILY_SM90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80, f->head_dim, f->dtype));
+        REQUIRE(sup != FC_UNSUPPORTED_SLOWER && sup != FC_UNSUPPORTED_EMPTY);
+    }
+
+    /* The launch on stubbed devices: sm_89, sm_90 and the input's (kDeviceCC). */
+    const int devices[3] = {0, 1, device};
+    for (int i = 0; i < 3; ++i) {
+        g_device = devices[i];
+        const int cc = kDeviceCC[(unsigned)g_device % 8u];
+        g_expected_bwd = b;
+        g_bwd_launches = 0;
+        g_bwd_launched_family = FC_FAMILY_AUTO;
+        const fc_status s = fc_sdpa_bwd(b, (cudaStream_t)0);
+        g_expected_bwd = NULL;
+        const fc_status sup = fc_sdpa_bwd_support(b, cc / 10, cc % 10);
+        if (sup != FC_OK) {
+            REQUIRE(s == sup && g_bwd_launches == 0);
+        } else {
+            const fc_family fam = fc_sdpa_bwd_family(b, cc / 10, cc % 10);
+            const i128 need = bwd_need(f, fam);
+            if (b->workspace == NULL || (i128)b->workspace_bytes < need) {
+                REQUIRE(s == FC_ERR_BAD_WORKSPACE && g_bwd_launches == 0);
+            } else {
+                REQUIRE(s == FC_OK && g_bwd_launches == 1 && g_bwd_launched_family == fam);
+            }
+            /* The size query's answer is always enough. */
+            if (b->workspace != NULL && b->workspace_bytes >= ws) REQUIRE(s == FC_OK);
+        }
+        REQUIRE(fc_last_cuda_error() == cudaSuccess);
+    }
+
+    REQUIRE(memcmp(&before, b, sizeof before) == 0); /* const really is const */
+    g_current_bwd = NULL;
 }
 
 
@@ -918,14 +1349,46 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
+/* A backward input (mode 6): the byte after the mode picks the decoding (& 3): 0 and 2
+ * decode_bwd; 1 the raw bytes of the whole fc_bwd_params; 3 decode_structured for the forward
+ * part, raw bytes for the rest. Raw kinds take the device from the same byte (>> 2). */
+static void check_bwd_input(reader *r) {
+    /* Exactly sizeof(fc_bwd_params) on the heap: any read past the struct is an ASan report. */
+    fc_bwd_params *b = (fc_bwd_params *)malloc(sizeof(fc_bwd_params));
+    if (b == NULL) return;
+    const uint8_t kind = take_u8(r);
+    const size_t left = r->size - r->pos;
+    int device = kind >> 2;
+    switch (kind & 3) {
+    case 1:
+        memset(b, 0, sizeof *b);
+        memcpy(b, r->data + r->pos, left < sizeof *b ? left : sizeof *b);
+        break;
+    case 3: {
+        fc_bwd_params_init(b);
+        decode_structured(r, &b->fwd);
+        const size_t rest = sizeof *b - sizeof b->fwd, n = r->size - r->pos;
+        memcpy((char *)b + sizeof b->fwd, r->data + r->pos, n < rest ? n : rest);
+        break;
+    }
+    default:
+        decode_bwd(r, b);
+        device = take_u8(r);
+        break;
+    }
+    check_bwd(b, device);
+    free(b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* Exactly sizeof(fc_params) on the heap: any read past the struct is an ASan report. */
     fc_params *p = (fc_params *)malloc(sizeof(fc_params));
     if (p == NULL) return 0;
     reader r = {data, size, 0};
     const uint8_t mode = take_u8(&r);
-    switch (mode % 4) {
-    case 0: /* raw bytes: every field arbitrary, enums and pointers included */
+    switch (mode % 8) {
+    case 0:
+    case 4: /* raw bytes: every field arbitrary, enums and pointers included */
         memset(p, 0, sizeof *p);
         memcpy(p, data + r.pos, size - r.pos < sizeof *p ? size - r.pos : sizeof *p);
         r.pos = size;
@@ -933,8 +1396,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
     case 1:
     case 2:
+    case 5:
         decode_structured(&r, p);
         check_struct(p, take_u8(&r));
+        break;
+    case 6: /* the backward (c_src/bwd.c) */
+        check_bwd_input(&r);
         break;
     default:
         check_contiguous(&r, p);
@@ -942,11 +1409,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     /* The degenerate calls. */
     g_current = NULL;
+    g_current_bwd = NULL;
     REQUIRE(fc_params_validate(NULL) == FC_ERR_NULL_PARAMS);
     REQUIRE(fc_sdpa_support(NULL, 9, 0) == FC_ERR_NULL_PARAMS);
     REQUIRE(fc_sdpa_family(NULL, 9, 0) == FC_FAMILY_AUTO);
     REQUIRE(fc_sdpa_fwd(NULL, (cudaStream_t)0) == FC_ERR_NULL_PARAMS);
     REQUIRE(fc_status_string((fc_status)(int)(int8_t)mode) != NULL);
+    REQUIRE(fc_bwd_params_validate(NULL) == FC_ERR_NULL_PARAMS);
+    REQUIRE(fc_sdpa_bwd_support(NULL, 9, 0) == FC_ERR_NULL_PARAMS);
+    REQUIRE(fc_sdpa_bwd_family(NULL, 9, 0) == FC_FAMILY_AUTO);
+    REQUIRE(fc_sdpa_bwd(NULL, (cudaStream_t)0) == FC_ERR_NULL_PARAMS);
+    int64_t bytes = -1;
+    REQUIRE(fc_sdpa_bwd_workspace_size(NULL, &bytes) == FC_ERR_NULL_PARAMS && bytes == 0);
     free(p);
     return 0;
 }

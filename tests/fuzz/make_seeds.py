@@ -35,9 +35,14 @@ def layout(kind, pad=0, strides=None):  # take_strides
     return bytes([kind])
 
 
-def structured(B=2, Hkv=2, group=1, Sq=100, Sk=300, D=64, layouts=(0, 0, 0, 0), ptr_sel=(0, 0, 0, 0),
-               scale_sel=0, causal=0, dtype=0, family=0, mask_kind=0, lse=False, device=0):
-    out = bytes([1]) + size(B) + size(Hkv) + bytes([group - 1]) + size(Sq) + size(Sk)
+def structured(device=0, **fields):
+    return bytes([1]) + forward_fields(**fields) + bytes([device])
+
+
+def forward_fields(B=2, Hkv=2, group=1, Sq=100, Sk=300, D=64, layouts=(0, 0, 0, 0), ptr_sel=(0, 0, 0, 0),
+                   scale_sel=0, causal=0, dtype=0, family=0, mask_kind=0, lse=False):
+    """decode_structured()'s bytes (structured() and backward() add the mode and device bytes)."""
+    out = size(B) + size(Hkv) + bytes([group - 1]) + size(Sq) + size(Sk)
     out += {64: b"\x00", 128: b"\x80"}.get(D) or (b"\xe0" + size(D))
     for lay in layouts:
         out += lay if isinstance(lay, bytes) else layout(lay)
@@ -54,6 +59,35 @@ def structured(B=2, Hkv=2, group=1, Sq=100, Sk=300, D=64, layouts=(0, 0, 0, 0), 
         out += b"\x00"  # mask pointer: aligned
     if lse:
         out += b"\x00\x00"  # lse pointer aligned, contiguous strides
+    return out
+
+
+WS_ANSWER, WS_ANSWER_LESS, WS_SM80, WS_SM80_LESS, WS_SM90, WS_SM90_LESS, WS_ANY, WS_ZERO = range(8)
+
+
+def backward(device=1, deterministic=0, keep_null_lse=False, grads=(None, None, None, None), dlse=False,
+             dlse_strides=None, ws=WS_ANSWER, ws_ptr=0, **fields):
+    """Mode 6, kind 0 (decode_bwd): the forward's fields, the backward's flags, dout/dq/dk/dv
+    (None: the forward operand's strides -- out's for dout, q's, k's, v's -- else a take_strides
+    layout as layout() writes it), dlse (contiguous unless dlse_strides (b, h, s)), the workspace
+    (pointer selector, size rule WS_*), the device (1: sm_90; check_bwd also runs sm_89 and sm_90
+    whatever it is)."""
+    flags = (1 if keep_null_lse else 0) | (2 if deterministic else 0) | (8 if dlse else 0) | (ws << 5)
+    if dlse_strides is not None:
+        flags |= 16
+    out = bytes([6, 0]) + forward_fields(**fields) + bytes([flags])
+    for lay in grads:
+        if lay is None:
+            out += b"\x00\x00"  # forward's strides, aligned pointer
+        else:
+            out += b"\x01" + (lay if isinstance(lay, bytes) else layout(lay)) + b"\x00"
+    if dlse:
+        out += b"\x00"  # dlse pointer aligned
+        if dlse_strides is not None:
+            out += b"".join(raw_i64(v) for v in dlse_strides)
+    out += bytes([ws_ptr])
+    if ws == WS_ANSWER_LESS:
+        out += b"\x0f"  # 16 bytes short
     return out + bytes([device])
 
 
@@ -112,10 +146,49 @@ SEEDS = {
     "contiguous_fp32_bytes_past_int64": contiguous(B=2, Hkv=620822572, Sq=3, Sk=2, D=620822572, dtype=2),
     "raw_valid": raw_struct(),
     "raw_empty": b"\x00",
+    # The backward (mode 6, c_src/bwd.c): each runs on sm_89 and sm_90 stub devices.
+    # AUTO on sm_90: the sm90 family (D=64 fp16), the workspace the size query answers.
+    "bwd_valid_sm90": backward(lse=True),
+    "bwd_valid_sm90_hf_layout_bf16_d128_causal": backward(D=128, dtype=1, causal=1, layouts=(1, 1, 1, 0),
+                                                          grads=(1, 1, None, None), dlse=True),
+    # torch.use_deterministic_algorithms(True): AUTO takes the sm80-class family on sm_90 too.
+    "bwd_deterministic": backward(deterministic=1),
+    # sm80-class need only: enough on sm_89, FC_ERR_BAD_WORKSPACE for the sm90 family on sm_90.
+    "bwd_workspace_sm80_only": backward(ws=WS_SM80),
+    "bwd_workspace_short": backward(ws=WS_ANSWER_LESS),
+    "bwd_workspace_null": backward(ws_ptr=0xFE),
+    # Forced sm90, dout broadcast over batch and heads (stride 0, as an expanded gradient): no TMA
+    # map for it, FC_UNSUPPORTED_LAYOUT (AUTO would take the sm80-class family).
+    "bwd_forced_sm90_dout_broadcast": backward(family=2, grads=(2, None, None, None)),
+    "bwd_dout_broadcast": backward(grads=(2, None, None, None)),
+    "bwd_forced_sm80": backward(family=1),
+    # Forced sm90 and deterministic: the forced family runs (flashcore.h only says what AUTO does).
+    "bwd_forced_sm90_deterministic": backward(family=2, deterministic=1),
+    # GQA: 8 query heads on 2 KV heads, causal, Sq != Sk.
+    "bwd_gqa": backward(Hkv=2, group=4, Sq=77, Sk=1000, D=128, causal=1),
+    "bwd_reject_null_lse": backward(keep_null_lse=True),
+    "bwd_reject_mask": backward(mask_kind=1),
+    "bwd_reject_head_dim_96": backward(D=96),
+    "bwd_reject_dlse_negative_stride": backward(dlse=True, dlse_strides=(200, 100, -1)),
+    # 65536 batches: the forward runs them in slices, the backward's grids do not (yet).
+    "bwd_reject_batch_65536": backward(B=65536, layouts=(2, 2, 2, 2)),
+    # Huge seqlen_k: 1024 batches x 2 KV heads x 2^20 key blocks of 128 = 2^31 CTAs, one more than
+    # the sm90 family's 1-D grid holds (sm80-class under AUTO, forced sm90 declined); 128 keys
+    # fewer fits. K/V rows 16 bytes apart (overlapping) keep each slice inside 2^31 elements.
+    "bwd_huge_seqlen_k_ctas_past_int32": backward(
+        B=1024, Sq=64, Sk=2**27, layouts=(0, layout(5, strides=(16, 8, 8, 1)), layout(5, strides=(16, 8, 8, 1)), 0)),
+    "bwd_huge_seqlen_k_ctas_past_int32_forced_sm90": backward(
+        B=1024, Sq=64, Sk=2**27, family=2,
+        layouts=(0, layout(5, strides=(16, 8, 8, 1)), layout(5, strides=(16, 8, 8, 1)), 0)),
+    "bwd_huge_seqlen_k_ctas_int32": backward(
+        B=1024, Sq=64, Sk=2**27 - 128,
+        layouts=(0, layout(5, strides=(16, 8, 8, 1)), layout(5, strides=(16, 8, 8, 1)), 0)),
+    "bwd_raw_empty": b"\x06\x01",
 }
 
 # Inputs that once broke a property checked with FC_FUZZ_STRICT=1 (see fuzz_params.c's header),
-# all fixed in c_src/ (2026-11-26): kept as seeds so the fuzzer starts from them every run.
+# all fixed in c_src/ (A-F 2026-11-26, G 2026-11-27): kept as seeds so the fuzzer starts from
+# them every run.
 FIXED_BUGS = {
     # A: accepted, but the sm80 kernel's int n_blocks = (seqlen_k + 63) / 64 overflows
     #    (device 0: sm_89; on sm_90 the sm90 family declines stride 0, so sm80 runs it too).
@@ -140,10 +213,14 @@ FIXED_BUGS = {
     "known_bug_F_packed_decode_slice_past_int32": structured(
         B=1, Hkv=1, group=8, Sq=1, Sk=300,
         layouts=(layout(5, strides=(8 * 2**29, 2**29, 64, 1)), 0, 0, 0), family=2, device=1),
+    # G: fc_bwd_params_validate's dlse check counted the elements as total + 1 without an overflow
+    #    check: signed overflow when dlse's largest element offset is INT64_MAX, here
+    #    (B - 1) * dlse_stride_b with B = 2. Found by the first backward fuzz run (seed 20261126).
+    "known_bug_G_dlse_offset_int64_max": backward(dlse=True, dlse_strides=(INT64_MAX, 0, 0)),
 }
 SEEDS.update({name.replace("known_bug_", "fixed_bug_"): data for name, data in FIXED_BUGS.items()})
-# One reproducer per bug still open (FC_FUZZ_STRICT=1 runs each and reports it); none now.
-KNOWN_BUGS = {}
+# One reproducer per bug still open (FC_FUZZ_STRICT=1 runs each and reports it).
+KNOWN_BUGS = {}  # none open
 
 
 def main():
