@@ -44,7 +44,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_UNSUPPORTED_MASK] = "attention masks run only in the sm80 kernel family (head dims 32, 64, 80, 96, 128, 256): the sm90 and decode families have no mask path",
     [FC_UNSUPPORTED_ARCH] = "no FlashCore kernel for this GPU architecture (kernels exist for sm_89 and sm_90)",
     [FC_UNSUPPORTED_FAMILY] = "the forced kernel family is not built into this library or cannot run on this GPU",
-    [FC_UNSUPPORTED_LAYOUT] = "the forced kernel family cannot take these inputs (the sm90 family needs a nonzero stride on every dim of size > 1 and scale > 0)",
+    [FC_UNSUPPORTED_LAYOUT] = "the forced kernel family cannot take these inputs (sm90: a nonzero stride on every dim of size > 1, scale > 0, and for its backward at most 2^31 - 1 key blocks x KV heads x batch; decode: at most 16 query rows, and 32 rows per KV head)",
     [FC_ERR_CUDA] = "a CUDA call or kernel launch failed (fc_last_cuda_error() has the CUDA error)",
     [FC_UNSUPPORTED_SLOWER] = "on sm_90 only the sm80-class family has this head dim, and PyTorch's own SDPA (cuDNN) runs it faster (about 1.7x, bench/NOTES.md); force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
 };

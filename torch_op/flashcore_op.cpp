@@ -110,6 +110,7 @@ bool status_means_fallback(fc_status s) {
     case FC_UNSUPPORTED_SLOWER:  // AUTO on Hopper: aten (cuDNN) is the faster path for this head dim
     case FC_UNSUPPORTED_ARCH:
     case FC_UNSUPPORTED_FAMILY:
+    case FC_UNSUPPORTED_LAYOUT:  // only a forced family's rules: check_forced_family raises for it
     case FC_ERR_LAST_DIM_STRIDE:
     case FC_ERR_STRIDE_ALIGNMENT:
     case FC_ERR_POINTER_ALIGNMENT:
@@ -339,7 +340,7 @@ Tensor aten_sdpa(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
 // A forced family that cannot run is an error, not a silent fallback (it is for testing):
 // not built / not for this device, or (sm90, decode) asked to apply an attn_mask.
 void check_forced_family(const Decision& d) {
-  for (fc_status s : {FC_UNSUPPORTED_FAMILY, FC_UNSUPPORTED_MASK}) {
+  for (fc_status s : {FC_UNSUPPORTED_FAMILY, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_LAYOUT}) {
     FC_CHECK(!(d.family_forced && d.reason == FC_REASON_STATUS_BASE + s),
              "flashcore.sdpa: FLASHCORE_FAMILY=", std::getenv("FLASHCORE_FAMILY"),
              " forces a kernel family that cannot run this call: ", fc_status_string(s));
