@@ -89,6 +89,7 @@ Run
   python bench/bench.py --quick              # smoke test
   python bench/bench.py --json out.json      # explicit JSON path (--out-dir DIR: folder for the default name)
   python bench/bench.py --dry-run            # no GPU: fake timings, exercises shapes/table/JSON only
+                                             # (JSON only with an explicit --json PATH)
   python bench/bench.py --match 'S=4096 D=128'   # only shapes whose label matches (regex): here
                                              # the masked row and its unmasked twin
 
@@ -860,6 +861,9 @@ def main(argv=None):
               f"CUDA graph, median of {args.iters} replays / {GRAPH_CALLS}, L2 warm; inputs randn, one "
               f"set per shape"
               + (f"; median of {args.rounds} such medians" if args.rounds > 1 else ""))
+    if args.dry_run:
+        print("DRY RUN: every timing below is FAKE (no GPU was used); the rows only exercise the "
+              "shapes, tables and JSON")
     print(f"FlashCore bench  sha={sha}{' (dirty)' if dirty else ''}  torch={torch.__version__}  "
           f"card={card}  {now:%Y-%m-%d %H:%M}")
     print(f"method: {method}")
@@ -889,7 +893,10 @@ def main(argv=None):
     print(f"\n{len(rows)} rows, {len(shapes)} fwd + {len(bwd_shapes)} bwd shapes, {elapsed:.1f} s"
           + (f"; {len(wrong)} WRONG rows (not timed)" if wrong else ""))
 
-    if not args.no_json:
+    if args.dry_run and not args.json and not args.no_json:
+        # Fake timings never land among the results by default: only where --json points.
+        print("JSON: not written (a dry run writes one only to an explicit --json PATH)")
+    elif not args.no_json:
         path = args.json or os.path.join(args.out_dir, f"{slug(card)}_{now:%Y-%m-%d_%H%M}.json")
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         doc = dict(sha=sha, dirty=dirty, torch=torch.__version__, card=card,

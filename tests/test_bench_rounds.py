@@ -175,3 +175,24 @@ def test_git_info_prefers_the_sent_commit(bench, monkeypatch, tmp_path):
     assert bench.git_info() == ("abc123", None)
     monkeypatch.setenv("FLASHCORE_SHA", "def456")
     assert bench.git_info() == ("def456", None)
+
+
+def test_dry_run_says_fake_and_writes_json_only_where_asked(tmp_path):
+    """A dry run's timings are fake: it says so, writes no JSON by default (so nothing lands in
+    bench/results/), and writes one where --json points."""
+    import json
+    import subprocess
+    import sys
+    results = REPO / "bench" / "results"
+    before = set(results.iterdir()) if results.exists() else set()
+    cmd = [sys.executable, str(REPO / "bench" / "bench.py"), "--dry-run", "--quick",
+           "--out-dir", str(results)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "DRY RUN" in res.stdout and "FAKE" in res.stdout
+    assert "JSON: not written" in res.stdout
+    assert (set(results.iterdir()) if results.exists() else set()) == before
+    out = tmp_path / "dry.json"
+    res = subprocess.run(cmd + ["--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(out.read_text())["card"] == "dry-run"
