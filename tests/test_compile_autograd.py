@@ -336,7 +336,7 @@ def test_opcheck_bwd_kernel_ops(name):
             kw.get("is_causal", False), kw.get("scale"), kw.get("enable_gqa", False))
     torch.library.opcheck(torch.ops.flashcore.sdpa_bwd_kernel.default, args, test_utils=ALL_UTILS)
     torch.library.opcheck(torch.ops.flashcore.explain_bwd.default, args, test_utils=ALL_UTILS)
-    assert torch.ops.flashcore.explain_bwd(*args) == (1, 0)  # not CUDA
+    assert torch.ops.flashcore.explain_bwd(*args) == (0, 1)  # not CUDA: no family, reason 1
     got = torch.ops.flashcore.sdpa_bwd_kernel(*args)
     exp = BWD(*args[:7], None, *args[7:], False)[:3]
     for g, e in zip(got, exp):

@@ -16,7 +16,7 @@ the call), and check
     no memory), the flags it gets (deterministic included), and the per-layout cache;
   * flashcore.explain_training's and flashcore.explain_backward's strings;
   * the ops' schemas: explain_bwd / sdpa_bwd_kernel take `deterministic`, explain_bwd returns
-    (reason, family) from the C++ kernel and from its fake;
+    (family, reason) from the C++ kernel and from its fake (explain's order);
   * torch.compile(fullgraph=True, dynamic=True) of a training step on fake tensors: the route is
     decided while tracing (stand-ins are real tensors, not graph nodes), no graph break, one graph
     for several lengths, and the graph holds aten's SDPA or FlashCore's ops as the route says.
@@ -60,7 +60,7 @@ def _clean_state(monkeypatch):
 
 class FakeCard:
     """Pretend the CPU is a card of compute capability `cc` on which explain_bwd answers
-    `answer(deterministic) -> (reason, family)`; records explain_bwd's arguments."""
+    `answer(deterministic) -> (family, reason)`; records explain_bwd's arguments."""
 
     def __init__(self, monkeypatch, cc, answer):
         self.calls = []
@@ -79,12 +79,12 @@ class FakeCard:
 
 def kernel(family):
     """explain_bwd's answer when a kernel of `family` runs (whatever determinism asks)."""
-    return lambda deterministic: (0, family)
+    return lambda deterministic: (family, 0)
 
 
 def sm90_unless_deterministic(deterministic):
     """The C layer's AUTO on an H100 with both families built: sm80-class when determinism is on."""
-    return (0, SM80 if deterministic else SM90)
+    return (SM80 if deterministic else SM90, 0)
 
 
 def fc_status(prefix):
@@ -101,7 +101,7 @@ ARCH = fc_status("no FlashCore kernel for this GPU architecture")  # FC_UNSUPPOR
 
 def no_kernel(status):
     """explain_bwd's answer when no kernel covers the call (100 + an fc_status)."""
-    return lambda deterministic: (100 + status, 0)
+    return lambda deterministic: (0, 100 + status)
 
 
 def inputs(B=2, Hq=4, Hkv=4, Sq=9, Sk=2048, D=128, dtype=torch.float32, requires_grad=True,
@@ -462,7 +462,7 @@ def test_explain_backward_strings(monkeypatch):
     assert flashcore.explain_backward(g, q, k, v, out, lse, deterministic=False) == "kernel sm90"
     FakeCard(monkeypatch, (8, 9), kernel(SM80))  # Ada: sm80 anyway, determinism chose nothing
     assert flashcore.explain_backward(g, q, k, v, out, lse) == "kernel sm80"
-    FakeCard(monkeypatch, (9, 0), lambda d: (7, 0))
+    FakeCard(monkeypatch, (9, 0), lambda d: (0, 7))
     assert flashcore.explain_backward(g, q, k, v, out, lse) == \
         "python: dtype is not float16 or bfloat16"
 
@@ -485,8 +485,8 @@ def test_bwd_op_schemas_take_deterministic():
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_explain_bwd_returns_reason_and_family(deterministic):
     args = _bwd_args()
-    assert torch.ops.flashcore.explain_bwd(*args, deterministic) == (1, 0)  # CPU: not CUDA
-    assert torch.ops.flashcore.explain_bwd(*args, deterministic=deterministic) == (1, 0)
+    assert torch.ops.flashcore.explain_bwd(*args, deterministic) == (0, 1)  # CPU: not CUDA
+    assert torch.ops.flashcore.explain_bwd(*args, deterministic=deterministic) == (0, 1)
     torch.library.opcheck(EXPLAIN_BWD, args + (deterministic,),
                           test_utils=("test_schema", "test_autograd_registration",
                                       "test_faketensor", "test_aot_dispatch_dynamic"))
@@ -497,15 +497,15 @@ def test_explain_bwd_returns_reason_and_family(deterministic):
 
 
 def test_explain_bwd_fake_returns_a_pair():
-    """The fake (and Meta kernel) answers as the C++ kernel does: a (reason, family) pair."""
+    """The fake (and Meta kernel) answers as the C++ kernel does: a (family, reason) pair."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     args = _bwd_args(torch.float16)
     with FakeTensorMode() as mode:
         fake = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
         got = EXPLAIN_BWD(*fake, True)
-    assert got == (1, 0) and all(type(x) is int for x in got)
+    assert got == (0, 1) and all(type(x) is int for x in got)
     meta = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
-    assert _ops._explain_bwd_fake(*meta, True) == (1, 0)
+    assert _ops._explain_bwd_fake(*meta, True) == (0, 1)
 
 
 # ---- torch.compile -----------------------------------------------------------------------------
@@ -600,7 +600,7 @@ def test_gpu_route_matches_explain_backward(D, dtype, deterministic):
         out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, is_causal=True, enable_gqa=True)
     real = torch.ops.flashcore.explain_bwd(torch.randn_like(out), q, k, v, out, lse, None, True,
                                            None, True, deterministic)
-    assert (route.reason, route.family) == real
+    assert (route.family, route.reason) == real
     cc = torch.cuda.get_device_capability()
     torch.use_deterministic_algorithms(deterministic)
     said = flashcore.explain_training(q, k, v, is_causal=True, enable_gqa=True)

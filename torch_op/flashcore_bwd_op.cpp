@@ -10,11 +10,11 @@
 //       Python caller) asks for bitwise reproducible gradients: the C layer then runs the
 //       sm80-class family, not the sm90 one (whose dq is summed with fp32 reductions in any order).
 //       CPU: the Python reference (python/flashcore/_ops.py), for opcheck.
-//   flashcore::explain_bwd(<same arguments>) -> (int reason, int family)
-//       reason: 0 when sdpa_bwd_kernel runs a kernel for these tensors, else why not (the
-//       forward's explain codes: 1..99 op-level, 100 + fc_status from fc_sdpa_bwd_support).
-//       family: the fc_family that kernel belongs to (1 = sm80-class, 2 = sm90), 0 when no
-//       kernel runs. Reads only metadata (sizes, strides, dtypes, pointer alignment, the
+//   flashcore::explain_bwd(<same arguments>) -> (int family, int reason)
+//       in the forward explain's order. family: the fc_family of the kernel that runs (1 =
+//       sm80-class, 2 = sm90), 0 when none. reason: 0 when sdpa_bwd_kernel runs a kernel for
+//       these tensors, else why not (the forward's explain codes: 1..99 op-level, 100 + fc_status
+//       from fc_sdpa_bwd_support). Reads only metadata (sizes, strides, dtypes, pointer alignment, the
 //       device's compute capability), never the data.
 //
 // The autograd backward (flashcore::sdpa_bwd in _ops.py) calls explain_bwd, then either
@@ -156,7 +156,7 @@ std::tuple<int64_t, int64_t> explain_bwd(Tensor dout, Tensor q, Tensor k, Tensor
                                          bool deterministic) {
   const BwdDecision d =
       decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa, deterministic);
-  return {d.reason, static_cast<int64_t>(d.reason == kKernel ? d.family : FC_FAMILY_AUTO)};
+  return {static_cast<int64_t>(d.reason == kKernel ? d.family : FC_FAMILY_AUTO), d.reason};
 }
 
 std::tuple<Tensor, Tensor, Tensor> sdpa_bwd_kernel(Tensor dout, Tensor q, Tensor k, Tensor v,

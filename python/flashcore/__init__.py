@@ -153,9 +153,9 @@ def explain_backward(grad_out, query, key, value, out, lse, grad_lse=None, is_ca
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     args = (grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, enable_gqa)
-    reason, family = _ops._EXPLAIN_BWD(*args, bool(deterministic))  # flashcore::explain_bwd
+    family, reason = _ops._EXPLAIN_BWD(*args, bool(deterministic))  # flashcore::explain_bwd
     by_determinism = (reason == 0 and bool(deterministic) and family == 1
-                      and _ops._EXPLAIN_BWD(*args, False)[1] == 2)
+                      and _ops._EXPLAIN_BWD(*args, False)[0] == 2)
     return _backward_string(reason, family, by_determinism)
 
 

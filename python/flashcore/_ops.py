@@ -16,8 +16,9 @@ Ops in the ``flashcore`` namespace:
 * ``sdpa_bwd_kernel(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa,
   deterministic=False) -> (dq, dk, dv)`` (C++, torch_op/flashcore_bwd_op.cpp): the fused
   backward kernel (CUDA; on CPU the Python reference below, so opcheck runs everywhere), and
-  ``explain_bwd(<same>) -> (int reason, int family)``: reason 0 when a kernel covers the call,
-  else why not; family 1 (sm80-class) or 2 (sm90) for the kernel that runs, 0 when none.
+  ``explain_bwd(<same>) -> (int family, int reason)`` (explain's order): family 1 (sm80-class)
+  or 2 (sm90) for the kernel that runs, 0 when none; reason 0 when a kernel covers the call,
+  else why not.
   ``deterministic`` asks for bitwise reproducible gradients (the sm80-class family; the sm90 one
   sums dq with fp32 reductions in any order). sdpa_bwd's implementation asks explain_bwd and runs the kernel
   when it can (no mask, fp16/bf16, head dim built, ...), its Python code otherwise, passing
@@ -178,7 +179,7 @@ def _sdpa_bwd_kernel_fake(grad_out, query, key, value, out, lse, grad_lse, is_ca
 def _explain_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
                       enable_gqa, deterministic=False):
     # As _explain_fake: metadata only, answered with real tensors of the same layout. Returns
-    # (reason, family), as the C++ kernel does.
+    # (family, reason), as the C++ kernel does.
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     tensors = (grad_out, query, key, value, out, lse, grad_lse)
     if not any(isinstance(t, FakeTensor) for t in tensors):
@@ -205,7 +206,7 @@ def _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mas
     return (attn_mask is None and query.is_cuda
             and query.dtype in (torch.float16, torch.bfloat16)
             and _EXPLAIN_BWD(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                             enable_gqa, deterministic)[0] == 0)
+                             enable_gqa, deterministic)[1] == 0)
 
 
 @torch.library.impl("flashcore::sdpa_bwd", ("cpu", "cuda"), lib=_lib)
@@ -579,7 +580,7 @@ def _contiguous_strides(sizes):
 
 def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gqa,
                        deterministic) -> Tuple[int, int]:
-    """explain_bwd's (reason, family) for a call whose forward has not run yet: stand-ins with
+    """(reason, family) from explain_bwd for a call whose forward has not run yet: stand-ins with
     the layouts of q, k, v, and for out, lse and grad_out what the forward and autograd will
     give (out and lse contiguous, as sdpa_fwd makes them; grad_out usually contiguous too)."""
     from torch.utils._python_dispatch import _disable_current_modes
@@ -597,7 +598,7 @@ def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gq
         out = _stand_in(out_sizes, _contiguous_strides(out_sizes), q.dtype, q.device)
         lse_sizes = out_sizes[:-1]
         lse = _stand_in(lse_sizes, _contiguous_strides(lse_sizes), _lse_dtype(q.dtype), q.device)
-        reason, family = _EXPLAIN_BWD(out, q, k, v, out, lse, None, is_causal, scale, enable_gqa,
+        family, reason = _EXPLAIN_BWD(out, q, k, v, out, lse, None, is_causal, scale, enable_gqa,
                                       deterministic)  # grad_out: out's layout
     return int(reason), int(family)
 
