@@ -39,6 +39,8 @@
 // (head dim, dtype) in kernels/bwd_sm80_hdim*_*.cu.
 #pragma once
 
+#include "common/bwd_delta.cuh"
+#include "common/launch.h"
 #include "common/sm80_ptx.cuh"
 #include "flashcore.h"
 #include "sm80/tile.cuh"  // swizzled(), load_tile()
@@ -115,23 +117,13 @@ __global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
     const int head = blockIdx.y, batch = blockIdx.z;
     const int row = blockIdx.x * kRowsPerCta + threadIdx.x / kThreadsPerRow;
     const int chunk = threadIdx.x % kThreadsPerRow;
-    float acc = 0.f;
-    if (row < seqlen_q) {
+    float acc = row_dot_dout_out<Elem, kHeadDim>(row < seqlen_q, chunk, [&] {
         const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b +
                            head * p.do_stride_h + static_cast<int64_t>(row) * p.do_stride_s;
         const Elem *out = static_cast<const Elem *>(p.fwd.out) + batch * p.fwd.o_stride_b +
                           head * p.fwd.o_stride_h + static_cast<int64_t>(row) * p.fwd.o_stride_s;
-        const uint4 a = *reinterpret_cast<const uint4 *>(dout + chunk * 8);
-        const uint4 b = *reinterpret_cast<const uint4 *>(out + chunk * 8);
-        const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 x = unpack2<Elem>(av[i]), y = unpack2<Elem>(bv[i]);
-            acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
-        }
-    }
-#pragma unroll
-    for (int off = kThreadsPerRow / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
+        return cuda::std::pair<const Elem *, const Elem *>(dout, out);
+    });
     if (chunk == 0 && row < seqlen_q) {
         if (p.dlse != nullptr)
             acc -= p.dlse[batch * p.dlse_stride_b + head * p.dlse_stride_h + row * p.dlse_stride_s];
@@ -520,16 +512,6 @@ dkdv_kernel(const fc_bwd_params p) {
 }
 
 // ---- host side ----------------------------------------------------------------------------------
-
-// Raise a kernel's dynamic shared memory limit once per device (bitmask, up to 64 devices).
-template <typename Kernel>
-cudaError_t allow_smem(Kernel kernel, int bytes, unsigned long long *configured, int device) {
-    const unsigned long long bit = 1ull << (device & 63);
-    if (bytes <= 48 * 1024 || (__atomic_load_n(configured, __ATOMIC_ACQUIRE) & bit)) return cudaSuccess;
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (err == cudaSuccess) __atomic_fetch_or(configured, bit, __ATOMIC_ACQ_REL);
-    return err;
-}
 
 // Validated params (c_src/bwd.c): the three kernels on `stream`, no allocation, no sync.
 template <typename Elem, int kHeadDim, bool kCausal>

@@ -28,6 +28,7 @@
 // chunk to fit sm_89's 99 KB); run through the C API (fc_sdpa_fwd picks it for small Sq).
 #pragma once
 
+#include "common/launch.h"
 #include "common/sm80_ptx.cuh"
 #include "common/split_combine.cuh"
 #include "dispatch.h"
@@ -554,18 +555,6 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
     }
 }
 
-// Opt a kernel into more than 48 KB of dynamic shared memory, once per device.
-template <typename Kernel>
-cudaError_t allow_smem(Kernel kernel, int bytes, int device, unsigned long long &configured_devices) {
-    const unsigned long long bit = 1ull << (device & 63);
-    if (bytes > 48 * 1024 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & bit)) {
-        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-        if (err != cudaSuccess) return err;
-        __atomic_fetch_or(&configured_devices, bit, __ATOMIC_ACQ_REL);
-    }
-    return cudaSuccess;
-}
-
 // The current device as launch_decode reads it once per call.
 struct DeviceInfo {
     int device, major, sms;
@@ -605,7 +594,7 @@ cudaError_t launch_decode_rows(const fc_params &p, const DeviceInfo &dev, cudaSt
     static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
     auto kernel = decode_kernel<Elem, kHeadDim, kCausal>;
     const int smem = DecodeTraits<kHeadDim>::kSmemBytes;
-    const cudaError_t err = allow_smem(kernel, smem, dev.device, configured_devices);
+    const cudaError_t err = allow_smem(kernel, smem, &configured_devices, dev.device);
     return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, kThreads, smem, p, dev, stream);
 }
 
@@ -614,7 +603,7 @@ cudaError_t launch_decode_mma(const fc_params &p, const DeviceInfo &dev, cudaStr
     static unsigned long long configured_devices = 0;
     auto kernel = decode_mma_kernel<Elem, kHeadDim, kCausal>;
     using T = MmaDecodeTraits<kHeadDim>;
-    const cudaError_t err = allow_smem(kernel, T::kSmemBytes, dev.device, configured_devices);
+    const cudaError_t err = allow_smem(kernel, T::kSmemBytes, &configured_devices, dev.device);
     return err != cudaSuccess ? err
                               : launch_split_kv<Elem, kHeadDim>(kernel, T::kThreads, T::kSmemBytes, p, dev, stream);
 }

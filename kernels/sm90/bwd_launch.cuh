@@ -8,6 +8,7 @@
 // Instantiated per (head dim, dtype) in kernels/bwd_sm90_hdim*_*.cu.
 #pragma once
 
+#include "common/launch.h"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/bwd_rows.cuh"
 #include "sm90/tensor_map.h"
@@ -29,15 +30,9 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
 
-    // The kernel's shared memory limit, raised once per device (bitmask, up to 64 devices).
     auto kernel = bwd_kernel<Elem, kHeadDim, kCausal>;
     static unsigned long long configured = 0;
-    const unsigned long long bit = 1ull << (device & 63);
-    if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & bit)) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-        if (err != cudaSuccess) return err;
-        __atomic_fetch_or(&configured, bit, __ATOMIC_ACQ_REL);
-    }
+    if ((err = allow_smem(kernel, T::kSmemBytes, &configured, device)) != cudaSuccess) return err;
 
     BwdMaps maps;
     const CUtensorMapDataType dtype =
@@ -61,7 +56,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
         maps.chunk_pairs = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(pairs, (16 << 20) / qdo_bytes)));
     const Workspace ws = workspace_of(p);
     const unsigned hq = static_cast<unsigned>(f.heads_q), batch = static_cast<unsigned>(f.batch);
-    constexpr int kRowsPerCta = 128 / (kHeadDim / 8);  // of the row-wise kernels
+    constexpr int kRowsPerCta = RowLane<kHeadDim>::kRowsPerCta;  // of the row-wise kernels
     const dim3 rows_grid(static_cast<unsigned>((ws.padded_seqlen + kRowsPerCta - 1) / kRowsPerCta), hq, batch);
     row_terms_kernel<Elem, kHeadDim><<<rows_grid, 128, 0, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;

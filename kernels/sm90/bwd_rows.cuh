@@ -10,7 +10,8 @@
 //   dq_convert_kernel (after): dq = scale * (the fp32 dq accumulator), in dq's dtype and strides.
 #pragma once
 
-#include "common/sm80_ptx.cuh"  // pack2, unpack2
+#include "common/bwd_delta.cuh"
+#include "common/sm80_ptx.cuh"  // pack2
 #include "dispatch.h"
 #include "flashcore.h"
 
@@ -37,35 +38,32 @@ __host__ __device__ inline Workspace workspace_of(const fc_bwd_params &p) {
     return Workspace{base, base + rows, base + 2 * rows, padded};
 }
 
-// kHeadDim / 8 threads per row, each reading 16 bytes of dO and of O. Grid: (padded rows /
-// rows per CTA, query heads, batch).
+// What a thread of the row-wise kernels takes: kHeadDim / 8 consecutive threads per row, each a
+// 16-byte chunk of it. Grid: (rows / kRowsPerCta, query heads, batch) CTAs of 128 threads.
+template <int kHeadDim>
+struct RowLane {
+    static constexpr int kThreadsPerRow = kHeadDim / 8;
+    static constexpr int kRowsPerCta = 128 / kThreadsPerRow;
+    int head = blockIdx.y, batch = blockIdx.z, chunk = threadIdx.x % kThreadsPerRow;
+    int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
+};
+
+// Each thread reads 16 bytes of dO and of O. Grid over the padded rows.
 template <typename Elem, int kHeadDim>
 __global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
-    constexpr int kThreadsPerRow = kHeadDim / 8;
-    constexpr int kRowsPerCta = 128 / kThreadsPerRow;
     const fc_params &f = p.fwd;
     const Workspace ws = workspace_of(p);
-    const int head = blockIdx.y, batch = blockIdx.z;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
-    const int chunk = threadIdx.x % kThreadsPerRow;
+    const RowLane<kHeadDim> lane;
+    const int head = lane.head, batch = lane.batch, chunk = lane.chunk;
+    const int64_t row = lane.row;
     const bool real = row < f.seqlen_q;
-    float acc = 0.f;
-    if (real) {
+    float acc = row_dot_dout_out<Elem, kHeadDim>(real, chunk, [&] {
         const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b + head * p.do_stride_h +
                            row * p.do_stride_s;
         const Elem *out = static_cast<const Elem *>(f.out) + batch * f.o_stride_b + head * f.o_stride_h +
                           row * f.o_stride_s;
-        const uint4 a = *reinterpret_cast<const uint4 *>(dout + chunk * 8);
-        const uint4 b = *reinterpret_cast<const uint4 *>(out + chunk * 8);
-        const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 x = unpack2<Elem>(av[i]), y = unpack2<Elem>(bv[i]);
-            acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
-        }
-    }
-#pragma unroll
-    for (int off = kThreadsPerRow / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
+        return cuda::std::pair<const Elem *, const Elem *>(dout, out);
+    });
     if (row >= ws.padded_seqlen) return;
     const int64_t idx = (static_cast<int64_t>(batch) * f.heads_q + head) * ws.padded_seqlen + row;
     float4 *dq_row = reinterpret_cast<float4 *>(ws.dq_accum + idx * kDqPitch<kHeadDim>);
@@ -86,13 +84,11 @@ __global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
 // Each thread converts 8 consecutive columns of one row. Grid as row_terms_kernel's, over Sq.
 template <typename Elem, int kHeadDim>
 __global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) {
-    constexpr int kThreadsPerRow = kHeadDim / 8;
-    constexpr int kRowsPerCta = 128 / kThreadsPerRow;
     const fc_params &f = p.fwd;
     const Workspace ws = workspace_of(p);
-    const int head = blockIdx.y, batch = blockIdx.z;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
-    const int chunk = threadIdx.x % kThreadsPerRow;
+    const RowLane<kHeadDim> lane;
+    const int head = lane.head, batch = lane.batch, chunk = lane.chunk;
+    const int64_t row = lane.row;
     if (row >= f.seqlen_q) return;
     const float *acc = ws.dq_accum +
                        ((static_cast<int64_t>(batch) * f.heads_q + head) * ws.padded_seqlen + row) * kDqPitch<kHeadDim> +

@@ -1,0 +1,37 @@
+// common/bwd_delta.cuh - the backward's softmax correction term delta = rowsum(dO * O) of one
+// query row, as both backward families' row kernels compute it (bwd_sm80.cuh's delta_kernel,
+// sm90/bwd_rows.cuh's row_terms_kernel): kHeadDim / 8 consecutive lanes per row, each reading 16
+// bytes of dO and of O, then summed across those lanes with xor shuffles.
+#pragma once
+
+#include "common/sm80_ptx.cuh"  // unpack2
+
+#include <cuda/std/utility>
+#include <stdint.h>
+
+namespace flashcore {
+
+// `real`: the row exists (rows past Sq read nothing and contribute 0, but still take part in
+// the shuffles, which every lane of the warp must reach). `rows()` gives the row's dO and O
+// pointers, as a pair; it is called only for a real row. Every lane of the row gets the sum.
+template <typename Elem, int kHeadDim, typename RowPointers>
+__device__ __forceinline__ float row_dot_dout_out(bool real, int chunk, RowPointers rows) {
+    constexpr int kThreadsPerRow = kHeadDim / 8;
+    float acc = 0.f;
+    if (real) {
+        const auto [dout_row, out_row] = rows();
+        const uint4 a = *reinterpret_cast<const uint4 *>(dout_row + chunk * 8);
+        const uint4 b = *reinterpret_cast<const uint4 *>(out_row + chunk * 8);
+        const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 x = unpack2<Elem>(av[i]), y = unpack2<Elem>(bv[i]);
+            acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+        }
+    }
+#pragma unroll
+    for (int off = kThreadsPerRow / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
+    return acc;
+}
+
+}  // namespace flashcore
