@@ -166,7 +166,8 @@ static const bwd_entry *find_bwd_kernel(fc_family family, const fc_params *f) {
  * one dimension of (128-key block, KV head, batch) CTAs, at most 2^31 - 1 of them. */
 static int sm90_takes_layout(const fc_bwd_params *p) {
     int64_t ctas = 0;
-    if (__builtin_mul_overflow((p->fwd.seqlen_k + 127) / 128, p->fwd.heads_kv, &ctas) ||
+    const int64_t key_blocks = (p->fwd.seqlen_k + FC_SM90_BWD_KEY_BLOCK - 1) / FC_SM90_BWD_KEY_BLOCK;
+    if (__builtin_mul_overflow(key_blocks, p->fwd.heads_kv, &ctas) ||
         __builtin_mul_overflow(ctas, p->fwd.batch, &ctas) || ctas > INT32_MAX)
         return 0;
     fc_params as_dout = p->fwd;

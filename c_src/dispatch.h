@@ -118,6 +118,8 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
  * fp32 (+inf past Sq), then the dq accumulator [B*Hq][Sq_pad][D + FC_SM90_BWD_DQ_PAD] fp32 (rows
  * padded as the kernel's shared-memory staging is, so that a block's rows are one bulk reduction). */
 #define FC_SM90_BWD_ROW_BLOCK 64
+/* Keys per CTA of the Hopper backward: its grid is one dimension of (key block, KV head, batch). */
+#define FC_SM90_BWD_KEY_BLOCK 128
 #define FC_SM90_BWD_DQ_PAD 8
 #if defined(__CUDACC__)
 #define FC_HOST_DEVICE __host__ __device__ /* also called from the kernels */

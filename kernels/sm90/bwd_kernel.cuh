@@ -64,7 +64,7 @@ namespace ptx = cuda::ptx;
 
 template <int kHeadDim>
 struct BwdTraits {
-    static constexpr int kBlockN = 128;                    // keys per CTA
+    static constexpr int kBlockN = FC_SM90_BWD_KEY_BLOCK;  // keys per CTA
     static constexpr int kBlockM = FC_SM90_BWD_ROW_BLOCK;  // query rows per step
     static constexpr int kStages = 2;
     static constexpr int kConsumers = 2;  // warpgroups of 64 keys
