@@ -23,6 +23,13 @@ but the sm90 backward kernel), aten's SDPA for both passes. ``explain_training(q
 says which and why; ``FLASHCORE_TRAINING`` (``auto`` | ``flashcore`` | ``aten``, read at each
 call) forces one route. ``torch.use_deterministic_algorithms(True)`` selects the bitwise
 reproducible sm80-class backward kernel.
+
+Installs without kernels: where the package was installed without its compiled library (a
+source build on a machine without nvcc skips CUDA, saying so; see setup.py) or PyTorch is built
+without CUDA, ``import flashcore`` still works and ``torch.ops.flashcore.sdpa`` is PyTorch's own
+SDPA (``_fallback.py``). ``flashcore.FALLBACK_ONLY`` then says why (it is ``""`` when the
+library is loaded), ``explain`` answers ``"fallback: <why>"``, and the first call on a CUDA
+tensor warns once.
 """
 
 import ctypes
@@ -31,25 +38,38 @@ import os
 import torch
 
 __version__ = "0.1.0"
-__all__ = ["sdpa", "explain", "__version__"]
+__all__ = ["sdpa", "explain", "__version__", "FALLBACK_ONLY"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _OP_LIB = os.path.join(_HERE, "libflashcore_op.so")
 _C_LIB = os.path.join(_HERE, "libflashcore.so")
 
+# Why this install cannot run FlashCore's kernels ("" when its library is loaded). Both cases
+# below are installs that work as designed, so they fall back instead of failing the import:
+# a CPU-only machine's CI can import FlashCore and run the code that calls it.
+FALLBACK_ONLY = ""
 if not os.path.exists(_OP_LIB):
-    raise ImportError(
-        f"flashcore: {_OP_LIB} not found. Build and install the package first "
-        "(`pip install .` from the FlashCore checkout, or `cmake -S . -B build -G Ninja && "
-        "cmake --build build`, which puts the libraries in python/flashcore/).")
-try:
-    torch.ops.load_library(_OP_LIB)
-except OSError as e:
-    raise ImportError(f"flashcore: cannot load {_OP_LIB}: {e}. Rebuild it against this "
-                      "PyTorch (it needs torch >= 2.11 with CUDA).") from e
+    # setup.py skipped the CUDA build (no nvcc), or an in-tree checkout was never built.
+    FALLBACK_ONLY = ("this flashcore install has no compiled library (installed where nvcc was "
+                     "not found; reinstall with CUDA 13's nvcc on PATH for the kernels)")
+elif torch.version.cuda is None:
+    # The library links libtorch_cuda.so, which a CPU-only PyTorch does not have.
+    FALLBACK_ONLY = (f"this PyTorch ({torch.__version__}) is built without CUDA, which "
+                     "FlashCore's library needs")
+else:
+    try:
+        torch.ops.load_library(_OP_LIB)
+    except OSError as e:  # present but broken: an error, not a silent fallback
+        raise ImportError(f"flashcore: cannot load {_OP_LIB}: {e}. Rebuild it against this "
+                          "PyTorch (it needs torch >= 2.11 with CUDA).") from e
 
-# Fakes (torch.compile), the backward op and autograd for the ops just loaded.
-from . import _ops  # noqa: E402,F401
+if FALLBACK_ONLY:
+    # torch.ops.flashcore.sdpa as PyTorch's SDPA, same schema (nothing else is registered).
+    from . import _fallback  # noqa: E402
+    _fallback.reason = FALLBACK_ONLY
+else:
+    # Fakes (torch.compile), the backward op and autograd for the ops just loaded.
+    from . import _ops  # noqa: E402,F401
 
 # Reason codes returned by torch.ops.flashcore.explain (see torch_op/flashcore_op.cpp).
 _OP_REASONS = {
@@ -98,6 +118,8 @@ def _built_for(head_dim: int, dtype: torch.dtype) -> bool:
     records what it kept in ``_build_config.py`` beside the libraries. The GPU tests use this to
     skip the cases a trimmed build left out instead of failing on them. A build made before that
     record existed counts as the full set."""
+    if FALLBACK_ONLY:
+        return False
     try:
         from . import _build_config
     except ImportError:
@@ -112,7 +134,10 @@ def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
     """Which path ``sdpa`` takes for these arguments: ``"kernel sm80"``, ``"kernel sm90"``,
     ``"kernel sm80 (not sm90: <why>)"`` (on Hopper, e.g. with an ``attn_mask``, which only the
     sm80 family applies) or ``"fallback: <reason>"``. Raises for the same bad inputs ``sdpa``
-    raises for."""
+    raises for (an install without FlashCore's library checks nothing: ``"fallback: <why>"``
+    for every call)."""
+    if FALLBACK_ONLY:
+        return f"fallback: {FALLBACK_ONLY}"
     family, reason = torch.ops.flashcore.explain(query, key, value, attn_mask, dropout_p,
                                                  is_causal, scale=scale, enable_gqa=enable_gqa)
     if reason == 0:
@@ -150,6 +175,8 @@ def explain_backward(grad_out, query, key, value, out, lse, grad_lse=None, is_ca
     attn_mask always means python. ``deterministic`` defaults to
     ``torch.are_deterministic_algorithms_enabled()``, which the backward reads when it runs.
     Whether a training call reaches FlashCore's backward at all: ``explain_training``."""
+    if FALLBACK_ONLY:  # no library: autograd runs through PyTorch's SDPA
+        return f"aten: {FALLBACK_ONLY}"
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     args = (grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, enable_gqa)
@@ -177,6 +204,8 @@ def explain_training(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
       or ``FLASHCORE_TRAINING=aten``.
 
     Raises for the same bad inputs ``sdpa`` raises for."""
+    if FALLBACK_ONLY:
+        return f"aten: {FALLBACK_ONLY}"
     forward = explain(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if dropout_p > 0.0:
         return "aten: dropout_p > 0 (aten owns the dropout RNG and its backward)"
