@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what FlashCore needs to build and test, then builds and installs it:
 #   torch (2.14.1 unless a torch is already importable), cmake and ninja (only to build the
-#   kernels), pytest, transformers 5.18 (unless one is already importable), and the package
-#   itself with `pip install --no-build-isolation .` (which runs CMake into ./build).
+#   kernels), the package itself with `pip install --no-build-isolation .` (which runs CMake
+#   into ./build), then what the tests need: the `test` extra of pyproject.toml (pytest,
+#   transformers), each only where that package is not installed at all, so the user's own
+#   versions stay (ci/missing_requirements.py), at the version CI tests (ci/tested_versions.txt).
 #
 # With nvcc (CUDA 13) on PATH the package is built with its kernels. Without it, the script
 # says so in one line and installs the package without kernels (setup.py skips CMake; every
@@ -26,7 +28,7 @@ if ! command -v nvcc > /dev/null 2>&1 && [ -z "${CUDACXX:-}" ]; then
   echo "ci/install.sh: nvcc not found on PATH, so FlashCore installs without its CUDA kernels (every call falls back to PyTorch's SDPA); for the kernels add the CUDA 13 toolkit's bin/ to PATH and rerun (FLASHCORE_REQUIRE_CUDA=1 makes this an error)"
   KERNELS=0
 fi
-echo "== installing build and test tools"
+echo "== installing build tools"
 # The build runs without isolation (it compiles against the torch installed here), so the
 # build backend must be in this environment: setuptools with bdist_wheel (>= 70.1; a fresh
 # venv's bundled setuptools is older). A newer one already installed is left alone.
@@ -35,11 +37,6 @@ if ! "$PY" -c "import setuptools.command.bdist_wheel" 2>/dev/null; then
 fi
 if [ "$KERNELS" = 1 ]; then
   "$PY" -m pip install -q "cmake>=3.24" ninja
-fi
-"$PY" -m pip install -q pytest
-# transformers (for the integration tests): only where none is installed, so a user's own stays.
-if ! "$PY" -c "import transformers" 2>/dev/null; then
-  "$PY" -m pip install -q transformers==5.18.0
 fi
 if [ "$KERNELS" = 1 ]; then
   echo "== building and installing flashcore (CMake + Ninja into ./build)"
@@ -54,5 +51,10 @@ if ! "$PY" -m pip install --no-build-isolation --no-deps -v . > build/pip-instal
   exit 1
 fi
 grep -E "^ *\[[0-9]+/[0-9]+\]|Successfully installed" build/pip-install.log || true
+mapfile -t MISSING < <("$PY" ci/missing_requirements.py test)
+if [ -n "${MISSING[*]}" ]; then
+  echo "== installing what the tests need: ${MISSING[*]}"
+  "$PY" -m pip install -q -c ci/tested_versions.txt "${MISSING[@]}"
+fi
 "$PY" -c "import flashcore, torch; print('flashcore', flashcore.__version__, 'on torch', torch.__version__)
 if flashcore.FALLBACK_ONLY: print('flashcore: calls fall back to PyTorch:', flashcore.FALLBACK_ONLY)"
