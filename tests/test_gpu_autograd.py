@@ -21,7 +21,8 @@ What it checks, on a CUDA machine:
     eager, forward and backward, and inductor skipped no CUDA graph.
 
 Run:  python -m pytest tests/test_gpu_autograd.py -q
-Without a CUDA device the module skips with a reason; FLASHCORE_REQUIRE_GPU=1 makes that an error.
+Without a CUDA device each test skips with a reason (tests/gpu_gate.py); FLASHCORE_REQUIRE_GPU=1
+makes that an error.
 """
 import math
 import os
@@ -32,18 +33,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-if not torch.cuda.is_available():
-    if os.environ.get("FLASHCORE_REQUIRE_GPU") == "1":
-        raise RuntimeError("FLASHCORE_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
-    pytest.skip("no CUDA device: GPU autograd/compile tests of flashcore skipped",
-                allow_module_level=True)
+from gpu_gate import gpu_gate  # noqa: E402
+
+GPU, pytestmark = gpu_gate("no CUDA device: GPU autograd/compile tests of flashcore skipped")
 
 import flashcore  # noqa: E402  (on a GPU machine a failed import is an error)
 from attention_block import Attention as _AttentionBlock  # noqa: E402
 from build_record import skip_unless_built  # noqa: E402
 
 DEVICE = "cuda"
-KERNEL_CARD = torch.cuda.get_device_capability() in ((8, 9), (9, 0))
+KERNEL_CARD = GPU and torch.cuda.get_device_capability() in ((8, 9), (9, 0))
 ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
 ALL_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor",
              "test_aot_dispatch_dynamic")
@@ -96,7 +95,8 @@ def require_kernel(D, dtype):
 
 # The fused backward family each card runs by default (the Hopper one sums dq with atomics; with
 # torch.use_deterministic_algorithms(True) Hopper runs the sm80-class family too).
-BWD_KERNEL_PATH = "kernel sm90" if torch.cuda.get_device_capability() == (9, 0) else "kernel sm80"
+BWD_KERNEL_PATH = ("kernel sm90" if GPU and torch.cuda.get_device_capability() == (9, 0)
+                   else "kernel sm80")
 
 
 @pytest.fixture(autouse=True)

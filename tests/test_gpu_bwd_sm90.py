@@ -1,6 +1,6 @@
 """GPU tests of the Hopper backward family (kernels/sm90/bwd_kernel.cuh) against float64.
 
-What it checks, on an sm_90 device (elsewhere the module skips with a reason):
+What it checks, on an sm_90 device (elsewhere each test skips with a reason, tests/gpu_gate.py):
   * dq, dk, dv of torch.ops.flashcore.sdpa_bwd_kernel (which runs the sm90 family there unless
     deterministic=True) against a float64 autograd of the same attention, for fp16/bf16, D 64/128,
     causal or not, lengths 1/17/127/1000/4097, Sq != Sk both ways, GQA 1/2/4/8, (B, S, H, D)
@@ -25,11 +25,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-    if os.environ.get("FLASHCORE_REQUIRE_GPU") == "1" and not torch.cuda.is_available():
-        raise RuntimeError("FLASHCORE_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
-    pytest.skip("no sm_90 device: tests of the Hopper backward family skipped",
-                allow_module_level=True)
+from gpu_gate import gpu_gate  # noqa: E402
+
+GPU, pytestmark = gpu_gate("no sm_90 device: tests of the Hopper backward family skipped",
+                           capability=(9, 0))
 
 import flashcore  # noqa: E402
 from build_record import skip_unless_built  # noqa: E402

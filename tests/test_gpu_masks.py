@@ -18,7 +18,7 @@ What it checks, on a CUDA machine with FlashCore kernels (sm_89 / sm_90):
     forcing the sm90 family with a mask raises.
 Each case runs with FLASHCORE_FAMILY=auto and =sm80.
 
-Run:  python -m pytest tests/test_gpu_masks.py -q     (skips without a CUDA device)
+Run:  python -m pytest tests/test_gpu_masks.py -q     (each test skips without a CUDA device)
 """
 import math
 import os
@@ -30,18 +30,17 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-if not torch.cuda.is_available():
-    if os.environ.get("FLASHCORE_REQUIRE_GPU") == "1":
-        raise RuntimeError("FLASHCORE_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
-    pytest.skip("no CUDA device: GPU tests of attn_mask skipped", allow_module_level=True)
+from gpu_gate import gpu_gate  # noqa: E402
+
+GPU, pytestmark = gpu_gate("no CUDA device: GPU tests of attn_mask skipped")
 
 import flashcore  # noqa: E402  (on a GPU machine a failed import is an error)
 from build_record import skip_unless_built  # noqa: E402
 from kernel_trace import launched_kernels, launched_narrow  # noqa: E402
 
 DEVICE = "cuda"
-KERNEL_CARD = torch.cuda.get_device_capability() in ((8, 9), (9, 0))
-HOPPER = torch.cuda.get_device_capability() == (9, 0)
+KERNEL_CARD = GPU and torch.cuda.get_device_capability() in ((8, 9), (9, 0))
+HOPPER = GPU and torch.cuda.get_device_capability() == (9, 0)
 ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}  # one output ulp at |x| ~ 1 (see test_gpu_sdpa)
 NEG_INF = float("-inf")
 

@@ -14,7 +14,7 @@ What it checks, on a CUDA machine:
 Each kernel case runs under FLASHCORE_FAMILY=sm80 and =sm90 (forced; sm90 on Hopper only) and =auto.
 
 Run:  python -m pytest tests/test_gpu_sdpa.py -q
-Without a CUDA device the module skips with a reason. With one, a failed
+Without a CUDA device each test skips with a reason (tests/gpu_gate.py). A failed
 `import flashcore` is an error, never a skip. Set FLASHCORE_REQUIRE_GPU=1 to make
 a missing CUDA device an error too (for the GPU machine's script).
 """
@@ -29,18 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-if not torch.cuda.is_available():
-    if os.environ.get("FLASHCORE_REQUIRE_GPU") == "1":
-        raise RuntimeError("FLASHCORE_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
-    try:
-        import flashcore  # noqa: F401  (only to say in the reason whether it loads)
-        _why = "flashcore imports"
-    except Exception as e:  # not built yet on this machine
-        _why = f"flashcore does not import here ({type(e).__name__}: {e})"
-    pytest.skip(f"no CUDA device: GPU tests of flashcore.sdpa skipped; {_why}",
-                allow_module_level=True)
+from gpu_gate import gpu_gate  # noqa: E402
 
-# On a GPU machine the package must load: let ImportError fail the run.
+GPU, pytestmark = gpu_gate("no CUDA device: GPU tests of flashcore.sdpa skipped")
+
+# The package must load (the cases are collected everywhere): let ImportError fail the run.
 import flashcore  # noqa: E402
 from build_record import skip_unless_built  # noqa: E402
 from kernel_trace import launched_kernels, launched_narrow  # noqa: E402
@@ -48,8 +41,8 @@ from kernel_trace import launched_kernels, launched_narrow  # noqa: E402
 sdpa = torch.ops.flashcore.sdpa
 DEVICE = "cuda"
 # The sm80 kernel family is built for sm_89 and sm_90; elsewhere the op falls back to aten.
-KERNEL_CARD = torch.cuda.get_device_capability() in ((8, 9), (9, 0))
-HOPPER = torch.cuda.get_device_capability() == (9, 0)
+KERNEL_CARD = GPU and torch.cuda.get_device_capability() in ((8, 9), (9, 0))
+HOPPER = GPU and torch.cuda.get_device_capability() == (9, 0)
 
 # atol covers the final rounding of the output, which ref_lp can get luckily right:
 # one fp16 ulp at |x| ~ 1 is 2^-10 ~ 9.8e-4 -> 1e-3; one bf16 ulp at 1 is 2^-7 ~ 7.8e-3 -> 1e-2.

@@ -13,7 +13,8 @@
 
 Run:  python -m pytest tests/test_streams_devices.py -q         (one GPU; the 2-GPU tests skip)
 On a 2-GPU machine (e.g. kind nvidia-h100-x2) the same command runs the cuda:1 tests too.
-Without a CUDA device the module skips; FLASHCORE_REQUIRE_GPU=1 makes that an error.
+Without a CUDA device each test skips (tests/gpu_gate.py); FLASHCORE_REQUIRE_GPU=1 makes that an
+error.
 """
 import importlib.util
 import os
@@ -26,16 +27,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    if os.environ.get("FLASHCORE_REQUIRE_GPU") == "1":
-        raise RuntimeError("FLASHCORE_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
-    pytest.skip("no CUDA device: stream, thread and multi-GPU tests of flashcore.sdpa skipped",
-                allow_module_level=True)
+from gpu_gate import gpu_gate  # noqa: E402
+
+GPU, pytestmark = gpu_gate(
+    "no CUDA device: stream, thread and multi-GPU tests of flashcore.sdpa skipped")
 
 _REPO_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
 if importlib.util.find_spec("flashcore") is None:
     sys.path.insert(0, _REPO_PYTHON)
-import flashcore  # noqa: E402  (on a GPU machine a failed import is an error, not a skip)
+import flashcore  # noqa: E402  (a failed import is an error, not a skip)
 
 KERNEL_CCS = ((8, 9), (9, 0))
 TWO_GPUS = torch.cuda.device_count() >= 2
