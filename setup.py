@@ -4,7 +4,8 @@
 (override with FLASHCORE_BUILD_DIR), builds libflashcore.so and libflashcore_op.so, and places
 them inside the package being built, so the wheel carries them. Editable installs
 (`pip install -e .`) place them in python/flashcore/ instead. CMake options pass through
-environment variables: FLASHCORE_CUDA_ARCHS (e.g. "90a"), FLASHCORE_HEAD_DIMS, FLASHCORE_DTYPES.
+environment variables: FLASHCORE_CUDA_ARCHS (e.g. "90a"), FLASHCORE_HEAD_DIMS, FLASHCORE_DTYPES,
+FLASHCORE_BUILD_TESTS (OFF: no C tests).
 
 Without a CUDA compiler (no nvcc on PATH and CUDACXX unset) the build skips CMake, says so in
 one line, and packages the Python code alone: a py3-none-any wheel whose `import flashcore`
@@ -69,7 +70,8 @@ class BuildWithCMake(build_py):
             f"-DPython3_EXECUTABLE={sys.executable}",
             f"-DFLASHCORE_PACKAGE_DIR={package_dir}",
         ]
-        for option in ("FLASHCORE_CUDA_ARCHS", "FLASHCORE_HEAD_DIMS", "FLASHCORE_DTYPES"):
+        for option in ("FLASHCORE_CUDA_ARCHS", "FLASHCORE_HEAD_DIMS", "FLASHCORE_DTYPES",
+                       "FLASHCORE_BUILD_TESTS"):
             if os.environ.get(option):
                 configure.append(f"-D{option}={os.environ[option]}")
         subprocess.run(configure, check=True)

@@ -10,6 +10,8 @@
 # says so in one line and installs the package without kernels (setup.py skips CMake; every
 # call falls back to PyTorch's SDPA): a CPU-only machine can still import FlashCore and run
 # the code that calls it. FLASHCORE_REQUIRE_CUDA=1 makes a missing nvcc an error instead.
+# FLASHCORE_WHEEL=path/to/flashcore-*.whl installs that prebuilt wheel (ci/build_wheel.sh)
+# instead of building: no compiler needed, seconds.
 # Usage: bash ci/install.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +22,9 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q torch==2.14.1
 fi
 KERNELS=1
-if ! command -v nvcc > /dev/null 2>&1 && [ -z "${CUDACXX:-}" ]; then
+if [ -n "${FLASHCORE_WHEEL:-}" ]; then
+  KERNELS=wheel
+elif ! command -v nvcc > /dev/null 2>&1 && [ -z "${CUDACXX:-}" ]; then
   if [ "${FLASHCORE_REQUIRE_CUDA:-}" = 1 ]; then
     echo "ci/install.sh: FLASHCORE_REQUIRE_CUDA=1 but nvcc is not on PATH: add the CUDA 13 toolkit's bin/ to PATH" >&2
     exit 1
@@ -32,20 +36,25 @@ echo "== installing build tools"
 # The build runs without isolation (it compiles against the torch installed here), so the
 # build backend must be in this environment: setuptools with bdist_wheel (>= 70.1; a fresh
 # venv's bundled setuptools is older). A newer one already installed is left alone.
-if ! "$PY" -c "import setuptools.command.bdist_wheel" 2>/dev/null; then
+if [ "$KERNELS" != wheel ] && ! "$PY" -c "import setuptools.command.bdist_wheel" 2>/dev/null; then
   "$PY" -m pip install -q "setuptools>=70.1"
 fi
 if [ "$KERNELS" = 1 ]; then
   "$PY" -m pip install -q "cmake>=3.24" ninja
 fi
-if [ "$KERNELS" = 1 ]; then
+TARGET=(.)
+if [ "$KERNELS" = wheel ]; then
+  echo "== installing the prebuilt wheel $FLASHCORE_WHEEL"
+  # Reinstalled even where the same version is installed: that may be a different build.
+  TARGET=(--force-reinstall "$FLASHCORE_WHEEL")
+elif [ "$KERNELS" = 1 ]; then
   echo "== building and installing flashcore (CMake + Ninja into ./build)"
 else
   echo "== installing flashcore without kernels (no CMake build)"
 fi
 # The full log (with ptxas' register report) goes to build/pip-install.log; progress is shown.
 mkdir -p build
-if ! "$PY" -m pip install --no-build-isolation --no-deps -v . > build/pip-install.log 2>&1; then
+if ! "$PY" -m pip install --no-build-isolation --no-deps -v "${TARGET[@]}" > build/pip-install.log 2>&1; then
   tail -n 60 build/pip-install.log
   echo "install failed; full log: build/pip-install.log" >&2
   exit 1
