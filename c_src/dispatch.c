@@ -441,6 +441,12 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas) {
     return !(text != NULL && text[0] == '0' && text[1] == '\0');
 }
 
+int64_t fc_sm90_bwd_grid(int64_t tiles, int64_t sms) {
+    const char *text = getenv("FLASHCORE_BWD_PERSISTENT");
+    if (sms <= 0 || tiles <= sms || (text != NULL && text[0] == '0' && text[1] == '\0')) return tiles;
+    return sms;
+}
+
 int64_t fc_balanced_grid(int64_t tiles, int64_t sms) {
     if (sms <= 0 || tiles <= sms) return tiles;
     const char *text = getenv("FLASHCORE_SM90_BALANCED");

@@ -114,13 +114,16 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
 
 /* The Hopper backward's workspace (c_src/bwd.c, kernels/sm90/bwd_kernel.cuh): per (batch, query
  * head), seqlen_q rounded up to FC_SM90_BWD_ROW_BLOCK rows, so that every query block's row terms
- * are one aligned, in-bounds bulk copy: delta [B*Hq][Sq_pad] fp32, then LSE*log2(e) [B*Hq][Sq_pad]
- * fp32 (+inf past Sq), then the dq accumulator [B*Hq][Sq_pad][D + FC_SM90_BWD_DQ_PAD] fp32 (rows
- * padded as the kernel's shared-memory staging is, so that a block's rows are one bulk reduction). */
+ * are one aligned, in-bounds bulk copy: the row terms [B*Hq][Sq_pad / 64][delta 64, LSE*log2(e)
+ * 64] fp32 (LSE +inf past Sq), then the dq accumulator [B*Hq][Sq_pad][D + FC_SM90_BWD_DQ_PAD] fp32
+ * (rows padded as the kernel's shared-memory staging is, so that a block's rows are one bulk
+ * reduction), then FC_SM90_BWD_COUNTER_BYTES for the main kernel's tile counter (its persistent
+ * CTAs' next tile). */
 #define FC_SM90_BWD_ROW_BLOCK 64
 /* Keys per CTA of the Hopper backward: its grid is one dimension of (key block, KV head, batch). */
 #define FC_SM90_BWD_KEY_BLOCK 128
 #define FC_SM90_BWD_DQ_PAD 8
+#define FC_SM90_BWD_COUNTER_BYTES 16
 #if defined(__CUDACC__)
 #define FC_HOST_DEVICE __host__ __device__ /* also called from the kernels */
 #else
@@ -130,8 +133,13 @@ static inline FC_HOST_DEVICE int64_t fc_sm90_bwd_padded_seqlen(const fc_params *
     return (f->seqlen_q + FC_SM90_BWD_ROW_BLOCK - 1) / FC_SM90_BWD_ROW_BLOCK * FC_SM90_BWD_ROW_BLOCK;
 }
 static inline int64_t fc_sm90_bwd_workspace_bytes(const fc_params *f) {
-    return f->batch * f->heads_q * fc_sm90_bwd_padded_seqlen(f) * (2 + f->head_dim + FC_SM90_BWD_DQ_PAD) * 4;
+    return f->batch * f->heads_q * fc_sm90_bwd_padded_seqlen(f) * (2 + f->head_dim + FC_SM90_BWD_DQ_PAD) * 4 +
+           FC_SM90_BWD_COUNTER_BYTES;
 }
+/* CTAs of the Hopper backward's main kernel for `tiles` tiles on `sms` SMs: at most one per SM, each
+ * taking tiles until none are left (kernels/sm90/bwd_kernel.cuh). FLASHCORE_BWD_PERSISTENT=0 gives
+ * one CTA per tile instead (A/B timing; read per call). */
+int64_t fc_sm90_bwd_grid(int64_t tiles, int64_t sms);
 
 /* For c_src/bwd.c and the launchers (defined in flashcore.c): the current device, its compute
  * capability and SM count (cached; any output may be NULL), the thread's last CUDA error, and

@@ -9,11 +9,17 @@
 // LSE2 and delta come from the row-terms kernel (sm90/bwd_rows.cuh); scale is applied to dK here
 // and to dQ when its fp32 accumulator is converted.
 //
-// How (one CTA = one producer warpgroup and two consumer warpgroups of 64 keys each):
-//   * The producer's first thread loads K and V once (TMA), then streams the (query head, query
-//     tile) steps of kBlockM = 64 rows: Q, dO (TMA, 128-byte swizzled) and the tile's LSE2 and
-//     delta (bulk copies) into a kStages ring, each stage completing on an mbarrier ("full") and
-//     released by the consumers' warps ("empty").
+// How (one CTA = one producer warpgroup and two consumer warpgroups of 64 keys each; at most one
+// CTA per SM, each taking tiles (key block, KV head, batch) until none are left):
+//   * The producer's threads each have one job: a tile scheduler that claims the CTA's next tile
+//     from a counter in the workspace (when the current tile's last step is being loaded) and
+//     publishes it decoded, then loads the tile's K and V (TMA) once the consumers are done with
+//     the previous tile's; a Q/dO loader and a row-terms loader that stream the (query head,
+//     query tile) steps of kBlockM = 64 rows into a kStages ring (Q and dO by TMA, 128-byte
+//     swizzled; the tile's delta and LSE2 as one bulk copy), each stage completing on an mbarrier
+//     ("full") and released by the consumer threads ("empty"); and the dQ writer (below). A
+//     tile's first steps and K/V thus load while the consumers finish the previous tile and
+//     write its dK and dV.
 //   * Each consumer warpgroup computes S^T and dP^T for its 64 keys with both operands in shared
 //     memory (K-major), P^T and dS^T in fp32 registers, then dV and dK with P^T and dS^T straight
 //     from registers (the accumulator layout of S^T is the A-fragment layout) against Q and dO
@@ -74,14 +80,15 @@ struct BwdTraits {
     static constexpr int kKVBytes = kPanels * kKVPanelBytes;
     static constexpr int kQPanelBytes = kBlockM * 128;
     static constexpr int kQBytes = kPanels * kQPanelBytes;
-    static constexpr int kRowTermBytes = kBlockM * 4;  // LSE2 or delta of one step
+    static constexpr int kRowTermsBytes = sm90_bwd::kRowTermsBytes;  // delta, then LSE2, of one step
+    static_assert(kRowTermsBytes == 2 * kBlockM * 4, "a step's row terms are its rows' delta and LSE2");
     // dQ = dS K per step: the warpgroups split its columns (each reads all 128 keys of dS).
     static constexpr int kDqCols = kHeadDim / 2;
     // dS^T of the CTA's 128 keys x 64 queries: one 128-byte panel of 128 rows. Two buffers: a
     // step writes one while the previous step's dQ GEMM may still read the other.
     static constexpr int kDsBytes = kBlockN * kBlockM * 2;
     static constexpr int kDsBufs = 2;
-    // Shared memory: K, V, Q ring, dO ring, dS^T buffers, LSE2 ring, delta ring (1024-aligned
+    // Shared memory: K, V, Q ring, dO ring, dS^T buffers, dQ staging, row-terms ring (1024-aligned
     // tiles: the swizzle atom).
     static constexpr int kOffK = 0;
     static constexpr int kOffV = kOffK + kKVBytes;
@@ -95,9 +102,8 @@ struct BwdTraits {
     static constexpr int kDqStagePitch = kDqPitch<kHeadDim> * 4;
     static constexpr int kDqStageBytes = kBlockM * kDqStagePitch;
     static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;
-    static constexpr int kOffLse = kOffDq + kDqStageBytes;
-    static constexpr int kOffDelta = kOffLse + kStages * kRowTermBytes;
-    static constexpr int kSmemBytes = kOffDelta + kStages * kRowTermBytes + 1024 /* alignment */;
+    static constexpr int kOffRowTerms = kOffDq + kDqStageBytes;
+    static constexpr int kSmemBytes = kOffRowTerms + kStages * kRowTermsBytes + 1024 /* alignment */;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
     static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
     static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
@@ -107,23 +113,58 @@ struct BwdTraits {
 struct BwdMaps {
     CUtensorMap q, dout, k, v;
     MapOrder q_order, dout_order, k_order, v_order;
-    int32_t chunk_pairs;  // the CTA order (see bwd_kernel): (batch, KV head) pairs per chunk
+    int32_t chunk_pairs;  // the tile order (see Tile): (batch, KV head) pairs per chunk
 };
 
-struct BwdBarriers {
-    uint64_t kv_full;
-    uint64_t step_full[2];   // Q, dO, LSE2 and delta of a step have landed
-    uint64_t step_empty[2];  // every consumer warp is done with the stage
-    uint64_t dq_full;        // every consumer warp has staged its share of a step's dQ
-    uint64_t dq_empty;       // the dQ writer's reductions have read the staging
-};
-
-// The steps of one CTA: (query head in the group, query tile) pairs, head-major.
+// The steps of one tile: (query head in the group, query tile) pairs, head-major.
 struct Steps {
     int m_first, m_count, count;
     __device__ int head_q(int step, int head_kv, int group) const { return head_kv * group + step / m_count; }
     __device__ int m_start(int step, int block_m) const { return (m_first + step % m_count) * block_m; }
 };
+
+// One tile of work: a key block of one (batch, KV head) pair and the query steps that see it.
+// Tile indices run in the order the CTAs should take them: chunks of maps.chunk_pairs (batch, KV
+// head) pairs, each chunk's tiles in order of key block, then pair. With one pair per chunk
+// (non-causal) a pair's key blocks run side by side and share its Q and dO tiles in L2; causal
+// chunks hold a few pairs, so that their first key blocks (the most query tiles) start first
+// and the short ones fill the tail.
+struct Tile {
+    int n_start, head_kv, batch, group;
+    Steps steps;
+};
+struct BwdBarriers {
+    uint64_t kv_full;        // K and V of the tile have landed
+    uint64_t kv_empty;       // every consumer thread is done with the tile's K and V
+    uint64_t step_full[2];   // Q, dO, LSE2 and delta of a step have landed
+    uint64_t step_empty[2];  // every consumer thread is done with the stage
+    uint64_t dq_full;        // every consumer warp has staged its share of a step's dQ
+    uint64_t dq_empty;       // the dQ writer's reductions have read the staging
+    uint64_t tile_full[2];   // the producer has published a tile index in the slot
+    uint64_t tile_empty[2];  // every consumer thread, the step loaders and the dQ writer have read it
+    uint64_t claim;          // the Q/dO loader has issued a tile's last step
+    Tile tile[2];            // the CTA's next tiles, decoded once; batch < 0 = no more
+};
+
+template <int kBlockM, int kBlockN, bool kCausal>
+__device__ Tile tile_at(int index, const BwdMaps &maps, const fc_params &f) {
+    const int pairs = static_cast<int>(f.heads_kv * f.batch);
+    const int n_blocks = (static_cast<int>(f.seqlen_k) + kBlockN - 1) / kBlockN;
+    const int chunk = index / (maps.chunk_pairs * n_blocks);
+    const int in_chunk = index % (maps.chunk_pairs * n_blocks);
+    const int chunk_size = min(maps.chunk_pairs, pairs - chunk * maps.chunk_pairs);
+    const int pair = chunk * maps.chunk_pairs + in_chunk % chunk_size;
+    Tile t;
+    t.n_start = in_chunk / chunk_size * kBlockN;
+    t.head_kv = pair % static_cast<int>(f.heads_kv);
+    t.batch = pair / static_cast<int>(f.heads_kv);
+    t.group = static_cast<int>(f.heads_q / f.heads_kv);
+    // Query tiles that see any key of this block: causal, none before row n_start.
+    t.steps.m_first = kCausal ? t.n_start / kBlockM : 0;
+    t.steps.m_count = max(0, (static_cast<int>(f.seqlen_q) + kBlockM - 1) / kBlockM - t.steps.m_first);
+    t.steps.count = t.group * t.steps.m_count;
+    return t;
+}
 
 template <typename Elem, int kHeadDim, bool kCausal>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
@@ -137,95 +178,156 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
 
     const fc_params &f = p.fwd;
-    const int seqlen_q = static_cast<int>(f.seqlen_q), seqlen_k = static_cast<int>(f.seqlen_k);
-    // The CTA order: chunks of maps.chunk_pairs (batch, KV head) pairs, each chunk's CTAs in
-    // order of key block, then pair. With one pair per chunk (non-causal) a pair's key blocks run
-    // side by side and share its Q and dO tiles in L2; causal chunks hold a few pairs, so that
-    // their first key blocks (the most query tiles) start first and the short ones fill the tail.
-    const int pairs = static_cast<int>(f.heads_kv * f.batch);
-    const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
-    const int chunk = static_cast<int>(blockIdx.x) / (maps.chunk_pairs * n_blocks);
-    const int in_chunk = static_cast<int>(blockIdx.x) % (maps.chunk_pairs * n_blocks);
-    const int chunk_size = min(maps.chunk_pairs, pairs - chunk * maps.chunk_pairs);
-    const int pair = chunk * maps.chunk_pairs + in_chunk % chunk_size;
-    const int n_start = in_chunk / chunk_size * kBlockN;
-    const int head_kv = pair % static_cast<int>(f.heads_kv), batch = pair / static_cast<int>(f.heads_kv);
-    const int group = static_cast<int>(f.heads_q / f.heads_kv);
-    // Query tiles that see any key of this block: causal, none before row n_start.
-    Steps steps;
-    steps.m_first = kCausal ? n_start / kBlockM : 0;
-    steps.m_count = max(0, (seqlen_q + kBlockM - 1) / kBlockM - steps.m_first);
-    steps.count = group * steps.m_count;
+    const int seqlen_k = static_cast<int>(f.seqlen_k);
+    const int tiles = (seqlen_k + kBlockN - 1) / kBlockN * static_cast<int>(f.heads_kv * f.batch);
     const Workspace ws = workspace_of(p);
+    auto tile_of = [&](int index) { return tile_at<kBlockM, kBlockN, kCausal>(index, maps, f); };
 
     const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
     const int lane = threadIdx.x % 32;
+    constexpr int kConsumerThreads = 128 * T::kConsumers;
     if (threadIdx.x == 0) {
         ptx::mbarrier_init(&bars.kv_full, 1);
+        ptx::mbarrier_init(&bars.kv_empty, kConsumerThreads);
         for (int s = 0; s < kStages; ++s) {
-            ptx::mbarrier_init(&bars.step_full[s], 1);
+            ptx::mbarrier_init(&bars.step_full[s], 2);  // the Q/dO and the row-terms loaders
             // One arrival per consumer thread: each thread's own reads of the stage's row terms
             // (ordinary loads) come before its release of them (one per warp raced the next
             // bulk copy in compute-sanitizer's racecheck).
-            ptx::mbarrier_init(&bars.step_empty[s], 128 * T::kConsumers);
+            ptx::mbarrier_init(&bars.step_empty[s], kConsumerThreads);
         }
         ptx::mbarrier_init(&bars.dq_full, 4 * T::kConsumers);
         ptx::mbarrier_init(&bars.dq_empty, 1);
+        ptx::mbarrier_init(&bars.claim, 1);
+        for (int s = 0; s < 2; ++s) {
+            ptx::mbarrier_init(&bars.tile_full[s], 1);
+            ptx::mbarrier_init(&bars.tile_empty[s], kConsumerThreads + 3 /* the step loaders, the dQ writer */);
+        }
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     }
     __syncthreads();
 
+    // The CTA's tiles, as the tile scheduler publishes them: the n-th through slot n % 2, decoded
+    // (the producer's threads have no registers to spare for the division). Readers release the
+    // slot as soon as they have a copy; batch < 0 ends the loop.
+    constexpr int kTileWords = sizeof(Tile) / 4;
+    auto next_tile = [&](int n) {
+        wait_barrier(&bars.tile_full[n & 1], (n >> 1) & 1);
+        Tile tile;
+        const volatile int32_t *from = reinterpret_cast<const volatile int32_t *>(&bars.tile[n & 1]);
+#pragma unroll
+        for (int i = 0; i < kTileWords; ++i) reinterpret_cast<int32_t *>(&tile)[i] = from[i];
+        ptx::mbarrier_arrive(&bars.tile_empty[n & 1]);
+        return tile;
+    };
     if (warpgroup == 0) {
-        // ---------------- producer: one thread issues every load ----------------
+        // ---------------- producer: four threads of their own jobs ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x == 32) {
             // ---------------- dQ writer: the staged dQ of each step, added to the accumulator ----
             // One bulk reduction (cp.reduce.async.bulk .add.f32) per staged tile: whole lines
             // through L2's reduction units, where per-thread atomics cost the kernel ~40% of its
             // time (bench/NOTES.md). The rows' padding adds zeros.
-            for (int step = 0; step < steps.count; ++step) {
-                wait_barrier(&bars.dq_full, step & 1);
-                const int head_q = steps.head_q(step, head_kv, group), m_start = steps.m_start(step, kBlockM);
-                float *rows = ws.dq_accum + ((static_cast<int64_t>(batch) * f.heads_q + head_q) * ws.padded_seqlen +
-                                             m_start) * kDqPitch<kHeadDim>;
-                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                             ::"l"(rows), "r"(smem_addr(smem + T::kOffDq)), "n"(T::kDqStageBytes)
-                             : "memory");
-                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
-                ptx::mbarrier_arrive(&bars.dq_empty);
+            int step_all = 0;  // steps of every tile so far: the barriers' phases
+            for (int n = 0;; ++n) {
+                const Tile tile = next_tile(n);
+                if (tile.batch < 0) break;
+                const int m_first = tile.steps.m_first, m_end = m_first + tile.steps.m_count;
+                const int head_end = (tile.head_kv + 1) * tile.group;
+                for (int head_q = tile.head_kv * tile.group; head_q < head_end; ++head_q) {
+                    float *head_rows = ws.dq_accum + (static_cast<int64_t>(tile.batch) * f.heads_q + head_q) *
+                                                         ws.padded_seqlen * kDqPitch<kHeadDim>;
+                    for (int m = m_first; m < m_end; ++m, ++step_all) {
+                        wait_barrier(&bars.dq_full, step_all & 1);
+                        float *rows = head_rows + static_cast<int64_t>(m) * kBlockM * kDqPitch<kHeadDim>;
+                        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                                     ::"l"(rows), "r"(smem_addr(smem + T::kOffDq)), "n"(T::kDqStageBytes)
+                                     : "memory");
+                        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
+                        ptx::mbarrier_arrive(&bars.dq_empty);
+                    }
+                }
             }
             asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the reductions are done
             return;
         }
-        if (threadIdx.x != 0 || steps.count == 0) return;
-        int32_t c[4];
-        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars.kv_full,
-                                       2 * T::kKVBytes);
-        for (int panel = 0; panel < T::kPanels; ++panel) {
-            set_coords(c, maps.k_order, panel * 64, n_start, head_kv, batch);
-            tma_load(smem + T::kOffK + panel * T::kKVPanelBytes, &maps.k, c, &bars.kv_full);
-            set_coords(c, maps.v_order, panel * 64, n_start, head_kv, batch);
-            tma_load(smem + T::kOffV + panel * T::kKVPanelBytes, &maps.v, c, &bars.kv_full);
-        }
-        for (int step = 0; step < steps.count; ++step) {
-            const int stage = step % kStages;
-            wait_barrier(&bars.step_empty[stage], ((step / kStages) & 1) ^ 1);  // the first round passes at once
-            uint64_t *full = &bars.step_full[stage];
-            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
-                                           2 * T::kQBytes + 2 * T::kRowTermBytes);
-            const int head_q = steps.head_q(step, head_kv, group), m_start = steps.m_start(step, kBlockM);
-            for (int panel = 0; panel < T::kPanels; ++panel) {
-                set_coords(c, maps.q_order, panel * 64, m_start, head_q, batch);
-                tma_load(smem + T::kOffQ + stage * T::kQBytes + panel * T::kQPanelBytes, &maps.q, c, full);
-                set_coords(c, maps.dout_order, panel * 64, m_start, head_q, batch);
-                tma_load(smem + T::kOffDo + stage * T::kQBytes + panel * T::kQPanelBytes, &maps.dout, c, full);
+        if (threadIdx.x == 96) {
+            // ---------------- tile scheduler and K/V loader ----------------
+            // Publishes the CTA's tiles: the first is blockIdx.x, each next one comes from the
+            // workspace's counter (zeroed by the row-terms kernel), so that a CTA's next K/V and
+            // first steps load while its consumers finish the current tile, and tiles of
+            // different lengths (causal) balance. Then loads the tile's K and V once the
+            // consumers are done with the previous tile's.
+            int32_t c[4];
+            int index = static_cast<int>(blockIdx.x), kv_round = 0;
+            for (int n = 0;; ++n) {
+                wait_barrier(&bars.tile_empty[n & 1], ((n >> 1) & 1) ^ 1);  // the first round passes at once
+                Tile tile = tile_of(index);
+                if (index >= tiles) tile.batch = -1;
+                volatile int32_t *to = reinterpret_cast<volatile int32_t *>(&bars.tile[n & 1]);
+#pragma unroll
+                for (int i = 0; i < kTileWords; ++i) to[i] = reinterpret_cast<const int32_t *>(&tile)[i];
+                ptx::mbarrier_arrive(&bars.tile_full[n & 1]);
+                if (index >= tiles) return;
+                if (tile.steps.count > 0) {
+                    wait_barrier(&bars.kv_empty, (kv_round & 1) ^ 1);
+                    ++kv_round;
+                    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
+                                                   &bars.kv_full, 2 * T::kKVBytes);
+                    for (int panel = 0; panel < T::kPanels; ++panel) {
+                        set_coords(c, maps.k_order, panel * 64, tile.n_start, tile.head_kv, tile.batch);
+                        tma_load(smem + T::kOffK + panel * T::kKVPanelBytes, &maps.k, c, &bars.kv_full);
+                        set_coords(c, maps.v_order, panel * 64, tile.n_start, tile.head_kv, tile.batch);
+                        tma_load(smem + T::kOffV + panel * T::kKVPanelBytes, &maps.v, c, &bars.kv_full);
+                    }
+                }
+                // The next tile is claimed once this one's last step is being loaded: claimed any
+                // earlier, a CTA would hold it through all of a long tile while others idle
+                // (causal tiles differ in length); any later, the loads of its first steps wait.
+                wait_barrier(&bars.claim, n & 1);
+                index = atomicAdd(ws.tile_counter, 1) + static_cast<int>(gridDim.x);
             }
-            const int64_t row = (static_cast<int64_t>(batch) * f.heads_q + head_q) * ws.padded_seqlen + m_start;
-            ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, smem + T::kOffLse + stage * T::kRowTermBytes,
-                               ws.lse2 + row, T::kRowTermBytes, full);
-            ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, smem + T::kOffDelta + stage * T::kRowTermBytes,
-                               ws.delta + row, T::kRowTermBytes, full);
+        }
+        // ---------------- step loaders: each step's Q and dO (thread 0) and its row terms
+        // (thread 64) into the ring; a stage fills on both. ----------------
+        // load(stage, full barrier, head_q, batch, query row) issues one step's share.
+        auto for_each_step = [&](auto load, bool signal_claim) {
+            int step_all = 0;
+            for (int n = 0;; ++n) {
+                const Tile tile = next_tile(n);
+                if (tile.batch < 0) return;
+                const int m_first = tile.steps.m_first, m_end = m_first + tile.steps.m_count;
+                const int batch = tile.batch, head_end = (tile.head_kv + 1) * tile.group;
+                for (int head_q = tile.head_kv * tile.group; head_q < head_end; ++head_q)
+                    for (int m = m_first; m < m_end; ++m, ++step_all) {
+                        const int stage = step_all % kStages;
+                        wait_barrier(&bars.step_empty[stage], ((step_all / kStages) & 1) ^ 1);
+                        load(stage, &bars.step_full[stage], head_q, batch, m * kBlockM);
+                    }
+                if (signal_claim) ptx::mbarrier_arrive(&bars.claim);
+            }
+        };
+        if (threadIdx.x == 64) {
+            for_each_step([&](int stage, uint64_t *full, int head_q, int batch, int m_start) {
+                ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
+                                               T::kRowTermsBytes);
+                const int64_t slice = static_cast<int64_t>(batch) * f.heads_q + head_q;
+                ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, smem + T::kOffRowTerms + stage * T::kRowTermsBytes,
+                                   ws.row_terms + ws.delta_at(slice, m_start), T::kRowTermsBytes, full);
+            }, false);
+        } else if (threadIdx.x == 0) {
+            for_each_step([&](int stage, uint64_t *full, int head_q, int batch, int m_start) {
+                ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
+                                               2 * T::kQBytes);
+                int32_t c[4];
+                for (int panel = 0; panel < T::kPanels; ++panel) {
+                    set_coords(c, maps.q_order, panel * 64, m_start, head_q, batch);
+                    tma_load(smem + T::kOffQ + stage * T::kQBytes + panel * T::kQPanelBytes, &maps.q, c, full);
+                    set_coords(c, maps.dout_order, panel * 64, m_start, head_q, batch);
+                    tma_load(smem + T::kOffDo + stage * T::kQBytes + panel * T::kQPanelBytes, &maps.dout, c, full);
+                }
+            }, true);
         }
         return;
     }
@@ -241,19 +343,14 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     const uint32_t k_rows = base + T::kOffK + wg * 64 * 128;  // this warpgroup's keys in K's first panel
     const uint32_t v_rows = base + T::kOffV + wg * 64 * 128;
     const float scale_log2 = f.scale * kLog2e;
-    const int first_key = n_start + wg * 64 + my_row;  // this thread's keys: first_key, +8
 
     // The staging rows' padding goes out with every reduction: zeros (the stores reach the async
     // proxy through each thread's fence before its first dq_full arrival).
-    for (int i = threadIdx.x - 128; i < kBlockM * 2; i += 128 * T::kConsumers) {
+    for (int i = threadIdx.x - 128; i < kBlockM * 2; i += kConsumerThreads) {
         const int row = i / 2, half = i % 2;
         *reinterpret_cast<float4 *>(smem + T::kOffDq + row * T::kDqStagePitch + kHeadDim * 4 + half * 16) =
             make_float4(0.f, 0.f, 0.f, 0.f);
     }
-
-    float dk[kHeadDim / 2], dv[kHeadDim / 2];
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
 
     // acc (64 rows x 64 queries) = rows of `a_rows` (64 keys, K-major, panels kKVPanelBytes apart)
     // times the step's `b_tile` (64 queries, K-major): S^T = K Q^T and dP^T = V dO^T.
@@ -284,130 +381,146 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             for (int i = 0; i < 4; ++i) frag[kk][i] = pack2<Elem>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
     };
 
-    if (steps.count > 0) wait_barrier(&bars.kv_full, 0);
-    for (int step = 0; step < steps.count; ++step) {
-        const int stage = step % kStages;
-        const int m_start = steps.m_start(step, kBlockM);
-        const uint32_t q_tile = base + T::kOffQ + stage * T::kQBytes;
-        const uint32_t do_tile = base + T::kOffDo + stage * T::kQBytes;
-        wait_barrier(&bars.step_full[stage], (step / kStages) & 1);
+    int step_all = 0, kv_round = 0;  // steps and K/V loads of every tile so far: the barriers' phases
+    for (int n = 0;; ++n) {
+        const Tile tile = next_tile(n);
+        if (tile.batch < 0) break;
+        const int n_start = tile.n_start;
+        const int first_key = n_start + wg * 64 + my_row;  // this thread's keys: first_key, +8
 
-        // ---- S^T = K Q^T and dP^T = V dO^T ----
-        float s[32], dp[32];
-        fence_registers(s);
-        fence_registers(dp);
-        wgmma_fence();
-        issue_scores(s, k_rows, q_tile);
-        issue_scores(dp, v_rows, do_tile);
+        float dk[kHeadDim / 2], dv[kHeadDim / 2];
+#pragma unroll
+        for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
 
-        // ---- P^T = exp2(S^T scale log2(e) - LSE2[query]), masked where keys pass Sk or the diagonal ----
-        wgmma_wait<1>();
-        fence_registers(s);
-        const float *lse2 = reinterpret_cast<const float *>(smem + T::kOffLse + stage * T::kRowTermBytes);
-        const float *delta = reinterpret_cast<const float *>(smem + T::kOffDelta + stage * T::kRowTermBytes);
-        const bool masked_tile = n_start + kBlockN > seqlen_k || (kCausal && m_start < n_start + kBlockN);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + col_in_tile);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = fmaf(s[4 * j + e], scale_log2, -((e & 1) ? l.y : l.x));
-                if (masked_tile) {
-                    const int key = first_key + 8 * (e >> 1), query = m_start + 8 * j + col_in_tile + (e & 1);
-                    if (key >= seqlen_k || (kCausal && key > query)) x = -INFINITY;
-                }
-                s[4 * j + e] = fast_exp2(x);
-            }
-        }
-        uint32_t p_frag[4][4];
-        to_frag(p_frag, s);
+        if (tile.steps.count > 0) wait_barrier(&bars.kv_full, kv_round & 1);
+        for (int step = 0; step < tile.steps.count; ++step, ++step_all) {
+            const int stage = step_all % kStages;
+            const int m_start = tile.steps.m_start(step, kBlockM);
+            const uint32_t q_tile = base + T::kOffQ + stage * T::kQBytes;
+            const uint32_t do_tile = base + T::kOffDo + stage * T::kQBytes;
+            wait_barrier(&bars.step_full[stage], (step_all / kStages) & 1);
 
-        // ---- dV += P^T dO ----
-        wgmma_wait<0>();
-        fence_registers(dp);
-        fence_registers(dv);
-        wgmma_fence();
-        issue_accumulate(dv, p_frag, do_tile);
-
-        // ---- dS^T = P^T (dP^T - delta[query]);  dK += dS^T Q ----
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const float2 d = *reinterpret_cast<const float2 *>(delta + 8 * j + col_in_tile);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
-        }
-        uint32_t ds_frag[4][4];
-        to_frag(ds_frag, dp);
-        fence_registers(dk);
-        wgmma_fence();
-        issue_accumulate(dk, ds_frag, q_tile);
-
-        // ---- dS^T to shared memory (rows: this warpgroup's keys; 128-byte swizzle) ----
-        const uint32_t ds_tile = base + T::kOffDs + (step & 1) * T::kDsBytes;
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int row = wg * 64 + my_row + 8 * (i & 1), chunk = 2 * kk + (i >> 1);
-                const uint32_t addr = ds_tile + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * (lane % 4);
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[kk][i]) : "memory");
-            }
-        ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to wgmma
-        asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both warpgroups' dS^T rows are in
-
-        // ---- dQ (64 queries x kDqCols) = dS K: dS read M-major from dS^T, K read N-major ----
-        float dq[T::kDqCols / 2];
-        {
-            // This warpgroup's columns of K: a panel of their own (D=128), or the second half of
-            // the panel's 128-byte rows (D=64: the descriptor starts 64 bytes in; the swizzle is
-            // a function of the address, as TMA wrote it).
-            const int first_col = wg * T::kDqCols;
-            const uint32_t k_b = base + T::kOffK + first_col / 64 * T::kKVPanelBytes + first_col % 64 * 2;
-            const uint64_t desc_a0 = smem_desc(ds_tile, T::kDsBytes, 1024), desc_b0 = smem_desc(k_b, T::kKVPanelBytes, 1024);
-            fence_registers(dq);
+            // ---- S^T = K Q^T and dP^T = V dO^T ----
+            float s[32], dp[32];
+            fence_registers(s);
+            fence_registers(dp);
             wgmma_fence();
+            issue_scores(s, k_rows, q_tile);
+            issue_scores(dp, v_rows, do_tile);
+
+            // ---- P^T = exp2(S^T scale log2(e) - LSE2[query]), masked where keys pass Sk or the diagonal ----
+            wgmma_wait<1>();
+            fence_registers(s);
+            const float *delta = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsBytes);
+            const float *lse2 = delta + kBlockM;
+            const bool masked_tile = n_start + kBlockN > seqlen_k || (kCausal && m_start < n_start + kBlockN);
 #pragma unroll
-            for (int kk = 0; kk < kBlockN / 16; ++kk)
-                Wgmma<T::kDqCols, WgmmaA::SS, Elem>::template mma<1, 1>(dq, desc_a0 + kk * 2048 / 16,
-                                                                       desc_b0 + kk * 2048 / 16, kk > 0);
-            wgmma_commit();
+            for (int j = 0; j < 8; ++j) {
+                const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + col_in_tile);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = fmaf(s[4 * j + e], scale_log2, -((e & 1) ? l.y : l.x));
+                    if (masked_tile) {
+                        const int key = first_key + 8 * (e >> 1), query = m_start + 8 * j + col_in_tile + (e & 1);
+                        if (key >= seqlen_k || (kCausal && key > query)) x = -INFINITY;
+                    }
+                    s[4 * j + e] = fast_exp2(x);
+                }
+            }
+            uint32_t p_frag[4][4];
+            to_frag(p_frag, s);
+
+            // ---- dV += P^T dO ----
+            wgmma_wait<0>();
+            fence_registers(dp);
+            fence_registers(dv);
+            wgmma_fence();
+            issue_accumulate(dv, p_frag, do_tile);
+
+            // ---- dS^T = P^T (dP^T - delta[query]);  dK += dS^T Q ----
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float2 d = *reinterpret_cast<const float2 *>(delta + 8 * j + col_in_tile);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
+            }
+            uint32_t ds_frag[4][4];
+            to_frag(ds_frag, dp);
+            fence_registers(dk);
+            wgmma_fence();
+            issue_accumulate(dk, ds_frag, q_tile);
+
+            // ---- dS^T to shared memory (rows: this warpgroup's keys; 128-byte swizzle) ----
+            const uint32_t ds_tile = base + T::kOffDs + (step_all & 1) * T::kDsBytes;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int row = wg * 64 + my_row + 8 * (i & 1), chunk = 2 * kk + (i >> 1);
+                    const uint32_t addr = ds_tile + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * (lane % 4);
+                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[kk][i]) : "memory");
+                }
+            ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to wgmma
+            asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both warpgroups' dS^T rows are in
+
+            // ---- dQ (64 queries x kDqCols) = dS K: dS read M-major from dS^T, K read N-major ----
+            float dq[T::kDqCols / 2];
+            {
+                // This warpgroup's columns of K: a panel of their own (D=128), or the second half of
+                // the panel's 128-byte rows (D=64: the descriptor starts 64 bytes in; the swizzle is
+                // a function of the address, as TMA wrote it).
+                const int first_col = wg * T::kDqCols;
+                const uint32_t k_b = base + T::kOffK + first_col / 64 * T::kKVPanelBytes + first_col % 64 * 2;
+                const uint64_t desc_a0 = smem_desc(ds_tile, T::kDsBytes, 1024), desc_b0 = smem_desc(k_b, T::kKVPanelBytes, 1024);
+                fence_registers(dq);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kBlockN / 16; ++kk)
+                    Wgmma<T::kDqCols, WgmmaA::SS, Elem>::template mma<1, 1>(dq, desc_a0 + kk * 2048 / 16,
+                                                                           desc_b0 + kk * 2048 / 16, kk > 0);
+                wgmma_commit();
+            }
+            wgmma_wait<0>();
+            fence_registers(dq);
+            fence_registers(dk);
+            fence_registers(dv);
+            ptx::mbarrier_arrive(&bars.step_empty[stage]);  // Q, dO and the row terms are read
+
+            // ---- dQ to the staging, for the dQ writer ----
+            wait_barrier(&bars.dq_empty, (step_all & 1) ^ 1);  // the previous step's reductions have read it
+            const uint32_t dq_stage = base + T::kOffDq + wg * T::kDqCols * 4 + col_in_tile * 4;
+#pragma unroll
+            for (int j = 0; j < T::kDqCols / 8; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_stage + (my_row + 8 * h) * T::kDqStagePitch + 32 * j),
+                                 "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
+                                 : "memory");
+            ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to the bulk reductions
+            __syncwarp();
+            if (lane == 0) ptx::mbarrier_arrive(&bars.dq_full);
         }
-        wgmma_wait<0>();
-        fence_registers(dq);
-        fence_registers(dk);
-        fence_registers(dv);
-        ptx::mbarrier_arrive(&bars.step_empty[stage]);  // Q, dO and the row terms are read
+        if (tile.steps.count > 0) {
+            ptx::mbarrier_arrive(&bars.kv_empty);  // the last step's GEMMs are done with K and V
+            ++kv_round;
+        }
 
-        // ---- dQ to the staging, for the dQ writer ----
-        wait_barrier(&bars.dq_empty, (step & 1) ^ 1);  // the previous step's reductions have read it
-        const uint32_t dq_stage = base + T::kOffDq + wg * T::kDqCols * 4 + col_in_tile * 4;
+        // ---- epilogue: dK * scale and dV, from registers (keys past Sk are not written) ----
+        const fc_bwd_params &b = p;
+        Elem *dk_out = static_cast<Elem *>(b.dk) + tile.batch * b.dk_stride_b + tile.head_kv * b.dk_stride_h;
+        Elem *dv_out = static_cast<Elem *>(b.dv) + tile.batch * b.dv_stride_b + tile.head_kv * b.dv_stride_h;
 #pragma unroll
-        for (int j = 0; j < T::kDqCols / 8; ++j)
+        for (int h = 0; h < 2; ++h) {
+            const int key = first_key + 8 * h;
+            if (key >= seqlen_k) continue;
+            Elem *dk_row = dk_out + static_cast<int64_t>(key) * b.dk_stride_s + col_in_tile;
+            Elem *dv_row = dv_out + static_cast<int64_t>(key) * b.dv_stride_s + col_in_tile;
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_stage + (my_row + 8 * h) * T::kDqStagePitch + 32 * j),
-                             "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
-                             : "memory");
-        ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to the bulk reductions
-        __syncwarp();
-        if (lane == 0) ptx::mbarrier_arrive(&bars.dq_full);
-    }
-
-    // ---- epilogue: dK * scale and dV, from registers (keys past Sk are not written) ----
-    const fc_bwd_params &b = p;
-    Elem *dk_out = static_cast<Elem *>(b.dk) + batch * b.dk_stride_b + head_kv * b.dk_stride_h;
-    Elem *dv_out = static_cast<Elem *>(b.dv) + batch * b.dv_stride_b + head_kv * b.dv_stride_h;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int key = first_key + 8 * h;
-        if (key >= seqlen_k) continue;
-        Elem *dk_row = dk_out + static_cast<int64_t>(key) * b.dk_stride_s + col_in_tile;
-        Elem *dv_row = dv_out + static_cast<int64_t>(key) * b.dv_stride_s + col_in_tile;
-#pragma unroll
-        for (int j = 0; j < kDTiles; ++j) {
-            *reinterpret_cast<uint32_t *>(dk_row + 8 * j) =
-                pack2<Elem>(dk[4 * j + 2 * h] * f.scale, dk[4 * j + 2 * h + 1] * f.scale);
-            *reinterpret_cast<uint32_t *>(dv_row + 8 * j) = pack2<Elem>(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+            for (int j = 0; j < kDTiles; ++j) {
+                *reinterpret_cast<uint32_t *>(dk_row + 8 * j) =
+                    pack2<Elem>(dk[4 * j + 2 * h] * f.scale, dk[4 * j + 2 * h + 1] * f.scale);
+                *reinterpret_cast<uint32_t *>(dv_row + 8 * j) = pack2<Elem>(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+            }
         }
     }
 }

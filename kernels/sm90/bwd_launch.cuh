@@ -2,8 +2,9 @@
 // three launches on one stream, no allocation, no sync:
 //   1. row_terms_kernel: delta and LSE2 per padded query row, and the fp32 dq accumulator
 //      zeroed (sm90/bwd_rows.cuh),
-//   2. bwd_kernel: dK, dV and the dq accumulator, one CTA per (key block, KV head, batch), every
-//      head's first key blocks first (causal: they see the most query tiles) (sm90/bwd_kernel.cuh),
+//   2. bwd_kernel: dK, dV and the dq accumulator over tiles of (key block, KV head, batch), at most
+//      one CTA per SM taking tiles until none are left, every head's first key blocks first
+//      (causal: they see the most query tiles) (sm90/bwd_kernel.cuh),
 //   3. dq_convert_kernel: dq = scale * accumulator, in dq's dtype and strides.
 // Instantiated per (head dim, dtype) in kernels/bwd_sm90_hdim*_*.cu.
 #pragma once
@@ -61,9 +62,11 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     row_terms_kernel<Elem, kHeadDim><<<rows_grid, 128, 0, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
-    const int64_t blocks = (f.seqlen_k + T::kBlockN - 1) / T::kBlockN * f.heads_kv * f.batch;
-    if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;  // c_src/bwd.c sends such calls elsewhere
-    const dim3 grid(static_cast<unsigned>(blocks));
+    const int64_t tiles = (f.seqlen_k + T::kBlockN - 1) / T::kBlockN * f.heads_kv * f.batch;
+    if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;  // c_src/bwd.c sends such calls elsewhere
+    int sms = 0;
+    if (fc_device_info_(nullptr, nullptr, nullptr, &sms) != FC_OK) return cudaErrorInvalidDevice;
+    const dim3 grid(static_cast<unsigned>(fc_sm90_bwd_grid(tiles, sms)));
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
 

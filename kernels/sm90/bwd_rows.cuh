@@ -4,7 +4,8 @@
 // of the main kernel's query tile, so that each tile's row terms are one aligned bulk copy.
 //
 //   row_terms_kernel (before): delta = rowsum(dO * O) - dLSE and LSE in base-2 units, fp32,
-//       for every padded row, and the row of the dq accumulator zeroed. Rows past Sq get delta 0
+//       for every padded row, and the row of the dq accumulator zeroed (and the main kernel's
+//       tile counter). Rows past Sq get delta 0
 //       and LSE +inf, so their P = exp2(s - inf) is 0 and they add nothing; a row whose LSE is
 //       -inf (nothing attended) gets +inf too.
 //   dq_convert_kernel (after): dq = scale * (the fp32 dq accumulator), in dq's dtype and strides.
@@ -23,11 +24,22 @@ namespace sm90_bwd {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Where the workspace's three regions start (floats), for validated params.
+// Where the workspace's regions start, for validated params.
 struct Workspace {
-    float *delta, *lse2, *dq_accum;
+    // Per (batch, query head) and 64-row query tile: the tile's 64 deltas, then its 64 LSE2s, so
+    // that a step's row terms are one bulk copy (kRowTermsBytes).
+    float *row_terms;
+    float *dq_accum;
+    int32_t *tile_counter;  // the main kernel's next tile past its first wave (sm90/bwd_kernel.cuh)
     int64_t padded_seqlen;  // query rows per (batch, head) in every region
+    // Offset in row_terms of the delta of padded row `row` of slice (batch * heads_q + head);
+    // its LSE2 is kRowBlock further on.
+    static constexpr int kRowBlock = FC_SM90_BWD_ROW_BLOCK;
+    __host__ __device__ int64_t delta_at(int64_t slice, int64_t row) const {
+        return (slice * padded_seqlen + row / kRowBlock * kRowBlock) * 2 + row % kRowBlock;
+    }
 };
+constexpr int kRowTermsBytes = 2 * FC_SM90_BWD_ROW_BLOCK * 4;
 // Floats per row of the dq accumulator (its rows are padded like the kernel's staging).
 template <int kHeadDim>
 constexpr int kDqPitch = kHeadDim + FC_SM90_BWD_DQ_PAD;
@@ -35,7 +47,9 @@ __host__ __device__ inline Workspace workspace_of(const fc_bwd_params &p) {
     const int64_t padded = fc_sm90_bwd_padded_seqlen(&p.fwd);
     const int64_t rows = p.fwd.batch * p.fwd.heads_q * padded;
     float *base = static_cast<float *>(p.workspace);
-    return Workspace{base, base + rows, base + 2 * rows, padded};
+    float *dq_accum = base + 2 * rows;
+    int32_t *tile_counter = reinterpret_cast<int32_t *>(dq_accum + rows * (p.fwd.head_dim + FC_SM90_BWD_DQ_PAD));
+    return Workspace{base, dq_accum, tile_counter, padded};
 }
 
 // What a thread of the row-wise kernels takes: kHeadDim / 8 consecutive threads per row, each a
@@ -57,6 +71,7 @@ __global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
     const int head = lane.head, batch = lane.batch, chunk = lane.chunk;
     const int64_t row = lane.row;
     const bool real = row < f.seqlen_q;
+    if (row == 0 && head == 0 && batch == 0 && chunk == 0) *ws.tile_counter = 0;
     float acc = row_dot_dout_out<Elem, kHeadDim>(real, chunk, [&] {
         const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b + head * p.do_stride_h +
                            row * p.do_stride_s;
@@ -77,8 +92,9 @@ __global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
         const float lse = f.lse[batch * f.lse_stride_b + head * f.lse_stride_h + row * f.lse_stride_s];
         if (lse != -INFINITY) lse2 = lse * kLog2e;
     }
-    ws.delta[idx] = acc;
-    ws.lse2[idx] = lse2;
+    const int64_t at = ws.delta_at(static_cast<int64_t>(batch) * f.heads_q + head, row);
+    ws.row_terms[at] = acc;
+    ws.row_terms[at + Workspace::kRowBlock] = lse2;
 }
 
 // Each thread converts 8 consecutive columns of one row. Grid as row_terms_kernel's, over Sq.
