@@ -181,17 +181,19 @@ static int sm90_takes_layout(const fc_bwd_params *p) {
 static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_major, int cc_minor,
                              const bwd_entry **entry) {
     if (!fc_family_runs_on_(family, cc_major, cc_minor)) return FC_UNSUPPORTED_FAMILY;
+    /* Masks: the Hopper family only, and not with causal (PyTorch's SDPA never asks for both). */
+    if (p->fwd.mask_kind != FC_MASK_NONE && (family != FC_FAMILY_SM90 || p->fwd.causal)) return FC_UNSUPPORTED_MASK;
     if ((*entry = find_bwd_kernel(family, &p->fwd)) == NULL) return FC_UNSUPPORTED_HEAD_DIM;
     if (family == FC_FAMILY_SM90 && !sm90_takes_layout(p)) return FC_UNSUPPORTED_LAYOUT;
     return FC_OK;
 }
 
 /* The kernel for validated params, or the FC_UNSUPPORTED_* reason. AUTO takes the Hopper family
- * where it runs the call and determinism is not asked for, else the sm80-class family. */
+ * where it runs the call and determinism is not asked for, else the sm80-class family (so a
+ * masked call the Hopper family cannot take is declined with FC_UNSUPPORTED_MASK). */
 static fc_status bwd_dispatch(const fc_bwd_params *p, int cc_major, int cc_minor, const bwd_entry **entry) {
     const fc_params *f = &p->fwd;
     if (f->dtype != FC_DTYPE_FP16 && f->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
-    if (f->mask_kind != FC_MASK_NONE) return FC_UNSUPPORTED_MASK;
     const bwd_entry *found = NULL;
     fc_status s;
     if (f->family == FC_FAMILY_SM80 || f->family == FC_FAMILY_SM90) {

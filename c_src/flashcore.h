@@ -50,9 +50,9 @@ typedef enum fc_family {
 } fc_family;
 
 /* Kinds of attention mask, a (B, Hq, Sq, Sk) view through mask_stride_* (any strides, 0 for
- * a broadcast dim, no alignment requirement). Masks run in the sm80 family only: under AUTO a
- * masked call goes there on Hopper too; forcing FC_FAMILY_SM90 or FC_FAMILY_DECODE with a mask
- * gives FC_UNSUPPORTED_MASK. A mask may be combined with `causal` (PyTorch forbids that; here
+ * a broadcast dim, no alignment requirement). The forward runs masks in the sm80 family only:
+ * under AUTO a masked call goes there on Hopper too; forcing FC_FAMILY_SM90 or FC_FAMILY_DECODE
+ * with a mask gives FC_UNSUPPORTED_MASK (the backward: see fc_bwd_params). A mask may be combined with `causal` (PyTorch forbids that; here
  * both apply). */
 typedef enum fc_mask_kind {
     FC_MASK_NONE = 0,
@@ -166,17 +166,19 @@ cudaError_t fc_last_cuda_error(void);
 
 /* ---- backward (c_src/bwd.c, kernels/bwd_sm80.cuh) -------------------------------------------
  *
- * Gradients of out = softmax(scale * q k^T [causal]) v, given dout (and optionally the gradient
- * of the LSE), from the forward's saved natural-log LSE (recomputation, FlashAttention-2 style):
+ * Gradients of out = softmax(scale * q k^T [+ mask] [causal]) v, given dout (and optionally the
+ * gradient of the LSE), from the forward's saved natural-log LSE (recomputation, FlashAttention-2
+ * style); the mask itself gets no gradient:
  *     dq (B, Hq, Sq, D), dk (B, Hkv, Sk, D), dv (B, Hkv, Sk, D)
  * GQA: dk and dv are summed over each KV head's group of query heads. Every element of dq, dk and
  * dv is written (keys no query sees, e.g. causal with Sk > Sq, get zeros).
- * Two kernel families; no mask, no dropout:
+ * Two kernel families; no dropout:
  *   - sm80-class (mma.sync + cp.async; sm_89, and sm_90 by the same code): no atomics, so two
- *     calls on the same inputs give bitwise equal gradients.
+ *     calls on the same inputs give bitwise equal gradients. No mask.
  *   - sm90 (TMA + wgmma, sm_90a; head dims 64 and 128): one pass over key blocks, dq summed in
  *     fp32 through bulk reductions in any order, so dq may differ in its last bits from run to
- *     run (dk, dv do not).
+ *     run (dk, dv do not). Takes a mask (bool or additive, any strides, as the forward) when the
+ *     call is not causal.
  *     AUTO picks it on sm_90 unless `deterministic` is set.
  *
  * Usage:
@@ -190,7 +192,8 @@ cudaError_t fc_last_cuda_error(void);
  */
 typedef struct fc_bwd_params {
     /* q, k, v, out (the forward's output), lse (required here), sizes and their strides, scale,
-     * causal, dtype; family AUTO, SM80 or SM90; mask_kind NONE. fwd.workspace is not used. */
+     * causal, dtype, the mask (sm90 family, not causal); family AUTO, SM80 or SM90.
+     * fwd.workspace is not used. */
     fc_params fwd;
 
     const void *dout;   /* (B, Hq, Sq, D) gradient of out, same dtype */

@@ -49,8 +49,12 @@
 #include "sm90/ptx.cuh"
 
 #include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+
+#include <type_traits>
 
 namespace flashcore {
 namespace sm90_bwd {
@@ -166,7 +170,32 @@ __device__ Tile tile_at(int index, const BwdMaps &maps, const fc_params &f) {
     return t;
 }
 
-template <typename Elem, int kHeadDim, bool kCausal>
+// The attention mask of masked calls (fc_mask_kind: kMaskNone, kMaskBool, kMaskAdditive), read
+// straight from global memory by each consumer thread for its own (key, query) elements, after
+// the step's rows were prefetched toward L1 at its start (any strides, broadcast dims included).
+constexpr int kMaskNone = FC_MASK_NONE, kMaskBool = FC_MASK_BOOL, kMaskAdditive = FC_MASK_ADDITIVE;
+template <typename Elem, int kMask>
+struct MaskSlice {
+    using Value = typename std::conditional<kMask == kMaskBool, uint8_t, Elem>::type;
+    const Value *base;  // the (batch, query head) slice
+    int64_t stride_q, stride_k;
+    __device__ MaskSlice(const fc_params &f, int batch, int head_q)
+        : base(static_cast<const Value *>(f.mask) + batch * f.mask_stride_b + head_q * f.mask_stride_h),
+          stride_q(f.mask_stride_q), stride_k(f.mask_stride_k) {}
+    __device__ void prefetch(int query, int key) const {
+        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(base + query * stride_q + key * stride_k));
+    }
+    // x (a base-2 score) with the mask of (query, key) applied.
+    __device__ float apply(float x, int query, int key) const {
+        const Value v = base[query * stride_q + key * stride_k];
+        if constexpr (kMask == kMaskBool) return v != 0 ? x : -INFINITY;
+        else return fmaf(to_float(v), kLog2e, x);
+    }
+    static __device__ float to_float(__half v) { return __half2float(v); }
+    static __device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+};
+
+template <typename Elem, int kHeadDim, bool kCausal, int kMask>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     using T = BwdTraits<kHeadDim>;
@@ -398,6 +427,14 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             const int m_start = tile.steps.m_start(step, kBlockM);
             const uint32_t q_tile = base + T::kOffQ + stage * T::kQBytes;
             const uint32_t do_tile = base + T::kOffDo + stage * T::kQBytes;
+            // Masked calls: the step's mask rows toward L1 (one 32-key piece of one row per thread),
+            // read back after the score GEMMs.
+            [[maybe_unused]] const MaskSlice<Elem, kMask> mask(
+                f, tile.batch, kMask != kMaskNone ? tile.steps.head_q(step, tile.head_kv, tile.group) : 0);
+            if constexpr (kMask != kMaskNone) {
+                const int t = threadIdx.x - 128, query = m_start + t / 4, key = n_start + t % 4 * 32;
+                if (query < static_cast<int>(f.seqlen_q) && key < seqlen_k) mask.prefetch(query, key);
+            }
             wait_barrier(&bars.step_full[stage], (step_all / kStages) & 1);
 
             // ---- S^T = K Q^T and dP^T = V dO^T ----
@@ -420,10 +457,12 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     float x = fmaf(s[4 * j + e], scale_log2, -((e & 1) ? l.y : l.x));
-                    if (masked_tile) {
-                        const int key = first_key + 8 * (e >> 1), query = m_start + 8 * j + col_in_tile + (e & 1);
-                        if (key >= seqlen_k || (kCausal && key > query)) x = -INFINITY;
+                    const int key = first_key + 8 * (e >> 1), query = m_start + 8 * j + col_in_tile + (e & 1);
+                    if constexpr (kMask != kMaskNone) {
+                        // (Rows past Sq have LSE2 = +inf: P = 0 without their mask.)
+                        if (key < seqlen_k && query < static_cast<int>(f.seqlen_q)) x = mask.apply(x, query, key);
                     }
+                    if (masked_tile && (key >= seqlen_k || (kCausal && key > query))) x = -INFINITY;
                     s[4 * j + e] = fast_exp2(x);
                 }
             }

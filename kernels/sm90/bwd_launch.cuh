@@ -23,7 +23,7 @@
 namespace flashcore {
 namespace sm90_bwd {
 
-template <typename Elem, int kHeadDim, bool kCausal>
+template <typename Elem, int kHeadDim, bool kCausal, int kMask>
 cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     using T = BwdTraits<kHeadDim>;
     const fc_params &f = p.fwd;
@@ -31,7 +31,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
 
-    auto kernel = bwd_kernel<Elem, kHeadDim, kCausal>;
+    auto kernel = bwd_kernel<Elem, kHeadDim, kCausal, kMask>;
     static unsigned long long configured = 0;
     if ((err = allow_smem(kernel, T::kSmemBytes, &configured, device)) != cudaSuccess) return err;
 
@@ -75,14 +75,26 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+// The variant for a call: causal, or one of the mask kinds (c_src/bwd.c sends masked causal
+// calls elsewhere: PyTorch's SDPA never makes them).
+template <typename Elem, int kHeadDim>
+cudaError_t launch_bwd_variant(const fc_bwd_params &p, cudaStream_t stream) {
+    switch (p.fwd.mask_kind) {
+    case FC_MASK_BOOL: return launch_bwd<Elem, kHeadDim, false, kMaskBool>(p, stream);
+    case FC_MASK_ADDITIVE: return launch_bwd<Elem, kHeadDim, false, kMaskAdditive>(p, stream);
+    default:
+        return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, kMaskNone>(p, stream)
+                            : launch_bwd<Elem, kHeadDim, false, kMaskNone>(p, stream);
+    }
+}
+
 }  // namespace sm90_bwd
 }  // namespace flashcore
 
 // Defines the C entry point of one (head dim, dtype) instantiation, e.g.
 //   cudaError_t fc_sm90_bwd_hdim64_fp16(const fc_bwd_params *p, cudaStream_t stream);
-#define FLASHCORE_DEFINE_SM90_BWD(HDIM, DTYPE_NAME, ELEM)                                       \
-    extern "C" cudaError_t fc_sm90_bwd_hdim##HDIM##_##DTYPE_NAME(const fc_bwd_params *p,      \
-                                                                 cudaStream_t stream) {       \
-        return p->fwd.causal ? flashcore::sm90_bwd::launch_bwd<ELEM, HDIM, true>(*p, stream)   \
-                             : flashcore::sm90_bwd::launch_bwd<ELEM, HDIM, false>(*p, stream); \
+#define FLASHCORE_DEFINE_SM90_BWD(HDIM, DTYPE_NAME, ELEM)                                  \
+    extern "C" cudaError_t fc_sm90_bwd_hdim##HDIM##_##DTYPE_NAME(const fc_bwd_params *p, \
+                                                                 cudaStream_t stream) {  \
+        return flashcore::sm90_bwd::launch_bwd_variant<ELEM, HDIM>(*p, stream);          \
     }

@@ -124,7 +124,64 @@ static double mask_score(const test_case *tc, const fc_params *p, const uint16_t
     return to_float(m16[at], tc->dtype);
 }
 
+/* A test case's mask: host copies indexed as the kernel sees it (the pointer = buffer + offset),
+ * the device buffer, and the (B, Hq, Sq, Sk) view's strides. 30% of bool keys masked, 10% of
+ * additive values -inf, and query rows i % 7 == 3 fully masked (every batch for (B, 1, Sq, Sk)). */
+typedef struct test_mask {
+    uint8_t *hm8;
+    uint16_t *hm16;
+    const uint8_t *m8;   /* hm8 + offset */
+    const uint16_t *m16; /* hm16 + offset */
+    void *dmask;
+    int64_t msb, msh, msq, msk, m_off;
+    size_t m_bytes;
+} test_mask;
+
+static void make_mask(const test_case *tc, test_mask *m) {
+    const int64_t B = tc->B, Sq = tc->Sq, Sk = tc->Sk;
+    memset(m, 0, sizeof *m);
+    int64_t m_elems = 0;
+    if (tc->mask_layout == MASK_BHQK) { m->msb = Sq * Sk; m->msq = Sk; m->msk = 1; m_elems = B * Sq * Sk; }
+    else if (tc->mask_layout == MASK_QK_PADDED) { m->msq = Sk + 3; m->msk = 1; m->m_off = 1; m_elems = 1 + Sq * (Sk + 3); }
+    else { m->msq = 1; m->msk = Sq; m_elems = Sq * Sk; }
+    m->m_bytes = tc->mask_kind == FC_MASK_BOOL ? 1 : 2;
+    if (tc->mask_kind == FC_MASK_NONE) return;
+    m->hm8 = calloc((size_t)m_elems, 1);
+    m->hm16 = calloc((size_t)m_elems, 2);
+    for (int64_t e = 0; e < m_elems; ++e) {
+        const double u = uniform01();
+        m->hm8[e] = u < 0.7;
+        m->hm16[e] = from_float(u < 0.1 ? -INFINITY : randn(), tc->dtype);
+    }
+    for (int64_t b = 0; b < (tc->mask_layout == MASK_BHQK ? B : 1); ++b)
+        for (int64_t i = 3; i < Sq; i += 7)
+            for (int64_t j = 0; j < Sk; ++j) {
+                const int64_t at = m->m_off + b * m->msb + i * m->msq + j * m->msk;
+                m->hm8[at] = 0;
+                m->hm16[at] = from_float(-INFINITY, tc->dtype);
+            }
+    CUDA_OK(cudaMalloc(&m->dmask, (size_t)m_elems * m->m_bytes));
+    CUDA_OK(cudaMemcpy(m->dmask, tc->mask_kind == FC_MASK_BOOL ? (void *)m->hm8 : (void *)m->hm16,
+                       (size_t)m_elems * m->m_bytes, cudaMemcpyHostToDevice));
+    m->m8 = m->hm8 + m->m_off;
+    m->m16 = m->hm16 + m->m_off;
+}
+
+static void set_mask(const test_case *tc, const test_mask *m, fc_params *p) {
+    if (tc->mask_kind == FC_MASK_NONE) return;
+    p->mask_kind = tc->mask_kind;
+    p->mask = (const char *)m->dmask + m->m_off * (int64_t)m->m_bytes;
+    p->mask_stride_b = m->msb; p->mask_stride_h = m->msh; p->mask_stride_q = m->msq; p->mask_stride_k = m->msk;
+}
+
+static void free_mask(test_mask *m) {
+    if (m->dmask != NULL) CUDA_OK(cudaFree(m->dmask));
+    free(m->hm8);
+    free(m->hm16);
+}
+
 static int run_case(const test_case *tc, fc_family family) {
+
     if (fc_test_left_out(tc->D, tc->dtype)) {
         printf("skip D=%lld dtype %d: this build left its kernel out\n", (long long)tc->D, (int)tc->dtype);
         return 0;
@@ -149,35 +206,8 @@ static int run_case(const test_case *tc, fc_family family) {
     CUDA_OK(cudaMemcpy(dv, hv, nk * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xff, nq * 2)); /* 0xffff is NaN in fp16 and bf16 */
 
-    /* The mask, host copy indexed as the kernel sees it (mask pointer = buffer + offset). */
-    int64_t msb = 0, msh = 0, msq = 0, msk = 0, m_off = 0, m_elems = 0;
-    if (tc->mask_layout == MASK_BHQK) { msb = Sq * Sk; msq = Sk; msk = 1; m_elems = B * Sq * Sk; }
-    else if (tc->mask_layout == MASK_QK_PADDED) { msq = Sk + 3; msk = 1; m_off = 1; m_elems = 1 + Sq * (Sk + 3); }
-    else { msq = 1; msk = Sq; m_elems = Sq * Sk; }
-    const size_t m_bytes = tc->mask_kind == FC_MASK_BOOL ? 1 : 2;
-    uint8_t *hm8 = NULL;
-    uint16_t *hm16 = NULL;
-    void *dmask = NULL;
-    if (tc->mask_kind != FC_MASK_NONE) {
-        hm8 = calloc((size_t)m_elems, 1);
-        hm16 = calloc((size_t)m_elems, 2);
-        for (int64_t e = 0; e < m_elems; ++e) {
-            const double u = uniform01();
-            hm8[e] = u < 0.7;                               /* 30% of keys masked */
-            hm16[e] = from_float(u < 0.1 ? -INFINITY : randn(), tc->dtype); /* 10% -inf */
-        }
-        /* Fully masked rows: query rows i % 7 == 3 see no key (every batch for (B, 1, Sq, Sk)). */
-        for (int64_t b = 0; b < (tc->mask_layout == MASK_BHQK ? B : 1); ++b)
-            for (int64_t i = 3; i < Sq; i += 7)
-                for (int64_t j = 0; j < Sk; ++j) {
-                    const int64_t at = m_off + b * msb + i * msq + j * msk;
-                    hm8[at] = 0;
-                    hm16[at] = from_float(-INFINITY, tc->dtype);
-                }
-        CUDA_OK(cudaMalloc(&dmask, (size_t)m_elems * m_bytes));
-        CUDA_OK(cudaMemcpy(dmask, tc->mask_kind == FC_MASK_BOOL ? (void *)hm8 : (void *)hm16,
-                           (size_t)m_elems * m_bytes, cudaMemcpyHostToDevice));
-    }
+    test_mask mask;
+    make_mask(tc, &mask);
     CUDA_OK(cudaMemset(dlse, 0xff, (size_t)(B * Hq * Sq) * sizeof(float)));
 
     fc_params p;
@@ -189,13 +219,9 @@ static int run_case(const test_case *tc, fc_family family) {
     p.dtype = tc->dtype;
     p.family = family;
     fc_params_set_contiguous_strides(&p);
-    if (tc->mask_kind != FC_MASK_NONE) {
-        p.mask_kind = tc->mask_kind;
-        p.mask = (const char *)dmask + m_off * (int64_t)m_bytes;
-        p.mask_stride_b = msb; p.mask_stride_h = msh; p.mask_stride_q = msq; p.mask_stride_k = msk;
-    }
-    const uint8_t *m8 = hm8 != NULL ? hm8 + m_off : NULL;
-    const uint16_t *m16 = hm16 != NULL ? hm16 + m_off : NULL;
+    set_mask(tc, &mask, &p);
+    const uint8_t *m8 = mask.m8;
+    const uint16_t *m16 = mask.m16;
 
     /* Workspace, when the chosen kernel can use one (the split-KV decode path). */
     int64_t ws_bytes = 0;
@@ -203,8 +229,7 @@ static int run_case(const test_case *tc, fc_family family) {
     if (st == FC_UNSUPPORTED_SLOWER && family == FC_FAMILY_AUTO) {
         /* AUTO on Hopper leaves D=32/80/96 to PyTorch's cuDNN path; the forced sm80 pass runs it. */
         printf("skip auto D=%lld: %s\n", (long long)D, fc_status_string(st));
-        free(hm8); free(hm16);
-        if (dmask != NULL) CUDA_OK(cudaFree(dmask));
+        free_mask(&mask);
         free(hq); free(hk); free(hv); free(ho); free(hlse);
         CUDA_OK(cudaFree(dq)); CUDA_OK(cudaFree(dk)); CUDA_OK(cudaFree(dv)); CUDA_OK(cudaFree(dout)); CUDA_OK(cudaFree(dlse));
         return 0;
@@ -280,8 +305,7 @@ static int run_case(const test_case *tc, fc_family family) {
            bad ? "FAIL" : "ok  ", family == FC_FAMILY_SM80 ? "sm80" : "auto", (long long)ws_bytes, (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk,
            (long long)D, tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", kMaskNames[tc->mask_kind],
            tc->mask_kind != FC_MASK_NONE ? kLayoutNames[tc->mask_layout] : "", max_err, max_lse_err, bad);
-    free(hm8); free(hm16);
-    if (dmask != NULL) CUDA_OK(cudaFree(dmask));
+    free_mask(&mask);
 
     free(scores); free(hq); free(hk); free(hv); free(ho); free(hlse);
     CUDA_OK(cudaFree(dq)); CUDA_OK(cudaFree(dk)); CUDA_OK(cudaFree(dv)); CUDA_OK(cudaFree(dout)); CUDA_OK(cudaFree(dlse));
@@ -301,6 +325,15 @@ static int run_bwd_case(const test_case *tc) {
     if (fc_test_left_out(tc->D, tc->dtype)) {
         printf("skip backward D=%lld dtype %d: this build left its kernel out\n", (long long)tc->D, (int)tc->dtype);
         return 0;
+    }
+    if (tc->mask_kind != FC_MASK_NONE) {
+        int dev = 0, major = 0;
+        CUDA_OK(cudaGetDevice(&dev));
+        CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        if (major != 9) {
+            printf("skip masked backward: only the sm90 family takes masks\n");
+            return 0;
+        }
     }
     const int64_t B = tc->B, Hq = tc->Hq, Hkv = tc->Hkv, Sq = tc->Sq, Sk = tc->Sk, D = tc->D;
     const int64_t G = Hq / Hkv;
@@ -341,6 +374,9 @@ static int run_bwd_case(const test_case *tc) {
     p->dtype = tc->dtype;
     b.dout = d_do; b.dq = d_dq; b.dk = d_dk; b.dv = d_dv;
     fc_bwd_params_set_contiguous_strides(&b);
+    test_mask mask;
+    make_mask(tc, &mask);
+    set_mask(tc, &mask, p);
 
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreate(&stream));
@@ -389,10 +425,12 @@ static int run_bwd_case(const test_case *tc) {
                     double dot = 0;
                     for (int64_t d = 0; d < D; ++d) dot += (double)to_float(Q[i * D + d], tc->dtype) * to_float(K[j * D + d], tc->dtype);
                     P[i * Sk + j] = (tc->causal && j > i) ? -INFINITY : dot * p->scale;
+                    if (tc->mask_kind != FC_MASK_NONE) P[i * Sk + j] += mask_score(tc, p, mask.m16, mask.m8, bb, h, i, j);
                     if (P[i * Sk + j] > mx) mx = P[i * Sk + j];
                 }
-                for (int64_t j = 0; j < Sk; ++j) { P[i * Sk + j] = exp(P[i * Sk + j] - mx); sum += P[i * Sk + j]; }
-                for (int64_t j = 0; j < Sk; ++j) P[i * Sk + j] /= sum;
+                /* A fully masked row: P = 0 (its gradients are zero, as the forward's output). */
+                for (int64_t j = 0; j < Sk; ++j) { P[i * Sk + j] = mx == -INFINITY ? 0 : exp(P[i * Sk + j] - mx); sum += P[i * Sk + j]; }
+                for (int64_t j = 0; j < Sk; ++j) P[i * Sk + j] = sum > 0 ? P[i * Sk + j] / sum : 0;
                 /* delta = rowsum(dO * O), dP = dO V^T, dS = P (dP - delta) */
                 double delta = 0;
                 for (int64_t d = 0; d < D; ++d) {
@@ -432,12 +470,15 @@ static int run_bwd_case(const test_case *tc) {
         }
         const int ok = max_err <= rel * max_ref;
         bad += !ok;
-        printf("%s bwd B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s %s: max|err| %.2e (tol %.2e)\n",
+        static const char *const kMaskNames[] = {"", " bool-mask", " additive-mask"};
+        printf("%s bwd B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s%s %s: max|err| %.2e (tol %.2e)\n",
                ok ? "ok  " : "FAIL", (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk,
-               (long long)D, tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", names[t], max_err, rel * max_ref);
+               (long long)D, tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", kMaskNames[tc->mask_kind],
+               names[t], max_err, rel * max_ref);
     }
     free(hq); free(hk); free(hv); free(hdo); free(hdq); free(hdk); free(hdv);
     free(rdq); free(rdk); free(rdv); free(P); free(dS);
+    free_mask(&mask);
     void *bufs[] = {d_q, d_k, d_v, d_o, d_do, d_dq, d_dk, d_dv, d_lse, d_ws};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); ++i) CUDA_OK(cudaFree(bufs[i]));
     CUDA_OK(cudaStreamDestroy(stream));
@@ -501,6 +542,12 @@ int main(void) {
         {1, 2, 1, 77, 140, 128, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0},
         /* Ten steps per CTA through the two-stage ring (GQA 2, five query tiles), three key blocks. */
         {1, 2, 1, 300, 257, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
+        /* Masks (the sm90 family on Hopper; elsewhere the call is declined and the case skips):
+         * bool and additive, broadcast over heads, misaligned rows, transposed; GQA; fully masked rows. */
+        {2, 4, 2, 100, 256, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 2, 1, 77, 140, 128, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_QK_PADDED},
+        {1, 2, 2, 65, 130, 128, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK},
+        {1, 4, 2, 67, 99, 64, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
     };
     for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i) failed += run_bwd_case(&kBwdCases[i]);
     if (failed) {

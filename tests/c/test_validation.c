@@ -272,7 +272,6 @@ static const bwd_case kBwdCases[] = {
     {"bwd with dlse", b_dlse_ok, FC_OK, FC_OK},
     {"bwd workspace misaligned", b_workspace_misaligned, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE},
     {"bwd workspace_bytes negative", b_workspace_negative, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE},
-    {"bwd mask", b_mask, FC_OK, FC_UNSUPPORTED_MASK},
     {"bwd fp32", b_fp32, FC_OK, FC_UNSUPPORTED_DTYPE},
     {"bwd head dim 256", b_head_dim_256, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
     {"bwd head dim 80", b_head_dim_80, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
@@ -336,8 +335,22 @@ static void check_bwd(void) {
         }
         b = valid_bwd_params();
         CHECK_FAMILY("bwd family: sm_80 (none)", fc_sdpa_bwd_family(&b, 8, 0), FC_FAMILY_AUTO);
+        /* Masks: the Hopper family only, not with causal, not where determinism is asked for. */
         b_mask(&b);
-        CHECK_FAMILY("bwd family: mask (none)", fc_sdpa_bwd_family(&b, cc_major, cc_minor), FC_FAMILY_AUTO);
+        CHECK_STATUS("bwd mask: validate", fc_bwd_params_validate(&b), FC_OK);
+        if (hopper_built) {
+            CHECK_STATUS("bwd mask: support", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+            CHECK_FAMILY("bwd family: mask", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+        }
+        if (ada_built) CHECK_STATUS("bwd mask: Ada", fc_sdpa_bwd_support(&b, 8, 9), FC_UNSUPPORTED_MASK);
+        b.fwd.causal = 1;
+        CHECK_STATUS("bwd mask, causal", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
+        b.fwd.causal = 0;
+        b_deterministic(&b);
+        CHECK_STATUS("bwd mask, deterministic", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
+        b.deterministic = 0;
+        b_force_sm80(&b);
+        CHECK_STATUS("bwd mask, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
     }
     CHECK_STATUS("bwd NULL params: validate", fc_bwd_params_validate(NULL), FC_ERR_NULL_PARAMS);
     CHECK_STATUS("bwd NULL params: support", fc_sdpa_bwd_support(NULL, 9, 0), FC_ERR_NULL_PARAMS);

@@ -601,7 +601,7 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
     bwd_accepted_is_consistent(b);
     REQUIRE(fam == FC_FAMILY_SM80 || fam == FC_FAMILY_SM90);
     REQUIRE(f->dtype == FC_DTYPE_FP16 || f->dtype == FC_DTYPE_BF16);
-    REQUIRE(f->mask_kind == FC_MASK_NONE);
+    REQUIRE(f->mask_kind == FC_MASK_NONE || (fam == FC_FAMILY_SM90 && !f->causal)); /* masks: sm90, not causal */
     REQUIRE(f->head_dim == 64 || f->head_dim == 128);
     REQUIRE(bwd_built(fam, f->head_dim, f->dtype) && bwd_family_runs_on(fam, cc));
     REQUIRE(cc == 89 || cc == 90);
@@ -1039,10 +1039,11 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         if (b->deterministic && f->family == FC_FAMILY_AUTO) REQUIRE(fam != FC_FAMILY_SM90);
         /* The choice, modelled: AUTO takes the sm90 family where it runs the call and determinism
          * is not asked for, else the sm80-class one; a forced sm80 / sm90 family runs where it
-         * can, or the call is declined (never moved to the other family). */
-        const int common = dtype_ok && f->mask_kind == FC_MASK_NONE;
-        const int sm80 = common && bwd_family_possible(b, FC_FAMILY_SM80, cc);
-        const int sm90 = common && bwd_family_possible(b, FC_FAMILY_SM90, cc);
+         * can, or the call is declined (never moved to the other family). Masks: the sm90 family
+         * only, not with causal. */
+        const int sm80 = dtype_ok && f->mask_kind == FC_MASK_NONE && bwd_family_possible(b, FC_FAMILY_SM80, cc);
+        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !f->causal) &&
+                         bwd_family_possible(b, FC_FAMILY_SM90, cc);
         if (f->family == FC_FAMILY_AUTO) {
             const fc_family want = sm90 && !b->deterministic ? FC_FAMILY_SM90 : sm80 ? FC_FAMILY_SM80 : FC_FAMILY_AUTO;
             REQUIRE(fam == want);
