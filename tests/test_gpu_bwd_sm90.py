@@ -176,3 +176,120 @@ def test_sm90_run_to_run():
     # Both families compute the same gradients (within their rounding).
     for x, y in zip(a, c):
         torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2)
+
+
+# ---- attn_mask (bool and additive, broadcast views; the sm90 family takes masks, not causal) ----
+
+def masked_reference64(q, k, v, g_out, mask):
+    """float64 autograd of softmax(q k^T / sqrt(D) + mask) v; a fully masked row gives zeros."""
+    group = q.shape[1] // k.shape[1]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    kk, vv = (t.repeat_interleave(group, dim=1) for t in (k64, v64))
+    s = q64 @ kk.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask.dtype == torch.bool:
+        s = s.masked_fill(~mask, float("-inf"))
+    else:
+        s = s + mask.double()
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    out = p @ vv
+    return torch.autograd.grad((out * g_out.double()).sum(), (q64, k64, v64))
+
+
+def make_mask(kind, B, Hq, Sq, Sk, dtype, layout):
+    """A mask of `kind` ("bool" or "additive") as a view of `layout`: "b1qk" (B, 1, Sq, Sk), "qk"
+    (Sq, Sk), "bhqk_t" (B, Hq, Sq, Sk) made from a key-major tensor (strided keys). Rows 3, 10,
+    17, ... see no key."""
+    shape = {"b1qk": (B, 1, Sq, Sk), "qk": (Sq, Sk), "bhqk_t": (B, Hq, Sq, Sk)}[layout]
+    keep = torch.rand(shape, device=DEVICE) < 0.7
+    keep[..., 3::7, :] = False
+    if kind == "bool":
+        m = keep
+    else:
+        m = torch.randn(shape, device=DEVICE).to(dtype).masked_fill(~keep, float("-inf"))
+    if layout == "bhqk_t":
+        m = m.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return m
+
+
+MASK_SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk)
+    "s17": (2, 2, 2, 17, 17),
+    "s300_gqa2": (1, 4, 2, 300, 300),
+    "sq127_sk1000_gqa4": (1, 4, 1, 127, 1000),
+    "s1030": (1, 2, 2, 1030, 1030),
+}
+
+
+@pytest.mark.parametrize("shape", list(MASK_SHAPES))
+@pytest.mark.parametrize("layout", ["b1qk", "qk", "bhqk_t"])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_sm90_masked_grads(dtype, D, kind, layout, shape):
+    skip_unless_built(D, dtype)
+    B, Hq, Hkv, Sq, Sk = MASK_SHAPES[shape]
+    q = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(B, Hkv, Sk, D, dtype=dtype, device=DEVICE) for _ in range(2))
+    g_out = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
+    mask = make_mask(kind, B, Hq, Sq, Sk, dtype, layout)
+    gqa = Hq != Hkv
+    with torch.no_grad():
+        out, lse = FWD(q, k, v, mask, enable_gqa=gqa)
+    args = (g_out, q, k, v, out, lse, None, False, None, gqa)
+    assert flashcore.explain_backward(*args, attn_mask=mask) == "kernel sm90"
+    poison_allocator()
+    got = BWD_KERNEL(*args, attn_mask=mask)
+    # The low-precision yardstick: the same masked call through PyTorch's own SDPA backward.
+    inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    low = torch.autograd.grad(F.scaled_dot_product_attention(*inputs, attn_mask=mask, enable_gqa=gqa),
+                              inputs, g_out)
+    low = tuple(t.nan_to_num(0.0) for t in low)
+    check(got, masked_reference64(q, k, v, g_out, mask), low, dtype, f"{shape} {kind} {layout} D={D}")
+
+
+def test_sm90_masked_declines_what_it_cannot_take():
+    """Causal with a mask, a mask that needs a gradient (through autograd), a float32 mask beside
+    fp16 inputs: the Python backward (explain_backward says why), with the same gradients."""
+    B, H, S, D = 1, 2, 130, 64
+    q, k, v = (torch.randn(B, H, S, D, dtype=torch.float16, device=DEVICE) for _ in range(3))
+    g_out = torch.randn(B, H, S, D, dtype=torch.float16, device=DEVICE)
+    mask = torch.rand(B, 1, S, S, device=DEVICE) < 0.8
+    with torch.no_grad():
+        out, lse = FWD(q, k, v, mask)
+    args = (g_out, q, k, v, out, lse, None, True, None, False)
+    assert flashcore.explain_backward(*args, attn_mask=mask).startswith("python: ")
+    fp32 = torch.zeros(B, 1, S, S, device=DEVICE)
+    args = (g_out, q, k, v, out, lse, None, False, None, False)
+    assert flashcore.explain_backward(*args, attn_mask=fp32).startswith("python: ")
+    # Through autograd: an additive mask that requires grad gets its gradient (Python backward).
+    additive = torch.zeros(B, 1, S, S, dtype=torch.float16, device=DEVICE, requires_grad=True)
+    inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    os.environ["FLASHCORE_TRAINING"] = "flashcore"
+    try:
+        out = flashcore.sdpa(*inputs, additive)
+        grads = torch.autograd.grad(out, inputs + (additive,), g_out)
+    finally:
+        del os.environ["FLASHCORE_TRAINING"]
+    assert grads[3].shape == additive.shape and torch.isfinite(grads[3]).all()
+
+
+def test_sm90_masked_autograd_through_sdpa():
+    """flashcore.sdpa with a bool mask under autograd (the training route forced onto FlashCore):
+    the backward kernel runs and the gradients match float64."""
+    B, Hq, Hkv, S, D = 2, 4, 2, 257, 128
+    dtype = torch.bfloat16
+    q = torch.randn(B, Hq, S, D, dtype=dtype, device=DEVICE, requires_grad=True)
+    k, v = (torch.randn(B, Hkv, S, D, dtype=dtype, device=DEVICE, requires_grad=True) for _ in range(2))
+    mask = torch.ones(B, 1, S, S, dtype=torch.bool, device=DEVICE).tril()
+    mask[0, :, :, :40] = False  # left padding of the first sequence
+    mask[0, :, :40, 0] = True   # (its padded rows see one key)
+    g_out = torch.randn(B, Hq, S, D, dtype=dtype, device=DEVICE)
+    os.environ["FLASHCORE_TRAINING"] = "flashcore"
+    try:
+        out = flashcore.sdpa(q, k, v, mask, enable_gqa=True)
+        got = torch.autograd.grad(out, (q, k, v), g_out)
+    finally:
+        del os.environ["FLASHCORE_TRAINING"]
+    inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    low = torch.autograd.grad(F.scaled_dot_product_attention(*inputs, attn_mask=mask, enable_gqa=True),
+                              inputs, g_out)
+    check(got, masked_reference64(q, k, v, g_out, mask), low, dtype, "sdpa autograd, HF-style mask")

@@ -70,10 +70,11 @@ class FakeCard:
         _ops._ROUTES.clear()  # routes decided for the card before (a real card never changes)
 
     def __call__(self, grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                 enable_gqa, deterministic=False):
+                 enable_gqa, deterministic=False, attn_mask=None):
         self.calls.append(dict(grad_out=grad_out, query=query, key=key, value=value, out=out,
                                lse=lse, grad_lse=grad_lse, is_causal=is_causal, scale=scale,
-                               enable_gqa=enable_gqa, deterministic=deterministic))
+                               enable_gqa=enable_gqa, deterministic=deterministic,
+                               attn_mask=attn_mask))
         return self.answer(deterministic)
 
 
@@ -197,16 +198,28 @@ def test_unlisted_device_keeps_flashcore_and_says_so(monkeypatch):
                           "as before")
 
 
-def test_mask_means_python_without_asking_explain_bwd(monkeypatch):
+def test_mask_asks_explain_bwd_and_has_its_own_entry(monkeypatch):
+    """A mask: explain_bwd is asked with a stand-in of it (the sm90 kernel takes masks), and the
+    route reads the "sm90-masked" entry; a mask that requires grad: the Python backward (only it
+    gives the mask a gradient), without asking."""
     card = FakeCard(monkeypatch, (9, 0), kernel(SM90))
     q, k, v = inputs()
     mask = torch.rand(2, 1, 9, 2048) > 0.3
     mask[..., 0] = True
     route = _ops.training_route(q, k, v, mask, False, None, False)
-    assert (route.to_aten, route.path, route.reason) == (True, "python", 12)
-    assert card.calls == []  # the backward kernels take no mask: nothing to ask
+    entry = _ops.TRAINING_TABLE[((9, 0), "sm90-masked")]
+    assert (route.to_aten, route.path, route.reason, route.family) == (
+        not entry[0], "sm90-masked", 0, SM90)
+    assert len(card.calls) == 1
+    seen = card.calls[0]["attn_mask"]
+    assert (seen.shape, seen.stride(), seen.dtype) == (mask.shape, mask.stride(), mask.dtype)
     out = flashcore.sdpa(q, k, v, mask)
-    assert ran_on_aten(out)
+    assert ran_on_aten(out) == (not entry[0])
+
+    additive = torch.zeros(2, 1, 9, 2048, requires_grad=True)
+    route = _ops.training_route(q, k, v, additive, False, None, False)
+    assert (route.to_aten, route.path, route.reason) == (True, "python", 12)
+    assert len(card.calls) == 1  # not asked: the kernels give a mask no gradient
 
 
 def test_cpu_goes_to_flashcore_as_before():
@@ -371,7 +384,7 @@ def test_backward_passes_deterministic_to_the_kernel_choice(monkeypatch):
     real = _ops._kernel_bwd_covers
 
     def spy(*args):
-        seen.append(args[-1])
+        seen.append(args[-2])  # (..., deterministic, grad_mask)
         return real(*args)
 
     monkeypatch.setattr(_ops, "_kernel_bwd_covers", spy)
@@ -400,10 +413,16 @@ def test_explain_training_strings(monkeypatch):
     torch.use_deterministic_algorithms(False)
 
     mask = torch.ones(9, 2048, dtype=torch.bool)
+    masked = _ops.TRAINING_TABLE[((9, 0), "sm90-masked")]
     assert flashcore.explain_training(q, k, v, mask) == (
-        "aten: FlashCore's backward here would be the Python backward (an attn_mask: the "
-        "backward kernels take none), slower than PyTorch's on this device (an unfused fp32 "
-        "recomputation)")
+        f"flashcore: forward {CPU_FORWARD}, backward kernel sm90" if masked[0] else
+        "aten: FlashCore's backward here would be the sm90 kernel with a mask, slower than "
+        f"PyTorch's on this device ({masked[1]})")
+    additive = torch.zeros(9, 2048, requires_grad=True)
+    assert flashcore.explain_training(q, k, v, additive) == (
+        "aten: FlashCore's backward here would be the Python backward (an attn_mask that "
+        "requires grad: the backward kernels give it none), slower than PyTorch's on this "
+        "device (an unfused fp32 recomputation)")
     assert flashcore.explain_training(q, k, v, dropout_p=0.1) == (
         "aten: dropout_p > 0 (aten owns the dropout RNG and its backward)")
 
@@ -411,8 +430,10 @@ def test_explain_training_strings(monkeypatch):
     assert flashcore.explain_training(q, k, v) == "aten: FLASHCORE_TRAINING=aten"
     monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")
     assert flashcore.explain_training(q, k, v, mask) == (
-        f"flashcore: forward {CPU_FORWARD}, backward python: an attn_mask: the backward kernels "
-        "take none (FLASHCORE_TRAINING=flashcore)")
+        f"flashcore: forward {CPU_FORWARD}, backward kernel sm90 (FLASHCORE_TRAINING=flashcore)")
+    assert flashcore.explain_training(q, k, v, additive) == (
+        f"flashcore: forward {CPU_FORWARD}, backward python: an attn_mask that requires grad: "
+        "the backward kernels give it none (FLASHCORE_TRAINING=flashcore)")
 
 
 def test_explain_training_on_a_device_without_measurements(monkeypatch):
@@ -475,10 +496,11 @@ def _bwd_args(dtype=torch.float32):
     return (torch.randn_like(out), q, k, v, out, lse, None, True, None, True)
 
 
-def test_bwd_op_schemas_take_deterministic():
+def test_bwd_op_schemas_take_deterministic_and_a_mask():
     for op in (EXPLAIN_BWD, BWD_KERNEL):
-        last = op._schema.arguments[-1]
-        assert (last.name, str(last.type), last.default_value) == ("deterministic", "bool", False)
+        det, mask = op._schema.arguments[-2:]
+        assert (det.name, str(det.type), det.default_value) == ("deterministic", "bool", False)
+        assert (mask.name, str(mask.type), mask.default_value) == ("attn_mask", "Optional[Tensor]", None)
     assert [str(r.type) for r in EXPLAIN_BWD._schema.returns] == ["int", "int"]
 
 
@@ -494,6 +516,26 @@ def test_explain_bwd_returns_reason_and_family(deterministic):
     expected = torch.ops.flashcore.sdpa_bwd(*args[:7], None, *args[7:], False)[:3]
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
+
+
+def test_bwd_ops_take_a_mask_on_the_cpu():
+    """The mask argument: the CPU kernel (the Python reference) applies it as sdpa_bwd does, the
+    fake answers, and opcheck passes with it."""
+    args = _bwd_args()
+    q = args[1]
+    mask = torch.rand(q.shape[0], 1, q.shape[2], args[2].shape[2]) < 0.8
+    mask[..., 0] = True
+    args = args[:7] + (False,) + args[8:]  # masks come without is_causal
+    got = torch.ops.flashcore.sdpa_bwd_kernel(*args, attn_mask=mask)
+    expected = torch.ops.flashcore.sdpa_bwd(*args[:7], mask, *args[7:], False)[:3]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    assert EXPLAIN_BWD(*args, False, mask) == (0, 1)
+    torch.library.opcheck(EXPLAIN_BWD, args + (False, mask),
+                          test_utils=("test_schema", "test_autograd_registration",
+                                      "test_faketensor", "test_aot_dispatch_dynamic"))
+    torch.library.opcheck(BWD_KERNEL, args + (False, mask),
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 def test_explain_bwd_fake_returns_a_pair():

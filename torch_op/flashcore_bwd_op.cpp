@@ -2,13 +2,15 @@
 // flashcore library that flashcore_op.cpp defines):
 //
 //   flashcore::sdpa_bwd_kernel(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-//                              enable_gqa, deterministic=False) -> (dq, dk, dv)
+//                              enable_gqa, deterministic=False, attn_mask=None) -> (dq, dk, dv)
 //       CUDA: fills an fc_bwd_params from the tensors' real strides and runs fc_sdpa_bwd on the
 //       current stream (workspace from PyTorch's caching allocator, so CUDA-graph safe). Raises
 //       if no kernel covers the call: ask explain_bwd first. dq, dk, dv are contiguous, in
 //       query's dtype. `deterministic` (torch.are_deterministic_algorithms_enabled() from the
 //       Python caller) asks for bitwise reproducible gradients: the C layer then runs the
 //       sm80-class family, not the sm90 one (whose dq is summed with fp32 reductions in any order).
+//       attn_mask: as the forward's (bool, or query's dtype added to the scores; any broadcast
+//       view of (B, Hq, Sq, Sk)); only the sm90 family takes one, and no gradient comes out for it.
 //       CPU: the Python reference (python/flashcore/_ops.py), for opcheck.
 //   flashcore::explain_bwd(<same arguments>) -> (int family, int reason)
 //       in the forward explain's order. family: the fc_family of the kernel that runs (1 =
@@ -18,7 +20,8 @@
 //       device's compute capability), never the data.
 //
 // The autograd backward (flashcore::sdpa_bwd in _ops.py) calls explain_bwd, then either
-// sdpa_bwd_kernel or its Python implementation (masks, dropout-free fp32, other head dims...).
+// sdpa_bwd_kernel or its Python implementation (masks that need a gradient, fp32, other head
+// dims...).
 // The training route in _ops.py also asks explain_bwd, before the forward, with stand-ins for
 // out, lse and grad_out, to decide whether a training call goes to aten instead.
 #include <torch/csrc/stable/accelerator.h>
@@ -77,7 +80,7 @@ struct BwdDecision {
 BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse,
                        bool is_causal, std::optional<double> scale, bool enable_gqa,
-                       bool deterministic) {
+                       bool deterministic, const std::optional<Tensor>& mask) {
   BwdDecision d;
   fc_bwd_params_init(&d.p);
   auto fallback = [&](int64_t reason) {
@@ -118,6 +121,10 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
   f.lse_stride_s = stride_or_0(lse, 2);
   f.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(double(D)));
   f.causal = is_causal ? 1 : 0;
+  if (mask.has_value()) {
+    const int64_t why = flashcore_op::set_mask(*mask, q, &f);
+    if (why != 0) return fallback(why);
+  }
   f.family = FC_FAMILY_AUTO;  // FLASHCORE_FAMILY picks the forward's family only
   // torch.use_deterministic_algorithms(True): AUTO then takes the sm80-class family, whose
   // gradients are bitwise reproducible (the sm90 family sums dq with fp32 reductions in any order).
@@ -153,9 +160,9 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
 std::tuple<int64_t, int64_t> explain_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                                          Tensor lse, std::optional<Tensor> dlse, bool is_causal,
                                          std::optional<double> scale, bool enable_gqa,
-                                         bool deterministic) {
+                                         bool deterministic, std::optional<Tensor> mask) {
   const BwdDecision d =
-      decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa, deterministic);
+      decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa, deterministic, mask);
   return {static_cast<int64_t>(d.reason == kKernel ? d.family : FC_FAMILY_AUTO), d.reason};
 }
 
@@ -163,9 +170,9 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd_kernel(Tensor dout, Tensor q, Tensor
                                                    Tensor out, Tensor lse,
                                                    std::optional<Tensor> dlse, bool is_causal,
                                                    std::optional<double> scale, bool enable_gqa,
-                                                   bool deterministic) {
+                                                   bool deterministic, std::optional<Tensor> mask) {
   BwdDecision d =
-      decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa, deterministic);
+      decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa, deterministic, mask);
   if (d.reason != kKernel)
     fail("flashcore.sdpa_bwd_kernel: no backward kernel for these inputs (explain_bwd reason ",
          d.reason, d.reason >= kStatusBase ? std::string(": ") +
@@ -210,10 +217,10 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd_kernel(Tensor dout, Tensor q, Tensor
 STABLE_TORCH_LIBRARY_FRAGMENT(flashcore, m) {
   m.def("sdpa_bwd_kernel(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
         "Tensor lse, Tensor? grad_lse, bool is_causal, float? scale, bool enable_gqa, "
-        "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
+        "bool deterministic=False, Tensor? attn_mask=None) -> (Tensor, Tensor, Tensor)");
   m.def("explain_bwd(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
         "Tensor lse, Tensor? grad_lse, bool is_causal, float? scale, bool enable_gqa, "
-        "bool deterministic=False) -> (int, int)");
+        "bool deterministic=False, Tensor? attn_mask=None) -> (int, int)");
 }
 
 // CUDA only: the CPU kernel is the Python reference, registered in python/flashcore/_ops.py.

@@ -65,9 +65,9 @@ enum OpReason : int64_t {
   kHeadsNoGqa = 5,         // query and key/value head counts differ without enable_gqa
   kDropout = 6,            // dropout_p > 0
   kDtype = 7,              // dtype is not fp16 / bf16 / fp32
-  kMaskDtype = 8,          // float mask whose dtype is not query's
-  kMaskShape = 9,          // mask cannot be described as a broadcast (B, H, Sq, Sk) view
-  kMaskDevice = 10,        // mask on another device than query
+  kMaskDtype = flashcore_op::kReasonMaskDtype,    // 8: float mask whose dtype is not query's
+  kMaskShape = flashcore_op::kReasonMaskShape,    // 9: not a broadcast (B, H, Sq, Sk) view
+  kMaskDevice = flashcore_op::kReasonMaskDevice,  // 10: mask on another device than query
 };
 constexpr int64_t FC_REASON_STATUS_BASE = 100;
 constexpr int64_t FC_REASON_NOTE_BASE = 1000;
@@ -179,26 +179,6 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v,
   }
 }
 
-// Describe the mask as a (B, Hq, Sq, Sk) view with broadcast dims at stride 0. False: it can't.
-bool describe_mask(const Tensor& mask, const fc_params& p, fc_params* out) {
-  const int64_t nd = mask.dim();
-  if (nd > 4) return false;
-  const std::array<int64_t, 4> target{p.batch, p.heads_q, p.seqlen_q, p.seqlen_k};
-  std::array<int64_t, 4> st{0, 0, 0, 0};
-  for (int64_t i = 0; i < nd; ++i) {
-    const int64_t td = 4 - nd + i;
-    const int64_t sz = mask.size(i);
-    if (sz == target[td]) st[td] = sz == 1 ? 0 : mask.stride(i);
-    else if (sz == 1) st[td] = 0;
-    else return false;
-  }
-  out->mask = mask.data_ptr();
-  out->mask_stride_b = st[0];
-  out->mask_stride_h = st[1];
-  out->mask_stride_q = st[2];
-  out->mask_stride_k = st[3];
-  return true;
-}
 
 // THE decision: raises for bad input, otherwise says kernel (with params filled) or why not.
 Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -256,11 +236,8 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   d.p.causal = is_causal ? 1 : 0;
 
   if (mask.has_value()) {
-    if (mask->device() != q.device()) return fallback(kMaskDevice);
-    if (mask->scalar_type() == ScalarType::Bool) d.p.mask_kind = FC_MASK_BOOL;
-    else if (mask->scalar_type() == q.scalar_type()) d.p.mask_kind = FC_MASK_ADDITIVE;
-    else return fallback(kMaskDtype);
-    if (!describe_mask(*mask, d.p, &d.p)) return fallback(kMaskShape);
+    const int64_t why = flashcore_op::set_mask(*mask, q, &d.p);
+    if (why != 0) return fallback(why);
   }
 
   const auto [major, minor] = compute_capability(q.get_device_index());

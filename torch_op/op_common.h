@@ -1,12 +1,17 @@
 // op_common.h - helpers shared by the op library's two files (flashcore_op.cpp: the forward,
 // flashcore_bwd_op.cpp: the backward kernel op): errors with our own message, the device's
-// compute capability, and a broadcast-aware stride. Header-only, stable ABI only.
+// compute capability, a broadcast-aware stride, and an attn_mask described to the C layer.
+// Header-only, stable ABI only.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include "flashcore.h"
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -50,6 +55,43 @@ inline std::pair<int, int> compute_capability(int32_t device) {
 // A size-1 dim's stride is meaningless; report 0 so it never trips alignment checks.
 inline int64_t stride_or_0(const torch::stable::Tensor& t, int64_t d) {
   return t.size(d) == 1 ? 0 : t.stride(d);
+}
+
+// The explain reasons of a mask the kernels cannot take (flashcore_op.cpp's OpReason numbering).
+constexpr int64_t kReasonMaskDtype = 8, kReasonMaskShape = 9, kReasonMaskDevice = 10;
+
+// Describe the mask as a (B, Hq, Sq, Sk) view with broadcast dims at stride 0. False: it can't.
+inline bool describe_mask(const torch::stable::Tensor& mask, fc_params* p) {
+  const int64_t nd = mask.dim();
+  if (nd > 4) return false;
+  const std::array<int64_t, 4> target{p->batch, p->heads_q, p->seqlen_q, p->seqlen_k};
+  std::array<int64_t, 4> st{0, 0, 0, 0};
+  for (int64_t i = 0; i < nd; ++i) {
+    const int64_t td = 4 - nd + i;
+    const int64_t sz = mask.size(i);
+    if (sz == target[td]) st[td] = sz == 1 ? 0 : mask.stride(i);
+    else if (sz == 1) st[td] = 0;
+    else return false;
+  }
+  p->mask = mask.data_ptr();
+  p->mask_stride_b = st[0];
+  p->mask_stride_h = st[1];
+  p->mask_stride_q = st[2];
+  p->mask_stride_k = st[3];
+  return true;
+}
+
+// attn_mask into p (sizes already set): bool masks as FC_MASK_BOOL, query's dtype as additive.
+// 0, or the reason the kernels cannot take it (another device, another dtype, not a broadcast
+// view of (B, Hq, Sq, Sk)).
+inline int64_t set_mask(const torch::stable::Tensor& mask, const torch::stable::Tensor& q, fc_params* p) {
+  using torch::headeronly::ScalarType;
+  if (mask.device() != q.device()) return kReasonMaskDevice;
+  if (mask.scalar_type() == ScalarType::Bool) p->mask_kind = FC_MASK_BOOL;
+  else if (mask.scalar_type() == q.scalar_type()) p->mask_kind = FC_MASK_ADDITIVE;
+  else return kReasonMaskDtype;
+  if (!describe_mask(mask, p)) return kReasonMaskShape;
+  return 0;
 }
 
 }  // namespace flashcore_op

@@ -84,7 +84,7 @@ _OP_REASONS = {
     9: "attn_mask does not broadcast to (batch, heads, seq_len_q, seq_len_k)",
     10: "attn_mask is on a different device than query",
     11: "grad_out, out, lse or grad_lse do not match query (shape or dtype)",  # backward only
-    12: "an attn_mask: the backward kernels take none",  # training route only (_ops.py)
+    12: "an attn_mask that requires grad: the backward kernels give it none",  # route only (_ops.py)
 }
 # The backward's view of the same codes: its kernels have no float32 (the forward's do).
 _BWD_REASONS = {**_OP_REASONS, 7: "dtype is not float16 or bfloat16"}
@@ -167,12 +167,13 @@ def _backward_string(reason: int, family: int, by_determinism: bool) -> str:
 
 @torch.compiler.disable
 def explain_backward(grad_out, query, key, value, out, lse, grad_lse=None, is_causal=False,
-                     scale=None, enable_gqa=False, deterministic=None) -> str:
+                     scale=None, enable_gqa=False, deterministic=None, attn_mask=None) -> str:
     """Which path FlashCore's backward takes for these tensors (out, lse from
     ``torch.ops.flashcore.sdpa_fwd``): ``"kernel sm90"`` or ``"kernel sm80"`` (a fused backward
     kernel family), ``"kernel sm80 (deterministic)"`` (the sm90 kernel would run, but
-    determinism is asked for), or ``"python: <reason>"`` (the Python backward in _ops.py). An
-    attn_mask always means python. ``deterministic`` defaults to
+    determinism is asked for), or ``"python: <reason>"`` (the Python backward in _ops.py).
+    ``attn_mask`` as given to the forward (the sm90 kernel takes bool and additive masks; one
+    that requires grad goes to python, see ``explain_training``). ``deterministic`` defaults to
     ``torch.are_deterministic_algorithms_enabled()``, which the backward reads when it runs.
     Whether a training call reaches FlashCore's backward at all: ``explain_training``."""
     if FALLBACK_ONLY:  # no library: autograd runs through PyTorch's SDPA
@@ -180,14 +181,15 @@ def explain_backward(grad_out, query, key, value, out, lse, grad_lse=None, is_ca
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     args = (grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, enable_gqa)
-    family, reason = _ops._EXPLAIN_BWD(*args, bool(deterministic))  # flashcore::explain_bwd
+    family, reason = _ops._EXPLAIN_BWD(*args, bool(deterministic), attn_mask)  # explain_bwd
     by_determinism = (reason == 0 and bool(deterministic) and family == 1
-                      and _ops._EXPLAIN_BWD(*args, False)[0] == 2)
+                      and _ops._EXPLAIN_BWD(*args, False, attn_mask)[0] == 2)
     return _backward_string(reason, family, by_determinism)
 
 
 # What explain_training says of each backward path that a table entry sends to aten.
-_PATH_WORDS = {"sm90": "the sm90 kernel", "sm80": "the sm80-class kernel"}
+_PATH_WORDS = {"sm90": "the sm90 kernel", "sm90-masked": "the sm90 kernel with a mask",
+               "sm80": "the sm80-class kernel"}
 
 
 @torch.compiler.disable

@@ -171,42 +171,44 @@ _EXPLAIN_BWD = torch.ops.flashcore.explain_bwd.default
 
 @torch.library.register_fake("flashcore::sdpa_bwd_kernel", lib=_lib)
 def _sdpa_bwd_kernel_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                          enable_gqa, deterministic=False):
+                          enable_gqa, deterministic=False, attn_mask=None):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 @torch.library.register_fake("flashcore::explain_bwd", lib=_lib)
 def _explain_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                      enable_gqa, deterministic=False):
+                      enable_gqa, deterministic=False, attn_mask=None):
     # As _explain_fake: metadata only, answered with real tensors of the same layout. Returns
     # (family, reason), as the C++ kernel does.
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     tensors = (grad_out, query, key, value, out, lse, grad_lse)
-    if not any(isinstance(t, FakeTensor) for t in tensors):
+    if not any(isinstance(t, FakeTensor) for t in tensors + (attn_mask,)):
         return _EXPLAIN_BWD.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
-                                       *tensors, is_causal, scale, enable_gqa, deterministic)
+                                       *tensors, is_causal, scale, enable_gqa, deterministic,
+                                       attn_mask)
     with unset_fake_temporarily():
         return _EXPLAIN_BWD(*(_shadow(t) for t in tensors), is_causal, scale, enable_gqa,
-                            deterministic)
+                            deterministic, _shadow(attn_mask))
 
 
 @torch.library.impl("flashcore::sdpa_bwd_kernel", "cpu", lib=_lib)
 def _sdpa_bwd_kernel_cpu(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                         enable_gqa, deterministic=False):
+                         enable_gqa, deterministic=False, attn_mask=None):
     """No kernel on the CPU: the same gradients from the Python reference (deterministic as far
     as PyTorch's CPU matmuls are, so `deterministic` changes nothing here)."""
-    dq, dk, dv, _ = _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, None,
+    dq, dk, dv, _ = _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
                                      is_causal, scale, enable_gqa, False)
     return dq, dk, dv
 
 
 def _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
-                       scale, enable_gqa, deterministic):
-    """True when sdpa_bwd_kernel runs a CUDA kernel for these tensors (cheap checks first)."""
-    return (attn_mask is None and query.is_cuda
+                       scale, enable_gqa, deterministic, grad_mask):
+    """True when sdpa_bwd_kernel runs a CUDA kernel for these tensors (cheap checks first). A
+    mask that needs its own gradient goes to the Python backward (the kernels give none)."""
+    return (not grad_mask and query.is_cuda
             and query.dtype in (torch.float16, torch.bfloat16)
             and _EXPLAIN_BWD(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                             enable_gqa, deterministic)[1] == 0)
+                             enable_gqa, deterministic, attn_mask)[1] == 0)
 
 
 @torch.library.impl("flashcore::sdpa_bwd", ("cpu", "cuda"), lib=_lib)
@@ -222,9 +224,9 @@ def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, i
     if query.is_cuda and grad_out.dim() >= 1 and grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()  # e.g. an expanded gradient; the kernel needs rows
     if _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
-                          scale, enable_gqa, deterministic):
+                          scale, enable_gqa, deterministic, grad_mask):
         dq, dk, dv = _BWD_KERNEL(grad_out, query, key, value, out, lse, grad_lse, is_causal,
-                                 scale, enable_gqa, deterministic)
+                                 scale, enable_gqa, deterministic, attn_mask)
         return dq, dk, dv, _dmask_like(attn_mask, grad_mask, query)
     return _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
                             is_causal, scale, enable_gqa, grad_mask)
@@ -375,8 +377,10 @@ torch.library.register_autograd("flashcore::sdpa_fwd", _fwd_backward,
 #   "sm90"    the Hopper backward kernel family (TMA + wgmma; dq summed with fp32 reductions in any order);
 #   "sm80"    the sm80-class kernel family (also on Hopper under
 #             torch.use_deterministic_algorithms(True), which rules the sm90 family out);
-#   "python"  the fp32 Python backward (_sdpa_bwd_python): an attn_mask, fp32, head dims or
-#             layouts no backward kernel takes.
+#   "sm90-masked"  the same with an attn_mask (bool or additive, not one that needs its own
+#             gradient): its own entry, since aten's masked backward is another kernel;
+#   "python"  the fp32 Python backward (_sdpa_bwd_python): a mask that needs a gradient, fp32,
+#             head dims or layouts no backward kernel takes.
 # A (cc, path, head_dim) key, where present, wins over (cc, path) for that head dim, e.g.
 #   ((9, 0), "sm90", 256): (False, "..."),
 # A device with no entry keeps FlashCore's own backward: nothing has been measured there.
@@ -396,6 +400,10 @@ TRAINING_TABLE = {
     ((9, 0), "sm90"): (True, "", 2048),
     ((9, 0), "sm90", 64): (False, "D=64: 0.81-0.89x cuDNN's backward on the H100, bench/NOTES.md"),
     ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, bench/NOTES.md"),
+    # Masked: FlashCore's masked forward is the sm80-class kernel on Hopper; fwd + bwd against
+    # aten's masked pair not benched yet.
+    ((9, 0), "sm90-masked"): (False, "with an attn_mask: not yet measured against aten's masked "
+                                     "attention"),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),
     # Any other card: the Python backward is an unfused fp32 recomputation, slower than aten's
     # fused backwards wherever they run (masks: efficient; other head dims: flash/efficient).
@@ -413,7 +421,7 @@ def training_table_entry(cc, path, head_dim):
 # explain_bwd's family codes (fc_family) as backward paths; 0 (no kernel) is "python".
 _FAMILY_PATHS = {1: "sm80", 2: "sm90"}
 # Reason codes the route gives without asking explain_bwd (names in flashcore/__init__.py; 12 is
-# Python-only: explain_bwd has no mask argument, since its kernels take no mask).
+# Python-only: a mask that requires grad, whose gradient only the Python backward gives).
 _REASON_NOT_CUDA, _REASON_NOT_4D, _REASON_SHAPES, _REASON_BWD_MASK = 1, 2, 3, 12
 
 
@@ -475,7 +483,8 @@ def training_route(query, key, value, attn_mask, is_causal, scale, enable_gqa,
         deterministic = torch.are_deterministic_algorithms_enabled()
     if scale is not None and type(scale) is not float:
         scale = float(scale)  # e.g. a symbolic float while tracing: keys must be hashable
-    cache_key = (_layout_key(query), _layout_key(key), _layout_key(value), attn_mask is None,
+    mask_key = None if attn_mask is None else (_layout_key(attn_mask), attn_mask.requires_grad)
+    cache_key = (_layout_key(query), _layout_key(key), _layout_key(value), mask_key,
                  bool(is_causal), scale, bool(enable_gqa), bool(deterministic))
     route = _ROUTES.get(cache_key)
     if route is None:
@@ -527,18 +536,22 @@ def _device_capability(device: torch.device) -> Optional[Tuple[int, int]]:
     return _CAPABILITY[index]
 
 
-def _decide_route(q_layout, k_layout, v_layout, no_mask, is_causal, scale, enable_gqa,
+def _decide_route(q_layout, k_layout, v_layout, mask_key, is_causal, scale, enable_gqa,
                   deterministic) -> TrainingRoute:
-    """The table's decision from a cache key (nothing else: a cached answer is always right)."""
+    """The table's decision from a cache key (nothing else: a cached answer is always right).
+    mask_key: None, or (the mask's _layout_key, whether it requires grad)."""
     cc = _device_capability(q_layout[3])
     if cc is None:  # CPU and other devices: FlashCore's ops, as before (no table there)
         return TrainingRoute(False, "python", _REASON_NOT_CUDA, 0, "")
-    if not no_mask:
+    if mask_key is not None and mask_key[1]:
         reason, family = _REASON_BWD_MASK, 0
     else:
         reason, family = _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale,
-                                            enable_gqa, deterministic)
+                                            enable_gqa, deterministic,
+                                            None if mask_key is None else mask_key[0])
     path = _FAMILY_PATHS.get(family, "python") if reason == 0 else "python"
+    if mask_key is not None and path == "sm90":
+        path = "sm90-masked"
     sizes = q_layout[0]
     head_dim = sizes[-1] if len(sizes) else 0
     entry = training_table_entry(cc, path, head_dim)
@@ -579,7 +592,7 @@ def _contiguous_strides(sizes):
 
 
 def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gqa,
-                       deterministic) -> Tuple[int, int]:
+                       deterministic, mask_layout=None) -> Tuple[int, int]:
     """(reason, family) from explain_bwd for a call whose forward has not run yet: stand-ins with
     the layouts of q, k, v, and for out, lse and grad_out what the forward and autograd will
     give (out and lse contiguous, as sdpa_fwd makes them; grad_out usually contiguous too)."""
@@ -598,8 +611,9 @@ def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gq
         out = _stand_in(out_sizes, _contiguous_strides(out_sizes), q.dtype, q.device)
         lse_sizes = out_sizes[:-1]
         lse = _stand_in(lse_sizes, _contiguous_strides(lse_sizes), _lse_dtype(q.dtype), q.device)
+        mask = None if mask_layout is None else _stand_in(*mask_layout)
         family, reason = _EXPLAIN_BWD(out, q, k, v, out, lse, None, is_causal, scale, enable_gqa,
-                                      deterministic)  # grad_out: out's layout
+                                      deterministic, mask)  # grad_out: out's layout
     return int(reason), int(family)
 
 
