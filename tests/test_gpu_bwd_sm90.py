@@ -190,7 +190,8 @@ def masked_reference64(q, k, v, g_out, mask):
         s = s.masked_fill(~mask, float("-inf"))
     else:
         s = s + mask.double()
-    p = torch.softmax(s, -1).nan_to_num(0.0)
+    dead = torch.isneginf(s).all(-1, keepdim=True)  # rows that see no key: P = 0, no NaN
+    p = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
     out = p @ vv
     return torch.autograd.grad((out * g_out.double()).sum(), (q64, k64, v64))
 
@@ -211,11 +212,13 @@ def make_mask(kind, B, Hq, Sq, Sk, dtype, layout):
     return m
 
 
-MASK_SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk)
-    "s17": (2, 2, 2, 17, 17),
+MASK_SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk); rows of a multiple of 16 keys: the kernel's TMA
+    "s17": (2, 2, 2, 17, 17),                       # mask tiles (bool, "b1qk" and "qk")
     "s300_gqa2": (1, 4, 2, 300, 300),
     "sq127_sk1000_gqa4": (1, 4, 1, 127, 1000),
     "s1030": (1, 2, 2, 1030, 1030),
+    "sq200_sk336": (2, 2, 2, 200, 336),
+    "s1024_gqa2": (1, 4, 2, 1024, 1024),
 }
 
 

@@ -72,7 +72,7 @@ using sm90::WgmmaA;
 using sm90::wgmma_wait;
 namespace ptx = cuda::ptx;
 
-template <int kHeadDim>
+template <int kHeadDim, bool kMaskTiles = false>
 struct BwdTraits {
     static constexpr int kBlockN = FC_SM90_BWD_KEY_BLOCK;  // keys per CTA
     static constexpr int kBlockM = FC_SM90_BWD_ROW_BLOCK;  // query rows per step
@@ -107,7 +107,13 @@ struct BwdTraits {
     static constexpr int kDqStageBytes = kBlockM * kDqStagePitch;
     static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;
     static constexpr int kOffRowTerms = kOffDq + kDqStageBytes;
-    static constexpr int kSmemBytes = kOffRowTerms + kStages * kRowTermsBytes + 1024 /* alignment */;
+    // kMaskTiles (bool masks TMA can read): each step's mask tile, 64 query rows of kMaskBoxKeys
+    // bytes: the block's 128 keys and 16 more, so that rows 2 apart (a warp's reads) start 288
+    // bytes apart and fall in different banks.
+    static constexpr int kMaskBoxKeys = kBlockN + 16;
+    static constexpr int kMaskTileBytes = kMaskTiles ? kBlockM * kMaskBoxKeys : 0;
+    static constexpr int kOffMask = kOffRowTerms + kStages * kRowTermsBytes;
+    static constexpr int kSmemBytes = kOffMask + kStages * kMaskTileBytes + 1024 /* alignment */;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
     static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
     static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
@@ -116,7 +122,8 @@ struct BwdTraits {
 
 struct BwdMaps {
     CUtensorMap q, dout, k, v;
-    MapOrder q_order, dout_order, k_order, v_order;
+    CUtensorMap mask;  // kMaskBoolTiles: the bool mask over (keys, queries, heads, batch)
+    MapOrder q_order, dout_order, k_order, v_order, mask_order;
     int32_t chunk_pairs;  // the tile order (see Tile): (batch, KV head) pairs per chunk
 };
 
@@ -173,10 +180,13 @@ __device__ Tile tile_at(int index, const BwdMaps &maps, const fc_params &f) {
 // The attention mask of masked calls (fc_mask_kind: kMaskNone, kMaskBool, kMaskAdditive), read
 // straight from global memory by each consumer thread for its own (key, query) elements, after
 // the step's rows were prefetched toward L1 at its start (any strides, broadcast dims included).
-constexpr int kMaskNone = FC_MASK_NONE, kMaskBool = FC_MASK_BOOL, kMaskAdditive = FC_MASK_ADDITIVE;
+// kMaskBoolTiles: a bool mask whose layout TMA can read (keys contiguous, 16-byte aligned rows and
+// strides, queries not broadcast): the row-terms loader brings each step's tile to shared memory.
+constexpr int kMaskNone = FC_MASK_NONE, kMaskBool = FC_MASK_BOOL, kMaskAdditive = FC_MASK_ADDITIVE,
+              kMaskBoolTiles = 3;
 template <typename Elem, int kMask>
 struct MaskSlice {
-    using Value = typename std::conditional<kMask == kMaskBool, uint8_t, Elem>::type;
+    using Value = typename std::conditional<kMask == kMaskAdditive, Elem, uint8_t>::type;
     const Value *base;  // the (batch, query head) slice
     int64_t stride_q, stride_k;
     __device__ MaskSlice(const fc_params &f, int batch, int head_q)
@@ -198,7 +208,7 @@ struct MaskSlice {
 template <typename Elem, int kHeadDim, bool kCausal, int kMask>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
-    using T = BwdTraits<kHeadDim>;
+    using T = BwdTraits<kHeadDim, kMask == kMaskBoolTiles>;
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
     constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of dK, dV
 
@@ -332,13 +342,13 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                     for (int m = m_first; m < m_end; ++m, ++step_all) {
                         const int stage = step_all % kStages;
                         wait_barrier(&bars.step_empty[stage], ((step_all / kStages) & 1) ^ 1);
-                        load(stage, &bars.step_full[stage], head_q, batch, m * kBlockM);
+                        load(stage, &bars.step_full[stage], head_q, batch, m * kBlockM, tile.n_start);
                     }
                 if (signal_claim) ptx::mbarrier_arrive(&bars.claim);
             }
         };
         if (threadIdx.x == 64) {
-            for_each_step([&](int stage, uint64_t *full, int head_q, int batch, int m_start) {
+            for_each_step([&](int stage, uint64_t *full, int head_q, int batch, int m_start, int) {
                 ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
                                                T::kRowTermsBytes);
                 const int64_t slice = static_cast<int64_t>(batch) * f.heads_q + head_q;
@@ -346,10 +356,16 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                                    ws.row_terms + ws.delta_at(slice, m_start), T::kRowTermsBytes, full);
             }, false);
         } else if (threadIdx.x == 0) {
-            for_each_step([&](int stage, uint64_t *full, int head_q, int batch, int m_start) {
+            for_each_step([&](int stage, uint64_t *full, int head_q, int batch, int m_start, int n_start) {
                 ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
-                                               2 * T::kQBytes);
+                                               2 * T::kQBytes + T::kMaskTileBytes);
                 int32_t c[4];
+                if constexpr (kMask == kMaskBoolTiles) {
+                    // (keys, queries) at n_start, m_start; a broadcast head or batch is a dim of size 1.
+                    set_coords(c, maps.mask_order, n_start, m_start, f.mask_stride_h != 0 ? head_q : 0,
+                               f.mask_stride_b != 0 ? batch : 0);
+                    tma_load(smem + T::kOffMask + stage * T::kMaskTileBytes, &maps.mask, c, full);
+                }
                 for (int panel = 0; panel < T::kPanels; ++panel) {
                     set_coords(c, maps.q_order, panel * 64, m_start, head_q, batch);
                     tma_load(smem + T::kOffQ + stage * T::kQBytes + panel * T::kQPanelBytes, &maps.q, c, full);
@@ -429,9 +445,10 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             const uint32_t do_tile = base + T::kOffDo + stage * T::kQBytes;
             // Masked calls: the step's mask rows toward L1 (one 32-key piece of one row per thread),
             // read back after the score GEMMs.
+            constexpr bool kMaskElements = kMask == kMaskBool || kMask == kMaskAdditive;
             [[maybe_unused]] const MaskSlice<Elem, kMask> mask(
-                f, tile.batch, kMask != kMaskNone ? tile.steps.head_q(step, tile.head_kv, tile.group) : 0);
-            if constexpr (kMask != kMaskNone) {
+                f, tile.batch, kMaskElements ? tile.steps.head_q(step, tile.head_kv, tile.group) : 0);
+            if constexpr (kMaskElements) {
                 const int t = threadIdx.x - 128, query = m_start + t / 4, key = n_start + t % 4 * 32;
                 if (query < static_cast<int>(f.seqlen_q) && key < seqlen_k) mask.prefetch(query, key);
             }
@@ -450,6 +467,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             fence_registers(s);
             const float *delta = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsBytes);
             const float *lse2 = delta + kBlockM;
+            [[maybe_unused]] const uint8_t *mask_tile = smem + T::kOffMask + stage * T::kMaskTileBytes;
             const bool masked_tile = n_start + kBlockN > seqlen_k || (kCausal && m_start < n_start + kBlockN);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -458,9 +476,13 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                 for (int e = 0; e < 4; ++e) {
                     float x = fmaf(s[4 * j + e], scale_log2, -((e & 1) ? l.y : l.x));
                     const int key = first_key + 8 * (e >> 1), query = m_start + 8 * j + col_in_tile + (e & 1);
-                    if constexpr (kMask != kMaskNone) {
+                    if constexpr (kMaskElements) {
                         // (Rows past Sq have LSE2 = +inf: P = 0 without their mask.)
                         if (key < seqlen_k && query < static_cast<int>(f.seqlen_q)) x = mask.apply(x, query, key);
+                    } else if constexpr (kMask == kMaskBoolTiles) {
+                        // The staged tile (zeros past Sk and Sq: masked, as those are anyway).
+                        const int offset = (8 * j + col_in_tile + (e & 1)) * T::kMaskBoxKeys + wg * 64 + my_row + 8 * (e >> 1);
+                        if (mask_tile[offset] == 0) x = -INFINITY;
                     }
                     if (masked_tile && (key >= seqlen_k || (kCausal && key > query))) x = -INFINITY;
                     s[4 * j + e] = fast_exp2(x);

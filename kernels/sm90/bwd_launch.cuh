@@ -25,7 +25,7 @@ namespace sm90_bwd {
 
 template <typename Elem, int kHeadDim, bool kCausal, int kMask>
 cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
-    using T = BwdTraits<kHeadDim>;
+    using T = BwdTraits<kHeadDim, kMask == kMaskBoolTiles>;
     const fc_params &f = p.fwd;
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
@@ -46,6 +46,12 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
                                      f.k_stride_s, f.k_stride_h, f.k_stride_b, T::kBlockN)) != cudaSuccess ||
         (err = sm90::make_tensor_map(&maps.v, &maps.v_order, f.v, dtype, f.seqlen_k, f.heads_kv, f.batch, kHeadDim,
                                      f.v_stride_s, f.v_stride_h, f.v_stride_b, T::kBlockN)) != cudaSuccess)
+        return err;
+    if (kMask == kMaskBoolTiles &&
+        (err = sm90::make_map(&maps.mask, &maps.mask_order, f.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, f.seqlen_k,
+                              f.seqlen_q, f.mask_stride_h != 0 ? f.heads_q : 1, f.mask_stride_b != 0 ? f.batch : 1,
+                              f.mask_stride_q, f.mask_stride_h, f.mask_stride_b, T::kMaskBoxKeys, T::kBlockM,
+                              CU_TENSOR_MAP_SWIZZLE_NONE)) != cudaSuccess)
         return err;
 
     // Causal CTA order (bwd_kernel) over at least 32 key blocks: chunks of pairs whose Q and dO
@@ -75,12 +81,23 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+// Whether a bool mask's layout lets TMA bring its tiles (kMaskBoolTiles): keys contiguous, the
+// base and every stride 16-byte aligned, queries not broadcast (a tile holds 64 query rows), heads
+// and batch broadcast or not.
+inline bool mask_tiles_fit(const fc_params &f) {
+    const bool strides_ok = f.mask_stride_q % 16 == 0 && f.mask_stride_h % 16 == 0 && f.mask_stride_b % 16 == 0;
+    return f.mask_stride_k == 1 && f.mask_stride_q > 0 && strides_ok && f.mask_stride_h >= 0 &&
+           f.mask_stride_b >= 0 && (reinterpret_cast<uintptr_t>(f.mask) & 15) == 0;
+}
+
 // The variant for a call: causal, or one of the mask kinds (c_src/bwd.c sends masked causal
 // calls elsewhere: PyTorch's SDPA never makes them).
 template <typename Elem, int kHeadDim>
 cudaError_t launch_bwd_variant(const fc_bwd_params &p, cudaStream_t stream) {
     switch (p.fwd.mask_kind) {
-    case FC_MASK_BOOL: return launch_bwd<Elem, kHeadDim, false, kMaskBool>(p, stream);
+    case FC_MASK_BOOL:
+        return mask_tiles_fit(p.fwd) ? launch_bwd<Elem, kHeadDim, false, kMaskBoolTiles>(p, stream)
+                                     : launch_bwd<Elem, kHeadDim, false, kMaskBool>(p, stream);
     case FC_MASK_ADDITIVE: return launch_bwd<Elem, kHeadDim, false, kMaskAdditive>(p, stream);
     default:
         return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, kMaskNone>(p, stream)

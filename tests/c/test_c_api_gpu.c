@@ -544,8 +544,9 @@ int main(void) {
         {1, 2, 1, 300, 257, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
         /* Masks (the sm90 family on Hopper; elsewhere the call is declined and the case skips):
          * bool and additive, broadcast over heads, misaligned rows, transposed; GQA; fully masked rows. */
-        {2, 4, 2, 100, 256, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
-        {1, 2, 1, 77, 140, 128, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_QK_PADDED},
+        {2, 4, 2, 100, 256, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},   /* TMA mask tiles */
+        {1, 4, 2, 130, 208, 128, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},  /* tiles, ragged */
+        {1, 2, 1, 77, 140, 128, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_QK_PADDED}, /* element reads */
         {1, 2, 2, 65, 130, 128, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK},
         {1, 4, 2, 67, 99, 64, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
     };
