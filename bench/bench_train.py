@@ -77,6 +77,7 @@ route: flashcore.explain_training() (null where this flashcore has none).
 """
 
 import argparse
+import inspect
 import datetime as _dt
 import importlib.util
 import json
@@ -341,14 +342,15 @@ def flashcore_path(fc, args):
     explain_backward = getattr(fc, "explain_backward", None)
     if explain_backward is None:
         bwd = "unknown (this flashcore has no explain_backward)"
-    elif mask is not None:
-        bwd = "python: attn_mask (explain_backward takes no mask)"  # as its docstring says
+    elif mask is not None and "attn_mask" not in inspect.signature(explain_backward).parameters:
+        bwd = "python: attn_mask (this explain_backward takes no mask)"
     else:
         try:
+            kwargs = {} if mask is None else {"attn_mask": mask}
             with torch.no_grad():
-                out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, None, 0.0, True, enable_gqa=True)
+                out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, mask, 0.0, causal, enable_gqa=True)
                 dout = torch.ones_like(out)
-            bwd = str(explain_backward(dout, q, k, v, out, lse, None, True, None, True))
+            bwd = str(explain_backward(dout, q, k, v, out, lse, None, causal, None, True, **kwargs))
         except Exception as e:
             bwd = f"unknown ({first_line(e)})"
     return f"fwd: {fwd}; bwd: {bwd}"

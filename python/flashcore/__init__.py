@@ -17,9 +17,10 @@ Usage::
 The environment variable ``FLASHCORE_FAMILY`` (``auto`` | ``sm80`` | ``sm90`` | ``decode``, read at each
 call) forces a kernel family; forcing one that cannot run on the device raises.
 
-Training: a call that records gradients runs FlashCore's forward and backward, or, where
-FlashCore's backward for it would be slower than PyTorch's on the device (on an H100: anything
-but the sm90 backward kernel), aten's SDPA for both passes. ``explain_training(q, k, v, ...)``
+Training: a call that records gradients runs FlashCore's forward and backward, or, where the
+bench did not measure FlashCore's pair faster than PyTorch's on the device (on an H100: the
+sm80-class and Python backwards, D=64, and sequences shorter than the sm90 entries' thresholds in
+_ops.TRAINING_TABLE), aten's SDPA for both passes. ``explain_training(q, k, v, ...)``
 says which and why; ``FLASHCORE_TRAINING`` (``auto`` | ``flashcore`` | ``aten``, read at each
 call) forces one route. ``torch.use_deterministic_algorithms(True)`` selects the bitwise
 reproducible sm80-class backward kernel.
@@ -202,7 +203,7 @@ def explain_training(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
       backward kernel sm90"`` (the paths as ``explain`` and ``explain_backward`` name them), with
       a note in parentheses where one applies (no measurement on this device, an override);
     * ``"aten: <why>"``: both passes in PyTorch's SDPA, e.g. ``"aten: FlashCore's backward here
-      would be the sm80-class kernel, slower than PyTorch's on this device (...)"``, dropout,
+      would be the sm80-class kernel, not faster than PyTorch's on this device (...)"``, dropout,
       or ``FLASHCORE_TRAINING=aten``.
 
     Raises for the same bad inputs ``sdpa`` raises for."""
@@ -227,7 +228,7 @@ def explain_training(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
             words = f"the Python backward ({_bwd_reason_string(route.reason)})"
         else:
             words = _PATH_WORDS[route.path] + (" (deterministic)" if by_determinism else "")
-        return (f"aten: FlashCore's backward here would be {words}, slower than PyTorch's on "
+        return (f"aten: FlashCore's backward here would be {words}, not faster than PyTorch's on "
                 f"this device ({route.note or 'bench/NOTES.md'})")
     note = f" ({route.note})" if route.note else ""
     return f"flashcore: forward {forward}, backward {backward}{note}"
