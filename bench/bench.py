@@ -93,6 +93,10 @@ Run
   python bench/bench.py --match 'S=4096 D=128'   # only shapes whose label matches (regex): here
                                              # the masked row and its unmasked twin
 
+Progress: after each shape, one line on stderr, "progress 3/58 fwd <shape>: <its time>; <time
+so far> elapsed, ~<estimate> left" (the table on stdout is unchanged; `2>&1 | tee log` keeps
+both in order).
+
 JSON: {"sha", "dirty", "torch", "card", "date", "method", "rows": [...]}; each row has pass
 ("fwd" or "bwd"), impl,
 dtype, B, Hq, Hkv, Sq, Sk, D, causal, us, tflops, graph_us (null unless graph-timed),
@@ -758,6 +762,56 @@ def summary(rows, impls):
         print(f"{label:<32} {dt:<5} {str(causal):<6} " + " ".join(f"{c:>15}" for c in cells))
 
 
+def fmt_duration(seconds):
+    """Seconds as a person reads them in a log: "42 s", "3m05s", "1h02m"."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class Progress:
+    """One line per finished shape, on stderr (the table on stdout stays as it was; a log that
+    takes both, `2>&1 | tee`, gets the lines in order): the shape's index / total, its own time,
+    the time so far and an estimate of the time left. Whole lines only, no carriage returns,
+    so a log file reads like the terminal did.
+
+    The estimate charges each shape still to run with the mean time of the shapes of its pass
+    done so far: a backward shape takes several times a forward one, so one mean over both
+    would be wrong for the whole forward part of a run. A pass not started yet borrows the
+    mean of all shapes done."""
+
+    def __init__(self, counts, stream=None, clock=time.monotonic):
+        self.left = dict(counts)        # pass -> shapes not done yet
+        self.total = sum(counts.values())
+        self.spent = {p: [0.0, 0] for p in counts}  # pass -> [seconds, shapes done]
+        self.stream, self.clock = stream, clock
+        self.start = self.last = clock()
+        self.done_count = 0
+
+    def shape_done(self, pass_, s):
+        """Account for one finished shape of `pass_` and print its line; returns the line."""
+        now = self.clock()
+        took, self.last = now - self.last, now
+        self.done_count += 1
+        self.left[pass_] -= 1
+        self.spent[pass_][0] += took
+        self.spent[pass_][1] += 1
+        elapsed = now - self.start
+        mean_all = elapsed / self.done_count
+        left_s = sum(n * (self.spent[p][0] / self.spent[p][1] if self.spent[p][1] else mean_all)
+                     for p, n in self.left.items())
+        width = len(str(self.total))
+        tail = ("done" if self.done_count == self.total else f"~{fmt_duration(left_s)} left")
+        line = (f"progress {self.done_count:>{width}}/{self.total} {pass_} {s.label} {s.dtype} "
+                f"{'causal' if s.causal else 'non-causal'}: {took:.1f} s; "
+                f"{fmt_duration(elapsed)} elapsed, {tail}")
+        print(line, file=self.stream or sys.stderr, flush=True)
+        return line
+
+
 # --------------------------------------------------------------------------- dry run
 
 def dry_run_rows(shapes, impl_names, pass_="fwd"):
@@ -875,18 +929,23 @@ def main(argv=None):
     impls = [Impl(n, fc) for n in names]
     fwd_impls = [i for i in impls if i.name in IMPLS]
     bwd_impls = [i for i in impls if i.name in BWD_IMPLS]
+    progress = Progress({"fwd": len(shapes), "bwd": len(bwd_shapes)})
+    rows = []
     if args.dry_run:
-        rows = dry_run_rows(shapes, [i.name for i in fwd_impls])
-        rows += dry_run_rows(bwd_shapes, [i.name for i in bwd_impls], "bwd")
+        for pass_, shape_list, pass_impls in (("fwd", shapes, fwd_impls), ("bwd", bwd_shapes, bwd_impls)):
+            for s in shape_list:
+                rows += dry_run_rows([s], [i.name for i in pass_impls], pass_)
+                progress.shape_done(pass_, s)
     else:
         timer = Timer(args.warmup, args.iters)
-        rows = []
         for i, s in enumerate(shapes):
             rows += run_shape(s, fwd_impls, timer, args.seed + i, s.graph, args.rounds)
             torch.cuda.empty_cache()
+            progress.shape_done("fwd", s)
         for i, s in enumerate(bwd_shapes):
             rows += run_bwd_shape(s, bwd_impls, timer, args.seed + 1000 + i, args.rounds)
             torch.cuda.empty_cache()
+            progress.shape_done("bwd", s)
     elapsed = time.time() - t0
     summary(rows, impls)
     wrong = [r for r in rows if r["status"].startswith("WRONG")]
