@@ -88,8 +88,10 @@ Run
   python bench/bench.py                      # default set, JSON to bench/results/<card>_<date>.json
   python bench/bench.py --quick              # smoke test
   python bench/bench.py --json out.json      # explicit JSON path (--out-dir DIR: folder for the default name)
-  python bench/bench.py --dry-run            # no GPU: fake timings, exercises shapes/table/JSON only
-                                             # (JSON only with an explicit --json PATH)
+  python bench/bench.py --dry-run            # no GPU: fake timings, exercises shapes/table/JSON only;
+                                             # every row it prints starts with "DRY", its JSON has
+                                             # dry_run: true; JSON only to an explicit --json PATH,
+                                             # and never one inside bench/results/ (refused)
   python bench/bench.py --match 'S=4096 D=128'   # only shapes whose label matches (regex): here
                                              # the masked row and its unmasked twin
 
@@ -103,7 +105,7 @@ dtype, B, Hq, Hkv, Sq, Sk, D, causal, us, tflops, graph_us (null unless graph-ti
 vs_cudnn, maxdiff, status ("ok", "fallback", "WRONG", "skipped: <why>", "unverified"),
 path (flashcore.explain() for flashcore rows; flashcore.explain_backward() for backward ones).
 Rows not timed have us = null. Masked rows also have mask; flashcore backward rows
-training and bitwise_repeat.
+training and bitwise_repeat. A dry run's JSON has dry_run: true, and so has each of its rows.
 """
 
 import argparse
@@ -127,6 +129,7 @@ import torch.nn.functional as F
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPLS = ["cudnn", "flash", "efficient", "flashcore", "flashcore-sm80"]  # cuDNN first: ratios need it
 REF_ORDER = ["cudnn", "flash", "efficient"]
+RESULTS_DIR = os.path.join(REPO, "bench", "results")  # the measured runs; never a dry run's
 TOL = {"fp16": 1e-2, "bf16": 4e-2}  # max abs diff vs the reference backend that counts as WRONG
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 FLUSH_BYTES = 256 << 20
@@ -295,6 +298,13 @@ def git_info():
         return (s or "unknown"), (bool(dirty.stdout.strip()) if dirty.returncode == 0 else None)
     except Exception:
         return "unknown", None
+
+
+def inside(path, folder):
+    """Whether `path` (a file that may not exist yet) lies in `folder` or below it, links
+    resolved, so that ./bench/results/x.json and a symlinked way there count alike."""
+    real, top = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([real, top]) == top
 
 
 def slug(name):
@@ -717,6 +727,15 @@ HEADER = (f"{'shape':<26} {'dtype':<5} {'causal':<6} {'impl':<15} {'us':>9} {'gr
           f"{'TFLOP/s':>8} {'vs cuDNN':>8} {'maxdiff':>9}  status")
 
 
+# Every printed line of a dry run starts with this, so that no line of fake timings, copied out of
+# its context (a log, an issue), can pass for a measurement. Real runs print no tag.
+DRY_TAG = "DRY "
+
+
+def dry_tag(row):
+    return DRY_TAG if row.get("dry_run") else ""
+
+
 def fmt(x, spec, none="-"):
     return none if x is None else format(x, spec)
 
@@ -732,7 +751,7 @@ def report(s, row, ref_name):
         status = f"fallback ({row['training'] if to_aten else row['path']})"
     if row.get("graph_note"):
         status += f"; {row['graph_note']}"
-    print(f"{s.label:<26} {s.dtype:<5} {str(s.causal):<6} {row['impl']:<15} "
+    print(f"{dry_tag(row)}{s.label:<26} {s.dtype:<5} {str(s.causal):<6} {row['impl']:<15} "
           f"{fmt(row['us'], '9.1f'):>9} {fmt(row['graph_us'], '9.2f'):>9} "
           f"{fmt(row['tflops'], '8.1f'):>8} {fmt(row['vs_cudnn'], '8.2f'):>8} "
           f"{fmt(row['maxdiff'], '9.2e'):>9}  {status}", flush=True)
@@ -741,8 +760,9 @@ def report(s, row, ref_name):
 def summary(rows, impls):
     """TFLOP/s pivot: one line per shape, one column per impl."""
     names = [i.name for i in impls]
-    print("\nTFLOP/s summary (WRONG rows never timed: 'WRONG'; skipped: '-'; fallback: '*')")
-    print(f"{'shape':<32} {'dtype':<5} {'causal':<6} " + " ".join(f"{n:>15}" for n in names))
+    tag = DRY_TAG if any(r.get("dry_run") for r in rows) else ""
+    print(f"\n{tag}TFLOP/s summary (WRONG rows never timed: 'WRONG'; skipped: '-'; fallback: '*')")
+    print(f"{tag}{'shape':<32} {'dtype':<5} {'causal':<6} " + " ".join(f"{n:>15}" for n in names))
     keyed = {}
     for r in rows:
         key = (r.get("pass", "fwd"), r["dtype"], r["B"], r["Hq"], r["Hkv"], r["Sq"], r["Sk"],
@@ -759,7 +779,8 @@ def summary(rows, impls):
                 cells.append("WRONG" if r is not None and r["status"].startswith("WRONG") else "-")
             else:
                 cells.append(f"{r['tflops']:.1f}" + ("*" if r["status"] == "fallback" else ""))
-        print(f"{label:<32} {dt:<5} {str(causal):<6} " + " ".join(f"{c:>15}" for c in cells))
+        row_tag = DRY_TAG if any(r.get("dry_run") for r in by.values()) else ""
+        print(f"{row_tag}{label:<32} {dt:<5} {str(causal):<6} " + " ".join(f"{c:>15}" for c in cells))
 
 
 def fmt_duration(seconds):
@@ -783,7 +804,8 @@ class Progress:
     would be wrong for the whole forward part of a run. A pass not started yet borrows the
     mean of all shapes done."""
 
-    def __init__(self, counts, stream=None, clock=time.monotonic):
+    def __init__(self, counts, stream=None, clock=time.monotonic, tag=""):
+        self.tag = tag  # DRY_TAG in a dry run
         self.left = dict(counts)        # pass -> shapes not done yet
         self.total = sum(counts.values())
         self.spent = {p: [0.0, 0] for p in counts}  # pass -> [seconds, shapes done]
@@ -805,7 +827,7 @@ class Progress:
                      for p, n in self.left.items())
         width = len(str(self.total))
         tail = ("done" if self.done_count == self.total else f"~{fmt_duration(left_s)} left")
-        line = (f"progress {self.done_count:>{width}}/{self.total} {pass_} {s.label} {s.dtype} "
+        line = (f"{self.tag}progress {self.done_count:>{width}}/{self.total} {pass_} {s.label} {s.dtype} "
                 f"{'causal' if s.causal else 'non-causal'}: {took:.1f} s; "
                 f"{fmt_duration(elapsed)} elapsed, {tail}")
         print(line, file=self.stream or sys.stderr, flush=True)
@@ -825,6 +847,7 @@ def dry_run_rows(shapes, impl_names, pass_="fwd"):
         for n in impl_names:
             row = base_row(s, pass_, n, None, floor_us=floor_us(s) if pass_ == "fwd" else None,
                            mask="bool (B,1,S,S) padded causal" if s.mask else None)
+            row["dry_run"] = True  # fake: the printed line and the JSON row say so
             if n.startswith("flashcore"):
                 row["path"] = "kernel: (dry run)"
                 row["maxdiff"] = 1e-3
@@ -866,7 +889,7 @@ def main(argv=None):
     ap.add_argument("--bf16", action="store_true", help="also bf16 (default: fp16 only)")
     ap.add_argument("--extra", action="store_true", help="add GQA prefill, D=96 and small-grid shapes")
     ap.add_argument("--json", metavar="PATH", help="JSON output path (default: OUT_DIR/<card>_<date>.json)")
-    ap.add_argument("--out-dir", metavar="DIR", default=os.path.join(REPO, "bench", "results"))
+    ap.add_argument("--out-dir", metavar="DIR", default=RESULTS_DIR)
     ap.add_argument("--no-json", action="store_true", help="do not write JSON")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)
@@ -885,6 +908,11 @@ def main(argv=None):
 
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1 (got {args.rounds})")
+    if args.dry_run and args.json and not args.no_json and inside(args.json, RESULTS_DIR):
+        # bench/results/ holds measurements that the README and NOTES cite; fake timings there
+        # could be committed or compared by mistake. Checked before anything runs.
+        ap.error(f"a dry run never writes into bench/results/ (its timings are "
+                 f"fake); give --json a path elsewhere, or leave it out to write nothing")
     names = [n.strip() for n in args.impls.split(",") if n.strip()]
     bad = [n for n in names if n not in ALL_IMPLS]
     if bad:
@@ -923,13 +951,14 @@ def main(argv=None):
     print(f"method: {method}")
     print(f"TFLOP/s: 4*B*Hq*D*pairs (causal Sq==Sk: half the pairs); vs cuDNN = cuDNN us / us; "
           f"maxdiff vs {'/'.join(REF_ORDER)} (first that runs)\n")
-    print(HEADER, flush=True)
+    print((DRY_TAG if args.dry_run else "") + HEADER, flush=True)
 
     t0 = time.time()
     impls = [Impl(n, fc) for n in names]
     fwd_impls = [i for i in impls if i.name in IMPLS]
     bwd_impls = [i for i in impls if i.name in BWD_IMPLS]
-    progress = Progress({"fwd": len(shapes), "bwd": len(bwd_shapes)})
+    progress = Progress({"fwd": len(shapes), "bwd": len(bwd_shapes)},
+                        tag=DRY_TAG if args.dry_run else "")
     rows = []
     if args.dry_run:
         for pass_, shape_list, pass_impls in (("fwd", shapes, fwd_impls), ("bwd", bwd_shapes, bwd_impls)):
@@ -949,7 +978,8 @@ def main(argv=None):
     elapsed = time.time() - t0
     summary(rows, impls)
     wrong = [r for r in rows if r["status"].startswith("WRONG")]
-    print(f"\n{len(rows)} rows, {len(shapes)} fwd + {len(bwd_shapes)} bwd shapes, {elapsed:.1f} s"
+    print(f"\n{DRY_TAG if args.dry_run else ''}{len(rows)} rows, {len(shapes)} fwd + "
+          f"{len(bwd_shapes)} bwd shapes, {elapsed:.1f} s"
           + (f"; {len(wrong)} WRONG rows (not timed)" if wrong else ""))
 
     if args.dry_run and not args.json and not args.no_json:
@@ -961,6 +991,8 @@ def main(argv=None):
         doc = dict(sha=sha, dirty=dirty, torch=torch.__version__, card=card,
                    date=now.isoformat(timespec="seconds"), method=method,
                    args=vars(args), elapsed_s=round(elapsed, 1), rows=rows)
+        if args.dry_run:
+            doc["dry_run"] = True  # and card "dry-run", every row dry_run: true
         with open(path, "w") as fh:
             json.dump(doc, fh, indent=1)
         print(f"JSON: {path}")

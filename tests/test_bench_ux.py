@@ -4,6 +4,7 @@ bench/plot.py's figure from a small synthetic JSON (skipped where matplotlib, an
 `[bench]` dependency, is not installed)."""
 import importlib.util
 import io
+import json
 import pathlib
 import re
 import subprocess
@@ -76,6 +77,48 @@ def test_dry_run_prints_one_progress_line_per_shape_on_stderr():
     total = len(lines)
     assert total >= 4
     for i, line in enumerate(lines, 1):
-        assert re.match(rf"progress {i:>{len(str(total))}}/{total} (fwd|bwd) B=\d+ .*: \d+\.\d s; ", line), line
+        assert re.match(rf"DRY progress {i:>{len(str(total))}}/{total} (fwd|bwd) B=\d+ .*: \d+\.\d s; ", line), line
     assert lines[-1].endswith(", done")
     assert "\r" not in res.stderr and "progress" not in res.stdout  # the table stays as it was
+
+
+def test_dry_run_marks_every_row_it_prints():
+    """Past the run's preamble, every table line of a dry run (rows, summary, totals) starts
+    with "DRY", so that no line of fake timings reads as a measurement on its own."""
+    res = run_bench("--dry-run", "--quick", "--no-json")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.splitlines()
+    start = next(i for i, ln in enumerate(out) if ln.startswith("DRY shape "))
+    table = [ln for ln in out[start:] if ln.strip() and not ln.startswith("JSON: ")]
+    assert len(table) > 10 and all(ln.startswith("DRY ") for ln in table), table
+    assert any("[bwd]" in ln for ln in table) and any("TFLOP/s summary" in ln for ln in table)
+
+
+def test_dry_run_json_is_marked_and_never_lands_in_results(tmp_path):
+    results = REPO / "bench" / "results"
+    before = set(results.iterdir())
+    # Asked to write into bench/results/ (here through a path that climbs back in): refused
+    # before anything runs.
+    sneaky = REPO / "bench" / "results" / ".." / "results" / "dry.json"
+    res = run_bench("--dry-run", "--quick", "--json", sneaky)
+    assert res.returncode == 2 and "never writes into bench/results/" in res.stderr
+    assert "progress" not in res.stderr and set(results.iterdir()) == before
+    # With no --json (and --out-dir pointing there too): nothing written.
+    res = run_bench("--dry-run", "--quick", "--out-dir", results)
+    assert res.returncode == 0 and "JSON: not written" in res.stdout
+    assert set(results.iterdir()) == before
+    # Elsewhere: written, and marked at both levels.
+    path = tmp_path / "dry.json"
+    res = run_bench("--dry-run", "--quick", "--json", path)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(path.read_text())
+    assert doc["dry_run"] is True and doc["card"] == "dry-run"
+    assert doc["rows"] and all(r["dry_run"] is True for r in doc["rows"])
+
+
+def test_real_rows_carry_no_dry_tag(bench, capsys):
+    """The tag comes from the row alone: a measured row prints as it always did."""
+    s = bench.Shape(1, 8, 8, 512, 512, 64, False)
+    row = bench.base_row(s, "fwd", "cudnn", None, floor_us=None, mask=None)
+    bench.report(s, row, "cudnn")
+    assert capsys.readouterr().out.startswith("B=1 H=8 S=512 D=64 ")
