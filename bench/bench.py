@@ -92,6 +92,7 @@ Run
                                              # every row it prints starts with "DRY", its JSON has
                                              # dry_run: true; JSON only to an explicit --json PATH,
                                              # and never one inside bench/results/ (refused)
+  python bench/bench.py --plot               # also a PNG beside the JSON (bench/plot.py; matplotlib)
   python bench/bench.py --match 'S=4096 D=128'   # only shapes whose label matches (regex): here
                                              # the masked row and its unmasked twin
 
@@ -111,6 +112,7 @@ training and bitwise_repeat. A dry run's JSON has dry_run: true, and so has each
 import argparse
 import contextlib
 import datetime as _dt
+import importlib.util
 import inspect
 import json
 import math
@@ -867,6 +869,16 @@ def dry_run_rows(shapes, impl_names, pass_="fwd"):
 
 # --------------------------------------------------------------------------- main
 
+def load_plotter():
+    """bench/plot.py as a module, found beside this file (bench/ is no package, and this file
+    is also loaded by path, as the tests do)."""
+    spec = importlib.util.spec_from_file_location(
+        "flashcore_bench_plot", os.path.join(os.path.dirname(os.path.abspath(__file__)), "plot.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def cpu_demo():
     """Without a GPU there is nothing to time: show the op working and saying it fell back."""
     import flashcore
@@ -904,6 +916,9 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="no GPU: fake timings (tests the plumbing)")
     ap.add_argument("--no-bwd", action="store_true", help="leave out the backward rows")
     ap.add_argument("--bwd-only", action="store_true", help="only the backward rows")
+    ap.add_argument("--plot", action="store_true",
+                    help="after the run, draw the JSON as a PNG beside it (bench/plot.py; needs "
+                         "matplotlib, the [bench] extra)")
     args = ap.parse_args(argv)
 
     if args.rounds < 1:
@@ -913,6 +928,16 @@ def main(argv=None):
         # could be committed or compared by mistake. Checked before anything runs.
         ap.error(f"a dry run never writes into bench/results/ (its timings are "
                  f"fake); give --json a path elsewhere, or leave it out to write nothing")
+    plotter = None
+    if args.plot:
+        # Checked before the run, not after minutes of timing; matplotlib itself is imported
+        # only when the plot is drawn (bench.py runs without it).
+        plotter = load_plotter()
+        try:
+            plotter.import_matplotlib()
+        except plotter.MissingMatplotlib as e:
+            print(e, file=sys.stderr)  # one line: what is missing and how to install it
+            return 2
     names = [n.strip() for n in args.impls.split(",") if n.strip()]
     bad = [n for n in names if n not in ALL_IMPLS]
     if bad:
@@ -996,6 +1021,13 @@ def main(argv=None):
         with open(path, "w") as fh:
             json.dump(doc, fh, indent=1)
         print(f"JSON: {path}")
+        if plotter is not None:
+            try:
+                print(f"plot: {plotter.plot([path])}")
+            except (plotter.MissingMatplotlib, ValueError) as e:  # report; the JSON stands
+                print(f"plot: not made: {e}")
+    if plotter is not None and (args.no_json or (args.dry_run and not args.json)):
+        print("plot: not made (no JSON was written; the plot is drawn from it)")
     return 1 if wrong else 0
 
 

@@ -5,6 +5,7 @@ bench/plot.py's figure from a small synthetic JSON (skipped where matplotlib, an
 import importlib.util
 import io
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -122,3 +123,127 @@ def test_real_rows_carry_no_dry_tag(bench, capsys):
     row = bench.base_row(s, "fwd", "cudnn", None, floor_us=None, mask=None)
     bench.report(s, row, "cudnn")
     assert capsys.readouterr().out.startswith("B=1 H=8 S=512 D=64 ")
+
+
+# --------------------------------------------------------------------------- plot
+
+PLOT = REPO / "bench" / "plot.py"
+
+
+def synthetic_row(pass_, impl, S, D, causal, tflops, B=None, Hq=None, Hkv=None, Sq=None,
+                  status="ok", **extra):
+    B = 16384 // S if B is None else B
+    Hq = 2048 // D if Hq is None else Hq
+    row = dict({"pass": pass_}, impl=impl, dtype="fp16", B=B, Hq=Hq,
+               Hkv=Hq if Hkv is None else Hkv, Sq=S if Sq is None else Sq, Sk=S, D=D,
+               causal=causal, us=100.0, tflops=tflops, graph_us=None, vs_cudnn=None,
+               maxdiff=None, status=status, path=None, floor_us=None, mask=None)
+    row.update(extra)
+    return row
+
+
+def write_json(path, rows, **doc):
+    base = dict(sha="0123456789abcdef", dirty=False, torch="2.14.1", card="Test Card",
+                date="2026-11-27T12:00:00", method="synthetic")
+    base.update(doc)
+    path.write_text(json.dumps(dict(base, rows=rows)))
+    return path
+
+
+def synthetic_files(tmp_path):
+    """A forward file (sweep at D=64, decode rows, one masked and one small shape that the plot
+    leaves out, stale backward rows) and a later backward file."""
+    fwd = []
+    for causal in (False, True):
+        for S in (1024, 2048, 4096):
+            fwd.append(synthetic_row("fwd", "cudnn", S, 64, causal, 400.0 + S / 100))
+            fwd.append(synthetic_row("fwd", "flashcore", S, 64, causal, 450.0 + S / 100))
+    fwd.append(synthetic_row("fwd", "flashcore", 4096, 64, False, 1.0, mask="bool"))  # left out
+    fwd.append(synthetic_row("fwd", "flashcore", 512, 64, False, 2.0, B=1, Hq=8))    # left out
+    for sk, us in ((1024, 12.0), (8192, 30.0)):
+        for impl in ("cudnn", "flashcore"):
+            r = synthetic_row("fwd", impl, sk, 128, False, 0.5, B=8, Hq=32, Hkv=8, Sq=1)
+            r["us"] = us
+            r["floor_us"] = 2.0 * 8 * (2 * 32 + 2 * 8 * sk) * 128 / 3.0e12 * 1e6
+            fwd.append(r)
+    fwd.append(synthetic_row("bwd", "flashcore", 1024, 64, False, 1.0))  # replaced by bwd.json
+    bwd = [synthetic_row("bwd", impl, S, D, False, t, status=st)
+           for D in (64, 128) for S in (1024, 4096)
+           for impl, t, st in (("cudnn", 300.0, "ok"), ("flashcore", 320.0, "fallback"))]
+    return (write_json(tmp_path / "fwd.json", fwd),
+            write_json(tmp_path / "bwd.json", bwd, sha="fedcba9876543210"))
+
+
+@pytest.fixture(scope="module")
+def plot_mod():
+    return load("plot_under_test", PLOT)
+
+
+def test_each_pass_comes_from_the_last_file_that_has_it(tmp_path, plot_mod):
+    fwd, bwd = synthetic_files(tmp_path)
+    rows, sources = plot_mod.load([fwd, bwd])
+    assert {(p, pathlib.Path(f).name) for p, f, _ in sources} == {("fwd", "fwd.json"),
+                                                                  ("bwd", "bwd.json")}
+    bwd_rows = [r for r in rows if r["pass"] == "bwd"]
+    assert len(bwd_rows) == 8 and all(r["tflops"] >= 300 for r in bwd_rows)  # none from fwd.json
+    sweep = [r for r in rows if plot_mod.is_sweep(r)]
+    assert all(not r["mask"] and r["B"] * r["Sq"] == 16384 for r in sweep)
+    assert len([r for r in rows if plot_mod.is_decode(r)]) == 4
+    # Same decode shape, same bytes: Q, K, V and O at 2 bytes an element.
+    r = next(r for r in rows if plot_mod.is_decode(r) and r["Sk"] == 1024)
+    assert plot_mod.moved_bytes(r) == 2 * 8 * (2 * 32 * 1 + 2 * 8 * 1024) * 128
+
+
+def test_plot_draws_forward_backward_and_decode_panels(tmp_path, plot_mod):
+    pytest.importorskip("matplotlib", reason="matplotlib (the [bench] extra) is not installed")
+    fwd, bwd = synthetic_files(tmp_path)
+    fig = plot_mod.figure([fwd, bwd])
+    titles = {ax.get_title(): ax for ax in fig.axes}
+    want = {f"{p}, D={D}, {c}" for p in ("forward", "backward") for D in (64, 128)
+            for c in ("non-causal", "causal")}
+    assert want <= set(titles)
+    decode = titles["decode: Sq = 1, time against bytes moved"]
+    (floor,) = [ln for ln in decode.get_lines() if ln.get_label().startswith("copy floor")]
+    assert "3.0 TB/s" in floor.get_label() and len(floor.get_xdata()) == 2
+    # The forward D=64 non-causal panel: one line per impl over S = 1k, 2k, 4k, values as given.
+    lines = [ln for ln in titles["forward, D=64, non-causal"].get_lines() if len(ln.get_xdata()) > 1]
+    assert sorted(list(ln.get_ydata()) for ln in lines) == [[410.24, 420.48, 440.96],
+                                                            [460.24, 470.48, 490.96]]
+    assert not [ln for ln in titles["forward, D=128, causal"].get_lines() if len(ln.get_xdata())]
+    assert "Test Card" in fig._suptitle.get_text() and "DRY" not in fig._suptitle.get_text()
+    # The command line: the PNG lands beside the first JSON.
+    res = subprocess.run([sys.executable, str(PLOT), fwd, bwd], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    png = tmp_path / "fwd.png"
+    assert res.stdout.strip() == f"plot: {png}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 300_000
+
+
+def test_bench_plot_after_a_dry_run(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib (the [bench] extra) is not installed")
+    path = tmp_path / "dry.json"
+    res = run_bench("--dry-run", "--quick", "--json", path, "--plot")
+    assert res.returncode == 0, res.stderr
+    assert f"plot: {tmp_path / 'dry.png'}" in res.stdout and (tmp_path / "dry.png").exists()
+    res = run_bench("--dry-run", "--quick", "--plot")  # no JSON, so no plot; says why
+    assert res.returncode == 0 and "plot: not made (no JSON was written" in res.stdout
+
+
+def test_missing_matplotlib_is_one_clear_line(tmp_path):
+    """Where matplotlib cannot be imported (a stand-in package that refuses, put first on the
+    path), plot.py and bench.py --plot say so in one line, before any run."""
+    blocker = tmp_path / "blocked" / "matplotlib"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('blocked for this test')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path / "blocked")] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    fwd, _ = synthetic_files(tmp_path)
+    for cmd in ([PLOT, fwd], [BENCH, "--dry-run", "--quick", "--json", tmp_path / "d.json", "--plot"]):
+        res = subprocess.run([sys.executable, *map(str, cmd)], capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert res.returncode == 2
+        assert res.stderr.splitlines() == [
+            "plot: matplotlib is not installed; install the bench extra "
+            "(pip install 'flashcore[bench]', or pip install matplotlib)"]
+    assert not (tmp_path / "fwd.png").exists() and not (tmp_path / "d.json").exists()
