@@ -17,7 +17,7 @@ Run
   python bench/plot.py bench/results/<file>.json            # writes bench/results/<file>.png
   python bench/plot.py FWD.json BWD.json -o out.png         # each pass from the last file that
                                                             # has rows of that pass
-  python bench/bench.py --plot ...                          # the same, after a run, next to its JSON
+  python bench/bench.py --plot ...                          # the same after a run, beside its JSON
 
 matplotlib is an optional dependency (`pip install 'flashcore[bench]'`); it is imported only
 here, when a plot is drawn, so that the benchmark and the package run without it.

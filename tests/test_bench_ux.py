@@ -71,6 +71,34 @@ def test_fmt_duration(bench):
         ["0 s", "59 s", "1m00s", "59m59s", "1h00m", "2h02m"]
 
 
+def test_measured_run_prints_progress_after_each_shape(bench, monkeypatch, capsys):
+    """main()'s timing loop (not the dry run's) with the GPU parts stubbed: a progress line
+    follows each shape's rows, and none of them carries the dry run's tag."""
+    cuda = bench.torch.cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "get_device_name", lambda: "Stub Card")
+    monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "Timer", lambda warmup, iters: None)
+
+    def stub_rows(pass_):
+        def run(s, impls, *args):
+            print(f"rows of {s.label}")
+            return [bench.base_row(s, pass_, i.name, None) for i in impls]
+        return run
+    monkeypatch.setattr(bench, "run_shape", stub_rows("fwd"))
+    monkeypatch.setattr(bench, "run_bwd_shape", stub_rows("bwd"))
+    assert bench.main(["--quick", "--impls", "cudnn", "--no-json"]) == 0
+    out, err = capsys.readouterr()
+    fwd, bwd = bench.shape_set(True, False, False), bench.bwd_shape_set(True, False)
+    total = len(fwd) + len(bwd)
+    progress = err.splitlines()
+    assert len(progress) == total
+    assert [ln.split()[1] for ln in progress] == [f"{i}/{total}" for i in range(1, total + 1)]
+    assert [ln.split()[2] for ln in progress] == ["fwd"] * len(fwd) + ["bwd"] * len(bwd)
+    assert all(ln.startswith("progress ") for ln in progress)
+    assert "DRY" not in out and "rows of" in out
+
+
 def test_dry_run_prints_one_progress_line_per_shape_on_stderr():
     res = run_bench("--dry-run", "--quick", "--no-json")
     assert res.returncode == 0, res.stderr
@@ -78,7 +106,8 @@ def test_dry_run_prints_one_progress_line_per_shape_on_stderr():
     total = len(lines)
     assert total >= 4
     for i, line in enumerate(lines, 1):
-        assert re.match(rf"DRY progress {i:>{len(str(total))}}/{total} (fwd|bwd) B=\d+ .*: \d+\.\d s; ", line), line
+        pattern = rf"DRY progress {i:>{len(str(total))}}/{total} (fwd|bwd) B=\d+ .*: \d+\.\d s; "
+        assert re.match(pattern, line), line
     assert lines[-1].endswith(", done")
     assert "\r" not in res.stderr and "progress" not in res.stdout  # the table stays as it was
 
@@ -206,7 +235,8 @@ def test_plot_draws_forward_backward_and_decode_panels(tmp_path, plot_mod):
     (floor,) = [ln for ln in decode.get_lines() if ln.get_label().startswith("copy floor")]
     assert "3.0 TB/s" in floor.get_label() and len(floor.get_xdata()) == 2
     # The forward D=64 non-causal panel: one line per impl over S = 1k, 2k, 4k, values as given.
-    lines = [ln for ln in titles["forward, D=64, non-causal"].get_lines() if len(ln.get_xdata()) > 1]
+    panel = titles["forward, D=64, non-causal"]
+    lines = [ln for ln in panel.get_lines() if len(ln.get_xdata()) > 1]
     assert sorted(list(ln.get_ydata()) for ln in lines) == [[410.24, 420.48, 440.96],
                                                             [460.24, 470.48, 490.96]]
     assert not [ln for ln in titles["forward, D=128, causal"].get_lines() if len(ln.get_xdata())]
@@ -239,7 +269,8 @@ def test_missing_matplotlib_is_one_clear_line(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(tmp_path / "blocked")] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     fwd, _ = synthetic_files(tmp_path)
-    for cmd in ([PLOT, fwd], [BENCH, "--dry-run", "--quick", "--json", tmp_path / "d.json", "--plot"]):
+    bench_cmd = [BENCH, "--dry-run", "--quick", "--json", tmp_path / "d.json", "--plot"]
+    for cmd in ([PLOT, fwd], bench_cmd):
         res = subprocess.run([sys.executable, *map(str, cmd)], capture_output=True, text=True,
                              timeout=120, env=env)
         assert res.returncode == 2
