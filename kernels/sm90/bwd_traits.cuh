@@ -1,0 +1,177 @@
+// sm90/bwd_traits.cuh - the types of the Hopper backward (sm90/bwd_kernel.cuh): its shapes and
+// shared-memory layout (BwdTraits), its tensor maps, its unit of work (Tile, in the order
+// tile_at gives), the mbarriers its threads meet on (BwdBarriers) and the attention mask as the
+// consumers read it (MaskSlice).
+#pragma once
+
+#include "common/sm80_ptx.cuh"  // pack2, smem_addr, fast_exp2
+#include "common/wgmma_generated.cuh"
+#include "dispatch.h"
+#include "flashcore.h"
+#include "sm90/bwd_rows.cuh"
+#include "sm90/ptx.cuh"
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include <type_traits>
+
+namespace flashcore {
+namespace sm90_bwd {
+
+using sm90::fence_registers;
+using sm90::MapOrder;
+using sm90::set_coords;
+using sm90::smem_desc;
+using sm90::tma_load;
+using sm90::wait_barrier;
+using sm90::Wgmma;
+using sm90::wgmma_commit;
+using sm90::wgmma_fence;
+using sm90::WgmmaA;
+using sm90::wgmma_wait;
+namespace ptx = cuda::ptx;
+
+template <int kDim, bool kMaskTiles = false>
+struct BwdTraits {
+    static constexpr int kHeadDim = kDim;
+    static constexpr int kBlockN = FC_SM90_BWD_KEY_BLOCK;  // keys per CTA
+    static constexpr int kBlockM = FC_SM90_BWD_ROW_BLOCK;  // query rows per step
+    static constexpr int kStages = 2;
+    static constexpr int kConsumers = 2;  // warpgroups of 64 keys
+    static constexpr int kConsumerThreads = 128 * kConsumers;
+    static constexpr int kThreads = kConsumerThreads + 128;  // and the producer warpgroup
+    static constexpr int kPanels = kHeadDim / 64;  // 64-column (128-byte) panels per row
+    static constexpr int kKVPanelBytes = kBlockN * 128;
+    static constexpr int kKVBytes = kPanels * kKVPanelBytes;
+    static constexpr int kQPanelBytes = kBlockM * 128;
+    static constexpr int kQBytes = kPanels * kQPanelBytes;
+    static constexpr int kRowTermsBytes = sm90_bwd::kRowTermsBytes;  // delta, then LSE2, of one step
+    static_assert(kRowTermsBytes == 2 * kBlockM * 4, "a step's row terms are its rows' delta and LSE2");
+    // dQ = dS K per step: the warpgroups split its columns (each reads all 128 keys of dS).
+    static constexpr int kDqCols = kHeadDim / 2;
+    // dS^T of the CTA's 128 keys x 64 queries: one 128-byte panel of 128 rows. Two buffers: a
+    // step writes one while the previous step's dQ GEMM may still read the other.
+    static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+    static constexpr int kDsBufs = 2;
+    // Shared memory: K, V, Q ring, dO ring, dS^T buffers, dQ staging, row-terms ring (1024-aligned
+    // tiles: the swizzle atom).
+    static constexpr int kOffK = 0;
+    static constexpr int kOffV = kOffK + kKVBytes;
+    static constexpr int kOffQ = kOffV + kKVBytes;
+    static constexpr int kOffDo = kOffQ + kStages * kQBytes;
+    static constexpr int kOffDs = kOffDo + kStages * kQBytes;
+    // dQ staging: one 64 x D fp32 tile, each warpgroup its columns. Rows of kDqStagePitch bytes,
+    // 8 words past a multiple of 32, so a warp's float2 stores of 8 rows hit every bank once per
+    // half; the accumulator's rows in global memory have the same pitch, so a staged tile is one
+    // bulk reduction.
+    static constexpr int kDqStagePitch = kDqPitch<kHeadDim> * 4;
+    static constexpr int kDqStageBytes = kBlockM * kDqStagePitch;
+    static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;
+    static constexpr int kOffRowTerms = kOffDq + kDqStageBytes;
+    // kMaskTiles (bool masks TMA can read): each step's mask tile, 64 query rows of kMaskBoxKeys
+    // bytes: the block's 128 keys and 16 more, so that rows 2 apart (a warp's reads) start 288
+    // bytes apart and fall in different banks.
+    static constexpr int kMaskBoxKeys = kBlockN + 16;
+    static constexpr int kMaskTileBytes = kMaskTiles ? kBlockM * kMaskBoxKeys : 0;
+    static constexpr int kOffMask = kOffRowTerms + kStages * kRowTermsBytes;
+    static constexpr int kSmemBytes = kOffMask + kStages * kMaskTileBytes + 1024 /* alignment */;
+    static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+    static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+    static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
+    static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register budgets");
+};
+
+struct BwdMaps {
+    CUtensorMap q, dout, k, v;
+    CUtensorMap mask;  // kMaskBoolTiles: the bool mask over (keys, queries, heads, batch)
+    MapOrder q_order, dout_order, k_order, v_order, mask_order;
+    int32_t chunk_pairs;  // the tile order (see Tile): (batch, KV head) pairs per chunk
+};
+
+// The steps of one tile: (query head in the group, query tile) pairs, head-major.
+struct Steps {
+    int m_first, m_count, count;
+    __device__ int head_q(int step, int head_kv, int group) const { return head_kv * group + step / m_count; }
+    __device__ int m_start(int step, int block_m) const { return (m_first + step % m_count) * block_m; }
+};
+
+// One tile of work: a key block of one (batch, KV head) pair and the query steps that see it.
+// Tile indices run in the order the CTAs should take them: chunks of maps.chunk_pairs (batch, KV
+// head) pairs, each chunk's tiles in order of key block, then pair. With one pair per chunk
+// (non-causal) a pair's key blocks run side by side and share its Q and dO tiles in L2; causal
+// chunks hold a few pairs, so that their first key blocks (the most query tiles) start first
+// and the short ones fill the tail.
+struct Tile {
+    int n_start, head_kv, batch, group;
+    Steps steps;
+};
+struct BwdBarriers {
+    uint64_t kv_full;        // K and V of the tile have landed
+    uint64_t kv_empty;       // every consumer thread is done with the tile's K and V
+    uint64_t step_full[2];   // Q, dO, LSE2 and delta of a step have landed
+    uint64_t step_empty[2];  // every consumer thread is done with the stage
+    uint64_t dq_full;        // every consumer warp has staged its share of a step's dQ
+    uint64_t dq_empty;       // the dQ writer's reductions have read the staging
+    uint64_t tile_full[2];   // the producer has published a tile index in the slot
+    uint64_t tile_empty[2];  // every consumer thread, the step loaders and the dQ writer have read it
+    uint64_t claim;          // the Q/dO loader has issued a tile's last step
+    Tile tile[2];            // the CTA's next tiles, decoded once; batch < 0 = no more
+};
+
+template <int kBlockM, int kBlockN, bool kCausal>
+__device__ Tile tile_at(int index, const BwdMaps &maps, const fc_params &f) {
+    const int pairs = static_cast<int>(f.heads_kv * f.batch);
+    const int n_blocks = (static_cast<int>(f.seqlen_k) + kBlockN - 1) / kBlockN;
+    const int chunk = index / (maps.chunk_pairs * n_blocks);
+    const int in_chunk = index % (maps.chunk_pairs * n_blocks);
+    const int chunk_size = min(maps.chunk_pairs, pairs - chunk * maps.chunk_pairs);
+    const int pair = chunk * maps.chunk_pairs + in_chunk % chunk_size;
+    Tile t;
+    t.n_start = in_chunk / chunk_size * kBlockN;
+    t.head_kv = pair % static_cast<int>(f.heads_kv);
+    t.batch = pair / static_cast<int>(f.heads_kv);
+    t.group = static_cast<int>(f.heads_q / f.heads_kv);
+    // Query tiles that see any key of this block: causal, none before row n_start.
+    t.steps.m_first = kCausal ? t.n_start / kBlockM : 0;
+    t.steps.m_count = max(0, (static_cast<int>(f.seqlen_q) + kBlockM - 1) / kBlockM - t.steps.m_first);
+    t.steps.count = t.group * t.steps.m_count;
+    return t;
+}
+
+// The attention mask of masked calls (fc_mask_kind: kMaskNone, kMaskBool, kMaskAdditive), read
+// straight from global memory by each consumer thread for its own (key, query) elements, after
+// the step's rows were prefetched toward L1 at its start (any strides, broadcast dims included).
+// kMaskBoolTiles: a bool mask whose layout TMA can read (keys contiguous, 16-byte aligned rows and
+// strides, queries not broadcast): the Q/dO loader brings each step's tile to shared memory.
+constexpr int kMaskNone = FC_MASK_NONE, kMaskBool = FC_MASK_BOOL, kMaskAdditive = FC_MASK_ADDITIVE,
+              kMaskBoolTiles = 3;
+
+// The attention mask of kMaskBool and kMaskAdditive calls, read straight from global memory by
+// each consumer thread for its own (key, query) elements (see kMaskNone).
+template <typename Elem, int kMask>
+struct MaskSlice {
+    using Value = typename std::conditional<kMask == kMaskAdditive, Elem, uint8_t>::type;
+    const Value *base;  // the (batch, query head) slice
+    int64_t stride_q, stride_k;
+    __device__ MaskSlice(const fc_params &f, int batch, int head_q)
+        : base(static_cast<const Value *>(f.mask) + batch * f.mask_stride_b + head_q * f.mask_stride_h),
+          stride_q(f.mask_stride_q), stride_k(f.mask_stride_k) {}
+    __device__ void prefetch(int query, int key) const {
+        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(base + query * stride_q + key * stride_k));
+    }
+    // x (a base-2 score) with the mask of (query, key) applied.
+    __device__ float apply(float x, int query, int key) const {
+        const Value v = base[query * stride_q + key * stride_k];
+        if constexpr (kMask == kMaskBool) return v != 0 ? x : -INFINITY;
+        else return fmaf(to_float(v), kLog2e, x);
+    }
+    static __device__ float to_float(__half v) { return __half2float(v); }
+    static __device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+};
+
+}  // namespace sm90_bwd
+}  // namespace flashcore
