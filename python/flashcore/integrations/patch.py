@@ -11,6 +11,8 @@ What is routed where:
 
 - plain (non-subclass, non-nested) tensors on CPU or CUDA go to ``torch.ops.flashcore.sdpa``,
   which runs a FlashCore kernel where one covers the call and PyTorch's own SDPA otherwise;
+- DTensors sharded along the sequence go to the op too where FlashCore's context-parallel
+  handlers are enabled (``flashcore.integrations.context_parallel``);
 - everything the op cannot take goes to PyTorch's original function unchanged: nested
   tensors, tensor subclasses or ``__torch_function__`` overrides (DTensor, ...), devices other
   than CPU/CUDA (meta, MPS, XPU, ...), and calls that need autograd (an input requires grad
@@ -56,6 +58,16 @@ def _op_has_autograd() -> bool:
 _OP_AUTOGRAD = _op_has_autograd()
 
 
+def _context_parallel_takes(query, key, value, attn_mask) -> bool:
+    """DTensors under PyTorch's context parallelism, where FlashCore's ring handlers are
+    registered (flashcore.integrations.context_parallel.enable()): they go to FlashCore's op,
+    whose DTensor handlers run PyTorch's ring with FlashCore's kernels per step."""
+    if attn_mask is not None or type(query).__name__ != "DTensor":
+        return False
+    from . import context_parallel
+    return context_parallel.enabled() and context_parallel.takes(query, key, value)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, *, scale=None, enable_gqa=False):
     """``torch.nn.functional.scaled_dot_product_attention`` computed by FlashCore where it can
@@ -69,7 +81,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             query.requires_grad or key.requires_grad or value.requires_grad
             or (attn_mask is not None and attn_mask.requires_grad))))
     )
-    if use_op:
+    if use_op or _context_parallel_takes(query, key, value, attn_mask):
         return torch.ops.flashcore.sdpa(query, key, value, attn_mask, dropout_p, is_causal,
                                         scale=scale, enable_gqa=enable_gqa)
     return _ORIGINAL(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,

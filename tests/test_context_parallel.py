@@ -1,0 +1,100 @@
+"""FlashCore under PyTorch's context parallelism (python/flashcore/integrations/context_parallel.py),
+on CPU processes: two ranks over gloo, flashcore.patch() applied, then
+torch.distributed.tensor.experimental.context_parallel around a call of
+F.scaled_dot_product_attention. The sharded call's output and q/k/v gradients, gathered back
+(context_parallel_unshard), equal the single-process call's (float64) within the float32 rounding
+of the ring's merges, for causal
+(PyTorch's load-balanced ring) and non-causal calls, GQA 4:2. On the CPU each ring step runs
+FlashCore's CPU paths (sdpa_fwd through aten, the Python backward): this checks the registration
+and the ring plumbing; the kernels under CP need the 2-GPU machine (issue 37).
+"""
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import flashcore
+from flashcore.integrations import context_parallel as fc_cp
+
+pytestmark = pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()
+         and fc_cp.available()) or bool(flashcore.FALLBACK_ONLY),
+    reason="needs torch.distributed with gloo, PyTorch's context-parallel internals and "
+           "FlashCore's ops library")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, causal, results):
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        B, Hq, Hkv, S, D = 1, 4, 2, 64, 16
+        q = torch.randn(B, Hq, S, D, dtype=torch.float64)
+        k = torch.randn(B, Hkv, S, D, dtype=torch.float64)
+        v = torch.randn(B, Hkv, S, D, dtype=torch.float64)
+        g = torch.randn(B, Hq, S, D, dtype=torch.float64)
+
+        # The single-process reference, through FlashCore's op.
+        ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref_out = flashcore.sdpa(*ref_in, is_causal=causal, enable_gqa=True)
+        ref_grads = torch.autograd.grad(ref_out, ref_in, g)
+
+        mesh = init_device_mesh("cpu", (world,))
+        fc_cp.enable()
+        # PyTorch's rule: its load-balanced (head-tail) sharding is for causal calls only.
+        from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
+        _cp_options.enable_load_balance = causal
+        cp_q, cp_k, cp_v, cp_g = (t.clone() for t in (q, k, v, g))
+        with flashcore.patched():
+            with context_parallel(mesh, buffers=[cp_q, cp_k, cp_v, cp_g],
+                                  buffer_seq_dims=[2, 2, 2, 2]):
+                inputs = [t.detach().requires_grad_() for t in (cp_q, cp_k, cp_v)]
+                with torch.enable_grad():
+                    out = F.scaled_dot_product_attention(*inputs, is_causal=causal, enable_gqa=True)
+                    grads = torch.autograd.grad(out, inputs, cp_g)
+                # Without gradients: the op itself (flashcore::sdpa), same output.
+                inference = F.scaled_dot_product_attention(cp_q, cp_k, cp_v, is_causal=causal,
+                                                           enable_gqa=True)
+            full = context_parallel_unshard(mesh, [out.detach(), *grads], [2, 2, 2, 2])
+        errors = [(a - b).abs().max().item() for a, b in zip(full, [ref_out, *ref_grads])]
+        errors.append((inference - out.detach()).abs().max().item())
+        results[rank] = (errors, dict(fc_cp.calls))
+    finally:
+        fc_cp.disable()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sharded_equals_single_process(causal):
+    world = 2
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_worker, args=(world, _free_port(), causal, results), nprocs=world, join=True)
+    for rank in range(world):
+        errors, calls = results[rank]
+        # The ring went through FlashCore's ops (its DTensor handlers), forward and backward.
+        assert calls == {"sdpa_fwd": 1, "sdpa": 1, "sdpa_bwd": 1}, calls
+        # The ring merges partial results in float32 (its convert_to_f32 option) whatever the
+        # inputs' dtype: float32 rounding, where a wrong block or merge is off by ~0.1.
+        assert max(errors) < 1e-5, f"rank {rank}: out, dq, dk, dv, inference max errors {errors}"
+
+
+def test_enable_disable_are_symmetric():
+    fc_cp.enable()
+    assert fc_cp.enabled()
+    fc_cp.disable()
+    assert not fc_cp.enabled()
