@@ -93,6 +93,68 @@ def test_sharded_equals_single_process(causal):
         assert max(errors) < 1e-5, f"rank {rank}: out, dq, dk, dv, inference max errors {errors}"
 
 
+def _gpu_worker(rank, world, port, causal, results):
+    """Two GPUs over NCCL, bf16, Llama-8B-like heads (32:8 of 128), S = 8k: the sharded call
+    against the same call on one GPU (FlashCore's kernels both times)."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+    from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        B, Hq, Hkv, S, D = 1, 32, 8, 8192, 128
+        dev, dt = "cuda", torch.bfloat16
+        q = torch.randn(B, Hq, S, D, dtype=dt, device=dev)
+        k, v = (torch.randn(B, Hkv, S, D, dtype=dt, device=dev) for _ in range(2))
+        g = torch.randn(B, Hq, S, D, dtype=dt, device=dev)
+        ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref_out = flashcore.sdpa(*ref_in, is_causal=causal, enable_gqa=True)
+        ref = [ref_out, *torch.autograd.grad(ref_out, ref_in, g)]
+
+        mesh = init_device_mesh("cuda", (world,))
+        fc_cp.enable()
+        _cp_options.enable_load_balance = causal
+        cp_q, cp_k, cp_v, cp_g = (t.clone() for t in (q, k, v, g))
+        with flashcore.patched():
+            with context_parallel(mesh, buffers=[cp_q, cp_k, cp_v, cp_g],
+                                  buffer_seq_dims=[2, 2, 2, 2]):
+                inputs = [t.detach().requires_grad_() for t in (cp_q, cp_k, cp_v)]
+                with torch.enable_grad():
+                    out = F.scaled_dot_product_attention(*inputs, is_causal=causal, enable_gqa=True)
+                    grads = torch.autograd.grad(out, inputs, cp_g)
+            full = context_parallel_unshard(mesh, [out.detach(), *grads], [2, 2, 2, 2])
+        # bf16 results of two summation orders (one GPU, and the ring's float32 merges): within
+        # bf16 rounding of the larger values.
+        errors = [((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1)).item()
+                  for a, b in zip(full, ref)]
+        results[rank] = (errors, dict(fc_cp.calls))
+    finally:
+        fc_cp.disable()
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2
+                         and torch.distributed.is_nccl_available()),
+                    reason="needs 2 CUDA devices and NCCL (the nvidia-h100-x2 machine)")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_two_gpus_sharded_equals_one_gpu(causal):
+    """Written before its first 2-GPU run (issue 37): run it on nvidia-h100-x2."""
+    world = 2
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_gpu_worker, args=(world, _free_port(), causal, results), nprocs=world, join=True)
+    for rank in range(world):
+        errors, calls = results[rank]
+        assert calls["sdpa_fwd"] == 1 and calls["sdpa_bwd"] == 1, calls
+        assert max(errors) < 2e-2, f"rank {rank}: out, dq, dk, dv relative max errors {errors}"
+
+
 def test_enable_disable_are_symmetric():
     fc_cp.enable()
     assert fc_cp.enabled()
