@@ -14,7 +14,9 @@ and per file the geometric mean over the shapes that every file has. Rows are ma
   python bench/compare.py --impl flashcore-sm80 --ref flash runs/*.json
   python bench/compare.py --match 'S=1x' --causal yes a.json b.json
 
-Exit status 2 when a file cannot be read or has no rows for the implementations asked.
+Exit status 2 when a file cannot be read or has no rows for the implementations asked. A dry
+run's JSON (bench.py --dry-run: fake timings, `dry_run: true`) is refused unless --allow-dry, and
+then its column is named with a DRY tag, so fake numbers are never read as a result.
 """
 import argparse
 import json
@@ -36,10 +38,16 @@ def label(key):
     return text, dtype, "yes" if causal else "no"
 
 
-def ratios(path, impl, ref):
-    """{row key: ref_us / impl_us} for the rows where both ran and were timed."""
+def load(path):
+    """(rows, dry): a bench.py JSON's rows, and whether it came from a dry run."""
     with open(path) as f:
-        rows = json.load(f)["rows"]
+        data = json.load(f)
+    rows = data["rows"]
+    return rows, bool(data.get("dry_run")) or any(r.get("dry_run") for r in rows)
+
+
+def ratios(rows, impl, ref):
+    """{row key: ref_us / impl_us} for the rows where both ran and were timed."""
     times = {}
     for r in rows:
         if r.get("status") == "ok" and r.get("us"):
@@ -58,15 +66,24 @@ def main(argv=None):
     ap.add_argument("--ref", default="cudnn", help="reference implementation (default cudnn)")
     ap.add_argument("--match", metavar="REGEX", help="only shapes whose label matches")
     ap.add_argument("--causal", choices=["yes", "no"], help="only causal (yes) or non-causal (no) rows")
+    ap.add_argument("--allow-dry", action="store_true",
+                    help="accept dry-run JSONs (fake timings; their columns are tagged DRY)")
     args = ap.parse_args(argv)
 
-    per_file = []
+    per_file, dry_files = [], set()
     for path in args.files:
         try:
-            r = ratios(path, args.impl, args.ref)
+            rows, dry = load(path)
+            r = ratios(rows, args.impl, args.ref)
         except (OSError, ValueError, KeyError) as e:
             print(f"compare: cannot read {path}: {e}", file=sys.stderr)
             return 2
+        if dry and not args.allow_dry:
+            print(f"compare: {path} is a dry run (fake timings); pass --allow-dry to compare it "
+                  "anyway", file=sys.stderr)
+            return 2
+        if dry:
+            dry_files.add(path)
         if not r:
             print(f"compare: {path} has no rows where both {args.impl} and {args.ref} ran",
                   file=sys.stderr)
@@ -82,7 +99,8 @@ def main(argv=None):
         print("compare: no shape left after the filters", file=sys.stderr)
         return 2
 
-    names = [p.rsplit("/", 1)[-1].removesuffix(".json") for p in args.files]
+    names = [("DRY " if p in dry_files else "") + p.rsplit("/", 1)[-1].removesuffix(".json")
+             for p in args.files]
     width = max(10, *(len(n) for n in names))
     print(f"{args.ref} time / {args.impl} time, per pass (> 1: {args.impl} faster)")
     print(f"{'shape':<30} {'dtype':<5} {'causal':<6} " + " ".join(f"{n:>{width}}" for n in names))

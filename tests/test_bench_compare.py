@@ -55,3 +55,17 @@ def test_missing_file_and_unknown_impl_exit_2():
     assert run(REPO / "no_such.json").returncode == 2
     res = run(FINAL, "--impl", "nonexistent")
     assert res.returncode == 2 and "no rows" in res.stderr
+
+
+def test_dry_run_json_is_refused_unless_allowed(tmp_path):
+    """A dry run's JSON (fake timings) is refused; with --allow-dry its column says DRY."""
+    data = json.loads(FINAL.read_text())
+    data["dry_run"] = True
+    dry = tmp_path / "dry.json"
+    dry.write_text(json.dumps(data))
+    res = run(FINAL, dry)
+    assert res.returncode == 2 and "dry run" in res.stderr and "--allow-dry" in res.stderr
+    res = run(FINAL, dry, "--allow-dry")
+    assert res.returncode == 0, res.stderr
+    header = res.stdout.splitlines()[1]
+    assert "DRY dry" in header and "DRY nvidia" not in header
