@@ -117,8 +117,8 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                 const int m_first = tile.steps.m_first, m_end = m_first + tile.steps.m_count;
                 const int head_end = (tile.head_kv + 1) * tile.group;
                 for (int head_q = tile.head_kv * tile.group; head_q < head_end; ++head_q) {
-                    float *head_rows = ws.dq_accum + (static_cast<int64_t>(tile.batch) * f.heads_q + head_q) *
-                                                         ws.padded_seqlen * kDqPitch<kHeadDim>;
+                    float *head_rows =
+                        ws.dq_accum + ws.dq_at(static_cast<int64_t>(tile.batch) * f.heads_q + head_q, 0, kDqPitch<kHeadDim>);
                     for (int m = m_first; m < m_end; ++m, ++step_all) {
                         wait_barrier(&bars.dq_full, step_all & 1);
                         float *rows = head_rows + static_cast<int64_t>(m) * kBlockM * kDqPitch<kHeadDim>;

@@ -38,6 +38,10 @@ struct Workspace {
     __host__ __device__ int64_t delta_at(int64_t slice, int64_t row) const {
         return (slice * padded_seqlen + row / kRowBlock * kRowBlock) * 2 + row % kRowBlock;
     }
+    // Offset in dq_accum of padded row `row` of a slice, in rows of kDqPitch<D> floats.
+    __host__ __device__ int64_t dq_at(int64_t slice, int64_t row, int pitch) const {
+        return (slice * padded_seqlen + row) * pitch;
+    }
 };
 constexpr int kRowTermsBytes = 2 * FC_SM90_BWD_ROW_BLOCK * 4;
 // Floats per row of the dq accumulator (its rows are padded like the kernel's staging).
@@ -80,8 +84,8 @@ __global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
         return cuda::std::pair<const Elem *, const Elem *>(dout, out);
     });
     if (row >= ws.padded_seqlen) return;
-    const int64_t idx = (static_cast<int64_t>(batch) * f.heads_q + head) * ws.padded_seqlen + row;
-    float4 *dq_row = reinterpret_cast<float4 *>(ws.dq_accum + idx * kDqPitch<kHeadDim>);
+    float4 *dq_row = reinterpret_cast<float4 *>(
+        ws.dq_accum + ws.dq_at(static_cast<int64_t>(batch) * f.heads_q + head, row, kDqPitch<kHeadDim>));
     const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
     dq_row[2 * chunk] = dq_row[2 * chunk + 1] = zero;
     if (chunk == 0) dq_row[kHeadDim / 4] = dq_row[kHeadDim / 4 + 1] = zero;  // the row's padding
@@ -106,9 +110,8 @@ __global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) 
     const int head = lane.head, batch = lane.batch, chunk = lane.chunk;
     const int64_t row = lane.row;
     if (row >= f.seqlen_q) return;
-    const float *acc = ws.dq_accum +
-                       ((static_cast<int64_t>(batch) * f.heads_q + head) * ws.padded_seqlen + row) * kDqPitch<kHeadDim> +
-                       chunk * 8;
+    const float *acc =
+        ws.dq_accum + ws.dq_at(static_cast<int64_t>(batch) * f.heads_q + head, row, kDqPitch<kHeadDim>) + chunk * 8;
     const float4 lo = *reinterpret_cast<const float4 *>(acc), hi = *reinterpret_cast<const float4 *>(acc + 4);
     const float s = f.scale;
     uint4 packed;
