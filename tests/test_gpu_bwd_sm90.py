@@ -51,8 +51,10 @@ def poison_allocator():
     torch.full((n,), float("nan"), dtype=torch.float32, device=DEVICE)
 
 
-def reference64(q, k, v, g_out, is_causal, g_lse=None):
-    """float64 autograd of (softmax(q k^T / sqrt(D) [causal]) v, logsumexp) (top-left causal)."""
+def reference64(q, k, v, g_out, is_causal, g_lse=None, mask=None):
+    """float64 autograd of (softmax(q k^T / sqrt(D) [+ mask] [causal]) v, logsumexp) (top-left
+    causal; a bool mask keeps True, an additive one is added); a row that sees no key gives
+    zeros, as FlashCore's forward does."""
     group = q.shape[1] // k.shape[1]
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     kk, vv = (t.repeat_interleave(group, dim=1) for t in (k64, v64))
@@ -60,19 +62,23 @@ def reference64(q, k, v, g_out, is_causal, g_lse=None):
     if is_causal:
         sq, sk = q.shape[2], k.shape[2]
         s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool, device=DEVICE).tril(), float("-inf"))
-    out = torch.softmax(s, -1) @ vv
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.double()
+    dead = torch.isneginf(s).all(-1, keepdim=True)  # rows that see no key: P = 0, no NaN
+    out = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0) @ vv
     loss = (out * g_out.double()).sum()
     if g_lse is not None:
         loss = loss + (s.logsumexp(-1) * g_lse.double()).sum()
     return torch.autograd.grad(loss, (q64, k64, v64))
 
 
-def pytorch_low(q, k, v, g_out, is_causal):
-    """PyTorch's default SDPA gradients in the inputs' dtype: the low-precision error to match."""
+def pytorch_low(q, k, v, g_out, is_causal, mask=None):
+    """PyTorch's default SDPA gradients in the inputs' dtype: the low-precision error to match
+    (NaN, which some backends give rows that see no key, read as 0)."""
     inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(*inputs, is_causal=is_causal,
+    out = F.scaled_dot_product_attention(*inputs, attn_mask=mask, is_causal=is_causal,
                                          enable_gqa=q.shape[1] != k.shape[1])
-    return torch.autograd.grad(out, inputs, g_out)
+    return tuple(g.nan_to_num(0.0) for g in torch.autograd.grad(out, inputs, g_out))
 
 
 def kernel_grads(q, k, v, g_out, is_causal, deterministic=False, g_lse=None):
@@ -180,22 +186,6 @@ def test_sm90_run_to_run():
 
 # ---- attn_mask (bool and additive, broadcast views; the sm90 family takes masks, not causal) ----
 
-def masked_reference64(q, k, v, g_out, mask):
-    """float64 autograd of softmax(q k^T / sqrt(D) + mask) v; a fully masked row gives zeros."""
-    group = q.shape[1] // k.shape[1]
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    kk, vv = (t.repeat_interleave(group, dim=1) for t in (k64, v64))
-    s = q64 @ kk.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if mask.dtype == torch.bool:
-        s = s.masked_fill(~mask, float("-inf"))
-    else:
-        s = s + mask.double()
-    dead = torch.isneginf(s).all(-1, keepdim=True)  # rows that see no key: P = 0, no NaN
-    p = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
-    out = p @ vv
-    return torch.autograd.grad((out * g_out.double()).sum(), (q64, k64, v64))
-
-
 def make_mask(kind, B, Hq, Sq, Sk, dtype, layout):
     """A mask of `kind` ("bool" or "additive") as a view of `layout`: "b1qk" (B, 1, Sq, Sk), "qk"
     (Sq, Sk), "bhqk_t" (B, Hq, Sq, Sk) made from a key-major tensor (strided keys). Rows 3, 10,
@@ -241,12 +231,8 @@ def test_sm90_masked_grads(dtype, D, kind, layout, shape):
     assert flashcore.explain_backward(*args, attn_mask=mask) == "kernel sm90"
     poison_allocator()
     got = BWD_KERNEL(*args, attn_mask=mask)
-    # The low-precision yardstick: the same masked call through PyTorch's own SDPA backward.
-    inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
-    low = torch.autograd.grad(F.scaled_dot_product_attention(*inputs, attn_mask=mask, enable_gqa=gqa),
-                              inputs, g_out)
-    low = tuple(t.nan_to_num(0.0) for t in low)
-    check(got, masked_reference64(q, k, v, g_out, mask), low, dtype, f"{shape} {kind} {layout} D={D}")
+    check(got, reference64(q, k, v, g_out, False, mask=mask), pytorch_low(q, k, v, g_out, False, mask),
+          dtype, f"{shape} {kind} {layout} D={D}")
 
 
 def test_sm90_masked_declines_what_it_cannot_take():
@@ -292,7 +278,5 @@ def test_sm90_masked_autograd_through_sdpa():
         got = torch.autograd.grad(out, (q, k, v), g_out)
     finally:
         del os.environ["FLASHCORE_TRAINING"]
-    inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
-    low = torch.autograd.grad(F.scaled_dot_product_attention(*inputs, attn_mask=mask, enable_gqa=True),
-                              inputs, g_out)
-    check(got, masked_reference64(q, k, v, g_out, mask), low, dtype, "sdpa autograd, HF-style mask")
+    check(got, reference64(q, k, v, g_out, False, mask=mask), pytorch_low(q, k, v, g_out, False, mask),
+          dtype, "sdpa autograd, HF-style mask")
