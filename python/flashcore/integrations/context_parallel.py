@@ -105,18 +105,10 @@ def takes(query, key, value) -> bool:
 
 def _local_qkv(name, query, key, value):
     """The local shards and the mesh of DTensors sharded along the sequence, or a clear error."""
-    from torch.distributed.tensor import DTensor, Shard
-    tensors = (query, key, value)
-    if not all(isinstance(t, DTensor) for t in tensors):
+    if not takes(query, key, value):
         raise RuntimeError(f"flashcore {name} under context parallelism: query, key and value "
-                           "must all be DTensors")
-    mesh = query.device_mesh
-    for t in tensors:
-        if t.device_mesh != mesh or tuple(t.placements) != (Shard(_SEQ_DIM),):
-            raise RuntimeError(f"flashcore {name} under context parallelism: query, key and value "
-                               f"must be sharded along dim {_SEQ_DIM} on one 1-D mesh (got "
-                               f"{tuple(t.placements)})")
-    return mesh, tuple(t.to_local() for t in tensors)
+                           f"must be DTensors sharded along dim {_SEQ_DIM} on one 1-D mesh")
+    return query.device_mesh, tuple(t.to_local() for t in (query, key, value))
 
 
 def _wrap(mesh, *tensors):
