@@ -183,6 +183,8 @@ static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_ma
     if (!fc_family_runs_on_(family, cc_major, cc_minor)) return FC_UNSUPPORTED_FAMILY;
     /* Masks: the Hopper family only, and not with causal (PyTorch's SDPA never asks for both). */
     if (p->fwd.mask_kind != FC_MASK_NONE && (family != FC_FAMILY_SM90 || p->fwd.causal)) return FC_UNSUPPORTED_MASK;
+    /* A window or bottom-right causal band (dispatch.h): no backward kernel has one yet. */
+    if (p->fwd.band_ == FC_BAND_GENERAL_) return FC_UNSUPPORTED_BAND;
     if ((*entry = find_bwd_kernel(family, &p->fwd)) == NULL) return FC_UNSUPPORTED_HEAD_DIM;
     if (family == FC_FAMILY_SM90 && !sm90_takes_layout(p)) return FC_UNSUPPORTED_LAYOUT;
     return FC_OK;
@@ -191,7 +193,10 @@ static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_ma
 /* The kernel for validated params, or the FC_UNSUPPORTED_* reason. AUTO takes the Hopper family
  * where it runs the call and determinism is not asked for, else the sm80-class family (so a
  * masked call the Hopper family cannot take is declined with FC_UNSUPPORTED_MASK). */
-static fc_status bwd_dispatch(const fc_bwd_params *p, int cc_major, int cc_minor, const bwd_entry **entry) {
+static fc_status bwd_dispatch(const fc_bwd_params *user, int cc_major, int cc_minor, const bwd_entry **entry) {
+    fc_bwd_params resolved = *user;
+    fc_resolve_band_(&resolved.fwd);
+    const fc_bwd_params *p = &resolved;
     const fc_params *f = &p->fwd;
     if (f->dtype != FC_DTYPE_FP16 && f->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
     const bwd_entry *found = NULL;
@@ -257,7 +262,9 @@ FC_API fc_status fc_sdpa_bwd(const fc_bwd_params *p, cudaStream_t stream) {
     if ((s = bwd_dispatch(p, major, minor, &entry)) != FC_OK) return s;
     if (p->workspace == NULL || p->workspace_bytes < bwd_workspace_bytes(&p->fwd, entry->family))
         return FC_ERR_BAD_WORKSPACE;
-    const cudaError_t err = entry->launch(p, stream);
+    fc_bwd_params run = *p;
+    fc_resolve_band_(&run.fwd);
+    const cudaError_t err = entry->launch(&run, stream);
     fc_set_last_cuda_error_(err);
     return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }

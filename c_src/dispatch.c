@@ -217,6 +217,13 @@ static int family_takes_mask(fc_family family, const fc_params *p) {
     return p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80;
 }
 
+/* A general band (a window, or causal aligned bottom-right with seqlen_q != seqlen_k; dispatch.h)
+ * runs in the Hopper family's forward alone: its key loop starts and ends at the band's edges
+ * (kernels/fwd_sm90.cuh). It has no mask path, so a band with a mask runs nowhere. */
+static int family_takes_band(fc_family family, const fc_params *p) {
+    return p->band_ != FC_BAND_GENERAL_ || (family == FC_FAMILY_SM90 && p->mask_kind == FC_MASK_NONE);
+}
+
 /* Would a family other than sm80 that runs here have a kernel for this call without its mask? */
 static int unmasked_kernel_elsewhere(const fc_params *p, int cc_major, int cc_minor) {
     const fc_family others[] = {FC_FAMILY_DECODE, FC_FAMILY_SM90};
@@ -321,8 +328,11 @@ static int sm90_reads_decode_faster(const fc_params *p, int cc_major, int cc_min
     return pairs * p->seqlen_k >= FC_DECODE_SM90_SPLIT_MIN_KEY_ROWS && sm90_decode_block_per_pair(p);
 }
 
-fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_fn *launch,
+fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_launch_fn *launch,
                       fc_family *family) {
+    fc_params resolved = *user;
+    fc_resolve_band_(&resolved);
+    const fc_params *p = &resolved;
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
 
     /* Families in order of preference; a forced family is the only candidate. The decode
@@ -331,6 +341,7 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
     const size_t n_candidates = p->family == FC_FAMILY_AUTO ? 3 : 1;
     int any_family_runs = 0;
     int declined_as_slower = 0;
+    int declined_for_band = 0;
     for (size_t i = 0; i < n_candidates; ++i) {
         const fc_family f = p->family == FC_FAMILY_AUTO ? preference[i] : p->family;
         if (!fc_family_runs_on_(f, cc_major, cc_minor)) continue;
@@ -342,6 +353,10 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
             declined_as_slower = 1;
             continue;
         }
+        if (e != NULL && family_takes_layout(f, p) && family_takes_mask(f, p) && !family_takes_band(f, p)) {
+            declined_for_band = 1;
+            continue;
+        }
         if (e != NULL && family_takes_layout(f, p) && family_takes_mask(f, p)) {
             if (launch != NULL) *launch = e->launch;
             if (family != NULL) *family = f;
@@ -351,6 +366,7 @@ fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_
     if (!any_family_runs)
         return p->family == FC_FAMILY_AUTO ? FC_UNSUPPORTED_ARCH : FC_UNSUPPORTED_FAMILY;
     if (declined_as_slower) return FC_UNSUPPORTED_SLOWER;
+    if (declined_for_band) return FC_UNSUPPORTED_BAND;
     /* A mask with a forced family that has none, or (auto) a head dim only those families have. */
     if (p->mask_kind != FC_MASK_NONE &&
         (p->family == FC_FAMILY_SM90 || p->family == FC_FAMILY_DECODE ||

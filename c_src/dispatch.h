@@ -11,6 +11,13 @@
 extern "C" {
 #endif
 
+/* Helpers below marked so are also called from the kernels. */
+#if defined(__CUDACC__)
+#define FC_HOST_DEVICE __host__ __device__
+#else
+#define FC_HOST_DEVICE
+#endif
+
 /* Every kernel instantiation exposes one launcher of this type (kernels/fwd_*_hdim*_*.cu). */
 typedef cudaError_t (*fc_launch_fn)(const fc_params *p, cudaStream_t stream);
 
@@ -75,6 +82,31 @@ int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave);
  * tiles: 128 CTAs of 2 tiles, not 132 of which 8 idle for the second round.
  * FLASHCORE_SM90_BALANCED=0 gives the full wave (A/B runs; read per call). */
 int64_t fc_balanced_grid(int64_t tiles, int64_t sms);
+/* fc_params.band_: what the band is, once resolved (fc_resolve_band_). The band itself is
+ * fc_band_bounds's (flashcore.h): query row i sees keys i + lo .. i + hi. */
+enum { FC_BAND_UNRESOLVED_ = 0, FC_BAND_NONE_ = 1, FC_BAND_CAUSAL_ = 2, FC_BAND_GENERAL_ = 3 };
+/* On the library's own copy of a validated struct, before anything reads `causal`: a band that is
+ * every key (NONE) or plain top-left causal (CAUSAL) becomes exactly that (causal 0 or 1, no
+ * window, top-left), so the kernels without a band path run it; any other band (GENERAL) keeps
+ * its numbers in band_lo_ / band_hi_ and sets causal = 1, so that every rule that treats a causal
+ * call as masked (decode packing, split heuristics) treats it so. Idempotent. */
+void fc_resolve_band_(fc_params *p);
+/* Key tiles [*first, *end) of `block_keys`-key tiles that rows [row0, row1) see under a general
+ * band (empty when first == end); the kernels and the launchers' heuristics share it. */
+FC_HOST_DEVICE static inline void fc_band_key_tiles(int64_t row0, int64_t row1, int64_t lo, int64_t hi,
+                                                    int64_t seqlen_k, int64_t block_keys, int64_t *first,
+                                                    int64_t *end) {
+    int64_t k0 = row0 + lo, k1 = row1 - 1 + hi; /* first and last key seen */
+    if (k0 < 0) k0 = 0;
+    if (k1 > seqlen_k - 1) k1 = seqlen_k - 1;
+    if (k1 < k0) {
+        *first = *end = 0;
+        return;
+    }
+    *first = k0 / block_keys;
+    *end = k1 / block_keys + 1;
+}
+
 /* Keys the longest query block sees: causal (top-left aligned) rows see no key past their own
  * index, so a causal call with fewer queries than keys reads only its first seqlen_q keys. */
 static inline int64_t fc_longest_key_run(int64_t seqlen_q, int64_t seqlen_k, int causal) {
@@ -124,11 +156,6 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
 #define FC_SM90_BWD_KEY_BLOCK 128
 #define FC_SM90_BWD_DQ_PAD 8
 #define FC_SM90_BWD_COUNTER_BYTES 16
-#if defined(__CUDACC__)
-#define FC_HOST_DEVICE __host__ __device__ /* also called from the kernels */
-#else
-#define FC_HOST_DEVICE
-#endif
 static inline FC_HOST_DEVICE int64_t fc_sm90_bwd_padded_seqlen(const fc_params *f) {
     return (f->seqlen_q + FC_SM90_BWD_ROW_BLOCK - 1) / FC_SM90_BWD_ROW_BLOCK * FC_SM90_BWD_ROW_BLOCK;
 }

@@ -46,6 +46,8 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_UNSUPPORTED_FAMILY] = "the forced kernel family is not built into this library or cannot run on this GPU",
     [FC_UNSUPPORTED_LAYOUT] = "the forced kernel family cannot take these inputs (sm90: a nonzero stride on every dim of size > 1, scale > 0, and for its backward at most 2^31 - 1 key blocks x KV heads x batch; decode: at most 16 query rows, and 32 rows per KV head)",
     [FC_ERR_CUDA] = "a CUDA call or kernel launch failed (fc_last_cuda_error() has the CUDA error)",
+    [FC_ERR_BAD_WINDOW] = "with windowed set, window_left and window_right must be -1 (unbounded) or >= 0; alignment must be FC_ALIGN_TOP_LEFT or FC_ALIGN_BOTTOM_RIGHT",
+    [FC_UNSUPPORTED_BAND] = "a sliding window or a bottom-right causal band runs only in the sm90 family's forward (head dims 64, 128, 256, without a mask); no kernel here takes this call",
     [FC_UNSUPPORTED_SLOWER] = "on sm_90 only the sm80-class family has this head dim, and PyTorch's own SDPA (cuDNN) runs it faster (about 1.7x, bench/NOTES.md); force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
 };
 
@@ -147,6 +149,8 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
     if (p->q == NULL || p->k == NULL || p->v == NULL || p->out == NULL) return FC_ERR_NULL_POINTER;
     if (p->mask_kind != FC_MASK_NONE && p->mask == NULL) return FC_ERR_NULL_POINTER;
     if (!isfinite(p->scale)) return FC_ERR_BAD_SCALE;
+    if (p->alignment != FC_ALIGN_TOP_LEFT && p->alignment != FC_ALIGN_BOTTOM_RIGHT) return FC_ERR_BAD_WINDOW;
+    if (p->windowed && (p->window_left < -1 || p->window_right < -1)) return FC_ERR_BAD_WINDOW;
 
     const operand ops[4] = {
         {{p->batch, p->heads_q, p->seqlen_q, p->head_dim},
@@ -279,10 +283,13 @@ typedef struct {
     int packs;
 } launch_plan;
 
-static fc_status plan(const fc_params *p, launch_plan *out) {
+static fc_status plan(const fc_params *user, launch_plan *out) {
     *out = (launch_plan){NULL, FC_FAMILY_AUTO, 1, 0, 0};
-    fc_status s = fc_params_validate(p);
+    fc_status s = fc_params_validate(user);
     if (s != FC_OK) return s;
+    fc_params resolved = *user;
+    fc_resolve_band_(&resolved);
+    const fc_params *p = &resolved;
     int major = 0, minor = 0, sms = 0;
     s = device_info(NULL, &major, &minor, &sms);
     if (s != FC_OK) return s;
@@ -336,6 +343,7 @@ FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
     if (s != FC_OK) return s;
     const fc_launch_fn launch = run_plan.launch;
     fc_params run = *p;
+    fc_resolve_band_(&run);
     /* A one-row GQA call in the Hopper family runs as one block of the group's rows per KV head. */
     if (run_plan.packs) fc_pack_decode_gqa(&run);
     /* Without enough workspace the decode path runs unsplit: slower on a small batch, same result. */
@@ -375,6 +383,39 @@ FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
 }
 
 /* ---- shared with c_src/bwd.c (declared in dispatch.h) ---- */
+
+FC_API int fc_band_bounds(int64_t seqlen_q, int64_t seqlen_k, int causal, int64_t window_left,
+                          int64_t window_right, fc_alignment alignment, int64_t *lo, int64_t *hi) {
+    if (seqlen_q < 1 || seqlen_k < 1 || window_left < -1 || window_right < -1) return -1;
+    const int64_t diag = alignment == FC_ALIGN_BOTTOM_RIGHT ? seqlen_k - seqlen_q : 0; /* row 0's diagonal key */
+    const int64_t all_lo = -(seqlen_q - 1), all_hi = seqlen_k - 1;
+    int64_t l = all_lo, h = all_hi;
+    /* (Compared before subtracting: a window of up to INT64_MAX must not overflow.) */
+    if (window_left >= 0 && window_left < diag - all_lo) l = diag - window_left;
+    if (window_right >= 0 && window_right < all_hi - diag) h = diag + window_right;
+    if (causal && diag < h) h = diag;
+    if (lo != NULL) *lo = l;
+    if (hi != NULL) *hi = h;
+    if (l == all_lo && h == all_hi) return FC_BAND_ALL;
+    return l == all_lo && h == 0 ? FC_BAND_TOP_LEFT_CAUSAL : FC_BAND_OTHER;
+}
+
+void fc_resolve_band_(fc_params *p) {
+    if (p->band_ != FC_BAND_UNRESOLVED_) return;
+    int64_t lo = 0, hi = 0;
+    const int kind = fc_band_bounds(p->seqlen_q, p->seqlen_k, p->causal, p->windowed ? p->window_left : -1,
+                                    p->windowed ? p->window_right : -1, p->alignment, &lo, &hi);
+    /* (Validated structs have sizes >= 1 and windows >= -1 when they reach a launch; empty
+     * ones count as no band.) */
+    p->band_ = kind == FC_BAND_OTHER ? FC_BAND_GENERAL_ : kind == FC_BAND_TOP_LEFT_CAUSAL ? FC_BAND_CAUSAL_ : FC_BAND_NONE_;
+    p->causal = p->band_ != FC_BAND_NONE_;
+    p->windowed = 0;
+    p->window_left = p->window_right = -1;
+    p->alignment = FC_ALIGN_TOP_LEFT;
+    /* (Validation keeps both lengths below 2^31 - 256, so the offsets fit an int.) */
+    p->band_lo_ = p->band_ == FC_BAND_GENERAL_ ? (int)lo : 0;
+    p->band_hi_ = p->band_ == FC_BAND_GENERAL_ ? (int)hi : 0;
+}
 
 fc_status fc_device_info_(int *device, int *major, int *minor, int *sms) {
     return device_info(device, major, minor, sms);

@@ -60,9 +60,9 @@ typedef enum fc_mask_kind {
     FC_MASK_ADDITIVE = 2, /* same dtype as q, added to the scaled scores (-inf = masked) */
 } fc_mask_kind;
 
-/* Every outcome of a call. fc_status_string() gives a sentence for each. Statuses from
- * FC_ERR_NULL_PARAMS to FC_ERR_OFFSET_OVERFLOW mean the struct is inconsistent (a caller bug);
- * FC_UNSUPPORTED_* mean the struct is valid but no kernel covers it (the op falls back). */
+/* Every outcome of a call. fc_status_string() gives a sentence for each. FC_ERR_* other than
+ * FC_ERR_CUDA mean the struct is inconsistent (a caller bug); FC_UNSUPPORTED_* mean the struct
+ * is valid but no kernel covers it (the op falls back). (New statuses go at the end.) */
 typedef enum fc_status {
     FC_OK = 0,
     FC_ERR_NULL_PARAMS,          /* the params pointer is NULL */
@@ -88,8 +88,17 @@ typedef enum fc_status {
     FC_UNSUPPORTED_LAYOUT,       /* the forced family cannot take these strides or this scale (sm90: broadcast dim, scale <= 0) */
     FC_UNSUPPORTED_SLOWER,       /* AUTO on sm_90, no mask, a head dim only the sm80 family has: PyTorch's cuDNN path is faster */
     FC_ERR_CUDA,                 /* a CUDA runtime call or the launch failed (see fc_last_cuda_error) */
+    FC_ERR_BAD_WINDOW,           /* windowed with window_left or window_right below -1, or alignment not an fc_alignment */
+    FC_UNSUPPORTED_BAND,         /* a window or bottom-right causal band that no family here runs (sm90 forward only; not with a mask) */
     FC_STATUS_COUNT_             /* number of statuses; not a status */
 } fc_status;
+
+/* Where the diagonal lies when seqlen_q != seqlen_k, for `causal` and for the window. */
+typedef enum fc_alignment {
+    FC_ALIGN_TOP_LEFT = 0,     /* query i's diagonal key is i (PyTorch's is_causal, causal_upper_left) */
+    FC_ALIGN_BOTTOM_RIGHT = 1, /* query i's diagonal key is i + seqlen_k - seqlen_q (FlashAttention's;
+                                * causal_lower_right; the last query sees the last key) */
+} fc_alignment;
 
 /*
  * One attention call. Tensors are (batch, heads, seqlen, head_dim) in any strides whose last
@@ -114,7 +123,8 @@ typedef struct fc_params {
     int64_t mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_k; /* elements; 0 = broadcast */
 
     float scale;        /* multiplies q.k; PyTorch's default is 1/sqrt(head_dim) */
-    int causal;         /* nonzero: query i attends to keys 0..i (top-left aligned) */
+    int causal;         /* nonzero: query i attends to no key past its diagonal key d(i): i
+                         * (top-left, the default) or as `alignment` below says */
     fc_dtype dtype;     /* of q, k, v and out */
     fc_mask_kind mask_kind;
     fc_family family;   /* FC_FAMILY_AUTO unless forcing a family */
@@ -126,6 +136,19 @@ typedef struct fc_params {
     int64_t workspace_bytes;
 
     int num_splits_; /* internal: set by the library on its own copy; callers leave it 0 */
+
+    /* (Fields below were appended after 0.1; earlier fields keep their offsets.) */
+    /* Sliding window (FlashAttention's window_size): with `windowed` nonzero, query i sees only
+     * keys d(i) - window_left .. d(i) + window_right, -1 meaning unbounded on that side; with
+     * `causal` too, nothing past d(i). A row that sees no key gives zeros and LSE -inf. Zero
+     * (the default) means no window. */
+    int windowed;
+    int64_t window_left, window_right;
+    fc_alignment alignment; /* of causal and the window; FC_ALIGN_TOP_LEFT (0) by default */
+
+    /* internal, set by the library on its own copy (fc_resolve_band_); callers leave them 0 */
+    int band_;               /* 0 unresolved; then FC_BAND_NONE_ / _CAUSAL_ / _GENERAL_ (dispatch.h) */
+    int band_lo_, band_hi_;  /* FC_BAND_GENERAL_: query i sees keys i + band_lo_ .. i + band_hi_ */
 } fc_params;
 
 /* Zero every field, then set scale = 0 (caller must set it), family = AUTO, mask NONE. */
@@ -133,6 +156,19 @@ void fc_params_init(fc_params *p);
 
 /* Fill every stride for contiguous (B, H, S, D) tensors from the sizes already set. */
 void fc_params_set_contiguous_strides(fc_params *p);
+
+/*
+ * The keys query row i sees under `causal`, the window and the alignment: i + *lo .. i + *hi,
+ * clipped to 0 .. seqlen_k - 1. Unbounded sides come out as lo = -(seqlen_q - 1) and
+ * hi = seqlen_k - 1, so two ways of asking for the same band give the same numbers. Returns
+ * FC_BAND_ALL (0) when that is every key, FC_BAND_TOP_LEFT_CAUSAL (1) when it is plain top-left
+ * causal (what every kernel runs), FC_BAND_OTHER (2) otherwise (only the sm90 forward runs it;
+ * elsewhere FC_UNSUPPORTED_BAND), or -1 for sizes below 1 or a window below -1. Plain values,
+ * so that bindings without the struct (Python's ctypes) can ask too; window -1 = unbounded.
+ */
+enum { FC_BAND_ALL = 0, FC_BAND_TOP_LEFT_CAUSAL = 1, FC_BAND_OTHER = 2 };
+int fc_band_bounds(int64_t seqlen_q, int64_t seqlen_k, int causal, int64_t window_left, int64_t window_right,
+                   fc_alignment alignment, int64_t *lo, int64_t *hi);
 
 /* A sentence describing the status; never NULL. */
 const char *fc_status_string(fc_status status);

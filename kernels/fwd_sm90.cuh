@@ -495,9 +495,15 @@ constexpr int kTracePerWg = 4096, kTraceCtas = 160;
 __device__ unsigned long long g_trace[kTraceCtas * 4 * kTracePerWg];
 #endif
 
-template <typename Elem, int kHeadDim, bool kCausal, int kShape>
+// kBand: a general band (fc_band_bounds in c_src/flashcore.h: a sliding window, or causal aligned
+// bottom-right): row i sees keys i + p.band_lo_ .. i + p.band_hi_. It runs as a causal kernel
+// (kCausal, its configurations) whose key range starts and ends at the block's band edges, with
+// the per-element compare on every tile an edge crosses; the top-left diagonal's shortcuts
+// (kHalfTiles, the 64-key halves) are off. Rows that see no key give zeros and LSE -inf.
+template <typename Elem, int kHeadDim, bool kCausal, int kShape, bool kBand = false>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kCausal, kShape>::kThreads, 1)
 fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
+    static_assert(!kBand || kCausal, "a band runs in the causal configurations");
     using T = FwdTraits<kHeadDim, kCausal, kShape>;
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
     constexpr int kNTiles = kBlockN / 8;   // 8-column accumulator tiles of S
@@ -510,7 +516,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // tile sees only that tile's first 64 keys, so its P V on that tile runs on those 64 keys
     // (half_tile in the key loop). The S GEMM on 64 keys too (m64n64 into half of S) made ptxas
     // serialise the wgmma pipeline (C7511) in D=64 LONG and D=128: causal 2k-4k 0.73-0.78 of cuDNN.
-    constexpr bool kHalfTiles = kCausal && kBlockN == 128 && kKeySplit == 1;
+    constexpr bool kHalfTiles = kCausal && !kBand && kBlockN == 128 && kKeySplit == 1;
     // A warpgroup with no live row skips its key tiles (seen_end in the key loop). Only where the
     // loop has no carried S (kCarryS issues the next tile's S in the section it assumes is last).
     constexpr bool kSkipDeadRows = kHeadDim == 128 && !kCausal;
@@ -534,11 +540,21 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
     const int n_tiles = m_blocks * heads_q * static_cast<int>(p.batch);
     const FastDiv &m_blocks_div = maps.m_blocks_div, &heads_q_div = maps.heads_q_div;  // for decode_tile
-    // Key tiles a query block needs: with causal masking, none past its last row.
-    auto key_tiles = [&](int m_block) {
+    struct KeyRange {
+        int first, end;
+    };
+    // Key tiles [first, end) a query block needs: with causal masking, none past its last row;
+    // with a band, those between its first row's lower edge and its last row's upper edge.
+    auto block_keys = [&](int m_block) {
+        if constexpr (kBand) {
+            int64_t first, end;
+            fc_band_key_tiles(m_block * kBlockM, min((m_block + 1) * kBlockM, seqlen_q), p.band_lo_, p.band_hi_,
+                              seqlen_k, kBlockN, &first, &end);
+            return KeyRange{static_cast<int>(first), static_cast<int>(end)};
+        }
         int n = (seqlen_k + kBlockN - 1) / kBlockN;
         if (kCausal) n = min(n, (min((m_block + 1) * kBlockM, seqlen_q) - 1) / kBlockN + 1);
-        return n;
+        return KeyRange{0, n};
     };
     // KV split (launch_fwd): this CTA's rank among the `splits` CTAs that share its tile takes
     // key tiles [first, end) of its query block; without a split, all of them. A range may be
@@ -555,14 +571,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     auto kv_splits = [&] {
         return kShape == kPair ? 1 : (kGridSplitHere && p.num_splits_ > 1 ? p.num_splits_ : cluster_size());
     };
-    struct KeyRange {
-        int first, end;
-    };
     auto key_range = [&](int m_block) {
-        const int n = key_tiles(m_block), splits = kv_splits();
-        if (splits == 1) return KeyRange{0, n};
+        const KeyRange all = block_keys(m_block);
+        const int n = all.end - all.first, splits = kv_splits();
+        if (splits == 1) return all;
         const int rank = kGridSplitHere && p.num_splits_ > 1 ? static_cast<int>(blockIdx.x) % splits : cluster_rank();
-        return KeyRange{n * rank / splits, n * (rank + 1) / splits};
+        return KeyRange{all.first + n * rank / splits, all.first + n * (rank + 1) / splits};
     };
 
     // Broadcast from lane 0, so the compiler knows it is warp-uniform and keeps what derives from
@@ -913,7 +927,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         auto softmax = [&](int n, float (&rescale)[2], bool pv_pending, auto &&finish_pv) -> bool {
             const int n_start = n * kBlockN;
             const bool ragged = n_start + kBlockN > seqlen_k;
-            const bool crosses_diagonal = kCausal && n_start + kBlockN - 1 > wg_row0;
+            // (kBand: the tile crosses the upper edge of the warpgroup's first row or the lower
+            // edge of its last.)
+            const bool crosses_diagonal =
+                kBand ? n_start + kBlockN - 1 > wg_row0 + p.band_hi_ || n_start < wg_row0 + 63 + p.band_lo_
+                      : kCausal && n_start + kBlockN - 1 > wg_row0;
             bool first_half_only = false;  // only S's first 64 keys are live: this is the key loop's half_tile (kHalfTiles)
             if (ragged || crosses_diagonal) {
                 // This thread's columns are n_start + col_in_tile + c, c = j * 8 + (e & 1) a
@@ -921,11 +939,14 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 // seqlen_k and, causal, up to the row itself): one compare with an immediate and
                 // one select per element. (Comparing col >= seqlen_k and col > row per element
                 // took 198 instructions, 364 static cycles, for D=64; ci/sass_schedule.py.)
-                int valid[2];
+                int valid[2], below[2];  // kBand: also c < below[h] is masked (keys before the row's band)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int key_end = kCausal ? min(seqlen_k, row0 + h * 8 + 1) : seqlen_k;
+                    const int key_end = kBand     ? min(seqlen_k, row0 + h * 8 + p.band_hi_ + 1)
+                                        : kCausal ? min(seqlen_k, row0 + h * 8 + 1)
+                                                  : seqlen_k;
                     valid[h] = key_end - n_start - col_in_tile;
+                    below[h] = row0 + h * 8 + p.band_lo_ - n_start - col_in_tile;
                 }
                 // Causal, not ragged, 128-key tiles: this warpgroup's 64 rows start `band` 64-key
                 // halves into the tile (both offsets are multiples of 64). Its rows see all of
@@ -937,19 +958,20 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 // D=128 causal 512-2k within +-0.5%.
                 static_assert(kBlockM % 64 == 0 && kBlockN % 64 == 0, "band: 64-row and 64-key alignment");
                 auto mask = [&](auto band_tag) {  // band_tag: the band, or -1 (every half per element)
-                    constexpr int kBand = decltype(band_tag)::value;
+                    constexpr int kHalf = decltype(band_tag)::value;
 #pragma unroll
                     for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
                             const int half = j / 8;  // 64-key half of the tile
-                            const bool masked = kBand < 0 || half == kBand ? j * 8 + (e & 1) >= valid[e >> 1]
-                                                                           : half > kBand;
+                            const int c = j * 8 + (e & 1);
+                            const bool masked = kHalf < 0 || half == kHalf ? c >= valid[e >> 1] || (kBand && c < below[e >> 1])
+                                                                           : half > kHalf;
                             // (Band 0 with kHalfTiles: the second half is left out below.)
-                            if (masked && !(kHalfTiles && kBand == 0 && half > 0)) s[j * 4 + e] = -INFINITY;
+                            if (masked && !(kHalfTiles && kHalf == 0 && half > 0)) s[j * 4 + e] = -INFINITY;
                         }
                 };
-                const bool banded = kCausal && kNTiles == 16 && !ragged;
+                const bool banded = kCausal && !kBand && kNTiles == 16 && !ragged;
                 const int band = (wg_row0 - n_start) / 64;
                 if (banded && band == 0) {
                     mask(std::integral_constant<int, 0>{});
@@ -1013,7 +1035,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 #pragma unroll
                             for (int e = 0; e < 2; ++e) {
                                 float &x = s[j * 4 + 2 * h + e];
-                                x = kExact ? fast_exp2((x - mx[h]) * scale_log2) : fast_exp2(fmaf(x, scale_log2, -base[h]));
+                                // (kBand: a row may still have seen no key, -inf - -inf.)
+                                x = kExact ? (kBand && mx[h] == -INFINITY ? 0.f : fast_exp2((x - mx[h]) * scale_log2))
+                                           : fast_exp2(fmaf(x, scale_log2, -base[h]));
                             }
                             sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
                         }
@@ -1070,7 +1094,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             // cores and the issue slots to itself. Measured (H100, fp16, Hq=32, two A/B passes,
             // ratio to cuDNN): B=8 Hkv=32 1k 0.998-1.008 -> 1.014-1.017, B=32 Hkv=8 1k 0.988 ->
             // 0.997-1.008, B=8 Hkv=32 32k 0.995 -> 1.000; geomean of 21 decode rows 1.008 -> 1.014.
-            const int seen_end = kCausal && kKeySplit == 1 ? max(first + 1, min(end, (wg_row0 + 63) / kBlockN + 1))
+            // (kBand: the upper edge of the warpgroup's last row, which may lie before key 0.)
+            const int seen_end = kBand && kKeySplit == 1 ? max(first + 1, min(end, (wg_row0 + 63 + p.band_hi_) / kBlockN + 1))
+                                 : kCausal && kKeySplit == 1 ? max(first + 1, min(end, (wg_row0 + 63) / kBlockN + 1))
                                  : kSkipDeadRows && wg_row0 >= seqlen_q ? first + 1
                                                                         : end;
             const int half_tile =
@@ -1251,7 +1277,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             sum += __shfl_xor_sync(0xffffffff, sum, 1);
             sum += __shfl_xor_sync(0xffffffff, sum, 2);
             row_sum[h] = sum;
-            inv_sum[h] = 1.f / sum;
+            // (kBand: a row that saw no key has sum 0 and gives zeros.)
+            inv_sum[h] = kBand && sum == 0.f ? 0.f : 1.f / sum;
         }
         if constexpr (kKeySplit > 1) {
             // kPair: each warpgroup finalises half of O's columns (16-byte store group `key_part`,
@@ -1553,7 +1580,7 @@ int64_t tile_count(const fc_params &p) {
 }
 
 // `device` and `sms`: the current device and its SM count (launch_fwd reads them once per call).
-template <typename Elem, int kHeadDim, bool kCausal, int kShape>
+template <typename Elem, int kHeadDim, bool kCausal, int kShape, bool kBand = false>
 cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int device, int sms) {
     using T = FwdTraits<kHeadDim, kCausal, kShape>;
     const CUtensorMapDataType dtype =
@@ -1586,7 +1613,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     const char *pair_order = getenv("FLASHCORE_SM90_PAIR_ORDER");
     maps.pair_lead_load = maps.pair_s_ahead && !(pair_order != nullptr && pair_order[0] == '0' && pair_order[1] == '\0');
 
-    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape>;
+    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape, kBand>;
     // Per device, once: the shared-memory opt-in.
     static int configured[64];
     if (device >= 64 || !__atomic_load_n(&configured[device], __ATOMIC_ACQUIRE)) {
@@ -1675,7 +1702,9 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
         }
         // Key tiles of the longest block (B=1 H=8 Sq=128 Sk=8192 D=64 causal: 1 key tile, not
         // 64; split 7.3 us, unsplit 3.7).
-        const int64_t key_len = fc_longest_key_run(p.seqlen_q, p.seqlen_k, kCausal);  // dispatch.h
+        // (A band: a block's rows see at most kBlockM + hi - lo keys.)
+        const int64_t key_len = kBand ? (p.seqlen_k < T::kBlockM + p.band_hi_ - p.band_lo_ ? p.seqlen_k : T::kBlockM + p.band_hi_ - p.band_lo_)
+                                      : fc_longest_key_run(p.seqlen_q, p.seqlen_k, kCausal);  // dispatch.h
         const int min_key_tiles = kShape == kTiny ? FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY : FC_PREFILL_MIN_KEY_TILES_PER_SPLIT;
         splits = fc_prefill_splits(tiles, (key_len + T::kBlockN - 1) / T::kBlockN, min_key_tiles, wave, kMaxKvSplits);
     }
@@ -1688,7 +1717,8 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     int64_t persistent_grid = sms;
     // kPair runs one tile per CTA: its merge region and its stage-per-warpgroup ring assume it.
     bool persistent = kShape != kPair;
-    if (kCausal && persistent) {
+    // (A band's tiles are alike but for its ends: the balanced grid below, as non-causal ones.)
+    if (kCausal && !kBand && persistent) {
         persistent_grid = paired_grid(m_blocks, sms);
         persistent = m_blocks <= 64 && persistent_grid * 10 >= static_cast<int64_t>(sms) * 9;
     }
@@ -1697,7 +1727,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     // balanced): 256 one-row decode tiles, 128 CTAs: B=8 Hkv=32 8k 0.994-0.996 -> 1.002-1.003,
     // 32k 0.998-0.999 -> 1.006-1.011, B=32 Hkv=8 8k 0.991 -> 1.000-1.001, 128k 0.998 -> 1.009-1.010;
     // the prefill sweep (2048 or 3072 tiles, 128 CTAs) D=128 and D=64 within +-1%.
-    if (!kCausal && persistent) persistent_grid = fc_balanced_grid(tiles, sms);
+    if ((!kCausal || kBand) && persistent) persistent_grid = fc_balanced_grid(tiles, sms);
     const int64_t grid = persistent && tiles > persistent_grid ? persistent_grid : tiles;
     const cudaLaunchConfig_t cfg = launch_config(grid, 0, fc_use_pdl(grid, sms) != 0, T::kThreads, T::kSmemBytes, stream, attrs);
     return cudaLaunchKernelEx(&cfg, kernel, maps, p);
@@ -1718,10 +1748,14 @@ constexpr bool d64_blocks_match() {
 }
 static_assert(d64_blocks_match<false>() && d64_blocks_match<true>(), "fc_sm90_d64_config counts these blocks");
 
+// A general band (p.band_ == FC_BAND_GENERAL_, c_src/dispatch.h) runs in the causal LONG
+// configuration of each head dim (kBand).
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     int device = 0, sms = 0;
     if (fc_device_info_(&device, nullptr, nullptr, &sms) != FC_OK) return fc_last_cuda_error();
+    if constexpr (kCausal)
+        if (p.band_ == FC_BAND_GENERAL_) return launch_fwd_config<Elem, kHeadDim, true, kLong, true>(p, stream, device, sms);
     if constexpr (kHeadDim == 64) {
         const char *forced = getenv("FLASHCORE_SM90_SHORT");
         int shape;

@@ -43,9 +43,14 @@ def test_schema_matches_aten():
     assert str(ours).split("(", 1)[1] == str(theirs).split("(", 1)[1]
 
 
+# flashcore.attention's band, after SDPA's arguments in explain and sdpa_fwd (keyword-only).
+BAND_ARGS = ["window_left", "window_right", "bottom_right"]
+
+
 def test_explain_op_schema():
     schema = torch.ops.flashcore.explain.default._schema
-    assert [a.name for a in schema.arguments] == [a.name for a in ATEN._schema.arguments]
+    assert [a.name for a in schema.arguments] == [a.name for a in ATEN._schema.arguments] + BAND_ARGS
+    assert all(a.kwarg_only for a in schema.arguments[-3:])
     assert [str(r.type) for r in schema.returns] == ["int", "int"]
 
 

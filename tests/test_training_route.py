@@ -25,6 +25,7 @@ A GPU section at the end (skipped without CUDA) checks the stand-ins' answer aga
 on a real forward's out and lse.
 """
 import importlib.util
+import inspect
 import os
 import sys
 
@@ -388,7 +389,7 @@ def test_backward_passes_deterministic_to_the_kernel_choice(monkeypatch):
     real = _ops._kernel_bwd_covers
 
     def spy(*args):
-        seen.append(args[-2])  # (..., deterministic, grad_mask)
+        seen.append(inspect.signature(real).bind(*args).arguments["deterministic"])
         return real(*args)
 
     monkeypatch.setattr(_ops, "_kernel_bwd_covers", spy)
@@ -505,9 +506,12 @@ def _bwd_args(dtype=torch.float32):
 
 def test_bwd_op_schemas_take_deterministic_and_a_mask():
     for op in (EXPLAIN_BWD, BWD_KERNEL):
-        det, mask = op._schema.arguments[-2:]
+        # ... deterministic, attn_mask, then flashcore.attention's band (defaults: no band)
+        det, mask, *band = op._schema.arguments[-5:]
         assert (det.name, str(det.type), det.default_value) == ("deterministic", "bool", False)
         assert (mask.name, str(mask.type), mask.default_value) == ("attn_mask", "Optional[Tensor]", None)
+        assert [(a.name, a.default_value) for a in band] == [
+            ("window_left", -1), ("window_right", -1), ("bottom_right", False)]
     assert [str(r.type) for r in EXPLAIN_BWD._schema.returns] == ["int", "int"]
 
 

@@ -107,6 +107,7 @@ bool status_means_fallback(fc_status s) {
     case FC_UNSUPPORTED_DTYPE:
     case FC_UNSUPPORTED_HEAD_DIM:
     case FC_UNSUPPORTED_MASK:
+    case FC_UNSUPPORTED_BAND:  // flashcore.attention then passes a mask (sdpa_fwd refuses the band)
     case FC_UNSUPPORTED_SLOWER:  // AUTO on Hopper: aten (cuDNN) is the faster path for this head dim
     case FC_UNSUPPORTED_ARCH:
     case FC_UNSUPPORTED_FAMILY:
@@ -183,7 +184,8 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v,
 // THE decision: raises for bad input, otherwise says kernel (with params filled) or why not.
 Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
                 const std::optional<Tensor>& mask, double dropout_p, bool is_causal,
-                std::optional<double> scale, bool enable_gqa) {
+                std::optional<double> scale, bool enable_gqa, int64_t window_left = -1,
+                int64_t window_right = -1, bool bottom_right = false) {
   check_args(q, k, v, mask, is_causal, enable_gqa);
   // Checked here, not left to aten: on torch 2.11 an error raised inside aten during the
   // dispatcher fallback crashed the process (seen on the H100 with dropout_p=1.5).
@@ -191,6 +193,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
            "has to be between 0 and 1, but got ", dropout_p);
   Decision d;
   fc_params_init(&d.p);
+  flashcore_op::set_band(window_left, window_right, bottom_right, &d.p, "flashcore.attention");
   d.family = family_from_env();
   d.family_forced = d.family != FC_FAMILY_AUTO;
   d.p.family = d.family;
@@ -322,6 +325,13 @@ void check_forced_family(const Decision& d) {
              "flashcore.sdpa: FLASHCORE_FAMILY=", std::getenv("FLASHCORE_FAMILY"),
              " forces a kernel family that cannot run this call: ", fc_status_string(s));
   }
+}
+
+// The C layer's sentence for a fallback's status, or the op-level reason code.
+std::string explain_status(const Decision& d) {
+  if (d.reason >= FC_REASON_STATUS_BASE && d.reason < FC_REASON_NOTE_BASE)
+    return fc_status_string(static_cast<fc_status>(d.reason - FC_REASON_STATUS_BASE));
+  return "reason " + std::to_string(d.reason);
 }
 
 // Runs the kernel decide() chose. out: contiguous (B, Hq, Sq, D); lse (if asked for):
@@ -510,15 +520,32 @@ Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dro
 // Forward that also returns the log-sum-exp of each query row (what the backward needs):
 // out as sdpa's (contiguous), lse contiguous out.shape[:-1], float32 (float64 for float64
 // inputs), natural log, of the scaled + masked scores; -inf for fully masked rows.
+//
+// window_left / window_right / bottom_right: flashcore.attention's band (fc_params' window
+// fields). A band other than plain top-left causal runs only where a kernel takes it: aten's SDPA
+// cannot express it, so without a kernel this raises, and flashcore.attention (which asks explain
+// first) passes such calls an explicit mask instead.
 std::tuple<Tensor, Tensor> sdpa_fwd(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
                                     double dropout_p, bool is_causal,
-                                    std::optional<double> scale, bool enable_gqa) {
-  Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+                                    std::optional<double> scale, bool enable_gqa,
+                                    int64_t window_left, int64_t window_right, bool bottom_right) {
+  Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
+                      window_right, bottom_right);
   FC_CHECK(dropout_p == 0.0, "flashcore.sdpa_fwd: dropout_p must be 0 (got ", dropout_p,
            "): the LSE does not determine a dropout backward; flashcore.sdpa hands "
            "dropout to aten's differentiable SDPA");
   if (d.reason != kKernel) {
     check_forced_family(d);
+    // Without a kernel: a band that is every key or plain top-left causal is aten's plain or
+    // is_causal call; any other band is refused (see above).
+    const int band = q.dim() == 4 && k.dim() == 4 && q.size(2) > 0 && k.size(2) > 0
+                         ? fc_band_bounds(q.size(2), k.size(2), is_causal, window_left, window_right,
+                                          d.p.alignment, nullptr, nullptr)
+                         : (is_causal ? FC_BAND_TOP_LEFT_CAUSAL : FC_BAND_ALL);
+    FC_CHECK(band != FC_BAND_OTHER, "flashcore.sdpa_fwd: no kernel runs this window / bottom-right "
+             "band here (", explain_status(d), ") and aten's SDPA cannot express it; "
+             "flashcore.attention passes such calls an explicit mask");
+    is_causal = band == FC_BAND_TOP_LEFT_CAUSAL;
     if (nothing_to_compute(q, k, v)) return {trivial_output(q, v), trivial_lse(q)};
     Tensor out = torch::stable::contiguous(
         aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
@@ -532,8 +559,10 @@ std::tuple<Tensor, Tensor> sdpa_fwd(Tensor q, Tensor k, Tensor v, std::optional<
 
 std::tuple<int64_t, int64_t> explain(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
                                      double dropout_p, bool is_causal,
-                                     std::optional<double> scale, bool enable_gqa) {
-  const Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+                                     std::optional<double> scale, bool enable_gqa,
+                                     int64_t window_left, int64_t window_right, bool bottom_right) {
+  const Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
+                            window_right, bottom_right);
   if (d.reason == kKernel && d.sm90_declined != FC_OK)
     return {static_cast<int64_t>(d.family), FC_REASON_NOTE_BASE + d.sm90_declined};
   return {static_cast<int64_t>(d.family), d.reason};
@@ -547,10 +576,12 @@ STABLE_TORCH_LIBRARY(flashcore, m) {
         "bool enable_gqa=False) -> Tensor");
   m.def("explain(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
-        "bool enable_gqa=False) -> (int, int)");
+        "bool enable_gqa=False, int window_left=-1, int window_right=-1, "
+        "bool bottom_right=False) -> (int, int)");
   m.def("sdpa_fwd(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
-        "bool enable_gqa=False) -> (Tensor, Tensor)");
+        "bool enable_gqa=False, int window_left=-1, int window_right=-1, "
+        "bool bottom_right=False) -> (Tensor, Tensor)");
 }
 
 // One function for both keys: on CPU tensors the decision says "not CUDA" and aten runs.

@@ -94,6 +94,26 @@ inline int64_t set_mask(const torch::stable::Tensor& mask, const torch::stable::
   return 0;
 }
 
+// flashcore.attention's window_size and causal alignment into p (fc_params' window fields):
+// (-1, -1) is no window. Raises for a side below -1.
+inline void set_band(int64_t window_left, int64_t window_right, bool bottom_right, fc_params* p,
+                     const char* op) {
+  if (window_left < -1 || window_right < -1)
+    fail(op, ": window_size must be (left, right) with each side -1 (unbounded) or >= 0, got (",
+         window_left, ", ", window_right, ")");
+  p->windowed = window_left >= 0 || window_right >= 0;
+  p->window_left = window_left;
+  p->window_right = window_right;
+  p->alignment = bottom_right ? FC_ALIGN_BOTTOM_RIGHT : FC_ALIGN_TOP_LEFT;
+}
+
+// Whether p asks for a band other than every key or plain top-left causal (fc_band_bounds), which
+// only some kernels run and aten's SDPA cannot express without a mask.
+inline bool general_band(const fc_params& p) {
+  return fc_band_bounds(p.seqlen_q, p.seqlen_k, p.causal, p.windowed ? p.window_left : -1,
+                        p.windowed ? p.window_right : -1, p.alignment, nullptr, nullptr) == FC_BAND_OTHER;
+}
+
 }  // namespace flashcore_op
 
 #define FC_CHECK(cond, ...)                              \

@@ -131,7 +131,7 @@ def _built_for(head_dim: int, dtype: torch.dtype) -> bool:
 
 @torch.compiler.disable  # a diagnostic on real tensors: runs eagerly inside compiled code
 def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-            enable_gqa=False) -> str:
+            enable_gqa=False, **band) -> str:
     """Which path ``sdpa`` takes for these arguments: ``"kernel sm80"``, ``"kernel sm90"``,
     ``"kernel sm80 (not sm90: <why>)"`` (on Hopper, e.g. with an ``attn_mask``, which only the
     sm80 family applies) or ``"fallback: <reason>"``. Raises for the same bad inputs ``sdpa``
@@ -139,8 +139,10 @@ def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
     for every call)."""
     if FALLBACK_ONLY:
         return f"fallback: {FALLBACK_ONLY}"
+    # (band: window_left / window_right / bottom_right, from flashcore.explain_attention)
     family, reason = torch.ops.flashcore.explain(query, key, value, attn_mask, dropout_p,
-                                                 is_causal, scale=scale, enable_gqa=enable_gqa)
+                                                 is_causal, scale=scale, enable_gqa=enable_gqa,
+                                                 **band)
     if reason == 0:
         return f"kernel {_FAMILIES.get(family, family)}"
     if reason >= _NOTE_BASE:
@@ -243,3 +245,11 @@ __all__ += ["explain_backward", "explain_training"]
 from .integrations.patch import is_patched, patch, patched, unpatch  # noqa: E402
 
 __all__ += ["patch", "unpatch", "patched", "is_patched"]
+
+# SDPA plus a sliding window and bottom-right causal alignment (attention.py).
+from .attention import attention, explain_attention  # noqa: E402
+
+__all__ += ["attention", "explain_attention"]
+
+# Packed variable-length sequences, PyTorch's varlen API (per sequence for now: varlen.py).
+from .varlen import varlen_attn  # noqa: E402,F401

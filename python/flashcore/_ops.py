@@ -42,6 +42,8 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from . import _band
+
 _lib = torch.library.Library("flashcore", "FRAGMENT")  # kept alive: owns the registrations
 
 _SDPA = torch.ops.flashcore.sdpa.default
@@ -106,7 +108,8 @@ def _sdpa_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 
 @torch.library.register_fake("flashcore::sdpa_fwd", lib=_lib)
 def _sdpa_fwd_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
-                   scale=None, enable_gqa=False):
+                   scale=None, enable_gqa=False, window_left=-1, window_right=-1,
+                   bottom_right=False):
     _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     torch._check(dropout_p == 0.0, lambda: "flashcore.sdpa_fwd: dropout_p must be 0")
     shape = _out_shape(query, key, value, enable_gqa)
@@ -129,7 +132,9 @@ def _shadow(t):
 
 @torch.library.register_fake("flashcore::explain", lib=_lib)
 def _explain_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
-                  scale=None, enable_gqa=False):
+                  scale=None, enable_gqa=False, window_left=-1, window_right=-1,
+                  bottom_right=False):
+    band = dict(window_left=window_left, window_right=window_right, bottom_right=bottom_right)
     # explain reads metadata only, but on the real device (the CUDA path asks the device and the
     # pointers' alignment): answer with real tensors of the same layout. Sizes are specialized.
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -138,10 +143,10 @@ def _explain_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
         # Real meta tensors (this fake is also the Meta kernel): run the C++ kernel itself, which
         # reads only metadata; it sits in every backend's slot (CompositeExplicitAutograd).
         return EXPLAIN.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *tensors,
-                                  dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+                                  dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa, **band)
     with unset_fake_temporarily():
         return EXPLAIN(*(_shadow(t) for t in tensors), dropout_p, is_causal, scale=scale,
-                       enable_gqa=enable_gqa)
+                       enable_gqa=enable_gqa, **band)
 
 
 # ---- the backward op ---------------------------------------------------------------------------
@@ -149,7 +154,8 @@ def _explain_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 _lib.define(
     "sdpa_bwd(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
     "Tensor? grad_lse, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, "
-    "bool grad_mask) -> (Tensor, Tensor, Tensor, Tensor)")
+    "bool grad_mask, int window_left=-1, int window_right=-1, bool bottom_right=False) "
+    "-> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def _dmask_like(attn_mask, grad_mask, query):
@@ -160,7 +166,7 @@ def _dmask_like(attn_mask, grad_mask, query):
 
 @torch.library.register_fake("flashcore::sdpa_bwd", lib=_lib)
 def _sdpa_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal, scale,
-                   enable_gqa, grad_mask):
+                   enable_gqa, grad_mask, window_left=-1, window_right=-1, bottom_right=False):
     return (query.new_empty(query.shape), key.new_empty(key.shape),
             value.new_empty(value.shape), _dmask_like(attn_mask, grad_mask, query))
 
@@ -171,13 +177,15 @@ _EXPLAIN_BWD = torch.ops.flashcore.explain_bwd.default
 
 @torch.library.register_fake("flashcore::sdpa_bwd_kernel", lib=_lib)
 def _sdpa_bwd_kernel_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                          enable_gqa, deterministic=False, attn_mask=None):
+                          enable_gqa, deterministic=False, attn_mask=None, window_left=-1,
+                          window_right=-1, bottom_right=False):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 @torch.library.register_fake("flashcore::explain_bwd", lib=_lib)
 def _explain_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                      enable_gqa, deterministic=False, attn_mask=None):
+                      enable_gqa, deterministic=False, attn_mask=None, window_left=-1,
+                      window_right=-1, bottom_right=False):
     # As _explain_fake: metadata only, answered with real tensors of the same layout. Returns
     # (family, reason), as the C++ kernel does.
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -185,35 +193,38 @@ def _explain_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal
     if not any(isinstance(t, FakeTensor) for t in tensors + (attn_mask,)):
         return _EXPLAIN_BWD.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
                                        *tensors, is_causal, scale, enable_gqa, deterministic,
-                                       attn_mask)
+                                       attn_mask, window_left, window_right, bottom_right)
     with unset_fake_temporarily():
         return _EXPLAIN_BWD(*(_shadow(t) for t in tensors), is_causal, scale, enable_gqa,
-                            deterministic, _shadow(attn_mask))
+                            deterministic, _shadow(attn_mask), window_left, window_right,
+                            bottom_right)
 
 
 @torch.library.impl("flashcore::sdpa_bwd_kernel", "cpu", lib=_lib)
 def _sdpa_bwd_kernel_cpu(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                         enable_gqa, deterministic=False, attn_mask=None):
+                         enable_gqa, deterministic=False, attn_mask=None, window_left=-1,
+                         window_right=-1, bottom_right=False):
     """No kernel on the CPU: the same gradients from the Python reference (deterministic as far
     as PyTorch's CPU matmuls are, so `deterministic` changes nothing here)."""
     dq, dk, dv, _ = _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
-                                     is_causal, scale, enable_gqa, False)
+                                     is_causal, scale, enable_gqa, False, window_left,
+                                     window_right, bottom_right)
     return dq, dk, dv
 
 
 def _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
-                       scale, enable_gqa, deterministic, grad_mask):
+                       scale, enable_gqa, deterministic, grad_mask, band=(-1, -1, False)):
     """True when sdpa_bwd_kernel runs a CUDA kernel for these tensors (cheap checks first). A
     mask that needs its own gradient goes to the Python backward (the kernels give none)."""
     return (not grad_mask and query.is_cuda
             and query.dtype in (torch.float16, torch.bfloat16)
             and _EXPLAIN_BWD(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
-                             enable_gqa, deterministic, attn_mask)[1] == 0)
+                             enable_gqa, deterministic, attn_mask, *band)[1] == 0)
 
 
 @torch.library.impl("flashcore::sdpa_bwd", ("cpu", "cuda"), lib=_lib)
 def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal, scale,
-                   enable_gqa, grad_mask):
+                   enable_gqa, grad_mask, window_left=-1, window_right=-1, bottom_right=False):
     """The fused backward kernel where it covers the call (see _kernel_bwd_covers), else the
     Python backward. Both give dq, dk, dv contiguous in the inputs' dtypes.
 
@@ -223,21 +234,24 @@ def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, i
     deterministic = torch.are_deterministic_algorithms_enabled()
     if query.is_cuda and grad_out.dim() >= 1 and grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()  # e.g. an expanded gradient; the kernel needs rows
+    band = (window_left, window_right, bottom_right)
     if _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
-                          scale, enable_gqa, deterministic, grad_mask):
+                          scale, enable_gqa, deterministic, grad_mask, band):
         dq, dk, dv = _BWD_KERNEL(grad_out, query, key, value, out, lse, grad_lse, is_causal,
-                                 scale, enable_gqa, deterministic, attn_mask)
+                                 scale, enable_gqa, deterministic, attn_mask, *band)
         return dq, dk, dv, _dmask_like(attn_mask, grad_mask, query)
     return _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
-                            is_causal, scale, enable_gqa, grad_mask)
+                            is_causal, scale, enable_gqa, grad_mask, *band)
 
 
 def _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
-                     scale, enable_gqa, grad_mask):
+                     scale, enable_gqa, grad_mask, window_left=-1, window_right=-1,
+                     bottom_right=False):
     """Recomputes P per chunk of query rows from q, k and the saved LSE, in float32 (float64 for
     float64 inputs):  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O) [+ dLSE]),
     dQ = scale dS K,  dK = scale dS^T Q,  dMask = dS (summed over broadcast dims). GQA: K/V are
-    repeated over each group of query heads and dK/dV summed back over the group."""
+    repeated over each group of query heads and dK/dV summed back over the group. Causal and
+    flashcore.attention's window / alignment apply as their band (_band.py)."""
     ct = _lse_dtype(query.dtype)
     sq, sk, d = query.shape[-2], key.shape[-2], query.shape[-1]
     sc = (1.0 / math.sqrt(d)) if scale is None else scale
@@ -267,6 +281,8 @@ def _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
             add_mask = attn_mask.to(ct)
         mask_rows = add_mask.dim() >= 2 and add_mask.shape[-2] != 1
 
+    band = (_band.band_bounds(sq, sk, is_causal, window_left, window_right, bottom_right)
+            if sq > 0 and sk > 0 else _band.Band(_band.ALL, 0, 0))
     batch_elems = math.prod(out.shape[:-2])
     chunk = max(1, _BWD_CHUNK_ELEMS // max(1, batch_elems * max(sk, 1)))
     kt, vt = kf.transpose(-2, -1), vf.transpose(-2, -1)
@@ -278,10 +294,9 @@ def _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
         s = torch.matmul(qc, kt) * sc
         if add_mask is not None:
             s = s + (add_mask.narrow(-2, i0, n) if mask_rows else add_mask)
-        if is_causal:
-            rows = torch.arange(i0, i0 + n, device=s.device).unsqueeze(-1)
-            cols = torch.arange(sk, device=s.device)
-            s = s.masked_fill(cols > rows, float("-inf"))
+        if band.kind != _band.ALL:
+            s = s.masked_fill(~_band.band_mask(range(i0, i0 + n), sk, band, s.device),
+                              float("-inf"))
         p = torch.exp(s - lsef.narrow(-1, i0, n).unsqueeze(-1))
         dv_c = torch.matmul(p.transpose(-2, -1), doc)
         dp = torch.matmul(doc, vt)
@@ -340,6 +355,8 @@ def _fwd_setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.is_causal = is_causal
     ctx.scale = keyword_only_inputs.get("scale")
     ctx.enable_gqa = keyword_only_inputs.get("enable_gqa", False)
+    ctx.band = (keyword_only_inputs.get("window_left", -1), keyword_only_inputs.get("window_right", -1),
+                keyword_only_inputs.get("bottom_right", False))
     ctx.set_materialize_grads(False)  # an unused lse gets no zero gradient to work through
 
 
@@ -354,7 +371,7 @@ def _fwd_backward(ctx, grad_out, grad_lse):
                  and attn_mask.is_floating_point())
     dq, dk, dv, dmask = torch.ops.flashcore.sdpa_bwd(
         grad_out, query, key, value, out, lse, grad_lse, attn_mask, ctx.is_causal, ctx.scale,
-        ctx.enable_gqa, grad_mask)
+        ctx.enable_gqa, grad_mask, *ctx.band)
     return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
             dmask if grad_mask else None, None, None)
 

@@ -1,0 +1,124 @@
+"""Bench of flashcore.attention's band (sliding window, bottom-right causal) against what a user
+has without it, side by side on the same inputs in one run (issue 34):
+
+  band     flashcore.attention with window_size / causal_alignment (the sm90 kernel's band)
+  dense    flashcore.attention with the same band as an explicit bool mask (FlashCore's masked
+           path: what FlashCore did before the band)
+  sdpa     F.scaled_dot_product_attention with the same bool mask (PyTorch's default for it)
+  causal   FlashCore's full top-left causal call of the same shape (the time a band should
+           shrink, in proportion to its (query, key) pairs)
+
+Each row: forward medians (CUDA events, L2 flushed, backends timed call by call in turn, as
+bench.py's Timer), TFLOP/s counted over the pairs the band keeps, and the band's time against
+`causal x pairs(band) / pairs(causal)` (the issue's target: <= 1.15) and against dense (>= 3x at
+S=16k). Writes JSON with the card and the git SHA.
+
+    python bench/bench_variants.py [--quick] [--json PATH]
+"""
+import argparse
+import datetime as _dt
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+import flashcore  # noqa: E402
+from flashcore import _band  # noqa: E402
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("flashcore_bench_py", os.path.join(REPO, "bench", "bench.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# (name, B, Hq, Hkv, Sq, Sk, D, causal, window, alignment)
+SHAPES = [
+    ("window 4k, S=8k", 1, 32, 8, 8192, 8192, 128, True, (4096, 0), "top_left"),
+    ("window 4k, S=16k", 1, 32, 8, 16384, 16384, 128, True, (4096, 0), "top_left"),
+    ("window 1k, S=8k, D=64", 2, 16, 16, 8192, 8192, 64, True, (1024, 0), "top_left"),
+    ("chunk 512 on 8k keys", 1, 32, 8, 512, 8192, 128, True, (-1, -1), "bottom_right"),
+    ("chunk 512 on 32k keys", 1, 32, 8, 512, 32768, 128, True, (-1, -1), "bottom_right"),
+    ("spec decode 4 on 8k", 8, 32, 8, 4, 8192, 128, True, (-1, -1), "bottom_right"),
+]
+QUICK = {"window 4k, S=8k", "chunk 512 on 8k keys"}
+
+
+def pairs_of(sq, sk, band):
+    rows = torch.arange(sq, dtype=torch.int64)
+    lo = (rows + band.lo).clamp(0, sk)
+    hi = (rows + band.hi + 1).clamp(0, sk)
+    return int((hi - lo).clamp(min=0).sum())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_variants: no CUDA device; nothing to time")
+        return 0
+    bench = load_bench()
+    timer = bench.Timer(warmup=3, iters=args.iters)
+    dtype = torch.bfloat16
+    card = torch.cuda.get_device_name()
+    rows = []
+    print(f"# {card}, bf16, forward, us (median of {args.iters}); TFLOP/s over the band's pairs")
+    print(f"{'shape':26} {'band':>9} {'dense':>9} {'sdpa':>9} {'causal':>9} {'TF/s':>6} "
+          f"{'vs causal*frac':>14} {'dense/band':>10}  path")
+    for name, B, Hq, Hkv, Sq, Sk, D, causal, window, alignment in SHAPES:
+        if args.quick and name not in QUICK:
+            continue
+        torch.manual_seed(0)
+        q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dtype)
+        k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dtype)
+        v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dtype)
+        br = alignment == "bottom_right"
+        band = _band.band_bounds(Sq, Sk, causal, *window, br)
+        keep = _band.band_mask(range(Sq), Sk, band, "cuda")
+        kw = dict(is_causal=causal, causal_alignment=alignment, window_size=window, enable_gqa=True)
+        path = flashcore.explain_attention(q, k, v, **kw)
+        # the full causal call's pairs: top-left causal over Sq x Sk (Sq <= Sk here)
+        full = _band.band_bounds(Sq, Sk, True, -1, -1, False)
+        n_band, n_full = pairs_of(Sq, Sk, band), pairs_of(Sq, Sk, full)
+        calls = [
+            (torch.no_grad, lambda: flashcore.attention(q, k, v, **kw)),
+            (torch.no_grad, lambda: flashcore.attention(q, k, v, keep, enable_gqa=True)),
+            (torch.no_grad, lambda: F.scaled_dot_product_attention(q, k, v, keep, enable_gqa=True)),
+            (torch.no_grad, lambda: flashcore.attention(q, k, v, is_causal=True, enable_gqa=True)),
+        ]
+        t_band, t_dense, t_sdpa, t_causal = timer.eager_us(calls)
+        out = flashcore.attention(q, k, v, **kw)
+        ref = flashcore.attention(q, k, v, keep, enable_gqa=True)
+        max_diff = (out.float() - ref.float()).abs().max().item()
+        tflops = 4 * B * Hq * n_band * D / (t_band * 1e-6) / 1e12
+        target = t_causal * n_band / n_full
+        row = dict(shape=name, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, causal=causal,
+                   window=list(window), alignment=alignment, path=path, band_us=t_band,
+                   dense_us=t_dense, sdpa_mask_us=t_sdpa, causal_us=t_causal, band_pairs=n_band,
+                   causal_pairs=n_full, tflops=tflops, vs_causal_fraction=t_band / target,
+                   dense_over_band=t_dense / t_band, max_diff_vs_dense=max_diff)
+        rows.append(row)
+        print(f"{name:26} {t_band:9.1f} {t_dense:9.1f} {t_sdpa:9.1f} {t_causal:9.1f} {tflops:6.0f} "
+              f"{t_band / target:14.3f} {t_dense / t_band:10.2f}  {path} (|band-dense| {max_diff:.1e})")
+    sha, dirty = bench.git_info()
+    doc = dict(card=card, torch=torch.__version__, git=sha, dirty=dirty, dtype="bf16", pass_="fwd",
+               date=_dt.datetime.now().isoformat(timespec="seconds"), rows=rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""flashcore.attention: SDPA plus the variants SDPA's schema cannot express.
+
+    out = flashcore.attention(q, k, v, is_causal=True, causal_alignment="bottom_right",
+                              window_size=(4096, 0))
+
+Arguments beyond ``F.scaled_dot_product_attention``'s (no dropout here):
+
+* ``window_size=(left, right)``: a sliding window, as FlashAttention and PyTorch's
+  ``varlen_attn`` name it: query i sees keys ``d - left .. d + right`` of its diagonal key d,
+  ``-1`` meaning unbounded on that side. With ``is_causal`` nothing past d either.
+* ``causal_alignment``: where the diagonal lies when Sq != Sk: ``"top_left"`` (PyTorch's
+  ``is_causal``, ``causal_upper_left``: d = i) or ``"bottom_right"`` (FlashAttention's,
+  ``causal_lower_right``: d = i + Sk - Sq, the last query sees the last key; decoding and chunked
+  prefill against a cache). It applies to the window too.
+* ``attn_mask`` may also be PyTorch's ``CausalBias`` (``torch.nn.attention.bias.causal_upper_left``
+  / ``causal_lower_right``), taken as ``is_causal`` with that alignment.
+* ``return_lse=True`` also returns the natural-log log-sum-exp of each query row (float32;
+  -inf for a row that sees no key).
+
+A row that sees no key (bottom-right causal with Sq > Sk, a window past the keys) gives zeros.
+
+Where it runs: a band other than plain top-left causal runs in the Hopper family's forward
+kernel (``kernels/fwd_sm90.cuh``, kBand: the key loop starts and ends at the band's edges) where
+that family runs the call; everywhere else (other GPUs and head dims, with an ``attn_mask``, on the
+CPU) the band becomes an explicit mask for FlashCore's or PyTorch's masked path, which gives the
+same result at dense cost. ``flashcore.explain_attention(...)`` says which. Gradients flow to q, k
+and v (and a float ``attn_mask``) through FlashCore's backward: the band as a mask in its Python
+backward until the backward kernels take bands.
+
+All of it is one op, ``torch.ops.flashcore.attention_fwd``, opaque to torch.compile (no graph
+break), with a fake and autograd registered here.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from . import _band
+
+_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def _causal_bias(attn_mask):
+    """(is bias, bottom_right) for PyTorch's CausalBias attn_mask objects."""
+    try:
+        from torch.nn.attention.bias import CausalBias, CausalVariant
+    except ImportError:  # pragma: no cover - torch without the bias module
+        return False, False
+    if not isinstance(attn_mask, CausalBias):
+        return False, False
+    return True, attn_mask.variant == CausalVariant.LOWER_RIGHT
+
+
+def _check_args(query, key, is_causal, causal_alignment, window_size):
+    if causal_alignment not in _ALIGNMENTS:
+        raise ValueError(f"flashcore.attention: causal_alignment must be 'top_left' or "
+                         f"'bottom_right', got {causal_alignment!r}")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
+        raise ValueError(f"flashcore.attention: window_size must be a pair of ints (left, right), "
+                         f"got {window_size!r}")
+    if window_size[0] < -1 or window_size[1] < -1:
+        raise ValueError(f"flashcore.attention: window_size must be (left, right) with each side "
+                         f"-1 (unbounded) or >= 0, got {tuple(window_size)}")
+    if query.dim() < 2 or key.dim() < 2:
+        raise ValueError("flashcore.attention: query and key must have at least 2 dimensions "
+                         "(..., seq_len, head_dim)")
+
+
+def _band_of(query, key, is_causal, window_left, window_right, bottom_right):
+    sq, sk = query.shape[-2], key.shape[-2]
+    if sq == 0 or sk == 0:
+        return _band.Band(_band.ALL, 0, 0)
+    return _band.band_bounds(sq, sk, is_causal, window_left, window_right, bottom_right)
+
+
+def _with_band(attn_mask, band, query, key):
+    """attn_mask with the band applied (bool: and; additive: -inf outside the band), or the
+    band alone as a bool mask, (Sq, Sk) broadcast against the mask."""
+    keep = _band.band_mask(range(query.shape[-2]), key.shape[-2], band, query.device)
+    if attn_mask is None:
+        return keep
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & keep
+    return attn_mask.masked_fill(~keep, float("-inf"))
+
+
+def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left, window_right,
+          bottom_right):
+    """The sdpa_fwd call that computes the attention: (attn_mask, is_causal, band kwargs). The
+    band goes to the kernel where one takes it (explain says so), else into the mask."""
+    band = _band_of(query, key, is_causal, window_left, window_right, bottom_right)
+    if band.kind == _band.ALL:
+        return attn_mask, False, {}
+    if band.kind == _band.TOP_LEFT_CAUSAL and attn_mask is None:
+        return None, True, {}
+    kwargs = dict(window_left=window_left, window_right=window_right, bottom_right=bottom_right)
+    if attn_mask is None and query.is_cuda:
+        family, reason = torch.ops.flashcore.explain(query, key, value, None, 0.0, is_causal,
+                                                     scale=scale, enable_gqa=enable_gqa, **kwargs)
+        if reason == 0:
+            return None, is_causal, kwargs
+    return _with_band(attn_mask, band, query, key), False, {}
+
+
+@torch.library.custom_op("flashcore::attention_fwd", mutates_args=())
+def attention_fwd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attn_mask: Optional[torch.Tensor], is_causal: bool, scale: Optional[float],
+                  enable_gqa: bool, window_left: int, window_right: int,
+                  bottom_right: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of flashcore.attention (see the module docstring); lse as sdpa_fwd's."""
+    mask, causal, kwargs = _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                                 window_left, window_right, bottom_right)
+    return torch.ops.flashcore.sdpa_fwd(query, key, value, mask, 0.0, causal, scale=scale,
+                                        enable_gqa=enable_gqa, **kwargs)
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left,
+                        window_right, bottom_right):
+    return torch.ops.flashcore.sdpa_fwd(query, key, value, None, 0.0, False, scale=scale,
+                                        enable_gqa=enable_gqa)
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, wl, wr, br = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask)
+    ctx.args = (is_causal, scale, enable_gqa, wl, wr, br)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse, attn_mask = ctx.saved_tensors
+    is_causal, scale, enable_gqa, wl, wr, br = ctx.args
+    if grad_out is None and grad_lse is None:
+        return (None,) * 10
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    needs = ctx.needs_input_grad
+    grad_mask = attn_mask is not None and bool(needs[3]) and attn_mask.is_floating_point()
+    band = _band_of(query, key, is_causal, wl, wr, br)
+    if attn_mask is None:  # the band as such: the backward kernel or the Python backward
+        mask, band_args = None, (wl, wr, br)
+    else:  # the band inside the mask, as the forward had it
+        mask, is_causal, band_args = (attn_mask if band.kind == _band.ALL
+                                      else _with_band(attn_mask, band, query, key)), False, ()
+    dq, dk, dv, dmask = torch.ops.flashcore.sdpa_bwd(
+        grad_out, query, key, value, out, lse, grad_lse, mask, is_causal, scale, enable_gqa,
+        grad_mask, *band_args)
+    if grad_mask:  # outside the band P = 0, so dS = 0 there: the mask's gradient as it is
+        dmask = dmask.sum_to_size(attn_mask.shape)
+    return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
+            dmask if grad_mask else None) + (None,) * 6
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _resolve(query, key, attn_mask, is_causal, causal_alignment, window_size):
+    """The call's (attn_mask, is_causal, window_left, window_right, bottom_right), a CausalBias
+    mask taken as is_causal with its alignment."""
+    _check_args(query, key, is_causal, causal_alignment, window_size)
+    bottom_right = causal_alignment == "bottom_right"
+    is_bias, bias_lower_right = _causal_bias(attn_mask)
+    if is_bias:
+        if is_causal:
+            raise ValueError("flashcore.attention: attn_mask is a CausalBias, so is_causal must "
+                             "be False (the bias already says causal and its alignment)")
+        if causal_alignment != "top_left" and not bias_lower_right:
+            raise ValueError("flashcore.attention: a causal_upper_left CausalBias contradicts "
+                             "causal_alignment='bottom_right'")
+        attn_mask, is_causal, bottom_right = None, True, bias_lower_right
+    elif attn_mask is not None and is_causal:
+        # (SDPA refuses both; here they combine: the causal band inside the mask.)
+        pass
+    return attn_mask, bool(is_causal), int(window_size[0]), int(window_size[1]), bottom_right
+
+
+def attention(query, key, value, attn_mask=None, is_causal=False, *,
+              causal_alignment="top_left", window_size=(-1, -1), scale=None, enable_gqa=False,
+              return_lse=False):
+    """Attention with SDPA's semantics plus a sliding window and the causal alignment (module
+    docstring). Returns out, or (out, lse) with return_lse."""
+    from . import FALLBACK_ONLY
+    attn_mask, is_causal, wl, wr, br = _resolve(query, key, attn_mask, is_causal,
+                                                causal_alignment, window_size)
+    if FALLBACK_ONLY:  # no FlashCore library: PyTorch's SDPA with the band as a mask
+        band = _band_of(query, key, is_causal, wl, wr, br)
+        mask = attn_mask if band.kind == _band.ALL else _with_band(attn_mask, band, query, key)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, mask, scale=scale, enable_gqa=enable_gqa)
+        if return_lse:
+            raise NotImplementedError("flashcore.attention: return_lse needs FlashCore's library "
+                                      f"({FALLBACK_ONLY})")
+        return out
+    out, lse = attention_fwd(query, key, value, attn_mask, is_causal, scale, enable_gqa, wl, wr, br)
+    return (out, lse) if return_lse else out
+
+
+@torch.compiler.disable
+def explain_attention(query, key, value, attn_mask=None, is_causal=False, *,
+                      causal_alignment="top_left", window_size=(-1, -1), scale=None,
+                      enable_gqa=False) -> str:
+    """Which path flashcore.attention takes: ``explain``'s words for the sdpa_fwd call it
+    makes, with ``"(band as a mask)"`` where the window / alignment became an explicit mask."""
+    from . import FALLBACK_ONLY, explain
+    attn_mask, is_causal, wl, wr, br = _resolve(query, key, attn_mask, is_causal,
+                                                causal_alignment, window_size)
+    if FALLBACK_ONLY:
+        return f"fallback: {FALLBACK_ONLY}"
+    mask, causal, kwargs = _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, wl,
+                                 wr, br)
+    words = explain(query, key, value, mask, 0.0, causal, scale, enable_gqa, **kwargs)
+    as_mask = mask is not None and mask is not attn_mask
+    return f"{words} (band as a mask)" if as_mask else words

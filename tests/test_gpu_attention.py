@@ -1,0 +1,167 @@
+"""GPU tests of flashcore.attention's band (sliding window, bottom-right causal) in the kernels.
+
+What it checks, on a CUDA machine with FlashCore's kernels:
+  * forward against a float64 reference with the rule of tests/test_gpu_sdpa.py,
+        max|out - ref_hi| <= 2 * max|ref_lp - ref_hi| + atol,
+    ref_lp the same math in the input's dtype; the LSE within 1e-3 of float64's; rows that see
+    no key exactly zero with LSE -inf; over windows (0, 0), (1, 0), (127, 0), (S - 1, 0),
+    asymmetric, larger than S; both alignments with Sq < Sk and Sq > Sk; odd lengths (1, 17,
+    127, 1000, 4097); GQA; fp16 / bf16; D 64 / 128 / 256; outputs are poisoned first;
+  * on Hopper the band runs in the sm90 kernel (explain_attention says "kernel sm90", no mask),
+    and the kernel's answer equals FlashCore's own dense-mask path for the same band;
+  * gradients (whichever backward runs: the sm90 kernel where it takes bands, else the Python
+    backward with the band as a mask) against float64 autograd with the same rule.
+
+Run:  python -m pytest tests/test_gpu_attention.py -q     (each test skips without a CUDA device)
+"""
+import math
+import zlib
+
+import pytest
+import torch
+
+from gpu_gate import gpu_gate  # noqa: E402
+
+GPU, pytestmark = gpu_gate("no CUDA device: GPU tests of flashcore.attention skipped")
+
+import flashcore  # noqa: E402
+from flashcore import _band  # noqa: E402
+from build_record import skip_unless_built  # noqa: E402
+
+DEVICE = "cuda"
+HOPPER = GPU and torch.cuda.get_device_capability() == (9, 0)
+ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
+NEG_INF = float("-inf")
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def reference(q, k, v, keep, dtype):
+    """softmax(q k^T * scale, keys outside keep removed) v in `dtype` (fp32 accumulation for the
+    16-bit dtypes, each result rounded), per (batch, head); rows with no key give zeros. Also
+    the LSE (natural log, -inf for such rows), in float64 when dtype is."""
+    B, Hq, Sq, D = q.shape
+    group = Hq // k.shape[1]
+    scale = 1.0 / math.sqrt(D)
+    out = torch.empty(B, Hq, Sq, v.shape[-1], dtype=dtype, device=q.device)
+    lse = torch.empty(B, Hq, Sq, dtype=torch.float64, device=q.device)
+    for b in range(B):
+        for h in range(Hq):
+            s = torch.matmul(q[b, h].to(dtype), k[b, h // group].to(dtype).T) * scale
+            s = s.masked_fill(~keep, NEG_INF)
+            p = torch.softmax(s.float() if dtype != torch.float64 else s, dim=-1).to(dtype)
+            p = torch.where(keep.any(-1, keepdim=True), p, torch.zeros_like(p))
+            out[b, h] = torch.matmul(p, v[b, h // group].to(dtype))
+            lse[b, h] = torch.logsumexp(s.double(), dim=-1)
+    return out, lse
+
+
+def keep_of(sq, sk, causal, window, bottom_right):
+    band = _band.band_bounds(sq, sk, causal, *window, bottom_right)
+    return _band.band_mask(range(sq), sk, band, DEVICE), band
+
+
+def poison_allocator(shape, dtype):
+    junk = torch.empty(shape, dtype=dtype, device=DEVICE)
+    junk.fill_(float("nan"))
+    del junk
+
+
+CASES = [
+    # (Sq, Sk, causal, window, alignment)
+    (1000, 1000, True, (127, 0), "top_left"),
+    (1000, 1000, True, (0, 0), "top_left"),
+    (1000, 1000, True, (1, 0), "top_left"),
+    (1000, 1000, False, (64, 32), "top_left"),
+    (4097, 4097, True, (1000, 0), "top_left"),
+    (4097, 4097, False, (300, 300), "top_left"),
+    (127, 127, True, (200, 0), "top_left"),            # larger than S: plain causal
+    (17, 4097, True, (-1, -1), "bottom_right"),        # a chunk of queries against a cache
+    (512, 4097, True, (1024, 0), "bottom_right"),      # chunked prefill with a window
+    (1, 4097, True, (255, 0), "bottom_right"),         # one decoding row, window
+    (4, 1000, True, (-1, -1), "bottom_right"),         # speculative decoding
+    (1000, 127, True, (-1, -1), "bottom_right"),       # Sq > Sk: rows that see no key
+    (1000, 127, False, (0, 5), "top_left"),            # window past the keys: rows see none
+]
+
+
+def _case_id(c):
+    return f"{c[0]}x{c[1]}-c{int(c[2])}-w{c[3][0]}_{c[3][1]}-{c[4]}"
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_forward(case, dtype, D):
+    skip_unless_built(D, dtype)
+    sq, sk, causal, window, alignment = case
+    br = alignment == "bottom_right"
+    B, Hq, Hkv = (1, 4, 2) if max(sq, sk) > 2000 else (2, 4, 1)
+    q = torch.randn(B, Hq, sq, D, device=DEVICE, dtype=dtype)
+    k = torch.randn(B, Hkv, sk, D, device=DEVICE, dtype=dtype)
+    v = torch.randn(B, Hkv, sk, D, device=DEVICE, dtype=dtype)
+    keep, band = keep_of(sq, sk, causal, window, br)
+    kw = dict(is_causal=causal, causal_alignment=alignment, window_size=window, enable_gqa=True)
+    poison_allocator((B, Hq, sq, D), dtype)
+    out, lse = flashcore.attention(q, k, v, return_lse=True, **kw)
+    torch.cuda.synchronize()
+    ref_hi, lse_hi = reference(q, k, v, keep, torch.float64)
+    ref_lp, _ = reference(q, k, v, keep, dtype)
+    err = (out.double() - ref_hi).abs().max().item()
+    bound = 2 * (ref_lp.double() - ref_hi).abs().max().item() + ATOL[dtype]
+    assert err <= bound, f"max|out - ref| {err:.3e} > {bound:.3e}"
+    none_seen = ~keep.any(-1)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_hi)), "LSE -inf exactly on rows with no key"
+    assert (out[..., none_seen, :] == 0).all(), "rows with no key give zeros"
+    fin = torch.isfinite(lse_hi)
+    assert (lse[fin].double() - lse_hi[fin]).abs().max().item() < 1e-3 * max(1.0, math.log(sk))
+    if HOPPER and band.kind == _band.OTHER and D in (64, 128, 256):
+        words = flashcore.explain_attention(q, k, v, **kw)
+        assert words == "kernel sm90", words
+        # the same band as FlashCore's own dense-mask path
+        dense = flashcore.attention(q, k, v, keep, enable_gqa=True)
+        err_dense = (out.double() - dense.double()).abs().max().item()
+        assert err_dense <= 2 * bound
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("case", [
+    (1000, 1000, True, (127, 0), "top_left"),
+    (255, 1000, True, (300, 0), "bottom_right"),
+    (1000, 127, True, (-1, -1), "bottom_right"),
+    (513, 513, False, (64, 32), "top_left"),
+], ids=_case_id)
+def test_backward(case, D):
+    dtype = torch.bfloat16
+    skip_unless_built(D, dtype)
+    sq, sk, causal, window, alignment = case
+    B, Hq, Hkv = 2, 4, 2
+    q = torch.randn(B, Hq, sq, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, Hkv, sk, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, Hkv, sk, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    keep, _ = keep_of(sq, sk, causal, window, alignment == "bottom_right")
+    out = flashcore.attention(q, k, v, is_causal=causal, causal_alignment=alignment,
+                              window_size=window, enable_gqa=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+
+    def ref_grads(cast):
+        qq, kk, vv = (t.detach().to(cast).requires_grad_() for t in (q, k, v))
+        group = Hq // Hkv
+        s = torch.matmul(qq, kk.repeat_interleave(group, 1).transpose(-2, -1)) / math.sqrt(D)
+        s = s.masked_fill(~keep, NEG_INF)
+        seen = keep.any(-1, keepdim=True)
+        p = torch.where(seen, torch.softmax(torch.where(seen, s, torch.zeros_like(s)), -1),
+                        torch.zeros_like(s))
+        o = torch.matmul(p, vv.repeat_interleave(group, 1))
+        return torch.autograd.grad(o, (qq, kk, vv), dout.to(cast))
+
+    hi, lp = ref_grads(torch.float64), ref_grads(torch.float32)
+    for name, g, h, l in zip("qkv", grads, hi, lp):
+        assert torch.isfinite(g).all(), f"d{name} has NaN/inf"
+        err = (g.double() - h).abs().max().item()
+        bound = 2 * (l.double() - h).abs().max().item() + 3e-2 * h.abs().max().item() + 1e-2
+        assert err <= bound, f"d{name}: {err:.3e} > {bound:.3e}"
