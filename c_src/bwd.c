@@ -183,8 +183,10 @@ static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_ma
     if (!fc_family_runs_on_(family, cc_major, cc_minor)) return FC_UNSUPPORTED_FAMILY;
     /* Masks: the Hopper family only, and not with causal (PyTorch's SDPA never asks for both). */
     if (p->fwd.mask_kind != FC_MASK_NONE && (family != FC_FAMILY_SM90 || p->fwd.causal)) return FC_UNSUPPORTED_MASK;
-    /* A window or bottom-right causal band (dispatch.h): no backward kernel has one yet. */
-    if (p->fwd.band_ == FC_BAND_GENERAL_) return FC_UNSUPPORTED_BAND;
+    /* A window or bottom-right causal band (dispatch.h; with a mask, declined just above, as it
+     * comes with causal set): the Hopper family's kBand variant only. So a deterministic call
+     * with one (AUTO then tries the sm80-class family alone) is declined too. */
+    if (p->fwd.band_ == FC_BAND_GENERAL_ && family != FC_FAMILY_SM90) return FC_UNSUPPORTED_BAND;
     if ((*entry = find_bwd_kernel(family, &p->fwd)) == NULL) return FC_UNSUPPORTED_HEAD_DIM;
     if (family == FC_FAMILY_SM90 && !sm90_takes_layout(p)) return FC_UNSUPPORTED_LAYOUT;
     return FC_OK;

@@ -47,7 +47,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_UNSUPPORTED_LAYOUT] = "the forced kernel family cannot take these inputs (sm90: a nonzero stride on every dim of size > 1, scale > 0, and for its backward at most 2^31 - 1 key blocks x KV heads x batch; decode: at most 16 query rows, and 32 rows per KV head)",
     [FC_ERR_CUDA] = "a CUDA call or kernel launch failed (fc_last_cuda_error() has the CUDA error)",
     [FC_ERR_BAD_WINDOW] = "with windowed set, window_left and window_right must be -1 (unbounded) or >= 0; alignment must be FC_ALIGN_TOP_LEFT or FC_ALIGN_BOTTOM_RIGHT",
-    [FC_UNSUPPORTED_BAND] = "a sliding window or a bottom-right causal band runs only in the sm90 family's forward (head dims 64, 128, 256, without a mask); no kernel here takes this call",
+    [FC_UNSUPPORTED_BAND] = "a sliding window or a bottom-right causal band runs only in the sm90 family (forward: head dims 64, 128, 256; backward: 64, 128; without a mask); no kernel here takes this call",
     [FC_UNSUPPORTED_SLOWER] = "on sm_90 only the sm80-class family has this head dim, and PyTorch's own SDPA (cuDNN) runs it faster (about 1.7x, bench/NOTES.md); force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
 };
 

@@ -214,7 +214,9 @@ cudaError_t fc_last_cuda_error(void);
  *   - sm90 (TMA + wgmma, sm_90a; head dims 64 and 128): one pass over key blocks, dq summed in
  *     fp32 through bulk reductions in any order, so dq may differ in its last bits from run to
  *     run (dk, dv do not). Takes a mask (bool or additive, any strides, as the forward) when the
- *     call is not causal.
+ *     call is not causal, and a band (a window or bottom-right causal; not with a mask). The
+ *     sm80-class family declines a band (FC_UNSUPPORTED_BAND), so a deterministic call with one
+ *     is declined too.
  *     AUTO picks it on sm_90 unless `deterministic` is set.
  *
  * Usage:

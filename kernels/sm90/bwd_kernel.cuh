@@ -37,6 +37,12 @@
 //     registers, in a fixed order. Causal (top-left): steps start at the first query tile that
 //     sees the block's first key; scores are masked only in tiles that cross the diagonal and
 //     in the ragged last key block.
+//   * Band (kBand, with the causal configuration; fc_band_bounds in c_src/flashcore.h: a sliding
+//     window, or causal aligned bottom-right): row i sees keys i + lo .. i + hi. A key block's
+//     steps are the query tiles whose rows see any of its keys (tile_at); the others are not
+//     visited, so a block no row sees writes zero dK and dV. Scores are masked per element only
+//     in the tiles an edge of the band crosses. A row that sees no key has LSE -inf, so LSE2 =
+//     +inf (sm90/bwd_rows.cuh): its P, dS and dQ are zeros.
 //   * Rows past Sq are zero-filled by TMA and have LSE2 = +inf (P = 0); keys past Sk are
 //     zero-filled and masked.
 //
@@ -48,9 +54,10 @@
 namespace flashcore {
 namespace sm90_bwd {
 
-template <typename Elem, int kHeadDim, bool kCausal, int kMask>
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
+    static_assert(!kBand || (kCausal && kMask == kMaskNone), "a band runs in the causal configuration, without a mask");
     using T = BwdTraits<kHeadDim, kMask == kMaskBoolTiles>;
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
     constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of dK, dV
@@ -63,7 +70,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     const int seqlen_k = static_cast<int>(f.seqlen_k);
     const int tiles = (seqlen_k + kBlockN - 1) / kBlockN * static_cast<int>(f.heads_kv * f.batch);
     const Workspace ws = workspace_of(p);
-    auto tile_of = [&](int index) { return tile_at<kBlockM, kBlockN, kCausal>(index, maps, f); };
+    auto tile_of = [&](int index) { return tile_at<kBlockM, kBlockN, kCausal, kBand>(index, maps, f); };
 
     const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
     const int lane = threadIdx.x % 32;
@@ -305,13 +312,18 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             issue_scores(s, k_rows, q_tile);
             issue_scores(dp, v_rows, do_tile);
 
-            // ---- P^T = exp2(S^T scale log2(e) - LSE2[query]), masked where keys pass Sk or the diagonal ----
+            // ---- P^T = exp2(S^T scale log2(e) - LSE2[query]), masked where keys pass Sk, the diagonal or the band ----
             wgmma_wait<1>();
             fence_registers(s);
             const float *delta = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsBytes);
             const float *lse2 = delta + kBlockM;
             [[maybe_unused]] const uint8_t *mask_tile = smem + T::kOffMask + stage * T::kMaskTileBytes;
-            const bool masked_tile = n_start + kBlockN > seqlen_k || (kCausal && m_start < n_start + kBlockN);
+            // (kBand: every key of the block lies in the band of every row of the step when the
+            // step's last row reaches back to the block's first key and its first row forward to
+            // the block's last; compared as key - query, which cannot overflow.)
+            const bool masked_tile = n_start + kBlockN > seqlen_k ||
+                                     (kBand ? n_start - (m_start + kBlockM - 1) < f.band_lo_ || n_start + kBlockN - 1 - m_start > f.band_hi_
+                                            : kCausal && m_start < n_start + kBlockN);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + col_in_tile);
@@ -327,7 +339,11 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                         const int offset = (8 * j + col_in_tile + (e & 1)) * T::kMaskBoxKeys + wg * 64 + my_row + 8 * (e >> 1);
                         if (mask_tile[offset] == 0) x = -INFINITY;
                     }
-                    if (masked_tile && (key >= seqlen_k || (kCausal && key > query))) x = -INFINITY;
+                    if constexpr (kBand) {
+                        if (masked_tile && (key >= seqlen_k || key - query < f.band_lo_ || key - query > f.band_hi_)) x = -INFINITY;
+                    } else if (masked_tile && (key >= seqlen_k || (kCausal && key > query))) {
+                        x = -INFINITY;
+                    }
                     s[4 * j + e] = fast_exp2(x);
                 }
             }

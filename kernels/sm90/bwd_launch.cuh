@@ -4,7 +4,8 @@
 //      zeroed (sm90/bwd_rows.cuh),
 //   2. bwd_kernel: dK, dV and the dq accumulator over tiles of (key block, KV head, batch), at most
 //      one CTA per SM taking tiles until none are left, every head's first key blocks first
-//      (causal: they see the most query tiles) (sm90/bwd_kernel.cuh),
+//      (causal: they see the most query tiles) (sm90/bwd_kernel.cuh); a general band (a sliding
+//      window, or causal aligned bottom-right) in its kBand variant,
 //   3. dq_convert_kernel: dq = scale * accumulator, in dq's dtype and strides.
 // Instantiated per (head dim, dtype) in kernels/bwd_sm90_hdim*_*.cu.
 #pragma once
@@ -23,7 +24,7 @@
 namespace flashcore {
 namespace sm90_bwd {
 
-template <typename Elem, int kHeadDim, bool kCausal, int kMask>
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false>
 cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     using T = BwdTraits<kHeadDim, kMask == kMaskBoolTiles>;
     const fc_params &f = p.fwd;
@@ -31,7 +32,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
 
-    auto kernel = bwd_kernel<Elem, kHeadDim, kCausal, kMask>;
+    auto kernel = bwd_kernel<Elem, kHeadDim, kCausal, kMask, kBand>;
     static unsigned long long configured = 0;
     if ((err = allow_smem(kernel, T::kSmemBytes, &configured, device)) != cudaSuccess) return err;
 
@@ -57,6 +58,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     // Causal CTA order (bwd_kernel) over at least 32 key blocks: chunks of pairs whose Q and dO
     // tiles fit in 16 MB of L2. Measured (H100, fp16, C-API probe, against one pair per chunk):
     // D=128 causal 4k 459 -> 476 TFLOP/s, 16k 516 -> 529; at 1k (8 key blocks) 271 -> 258, so not there.
+    // (A band takes the causal rule as it is: not measured for windows.)
     const int64_t pairs = f.heads_kv * f.batch, qdo_bytes = f.seqlen_q * kHeadDim * 2 * 2 * (f.heads_q / f.heads_kv);
     maps.chunk_pairs = 1;
     if (kCausal && f.seqlen_k >= 32 * T::kBlockN)
@@ -90,10 +92,12 @@ inline bool mask_tiles_fit(const fc_params &f) {
            f.mask_stride_b >= 0 && (reinterpret_cast<uintptr_t>(f.mask) & 15) == 0;
 }
 
-// The variant for a call: causal, or one of the mask kinds (c_src/bwd.c sends masked causal
-// calls elsewhere: PyTorch's SDPA never makes them).
+// The variant for a call: causal, a general band (p.fwd.band_, set by fc_resolve_band_ in
+// c_src/bwd.c; it comes with causal set), or one of the mask kinds (c_src/bwd.c sends masked
+// causal or banded calls elsewhere: PyTorch's SDPA never makes them).
 template <typename Elem, int kHeadDim>
 cudaError_t launch_bwd_variant(const fc_bwd_params &p, cudaStream_t stream) {
+    if (p.fwd.band_ == FC_BAND_GENERAL_) return launch_bwd<Elem, kHeadDim, true, kMaskNone, true>(p, stream);
     switch (p.fwd.mask_kind) {
     case FC_MASK_BOOL:
         return mask_tiles_fit(p.fwd) ? launch_bwd<Elem, kHeadDim, false, kMaskBoolTiles>(p, stream)

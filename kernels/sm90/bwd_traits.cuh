@@ -122,7 +122,11 @@ struct BwdBarriers {
     Tile tile[2];            // the CTA's next tiles, decoded once; batch < 0 = no more
 };
 
-template <int kBlockM, int kBlockN, bool kCausal>
+// kBand: a general band (fc_band_bounds in c_src/flashcore.h): row i sees keys i + f.band_lo_ ..
+// i + f.band_hi_, so key j is seen by rows j - band_hi_ .. j - band_lo_: the query tiles of a
+// block are those of the transposed band (lo, hi) -> (-hi, -lo) over its keys, and a block no
+// row sees has none (its dK and dV are zeros).
+template <int kBlockM, int kBlockN, bool kCausal, bool kBand = false>
 __device__ Tile tile_at(int index, const BwdMaps &maps, const fc_params &f) {
     const int pairs = static_cast<int>(f.heads_kv * f.batch);
     const int n_blocks = (static_cast<int>(f.seqlen_k) + kBlockN - 1) / kBlockN;
@@ -136,8 +140,22 @@ __device__ Tile tile_at(int index, const BwdMaps &maps, const fc_params &f) {
     t.batch = pair / static_cast<int>(f.heads_kv);
     t.group = static_cast<int>(f.heads_q / f.heads_kv);
     // Query tiles that see any key of this block: causal, none before row n_start.
-    t.steps.m_first = kCausal ? t.n_start / kBlockM : 0;
-    t.steps.m_count = max(0, (static_cast<int>(f.seqlen_q) + kBlockM - 1) / kBlockM - t.steps.m_first);
+    if constexpr (kBand) {
+        // Rows key_first - hi .. key_last - lo, clipped to [0, Sq). In 32 bits (fc_band_key_tiles'
+        // 64-bit math spilled in the scheduler thread's 24 registers): with lo, hi in
+        // [-(Sq - 1), Sk - 1] a difference is formed only where it lies in [0, Sq - 1], and
+        // key - (Sq - 1) cannot overflow.
+        const int seqlen_q = static_cast<int>(f.seqlen_q), last_q = seqlen_q - 1;
+        const int key_first = t.n_start, key_last = min(t.n_start + kBlockN, static_cast<int>(f.seqlen_k)) - 1;
+        const int lo = f.band_lo_, hi = f.band_hi_;
+        const int row_first = hi >= key_first ? 0 : key_first - last_q > hi ? seqlen_q : key_first - hi;
+        const int row_last = lo <= key_last - last_q ? last_q : lo > key_last ? -1 : key_last - lo;
+        t.steps.m_first = row_first / kBlockM;
+        t.steps.m_count = row_first > row_last ? 0 : row_last / kBlockM + 1 - t.steps.m_first;
+    } else {
+        t.steps.m_first = kCausal ? t.n_start / kBlockM : 0;
+        t.steps.m_count = max(0, (static_cast<int>(f.seqlen_q) + kBlockM - 1) / kBlockM - t.steps.m_first);
+    }
     t.steps.count = t.group * t.steps.m_count;
     return t;
 }

@@ -9,6 +9,13 @@
  * element for a transposed mask) include fully masked rows (output exactly 0, LSE -inf) and
  * -inf additive entries; compute-sanitizer runs this file in ci/gpu.sh.
  *
+ * Band cases (a sliding window, causal aligned bottom-right; flashcore.h): the reference applies
+ * the band by flashcore.h's definition (sees(), written apart from the library's fc_band_bounds),
+ * rows that see no key must give zeros and LSE -inf (dq 0), and each case asserts that its band
+ * changes the reference (so a kernel that ignores the band fails it), or, for a window wider than
+ * the sequence, that it does not. The sm80-class family must decline a general band
+ * (FC_UNSUPPORTED_BAND); off Hopper the band cases skip.
+ *
  * Exits 77 (ctest's "skipped") when no CUDA device is present; 0 when all cases pass.
  * Tolerance: |out - ref| <= atol + rtol * |ref|, where rtol covers rounding the output and P to
  * 16 bits (fp16: 2^-11 each; bf16: 2^-8 each) with a 4x margin.
@@ -116,6 +123,102 @@ typedef struct test_case {
     int mask_layout;
 } test_case;
 
+/* A band case's window and alignment (flashcore.h), on top of its test_case (whose `causal` it
+ * keeps). `differs`: 1 if the band changes the result against the same call without window and
+ * alignment (a kernel that ignored the band would fail the case), 0 if it must not (a window wider
+ * than the sequence); the test checks which holds of its own reference. */
+typedef struct test_band {
+    int windowed;
+    int64_t left, right; /* -1: unbounded */
+    fc_alignment alignment;
+    int differs;
+} test_band;
+
+static void set_band(const test_band *band, fc_params *p) {
+    if (band == NULL) return;
+    p->windowed = band->windowed;
+    p->window_left = band->left;
+    p->window_right = band->right;
+    p->alignment = band->alignment;
+}
+
+/* The same call without its window and alignment: what a kernel that ignores the band computes. */
+static fc_params unbanded(const fc_params *p) {
+    fc_params plain = *p;
+    plain.windowed = 0;
+    plain.window_left = plain.window_right = -1;
+    plain.alignment = FC_ALIGN_TOP_LEFT;
+    return plain;
+}
+
+/* Does query i see key j? flashcore.h's definition, written here apart from the library's:
+ * row i's diagonal key is d = i, or i + Sk - Sq aligned bottom-right; causal sees no key past d;
+ * a window only d - window_left .. d + window_right (-1: unbounded on that side). */
+static int sees(const fc_params *p, int64_t i, int64_t j) {
+    const int64_t d = p->alignment == FC_ALIGN_BOTTOM_RIGHT ? i + p->seqlen_k - p->seqlen_q : i;
+    if (p->causal && j > d) return 0;
+    if (p->windowed && p->window_left >= 0 && j < d - p->window_left) return 0;
+    if (p->windowed && p->window_right >= 0 && j > d + p->window_right) return 0;
+    return 1;
+}
+
+/* Is the band general: some row sees other keys than with every key and than with plain
+ * (top-left) causal? Only such a band needs the sm90 family's band kernels (c_src resolves the
+ * others to plain calls, which every family runs). */
+static int band_is_general(const fc_params *p) {
+    fc_params causal = unbanded(p);
+    causal.causal = 1;
+    int like_all = 1, like_causal = 1;
+    for (int64_t i = 0; i < p->seqlen_q; ++i)
+        for (int64_t j = 0; j < p->seqlen_k; ++j) {
+            const int s = sees(p, i, j);
+            like_all &= s;
+            like_causal &= s == sees(&causal, i, j);
+        }
+    return !like_all && !like_causal;
+}
+
+/* Does the library's fc_band_bounds (flashcore.h) give the same band as sees(), row by row, and
+ * call it FC_BAND_OTHER exactly when band_is_general says so? */
+static int band_matches_library(const fc_params *p) {
+    int64_t lo = 0, hi = 0;
+    const int kind = fc_band_bounds(p->seqlen_q, p->seqlen_k, p->causal, p->windowed ? p->window_left : -1,
+                                    p->windowed ? p->window_right : -1, p->alignment, &lo, &hi);
+    if ((kind == FC_BAND_OTHER) != band_is_general(p)) return 0;
+    for (int64_t i = 0; i < p->seqlen_q; ++i)
+        for (int64_t j = 0; j < p->seqlen_k; ++j)
+            if (sees(p, i, j) != (j - i >= lo && j - i <= hi)) return 0;
+    return 1;
+}
+
+static void print_band(const test_band *band) {
+    if (band == NULL) return;
+    if (band->windowed) printf(" window=(%lld,%lld)", (long long)band->left, (long long)band->right);
+    if (band->alignment == FC_ALIGN_BOTTOM_RIGHT) printf(" bottom-right");
+}
+
+/* Row i's attention over the keys it sees under p, from its scores raw[j] = scale q.k (+ mask):
+ * its D outputs in out (zeros if it sees no key, as PyTorch gives) and its LSE, returned (-inf
+ * then). V: the (Sk, D) values of the row's KV head; w: Sk doubles of scratch. */
+static double attend_row(const fc_params *p, fc_dtype dt, int64_t i, const double *raw, const uint16_t *V,
+                         double *w, double *out) {
+    const int64_t Sk = p->seqlen_k, D = p->head_dim;
+    double mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < Sk; ++j) {
+        w[j] = sees(p, i, j) ? raw[j] : -INFINITY;
+        if (w[j] > mx) mx = w[j];
+    }
+    for (int64_t d = 0; d < D; ++d) out[d] = 0;
+    if (mx == -INFINITY) return -INFINITY;
+    for (int64_t j = 0; j < Sk; ++j) { w[j] = exp(w[j] - mx); sum += w[j]; }
+    for (int64_t j = 0; j < Sk; ++j) {
+        if (w[j] == 0) continue;
+        for (int64_t d = 0; d < D; ++d) out[d] += w[j] * to_float(V[j * D + d], dt);
+    }
+    for (int64_t d = 0; d < D; ++d) out[d] /= sum;
+    return mx + log(sum);
+}
+
 /* Mask value at (b, h, i, j): 1 = attend (bool) or the additive value; masked bool -> -inf. */
 static double mask_score(const test_case *tc, const fc_params *p, const uint16_t *m16,
                          const uint8_t *m8, int64_t b, int64_t h, int64_t i, int64_t j) {
@@ -180,7 +283,7 @@ static void free_mask(test_mask *m) {
     free(m->hm16);
 }
 
-static int run_case(const test_case *tc, fc_family family) {
+static int run_case(const test_case *tc, fc_family family, const test_band *band) {
 
     if (fc_test_left_out(tc->D, tc->dtype)) {
         printf("skip D=%lld dtype %d: this build left its kernel out\n", (long long)tc->D, (int)tc->dtype);
@@ -220,6 +323,11 @@ static int run_case(const test_case *tc, fc_family family) {
     p.family = family;
     fc_params_set_contiguous_strides(&p);
     set_mask(tc, &mask, &p);
+    set_band(band, &p);
+    if (band != NULL && !band_matches_library(&p)) {
+        fprintf(stderr, "FAIL the test's band rule and fc_band_bounds disagree (Sq=%lld Sk=%lld)\n", (long long)Sq, (long long)Sk);
+        return 1;
+    }
     const uint8_t *m8 = mask.m8;
     const uint16_t *m16 = mask.m16;
 
@@ -233,6 +341,24 @@ static int run_case(const test_case *tc, fc_family family) {
         free(hq); free(hk); free(hv); free(ho); free(hlse);
         CUDA_OK(cudaFree(dq)); CUDA_OK(cudaFree(dk)); CUDA_OK(cudaFree(dv)); CUDA_OK(cudaFree(dout)); CUDA_OK(cudaFree(dlse));
         return 0;
+    }
+    if (band != NULL && band_is_general(&p)) {
+        /* A general band runs in the sm90 family alone: the sm80 family must decline it (never
+         * run it as a plain call), and so must AUTO off Hopper. */
+        int dev = 0, major = 0;
+        CUDA_OK(cudaGetDevice(&dev));
+        CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        if (family == FC_FAMILY_SM80 || major != 9) {
+            const int ok = st == FC_UNSUPPORTED_BAND;
+            printf("%s family=%s Sq=%lld Sk=%lld causal=%d", ok ? "ok  " : "FAIL", family == FC_FAMILY_SM80 ? "sm80" : "auto",
+                   (long long)Sq, (long long)Sk, tc->causal);
+            print_band(band);
+            printf(": declined (%s)\n", fc_status_string(st));
+            free_mask(&mask);
+            free(hq); free(hk); free(hv); free(ho); free(hlse);
+            CUDA_OK(cudaFree(dq)); CUDA_OK(cudaFree(dk)); CUDA_OK(cudaFree(dv)); CUDA_OK(cudaFree(dout)); CUDA_OK(cudaFree(dlse));
+            return !ok;
+        }
     }
     if (st != FC_OK) {
         fprintf(stderr, "FAIL fc_sdpa_workspace_size: %s\n", fc_status_string(st));
@@ -258,56 +384,71 @@ static int run_case(const test_case *tc, fc_family family) {
     const double atol = tc->dtype == FC_DTYPE_FP16 ? 2e-3 : 1.6e-2;
     double max_err = 0, max_lse_err = 0;
     int bad = 0;
-    double *scores = malloc((size_t)Sk * sizeof(double));
+    /* Rows whose reference differs from the same call's without window and alignment. */
+    int64_t rows_band_changes = 0;
+    const fc_params plain = unbanded(&p);
+    double *raw = malloc((size_t)Sk * sizeof(double)), *w = malloc((size_t)Sk * sizeof(double));
+    double *ref = malloc((size_t)D * sizeof(double)), *ref_plain = malloc((size_t)D * sizeof(double));
     for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < Hq; ++h) {
             const int64_t hk_ = h / (Hq / Hkv);
+            const uint16_t *V = hv + (b * Hkv + hk_) * Sk * D;
             for (int64_t i = 0; i < Sq; ++i) {
                 const uint16_t *qrow = hq + ((b * Hq + h) * Sq + i) * D;
-                const int64_t n_keys = tc->causal ? (i + 1 < Sk ? i + 1 : Sk) : Sk;
-                double mx = -INFINITY;
-                for (int64_t j = 0; j < n_keys; ++j) {
+                for (int64_t j = 0; j < Sk; ++j) {
                     const uint16_t *krow = hk + ((b * Hkv + hk_) * Sk + j) * D;
                     double dot = 0;
                     for (int64_t d = 0; d < D; ++d) dot += (double)to_float(qrow[d], tc->dtype) * to_float(krow[d], tc->dtype);
-                    scores[j] = dot * p.scale;
-                    if (tc->mask_kind != FC_MASK_NONE) scores[j] += mask_score(tc, &p, m16, m8, b, h, i, j);
-                    if (scores[j] > mx) mx = scores[j];
+                    raw[j] = dot * p.scale;
+                    if (tc->mask_kind != FC_MASK_NONE) raw[j] += mask_score(tc, &p, m16, m8, b, h, i, j);
+                }
+                const double lse = attend_row(&p, tc->dtype, i, raw, V, w, ref);
+                if (band != NULL) {
+                    const double lse_plain = attend_row(&plain, tc->dtype, i, raw, V, w, ref_plain);
+                    int changed = (lse == -INFINITY) != (lse_plain == -INFINITY);
+                    for (int64_t d = 0; d < D; ++d) changed |= !(fabs(ref[d] - ref_plain[d]) <= atol + rtol * fabs(ref[d]));
+                    rows_band_changes += changed;
                 }
                 const float got_lse = hlse[(b * Hq + h) * Sq + i];
-                if (mx == -INFINITY) {
-                    /* Every key masked: PyTorch returns zeros for the row, and its LSE is -inf. */
+                if (lse == -INFINITY) {
+                    /* Every key masked, or none in the band: PyTorch returns zeros for the row,
+                     * and its LSE is -inf. */
                     if (!(got_lse == -INFINITY)) ++bad;
                     for (int64_t d = 0; d < D; ++d)
                         if (to_float(ho[((b * Hq + h) * Sq + i) * D + d], tc->dtype) != 0.0f) ++bad;
                     continue;
                 }
-                double sum = 0;
-                for (int64_t j = 0; j < n_keys; ++j) { scores[j] = exp(scores[j] - mx); sum += scores[j]; }
-                const double lse_err = fabs(got_lse - (mx + log(sum)));
-                if (!(lse_err <= 1e-3 * (1 + fabs(mx + log(sum))))) ++bad;
+                const double lse_err = fabs(got_lse - lse);
+                if (!(lse_err <= 1e-3 * (1 + fabs(lse)))) ++bad;
                 if (lse_err > max_lse_err || isnan(lse_err)) max_lse_err = lse_err;
                 for (int64_t d = 0; d < D; ++d) {
-                    double ref = 0;
-                    for (int64_t j = 0; j < n_keys; ++j)
-                        ref += scores[j] * to_float(hv[((b * Hkv + hk_) * Sk + j) * D + d], tc->dtype);
-                    ref /= sum;
                     const double got = to_float(ho[((b * Hq + h) * Sq + i) * D + d], tc->dtype);
-                    const double err = fabs(got - ref);
-                    if (!(err <= atol + rtol * fabs(ref))) ++bad; /* NaN fails here too */
+                    const double err = fabs(got - ref[d]);
+                    if (!(err <= atol + rtol * fabs(ref[d]))) ++bad; /* NaN fails here too */
                     if (err > max_err || isnan(err)) max_err = err;
                 }
             }
         }
+    /* The case tests the band only if its band changes the result (and a wider-than-the-sequence
+     * window must not). */
+    const int band_as_meant = band == NULL || (rows_band_changes > 0) == (band->differs != 0);
+    if (!band_as_meant) {
+        fprintf(stderr, "FAIL the band changes %lld rows of the reference; the case expects it to %s\n",
+                (long long)rows_band_changes, band->differs ? "change some" : "change none");
+        ++bad;
+    }
     static const char *const kMaskNames[] = {"", " bool-mask", " additive-mask"};
     static const char *const kLayoutNames[] = {"(B,1,Sq,Sk)", "(Sq,Sk)-misaligned", "transposed"};
-    printf("%s family=%s ws=%lld B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s%s%s: max|err| %.2e, max|lse err| %.2e, %d bad\n",
+    printf("%s family=%s ws=%lld B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s%s%s",
            bad ? "FAIL" : "ok  ", family == FC_FAMILY_SM80 ? "sm80" : "auto", (long long)ws_bytes, (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk,
            (long long)D, tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", kMaskNames[tc->mask_kind],
-           tc->mask_kind != FC_MASK_NONE ? kLayoutNames[tc->mask_layout] : "", max_err, max_lse_err, bad);
+           tc->mask_kind != FC_MASK_NONE ? kLayoutNames[tc->mask_layout] : "");
+    print_band(band);
+    if (band != NULL) printf(" (band changes %lld rows)", (long long)rows_band_changes);
+    printf(": max|err| %.2e, max|lse err| %.2e, %d bad\n", max_err, max_lse_err, bad);
     free_mask(&mask);
 
-    free(scores); free(hq); free(hk); free(hv); free(ho); free(hlse);
+    free(raw); free(w); free(ref); free(ref_plain); free(hq); free(hk); free(hv); free(ho); free(hlse);
     CUDA_OK(cudaFree(dq)); CUDA_OK(cudaFree(dk)); CUDA_OK(cudaFree(dv)); CUDA_OK(cudaFree(dout)); CUDA_OK(cudaFree(dlse));
     CUDA_OK(cudaStreamDestroy(stream));
     if (p.workspace != NULL) CUDA_OK(cudaFree(p.workspace));
@@ -321,7 +462,62 @@ static int run_case(const test_case *tc, fc_family family) {
  * unwritten element fails. Tolerance per gradient tensor: max|g - ref| <= rel * max(1, max|ref|),
  * rel 1e-2 (fp16) / 4e-2 (bf16): P and dS are rounded to 16 bits inside the kernel.
  */
-static int run_bwd_case(const test_case *tc) {
+/* float64 gradients of the call p describes (its sizes, scale, causal, band; tc's mask) from the
+ * rounded inputs, added into rdq, rdk, rdv (zeroed): per (b, h) the full Sq x Sk probabilities. */
+static void bwd_reference(const test_case *tc, const fc_params *p, const test_mask *mask, const uint16_t *hq,
+                          const uint16_t *hk, const uint16_t *hv, const uint16_t *hdo, double *rdq, double *rdk,
+                          double *rdv) {
+    const int64_t B = tc->B, Hq = tc->Hq, Hkv = tc->Hkv, Sq = tc->Sq, Sk = tc->Sk, D = tc->D;
+    const int64_t G = Hq / Hkv;
+    double *P = malloc((size_t)(Sq * Sk) * sizeof(double)), *dS = malloc((size_t)(Sq * Sk) * sizeof(double));
+    for (int64_t bb = 0; bb < B; ++bb)
+        for (int64_t h = 0; h < Hq; ++h) {
+            const int64_t hk_ = h / G;
+            const uint16_t *Q = hq + (bb * Hq + h) * Sq * D, *DO = hdo + (bb * Hq + h) * Sq * D;
+            const uint16_t *K = hk + (bb * Hkv + hk_) * Sk * D, *V = hv + (bb * Hkv + hk_) * Sk * D;
+            double *DQ = rdq + (bb * Hq + h) * Sq * D;
+            double *DK = rdk + (bb * Hkv + hk_) * Sk * D, *DV = rdv + (bb * Hkv + hk_) * Sk * D;
+            for (int64_t i = 0; i < Sq; ++i) {
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j < Sk; ++j) {
+                    double dot = 0;
+                    for (int64_t d = 0; d < D; ++d) dot += (double)to_float(Q[i * D + d], tc->dtype) * to_float(K[j * D + d], tc->dtype);
+                    P[i * Sk + j] = sees(p, i, j) ? dot * p->scale : -INFINITY;
+                    if (tc->mask_kind != FC_MASK_NONE) P[i * Sk + j] += mask_score(tc, p, mask->m16, mask->m8, bb, h, i, j);
+                    if (P[i * Sk + j] > mx) mx = P[i * Sk + j];
+                }
+                /* A fully masked row, or one that sees no key: P = 0 (its gradients are zero, as the forward's output). */
+                for (int64_t j = 0; j < Sk; ++j) { P[i * Sk + j] = mx == -INFINITY ? 0 : exp(P[i * Sk + j] - mx); sum += P[i * Sk + j]; }
+                for (int64_t j = 0; j < Sk; ++j) P[i * Sk + j] = sum > 0 ? P[i * Sk + j] / sum : 0;
+                /* delta = rowsum(dO * O), dP = dO V^T, dS = P (dP - delta) */
+                double delta = 0;
+                for (int64_t d = 0; d < D; ++d) {
+                    double o = 0;
+                    for (int64_t j = 0; j < Sk; ++j) o += P[i * Sk + j] * to_float(V[j * D + d], tc->dtype);
+                    delta += o * to_float(DO[i * D + d], tc->dtype);
+                }
+                for (int64_t j = 0; j < Sk; ++j) {
+                    double dp = 0;
+                    for (int64_t d = 0; d < D; ++d) dp += (double)to_float(DO[i * D + d], tc->dtype) * to_float(V[j * D + d], tc->dtype);
+                    dS[i * Sk + j] = P[i * Sk + j] * (dp - delta);
+                }
+            }
+            for (int64_t i = 0; i < Sq; ++i)
+                for (int64_t j = 0; j < Sk; ++j) {
+                    const double pij = P[i * Sk + j], ds = dS[i * Sk + j] * p->scale;
+                    if (pij == 0 && ds == 0) continue;
+                    for (int64_t d = 0; d < D; ++d) {
+                        DV[j * D + d] += pij * to_float(DO[i * D + d], tc->dtype);
+                        DK[j * D + d] += ds * to_float(Q[i * D + d], tc->dtype);
+                        DQ[i * D + d] += ds * to_float(K[j * D + d], tc->dtype);
+                    }
+                }
+        }
+    free(P);
+    free(dS);
+}
+
+static int run_bwd_case(const test_case *tc, const test_band *band) {
     if (fc_test_left_out(tc->D, tc->dtype)) {
         printf("skip backward D=%lld dtype %d: this build left its kernel out\n", (long long)tc->D, (int)tc->dtype);
         return 0;
@@ -336,7 +532,6 @@ static int run_bwd_case(const test_case *tc) {
         }
     }
     const int64_t B = tc->B, Hq = tc->Hq, Hkv = tc->Hkv, Sq = tc->Sq, Sk = tc->Sk, D = tc->D;
-    const int64_t G = Hq / Hkv;
     const size_t nq = (size_t)(B * Hq * Sq * D), nk = (size_t)(B * Hkv * Sk * D), nr = (size_t)(B * Hq * Sq);
     uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hv = malloc(nk * 2), *hdo = malloc(nq * 2);
     uint16_t *hdq = malloc(nq * 2), *hdk = malloc(nk * 2), *hdv = malloc(nk * 2);
@@ -377,6 +572,32 @@ static int run_bwd_case(const test_case *tc) {
     test_mask mask;
     make_mask(tc, &mask);
     set_mask(tc, &mask, p);
+    set_band(band, p);
+    if (band != NULL && band_is_general(p)) {
+        /* Only the sm90 family's backward has a band: the sm80-class family declines it, so a
+         * deterministic call does too, and so does any call off Hopper (which then skips). */
+        fc_bwd_params other = b;
+        other.fwd.family = FC_FAMILY_SM80;
+        const fc_status sm80 = fc_sdpa_bwd_support(&other, 9, 0);
+        other = b;
+        other.deterministic = 1;
+        const fc_status det = fc_sdpa_bwd_support(&other, 9, 0);
+        const fc_status ada = fc_sdpa_bwd_support(&b, 8, 9), hopper = fc_sdpa_bwd_support(&b, 9, 0);
+        /* (sm_89: FC_UNSUPPORTED_ARCH where the build has no sm_89 kernels at all.) */
+        const int ada_declines = ada == FC_UNSUPPORTED_BAND || ada == FC_UNSUPPORTED_ARCH;
+        if (sm80 != FC_UNSUPPORTED_BAND || det != FC_UNSUPPORTED_BAND || !ada_declines || hopper != FC_OK) {
+            fprintf(stderr, "FAIL bwd band support: sm80 %s; deterministic %s; sm_89 %s; sm_90 %s\n", fc_status_string(sm80),
+                    fc_status_string(det), fc_status_string(ada), fc_status_string(hopper));
+            return 1;
+        }
+        int dev = 0, major = 0;
+        CUDA_OK(cudaGetDevice(&dev));
+        CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        if (major != 9) {
+            printf("skip band backward: only the sm90 family takes a band\n");
+            return 0;
+        }
+    }
 
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreate(&stream));
@@ -409,75 +630,74 @@ static int run_bwd_case(const test_case *tc) {
     CUDA_OK(cudaMemcpy(hdk, d_dk, nk * 2, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(hdv, d_dv, nk * 2, cudaMemcpyDeviceToHost));
 
-    /* float64 reference: per (b, h) the full Sq x Sk probabilities. */
+    /* float64 reference; for a band also the same call's without it, which must differ from it
+     * beyond the tolerance (a kernel that ignored the band would fail), or, for a window wider
+     * than the sequence, must not. */
     double *rdq = calloc(nq, sizeof(double)), *rdk = calloc(nk, sizeof(double)), *rdv = calloc(nk, sizeof(double));
-    double *P = malloc((size_t)(Sq * Sk) * sizeof(double)), *dS = malloc((size_t)(Sq * Sk) * sizeof(double));
-    for (int64_t bb = 0; bb < B; ++bb)
-        for (int64_t h = 0; h < Hq; ++h) {
-            const int64_t hk_ = h / G;
-            const uint16_t *Q = hq + (bb * Hq + h) * Sq * D, *DO = hdo + (bb * Hq + h) * Sq * D;
-            const uint16_t *K = hk + (bb * Hkv + hk_) * Sk * D, *V = hv + (bb * Hkv + hk_) * Sk * D;
-            double *DQ = rdq + (bb * Hq + h) * Sq * D;
-            double *DK = rdk + (bb * Hkv + hk_) * Sk * D, *DV = rdv + (bb * Hkv + hk_) * Sk * D;
-            for (int64_t i = 0; i < Sq; ++i) {
-                double mx = -INFINITY, sum = 0;
-                for (int64_t j = 0; j < Sk; ++j) {
-                    double dot = 0;
-                    for (int64_t d = 0; d < D; ++d) dot += (double)to_float(Q[i * D + d], tc->dtype) * to_float(K[j * D + d], tc->dtype);
-                    P[i * Sk + j] = (tc->causal && j > i) ? -INFINITY : dot * p->scale;
-                    if (tc->mask_kind != FC_MASK_NONE) P[i * Sk + j] += mask_score(tc, p, mask.m16, mask.m8, bb, h, i, j);
-                    if (P[i * Sk + j] > mx) mx = P[i * Sk + j];
-                }
-                /* A fully masked row: P = 0 (its gradients are zero, as the forward's output). */
-                for (int64_t j = 0; j < Sk; ++j) { P[i * Sk + j] = mx == -INFINITY ? 0 : exp(P[i * Sk + j] - mx); sum += P[i * Sk + j]; }
-                for (int64_t j = 0; j < Sk; ++j) P[i * Sk + j] = sum > 0 ? P[i * Sk + j] / sum : 0;
-                /* delta = rowsum(dO * O), dP = dO V^T, dS = P (dP - delta) */
-                double delta = 0;
-                for (int64_t d = 0; d < D; ++d) {
-                    double o = 0;
-                    for (int64_t j = 0; j < Sk; ++j) o += P[i * Sk + j] * to_float(V[j * D + d], tc->dtype);
-                    delta += o * to_float(DO[i * D + d], tc->dtype);
-                }
-                for (int64_t j = 0; j < Sk; ++j) {
-                    double dp = 0;
-                    for (int64_t d = 0; d < D; ++d) dp += (double)to_float(DO[i * D + d], tc->dtype) * to_float(V[j * D + d], tc->dtype);
-                    dS[i * Sk + j] = P[i * Sk + j] * (dp - delta);
-                }
-            }
-            for (int64_t i = 0; i < Sq; ++i)
-                for (int64_t j = 0; j < Sk; ++j) {
-                    const double pij = P[i * Sk + j], ds = dS[i * Sk + j] * p->scale;
-                    if (pij == 0 && ds == 0) continue;
-                    for (int64_t d = 0; d < D; ++d) {
-                        DV[j * D + d] += pij * to_float(DO[i * D + d], tc->dtype);
-                        DK[j * D + d] += ds * to_float(Q[i * D + d], tc->dtype);
-                        DQ[i * D + d] += ds * to_float(K[j * D + d], tc->dtype);
-                    }
-                }
-        }
+    bwd_reference(tc, p, &mask, hq, hk, hv, hdo, rdq, rdk, rdv);
+    double *plain_ref[3] = {NULL, NULL, NULL};
+    if (band != NULL) {
+        const fc_params plain = unbanded(p);
+        for (int t = 0; t < 3; ++t) plain_ref[t] = calloc(t == 0 ? nq : nk, sizeof(double));
+        bwd_reference(tc, &plain, &mask, hq, hk, hv, hdo, plain_ref[0], plain_ref[1], plain_ref[2]);
+    }
     const double rel = tc->dtype == FC_DTYPE_FP16 ? 1e-2 : 4e-2;
     const uint16_t *got[3] = {hdq, hdk, hdv};
     const double *ref[3] = {rdq, rdk, rdv};
     const size_t n[3] = {nq, nk, nk};
     const char *names[3] = {"dq", "dk", "dv"};
-    int bad = 0;
+    int bad = 0, band_changes = 0;
     for (int t = 0; t < 3; ++t) {
-        double max_ref = 1.0, max_err = 0;
+        double max_ref = 1.0, max_err = 0, max_band_change = 0;
         for (size_t i = 0; i < n[t]; ++i) if (fabs(ref[t][i]) > max_ref) max_ref = fabs(ref[t][i]);
         for (size_t i = 0; i < n[t]; ++i) {
             const double err = fabs(to_float(got[t][i], tc->dtype) - ref[t][i]);
             if (!(err <= max_err)) max_err = err; /* NaN sticks */
+            if (band != NULL && fabs(plain_ref[t][i] - ref[t][i]) > max_band_change)
+                max_band_change = fabs(plain_ref[t][i] - ref[t][i]);
         }
         const int ok = max_err <= rel * max_ref;
         bad += !ok;
+        band_changes |= max_band_change > rel * max_ref;
         static const char *const kMaskNames[] = {"", " bool-mask", " additive-mask"};
-        printf("%s bwd B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s%s %s: max|err| %.2e (tol %.2e)\n",
-               ok ? "ok  " : "FAIL", (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk,
-               (long long)D, tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", kMaskNames[tc->mask_kind],
-               names[t], max_err, rel * max_ref);
+        printf("%s bwd B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s%s", ok ? "ok  " : "FAIL", (long long)B,
+               (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk, (long long)D, tc->causal,
+               tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", kMaskNames[tc->mask_kind]);
+        print_band(band);
+        printf(" %s: max|err| %.2e (tol %.2e)", names[t], max_err, rel * max_ref);
+        if (band != NULL) printf(", band changes it by %.2e", max_band_change);
+        printf("\n");
+    }
+    /* Exact zeros where the band leaves nothing: dq of rows that see no key, dk and dv of keys no
+     * row sees (a NaN or a stray sum fails here, whatever the tolerance). */
+    int64_t not_zero = 0;
+    for (int64_t i = 0; i < Sq; ++i) {
+        int64_t seen = 0;
+        for (int64_t j = 0; j < Sk && !seen; ++j) seen += sees(p, i, j);
+        for (int64_t bh = 0; bh < B * Hq && !seen; ++bh)
+            for (int64_t d = 0; d < D; ++d) not_zero += to_float(hdq[(bh * Sq + i) * D + d], tc->dtype) != 0.0f;
+    }
+    for (int64_t j = 0; j < Sk; ++j) {
+        int64_t seen = 0;
+        for (int64_t i = 0; i < Sq && !seen; ++i) seen += sees(p, i, j);
+        for (int64_t bh = 0; bh < B * Hkv && !seen; ++bh)
+            for (int64_t d = 0; d < D; ++d)
+                not_zero += (to_float(hdk[(bh * Sk + j) * D + d], tc->dtype) != 0.0f) +
+                            (to_float(hdv[(bh * Sk + j) * D + d], tc->dtype) != 0.0f);
+    }
+    if (not_zero != 0) {
+        fprintf(stderr, "FAIL bwd: %lld gradient elements of rows that see no key, or keys no row sees, are not 0\n",
+                (long long)not_zero);
+        ++bad;
+    }
+    if (band != NULL && band_changes != (band->differs != 0)) {
+        fprintf(stderr, "FAIL bwd: the band %s the reference gradients beyond the tolerance; the case expects it %s\n",
+                band_changes ? "changes" : "does not change", band->differs ? "to" : "not to");
+        ++bad;
     }
     free(hq); free(hk); free(hv); free(hdo); free(hdq); free(hdk); free(hdv);
-    free(rdq); free(rdk); free(rdv); free(P); free(dS);
+    free(rdq); free(rdk); free(rdv);
+    for (int t = 0; t < 3; ++t) free(plain_ref[t]);
     free_mask(&mask);
     void *bufs[] = {d_q, d_k, d_v, d_o, d_do, d_dq, d_dk, d_dv, d_lse, d_ws};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); ++i) CUDA_OK(cudaFree(bufs[i]));
@@ -525,13 +745,62 @@ int main(void) {
         {1, 2, 2, 100, 256, 96, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
         {1, 2, 2, 67, 99, 256, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_QK_PADDED},
     };
+    /* Bands (sliding windows, causal aligned bottom-right; the sm90 family's forward under AUTO
+     * on Hopper, declined by the sm80 family): {window?, left, right, alignment, band changes
+     * the result?}; -1 = unbounded. Rows that see no key (Sq > Sk bottom-right causal, a window
+     * past Sk) give zeros and LSE -inf. */
+    typedef struct band_case {
+        test_case tc;
+        test_band band;
+    } band_case;
+#define TL FC_ALIGN_TOP_LEFT
+#define BR FC_ALIGN_BOTTOM_RIGHT
+    static const band_case kBandCases[] = {
+        {{1, 2, 2, 256, 256, 64, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 0, 0, TL, 1}},      /* the diagonal alone */
+        {{1, 2, 2, 127, 127, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 1, 0, TL, 1}},
+        {{2, 4, 1, 1000, 1000, 64, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 127, 0, TL, 1}},  /* GQA 4:1 */
+        {{1, 2, 2, 300, 300, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 299, 0, TL, 1}},   /* (S-1, 0): plain causal */
+        {{1, 4, 1, 1000, 1000, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 64, 32, TL, 1}}, /* asymmetric */
+        {{1, 2, 2, 17, 17, 64, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 64, 32, TL, 0}},      /* wider than S: every key */
+        {{1, 2, 2, 1000, 1000, 128, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 5000, 3, TL, 1}},
+        {{2, 4, 1, 77, 300, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {0, -1, -1, BR, 1}},     /* causal, Sq < Sk */
+        {{1, 2, 2, 300, 77, 128, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {0, -1, -1, BR, 1}},    /* causal, Sq > Sk */
+        {{1, 4, 1, 127, 1000, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 100, 0, BR, 1}},
+        {{1, 2, 2, 1000, 17, 64, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 5, 5, TL, 1}},      /* rows past the keys */
+        {{1, 2, 2, 1000, 1000, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 200, 50, TL, 1}}, /* causal cuts the right */
+        {{1, 8, 2, 1, 1000, 128, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 256, 0, BR, 1}},    /* one row, sliding window */
+        {{1, 4, 1, 3, 500, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 100, -1, BR, 1}},
+    };
+    /* The backward's (smaller: compute-sanitizer runs them): a key block's steps start and end
+     * at the band's edges, interior tiles unmasked (the (400, 100) window), key blocks no row sees
+     * (zero dk, dv), rows that see no key (zero dq). */
+    static const band_case kBwdBandCases[] = {
+        {{1, 2, 2, 256, 256, 64, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 0, 0, TL, 1}},
+        {{1, 2, 2, 127, 127, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 1, 0, TL, 1}},
+        {{1, 4, 1, 300, 300, 64, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 127, 0, TL, 1}},
+        {{1, 2, 2, 200, 200, 128, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 199, 0, TL, 1}},   /* (S-1, 0): plain causal */
+        {{1, 4, 1, 1000, 1000, 64, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 64, 32, TL, 1}},
+        {{1, 2, 1, 1000, 1000, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 400, 100, TL, 1}},
+        {{1, 2, 2, 17, 17, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 64, 32, TL, 0}},     /* wider than S */
+        {{2, 4, 1, 77, 300, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {0, -1, -1, BR, 1}},
+        {{1, 2, 2, 300, 77, 128, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {0, -1, -1, BR, 1}},
+        {{1, 2, 1, 127, 1000, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 100, 0, BR, 1}},  /* key blocks 0-5 unseen */
+        {{1, 2, 2, 1000, 17, 64, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 5, 5, TL, 1}},
+        {{1, 2, 2, 300, 300, 128, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 200, 50, TL, 1}},
+        {{1, 4, 1, 1, 513, 64, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 100, 0, BR, 1}},
+    };
+#undef TL
+#undef BR
     int failed = 0;
     /* FC_TEST_BWD_ONLY=1: only the backward cases (a quicker compute-sanitizer pass). */
     const int bwd_only = getenv("FC_TEST_BWD_ONLY") != NULL && strcmp(getenv("FC_TEST_BWD_ONLY"), "1") == 0;
     /* AUTO picks the best family for the device (sm90 on Hopper); then the sm80 family forced. */
     const fc_family families[] = {FC_FAMILY_AUTO, FC_FAMILY_SM80};
-    for (size_t f = 0; f < (bwd_only ? 0u : 2u); ++f)
-        for (size_t i = 0; i < sizeof(kCases) / sizeof(kCases[0]); ++i) failed += run_case(&kCases[i], families[f]);
+    for (size_t f = 0; f < (bwd_only ? 0u : 2u); ++f) {
+        for (size_t i = 0; i < sizeof(kCases) / sizeof(kCases[0]); ++i) failed += run_case(&kCases[i], families[f], NULL);
+        for (size_t i = 0; i < sizeof(kBandCases) / sizeof(kBandCases[0]); ++i)
+            failed += run_case(&kBandCases[i].tc, families[f], &kBandCases[i].band);
+    }
     /* The fused backward (small shapes: compute-sanitizer runs this whole program). Ragged
      * edges, Sq != Sk both ways (causal Sk > Sq: keys no query sees get zero gradients), GQA 4:1. */
     static const test_case kBwdCases[] = {
@@ -550,7 +819,9 @@ int main(void) {
         {1, 2, 2, 65, 130, 128, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK},
         {1, 4, 2, 67, 99, 64, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
     };
-    for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i) failed += run_bwd_case(&kBwdCases[i]);
+    for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i) failed += run_bwd_case(&kBwdCases[i], NULL);
+    for (size_t i = 0; i < sizeof(kBwdBandCases) / sizeof(kBwdBandCases[0]); ++i)
+        failed += run_bwd_case(&kBwdBandCases[i].tc, &kBwdBandCases[i].band);
     if (failed) {
         fprintf(stderr, "%d case(s) failed\n", failed);
         return 1;
