@@ -11,9 +11,10 @@ has without it, side by side on the same inputs in one run (issue 34):
 Each row: forward medians (CUDA events, L2 flushed, backends timed call by call in turn, as
 bench.py's Timer), TFLOP/s counted over the pairs the band keeps, and the band's time against
 `causal x pairs(band) / pairs(causal)` (the issue's target: <= 1.15) and against dense (>= 3x at
-S=16k). Writes JSON with the card and the git SHA.
+S=16k). --bwd adds the same four as forward + backward (a training call; "fwd+bwd" lines).
+Writes JSON with the card and the git SHA.
 
-    python bench/bench_variants.py [--quick] [--json PATH]
+    python bench/bench_variants.py [--quick] [--bwd] [--json PATH]
 """
 import argparse
 import datetime as _dt
@@ -63,6 +64,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--bwd", action="store_true", help="also time forward + backward")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_variants: no CUDA device; nothing to time")
@@ -97,6 +99,24 @@ def main(argv=None):
             (torch.no_grad, lambda: flashcore.attention(q, k, v, is_causal=True, enable_gqa=True)),
         ]
         t_band, t_dense, t_sdpa, t_causal = timer.eager_us(calls)
+        bwd = {}
+        if args.bwd and Sq > 64:
+            # forward + backward (the training call), same four ways
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            dout = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dtype)
+
+            def step(fn):
+                def run():
+                    fn().backward(dout)
+                    qg.grad = kg.grad = vg.grad = None
+                return run
+            steps = [
+                (torch.enable_grad, step(lambda: flashcore.attention(qg, kg, vg, **kw))),
+                (torch.enable_grad, step(lambda: flashcore.attention(qg, kg, vg, keep, enable_gqa=True))),
+                (torch.enable_grad, step(lambda: F.scaled_dot_product_attention(qg, kg, vg, keep, enable_gqa=True))),
+                (torch.enable_grad, step(lambda: flashcore.attention(qg, kg, vg, is_causal=True, enable_gqa=True))),
+            ]
+            bwd = dict(zip(("band_fb_us", "dense_fb_us", "sdpa_mask_fb_us", "causal_fb_us"), timer.eager_us(steps)))
         out = flashcore.attention(q, k, v, **kw)
         ref = flashcore.attention(q, k, v, keep, enable_gqa=True)
         max_diff = (out.float() - ref.float()).abs().max().item()
@@ -106,10 +126,14 @@ def main(argv=None):
                    window=list(window), alignment=alignment, path=path, band_us=t_band,
                    dense_us=t_dense, sdpa_mask_us=t_sdpa, causal_us=t_causal, band_pairs=n_band,
                    causal_pairs=n_full, tflops=tflops, vs_causal_fraction=t_band / target,
-                   dense_over_band=t_dense / t_band, max_diff_vs_dense=max_diff)
+                   dense_over_band=t_dense / t_band, max_diff_vs_dense=max_diff, **bwd)
         rows.append(row)
         print(f"{name:26} {t_band:9.1f} {t_dense:9.1f} {t_sdpa:9.1f} {t_causal:9.1f} {tflops:6.0f} "
               f"{t_band / target:14.3f} {t_dense / t_band:10.2f}  {path} (|band-dense| {max_diff:.1e})")
+        if bwd:
+            fb = [bwd[k] for k in ("band_fb_us", "dense_fb_us", "sdpa_mask_fb_us", "causal_fb_us")]
+            print(f"{'  fwd+bwd':26} {fb[0]:9.1f} {fb[1]:9.1f} {fb[2]:9.1f} {fb[3]:9.1f} {'':6} "
+                  f"{fb[0] / (fb[3] * n_band / n_full):14.3f} {fb[1] / fb[0]:10.2f}", flush=True)
     sha, dirty = bench.git_info()
     doc = dict(card=card, torch=torch.__version__, git=sha, dirty=dirty, dtype="bf16", pass_="fwd",
                date=_dt.datetime.now().isoformat(timespec="seconds"), rows=rows)

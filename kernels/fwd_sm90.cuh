@@ -1022,6 +1022,14 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 // 546, D=128 non-causal 16k 629 vs 636), the price of no NaN at huge scales.
                 auto exponentiate = [&](auto exact_tag) {
                     constexpr bool kExact = decltype(exact_tag)::value;
+                    // The exact form's reference: the max, or 0 for a row that has seen no key
+                    // yet (kBand: -inf - -inf would be NaN; its scores are all -inf, so 0 gives
+                    // p = 0). A select here, not in the loop: one there serialised the GEMMs
+                    // (ptxas C7514).
+                    [[maybe_unused]] float row_ref[2];
+                    if constexpr (kBand)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) row_ref[h] = mx[h] == -INFINITY ? 0.f : mx[h];
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         // kExact: exactly 1 when the max did not move (a row still at -inf too),
@@ -1035,8 +1043,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 #pragma unroll
                             for (int e = 0; e < 2; ++e) {
                                 float &x = s[j * 4 + 2 * h + e];
-                                // (kBand: a row may still have seen no key, -inf - -inf.)
-                                x = kExact ? (kBand && mx[h] == -INFINITY ? 0.f : fast_exp2((x - mx[h]) * scale_log2))
+                                x = kExact ? fast_exp2((x - (kBand ? row_ref[h] : mx[h])) * scale_log2)
                                            : fast_exp2(fmaf(x, scale_log2, -base[h]));
                             }
                             sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];
@@ -1717,7 +1724,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     int64_t persistent_grid = sms;
     // kPair runs one tile per CTA: its merge region and its stage-per-warpgroup ring assume it.
     bool persistent = kShape != kPair;
-    // (A band's tiles are alike but for its ends: the balanced grid below, as non-causal ones.)
+    // (A band: the balanced grid or one CTA per tile, below.)
     if (kCausal && !kBand && persistent) {
         persistent_grid = paired_grid(m_blocks, sms);
         persistent = m_blocks <= 64 && persistent_grid * 10 >= static_cast<int64_t>(sms) * 9;
@@ -1728,6 +1735,14 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     // 32k 0.998-0.999 -> 1.006-1.011, B=32 Hkv=8 8k 0.991 -> 1.000-1.001, 128k 0.998 -> 1.009-1.010;
     // the prefill sweep (2048 or 3072 tiles, 128 CTAs) D=128 and D=64 within +-1%.
     if ((!kCausal || kBand) && persistent) persistent_grid = fc_balanced_grid(tiles, sms);
+    // A band whose blocks see at least kBandTilesPerCta key tiles runs one CTA per tile (the
+    // hardware's block scheduler evens out the shorter blocks at the band's start); shorter
+    // bands run the balanced persistent grid. Measured (H100, bf16, forward, us, same run;
+    // persistent balanced / one CTA per tile): D=128 S=16k window 4k 1687 / 1563, 1k 520 / 577;
+    // D=64 S=8k window 4k 552 / 470, 1k 212 / 208, window S-2 771 / 616 (bench/NOTES.md).
+    constexpr int64_t kBandTilesPerCta = 16;
+    if (kBand && (T::kBlockM + static_cast<int64_t>(p.band_hi_) - p.band_lo_) >= kBandTilesPerCta * T::kBlockN)
+        persistent = false;
     const int64_t grid = persistent && tiles > persistent_grid ? persistent_grid : tiles;
     const cudaLaunchConfig_t cfg = launch_config(grid, 0, fc_use_pdl(grid, sms) != 0, T::kThreads, T::kSmemBytes, stream, attrs);
     return cudaLaunchKernelEx(&cfg, kernel, maps, p);
