@@ -3,9 +3,11 @@
 ``flashcore.patch()`` replaces the attribute ``torch.nn.functional.scaled_dot_product_attention``
 with :func:`scaled_dot_product_attention` below (same signature as PyTorch's, keyword-only
 ``scale`` and ``enable_gqa`` included), ``flashcore.unpatch()`` puts PyTorch's function back,
-and ``with flashcore.patched(): ...`` does both around a block. Both are idempotent: patching
-twice patches once, unpatching an unpatched torch does nothing, and ``patched()`` restores
-whatever state it found (so nested blocks are fine).
+and ``with flashcore.patched(): ...`` does both around a block. Where this PyTorch has
+``torch.nn.attention.varlen.varlen_attn``, the same calls route it to ``flashcore.varlen_attn``
+and back (``flashcore.varlen.torch_varlen_attn``: arguments it does not know go to PyTorch's).
+Both are idempotent: patching twice patches once, unpatching an unpatched torch does nothing,
+and ``patched()`` restores whatever state it found (so nested blocks are fine).
 
 What is routed where:
 
@@ -103,12 +105,14 @@ def patch() -> None:
     with _LOCK:
         _OP_AUTOGRAD = _op_has_autograd()
         if F.scaled_dot_product_attention is scaled_dot_product_attention:
+            _route_varlen(True)
             return
         if F.scaled_dot_product_attention is not _ORIGINAL:
             raise RuntimeError(
                 "flashcore.patch(): torch.nn.functional.scaled_dot_product_attention was already "
                 f"replaced by {F.scaled_dot_product_attention!r}; refusing to stack on top of it")
         F.scaled_dot_product_attention = scaled_dot_product_attention
+        _route_varlen(True)
 
 
 def unpatch() -> None:
@@ -117,6 +121,13 @@ def unpatch() -> None:
     with _LOCK:
         if F.scaled_dot_product_attention is scaled_dot_product_attention:
             F.scaled_dot_product_attention = _ORIGINAL
+        _route_varlen(False)
+
+
+def _route_varlen(on: bool) -> None:
+    """torch.nn.attention.varlen.varlen_attn to flashcore.varlen_attn (on) or back."""
+    from .. import varlen  # imported here: flashcore imports this module before varlen
+    varlen._route_torch(on)
 
 
 @contextlib.contextmanager

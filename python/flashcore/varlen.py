@@ -1,0 +1,541 @@
+"""``flashcore.varlen_attn``: PyTorch's variable-length attention API on FlashCore.
+
+Same signature, arguments and results as ``torch.nn.attention.varlen.varlen_attn`` (torch 2.14):
+sequences packed along dim 0 of query (T_q, H_q, D) and key / value (T_k, H_kv, D), sequence i
+being rows ``cu_seq_q[i]:cu_seq_q[i+1]`` of query and ``cu_seq_k[i]:cu_seq_k[i+1]`` of key and
+value. Nothing is padded.
+
+Not fused yet (issue 35, first increment): the op loops over the sequences on the host and runs
+FlashCore's SDPA op (``torch.ops.flashcore.sdpa_fwd``, its backward ``sdpa_bwd``) once per
+sequence on (1, H, S, D) views, so each sequence gets a FlashCore kernel on a GPU where one covers
+it (PyTorch's SDPA otherwise, e.g. on CPU). Correct, but not fast for many short sequences: one
+launch (and, for a window or a causal Sq != Sk sequence, one bool mask) per sequence, and the
+offsets are read on the host (a device sync per call). A fused varlen kernel is the next step.
+
+Semantics, following PyTorch's varlen_attn (its flash-attention backend) point by point:
+
+* No ``is_causal`` argument: ``window_size=(-1, 0)`` is causal. Windows (left, right) are
+  flash-attention's, aligned to the bottom right of each sequence: query row i of a sequence with
+  Sq queries and Sk keys sees key j when ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``, a
+  negative bound meaning no limit on that side. So causal is bottom-right aligned (the last query
+  sees every key); for Sq == Sk it is the usual causal mask. As flash-attention does, a bound
+  ``>= max_k`` means no limit. A query row that sees no key gives zeros and LSE ``+inf``
+  (flash-attention's convention, unlike SDPA's ``-inf``); so do rows of query past
+  ``cu_seq_q[-1]``.
+* ``return_aux=AuxRequest(lse=True)`` also returns the log-sum-exp of the scaled scores, shape
+  (H_q, T_q), float32 (float64 for float64 inputs, so gradcheck sees float64 end to end).
+* ``enable_gqa``: H_q a multiple of H_kv, each KV head serving a group of query heads; without
+  it the head counts must be equal (``ValueError``, as PyTorch).
+* ``seqused_k``: only the first ``seqused_k[i]`` keys of sequence i take part (the window is
+  aligned to that length).
+* ``block_table`` (with ``seqused_k``, as PyTorch requires): key and value are pools of pages
+  (num_pages, page_size, H_kv, D); key token t of sequence i is slot ``t % page_size`` of page
+  ``block_table[i, t // page_size]``; ``cu_seq_k`` may then be None.
+* ``num_splits`` is accepted and changes nothing: each sequence is computed alone, so results
+  are the same whatever else is in the batch (the batch invariance ``num_splits=1`` asks for).
+
+Beyond PyTorch: gradients flow to query, key and value also with ``seqused_k`` and
+``block_table`` (PyTorch's raise there), and through the LSE (PyTorch's backward drops the LSE's
+gradient); value may have another head dim than query (output (T_q, H_q, D_v)); CPU works.
+
+Registered as the custom op ``flashcore::varlen_attn`` (fake implementation, autograd through
+``flashcore::varlen_attn_backward``), so ``torch.compile(fullgraph=True)`` traces a call as one
+opaque node. Arguments are checked where they are given (shapes and dtypes in this function,
+the offsets' values in the op, which reads them): a ``ValueError`` naming the argument.
+"""
+import math
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+__all__ = ["varlen_attn", "AuxRequest"]
+
+try:  # PyTorch's own request type where it has one, so either can be passed
+    from torch.nn.attention.varlen import AuxRequest
+except ImportError:  # torch < 2.9
+    class AuxRequest(NamedTuple):
+        """Which auxiliary outputs varlen_attn returns (``lse``: the log-sum-exp)."""
+        lse: bool = False
+
+# FlashCore's SDPA forward that also returns the LSE, and its backward; absent where the package
+# runs without its compiled library (FALLBACK_ONLY), where the plain math below stands in.
+try:
+    _SDPA_FWD = torch.ops.flashcore.sdpa_fwd.default
+    _SDPA_BWD = torch.ops.flashcore.sdpa_bwd.default
+except AttributeError:
+    _SDPA_FWD = _SDPA_BWD = None
+
+_NAME = "flashcore.varlen_attn"
+
+
+def _fail(message: str):
+    raise ValueError(f"{_NAME}: {message}")
+
+
+def _lse_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# ---- checks of what is known without reading tensor data (traceable) ----------------------------
+
+def _check_offsets_meta(name, t, device, batch=None):
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name} must be a tensor of int32 offsets, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        _fail(f"{name} must be int32, got {t.dtype}")
+    if t.dim() != 1:
+        _fail(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.device != device:
+        _fail(f"{name} must be on query's device ({device}), got {t.device}")
+    if batch is None and t.numel() < 1:
+        _fail(f"{name} must have N + 1 >= 1 entries (offsets starting at 0), got none")
+    if batch is not None and t.numel() != batch:
+        _fail(f"{name} must have {batch} entries (one per sequence, as cu_seq_q says), "
+              f"got {t.numel()}")
+
+
+def _check_arguments(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux, scale,
+                     window_size, enable_gqa, seqused_k, block_table, num_splits):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            _fail(f"{name} must be a tensor, got {type(t).__name__}")
+    if query.dim() != 3:
+        _fail(f"query must be 3-D (total_q, heads, head_dim), got shape {tuple(query.shape)}")
+    kv_dims = 4 if block_table is not None else 3
+    layout = ("(num_pages, page_size, heads, head_dim) with block_table" if kv_dims == 4
+              else "(total_k, heads, head_dim)")
+    for name, t in (("key", key), ("value", value)):
+        if t.dim() != kv_dims:
+            _fail(f"{name} must be {kv_dims}-D {layout}, got shape {tuple(t.shape)}")
+        if not t.dtype.is_floating_point or t.dtype != query.dtype:
+            _fail(f"{name} must have query's floating dtype ({query.dtype}), got {t.dtype}")
+        if t.device != query.device:
+            _fail(f"{name} must be on query's device ({query.device}), got {t.device}")
+    if not query.dtype.is_floating_point:
+        _fail(f"query must have a floating dtype, got {query.dtype}")
+    if key.shape[:-1] != value.shape[:-1]:
+        _fail(f"key and value must have the same sizes but the last, got {tuple(key.shape)} "
+              f"and {tuple(value.shape)}")
+    if key.shape[-1] != query.shape[-1]:
+        _fail(f"key's head dim ({key.shape[-1]}) must equal query's ({query.shape[-1]})")
+    hq, hkv = query.shape[1], key.shape[-2]
+    if not enable_gqa and hq != hkv:
+        _fail(f"query and key/value must have the same number of heads, got Hq={hq} and "
+              f"Hkv={hkv}; set enable_gqa=True for grouped-query attention")
+    if enable_gqa and (hkv == 0 or hq % hkv != 0):
+        _fail(f"with enable_gqa, query's heads must be a multiple of key/value's, got Hq={hq} "
+              f"and Hkv={hkv}")
+
+    _check_offsets_meta("cu_seq_q", cu_seq_q, query.device)
+    n_offsets = cu_seq_q.numel()
+    if cu_seq_k is None:
+        if block_table is None:
+            _fail("cu_seq_k may be None only with block_table (paged key/value)")
+    else:
+        _check_offsets_meta("cu_seq_k", cu_seq_k, query.device, n_offsets)
+    if seqused_k is not None:
+        _check_offsets_meta("seqused_k", seqused_k, query.device, n_offsets - 1)
+    if block_table is not None:
+        if seqused_k is None:
+            _fail("block_table needs seqused_k (the number of valid keys of each sequence)")
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+            _fail("block_table must be an int32 tensor")
+        if block_table.dim() != 2 or block_table.shape[0] != n_offsets - 1:
+            _fail(f"block_table must be 2-D (N={n_offsets - 1}, max_pages_per_seq), got shape "
+                  f"{tuple(block_table.shape)}")
+        if block_table.device != query.device:
+            _fail(f"block_table must be on query's device ({query.device}), got "
+                  f"{block_table.device}")
+
+    for name, n in (("max_q", max_q), ("max_k", max_k)):
+        if isinstance(n, bool) or not isinstance(n, (int, torch.SymInt)):
+            _fail(f"{name} must be an int, got {type(n).__name__}")
+        if n < 0:
+            _fail(f"{name} must be >= 0, got {n}")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
+        _fail(f"window_size must be two ints (left, right), got {window_size!r}")
+    if window_size[0] < -1 or window_size[1] < -1:
+        _fail(f"window_size entries must be >= -1 (-1: no limit), got {tuple(window_size)}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        _fail(f"scale must be a float or None, got {type(scale).__name__}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or num_splits < 0):
+        _fail(f"num_splits must be None or an int >= 0, got {num_splits!r}")
+    if return_aux is not None and not hasattr(return_aux, "lse"):
+        _fail(f"return_aux must be None or an AuxRequest, got {type(return_aux).__name__}")
+
+
+# ---- the plan: offsets read and checked on the host ---------------------------------------------
+
+class _Seq(NamedTuple):
+    q0: int          # query rows q0 : q0 + sq
+    sq: int
+    sk: int          # keys taking part
+    k0: int          # unpaged: key rows k0 : k0 + sk
+    pages: Optional[torch.Tensor]  # paged: the page indices (on the device) holding the sk keys
+
+
+def _check_offsets(name, offsets, total, total_name):
+    if offsets[0] != 0:
+        _fail(f"{name} must start at 0, got {offsets[0]}")
+    for i in range(len(offsets) - 1):
+        if offsets[i + 1] < offsets[i]:
+            _fail(f"{name} must be non-decreasing, got {name}[{i}]={offsets[i]} > "
+                  f"{name}[{i + 1}]={offsets[i + 1]}")
+    if offsets[-1] > total:
+        _fail(f"{name} ends at {offsets[-1]}, past {total_name} ({total} rows)")
+
+
+def _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table):
+    """One _Seq per sequence, after checking the offsets' values (read on the host)."""
+    cu_q = cu_seq_q.tolist()
+    _check_offsets("cu_seq_q", cu_q, query.shape[0], "query")
+    n = len(cu_q) - 1
+    used = None if seqused_k is None else seqused_k.tolist()
+    if used is not None and any(u < 0 for u in used):
+        _fail(f"seqused_k must be >= 0, got {min(used)}")
+    seqs = []
+    if block_table is None:
+        cu_k = cu_seq_k.tolist()
+        _check_offsets("cu_seq_k", cu_k, key.shape[0], "key")
+        for i in range(n):
+            room = cu_k[i + 1] - cu_k[i]
+            sk = room if used is None else used[i]
+            if sk > room:
+                _fail(f"seqused_k[{i}]={sk} exceeds sequence {i}'s keys in cu_seq_k ({room})")
+            seqs.append(_Seq(cu_q[i], cu_q[i + 1] - cu_q[i], sk, cu_k[i], None))
+    else:
+        if cu_seq_k is not None:  # not used with pages (seqused_k gives the lengths); still sane
+            _check_offsets("cu_seq_k", cu_seq_k.tolist(), math.inf, "key")
+        num_pages, page_size = key.shape[0], key.shape[1]
+        table = block_table.tolist()
+        width = block_table.shape[1]
+        for i in range(n):
+            need = -(-used[i] // page_size) if page_size > 0 else (0 if used[i] == 0 else None)
+            if need is None or need > width:
+                _fail(f"seqused_k[{i}]={used[i]} needs more pages than block_table has per "
+                      f"sequence ({width} pages of {page_size} keys)")
+            bad = [p for p in table[i][:need] if not 0 <= p < num_pages]
+            if bad:
+                _fail(f"block_table[{i}] refers to page {bad[0]}, out of range for key/value's "
+                      f"{num_pages} pages")
+            seqs.append(_Seq(cu_q[i], cu_q[i + 1] - cu_q[i], used[i], 0,
+                             block_table[i, :need].long()))
+    longest_q = max((s.sq for s in seqs), default=0)
+    longest_k = max((s.sk for s in seqs), default=0)
+    if longest_q > max_q:
+        _fail(f"max_q={max_q} is less than the longest query sequence in cu_seq_q ({longest_q})")
+    if longest_k > max_k:
+        _fail(f"max_k={max_k} is less than the longest key sequence "
+              f"({'seqused_k' if seqused_k is not None else 'cu_seq_k'}: {longest_k})")
+    return seqs
+
+
+def _keys(t, s: _Seq):
+    """Sequence s's rows of key or value, (sk, H, D): a view, or gathered from the pages."""
+    if s.pages is None:
+        return t[s.k0:s.k0 + s.sk]
+    return t.index_select(0, s.pages).flatten(0, 1)[:s.sk]
+
+
+def _heads_first(t):
+    """(S, H, D) -> (1, H, S, D), a view."""
+    return t.transpose(0, 1).unsqueeze(0)
+
+
+def _window(left, right, max_k):
+    # flash-attention's normalization: a bound that reaches max_k keys is no bound.
+    return (-1 if left >= max_k else left), (-1 if right >= max_k else right)
+
+
+def _mask(sq, sk, left, right, device):
+    """(is_causal, bool mask or None) for SDPA on one sequence: flash-attention's window,
+    bottom-right aligned. SDPA's is_causal is top-left aligned, the same mask only for Sq == Sk."""
+    if left < 0 and right < 0:
+        return False, None
+    if left < 0 and right == 0 and sq == sk:
+        return True, None
+    rows = torch.arange(sq, device=device).unsqueeze(1) + (sk - sq)
+    cols = torch.arange(sk, device=device).unsqueeze(0)
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        keep &= cols >= rows - left
+    if right >= 0:
+        keep &= cols <= rows + right
+    return False, keep
+
+
+# ---- plain math, where the package runs without its compiled library ----------------------------
+
+def _math_probs(q, k, mask, is_causal, scale, gqa):
+    ct = _lse_dtype(q.dtype)
+    kf = k.to(ct)
+    if gqa:
+        kf = kf.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = torch.matmul(q.to(ct), kf.transpose(-2, -1)) * scale
+    if is_causal:
+        mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0).unsqueeze(-1))
+    return p, lse, kf
+
+
+def _math_fwd(q, k, v, mask, is_causal, scale, gqa):
+    p, lse, _ = _math_probs(q, k, mask, is_causal, scale, gqa)
+    vf = v.to(p.dtype)
+    if gqa:
+        vf = vf.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    return torch.matmul(p, vf).to(q.dtype), lse
+
+
+def _math_bwd(dout, q, k, v, out, glse, mask, is_causal, scale, gqa):
+    p, _, kf = _math_probs(q, k, mask, is_causal, scale, gqa)
+    group = q.shape[1] // k.shape[1] if gqa else 1
+    vf = v.to(p.dtype).repeat_interleave(group, dim=1)
+    do = dout.to(p.dtype)
+    delta = (do * out.to(p.dtype)).sum(-1)
+    if glse is not None:
+        delta = delta - glse.to(p.dtype)
+    ds = p * (torch.matmul(do, vf.transpose(-2, -1)) - delta.unsqueeze(-1))
+    dq = torch.matmul(ds, kf) * scale
+    dk = torch.matmul(ds.transpose(-2, -1), q.to(p.dtype)) * scale
+    dv = torch.matmul(p.transpose(-2, -1), do)
+    if group > 1:
+        dk = dk.unflatten(1, (k.shape[1], group)).sum(2)
+        dv = dv.unflatten(1, (v.shape[1], group)).sum(2)
+    return dq, dk, dv
+
+
+# ---- the ops -------------------------------------------------------------------------------------
+
+@torch.library.custom_op("flashcore::varlen_attn", mutates_args=())
+def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               cu_seq_q: torch.Tensor, cu_seq_k: Optional[torch.Tensor], max_q: int, max_k: int,
+               window_left: int, window_right: int, scale: Optional[float], enable_gqa: bool,
+               seqused_k: Optional[torch.Tensor], block_table: Optional[torch.Tensor]
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out (T_q, H_q, D_v), lse (H_q, T_q)): per sequence, FlashCore's SDPA forward."""
+    seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
+    left, right = _window(window_left, window_right, max_k)
+    sc = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    total, hq = query.shape[0], query.shape[1]
+    out = query.new_zeros((total, hq, value.shape[-1]))
+    lse = torch.full((hq, total), float("inf"), dtype=_lse_dtype(query.dtype),
+                     device=query.device)
+    for s in seqs:
+        if s.sq == 0 or s.sk == 0:  # nothing to attend: zeros and +inf, as already there
+            continue
+        q4 = _heads_first(query[s.q0:s.q0 + s.sq])
+        k4, v4 = _heads_first(_keys(key, s)), _heads_first(_keys(value, s))
+        causal, mask = _mask(s.sq, s.sk, left, right, query.device)
+        if _SDPA_FWD is not None:
+            o4, l3 = _SDPA_FWD(q4, k4, v4, mask, 0.0, causal, scale=sc, enable_gqa=enable_gqa)
+        else:
+            o4, l3 = _math_fwd(q4, k4, v4, mask, causal, sc, enable_gqa)
+        empty = l3 == float("-inf")  # rows that saw no key: zeros, LSE +inf
+        out[s.q0:s.q0 + s.sq] = o4[0].masked_fill(empty[0].unsqueeze(-1), 0).transpose(0, 1)
+        lse[:, s.q0:s.q0 + s.sq] = l3[0].masked_fill(empty[0], float("inf"))
+    return out, lse
+
+
+@_varlen_op.register_fake
+def _varlen_fake(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_left,
+                 window_right, scale, enable_gqa, seqused_k, block_table):
+    total, hq = query.shape[0], query.shape[1]
+    return (query.new_empty((total, hq, value.shape[-1])),
+            query.new_empty((hq, total), dtype=_lse_dtype(query.dtype)))
+
+
+@torch.library.custom_op("flashcore::varlen_attn_backward", mutates_args=())
+def _varlen_backward_op(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor],
+                        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        out: torch.Tensor, lse: torch.Tensor, cu_seq_q: torch.Tensor,
+                        cu_seq_k: Optional[torch.Tensor], max_q: int, max_k: int,
+                        window_left: int, window_right: int, scale: Optional[float],
+                        enable_gqa: bool, seqused_k: Optional[torch.Tensor],
+                        block_table: Optional[torch.Tensor]
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in the inputs' shapes: per sequence, FlashCore's SDPA backward. Paged keys'
+    gradients are summed into their pages (pages shared by several sequences get the sum)."""
+    seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
+    left, right = _window(window_left, window_right, max_k)
+    sc = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    dq = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
+    dk = torch.zeros(key.shape, dtype=key.dtype, device=key.device)
+    dv = torch.zeros(value.shape, dtype=value.dtype, device=value.device)
+    if block_table is not None:
+        page_size = key.shape[1]
+        dk_rows, dv_rows = dk.flatten(0, 1), dv.flatten(0, 1)  # views of the zeros above
+    for s in seqs:
+        if s.sq == 0 or s.sk == 0:
+            continue
+        rows = slice(s.q0, s.q0 + s.sq)
+        q4 = _heads_first(query[rows])
+        k4, v4 = _heads_first(_keys(key, s)), _heads_first(_keys(value, s))
+        o4, do4 = _heads_first(out[rows]), _heads_first(grad_out[rows])
+        gl3 = None if grad_lse is None else grad_lse[:, rows].unsqueeze(0).contiguous()
+        causal, mask = _mask(s.sq, s.sk, left, right, query.device)
+        if _SDPA_BWD is not None:
+            # The LSE as sdpa_fwd gave it: -inf where a row saw no key (+inf in varlen's output).
+            l3 = lse[:, rows].unsqueeze(0)
+            l3 = l3.masked_fill(l3 == float("inf"), float("-inf")).contiguous()
+            dq4, dk4, dv4, _ = _SDPA_BWD(do4, q4, k4, v4, o4, l3, gl3, mask, causal, sc,
+                                         enable_gqa, False)
+        else:
+            dq4, dk4, dv4 = _math_bwd(do4, q4, k4, v4, o4, gl3, mask, causal, sc, enable_gqa)
+        dq[rows] = dq4[0].transpose(0, 1)
+        if block_table is None:
+            dk[s.k0:s.k0 + s.sk] = dk4[0].transpose(0, 1)
+            dv[s.k0:s.k0 + s.sk] = dv4[0].transpose(0, 1)
+        else:
+            slots = torch.arange(page_size, device=key.device)
+            index = (s.pages.unsqueeze(1) * page_size + slots).flatten()[:s.sk]
+            dk_rows.index_add_(0, index, dk4[0].transpose(0, 1).to(dk.dtype))
+            dv_rows.index_add_(0, index, dv4[0].transpose(0, 1).to(dv.dtype))
+    return dq, dk, dv
+
+
+@_varlen_backward_op.register_fake
+def _varlen_backward_fake(grad_out, grad_lse, query, key, value, out, lse, cu_seq_q, cu_seq_k,
+                          max_q, max_k, window_left, window_right, scale, enable_gqa, seqused_k,
+                          block_table):
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+_NOT_DIFFERENTIABLE = 10  # cu_seq_q ... block_table
+
+
+def _setup_context(ctx, inputs, output):
+    (query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_left, window_right, scale,
+     enable_gqa, seqused_k, block_table) = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, cu_seq_q, cu_seq_k, seqused_k,
+                          block_table)
+    ctx.args = (max_q, max_k, window_left, window_right, scale, enable_gqa)
+    # An output whose gradient is not asked for arrives as None, not as zeros: no grad_lse for
+    # the (usual) caller that never looks at the LSE keeps the backward kernel's fast path.
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse, cu_seq_q, cu_seq_k, seqused_k, block_table = ctx.saved_tensors
+    max_q, max_k, window_left, window_right, scale, enable_gqa = ctx.args
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = _varlen_backward_op(grad_out, grad_lse, query, key, value, out, lse, cu_seq_q,
+                                     cu_seq_k, max_q, max_k, window_left, window_right, scale,
+                                     enable_gqa, seqused_k, block_table)
+    return (dq, dk, dv) + (None,) * _NOT_DIFFERENTIABLE
+
+
+_varlen_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- the public function -------------------------------------------------------------------------
+
+def varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                cu_seq_q: torch.Tensor, cu_seq_k: Optional[torch.Tensor], max_q: int, max_k: int,
+                *, return_aux: Optional[AuxRequest] = None, scale: Optional[float] = None,
+                window_size: Tuple[int, int] = (-1, -1), enable_gqa: bool = False,
+                seqused_k: Optional[torch.Tensor] = None,
+                block_table: Optional[torch.Tensor] = None, num_splits: Optional[int] = None):
+    r"""Attention over sequences packed along dim 0: ``torch.nn.attention.varlen.varlen_attn``'s
+    signature and results, computed by FlashCore (see the module docstring for the semantics).
+
+    Args:
+        query: (T_q, H_q, D). key, value: (T_k, H_kv, D), or (num_pages, page_size, H_kv, D)
+            with ``block_table``.
+        cu_seq_q, cu_seq_k: int32 offsets (N + 1,) on query's device, starting at 0,
+            non-decreasing, ending within query / key. ``cu_seq_k`` may be None with
+            ``block_table``.
+        max_q, max_k: at least the longest query / key sequence (keys: as ``seqused_k`` says
+            where given).
+        return_aux: ``AuxRequest(lse=True)`` also returns the LSE, (H_q, T_q).
+        scale: None means 1 / sqrt(D).
+        window_size: (left, right), -1 for no limit; (-1, 0) is causal (bottom-right aligned).
+        enable_gqa: H_q a multiple of H_kv.
+        seqused_k: int32 (N,): keys of each sequence that take part (the first ones).
+        block_table: int32 (N, max_pages_per_seq): pages of key/value per sequence; needs
+            ``seqused_k``.
+        num_splits: accepted for PyTorch's signature; changes nothing here.
+
+    Returns ``out`` (T_q, H_q, D_v) in query's dtype, or ``(out, lse)``.
+
+    Not fused yet: one FlashCore SDPA call per sequence (a host loop), so many short sequences
+    are slow; a fused varlen kernel is planned.
+    """
+    _check_arguments(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux, scale,
+                     window_size, enable_gqa, seqused_k, block_table, num_splits)
+    out, lse = _varlen_op(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                          int(window_size[0]), int(window_size[1]),
+                          None if scale is None else float(scale), bool(enable_gqa), seqused_k,
+                          block_table)
+    if return_aux is not None and return_aux.lse:
+        return out, lse
+    return out
+
+
+# ---- torch.nn.attention.varlen.varlen_attn routed here by flashcore.patch() ----------------------
+
+try:
+    from torch.nn.attention import varlen as _TORCH_MODULE
+except ImportError:  # torch < 2.9: nothing to patch
+    _TORCH_MODULE = None
+_TORCH_ORIGINAL = getattr(_TORCH_MODULE, "varlen_attn", None)
+if getattr(_TORCH_ORIGINAL, "__flashcore_patch__", False):  # module reloaded while patched
+    _TORCH_ORIGINAL = _TORCH_ORIGINAL.__wrapped__
+
+
+def _torch_parameters():
+    """(names of the original's positional parameters after max_k, e.g. ("is_causal",
+    "return_aux") in torch 2.9; () in 2.14), read once: releases differ in what they take."""
+    import inspect
+    if _TORCH_ORIGINAL is None:
+        return ()
+    params = list(inspect.signature(_TORCH_ORIGINAL).parameters.values())[7:]
+    return tuple(p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
+
+
+_TORCH_POSITIONAL = _torch_parameters()
+_OUR_KEYWORDS = frozenset(("return_aux", "scale", "window_size", "enable_gqa", "seqused_k",
+                           "block_table", "num_splits"))
+
+
+def torch_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *args, **kwargs):
+    """Stands in for ``torch.nn.attention.varlen.varlen_attn`` while ``flashcore.patch()`` is on:
+    accepts what this PyTorch's function accepts (older releases' positional ``is_causal``,
+    bottom-right causal as there, becomes ``window_size=(left, 0)``) and calls
+    :func:`varlen_attn`; arguments it does not know (another release's KV-cache arguments),
+    tensor subclasses and devices other than CPU/CUDA go to PyTorch's function unchanged."""
+    tensors = (query, key, value)
+    mine = dict(kwargs)
+    mine.update(zip(_TORCH_POSITIONAL, args))
+    is_causal = mine.pop("is_causal", False)
+    routable = (len(args) <= len(_TORCH_POSITIONAL)
+                and all(name in _OUR_KEYWORDS for name in mine)
+                and not torch.overrides.has_torch_function(tensors)
+                and query.device.type in ("cpu", "cuda"))
+    if not routable:
+        return _TORCH_ORIGINAL(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *args,
+                               **kwargs)
+    if is_causal:
+        mine["window_size"] = (tuple(mine.get("window_size", (-1, -1)))[0], 0)
+    return varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **mine)
+
+
+torch_varlen_attn.__flashcore_patch__ = True
+torch_varlen_attn.__wrapped__ = _TORCH_ORIGINAL
+
+
+def _route_torch(on: bool) -> None:
+    """Install (on) or remove the stand-in; leaves a function someone else installed alone.
+    Called by flashcore.patch() / unpatch() under their lock."""
+    if _TORCH_MODULE is None or _TORCH_ORIGINAL is None:
+        return
+    if on and _TORCH_MODULE.varlen_attn is _TORCH_ORIGINAL:
+        _TORCH_MODULE.varlen_attn = torch_varlen_attn
+    elif not on and _TORCH_MODULE.varlen_attn is torch_varlen_attn:
+        _TORCH_MODULE.varlen_attn = _TORCH_ORIGINAL

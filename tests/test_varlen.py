@@ -1,0 +1,727 @@
+"""flashcore.varlen_attn: PyTorch's varlen API (packed sequences) on FlashCore's SDPA op.
+
+Everything is checked against a float64 reference written here from the definitions (per
+sequence: scores, flash-attention's bottom-right window, softmax; no FlashCore code): outputs,
+LSE and gradients, for empty and length-1 sequences, equal lengths, one long and many short,
+GQA, causal, windows, Sq != Sk, seqused_k, paged key/value, non-contiguous inputs. Also: errors
+naming the argument, torch.compile(fullgraph=True), torch.library.opcheck, the math path of an
+install without the compiled library, and flashcore.patch() routing PyTorch's function.
+
+CPU cases run anywhere (FlashCore's op falls back to aten there); the CUDA cases (FlashCore's
+kernels per sequence, and equality with torch.nn.attention.varlen.varlen_attn, whose flash
+backend needs CUDA) skip without a CUDA device.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import flashcore
+from flashcore import varlen as varlen_mod
+from flashcore.varlen import AuxRequest, varlen_attn
+from gpu_gate import gpu_gate
+
+HAVE_CUDA, cuda_only = gpu_gate("no CUDA device: FlashCore's kernels and PyTorch's varlen_attn "
+                                "(flash backend) need one")
+try:
+    from torch.nn.attention import varlen as torch_varlen
+except ImportError:  # torch < 2.9
+    torch_varlen = None
+needs_torch_varlen = pytest.mark.skipif(
+    torch_varlen is None or not hasattr(torch_varlen, "varlen_attn"),
+    reason="this PyTorch has no torch.nn.attention.varlen.varlen_attn")
+LSE = AuxRequest(lse=True)
+I32 = torch.int32
+
+
+# ---- the float64 reference -------------------------------------------------------------------
+
+def offsets(lengths, device="cpu"):
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+def allowed(sq, sk, window, max_k):
+    """(sq, sk) bool: query row i sees key j when i + sk - sq - left <= j <= i + sk - sq + right
+    (flash-attention's window, bottom-right aligned; a negative bound is no bound, and so is
+    one >= max_k, as flash-attention normalizes it)."""
+    left, right = window
+    left = -1 if left >= max_k else left
+    right = -1 if right >= max_k else right
+    i = torch.arange(sq).unsqueeze(1)
+    j = torch.arange(sk).unsqueeze(0)
+    ok = torch.ones(sq, sk, dtype=torch.bool)
+    if left >= 0:
+        ok &= j >= i + sk - sq - left
+    if right >= 0:
+        ok &= j <= i + sk - sq + right
+    return ok
+
+
+def reference(q, k, v, q_lens, k_lens, window=(-1, -1), scale=None, k_starts=None, max_k=None):
+    """(out (Tq, Hq, Dv), lse (Hq, Tq)) in float64, differentiable in q, k, v. Sequence i: query
+    rows from sum(q_lens[:i]), keys k_starts[i] : k_starts[i] + k_lens[i]. Rows that see no key:
+    zeros and LSE +inf; query rows past the last sequence too."""
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    tq, hq, d = q.shape
+    group = hq // k.shape[1]
+    sc = 1.0 / math.sqrt(d) if scale is None else scale
+    max_k = max(k_lens, default=0) if max_k is None else max_k
+    if k_starts is None:
+        k_starts = [sum(k_lens[:i]) for i in range(len(k_lens))]
+    outs, lses, q0 = [], [], 0
+    for sq, sk, k0 in zip(q_lens, k_lens, k_starts):
+        qi = q64[q0:q0 + sq]
+        ki = k64[k0:k0 + sk].repeat_interleave(group, dim=1)
+        vi = v64[k0:k0 + sk].repeat_interleave(group, dim=1)
+        ok = allowed(sq, sk, window, max_k).to(q.device)
+        has = ok.any(-1)
+        s = torch.einsum("qhd,khd->hqk", qi, ki) * sc
+        s = torch.where(ok, s, float("-inf"))
+        s = torch.where(has.unsqueeze(-1), s, 0.0)  # keeps empty rows finite (their p is zeroed)
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - lse.unsqueeze(-1)) * (ok & has.unsqueeze(-1))
+        outs.append(torch.einsum("hqk,khd->qhd", p, vi))
+        lses.append(torch.where(has, lse, float("inf")))
+        q0 += sq
+    outs.append(q64.new_zeros((tq - q0, hq, v.shape[-1])))
+    lses.append(torch.full((hq, tq - q0), float("inf"), dtype=torch.float64, device=q.device))
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+def packed(q_lens, k_lens=None, hq=4, hkv=4, d=16, dv=None, dtype=torch.float32, device="cpu",
+           extra_q=0, seed=0):
+    k_lens = q_lens if k_lens is None else k_lens
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(q_lens) + extra_q, hq, d, generator=g, dtype=torch.float64)
+    k = torch.randn(sum(k_lens), hkv, d, generator=g, dtype=torch.float64)
+    v = torch.randn(sum(k_lens), hkv, dv or d, generator=g, dtype=torch.float64)
+    return (t.to(device=device, dtype=dtype) for t in (q, k, v))
+
+
+def run(q, k, v, q_lens, k_lens, **kw):
+    return varlen_attn(q, k, v, offsets(q_lens, q.device), offsets(k_lens, q.device),
+                       max(q_lens, default=0), max(k_lens, default=0), **kw)
+
+
+def close(actual, expected, atol=2e-5, rtol=2e-5):
+    torch.testing.assert_close(actual.double(), expected.double(), atol=atol, rtol=rtol)
+
+
+LAYOUTS = {  # name: (query lengths, key lengths)
+    "no-sequences": ([], []),
+    "one-empty": ([0], [0]),
+    "length-1": ([1], [1]),
+    "empties-between": ([0, 3, 0, 2, 0], [0, 3, 0, 2, 0]),
+    "all-equal": ([6, 6, 6, 6], [6, 6, 6, 6]),
+    "one-long-many-short": ([40, 1, 2, 1, 3, 1, 1], [40, 1, 2, 1, 3, 1, 1]),
+    "sq-ne-sk": ([3, 7, 1, 5, 0, 4], [5, 2, 6, 5, 3, 0]),
+}
+WINDOWS = [(-1, -1), (-1, 0), (2, 0), (0, 0), (3, 1), (1, -1), (-1, 2), (0, 2)]
+
+
+# ---- forward ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_matches_reference(layout, window):
+    q_lens, k_lens = LAYOUTS[layout]
+    q, k, v = packed(q_lens, k_lens)
+    out, lse = run(q, k, v, q_lens, k_lens, window_size=window, return_aux=LSE)
+    ref, ref_lse = reference(q, k, v, q_lens, k_lens, window)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
+    close(out, ref)
+    close(lse, ref_lse)
+
+
+@pytest.mark.parametrize("hq,hkv", [(1, 1), (2, 1), (4, 2), (6, 3), (8, 1), (8, 2), (8, 8)])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (2, 1)], ids=str)
+def test_gqa(hq, hkv, window):
+    q_lens, k_lens = [5, 1, 9, 0], [7, 3, 9, 2]
+    q, k, v = packed(q_lens, k_lens, hq=hq, hkv=hkv)
+    out, lse = run(q, k, v, q_lens, k_lens, window_size=window, enable_gqa=True, return_aux=LSE)
+    ref, ref_lse = reference(q, k, v, q_lens, k_lens, window)
+    close(out, ref)
+    close(lse, ref_lse)
+
+
+def test_causal_is_bottom_right():
+    """PyTorch's varlen causal (window (-1, 0), flash-attention's) is bottom-right aligned: with
+    Sq < Sk every query sees the first keys, unlike SDPA's top-left is_causal."""
+    q_lens, k_lens = [2, 3], [6, 8]
+    q, k, v = packed(q_lens, k_lens)
+    out = run(q, k, v, q_lens, k_lens, window_size=(-1, 0))
+    close(out, reference(q, k, v, q_lens, k_lens, (-1, 0))[0])
+    top_left = F.scaled_dot_product_attention(
+        q[:2].transpose(0, 1), k[:6].transpose(0, 1), v[:6].transpose(0, 1),
+        is_causal=True).transpose(0, 1)
+    assert not torch.allclose(out[:2], top_left, atol=1e-3)
+    # Sq > Sk: the first Sq - Sk rows see no key: zeros and LSE +inf (flash-attention's).
+    out, lse = run(q, k, v, [5], [2], window_size=(-1, 0), return_aux=LSE)
+    assert torch.equal(out[:3], torch.zeros_like(out[:3]))
+    assert torch.isposinf(lse[:, :3]).all() and torch.isfinite(lse[:, 3:5]).all()
+
+
+def test_float64_exact():
+    q_lens, k_lens = [4, 0, 6], [5, 3, 6]
+    q, k, v = packed(q_lens, k_lens, dtype=torch.float64)
+    out, lse = run(q, k, v, q_lens, k_lens, window_size=(1, 0), return_aux=LSE)
+    ref, ref_lse = reference(q, k, v, q_lens, k_lens, (1, 0))
+    assert lse.dtype == torch.float64
+    close(out, ref, atol=1e-12, rtol=1e-12)
+    close(lse, ref_lse, atol=1e-12, rtol=1e-12)
+
+
+def test_scale_and_value_head_dim():
+    q_lens = [3, 5]
+    q, k, v = packed(q_lens, dv=24)
+    out = run(q, k, v, q_lens, q_lens, scale=0.3, window_size=(-1, 0))
+    assert out.shape == (8, 4, 24)
+    close(out, reference(q, k, v, q_lens, q_lens, (-1, 0), scale=0.3)[0])
+
+
+def test_rows_past_last_sequence_are_zero():
+    q_lens = [3, 2]
+    q, k, v = packed(q_lens, extra_q=4)
+    out, lse = run(q, k, v, q_lens, q_lens, return_aux=LSE)
+    ref, ref_lse = reference(q, k, v, q_lens, q_lens)
+    close(out, ref)
+    close(lse, ref_lse)
+    assert torch.equal(out[5:], torch.zeros_like(out[5:]))
+
+
+def test_window_at_least_max_k_is_no_limit():
+    """flash-attention (PyTorch's backend) turns a bound >= max_k into no bound, which changes a
+    row that would see no key: here rows 0-2 of a 10-query, 2-key sequence with right=3."""
+    q, k, v = packed([10], [2])
+    out = run(q, k, v, [10], [2], window_size=(-1, 3))
+    full = run(q, k, v, [10], [2])
+    close(out, full)
+    assert not torch.equal(out[0], torch.zeros_like(out[0]))
+
+
+def test_seqused_k():
+    q_lens, k_lens, used = [3, 4, 2, 0], [6, 4, 5, 3], [4, 0, 5, 1]
+    q, k, v = packed(q_lens, k_lens)
+    cu_k = offsets(k_lens)
+    out, lse = varlen_attn(q, k, v, offsets(q_lens), cu_k, 4, 5, window_size=(-1, 0),
+                           seqused_k=torch.tensor(used, dtype=torch.int32), return_aux=LSE)
+    ref, ref_lse = reference(q, k, v, q_lens, used, (-1, 0), k_starts=cu_k[:-1].tolist())
+    close(out, ref)
+    close(lse, ref_lse)
+    assert torch.equal(out[3:7], torch.zeros_like(out[3:7]))  # seqused_k 0: no key
+
+
+def paged(k, v, k_lens, page_size, seed=1):
+    """k, v as pools of pages in a shuffled order (plus two unused pages), with a block table
+    (entries past a sequence's pages are -1: never read) and seqused_k."""
+    g = torch.Generator().manual_seed(seed)
+    starts = [0]
+    for n in k_lens:
+        starts.append(starts[-1] + n)
+    pages_per_seq = [-(-n // page_size) for n in k_lens]
+    total = sum(pages_per_seq) + 2
+    order = torch.randperm(total, generator=g).tolist()
+    pool_k = torch.randn(total, page_size, *k.shape[1:], generator=g, dtype=k.dtype)
+    pool_v = torch.randn(total, page_size, *v.shape[1:], generator=g, dtype=v.dtype)
+    width = max(pages_per_seq) + 1
+    table = torch.full((len(k_lens), width), -1, dtype=torch.int32)
+    nxt = 0
+    for i, n in enumerate(k_lens):
+        for p in range(pages_per_seq[i]):
+            page = order[nxt]
+            nxt += 1
+            table[i, p] = page
+            rows = slice(starts[i] + p * page_size, min(starts[i] + (p + 1) * page_size,
+                                                        starts[i + 1]))
+            m = rows.stop - rows.start
+            pool_k[page, :m] = k[rows]
+            pool_v[page, :m] = v[rows]
+    return pool_k, pool_v, table, torch.tensor(k_lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_block_table(page_size):
+    q_lens, k_lens = [3, 1, 6, 0, 2], [9, 4, 6, 3, 0]
+    q, k, v = packed(q_lens, k_lens, hq=4, hkv=2)
+    pool_k, pool_v, table, used = paged(k, v, k_lens, page_size)
+    out, lse = varlen_attn(q, pool_k, pool_v, offsets(q_lens), None, 6, 9, window_size=(-1, 0),
+                           enable_gqa=True, seqused_k=used, block_table=table, return_aux=LSE)
+    ref, ref_lse = reference(q, k, v, q_lens, k_lens, (-1, 0))
+    close(out, ref)
+    close(lse, ref_lse)
+
+
+def test_non_contiguous_inputs():
+    q_lens, k_lens = [4, 7, 1], [6, 7, 3]
+    q, k, v = packed(q_lens, k_lens, hq=4, hkv=2, d=16)
+    # Heads-first storage seen token-first, a last dim with stride 2, a sliced batch of rows.
+    qn = q.transpose(0, 1).contiguous().transpose(0, 1)
+    kn = torch.stack([k, torch.zeros_like(k)], dim=-1)[..., 0]
+    vn = torch.cat([torch.zeros(3, *v.shape[1:]), v], 0)[3:]
+    assert not qn.is_contiguous() and not kn.is_contiguous() and vn.data_ptr() != v.data_ptr()
+    out = run(qn, kn, vn, q_lens, k_lens, window_size=(2, 0), enable_gqa=True)
+    close(out, reference(q, k, v, q_lens, k_lens, (2, 0))[0])
+
+
+def test_num_splits_changes_nothing():
+    q_lens = [5, 3]
+    q, k, v = packed(q_lens)
+    assert torch.equal(run(q, k, v, q_lens, q_lens, num_splits=1), run(q, k, v, q_lens, q_lens))
+
+
+def test_batch_invariance():
+    """A sequence's result does not depend on what else is in the batch."""
+    q, k, v = packed([5, 7, 3])
+    alone = run(q[5:12], k[5:12], v[5:12], [7], [7], window_size=(-1, 0))
+    batch = run(q, k, v, [5, 7, 3], [5, 7, 3], window_size=(-1, 0))
+    assert torch.equal(alone, batch[5:12])
+
+
+# ---- gradients ----------------------------------------------------------------------------------
+
+def grads(fn, q, k, v, wo, wl):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out, lse = fn(q, k, v)
+    finite = torch.isfinite(lse)
+    loss = (out * wo).sum() + (lse.masked_fill(~finite, 0) * wl).sum()
+    return torch.autograd.grad(loss, (q, k, v))
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 1), (6, 2)])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (2, 1), (1, 0)], ids=str)
+@pytest.mark.parametrize("with_lse", [False, True], ids=["out", "out+lse"])
+def test_gradients(hq, hkv, window, with_lse):
+    q_lens, k_lens = [5, 0, 1, 8, 3], [7, 2, 1, 8, 0]
+    q, k, v = packed(q_lens, k_lens, hq=hq, hkv=hkv)
+    g = torch.Generator().manual_seed(3)
+    wo = torch.randn(q.shape, generator=g)
+    wl = torch.randn(hq, q.shape[0], generator=g) if with_lse else torch.zeros(hq, q.shape[0])
+    gqa = hq != hkv
+
+    def ours(q, k, v):
+        out, lse = run(q, k, v, q_lens, k_lens, window_size=window, enable_gqa=gqa,
+                       return_aux=LSE)
+        return out, (lse if with_lse else lse.detach())
+
+    def ref(q, k, v):
+        return reference(q, k, v, q_lens, k_lens, window)
+
+    for got, want in zip(grads(ours, q, k, v, wo, wl), grads(ref, q, k, v, wo, wl)):
+        close(got, want, atol=5e-5, rtol=5e-5)
+
+
+def test_gradcheck_float64():
+    q_lens, k_lens = [3, 0, 2], [4, 1, 2]
+    q, k, v = packed(q_lens, k_lens, hq=2, hkv=1, d=4, dtype=torch.float64)
+    cu_q, cu_k = offsets(q_lens), offsets(k_lens)
+
+    def fn(q, k, v):
+        out, lse = varlen_attn(q, k, v, cu_q, cu_k, 3, 4, window_size=(1, 0), enable_gqa=True,
+                               return_aux=LSE)
+        return out, lse.masked_fill(torch.isinf(lse), 0)
+
+    inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+def test_gradients_seqused_and_paged():
+    q_lens, k_lens = [3, 4, 2], [6, 5, 4]
+    used = [4, 5, 1]
+    q, k, v = packed(q_lens, k_lens, hq=2, hkv=2)
+    cu_k = offsets(k_lens)
+    wo = torch.randn(q.shape, generator=torch.Generator().manual_seed(5))
+    wl = torch.zeros(2, q.shape[0])
+    used_t = torch.tensor(used, dtype=torch.int32)
+
+    def ours(q, k, v):
+        return varlen_attn(q, k, v, offsets(q_lens), cu_k, 4, 5, window_size=(-1, 0),
+                           seqused_k=used_t, return_aux=LSE)
+
+    def ref(q, k, v):
+        return reference(q, k, v, q_lens, used, (-1, 0), k_starts=cu_k[:-1].tolist())
+
+    dq, dk, dv = grads(ours, q, k, v, wo, wl)
+    for got, want in zip((dq, dk, dv), grads(ref, q, k, v, wo, wl)):
+        close(got, want, atol=5e-5, rtol=5e-5)
+    assert torch.equal(dk[4:6], torch.zeros_like(dk[4:6]))  # keys past seqused_k: no gradient
+
+    # The same keys as pages: the pool's gradient is the packed one, page by page.
+    kk = torch.cat([k[0:4], k[6:11], k[11:12]])
+    vv = torch.cat([v[0:4], v[6:11], v[11:12]])
+    pool_k, pool_v, table, used_p = paged(kk, vv, used, page_size=2)
+
+    def ours_paged(q, pk, pv):
+        return varlen_attn(q, pk, pv, offsets(q_lens), None, 4, 5, window_size=(-1, 0),
+                           seqused_k=used_p, block_table=table, return_aux=LSE)
+
+    pq, pk, pv = grads(ours_paged, q, pool_k, pool_v, wo, wl)
+    close(pq, dq, atol=5e-5, rtol=5e-5)
+    for pool_grad, packed_grad in ((pk, dk), (pv, dv)):
+        rows = []
+        for i, n in enumerate(used):
+            flat = torch.cat([pool_grad[p] for p in table[i, :-(-n // 2)].tolist()])[:n]
+            rows.append(flat)
+        close(torch.cat(rows), torch.cat([packed_grad[0:4], packed_grad[6:11],
+                                          packed_grad[11:12]]), atol=5e-5, rtol=5e-5)
+
+
+def test_gradients_shared_pages():
+    """Two sequences sharing their first page (a common prefix): its gradient is the sum."""
+    g = torch.Generator().manual_seed(12)
+    pool_k, pool_v = (torch.randn(3, 2, 2, 8, generator=g, dtype=torch.float64) for _ in "kv")
+    q = torch.randn(5, 2, 8, generator=g, dtype=torch.float64)
+    table = torch.tensor([[0, 1], [0, 2]], dtype=I32)
+    used = torch.tensor([4, 3], dtype=I32)
+    wo = torch.randn(q.shape, generator=g, dtype=torch.float64)
+    wl = torch.zeros(2, 5, dtype=torch.float64)
+
+    def ours(q, pk, pv):
+        return varlen_attn(q, pk, pv, offsets([2, 3]), None, 3, 4, window_size=(-1, 0),
+                           seqused_k=used, block_table=table, return_aux=LSE)
+
+    def ref(q, pk, pv):
+        k = torch.cat([pk[0], pk[1], pk[0], pk[2][:1]])
+        v = torch.cat([pv[0], pv[1], pv[0], pv[2][:1]])
+        return reference(q, k, v, [2, 3], [4, 3], (-1, 0))
+
+    for got, want in zip(grads(ours, q, pool_k, pool_v, wo, wl),
+                         grads(ref, q, pool_k, pool_v, wo, wl)):
+        close(got, want, atol=1e-10, rtol=1e-10)
+
+
+def test_math_path_without_library(monkeypatch):
+    """An install without the compiled library has no sdpa_fwd / sdpa_bwd: plain math instead."""
+    monkeypatch.setattr(varlen_mod, "_SDPA_FWD", None)
+    monkeypatch.setattr(varlen_mod, "_SDPA_BWD", None)
+    q_lens, k_lens = [3, 6, 0, 1], [5, 6, 2, 1]
+    q, k, v = packed(q_lens, k_lens, hq=4, hkv=2)
+    for window in [(-1, -1), (-1, 0), (2, 1)]:
+        out, lse = run(q, k, v, q_lens, k_lens, window_size=window, enable_gqa=True,
+                       return_aux=LSE)
+        ref, ref_lse = reference(q, k, v, q_lens, k_lens, window)
+        close(out, ref)
+        close(lse, ref_lse)
+    wo = torch.randn(q.shape, generator=torch.Generator().manual_seed(7))
+    wl = torch.randn(4, q.shape[0], generator=torch.Generator().manual_seed(8))
+
+    def ours(q, k, v):
+        return run(q, k, v, q_lens, k_lens, window_size=(-1, 0), enable_gqa=True, return_aux=LSE)
+
+    def ref(q, k, v):
+        return reference(q, k, v, q_lens, k_lens, (-1, 0))
+
+    for got, want in zip(grads(ours, q, k, v, wo, wl), grads(ref, q, k, v, wo, wl)):
+        close(got, want, atol=5e-5, rtol=5e-5)
+
+
+def test_install_without_library(tmp_path):
+    """A copy of the package with no compiled library (a CPU-only install, see test_fallback.py)
+    imports varlen_attn and computes with plain math: forward, gradients, torch.compile."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    package = os.path.dirname(flashcore.__file__)
+    shutil.copytree(package, tmp_path / "flashcore",
+                    ignore=shutil.ignore_patterns("*.so", "_build_config.py", "__pycache__"))
+    code = """
+import torch, flashcore
+from flashcore import varlen
+assert flashcore.FALLBACK_ONLY and varlen._SDPA_FWD is None
+q = torch.randn(9, 4, 8, requires_grad=True)
+k = torch.randn(9, 2, 8, requires_grad=True)
+v = torch.randn(9, 2, 8, requires_grad=True)
+cu = torch.tensor([0, 4, 4, 9], dtype=torch.int32)
+out = flashcore.varlen_attn(q, k, v, cu, cu, 5, 5, window_size=(-1, 0), enable_gqa=True)
+ref = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+    q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), is_causal=True,
+    enable_gqa=True).transpose(0, 1) for a, b in ((0, 4), (4, 9))])
+assert torch.allclose(out, ref, atol=1e-5), (out - ref).abs().max()
+got = torch.autograd.grad(out.sum(), (q, k, v))
+want = torch.autograd.grad(ref.sum(), (q, k, v))
+assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want))
+f = torch.compile(lambda q, k, v: flashcore.varlen_attn(q, k, v, cu, cu, 5, 5, enable_gqa=True),
+                  fullgraph=True, backend="aot_eager")
+assert torch.allclose(f(q, k, v), flashcore.varlen_attn(q, k, v, cu, cu, 5, 5, enable_gqa=True))
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+# ---- errors -------------------------------------------------------------------------------------
+
+def _args(**over):
+    q, k, v = packed([3, 2], hq=4, hkv=2)
+    args = dict(query=q, key=k, value=v, cu_seq_q=offsets([3, 2]), cu_seq_k=offsets([3, 2]),
+                max_q=3, max_k=3, enable_gqa=True)
+    args.update(over)
+    return args
+
+
+def _call(**over):
+    a = _args(**over)
+    return varlen_attn(a.pop("query"), a.pop("key"), a.pop("value"), a.pop("cu_seq_q"),
+                       a.pop("cu_seq_k"), a.pop("max_q"), a.pop("max_k"), **a)
+
+
+@pytest.mark.parametrize("over,match", [
+    (dict(cu_seq_q=torch.tensor([0, 3, 5])), r"cu_seq_q must be int32"),
+    (dict(cu_seq_q=torch.tensor([[0, 3, 5]], dtype=I32)), r"cu_seq_q must be 1-D"),
+    (dict(cu_seq_q=torch.tensor([1, 3, 5], dtype=I32)), r"cu_seq_q must start at 0"),
+    (dict(cu_seq_q=torch.tensor([0, 4, 3], dtype=I32)), r"cu_seq_q must be non-decreasing"),
+    (dict(cu_seq_q=torch.tensor([0, 3, 6], dtype=I32)), r"cu_seq_q ends at 6, past query"),
+    (dict(cu_seq_k=torch.tensor([0, 3, 6], dtype=I32)), r"cu_seq_k ends at 6, past key"),
+    (dict(cu_seq_k=torch.tensor([0, 5], dtype=I32)), r"cu_seq_k must have 3 entries"),
+    (dict(cu_seq_k=torch.tensor([0, 3, 5], dtype=torch.int64)), r"cu_seq_k must be int32"),
+    (dict(cu_seq_k=None), r"cu_seq_k may be None only with block_table"),
+    (dict(max_q=2), r"max_q=2 is less than the longest query sequence"),
+    (dict(max_k=1), r"max_k=1 is less than the longest key sequence"),
+    (dict(max_q=-1), r"max_q must be >= 0"),
+    (dict(enable_gqa=False), r"same number of heads.*enable_gqa"),
+    (dict(key=torch.randn(5, 3, 16), value=torch.randn(5, 3, 16)), r"multiple of key/value's"),
+    (dict(key=torch.randn(5, 2, 16, dtype=torch.float64)), r"key must have query's"),
+    (dict(value=torch.randn(5, 2, 8, 16)), r"value must be 3-D"),
+    (dict(key=torch.randn(5, 2, 8), value=torch.randn(5, 2, 8)), r"key's head dim"),
+    (dict(window_size=(-2, 0)), r"window_size entries must be >= -1"),
+    (dict(window_size=(1,)), r"window_size must be two ints"),
+    (dict(seqused_k=torch.tensor([3], dtype=I32)), r"seqused_k must have 2 entries"),
+    (dict(seqused_k=torch.tensor([4, 1], dtype=I32)), r"seqused_k\[0\]=4 exceeds"),
+    (dict(seqused_k=torch.tensor([-1, 1], dtype=I32)), r"seqused_k must be >= 0"),
+    (dict(num_splits=-1), r"num_splits"),
+    (dict(return_aux=True), r"return_aux"),
+])
+def test_bad_arguments(over, match):
+    with pytest.raises(ValueError, match=match):
+        _call(**over)
+
+
+@pytest.mark.parametrize("table,used,match", [
+    ([[0, 1], [2, -1]], None, r"block_table needs seqused_k"),
+    ([[0, 1], [9, -1]], [3, 2], r"block_table\[1\] refers to page 9, out of range"),
+    ([[0, -1], [2, -1]], [3, 2], r"block_table\[0\] refers to page -1"),
+    ([[0], [2]], [3, 2], r"seqused_k\[0\]=3 needs more pages than block_table has"),
+    ([[0, 1]], [3, 2], r"block_table must be 2-D \(N=2"),
+])
+def test_bad_block_table(table, used, match):
+    pool = torch.randn(4, 2, 2, 16)
+    with pytest.raises(ValueError, match=match):
+        _call(key=pool, value=pool.clone(), cu_seq_k=None,
+              block_table=torch.tensor(table, dtype=I32),
+              seqused_k=None if used is None else torch.tensor(used, dtype=I32))
+
+
+def test_block_table_needs_4d_key():
+    with pytest.raises(ValueError, match=r"key must be 4-D \(num_pages, page_size"):
+        _call(block_table=torch.zeros(2, 2, dtype=I32), seqused_k=torch.tensor([3, 2], dtype=I32))
+
+
+# ---- torch.compile, opcheck ---------------------------------------------------------------------
+
+def test_compile_fullgraph_forward_and_backward():
+    q_lens, k_lens = [4, 0, 7, 1], [5, 2, 7, 3]
+    q, k, v = packed(q_lens, k_lens, hq=4, hkv=2)
+    cu_q, cu_k = offsets(q_lens), offsets(k_lens)
+
+    def fn(q, k, v, cu_q, cu_k):
+        out, lse = varlen_attn(q, k, v, cu_q, cu_k, 7, 7, window_size=(2, 0), enable_gqa=True,
+                               return_aux=LSE)
+        return out * 2, lse
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = compiled(*inputs, cu_q, cu_k)
+    ref, ref_lse = reference(q, k, v, q_lens, k_lens, (2, 0))
+    close(out, 2 * ref)
+    close(lse, ref_lse)
+    wo = torch.randn(q.shape, generator=torch.Generator().manual_seed(9))
+    got = torch.autograd.grad((out * wo).sum(), inputs)
+
+    def ref_fn(q, k, v):
+        o, l = reference(q, k, v, q_lens, k_lens, (2, 0))
+        return 2 * o, l
+
+    want = grads(ref_fn, q, k, v, wo, torch.zeros(4, q.shape[0]))
+    for a, b in zip(got, want):
+        close(a, b, atol=5e-5, rtol=5e-5)
+
+
+def test_compile_inductor_smoke():
+    q_lens = [3, 5]
+    q, k, v = packed(q_lens)
+    cu = offsets(q_lens)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 5, 5,
+                                                             window_size=(-1, 0)).sum(-1),
+                             fullgraph=True)
+    close(compiled(q, k, v, cu), reference(q, k, v, q_lens, q_lens, (-1, 0))[0].sum(-1))
+
+
+def test_opcheck():
+    q_lens, k_lens = [3, 0, 4], [2, 1, 4]
+    q, k, v = packed(q_lens, k_lens, hq=2, hkv=1)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    args = (q, k, v, offsets(q_lens), offsets(k_lens), 4, 4, -1, 0, None, True, None, None)
+    torch.library.opcheck(torch.ops.flashcore.varlen_attn.default, args)
+
+
+# ---- flashcore.patch() --------------------------------------------------------------------------
+
+class OpRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def unpatched():
+    flashcore.unpatch()
+    yield
+    flashcore.unpatch()
+
+
+@needs_torch_varlen
+def test_patch_routes_torch_varlen(unpatched):
+    original = torch_varlen.varlen_attn
+    assert original is varlen_mod._TORCH_ORIGINAL
+    q_lens = [3, 5]
+    q, k, v = packed(q_lens)
+    cu = offsets(q_lens)
+    flashcore.patch()
+    flashcore.patch()  # idempotent
+    assert torch_varlen.varlen_attn is varlen_mod.torch_varlen_attn
+    with OpRecorder() as rec:
+        out = torch_varlen.varlen_attn(q, k, v, cu, cu, 5, 5, window_size=(-1, 0))
+    assert torch.ops.flashcore.varlen_attn.default in rec.ops
+    close(out, reference(q, k, v, q_lens, q_lens, (-1, 0))[0])
+    flashcore.unpatch()
+    assert torch_varlen.varlen_attn is original
+    with flashcore.patched():
+        assert torch_varlen.varlen_attn is varlen_mod.torch_varlen_attn
+    assert torch_varlen.varlen_attn is original
+
+
+@needs_torch_varlen
+def test_patch_compiles_without_graph_break(unpatched):
+    q_lens = [3, 5]
+    q, k, v = packed(q_lens)
+    cu = offsets(q_lens)
+    torch._dynamo.reset()
+    with flashcore.patched():
+        compiled = torch.compile(
+            lambda q, k, v, cu: torch_varlen.varlen_attn(q, k, v, cu, cu, 5, 5), fullgraph=True,
+            backend="aot_eager")
+        close(compiled(q, k, v, cu), reference(q, k, v, q_lens, q_lens)[0])
+    torch._dynamo.reset()
+
+
+@needs_torch_varlen
+def test_patch_older_signatures(unpatched, monkeypatch):
+    """Releases before the window argument took a positional is_causal (bottom-right, as flash
+    attention's): the stand-in maps it; arguments it does not know go to PyTorch's function."""
+    calls = []
+
+    def fake_original(*args, **kwargs):
+        calls.append(kwargs)
+        return "original"
+
+    monkeypatch.setattr(varlen_mod, "_TORCH_POSITIONAL", ("is_causal", "return_aux"))
+    monkeypatch.setattr(varlen_mod, "_TORCH_ORIGINAL", fake_original)
+    q_lens, k_lens = [2, 4], [5, 4]
+    q, k, v = packed(q_lens, k_lens)
+    cu_q, cu_k = offsets(q_lens), offsets(k_lens)
+    stand_in = varlen_mod.torch_varlen_attn
+    out, lse = stand_in(q, k, v, cu_q, cu_k, 4, 5, True, LSE)
+    ref, ref_lse = reference(q, k, v, q_lens, k_lens, (-1, 0))
+    close(out, ref)
+    close(lse, ref_lse)
+    assert stand_in(q, k, v, cu_q, cu_k, 4, 5, k_cache=k) == "original"
+    assert calls == [dict(k_cache=k)]
+
+
+# ---- CUDA: FlashCore's kernels per sequence, PyTorch's varlen_attn ------------------------------
+
+def _low_precision_yardstick(q, k, v, q_lens, k_lens, window, **kw):
+    """max |ref_lowprec - ref64|: the same reference computed from inputs rounded to the dtype,
+    in the dtype's precision for the probabilities (flash-attention's test yardstick)."""
+    ref, _ = reference(q, k, v, q_lens, k_lens, window, **kw)
+    low, _ = reference(q.float(), k.float(), v.float(), q_lens, k_lens, window, **kw)
+    return (low.to(q.dtype).double() - ref).abs().max().item()
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0), (16, 16)], ids=str)
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2)])
+def test_cuda_matches_reference(dtype, window, hq, hkv):
+    q_lens, k_lens = [300, 1, 0, 17, 128, 5], [300, 40, 3, 17, 200, 5]
+    q, k, v = packed(q_lens, k_lens, hq=hq, hkv=hkv, d=64, dtype=dtype, device="cuda")
+    out, lse = run(q, k, v, q_lens, k_lens, window_size=window, enable_gqa=hq != hkv,
+                   return_aux=LSE)
+    ref, ref_lse = reference(q, k, v, q_lens, k_lens, window)
+    tol = 2 * _low_precision_yardstick(q, k, v, q_lens, k_lens, window) + 1e-3
+    assert (out.double() - ref).abs().max().item() <= tol
+    close(lse, ref_lse, atol=2e-3, rtol=2e-3)
+
+
+@cuda_only
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (32, 0)], ids=str)
+def test_cuda_gradients(window):
+    q_lens, k_lens = [130, 1, 64, 0], [130, 9, 100, 4]
+    q, k, v = packed(q_lens, k_lens, hq=8, hkv=2, d=64, dtype=torch.bfloat16, device="cuda")
+    g = torch.Generator().manual_seed(11)
+    wo = torch.randn(q.shape, generator=g).to("cuda", torch.bfloat16)
+    wl = torch.zeros(8, q.shape[0], device="cuda")
+
+    def ours(q, k, v):
+        return run(q, k, v, q_lens, k_lens, window_size=window, enable_gqa=True, return_aux=LSE)
+
+    def ref(q, k, v):
+        return reference(q, k, v, q_lens, k_lens, window)
+
+    for got, want in zip(grads(ours, q, k, v, wo, wl), grads(ref, q, k, v, wo, wl)):
+        scale = want.abs().max().item()
+        assert (got.double() - want).abs().max().item() <= 2e-2 * max(scale, 1.0)
+
+
+@cuda_only
+@needs_torch_varlen
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (32, 0)], ids=str)
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2)])
+def test_cuda_equals_pytorch_varlen(window, hq, hkv, unpatched):
+    import inspect
+    params = inspect.signature(torch_varlen.varlen_attn).parameters
+    if hq != hkv and "enable_gqa" not in params:
+        pytest.skip("this PyTorch's varlen_attn has no enable_gqa")
+    q_lens, k_lens = [200, 1, 64, 33], [200, 1, 64, 33]
+    q, k, v = packed(q_lens, k_lens, hq=hq, hkv=hkv, d=64, dtype=torch.bfloat16, device="cuda")
+    cu = offsets(q_lens, "cuda")
+    kw = dict(return_aux=LSE)
+    if "window_size" in params:
+        kw["window_size"] = window
+    elif window == (-1, 0):
+        kw = dict(is_causal=True, return_aux=LSE)
+    elif window != (-1, -1):
+        pytest.skip("this PyTorch's varlen_attn has no window_size")
+    if hq != hkv:
+        kw["enable_gqa"] = True
+    theirs, their_lse = torch_varlen.varlen_attn(q, k, v, cu, cu, 200, 200, **kw)
+    ours, our_lse = run(q, k, v, q_lens, k_lens, window_size=window, enable_gqa=hq != hkv,
+                        return_aux=LSE)
+    torch.testing.assert_close(ours, theirs, atol=2e-2, rtol=2e-2)
+    if their_lse.shape != our_lse.shape:  # a release documenting (T_q, H) instead of (H, T_q)
+        their_lse = their_lse.reshape(our_lse.shape[::-1]).t()
+    torch.testing.assert_close(our_lse, their_lse, atol=2e-3, rtol=2e-3)
