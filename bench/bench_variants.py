@@ -134,6 +134,23 @@ def main(argv=None):
             fb = [bwd[k] for k in ("band_fb_us", "dense_fb_us", "sdpa_mask_fb_us", "causal_fb_us")]
             print(f"{'  fwd+bwd':26} {fb[0]:9.1f} {fb[1]:9.1f} {fb[2]:9.1f} {fb[3]:9.1f} {'':6} "
                   f"{fb[0] / (fb[3] * n_band / n_full):14.3f} {fb[1] / fb[0]:10.2f}", flush=True)
+    # Sinks (gpt-oss): the same call with and without one sink logit per head (target <= 5%).
+    print(f"# sinks: forward us with / without, and forward + backward")
+    for name, B, Hq, Hkv, S, D in (("sinks S=4k D=128 causal", 2, 64, 8, 4096, 128),
+                                   ("sinks S=4k D=64 causal", 4, 64, 8, 4096, 64)):
+        if args.quick and D == 64:
+            continue
+        q = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype)
+        k = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype)
+        v = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype)
+        sinks = torch.randn(Hq, device="cuda")
+        t_sink, t_plain = timer.eager_us([
+            (torch.no_grad, lambda: flashcore.attention(q, k, v, is_causal=True, enable_gqa=True, sinks=sinks)),
+            (torch.no_grad, lambda: flashcore.attention(q, k, v, is_causal=True, enable_gqa=True))])
+        row = dict(shape=name, B=B, Hq=Hq, Hkv=Hkv, Sq=S, Sk=S, D=D, sinks_us=t_sink, plain_us=t_plain,
+                   sinks_over_plain=t_sink / t_plain)
+        rows.append(row)
+        print(f"{name:26} {t_sink:9.1f} {t_plain:9.1f}  x{t_sink / t_plain:.3f}", flush=True)
     sha, dirty = bench.git_info()
     doc = dict(card=card, torch=torch.__version__, git=sha, dirty=dirty, dtype="bf16", pass_="fwd",
                date=_dt.datetime.now().isoformat(timespec="seconds"), rows=rows)

@@ -218,10 +218,12 @@ static int family_takes_mask(fc_family family, const fc_params *p) {
 }
 
 /* A general band (a window, or causal aligned bottom-right with seqlen_q != seqlen_k; dispatch.h)
- * runs in the Hopper family's forward alone: its key loop starts and ends at the band's edges
- * (kernels/fwd_sm90.cuh). It has no mask path, so a band with a mask runs nowhere. */
+ * runs in the Hopper family's forward, whose key loop starts and ends at the band's edges
+ * (kernels/fwd_sm90.cuh), and in the decode kernels, whose causal variant reads only the band's
+ * keys (kernels/decode_sm80.cuh). Neither has a mask path, so a band with a mask runs nowhere. */
 static int family_takes_band(fc_family family, const fc_params *p) {
-    return p->band_ != FC_BAND_GENERAL_ || (family == FC_FAMILY_SM90 && p->mask_kind == FC_MASK_NONE);
+    return p->band_ != FC_BAND_GENERAL_ ||
+           ((family == FC_FAMILY_SM90 || family == FC_FAMILY_DECODE) && p->mask_kind == FC_MASK_NONE);
 }
 
 /* Would a family other than sm80 that runs here have a kernel for this call without its mask? */
@@ -400,7 +402,15 @@ int fc_decode_splits(const fc_params *p, int sm_count) {
     const int64_t ctas = p->batch * p->heads_kv;
     const int64_t slots = (int64_t)FC_DECODE_CTAS_PER_SM(p) * (sm_count > 0 ? sm_count : 1);
     int64_t splits = slots / (ctas > 0 ? ctas : 1);
-    const int64_t chunks = (p->seqlen_k + FC_DECODE_CHUNK - 1) / FC_DECODE_CHUNK;
+    /* The keys the kernel reads: all, or a band's (a resolved struct: the first row's first key
+     * to the last row's last). */
+    int64_t keys = p->seqlen_k;
+    if (p->band_ == FC_BAND_GENERAL_) {
+        const int64_t first = p->band_lo_ > 0 ? p->band_lo_ : 0;
+        const int64_t end = p->seqlen_q + p->band_hi_ < p->seqlen_k ? p->seqlen_q + p->band_hi_ : p->seqlen_k;
+        keys = end > first ? end - first : 0;
+    }
+    const int64_t chunks = (keys + FC_DECODE_CHUNK - 1) / FC_DECODE_CHUNK;
     const int64_t by_length = chunks / FC_DECODE_MIN_CHUNKS_PER_SPLIT;
     if (splits > by_length) splits = by_length;
     if (splits > FC_DECODE_MAX_SPLITS) splits = FC_DECODE_MAX_SPLITS;

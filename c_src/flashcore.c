@@ -47,7 +47,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_UNSUPPORTED_LAYOUT] = "the forced kernel family cannot take these inputs (sm90: a nonzero stride on every dim of size > 1, scale > 0, and for its backward at most 2^31 - 1 key blocks x KV heads x batch; decode: at most 16 query rows, and 32 rows per KV head)",
     [FC_ERR_CUDA] = "a CUDA call or kernel launch failed (fc_last_cuda_error() has the CUDA error)",
     [FC_ERR_BAD_WINDOW] = "with windowed set, window_left and window_right must be -1 (unbounded) or >= 0; alignment must be FC_ALIGN_TOP_LEFT or FC_ALIGN_BOTTOM_RIGHT",
-    [FC_UNSUPPORTED_BAND] = "a sliding window or a bottom-right causal band runs only in the sm90 family (forward: head dims 64, 128, 256; backward: 64, 128; without a mask); no kernel here takes this call",
+    [FC_UNSUPPORTED_BAND] = "a sliding window or a bottom-right causal band runs only in the sm90 family (forward: head dims 64, 128, 256; backward: 64, 128) and the decode kernels (forward, up to 16 query rows), without a mask; no kernel here takes this call",
     [FC_UNSUPPORTED_SLOWER] = "on sm_90 only the sm80-class family has this head dim, and PyTorch's own SDPA (cuDNN) runs it faster (about 1.7x, bench/NOTES.md); force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
 };
 
@@ -412,9 +412,10 @@ void fc_resolve_band_(fc_params *p) {
     p->windowed = 0;
     p->window_left = p->window_right = -1;
     p->alignment = FC_ALIGN_TOP_LEFT;
-    /* (Validation keeps both lengths below 2^31 - 256, so the offsets fit an int.) */
-    p->band_lo_ = p->band_ == FC_BAND_GENERAL_ ? (int)lo : 0;
-    p->band_hi_ = p->band_ == FC_BAND_GENERAL_ ? (int)hi : 0;
+    /* (Validation keeps both lengths below 2^31 - 256, so the offsets fit an int. Set for every
+     * kind: the decode kernels' causal variant runs any band from them.) */
+    p->band_lo_ = kind < 0 ? 0 : (int)lo;
+    p->band_hi_ = kind < 0 ? 0 : (int)hi;
 }
 
 fc_status fc_device_info_(int *device, int *major, int *minor, int *sms) {

@@ -148,7 +148,7 @@ typedef struct fc_params {
 
     /* internal, set by the library on its own copy (fc_resolve_band_); callers leave them 0 */
     int band_;               /* 0 unresolved; then FC_BAND_NONE_ / _CAUSAL_ / _GENERAL_ (dispatch.h) */
-    int band_lo_, band_hi_;  /* FC_BAND_GENERAL_: query i sees keys i + band_lo_ .. i + band_hi_ */
+    int band_lo_, band_hi_;  /* query i sees keys i + band_lo_ .. i + band_hi_ (fc_band_bounds) */
 } fc_params;
 
 /* Zero every field, then set scale = 0 (caller must set it), family = AUTO, mask NONE. */

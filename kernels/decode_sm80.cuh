@@ -19,6 +19,10 @@
 //     row (one warp per row), then O += P V with each thread owning one or two head-dim columns.
 //   * Q is staged once as fp32 with scale * log2(e) folded in, so scores are base-2 logits and
 //     any scale (negative too) works; masking (keys past Sk, causal) is applied after.
+//   * kCausal runs any band the library resolved (fc_params band_lo_ / band_hi_: top-left or
+//     bottom-right causal, a sliding window; fc_band_bounds in flashcore.h): row r sees keys
+//     r + band_lo_ .. r + band_hi_, and only the keys from the first row's first to the last
+//     row's last are read (a window over a long cache reads the window).
 //
 // Calls with at most 16 rows per CTA (MHA decoding, GQA up to 16:1, short speculative steps) run
 // decode_mma_kernel below instead: tensor cores and four independent warps (see its comment).
@@ -97,13 +101,16 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
     const int rows = group * seqlen_q;  // row r = (head_kv * group + r / Sq, query r % Sq)
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
-    // This split's key range, in whole chunks.
-    const int n_chunks = (seqlen_k + kChunk - 1) / kChunk;
-    const int per_split = (n_chunks + splits - 1) / splits;
-    const int chunk_begin = split * per_split;
-    int chunk_end = min(n_chunks, chunk_begin + per_split);
-    // Causal (top-left): query s sees keys 0..s, so no row needs keys past Sq - 1.
-    if (kCausal) chunk_end = min(chunk_end, (seqlen_q - 1) / kChunk + 1);
+    // This split's key range, in whole chunks: of all keys, or (kCausal) of the band's, the
+    // chunks from the first row's first key to the last row's last key.
+    int band_begin = 0, band_end = (seqlen_k + kChunk - 1) / kChunk;
+    if (kCausal) {
+        band_begin = max(0, p.band_lo_) / kChunk;
+        band_end = max(band_begin, min(band_end, (seqlen_q - 1 + p.band_hi_) / kChunk + 1));
+    }
+    const int per_split = (band_end - band_begin + splits - 1) / splits;
+    const int chunk_begin = band_begin + split * per_split;
+    const int chunk_end = min(band_end, chunk_begin + per_split);
 
     const Elem *k = static_cast<const Elem *>(p.k) + batch * p.k_stride_b + head_kv * p.k_stride_h;
     const Elem *v = static_cast<const Elem *>(p.v) + batch * p.v_stride_b + head_kv * p.v_stride_h;
@@ -184,7 +191,9 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
             for (int i = 0; i < kMaxRows / 4; ++i) {
                 const int r = quarter + 4 * i;
                 if (r < rows) {
-                    const bool masked = key >= seqlen_k || (kCausal && key > r % seqlen_q);
+                    const int band_offset = key - r % seqlen_q;  // key - query
+                    const bool masked =
+                        key >= seqlen_k || (kCausal && (band_offset < p.band_lo_ || band_offset > p.band_hi_));
                     p_s[r * kChunk + j] = masked ? -INFINITY : acc[i];
                 }
             }
@@ -345,12 +354,17 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int quad_row = lane / 4, quad_col = (lane % 4) * 2;
 
-    // This split's keys, in the same 32-key chunks fc_decode_splits counts.
-    const int n_chunks = (seqlen_k + kChunk - 1) / kChunk;
+    // This split's keys, in the same 32-key chunks fc_decode_splits counts: of all keys, or
+    // (kCausal) of the band's, from the first row's first key to the last row's last key.
+    int band_begin = 0, band_end = seqlen_k;
+    if (kCausal) {
+        band_begin = max(0, p.band_lo_);
+        band_end = max(band_begin, min(seqlen_k, seqlen_q + p.band_hi_));
+    }
+    const int n_chunks = (band_end - band_begin + kChunk - 1) / kChunk;
     const int per_split = (n_chunks + splits - 1) / splits;
-    const int key_begin = split * per_split * kChunk;
-    int key_end = min(seqlen_k, key_begin + per_split * kChunk);
-    if (kCausal) key_end = min(key_end, seqlen_q);  // top-left: no query sees a key >= Sq
+    const int key_begin = band_begin + split * per_split * kChunk;
+    const int key_end = min(band_end, key_begin + per_split * kChunk);
     const int n_steps = key_end > key_begin ? (key_end - key_begin + T::kStepKeys - 1) / T::kStepKeys : 0;
 
     Elem *ring = reinterpret_cast<Elem *>(smem_raw) + warp * T::kStages * T::kStageElems;
@@ -459,7 +473,8 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int key = key0 + nt * 8 + quad_col + e;
-                    const bool masked = key >= key_end || (kCausal && key > row_query[half]);
+                    const bool masked = key >= key_end || (kCausal && (key - row_query[half] < p.band_lo_ ||
+                                                                       key - row_query[half] > p.band_hi_));
                     float &x = sc[nt][half * 2 + e];
                     x = masked ? -INFINITY : x * scale_log2;
                     mx = fmaxf(mx, x);

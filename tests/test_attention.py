@@ -219,3 +219,49 @@ def test_compiles_without_graph_breaks():
     want = torch.autograd.grad(f(q, k, v), (q, k, v))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+def reference_with_sinks(q, k, v, keep, sinks):
+    """float64: the sink as one more logit per row (a key with no value), as gpt-oss defines it."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~keep, float("-inf"))
+    sink_col = sinks.view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+    logits = torch.cat([s, sink_col], dim=-1)
+    # (a row with no key and a -inf sink gives zeros and LSE -inf, with no NaN in the gradients)
+    seen = (logits != float("-inf")).any(-1, keepdim=True)
+    logits = torch.where(seen, logits, torch.zeros_like(logits))
+    p = torch.where(seen, torch.softmax(logits, dim=-1), torch.zeros_like(logits))[..., :-1]
+    lse = torch.where(seen, torch.logsumexp(logits, -1, keepdim=True), float("-inf")).squeeze(-1)
+    return torch.matmul(p, v), lse
+
+
+@pytest.mark.parametrize("window, alignment, sq, sk", [
+    ((-1, -1), "top_left", 19, 19), ((3, 0), "top_left", 19, 19), ((-1, -1), "bottom_right", 23, 9)])
+def test_sinks(window, alignment, sq, sk):
+    """Sinks: results, LSE and gradients (q, k, v and the sinks) against the float64 definition,
+    with -inf, 0 and large sink logits among the heads; the no-sink answer differs."""
+    q, k, v = _inputs(sq, sk, 4, 2, seed=5)
+    sinks = torch.tensor([float("-inf"), 0.0, 2.5, 30.0], dtype=torch.float64, requires_grad=True)
+    keep = keep_mask(sq, sk, True, window, alignment == "bottom_right")
+    out, lse = flashcore.attention(q, k, v, is_causal=True, causal_alignment=alignment,
+                                   window_size=window, enable_gqa=True, sinks=sinks, return_lse=True)
+    ref, ref_lse = reference_with_sinks(q, k, v, keep, sinks)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(lse, ref_lse)
+    assert not torch.allclose(reference(q, k, v, keep)[0], ref)  # the sinks matter here
+    dout = torch.randn_like(out)
+    inputs = (q, k, v, sinks)
+    for g, rg in zip(torch.autograd.grad((out * dout).sum() + lse.sum(), inputs),
+                     torch.autograd.grad((ref * dout).sum() + ref_lse.sum(), inputs)):
+        torch.testing.assert_close(g, rg, rtol=1e-8, atol=1e-9)
+
+
+def test_bad_sinks_name_the_argument():
+    q, k, v = _inputs(4, 4, 2, 2)
+    for bad in (torch.zeros(3, dtype=torch.float64), torch.zeros(2, 1, dtype=torch.float64),
+                torch.zeros(2, dtype=torch.int64)):
+        with pytest.raises(ValueError, match="sinks"):
+            flashcore.attention(q, k, v, sinks=bad)

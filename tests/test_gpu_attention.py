@@ -7,7 +7,8 @@ What it checks, on a CUDA machine with FlashCore's kernels:
     no key exactly zero with LSE -inf; over windows (0, 0), (1, 0), (127, 0), (S - 1, 0),
     asymmetric, larger than S; both alignments with Sq < Sk and Sq > Sk; odd lengths (1, 17,
     127, 1000, 4097); GQA; fp16 / bf16; D 64 / 128 / 256; outputs are poisoned first;
-  * on Hopper the band runs in the sm90 kernel (explain_attention says "kernel sm90", no mask),
+  * on Hopper the band runs in the sm90 kernel, or the decode kernels for up to 16 query rows
+    per KV head (explain_attention says which; no mask),
     and the kernel's answer equals FlashCore's own dense-mask path for the same band;
   * gradients (whichever backward runs: the sm90 kernel where it takes bands, else the Python
     backward with the band as a mask) against float64 autograd with the same rule.
@@ -120,7 +121,9 @@ def test_forward(case, dtype, D):
     assert (lse[fin].double() - lse_hi[fin]).abs().max().item() < 1e-3 * max(1.0, math.log(sk))
     if HOPPER and band.kind == _band.OTHER and D in (64, 128, 256):
         words = flashcore.explain_attention(q, k, v, **kw)
-        assert words == "kernel sm90", words
+        # (the decode kernels take Sq <= 16 and up to 32 rows per KV head, at D = 64 and 128)
+        decode = sq <= 16 and (Hq // Hkv) * sq <= 32 and D in (64, 128)
+        assert words == ("kernel decode" if decode else "kernel sm90"), words
         # the same band as FlashCore's own dense-mask path
         dense = flashcore.attention(q, k, v, keep, enable_gqa=True)
         err_dense = (out.double() - dense.double()).abs().max().item()
@@ -165,3 +168,41 @@ def test_backward(case, D):
         err = (g.double() - h).abs().max().item()
         bound = 2 * (l.double() - h).abs().max().item() + 3e-2 * h.abs().max().item() + 1e-2
         assert err <= bound, f"d{name}: {err:.3e} > {bound:.3e}"
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("window", [(-1, -1), (127, 0)], ids=["causal", "window127"])
+def test_sinks(window, D):
+    """gpt-oss's attention sinks (one logit per head) beside causal / a window: forward, LSE and
+    the gradients of q, k, v and the sinks against float64."""
+    dtype = torch.bfloat16
+    skip_unless_built(D, dtype)
+    B, Hq, Hkv, S = 2, 4, 2, 1000
+    q = torch.randn(B, Hq, S, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, Hkv, S, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, Hkv, S, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    sinks = torch.tensor([float("-inf"), 0.0, 1.5, 4.0], device=DEVICE, requires_grad=True)
+    keep, _ = keep_of(S, S, True, window, False)
+    out, lse = flashcore.attention(q, k, v, is_causal=True, window_size=window, enable_gqa=True,
+                                   sinks=sinks, return_lse=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad((out * dout).sum(), (q, k, v, sinks))
+
+    def ref(cast):
+        qq, kk, vv = (t.detach().to(cast).requires_grad_() for t in (q, k, v))
+        ss = sinks.detach().to(cast).requires_grad_()
+        s = torch.matmul(qq, kk.repeat_interleave(Hq // Hkv, 1).transpose(-2, -1)) / math.sqrt(D)
+        s = s.masked_fill(~keep, NEG_INF)
+        logits = torch.cat([s, ss.view(1, -1, 1, 1).expand(B, Hq, S, 1)], -1)
+        o = torch.matmul(torch.softmax(logits, -1)[..., :-1], vv.repeat_interleave(Hq // Hkv, 1))
+        return o, torch.logsumexp(logits, -1), torch.autograd.grad((o * dout.to(cast)).sum(), (qq, kk, vv, ss))
+
+    o_hi, lse_hi, g_hi = ref(torch.float64)
+    o_lp, _, g_lp = ref(torch.float32)
+    err = (out.double() - o_hi).abs().max().item()
+    assert err <= 2 * (o_lp.double() - o_hi).abs().max().item() + 2 * ATOL[dtype], err
+    assert (lse.double() - lse_hi).abs().max().item() < 1e-2
+    for name, g, h, l in zip(("q", "k", "v", "sinks"), grads, g_hi, g_lp):
+        e = (g.double() - h).abs().max().item()
+        bound = 2 * (l.double() - h).abs().max().item() + 3e-2 * h.abs().max().item() + 1e-2
+        assert e <= bound, f"d{name}: {e:.3e} > {bound:.3e}"

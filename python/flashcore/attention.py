@@ -14,6 +14,11 @@ Arguments beyond ``F.scaled_dot_product_attention``'s (no dropout here):
   prefill against a cache). It applies to the window too.
 * ``attn_mask`` may also be PyTorch's ``CausalBias`` (``torch.nn.attention.bias.causal_upper_left``
   / ``causal_lower_right``), taken as ``is_causal`` with that alignment.
+* ``sinks``: attention sinks (gpt-oss's ``s_aux``), one logit per query head, shape (Hq,): each
+  row's softmax denominator gets ``exp(sinks[h])`` added, a key with no value. Exact from the
+  attention's own output and LSE, ``out * sigmoid(lse - sink)`` (one elementwise pass after the
+  kernel, differentiable: the sinks get their gradient, q/k/v theirs through the backward's LSE
+  term); the returned LSE includes the sink.
 * ``return_lse=True`` also returns the natural-log log-sum-exp of each query row (float32;
   -inf for a row that sees no key).
 
@@ -176,24 +181,53 @@ def _resolve(query, key, attn_mask, is_causal, causal_alignment, window_size):
     return attn_mask, bool(is_causal), int(window_size[0]), int(window_size[1]), bottom_right
 
 
+def _check_sinks(sinks, query):
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor) or sinks.dim() != 1 or query.dim() < 3 \
+            or sinks.shape[0] != query.shape[-3]:
+        raise ValueError("flashcore.attention: sinks must be a 1-D tensor of one logit per query "
+                         f"head ({query.shape[-3] if query.dim() >= 3 else '?'}), got "
+                         f"{tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__}")
+    if not sinks.is_floating_point() or sinks.device != query.device:
+        raise ValueError(f"flashcore.attention: sinks must be a floating-point tensor on query's "
+                         f"device ({query.device}), got {sinks.dtype} on {sinks.device}")
+
+
+def _with_sinks(out, lse, sinks):
+    """out and lse with a sink logit per query head in every row's denominator: the weight of
+    the keys becomes sigmoid(lse - sink) (0 for a row that saw no key), the LSE
+    logaddexp(lse, sink). In the LSE's precision (float32), out rounded once more."""
+    sink = sinks.to(lse.dtype).unsqueeze(-1).expand_as(lse)  # (Hq, 1) against lse (..., Hq, Sq)
+    # A row with no key and a -inf sink has nothing at all: zeros, LSE -inf. Its terms are taken
+    # at 0 instead, so that no -inf - -inf (NaN) reaches the values or the gradients.
+    dead = torch.isneginf(lse) & torch.isneginf(sink)
+    lse_s, sink_s = lse.masked_fill(dead, 0.0), sink.masked_fill(dead, 0.0)
+    weight = torch.sigmoid(lse_s - sink_s).masked_fill(dead, 0.0)
+    lse_out = torch.logaddexp(lse_s, sink_s).masked_fill(dead, float("-inf"))
+    return (out.to(lse.dtype) * weight.unsqueeze(-1)).to(out.dtype), lse_out
+
+
 def attention(query, key, value, attn_mask=None, is_causal=False, *,
               causal_alignment="top_left", window_size=(-1, -1), scale=None, enable_gqa=False,
-              return_lse=False):
-    """Attention with SDPA's semantics plus a sliding window and the causal alignment (module
-    docstring). Returns out, or (out, lse) with return_lse."""
+              sinks=None, return_lse=False):
+    """Attention with SDPA's semantics plus a sliding window, the causal alignment and attention
+    sinks (module docstring). Returns out, or (out, lse) with return_lse."""
     from . import FALLBACK_ONLY
     attn_mask, is_causal, wl, wr, br = _resolve(query, key, attn_mask, is_causal,
                                                 causal_alignment, window_size)
+    _check_sinks(sinks, query)
     if FALLBACK_ONLY:  # no FlashCore library: PyTorch's SDPA with the band as a mask
         band = _band_of(query, key, is_causal, wl, wr, br)
         mask = attn_mask if band.kind == _band.ALL else _with_band(attn_mask, band, query, key)
-        out = torch.nn.functional.scaled_dot_product_attention(
+        if return_lse or sinks is not None:
+            raise NotImplementedError("flashcore.attention: return_lse and sinks need FlashCore's "
+                                      f"library ({FALLBACK_ONLY})")
+        return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, mask, scale=scale, enable_gqa=enable_gqa)
-        if return_lse:
-            raise NotImplementedError("flashcore.attention: return_lse needs FlashCore's library "
-                                      f"({FALLBACK_ONLY})")
-        return out
     out, lse = attention_fwd(query, key, value, attn_mask, is_causal, scale, enable_gqa, wl, wr, br)
+    if sinks is not None:
+        out, lse = _with_sinks(out, lse, sinks)
     return (out, lse) if return_lse else out
 
 

@@ -343,12 +343,13 @@ static int run_case(const test_case *tc, fc_family family, const test_band *band
         return 0;
     }
     if (band != NULL && band_is_general(&p)) {
-        /* A general band runs in the sm90 family alone: the sm80 family must decline it (never
-         * run it as a plain call), and so must AUTO off Hopper. */
+        /* A general band runs in the sm90 family and the decode kernels (up to 16 query rows):
+         * the sm80 family must decline it (never run it as a plain call), and so must AUTO off
+         * Hopper where the decode kernels do not take the call. */
         int dev = 0, major = 0;
         CUDA_OK(cudaGetDevice(&dev));
         CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        if (family == FC_FAMILY_SM80 || major != 9) {
+        if (family == FC_FAMILY_SM80 || (major != 9 && st != FC_OK)) {
             const int ok = st == FC_UNSUPPORTED_BAND;
             printf("%s family=%s Sq=%lld Sk=%lld causal=%d", ok ? "ok  " : "FAIL", family == FC_FAMILY_SM80 ? "sm80" : "auto",
                    (long long)Sq, (long long)Sk, tc->causal);
@@ -770,6 +771,12 @@ int main(void) {
         {{1, 2, 2, 1000, 1000, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 200, 50, TL, 1}}, /* causal cuts the right */
         {{1, 8, 2, 1, 1000, 128, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 256, 0, BR, 1}},    /* one row, sliding window */
         {{1, 4, 1, 3, 500, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 100, -1, BR, 1}},
+        /* the decode kernels' bands: speculative steps (16 rows per KV head: tensor cores; 32:
+         * the CUDA-core kernel), a window over a long cache (split over the window's keys) */
+        {{2, 8, 2, 4, 1000, 128, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {0, -1, -1, BR, 1}},
+        {{1, 8, 1, 4, 700, 64, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {0, -1, -1, BR, 1}},
+        {{1, 4, 1, 2, 4000, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 300, 0, BR, 1}},
+        {{1, 2, 2, 5, 3, 64, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {0, -1, -1, BR, 1}},        /* rows with no key */
     };
     /* The backward's (smaller: compute-sanitizer runs them): a key block's steps start and end
      * at the band's edges, interior tiles unmasked (the (400, 100) window), key blocks no row sees
