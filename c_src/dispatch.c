@@ -221,6 +221,11 @@ static int family_takes_mask(fc_family family, const fc_params *p) {
  * runs in the Hopper family's forward, whose key loop starts and ends at the band's edges
  * (kernels/fwd_sm90.cuh), and in the decode kernels, whose causal variant reads only the band's
  * keys (kernels/decode_sm80.cuh). Neither has a mask path, so a band with a mask runs nowhere. */
+/* Attention sinks: the Hopper forward's epilogue alone adds them (kernels/fwd_sm90.cuh). */
+static int family_takes_sinks(fc_family family, const fc_params *p) {
+    return p->sinks == NULL || family == FC_FAMILY_SM90;
+}
+
 static int family_takes_band(fc_family family, const fc_params *p) {
     return p->band_ != FC_BAND_GENERAL_ ||
            ((family == FC_FAMILY_SM90 || family == FC_FAMILY_DECODE) && p->mask_kind == FC_MASK_NONE);
@@ -292,7 +297,8 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
  * kernels' int offsets, which huge head strides or millions of heads break) and suit the Hopper
  * family's tensor maps; otherwise it runs unpacked, with the same result. */
 int fc_decode_packs_for_sm90(const fc_params *p) {
-    if (p->seqlen_q != 1 || p->causal || p->heads_q <= p->heads_kv) return 0;
+    /* (Sinks are per query head, which packing turns into rows.) */
+    if (p->seqlen_q != 1 || p->causal || p->heads_q <= p->heads_kv || p->sinks != NULL) return 0;
     fc_params packed = *p;
     fc_pack_decode_gqa(&packed);
     return fc_params_validate(&packed) == FC_OK && family_takes_layout(FC_FAMILY_SM90, &packed);
@@ -344,6 +350,7 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
     int any_family_runs = 0;
     int declined_as_slower = 0;
     int declined_for_band = 0;
+    int declined_for_sinks = 0;
     for (size_t i = 0; i < n_candidates; ++i) {
         const fc_family f = p->family == FC_FAMILY_AUTO ? preference[i] : p->family;
         if (!fc_family_runs_on_(f, cc_major, cc_minor)) continue;
@@ -359,6 +366,10 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
             declined_for_band = 1;
             continue;
         }
+        if (e != NULL && family_takes_layout(f, p) && family_takes_mask(f, p) && !family_takes_sinks(f, p)) {
+            declined_for_sinks = 1;
+            continue;
+        }
         if (e != NULL && family_takes_layout(f, p) && family_takes_mask(f, p)) {
             if (launch != NULL) *launch = e->launch;
             if (family != NULL) *family = f;
@@ -369,6 +380,7 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
         return p->family == FC_FAMILY_AUTO ? FC_UNSUPPORTED_ARCH : FC_UNSUPPORTED_FAMILY;
     if (declined_as_slower) return FC_UNSUPPORTED_SLOWER;
     if (declined_for_band) return FC_UNSUPPORTED_BAND;
+    if (declined_for_sinks) return FC_UNSUPPORTED_SINKS;
     /* A mask with a forced family that has none, or (auto) a head dim only those families have. */
     if (p->mask_kind != FC_MASK_NONE &&
         (p->family == FC_FAMILY_SM90 || p->family == FC_FAMILY_DECODE ||
@@ -433,7 +445,9 @@ int fc_decode_splits(const fc_params *p, int sm_count) {
 int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced) {
     const int64_t pairs = p->batch * p->heads_kv;
     /* (The packing check validates a packed copy: last, after the cheap tests.) */
-    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || !sm90_decode_block_per_pair(p)) return 1;
+    /* (Sinks are added in the unsplit epilogue only.) */
+    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || p->sinks != NULL || !sm90_decode_block_per_pair(p))
+        return 1;
     int64_t splits = forced > 0 ? forced : (sm_count > 0 ? sm_count : 1) / pairs;
     if (forced <= 0 && splits > p->seqlen_k / FC_SM90_DECODE_MIN_KEYS_PER_SPLIT)
         splits = p->seqlen_k / FC_SM90_DECODE_MIN_KEYS_PER_SPLIT;

@@ -48,6 +48,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_ERR_CUDA] = "a CUDA call or kernel launch failed (fc_last_cuda_error() has the CUDA error)",
     [FC_ERR_BAD_WINDOW] = "with windowed set, window_left and window_right must be -1 (unbounded) or >= 0; alignment must be FC_ALIGN_TOP_LEFT or FC_ALIGN_BOTTOM_RIGHT",
     [FC_UNSUPPORTED_BAND] = "a sliding window or a bottom-right causal band runs only in the sm90 family (forward: head dims 64, 128, 256; backward: 64, 128) and the decode kernels (forward, up to 16 query rows), without a mask; no kernel here takes this call",
+    [FC_UNSUPPORTED_SINKS] = "attention sinks run only in the sm90 family's forward (head dims 64, 128, 256, without a mask); no kernel here takes this call",
     [FC_UNSUPPORTED_SLOWER] = "on sm_90 only the sm80-class family has this head dim, and PyTorch's own SDPA (cuDNN) runs it faster (about 1.7x, bench/NOTES.md); force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
 };
 
@@ -151,6 +152,7 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
     if (!isfinite(p->scale)) return FC_ERR_BAD_SCALE;
     if (p->alignment != FC_ALIGN_TOP_LEFT && p->alignment != FC_ALIGN_BOTTOM_RIGHT) return FC_ERR_BAD_WINDOW;
     if (p->windowed && (p->window_left < -1 || p->window_right < -1)) return FC_ERR_BAD_WINDOW;
+    if (p->sinks != NULL && ((uintptr_t)p->sinks & 3u) != 0) return FC_ERR_POINTER_ALIGNMENT;
 
     const operand ops[4] = {
         {{p->batch, p->heads_q, p->seqlen_q, p->head_dim},
@@ -330,6 +332,7 @@ static fc_status launch_slice(const fc_params *p, fc_launch_fn launch, cudaStrea
     slice.v = (const char *)p->v + (b0 * p->v_stride_b + hk0 * p->v_stride_h) * elem;
     slice.out = (char *)p->out + (b0 * p->o_stride_b + h0 * p->o_stride_h) * elem;
     if (p->lse != NULL) slice.lse = p->lse + b0 * p->lse_stride_b + h0 * p->lse_stride_h;
+    if (p->sinks != NULL) slice.sinks = p->sinks + h0;
     if (p->mask_kind != FC_MASK_NONE)
         slice.mask = (const char *)p->mask + (b0 * p->mask_stride_b + h0 * p->mask_stride_h) * mask_elem;
     const cudaError_t err = launch(&slice, stream);

@@ -89,7 +89,8 @@ typedef enum fc_status {
     FC_UNSUPPORTED_SLOWER,       /* AUTO on sm_90, no mask, a head dim only the sm80 family has: PyTorch's cuDNN path is faster */
     FC_ERR_CUDA,                 /* a CUDA runtime call or the launch failed (see fc_last_cuda_error) */
     FC_ERR_BAD_WINDOW,           /* windowed with window_left or window_right below -1, or alignment not an fc_alignment */
-    FC_UNSUPPORTED_BAND,         /* a window or bottom-right causal band that no family here runs (sm90 forward only; not with a mask) */
+    FC_UNSUPPORTED_BAND,         /* a window or bottom-right causal band that no family here runs (sm90, decode; not with a mask) */
+    FC_UNSUPPORTED_SINKS,        /* attention sinks with a family that has none (the sm90 forward alone takes them) */
     FC_STATUS_COUNT_             /* number of statuses; not a status */
 } fc_status;
 
@@ -145,6 +146,11 @@ typedef struct fc_params {
     int windowed;
     int64_t window_left, window_right;
     fc_alignment alignment; /* of causal and the window; FC_ALIGN_TOP_LEFT (0) by default */
+    /* Attention sinks (gpt-oss): optional (heads_q,) fp32 device array, one natural-log logit per
+     * query head added to every row's softmax denominator (a key with no value): out =
+     * sum_j e^{s_j} v_j / (sum_j e^{s_j} + e^{sink}), and the LSE includes it. NULL = none.
+     * The sm90 forward alone takes them (elsewhere FC_UNSUPPORTED_SINKS); -inf = no sink. */
+    const float *sinks;
 
     /* internal, set by the library on its own copy (fc_resolve_band_); callers leave them 0 */
     int band_;               /* 0 unresolved; then FC_BAND_NONE_ / _CAUSAL_ / _GENERAL_ (dispatch.h) */

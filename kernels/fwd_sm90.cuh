@@ -1345,6 +1345,22 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         float lse_log2[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) lse_log2[h] = row_max[h] * scale_log2 + __log2f(row_sum[h]);
+        // Attention sinks (p.sinks: one logit per query head, a key with no value in every row's
+        // denominator): the row's keys weigh sigmoid(lse - sink) of it, and its LSE becomes
+        // logaddexp(lse, sink), here in base 2. A CTA with sinks is never split (launch_fwd_config),
+        // so this is the row's final LSE.
+        if (p.sinks != nullptr) {
+            const float sink2 = p.sinks[tile.head] * 1.4426950408889634f;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float top = fmaxf(lse_log2[h], sink2);
+                if (top != -INFINITY) {  // (else no key and no sink: zeros, LSE -inf)
+                    const float total = top + __log2f(fast_exp2(lse_log2[h] - top) + fast_exp2(sink2 - top));
+                    inv_sum[h] *= fast_exp2(lse_log2[h] - total);
+                    lse_log2[h] = total;
+                }
+            }
+        }
         if (T::kPushMerge && cluster_size() > 1) {  // (a split CTA has one tile: one merge)
             using SS = SplitSlots<kHeadDim, kBlockM>;
             const int splits = cluster_size(), rank = cluster_rank();
@@ -1685,10 +1701,11 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     int splits = 1;
     const char *forced = getenv("FLASHCORE_KV_SPLITS");
     // kPair never splits across CTAs: its warpgroups already split the keys, merging in the CTA.
-    if (kShape != kPair && forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits &&
-        forced[1] == '\0') {
+    // (Sinks are added in the unsplit epilogue: a call with them is not split either.)
+    const bool may_split = kShape != kPair && p.sinks == nullptr;
+    if (may_split && forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits && forced[1] == '\0') {
         splits = forced[0] - '0';
-    } else if (kShape != kPair && fc_grid_is_small(tiles, sms)) {  // (saves the occupancy query on full grids)
+    } else if (may_split && fc_grid_is_small(tiles, sms)) {  // (saves the occupancy query on full grids)
         // CTAs that run at once in clusters of s (s = 1..8), per device, queried once.
         static int wave_ctas[64][kMaxKvSplits + 1];
         static int wave_known[64];

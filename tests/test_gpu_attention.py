@@ -185,6 +185,9 @@ def test_sinks(window, D):
     keep, _ = keep_of(S, S, True, window, False)
     out, lse = flashcore.attention(q, k, v, is_causal=True, window_size=window, enable_gqa=True,
                                    sinks=sinks, return_lse=True)
+    if HOPPER:  # the kernel adds the sinks (no elementwise pass after it)
+        assert flashcore.explain_attention(q, k, v, is_causal=True, window_size=window,
+                                           enable_gqa=True, sinks=sinks) == "kernel sm90"
     dout = torch.randn_like(out)
     grads = torch.autograd.grad((out * dout).sum(), (q, k, v, sinks))
 

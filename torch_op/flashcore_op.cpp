@@ -68,6 +68,7 @@ enum OpReason : int64_t {
   kMaskDtype = flashcore_op::kReasonMaskDtype,    // 8: float mask whose dtype is not query's
   kMaskShape = flashcore_op::kReasonMaskShape,    // 9: not a broadcast (B, H, Sq, Sk) view
   kMaskDevice = flashcore_op::kReasonMaskDevice,  // 10: mask on another device than query
+  kSinksLayout = 13,       // sinks not a contiguous float32 (Hq,) tensor on query's device
 };
 constexpr int64_t FC_REASON_STATUS_BASE = 100;
 constexpr int64_t FC_REASON_NOTE_BASE = 1000;
@@ -108,6 +109,7 @@ bool status_means_fallback(fc_status s) {
     case FC_UNSUPPORTED_HEAD_DIM:
     case FC_UNSUPPORTED_MASK:
     case FC_UNSUPPORTED_BAND:  // flashcore.attention then passes a mask (sdpa_fwd refuses the band)
+    case FC_UNSUPPORTED_SINKS:  // flashcore.attention then adds them itself (sdpa_fwd refuses them)
     case FC_UNSUPPORTED_SLOWER:  // AUTO on Hopper: aten (cuDNN) is the faster path for this head dim
     case FC_UNSUPPORTED_ARCH:
     case FC_UNSUPPORTED_FAMILY:
@@ -185,7 +187,8 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v,
 Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
                 const std::optional<Tensor>& mask, double dropout_p, bool is_causal,
                 std::optional<double> scale, bool enable_gqa, int64_t window_left = -1,
-                int64_t window_right = -1, bool bottom_right = false) {
+                int64_t window_right = -1, bool bottom_right = false,
+                const std::optional<Tensor>& sinks = std::nullopt) {
   check_args(q, k, v, mask, is_causal, enable_gqa);
   // Checked here, not left to aten: on torch 2.11 an error raised inside aten during the
   // dispatcher fallback crashed the process (seen on the H100 with dropout_p=1.5).
@@ -241,6 +244,12 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   if (mask.has_value()) {
     const int64_t why = flashcore_op::set_mask(*mask, q, &d.p);
     if (why != 0) return fallback(why);
+  }
+  if (sinks.has_value()) {
+    if (sinks->device() != q.device() || sinks->scalar_type() != ScalarType::Float ||
+        sinks->dim() != 1 || sinks->size(0) != Hq || (Hq > 1 && sinks->stride(0) != 1))
+      return fallback(kSinksLayout);
+    d.p.sinks = static_cast<const float*>(sinks->data_ptr());
   }
 
   const auto [major, minor] = compute_capability(q.get_device_index());
@@ -525,12 +534,13 @@ Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dro
 // fields). A band other than plain top-left causal runs only where a kernel takes it: aten's SDPA
 // cannot express it, so without a kernel this raises, and flashcore.attention (which asks explain
 // first) passes such calls an explicit mask instead.
-std::tuple<Tensor, Tensor> sdpa_fwd(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
-                                    double dropout_p, bool is_causal,
-                                    std::optional<double> scale, bool enable_gqa,
-                                    int64_t window_left, int64_t window_right, bool bottom_right) {
+std::tuple<Tensor, Tensor> forward_with_lse(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
+                                            double dropout_p, bool is_causal,
+                                            std::optional<double> scale, bool enable_gqa,
+                                            int64_t window_left, int64_t window_right,
+                                            bool bottom_right, std::optional<Tensor> sinks) {
   Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
-                      window_right, bottom_right);
+                      window_right, bottom_right, sinks);
   FC_CHECK(dropout_p == 0.0, "flashcore.sdpa_fwd: dropout_p must be 0 (got ", dropout_p,
            "): the LSE does not determine a dropout backward; flashcore.sdpa hands "
            "dropout to aten's differentiable SDPA");
@@ -545,6 +555,8 @@ std::tuple<Tensor, Tensor> sdpa_fwd(Tensor q, Tensor k, Tensor v, std::optional<
     FC_CHECK(band != FC_BAND_OTHER, "flashcore.sdpa_fwd: no kernel runs this window / bottom-right "
              "band here (", explain_status(d), ") and aten's SDPA cannot express it; "
              "flashcore.attention passes such calls an explicit mask");
+    FC_CHECK(!sinks.has_value(), "flashcore.sdpa_fwd: no kernel takes these sinks here (",
+             explain_status(d), "); flashcore.attention adds them from the output and LSE");
     is_causal = band == FC_BAND_TOP_LEFT_CAUSAL;
     if (nothing_to_compute(q, k, v)) return {trivial_output(q, v), trivial_lse(q)};
     Tensor out = torch::stable::contiguous(
@@ -557,12 +569,34 @@ std::tuple<Tensor, Tensor> sdpa_fwd(Tensor q, Tensor k, Tensor v, std::optional<
   return {out, *lse};
 }
 
+std::tuple<Tensor, Tensor> sdpa_fwd(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
+                                    double dropout_p, bool is_causal,
+                                    std::optional<double> scale, bool enable_gqa,
+                                    int64_t window_left, int64_t window_right, bool bottom_right) {
+  return forward_with_lse(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
+                          window_right, bottom_right, std::nullopt);
+}
+
+// sdpa_fwd with attention sinks (fc_params.sinks): a separate op, since sdpa_fwd has autograd
+// registered (torch.library allows no keyword-only tensor there) and its callers never pass
+// them. Only where a kernel takes the sinks (explain says so); flashcore.attention's op owns
+// the gradients.
+std::tuple<Tensor, Tensor> sdpa_fwd_sinks(Tensor q, Tensor k, Tensor v, Tensor sinks,
+                                          std::optional<Tensor> mask, bool is_causal,
+                                          std::optional<double> scale, bool enable_gqa,
+                                          int64_t window_left, int64_t window_right,
+                                          bool bottom_right) {
+  return forward_with_lse(q, k, v, mask, 0.0, is_causal, scale, enable_gqa, window_left,
+                          window_right, bottom_right, sinks);
+}
+
 std::tuple<int64_t, int64_t> explain(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
                                      double dropout_p, bool is_causal,
                                      std::optional<double> scale, bool enable_gqa,
-                                     int64_t window_left, int64_t window_right, bool bottom_right) {
+                                     int64_t window_left, int64_t window_right, bool bottom_right,
+                                     std::optional<Tensor> sinks) {
   const Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
-                            window_right, bottom_right);
+                            window_right, bottom_right, sinks);
   if (d.reason == kKernel && d.sm90_declined != FC_OK)
     return {static_cast<int64_t>(d.family), FC_REASON_NOTE_BASE + d.sm90_declined};
   return {static_cast<int64_t>(d.family), d.reason};
@@ -577,9 +611,13 @@ STABLE_TORCH_LIBRARY(flashcore, m) {
   m.def("explain(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
         "bool enable_gqa=False, int window_left=-1, int window_right=-1, "
-        "bool bottom_right=False) -> (int, int)");
+        "bool bottom_right=False, Tensor? sinks=None) -> (int, int)");
   m.def("sdpa_fwd(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
+        "bool enable_gqa=False, int window_left=-1, int window_right=-1, "
+        "bool bottom_right=False) -> (Tensor, Tensor)");
+  m.def("sdpa_fwd_sinks(Tensor query, Tensor key, Tensor value, Tensor sinks, "
+        "Tensor? attn_mask=None, bool is_causal=False, *, float? scale=None, "
         "bool enable_gqa=False, int window_left=-1, int window_right=-1, "
         "bool bottom_right=False) -> (Tensor, Tensor)");
 }
@@ -589,10 +627,12 @@ STABLE_TORCH_LIBRARY(flashcore, m) {
 STABLE_TORCH_LIBRARY_IMPL(flashcore, CUDA, m) {
   m.impl("sdpa", TORCH_BOX(&sdpa));
   m.impl("sdpa_fwd", TORCH_BOX(&sdpa_fwd));
+  m.impl("sdpa_fwd_sinks", TORCH_BOX(&sdpa_fwd_sinks));
 }
 STABLE_TORCH_LIBRARY_IMPL(flashcore, CPU, m) {
   m.impl("sdpa", TORCH_BOX(&sdpa));
   m.impl("sdpa_fwd", TORCH_BOX(&sdpa_fwd));
+  m.impl("sdpa_fwd_sinks", TORCH_BOX(&sdpa_fwd_sinks));
 }
 // explain only reads metadata, so it answers for tensors on any device.
 STABLE_TORCH_LIBRARY_IMPL(flashcore, CompositeExplicitAutograd, m) {

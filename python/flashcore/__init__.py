@@ -86,6 +86,7 @@ _OP_REASONS = {
     10: "attn_mask is on a different device than query",
     11: "grad_out, out, lse or grad_lse do not match query (shape or dtype)",  # backward only
     12: "an attn_mask that requires grad: the backward kernels give it none",  # route only (_ops.py)
+    13: "sinks are not a contiguous float32 (heads_q,) tensor on query's device",
 }
 # The backward's view of the same codes: its kernels have no float32 (the forward's do).
 _BWD_REASONS = {**_OP_REASONS, 7: "dtype is not float16 or bfloat16"}

@@ -117,6 +117,13 @@ def _sdpa_fwd_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
             query.new_empty(shape[:-1], dtype=_lse_dtype(query.dtype)))
 
 
+@torch.library.register_fake("flashcore::sdpa_fwd_sinks", lib=_lib)
+def _sdpa_fwd_sinks_fake(query, key, value, sinks, attn_mask=None, is_causal=False, *, scale=None,
+                         enable_gqa=False, window_left=-1, window_right=-1, bottom_right=False):
+    return _sdpa_fwd_fake(query, key, value, attn_mask, 0.0, is_causal, scale=scale,
+                          enable_gqa=enable_gqa)
+
+
 def _shadow(t):
     """A real tensor on t's device with t's sizes, strides, dtype and 512-byte-relative pointer
     alignment (what explain's decision reads; the data is never read)."""
@@ -133,20 +140,21 @@ def _shadow(t):
 @torch.library.register_fake("flashcore::explain", lib=_lib)
 def _explain_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                   scale=None, enable_gqa=False, window_left=-1, window_right=-1,
-                  bottom_right=False):
-    band = dict(window_left=window_left, window_right=window_right, bottom_right=bottom_right)
+                  bottom_right=False, sinks=None):
     # explain reads metadata only, but on the real device (the CUDA path asks the device and the
     # pointers' alignment): answer with real tensors of the same layout. Sizes are specialized.
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     tensors = (query, key, value, attn_mask)
-    if not any(isinstance(t, FakeTensor) for t in tensors):
+    band = dict(window_left=window_left, window_right=window_right, bottom_right=bottom_right)
+    if not any(isinstance(t, FakeTensor) for t in tensors + (sinks,)):
         # Real meta tensors (this fake is also the Meta kernel): run the C++ kernel itself, which
         # reads only metadata; it sits in every backend's slot (CompositeExplicitAutograd).
         return EXPLAIN.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *tensors,
-                                  dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa, **band)
+                                  dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
+                                  sinks=sinks, **band)
     with unset_fake_temporarily():
         return EXPLAIN(*(_shadow(t) for t in tensors), dropout_p, is_causal, scale=scale,
-                       enable_gqa=enable_gqa, **band)
+                       enable_gqa=enable_gqa, sinks=_shadow(sinks), **band)
 
 
 # ---- the backward op ---------------------------------------------------------------------------

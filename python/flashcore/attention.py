@@ -15,10 +15,11 @@ Arguments beyond ``F.scaled_dot_product_attention``'s (no dropout here):
 * ``attn_mask`` may also be PyTorch's ``CausalBias`` (``torch.nn.attention.bias.causal_upper_left``
   / ``causal_lower_right``), taken as ``is_causal`` with that alignment.
 * ``sinks``: attention sinks (gpt-oss's ``s_aux``), one logit per query head, shape (Hq,): each
-  row's softmax denominator gets ``exp(sinks[h])`` added, a key with no value. Exact from the
-  attention's own output and LSE, ``out * sigmoid(lse - sink)`` (one elementwise pass after the
-  kernel, differentiable: the sinks get their gradient, q/k/v theirs through the backward's LSE
-  term); the returned LSE includes the sink.
+  row's softmax denominator gets ``exp(sinks[h])`` added, a key with no value; the returned LSE
+  includes it. The Hopper forward kernel adds them in its epilogue; elsewhere they are applied
+  to the output exactly, ``out * sigmoid(lse - sink)``. Gradients: q, k, v through FlashCore's
+  backward (whose P uses the LSE with the sink), the sinks ``-sum P_sink * (rowsum(dO * O) -
+  dLSE)``.
 * ``return_lse=True`` also returns the natural-log log-sum-exp of each query row (float32;
   -inf for a row that sees no key).
 
@@ -90,55 +91,73 @@ def _with_band(attn_mask, band, query, key):
 
 
 def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left, window_right,
-          bottom_right):
-    """The sdpa_fwd call that computes the attention: (attn_mask, is_causal, band kwargs). The
-    band goes to the kernel where one takes it (explain says so), else into the mask."""
+          bottom_right, sinks=None):
+    """The sdpa_fwd call that computes the attention: (attn_mask, is_causal, kwargs). The band
+    goes to the kernel where one takes it (explain says so), else into the mask; the sinks
+    (kwargs["sinks"]) to the kernel where one takes them (else attention_fwd adds them)."""
     band = _band_of(query, key, is_causal, window_left, window_right, bottom_right)
     if band.kind == _band.ALL:
-        return attn_mask, False, {}
-    if band.kind == _band.TOP_LEFT_CAUSAL and attn_mask is None:
-        return None, True, {}
-    kwargs = dict(window_left=window_left, window_right=window_right, bottom_right=bottom_right)
-    if attn_mask is None and query.is_cuda:
-        family, reason = torch.ops.flashcore.explain(query, key, value, None, 0.0, is_causal,
-                                                     scale=scale, enable_gqa=enable_gqa, **kwargs)
-        if reason == 0:
-            return None, is_causal, kwargs
-    return _with_band(attn_mask, band, query, key), False, {}
+        mask, causal, kwargs = attn_mask, False, {}
+    elif band.kind == _band.TOP_LEFT_CAUSAL and attn_mask is None:
+        mask, causal, kwargs = None, True, {}
+    else:
+        mask, causal, kwargs = _with_band(attn_mask, band, query, key), False, {}
+        band_kwargs = dict(window_left=window_left, window_right=window_right,
+                           bottom_right=bottom_right)
+        explain = torch.ops.flashcore.explain
+        if attn_mask is None and query.is_cuda and explain(query, key, value, None, 0.0, is_causal,
+                                                           scale=scale, enable_gqa=enable_gqa,
+                                                           **band_kwargs)[1] == 0:
+            mask, causal, kwargs = None, is_causal, band_kwargs
+    if sinks is not None and query.is_cuda:
+        sinks = sinks.float().contiguous()
+        if torch.ops.flashcore.explain(query, key, value, mask, 0.0, causal, scale=scale,
+                                       enable_gqa=enable_gqa, sinks=sinks, **kwargs)[1] == 0:
+            kwargs = dict(kwargs, sinks=sinks)
+    return mask, causal, kwargs
+
 
 
 @torch.library.custom_op("flashcore::attention_fwd", mutates_args=())
 def attention_fwd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attn_mask: Optional[torch.Tensor], is_causal: bool, scale: Optional[float],
-                  enable_gqa: bool, window_left: int, window_right: int,
-                  bottom_right: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of flashcore.attention (see the module docstring); lse as sdpa_fwd's."""
+                  enable_gqa: bool, window_left: int, window_right: int, bottom_right: bool,
+                  sinks: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of flashcore.attention (see the module docstring); lse as sdpa_fwd's, with
+    the sinks in it when there are sinks."""
     mask, causal, kwargs = _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                                 window_left, window_right, bottom_right)
-    return torch.ops.flashcore.sdpa_fwd(query, key, value, mask, 0.0, causal, scale=scale,
-                                        enable_gqa=enable_gqa, **kwargs)
+                                 window_left, window_right, bottom_right, sinks)
+    kernel_sinks = kwargs.pop("sinks", None)
+    if kernel_sinks is not None:  # the kernel adds them
+        return torch.ops.flashcore.sdpa_fwd_sinks(query, key, value, kernel_sinks, mask, causal,
+                                                  scale=scale, enable_gqa=enable_gqa, **kwargs)
+    out, lse = torch.ops.flashcore.sdpa_fwd(query, key, value, mask, 0.0, causal, scale=scale,
+                                            enable_gqa=enable_gqa, **kwargs)
+    if sinks is not None:
+        out, lse = _with_sinks(out, lse, sinks)
+    return out, lse
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left,
-                        window_right, bottom_right):
+                        window_right, bottom_right, sinks):
     return torch.ops.flashcore.sdpa_fwd(query, key, value, None, 0.0, False, scale=scale,
                                         enable_gqa=enable_gqa)
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, is_causal, scale, enable_gqa, wl, wr, br = inputs
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, wl, wr, br, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(query, key, value, out, lse, attn_mask)
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask, sinks)
     ctx.args = (is_causal, scale, enable_gqa, wl, wr, br)
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    query, key, value, out, lse, attn_mask = ctx.saved_tensors
+    query, key, value, out, lse, attn_mask, sinks = ctx.saved_tensors
     is_causal, scale, enable_gqa, wl, wr, br = ctx.args
     if grad_out is None and grad_lse is None:
-        return (None,) * 10
+        return (None,) * 11
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     needs = ctx.needs_input_grad
@@ -154,8 +173,17 @@ def _backward(ctx, grad_out, grad_lse):
         grad_mask, *band_args)
     if grad_mask:  # outside the band P = 0, so dS = 0 there: the mask's gradient as it is
         dmask = dmask.sum_to_size(attn_mask.shape)
+    dsinks = None
+    if sinks is not None and needs[10]:
+        # The sink is a key with score `sink` and value 0: dS_sink = P_sink (0 - delta), delta
+        # = rowsum(dO * O) - dLSE, summed over every row of its head.
+        delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
+        if grad_lse is not None:
+            delta = delta - grad_lse
+        p_sink = torch.exp(sinks.to(lse.dtype).unsqueeze(-1) - lse.masked_fill(torch.isneginf(lse), float("inf")))
+        dsinks = -(p_sink * delta).flatten(0, -3).sum((0, 2)).to(sinks.dtype)
     return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
-            dmask if grad_mask else None) + (None,) * 6
+            dmask if grad_mask else None) + (None,) * 6 + (dsinks,)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -225,16 +253,15 @@ def attention(query, key, value, attn_mask=None, is_causal=False, *,
                                       f"library ({FALLBACK_ONLY})")
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, mask, scale=scale, enable_gqa=enable_gqa)
-    out, lse = attention_fwd(query, key, value, attn_mask, is_causal, scale, enable_gqa, wl, wr, br)
-    if sinks is not None:
-        out, lse = _with_sinks(out, lse, sinks)
+    out, lse = attention_fwd(query, key, value, attn_mask, is_causal, scale, enable_gqa, wl, wr, br,
+                             sinks)
     return (out, lse) if return_lse else out
 
 
 @torch.compiler.disable
 def explain_attention(query, key, value, attn_mask=None, is_causal=False, *,
                       causal_alignment="top_left", window_size=(-1, -1), scale=None,
-                      enable_gqa=False) -> str:
+                      enable_gqa=False, sinks=None) -> str:
     """Which path flashcore.attention takes: ``explain``'s words for the sdpa_fwd call it
     makes, with ``"(band as a mask)"`` where the window / alignment became an explicit mask."""
     from . import FALLBACK_ONLY, explain
@@ -243,7 +270,9 @@ def explain_attention(query, key, value, attn_mask=None, is_causal=False, *,
     if FALLBACK_ONLY:
         return f"fallback: {FALLBACK_ONLY}"
     mask, causal, kwargs = _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, wl,
-                                 wr, br)
+                                 wr, br, sinks)
     words = explain(query, key, value, mask, 0.0, causal, scale, enable_gqa, **kwargs)
-    as_mask = mask is not None and mask is not attn_mask
-    return f"{words} (band as a mask)" if as_mask else words
+    notes = ["band as a mask"] if mask is not None and mask is not attn_mask else []
+    if sinks is not None and "sinks" not in kwargs:
+        notes.append("sinks applied to the output")
+    return f"{words} ({', '.join(notes)})" if notes else words
