@@ -9,24 +9,42 @@ Usage::
 Importing this module calls :func:`register`, which registers
 
 - :func:`flashcore_attention_forward` with ``transformers.AttentionInterface`` and
-- transformers' own ``sdpa_mask`` with ``transformers.AttentionMaskInterface``,
+- :func:`flashcore_mask` (transformers' own ``sdpa_mask``, less the masks that only say
+  "causal + sliding window") with ``transformers.AttentionMaskInterface``,
 
 both under the name ``"flashcore"``. The attention function behaves like transformers'
 ``integrations/sdpa_attention.py::sdpa_attention_forward`` (the ``"sdpa"`` implementation) with
-``torch.nn.functional.scaled_dot_product_attention`` replaced by ``torch.ops.flashcore.sdpa``:
+``torch.nn.functional.scaled_dot_product_attention`` replaced by ``torch.ops.flashcore.sdpa``,
+and sliding windows run by ``flashcore.attention``:
 
 - q is (B, Hq, Sq, D), k/v are (B, Hkv, Sk, D) (transposed views are used in place); the
   output is returned as (B, Sq, Hq, D), contiguous, with ``None`` for the attention weights;
 - grouped-query attention goes through ``enable_gqa=True`` (K/V are never repeated);
 - with no mask (prefill without padding: the mask builder returns ``None``) the call uses
   ``is_causal=True`` when Sq > 1 and the module is causal, like sdpa, so no mask is ever
-  materialized; decode steps (Sq == 1) attend to the whole cache; with padding (or a sliding
-  window that cuts, or under torch.compile) the mask builder materializes a bool mask
-  (B, 1, Sq, Sk), True meaning attend, which is passed as ``attn_mask``;
+  materialized; decode steps (Sq == 1) attend to the whole cache; with padding (or a padding
+  mask under torch.compile, whose values cannot be read while tracing) the mask builder
+  materializes a bool mask (B, 1, Sq, Sk), True meaning attend, which is passed as
+  ``attn_mask``;
+- sliding windows (the ``sliding_window`` argument transformers passes for Mistral, Qwen2 with
+  ``use_sliding_window``, Gemma2/3 local layers, ...): transformers' window of W is W keys, the
+  query's own included (``masking_utils.sliding_window_overlay``: ``kv_idx > q_idx - W``), i.e.
+  ``window_size=(W - 1, 0)``. Where transformers' mask for such a layer would say only that
+  (no padding inside any query's window, a recognised ``sliding_window_causal_mask_function``,
+  and the last query is the last key: no cache, or a dynamic cache, full or sliding, in prefill,
+  chunked prefill or decode), :func:`flashcore_mask` returns ``None`` and the attention
+  function, seeing no mask and more keys than W, calls ``flashcore.attention(...,
+  is_causal=True, causal_alignment="bottom_right", window_size=(W - 1, 0))`` (the sm90 kernel
+  skips the key tiles outside the band; elsewhere the band becomes a mask inside the op). A
+  decode step over a sliding cache of W keys needs no mask either. Every other case keeps
+  transformers' mask (padding, static caches, offsets given as tensors, or/and mask overlays,
+  chunked attention, torch.export, a padding mask under torch.compile): the window is then in
+  the mask, which is used as it is (``flashcore.sdpa`` with that mask);
 - what the FlashCore kernels do not implement is handed to transformers' own
-  ``sdpa_attention_forward`` unchanged: ``output_attentions=True``, ``softcap``, ``s_aux``
-  (attention sinks), ``position_bias``, ``dropout > 0`` (training), and a ``sliding_window``
-  that is not already expressed by the mask (no mask and more keys than the window).
+  ``sdpa_attention_forward`` unchanged: ``output_attentions=True``, ``softcap`` (Gemma2),
+  ``s_aux`` (attention sinks), ``position_bias``, ``dropout > 0`` (training), and a window on a
+  non-causal layer with no mask. Where the builder left a window's mask out, the delegated
+  call is given the band as its bool mask (transformers' function ignores ``sliding_window``).
   Where the op itself cannot run a kernel (CPU, fp32, other head dims, masks today), it falls
   back to PyTorch's SDPA with the same arguments.
 
@@ -53,7 +71,12 @@ import transformers
 from packaging.version import Version
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import (AttentionMaskInterface, causal_mask_function,
+                                       prepare_padding_mask, sdpa_mask)
+from transformers.utils.import_utils import is_torchdynamo_exporting, is_tracing
+
+import flashcore
+from flashcore import _band
 
 __all__ = ["NAME", "SUPPORTED_TRANSFORMERS", "TESTED_TRANSFORMERS", "register",
            "flashcore_attention_forward", "flashcore_mask"]
@@ -63,9 +86,90 @@ SUPPORTED_TRANSFORMERS = ">=5.17,<6"
 TESTED_TRANSFORMERS = ("5.17.0", "5.18.0")
 _MIN, _MAX = Version("5.17"), Version("6")
 
-# The mask builder: transformers' own sdpa one (bool mask, True = attend, or None where
-# is_causal can do the work), so masks are exactly what the "sdpa" implementation sees.
-flashcore_mask = sdpa_mask
+
+def _causal_window_of(mask_function, local_size):
+    """W when ``mask_function`` is transformers' ``sliding_window_causal_mask_function(W)`` with
+    W == ``local_size`` (what ``create_sliding_window_causal_mask`` passes), else None.
+
+    The mask function is a closure (``and_masks(sliding_window_overlay(W), causal_mask_function)``),
+    so it is recognised by its parts; anything else (chunked attention, which also passes
+    ``local_size``, or/and overlays, bidirectional windows, another transformers layout) gives
+    None and transformers' mask. The overlay is also asked about the two keys at the window's
+    edge, so a change of its off-by-one in a later transformers shows up as None, not as a
+    wrong window."""
+    if not isinstance(local_size, int) or isinstance(local_size, bool) or local_size < 1:
+        return None
+    if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask":
+        return None
+    cells = dict(zip(mask_function.__code__.co_freevars, mask_function.__closure__ or ()))
+    parts = cells["mask_functions"].cell_contents if "mask_functions" in cells else None
+    if not (isinstance(parts, tuple) and len(parts) == 2 and parts[1] is causal_mask_function):
+        return None
+    overlay = parts[0]
+    if getattr(overlay, "__qualname__", "") != "sliding_window_overlay.<locals>.inner_mask":
+        return None
+    cells = dict(zip(overlay.__code__.co_freevars, overlay.__closure__ or ()))
+    if "sliding_window" not in cells or cells["sliding_window"].cell_contents != local_size:
+        return None
+    # W keys, the query's own included: position q sees q - W + 1 .. q.
+    w = local_size
+    if not (overlay(0, 0, w, 1) and not overlay(0, 0, w, 0)):
+        return None
+    return w
+
+
+def _band_does_the_mask(q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
+                        local_size):
+    """True when transformers' mask for this call is exactly bottom-right causal + a window of W
+    keys, with no padding inside any query's window, and the attention function does exactly
+    that with no mask: the band (``flashcore.attention``) where the window cuts (kv_length > W);
+    otherwise, for Sq == 1 every key (a decode step over a sliding cache of W keys) and for
+    Sq == Sk ``is_causal``. (1 < Sq < Sk <= W keeps its mask: without a window the attention
+    function takes a missing mask as a top-left static-cache prefill.)"""
+    window = _causal_window_of(mask_function, local_size)
+    if window is None or is_torchdynamo_exporting():
+        return False
+    if isinstance(q_offset, torch.Tensor) or isinstance(kv_offset, torch.Tensor):
+        return False  # static caches: offsets as tensors (reading them would sync / break graphs)
+    if not (kv_length > window or q_length == 1 or q_length == kv_length):
+        return False
+    # Query positions q_offset .. q_offset + Sq - 1, keys kv_offset .. kv_offset + Sk - 1: the band
+    # is bottom-right exactly when the last query is the last key (true of dynamic caches, full
+    # or sliding, and of no cache; a static cache not yet full has empty slots at the end).
+    if q_offset + q_length != kv_offset + kv_length:
+        return False
+    padding_mask = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    if padding_mask is None:
+        return True
+    if is_tracing(padding_mask):
+        return False  # its values are unknown while tracing
+    # Keys before q_offset - W + 1 are outside every query's window: padding there changes nothing.
+    first = max(kv_offset, q_offset - window + 1)
+    return bool(padding_mask[:, first:kv_offset + kv_length].all())
+
+
+def flashcore_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
+                   mask_function=causal_mask_function, attention_mask=None, local_size=None,
+                   allow_is_causal_skip=True, **kwargs):
+    """The "flashcore" mask builder: transformers' ``sdpa_mask`` (bool (B, 1, Sq, Sk), True =
+    attend, or None where ``is_causal`` does the work), except that a sliding-window causal mask
+    which is only bottom-right causal + window (no padding in any window) is not built: None,
+    and :func:`flashcore_attention_forward` runs the band (``flashcore.attention``)."""
+    if allow_is_causal_skip and _band_does_the_mask(q_length, kv_length, q_offset, kv_offset,
+                                                    mask_function, attention_mask, local_size):
+        return None
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                     mask_function=mask_function, attention_mask=attention_mask,
+                     local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
+def _window_band(query, key, sliding_window):
+    """The band flashcore_mask left out, as a bool mask (1, 1, Sq, Sk): query i sees keys
+    d - W + 1 .. d of its diagonal key d = i + Sk - Sq (transformers' sliding-window causal mask
+    when the last query is the last key)."""
+    sq, sk = query.shape[2], key.shape[2]
+    band = _band.band_bounds(sq, sk, True, sliding_window - 1, 0, True)
+    return _band.band_mask(range(sq), sk, band, query.device).view(1, 1, sq, sk)
 
 
 def _delegate(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
@@ -84,27 +188,41 @@ def flashcore_attention_forward(
     is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention function: ``sdpa_attention_forward`` on ``torch.ops.flashcore.sdpa``
-    (see the module docstring for the exact behaviour and what is delegated)."""
+    """transformers attention function: ``sdpa_attention_forward`` on FlashCore's ops (see the
+    module docstring for the exact behaviour and what is delegated)."""
+    q_length = query.shape[2]
+    kv_length = key.shape[2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     sliding_window = kwargs.get("sliding_window")
+    # No mask and a window that cuts: the band is this function's to apply (flashcore_mask left it
+    # out, or the model passes a window its mask does not carry): bottom-right causal + W keys.
+    band = (sliding_window is not None and attention_mask is None and causal
+            and kv_length > sliding_window)
     if (
         kwargs.get("output_attentions", False)
         or kwargs.get("softcap") is not None
         or kwargs.get("s_aux") is not None
         or kwargs.get("position_bias") is not None
         or dropout > 0.0
-        # a window the mask does not already carry (with a mask, the window is in it)
-        or (sliding_window is not None and attention_mask is None
-            and key.shape[2] > sliding_window)
+        # a non-causal layer with a window and no mask (transformers materializes those masks)
+        or (sliding_window is not None and attention_mask is None and not causal
+            and kv_length > sliding_window)
     ):
+        if band:  # transformers' function ignores sliding_window: give it the band as its mask
+            attention_mask = _window_band(query, key, sliding_window)
         return _delegate(module, query, key, value, attention_mask, dropout, scaling, is_causal,
                          kwargs)
 
-    q_length = query.shape[2]
-    kv_length = key.shape[2]
-    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    enable_gqa = query.shape[1] != key.shape[1]
+    if band:
+        out = flashcore.attention(query, key, value, is_causal=True,
+                                  causal_alignment="bottom_right",
+                                  window_size=(sliding_window - 1, 0), scale=scaling,
+                                  enable_gqa=enable_gqa)
+        return out.transpose(1, 2).contiguous(), None
+
     # Same order as transformers (shape first) so torch.compile with dynamic shapes sees a bool.
-    is_causal = q_length > 1 and attention_mask is None and is_causal
+    is_causal = q_length > 1 and attention_mask is None and causal
     if torch.jit.is_tracing() and isinstance(is_causal, torch.Tensor):
         is_causal = is_causal.item()
 
@@ -115,8 +233,7 @@ def flashcore_attention_forward(
         value = value[:, :, :q_length, :]
 
     attn_output = torch.ops.flashcore.sdpa(
-        query, key, value, attention_mask, 0.0, is_causal,
-        scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+        query, key, value, attention_mask, 0.0, is_causal, scale=scaling, enable_gqa=enable_gqa)
     return attn_output.transpose(1, 2).contiguous(), None
 
 
