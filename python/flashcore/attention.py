@@ -101,7 +101,6 @@ def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_lef
     elif band.kind == _band.TOP_LEFT_CAUSAL and attn_mask is None:
         mask, causal, kwargs = None, True, {}
     else:
-        mask, causal, kwargs = _with_band(attn_mask, band, query, key), False, {}
         band_kwargs = dict(window_left=window_left, window_right=window_right,
                            bottom_right=bottom_right)
         explain = torch.ops.flashcore.explain
@@ -109,6 +108,8 @@ def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_lef
                                                            scale=scale, enable_gqa=enable_gqa,
                                                            **band_kwargs)[1] == 0:
             mask, causal, kwargs = None, is_causal, band_kwargs
+        else:  # (built only here: an Sq x Sk mask costs more than many a kernel)
+            mask, causal, kwargs = _with_band(attn_mask, band, query, key), False, {}
     if sinks is not None and query.is_cuda:
         sinks = sinks.float().contiguous()
         if torch.ops.flashcore.explain(query, key, value, mask, 0.0, causal, scale=scale,
