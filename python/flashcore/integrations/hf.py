@@ -38,7 +38,8 @@ and sliding windows run by ``flashcore.attention``:
   skips the key tiles outside the band; elsewhere the band becomes a mask inside the op). A
   decode step over a sliding cache of W keys needs no mask either. Every other case keeps
   transformers' mask (padding, static caches, offsets given as tensors, or/and mask overlays,
-  chunked attention, torch.export, a padding mask under torch.compile): the window is then in
+  chunked attention, torch.export, a padding mask under torch.compile, any mask under
+  torch.compile before torch 2.14): the window is then in
   the mask, which is used as it is (``flashcore.sdpa`` with that mask);
 - what the FlashCore kernels do not implement is handed to transformers' own
   ``sdpa_attention_forward`` unchanged: ``output_attentions=True``, ``softcap`` (Gemma2),
@@ -85,6 +86,8 @@ NAME = "flashcore"
 SUPPORTED_TRANSFORMERS = ">=5.17,<6"
 TESTED_TRANSFORMERS = ("5.17.0", "5.18.0")
 _MIN, _MAX = Version("5.17"), Version("6")
+# Whether torch.compile can trace _causal_window_of (seen: 2.14.1 yes, 2.11 no).
+DYNAMO_READS_CLOSURES = Version(torch.__version__.split("+")[0]) >= Version("2.14")
 
 
 def _causal_window_of(mask_function, local_size):
@@ -126,8 +129,13 @@ def _band_does_the_mask(q_length, kv_length, q_offset, kv_offset, mask_function,
     otherwise, for Sq == 1 every key (a decode step over a sliding cache of W keys) and for
     Sq == Sk ``is_causal``. (1 < Sq < Sk <= W keeps its mask: without a window the attention
     function takes a missing mask as a top-left static-cache prefill.)"""
+    # Recognising the mask function means reading its closure, which dynamo traces from torch
+    # 2.14 (2.11's stops at `__closure__`: a graph break under fullgraph=True); before that,
+    # compiled code keeps transformers' mask, as for "sdpa".
+    if is_torchdynamo_exporting() or (torch.compiler.is_compiling() and not DYNAMO_READS_CLOSURES):
+        return False
     window = _causal_window_of(mask_function, local_size)
-    if window is None or is_torchdynamo_exporting():
+    if window is None:
         return False
     if isinstance(q_offset, torch.Tensor) or isinstance(kv_offset, torch.Tensor):
         return False  # static caches: offsets as tensors (reading them would sync / break graphs)
