@@ -301,6 +301,7 @@ int fc_decode_packs_for_sm90(const fc_params *p) {
     if (p->seqlen_q != 1 || p->causal || p->heads_q <= p->heads_kv || p->sinks != NULL) return 0;
     fc_params packed = *p;
     fc_pack_decode_gqa(&packed);
+    packed.band_ = packed.band_lo_ = packed.band_hi_ = 0; /* (validated as a caller's struct) */
     return fc_params_validate(&packed) == FC_OK && family_takes_layout(FC_FAMILY_SM90, &packed);
 }
 

@@ -88,7 +88,7 @@ typedef enum fc_status {
     FC_UNSUPPORTED_LAYOUT,       /* the forced family cannot take these strides or this scale (sm90: broadcast dim, scale <= 0) */
     FC_UNSUPPORTED_SLOWER,       /* AUTO on sm_90, no mask, a head dim only the sm80 family has: PyTorch's cuDNN path is faster */
     FC_ERR_CUDA,                 /* a CUDA runtime call or the launch failed (see fc_last_cuda_error) */
-    FC_ERR_BAD_WINDOW,           /* windowed with window_left or window_right below -1, or alignment not an fc_alignment */
+    FC_ERR_BAD_WINDOW,           /* windowed with window_left or window_right below -1, alignment not an fc_alignment, or band_* set */
     FC_UNSUPPORTED_BAND,         /* a window or bottom-right causal band that no family here runs (sm90, decode; not with a mask) */
     FC_UNSUPPORTED_SINKS,        /* attention sinks with a family that has none (the sm90 forward alone takes them) */
     FC_STATUS_COUNT_             /* number of statuses; not a status */

@@ -27,7 +27,7 @@
  *     dout/dq/dk/dv/dlse/workspace), the support query and family against an independent model
  *     of the choice (AUTO: sm90 where it runs the call and determinism is not asked for, else
  *     sm80-class; a forced family or an FC_UNSUPPORTED_* reason that holds), the workspace size
- *     (>= each family's need, per README / dispatch.h), and fc_sdpa_bwd on sm_89 and sm_90:
+ *     (>= each family's need, per docs/USAGE.md / dispatch.h), and fc_sdpa_bwd on sm_89 and sm_90:
  *     FC_ERR_BAD_WORKSPACE and no launch below the chosen family's need, else exactly that
  *     family's kernel with the caller's struct (check_bwd, check_bwd_launch).
  *
@@ -188,12 +188,26 @@ static void tile_shape(fc_family family, int head_dim, int causal, int *block_m,
 static int sm90_takes(const fc_params *p);
 static int decode_takes(const fc_params *p);
 
+/* The struct as the library sees it once it has resolved the band (dispatch.h,
+ * fc_resolve_band_): causal as the kernels run it, band_ saying whether the band is general
+ * (a window, or causal aligned bottom-right with Sq != Sk). Idempotent. */
+static fc_params resolved_of(const fc_params *p) {
+    fc_params r = *p;
+    fc_resolve_band_(&r);
+    return r;
+}
+
 static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_dtype dtype) {
     /* The caller's struct, copied with only the library's internal split count filled in; or,
      * past CUDA's 65535 grid limit on batch or query heads, one slice of it: the same struct
      * but for the slice's sizes and pointers, which lie at or after the caller's. */
     const fc_params *e = g_expected_launch;
     REQUIRE(e != NULL); /* only fc_sdpa_fwd launches a forward kernel (not fc_sdpa_bwd) */
+    /* The library launches its resolved copy: a band that is every key or plain top-left causal
+     * as exactly that (causal 0 or 1), anything else with causal set (dispatch.h). */
+    fc_params resolved = *e;
+    fc_resolve_band_(&resolved);
+    e = &resolved;
     /* A one-row GQA call in the Hopper family launches as its packed equivalent. */
     fc_params packed;
     if (family == FC_FAMILY_SM90 && fc_decode_packs_for_sm90(e)) {
@@ -451,20 +465,25 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     if (fam == FC_FAMILY_SM90) REQUIRE(d == 64 || d == 128 || d == 256);
     REQUIRE(cc == 89 || cc == 90);
     REQUIRE(p->family == FC_FAMILY_AUTO || p->family == fam);
+    /* A general band: the sm90 and decode families, no mask; sinks: the sm90 family. */
+    const fc_params r = resolved_of(p);
+    if (r.band_ == FC_BAND_GENERAL_)
+        REQUIRE((fam == FC_FAMILY_SM90 || fam == FC_FAMILY_DECODE) && p->mask_kind == FC_MASK_NONE);
+    if (p->sinks != NULL) REQUIRE(fam == FC_FAMILY_SM90);
     if (fam == FC_FAMILY_SM90) REQUIRE(cc == 90 && sm90_takes(p));
     else if (fam == FC_FAMILY_DECODE) REQUIRE(decode_takes(p) && (d == 64 || d == 128));
     else REQUIRE(fam == FC_FAMILY_SM80);
     /* AUTO: the decode kernel for the small-Sq calls it takes, else Hopper wherever it can run
      * (unmasked calls: a mask always means the sm80 family, checked above)... */
     if (p->mask_kind != FC_MASK_NONE) return;
-    const int decode = decode_takes(p) && (d == 64 || d == 128);
+    const int decode = decode_takes(p) && (d == 64 || d == 128) && p->sinks == NULL;
     const int sm90 = cc == 90 && sm90_takes(p) && (d == 64 || d == 128 || d == 256);
     /* ...except one-row D=128 calls over many (batch, KV head) pairs and key rows, which the
      * Hopper family reads faster (dispatch.c, sm90_reads_decode_faster): from 64 pairs and 2^18
      * key rows, or, over fewer pairs whose query heads pack into one block each, 2^20. */
     const int64_t pairs = p->batch * p->heads_kv, key_rows = pairs * p->seqlen_k;
-    const int one_block_per_pair = p->heads_q == p->heads_kv || fc_decode_packs_for_sm90(p);
-    const int decode_to_sm90 = cc == 90 && sm90_takes(p) && d == 128 && p->seqlen_q == 1 && !p->causal &&
+    const int one_block_per_pair = p->heads_q == p->heads_kv || fc_decode_packs_for_sm90(&r);
+    const int decode_to_sm90 = cc == 90 && sm90_takes(p) && d == 128 && p->seqlen_q == 1 && !r.causal &&
                                (pairs >= 64 ? key_rows >= (1 << 18) : key_rows >= (1 << 20) && one_block_per_pair);
     if (p->family == FC_FAMILY_AUTO && decode) REQUIRE(fam == (decode_to_sm90 ? FC_FAMILY_SM90 : FC_FAMILY_DECODE));
     if (p->family == FC_FAMILY_AUTO && !decode && sm90) REQUIRE(fam == FC_FAMILY_SM90);
@@ -473,7 +492,7 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     if (p->family == FC_FAMILY_AUTO && (d == 32 || d == 80 || d == 96)) REQUIRE(fam == FC_FAMILY_SM80 && cc == 89);
 }
 
-/* ---- the backward's model (c_src/bwd.c, flashcore.h, README "backward") --------------------- */
+/* ---- the backward's model (c_src/bwd.c, flashcore.h, docs/USAGE.md "Training: the backward") */
 
 /* The backward kernels of this build, from the macros ci/fuzz.sh passes (as CMake defines them). */
 static const struct {
@@ -551,7 +570,7 @@ static int bwd_family_possible(const fc_bwd_params *b, fc_family fam, int cc) {
 
 static i128 round16(i128 x) { return (x + 15) / 16 * 16; }
 
-/* Workspace a family needs (README, dispatch.h), 16-byte rounded, in 128-bit arithmetic: the
+/* Workspace a family needs (docs/USAGE.md, dispatch.h), 16-byte rounded, in 128-bit arithmetic: the
  * sm80-class family 8 bytes per query row (delta and LSE in fp32), the sm90 family (D + 10) x 4
  * bytes per row, each (batch, query head)'s rows rounded up to a multiple of 64. */
 static i128 bwd_need(const fc_params *f, fc_family fam) {
@@ -601,7 +620,9 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
     bwd_accepted_is_consistent(b);
     REQUIRE(fam == FC_FAMILY_SM80 || fam == FC_FAMILY_SM90);
     REQUIRE(f->dtype == FC_DTYPE_FP16 || f->dtype == FC_DTYPE_BF16);
-    REQUIRE(f->mask_kind == FC_MASK_NONE || (fam == FC_FAMILY_SM90 && !f->causal)); /* masks: sm90, not causal */
+    const fc_params rf = resolved_of(f);
+    REQUIRE(f->mask_kind == FC_MASK_NONE || (fam == FC_FAMILY_SM90 && !rf.causal)); /* masks: sm90, not causal */
+    if (rf.band_ == FC_BAND_GENERAL_) REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE);
     REQUIRE(f->head_dim == 64 || f->head_dim == 128);
     REQUIRE(bwd_built(fam, f->head_dim, f->dtype) && bwd_family_runs_on(fam, cc));
     REQUIRE(cc == 89 || cc == 90);
@@ -622,15 +643,18 @@ static void check_bwd_launch(const fc_bwd_params *p, fc_family family, int head_
     const fc_bwd_params *e = g_expected_bwd;
     REQUIRE(e != NULL);
     REQUIRE(g_bwd_launches == 0); /* one launcher per call */
-    REQUIRE(memcmp(&p->fwd, &e->fwd, offsetof(fc_params, num_splits_)) == 0);
+    fc_params resolved = e->fwd; /* the library launches its resolved copy (check_launch) */
+    fc_resolve_band_(&resolved);
+    REQUIRE(memcmp(&p->fwd, &resolved, offsetof(fc_params, num_splits_)) == 0);
     REQUIRE(memcmp((const char *)p + offsetof(fc_bwd_params, dout), (const char *)e + offsetof(fc_bwd_params, dout),
                    offsetof(fc_bwd_params, deterministic) - offsetof(fc_bwd_params, dout)) == 0);
     REQUIRE(p->deterministic == e->deterministic && p->workspace == e->workspace &&
             p->workspace_bytes == e->workspace_bytes);
-    REQUIRE(fc_bwd_params_validate(p) == FC_OK);
+    /* (the caller's struct: the launched one carries the library's resolved band fields) */
+    REQUIRE(fc_bwd_params_validate(e) == FC_OK);
     const int cc = kDeviceCC[(unsigned)g_device % 8u];
-    REQUIRE(fc_sdpa_bwd_support(p, cc / 10, cc % 10) == FC_OK);
-    REQUIRE(fc_sdpa_bwd_family(p, cc / 10, cc % 10) == family);
+    REQUIRE(fc_sdpa_bwd_support(e, cc / 10, cc % 10) == FC_OK);
+    REQUIRE(fc_sdpa_bwd_family(e, cc / 10, cc % 10) == family);
     REQUIRE(p->fwd.head_dim == head_dim && p->fwd.dtype == dtype);
     bwd_supported_is_runnable(p, cc, family);
     /* The workspace: present, aligned, at least this family's need, which the size query covers. */
@@ -638,7 +662,7 @@ static void check_bwd_launch(const fc_bwd_params *p, fc_family family, int head_
     const i128 need = bwd_need(&p->fwd, family);
     REQUIRE((i128)p->workspace_bytes >= need);
     int64_t size = -1;
-    REQUIRE(fc_sdpa_bwd_workspace_size(p, &size) == FC_OK && (i128)size >= need);
+    REQUIRE(fc_sdpa_bwd_workspace_size(e, &size) == FC_OK && (i128)size >= need);
     ++g_bwd_launches;
     g_bwd_launched_family = family;
 }
@@ -890,7 +914,8 @@ static void check_struct(const fc_params *p, int device) {
 
     const fc_status s = fc_params_validate(p);
     REQUIRE((int)s >= 0 && s < FC_STATUS_COUNT_ && s != FC_ERR_CUDA && s != FC_ERR_NULL_PARAMS);
-    REQUIRE(s < FC_UNSUPPORTED_DTYPE); /* validation gives no FC_UNSUPPORTED_* but EMPTY */
+    /* validation gives no FC_UNSUPPORTED_* but EMPTY (statuses added later sit at the end) */
+    REQUIRE(s < FC_UNSUPPORTED_DTYPE || s == FC_ERR_BAD_WINDOW);
     REQUIRE(fc_status_string(s) != NULL && fc_status_string(s)[0] != '\0');
     REQUIRE(fc_params_validate(p) == s);
     if (s == FC_OK) accepted_is_consistent(p);
@@ -901,9 +926,12 @@ static void check_struct(const fc_params *p, int device) {
         const fc_family fam = fc_sdpa_family(p, cc / 10, cc % 10);
         REQUIRE(fc_status_string(sup) != NULL);
         if (s != FC_OK) REQUIRE(sup == s);
-        else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA));
+        else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA) ||
+                     sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SINKS);
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         if (sup == FC_OK) supported_is_runnable(p, cc, fam);
+        if (sup == FC_UNSUPPORTED_BAND) REQUIRE(resolved_of(p).band_ == FC_BAND_GENERAL_);
+        if (sup == FC_UNSUPPORTED_SINKS) REQUIRE(p->sinks != NULL);
         /* Declined only for a reason that holds: the layout reason only for a forced sm90. */
         /* The speed reason only for AUTO on Hopper, unmasked, a head dim sm90 lacks. */
         if (sup == FC_UNSUPPORTED_SLOWER)
@@ -922,7 +950,8 @@ static void check_struct(const fc_params *p, int device) {
     const fc_status f = fc_sdpa_fwd(p, (cudaStream_t)0);
     REQUIRE(f == fc_sdpa_support(p, cc / 10, cc % 10));
     /* A packed one-row GQA call launches with heads_kv query heads (fc_pack_decode_gqa). */
-    const int packs = fc_sdpa_family(p, cc / 10, cc % 10) == FC_FAMILY_SM90 && fc_decode_packs_for_sm90(p);
+    const fc_params r = resolved_of(p);
+    const int packs = fc_sdpa_family(p, cc / 10, cc % 10) == FC_FAMILY_SM90 && fc_decode_packs_for_sm90(&r);
     const int64_t launched_heads = packs ? p->heads_kv : p->heads_q;
     if (f != FC_OK) REQUIRE(g_launches == 0);
     else if (p->batch <= 65535 && launched_heads <= 65535) REQUIRE(g_launches == 1);
@@ -995,7 +1024,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
     memcpy(&before, b, sizeof before);
 
     const fc_status v = fc_bwd_params_validate(b);
-    REQUIRE((int)v >= 0 && v < FC_UNSUPPORTED_DTYPE && v != FC_ERR_NULL_PARAMS);
+    REQUIRE((int)v >= 0 && (v < FC_UNSUPPORTED_DTYPE || v == FC_ERR_BAD_WINDOW) && v != FC_ERR_NULL_PARAMS);
     REQUIRE(fc_status_string(v) != NULL && fc_status_string(v)[0] != '\0');
     REQUIRE(fc_bwd_params_validate(b) == v);
     /* The forward's checks come first. */
@@ -1005,7 +1034,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
 
     /* The workspace size: the validation status; when valid, 16-byte multiples enough for the
      * sm80-class family (8 bytes per query row) and, where its kernel is built, the sm90 one
-     * (dispatch.h's fc_sm90_bwd_workspace_bytes, which is README's formula). */
+     * (dispatch.h's fc_sm90_bwd_workspace_bytes, which is docs/USAGE.md's formula). */
     int64_t ws = -1;
     REQUIRE(fc_sdpa_bwd_workspace_size(b, &ws) == v);
     REQUIRE(fc_sdpa_bwd_workspace_size(b, NULL) == FC_ERR_NULL_POINTER);
@@ -1031,7 +1060,8 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         REQUIRE(fc_sdpa_bwd_support(b, cc / 10, cc % 10) == sup);
         /* support == FC_OK implies validate == FC_OK; family AUTO iff unsupported, else SM80 / SM90 */
         if (v != FC_OK) REQUIRE(sup == v);
-        else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA));
+        else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA) ||
+                     sup == FC_UNSUPPORTED_BAND);
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         REQUIRE(fam == FC_FAMILY_AUTO || fam == FC_FAMILY_SM80 || fam == FC_FAMILY_SM90);
         if (v != FC_OK) continue;
@@ -1041,8 +1071,12 @@ static void check_bwd(const fc_bwd_params *b, int device) {
          * is not asked for, else the sm80-class one; a forced sm80 / sm90 family runs where it
          * can, or the call is declined (never moved to the other family). Masks: the sm90 family
          * only, not with causal. */
-        const int sm80 = dtype_ok && f->mask_kind == FC_MASK_NONE && bwd_family_possible(b, FC_FAMILY_SM80, cc);
-        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !f->causal) &&
+        /* (causal and the band as the library resolves them: a general band, sm90 only) */
+        const fc_params rf = resolved_of(f);
+        const int general = rf.band_ == FC_BAND_GENERAL_;
+        const int sm80 = dtype_ok && f->mask_kind == FC_MASK_NONE && !general &&
+                         bwd_family_possible(b, FC_FAMILY_SM80, cc);
+        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !rf.causal) &&
                          bwd_family_possible(b, FC_FAMILY_SM90, cc);
         if (f->family == FC_FAMILY_AUTO) {
             const fc_family want = sm90 && !b->deterministic ? FC_FAMILY_SM90 : sm80 ? FC_FAMILY_SM80 : FC_FAMILY_AUTO;
@@ -1060,6 +1094,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         /* Declined only for a reason that holds. */
         if (sup == FC_UNSUPPORTED_DTYPE) REQUIRE(!dtype_ok);
         if (sup == FC_UNSUPPORTED_MASK) REQUIRE(f->mask_kind != FC_MASK_NONE);
+        if (sup == FC_UNSUPPORTED_BAND) REQUIRE(general);
         if (sup == FC_UNSUPPORTED_LAYOUT) REQUIRE(f->family == FC_FAMILY_SM90 && !bwd_sm90_takes(b));
         if (sup == FC_UNSUPPORTED_ARCH) REQUIRE(f->family == FC_FAMILY_AUTO && !bwd_family_runs_on(FC_FAMILY_SM80, cc));
         if (sup == FC_UNSUPPORTED_FAMILY)
