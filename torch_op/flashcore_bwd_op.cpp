@@ -15,9 +15,9 @@
 //   flashcore::explain_bwd(<same arguments>) -> (int family, int reason)
 //       in the forward explain's order. family: the fc_family of the kernel that runs (1 =
 //       sm80-class, 2 = sm90), 0 when none. reason: 0 when sdpa_bwd_kernel runs a kernel for
-//       these tensors, else why not (the forward's explain codes: 1..99 op-level, 100 + fc_status
-//       from fc_sdpa_bwd_support). Reads only metadata (sizes, strides, dtypes, pointer alignment, the
-//       device's compute capability), never the data.
+//       these tensors, else why not (the forward's explain codes, reasons.h: op-level, or the
+//       status base + fc_status from fc_sdpa_bwd_support). Reads only metadata (sizes, strides,
+//       dtypes, pointer alignment, the device's compute capability), never the data.
 //
 // The autograd backward (flashcore::sdpa_bwd in _ops.py) calls explain_bwd, then either
 // sdpa_bwd_kernel or its Python implementation (masks that need a gradient, fp32, other head
@@ -40,6 +40,7 @@
 
 #include "flashcore.h"
 #include "op_common.h"
+#include "reasons.h"
 
 namespace {
 
@@ -50,11 +51,8 @@ using flashcore_op::stride_or_0;
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-
-// Same numbering as flashcore_op.cpp's OpReason (python/flashcore/__init__.py names them).
-constexpr int64_t kKernel = 0, kNotCuda = 1, kNot4D = 2, kShapeBroadcast = 3, kValueHeadDim = 4,
-                  kHeadsNoGqa = 5, kDtype = 7, kBwdOperands = 11;
-constexpr int64_t kStatusBase = 100;
+// The forward's reason codes and status base (reasons.h; the backward's own: kBwdOperands).
+using namespace flashcore_op::reason;  // the codes only: kNotCuda, ..., kStatusBase
 
 bool same_sizes(const Tensor& t, const std::vector<int64_t>& sizes) {
   if (t.dim() != static_cast<int64_t>(sizes.size())) return false;

@@ -15,13 +15,8 @@
 // Outputs are always contiguous (the fallback's output is made so), which is what the fakes in
 // python/flashcore/_ops.py promise. Autograd, fakes and the backward op live in Python.
 //
-// Reason codes (returned by explain, mirrored in python/flashcore/__init__.py):
-//   0                      kernel path
-//   1 .. 99                op-level fallback reasons (enum OpReason below)
-//   FC_REASON_STATUS_BASE + s   fallback because fc_sdpa_support said fc_status s
-//   FC_REASON_NOTE_BASE + s     kernel path, in the sm80 family although the sm90 family runs on
-//                               this device: fc_sdpa_support said fc_status s for sm90 (e.g.
-//                               FC_UNSUPPORTED_MASK: only the sm80 family applies attn_mask)
+// Reason codes (returned by explain): torch_op/reasons.h lists them with their sentences; the
+// end of this file exports them, and the family names, to the Python package as plain C functions.
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -44,6 +39,7 @@
 
 #include "flashcore.h"
 #include "op_common.h"
+#include "reasons.h"
 
 namespace {
 
@@ -56,26 +52,13 @@ using torch::stable::Tensor;
 
 // ---- reasons -------------------------------------------------------------------------------
 
-enum OpReason : int64_t {
-  kKernel = 0,
-  kNotCuda = 1,            // a tensor is not on a CUDA device
-  kNot4D = 2,              // query/key/value are not all 4-D (B, H, S, D)
-  kShapeBroadcast = 3,     // sizes need broadcasting (batch, heads, key/value length)
-  kValueHeadDim = 4,       // value's head dim differs from query's
-  kHeadsNoGqa = 5,         // query and key/value head counts differ without enable_gqa
-  kDropout = 6,            // dropout_p > 0
-  kDtype = 7,              // dtype is not fp16 / bf16 / fp32
-  kMaskDtype = flashcore_op::kReasonMaskDtype,    // 8: float mask whose dtype is not query's
-  kMaskShape = flashcore_op::kReasonMaskShape,    // 9: not a broadcast (B, H, Sq, Sk) view
-  kMaskDevice = flashcore_op::kReasonMaskDevice,  // 10: mask on another device than query
-  kSinksLayout = 13,       // sinks not a contiguous float32 (Hq,) tensor on query's device
-};
-constexpr int64_t FC_REASON_STATUS_BASE = 100;
-constexpr int64_t FC_REASON_NOTE_BASE = 1000;
+// The codes and the bases (status, note): reasons.h.
+using namespace flashcore_op::reason;  // the codes only: kNotCuda, ..., kStatusBase, kNoteBase
+using flashcore_op::family_name;
 
 struct Decision {
   fc_params p;
-  int64_t reason = kKernel;    // kKernel, an OpReason, or FC_REASON_STATUS_BASE + fc_status
+  int64_t reason = kKernel;    // kKernel, a reason::Code, or kStatusBase + fc_status
   fc_status sm90_declined = FC_OK;  // kernel path in sm80 under auto: why the sm90 family did not take it
   fc_family family = FC_FAMILY_AUTO;  // kernel family that runs (when reason == kKernel)
   bool family_forced = false;
@@ -92,12 +75,14 @@ std::string device_str(const Tensor& t) {
 
 fc_family family_from_env() {
   const char* env = std::getenv("FLASHCORE_FAMILY");
-  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return FC_FAMILY_AUTO;
-  if (std::strcmp(env, "sm80") == 0) return FC_FAMILY_SM80;
-  if (std::strcmp(env, "sm90") == 0) return FC_FAMILY_SM90;
-  if (std::strcmp(env, "decode") == 0) return FC_FAMILY_DECODE;
-  fail("flashcore: environment variable FLASHCORE_FAMILY must be one of "
-                  "'auto', 'sm80', 'sm90', 'decode' (got '", env, "')");
+  if (env == nullptr || env[0] == '\0') return FC_FAMILY_AUTO;
+  std::string names;  // 'auto', 'sm80', ... for the error
+  for (int f = FC_FAMILY_AUTO; family_name(f) != nullptr; ++f) {
+    if (std::strcmp(env, family_name(f)) == 0) return static_cast<fc_family>(f);
+    names += (names.empty() ? "'" : ", '") + std::string(family_name(f)) + "'";
+  }
+  fail("flashcore: environment variable FLASHCORE_FAMILY must be one of ", names, " (got '", env,
+       "')");
   return FC_FAMILY_AUTO;  // unreachable
 }
 
@@ -225,7 +210,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   d.p.batch = B; d.p.heads_q = Hq; d.p.heads_kv = Hkv;
   d.p.seqlen_q = Sq; d.p.seqlen_k = Sk; d.p.head_dim = D;
   if (q.numel() == 0 || k.numel() == 0 || v.numel() == 0)
-    return fallback(FC_REASON_STATUS_BASE + FC_UNSUPPORTED_EMPTY);
+    return fallback(kStatusBase + FC_UNSUPPORTED_EMPTY);
 
   d.p.q = q.data_ptr(); d.p.k = k.data_ptr(); d.p.v = v.data_ptr();
   d.p.q_stride_b = stride_or_0(q, 0); d.p.q_stride_h = stride_or_0(q, 1);
@@ -255,7 +240,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   const auto [major, minor] = compute_capability(q.get_device_index());
   const fc_status s = fc_sdpa_support(&d.p, major, minor);
   if (s != FC_OK) {
-    if (status_means_fallback(s)) return fallback(FC_REASON_STATUS_BASE + s);
+    if (status_means_fallback(s)) return fallback(kStatusBase + s);
     fail("flashcore.sdpa: internal error, the op built inconsistent parameters: ",
          fc_status_string(s));
   }
@@ -330,7 +315,7 @@ Tensor aten_sdpa(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
 // not built / not for this device, or (sm90, decode) asked to apply an attn_mask.
 void check_forced_family(const Decision& d) {
   for (fc_status s : {FC_UNSUPPORTED_FAMILY, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_LAYOUT}) {
-    FC_CHECK(!(d.family_forced && d.reason == FC_REASON_STATUS_BASE + s),
+    FC_CHECK(!(d.family_forced && d.reason == kStatusBase + s),
              "flashcore.sdpa: FLASHCORE_FAMILY=", std::getenv("FLASHCORE_FAMILY"),
              " forces a kernel family that cannot run this call: ", fc_status_string(s));
   }
@@ -338,8 +323,8 @@ void check_forced_family(const Decision& d) {
 
 // The C layer's sentence for a fallback's status, or the op-level reason code.
 std::string explain_status(const Decision& d) {
-  if (d.reason >= FC_REASON_STATUS_BASE && d.reason < FC_REASON_NOTE_BASE)
-    return fc_status_string(static_cast<fc_status>(d.reason - FC_REASON_STATUS_BASE));
+  if (d.reason >= kStatusBase && d.reason < kNoteBase)
+    return fc_status_string(static_cast<fc_status>(d.reason - kStatusBase));
   return "reason " + std::to_string(d.reason);
 }
 
@@ -381,10 +366,10 @@ Tensor run_kernel(Decision& d, const Tensor& q, std::optional<Tensor>* lse) {
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
   const fc_status s = fc_sdpa_fwd(&d.p, static_cast<cudaStream_t>(stream));
   if (s == FC_ERR_CUDA) {
-    static const char* const kFamilyNames[] = {"auto", "sm80", "sm90", "decode"};
     const cudaError_t e = fc_last_cuda_error();
+    const char* family = family_name(d.family);
     fail("flashcore.sdpa: ", fc_status_string(s), ": ", cudaGetErrorName(e), " (",
-         cudaGetErrorString(e), ") in the ", kFamilyNames[d.family & 3], " family, B=", d.p.batch,
+         cudaGetErrorString(e), ") in the ", family ? family : "unknown", " family, B=", d.p.batch,
          " Hq=", d.p.heads_q, " Hkv=", d.p.heads_kv, " Sq=", d.p.seqlen_q, " Sk=", d.p.seqlen_k,
          " D=", d.p.head_dim, d.p.causal ? " causal" : "", " on cuda:", dev);
   }
@@ -598,7 +583,7 @@ std::tuple<int64_t, int64_t> explain(Tensor q, Tensor k, Tensor v, std::optional
   const Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
                             window_right, bottom_right, sinks);
   if (d.reason == kKernel && d.sm90_declined != FC_OK)
-    return {static_cast<int64_t>(d.family), FC_REASON_NOTE_BASE + d.sm90_declined};
+    return {static_cast<int64_t>(d.family), kNoteBase + d.sm90_declined};
   return {static_cast<int64_t>(d.family), d.reason};
 }
 
@@ -638,3 +623,44 @@ STABLE_TORCH_LIBRARY_IMPL(flashcore, CPU, m) {
 STABLE_TORCH_LIBRARY_IMPL(flashcore, CompositeExplicitAutograd, m) {
   m.impl("explain", TORCH_BOX(&explain));
 }
+
+// ---- reasons.h for the Python package ------------------------------------------------------
+// Plain C functions (exports.map), read through ctypes by python/flashcore/__init__.py and
+// _ops.py, so the sentences, codes, bases and family names have one definition: reasons.h.
+
+#define FC_OP_EXPORT extern "C" __attribute__((visibility("default")))
+
+// The sentence of an op-level reason code (1 .. status base - 1): the forward's (explain's)
+// wording, or with `backward` nonzero explain_bwd's. NULL for a code reasons.h does not list.
+FC_OP_EXPORT const char* fc_op_reason_string(int code, int backward) {
+  const flashcore_op::reason::Info* i = flashcore_op::reason::find(code);
+  if (i == nullptr) return nullptr;
+  return backward && i->bwd_sentence != nullptr ? i->bwd_sentence : i->sentence;
+}
+
+// Who gives a reason code: FC_OP_REASON_FWD | _BWD | _ROUTE bits (reasons.h); 0 if none does.
+FC_OP_EXPORT int fc_op_reason_given_by(int code) {
+  const flashcore_op::reason::Info* i = flashcore_op::reason::find(code);
+  return i == nullptr ? 0 : i->given_by;
+}
+
+// The code of the reason reasons.h names `name` (e.g. "kMaskRequiresGrad"); -1 if none.
+FC_OP_EXPORT int fc_op_reason_code(const char* name) {
+  if (name == nullptr) return -1;
+  for (const flashcore_op::reason::Info& i : flashcore_op::reason::kInfos)
+    if (std::strcmp(i.name, name) == 0) return static_cast<int>(i.code);
+  return -1;
+}
+
+// Reason = this + fc_status: a fallback because the C layer said that status.
+FC_OP_EXPORT int fc_op_reason_status_base(void) {
+  return static_cast<int>(flashcore_op::reason::kStatusBase);
+}
+
+// Reason = this + fc_status: a kernel runs in the sm80 family; the sm90 family said that status.
+FC_OP_EXPORT int fc_op_reason_note_base(void) {
+  return static_cast<int>(flashcore_op::reason::kNoteBase);
+}
+
+// An fc_family's name ("auto", "sm80", "sm90", "decode"); NULL for another value.
+FC_OP_EXPORT const char* fc_op_family_name(int family) { return flashcore_op::family_name(family); }

@@ -8,6 +8,7 @@
 #include <torch/headeronly/core/ScalarType.h>
 
 #include "flashcore.h"
+#include "reasons.h"
 
 #include <cuda_runtime_api.h>
 
@@ -57,9 +58,6 @@ inline int64_t stride_or_0(const torch::stable::Tensor& t, int64_t d) {
   return t.size(d) == 1 ? 0 : t.stride(d);
 }
 
-// The explain reasons of a mask the kernels cannot take (flashcore_op.cpp's OpReason numbering).
-constexpr int64_t kReasonMaskDtype = 8, kReasonMaskShape = 9, kReasonMaskDevice = 10;
-
 // Describe the mask as a (B, Hq, Sq, Sk) view with broadcast dims at stride 0. False: it can't.
 inline bool describe_mask(const torch::stable::Tensor& mask, fc_params* p) {
   const int64_t nd = mask.dim();
@@ -82,15 +80,15 @@ inline bool describe_mask(const torch::stable::Tensor& mask, fc_params* p) {
 }
 
 // attn_mask into p (sizes already set): bool masks as FC_MASK_BOOL, query's dtype as additive.
-// 0, or the reason the kernels cannot take it (another device, another dtype, not a broadcast
-// view of (B, Hq, Sq, Sk)).
+// 0, or the reason (reasons.h) the kernels cannot take it (another device, another dtype, not a
+// broadcast view of (B, Hq, Sq, Sk)).
 inline int64_t set_mask(const torch::stable::Tensor& mask, const torch::stable::Tensor& q, fc_params* p) {
   using torch::headeronly::ScalarType;
-  if (mask.device() != q.device()) return kReasonMaskDevice;
+  if (mask.device() != q.device()) return reason::kMaskDevice;
   if (mask.scalar_type() == ScalarType::Bool) p->mask_kind = FC_MASK_BOOL;
   else if (mask.scalar_type() == q.scalar_type()) p->mask_kind = FC_MASK_ADDITIVE;
-  else return kReasonMaskDtype;
-  if (!describe_mask(mask, p)) return kReasonMaskShape;
+  else return reason::kMaskDtype;
+  if (!describe_mask(mask, p)) return reason::kMaskShape;
   return 0;
 }
 

@@ -64,36 +64,12 @@ else:
         raise ImportError(f"flashcore: cannot load {_OP_LIB}: {e}. Rebuild it against this "
                           "PyTorch (it needs torch >= 2.11 with CUDA).") from e
 
-if FALLBACK_ONLY:
-    # torch.ops.flashcore.sdpa as PyTorch's SDPA, same schema (nothing else is registered).
-    from . import _fallback  # noqa: E402
-    _fallback.reason = FALLBACK_ONLY
-else:
-    # Fakes (torch.compile), the backward op and autograd for the ops just loaded.
-    from . import _ops  # noqa: E402,F401
-
-# Reason codes returned by torch.ops.flashcore.explain (see torch_op/flashcore_op.cpp).
-_OP_REASONS = {
-    1: "a tensor is not on a CUDA device",
-    2: "query, key and value are not all 4-D (batch, heads, seq_len, head_dim)",
-    3: "sizes need broadcasting (batch, heads or key/value length differ)",
-    4: "value's head dim differs from query's",
-    5: "query and key/value head counts differ and enable_gqa is False",
-    6: "dropout_p > 0",
-    7: "dtype is not float16, bfloat16 or float32",
-    8: "attn_mask is a float mask whose dtype differs from query's",
-    9: "attn_mask does not broadcast to (batch, heads, seq_len_q, seq_len_k)",
-    10: "attn_mask is on a different device than query",
-    11: "grad_out, out, lse or grad_lse do not match query (shape or dtype)",  # backward only
-    12: "an attn_mask that requires grad: the backward kernels give it none",  # route only (_ops.py)
-    13: "sinks are not a contiguous float32 (heads_q,) tensor on query's device",
-}
-# The backward's view of the same codes: its kernels have no float32 (the forward's do).
-_BWD_REASONS = {**_OP_REASONS, 7: "dtype is not float16 or bfloat16"}
-_STATUS_BASE = 100
-_NOTE_BASE = 1000  # kernel path in the sm80 family; the sm90 family declined with this status
-_FAMILIES = {0: "auto", 1: "sm80", 2: "sm90", 3: "decode"}
+# Reason codes of torch.ops.flashcore.explain / explain_bwd and of the training route (_ops.py),
+# their sentences, the bases that carry an fc_status, and the kernel families' names have one
+# definition, torch_op/reasons.h: read here from libflashcore_op.so's plain C exports through
+# ctypes, opened on first use (never under FALLBACK_ONLY). fc_status sentences: libflashcore.so.
 _clib = None
+_oplib = None
 
 
 def _status_string(status: int) -> str:
@@ -106,6 +82,67 @@ def _status_string(status: int) -> str:
     return _clib.fc_status_string(status).decode()
 
 
+def _op_lib():
+    """libflashcore_op.so's exports of reasons.h (end of torch_op/flashcore_op.cpp), through
+    ctypes: the library torch.ops.load_library already loaded, so the same handle."""
+    global _oplib
+    if _oplib is None:
+        lib = ctypes.CDLL(_OP_LIB)
+        signatures = {"fc_op_reason_string": (ctypes.c_char_p, [ctypes.c_int, ctypes.c_int]),
+                      "fc_op_reason_given_by": (ctypes.c_int, [ctypes.c_int]),
+                      "fc_op_reason_code": (ctypes.c_int, [ctypes.c_char_p]),
+                      "fc_op_reason_status_base": (ctypes.c_int, []),
+                      "fc_op_reason_note_base": (ctypes.c_int, []),
+                      "fc_op_family_name": (ctypes.c_char_p, [ctypes.c_int])}
+        try:
+            for name, (restype, argtypes) in signatures.items():
+                getattr(lib, name).restype = restype
+                getattr(lib, name).argtypes = argtypes
+        except AttributeError as e:
+            raise ImportError(f"flashcore: {_OP_LIB} is older than this package ({e}); "
+                              "rebuild it") from e
+        _oplib = lib
+    return _oplib
+
+
+def _reason_code(name: str) -> int:
+    """The code of the reason torch_op/reasons.h names `name` (e.g. ``"kMaskRequiresGrad"``)."""
+    code = _op_lib().fc_op_reason_code(name.encode())
+    if code < 0:
+        raise LookupError(f"flashcore: {_OP_LIB} has no reason {name!r} (torch_op/reasons.h)")
+    return code
+
+
+def _reason_string(reason: int, backward: bool = False) -> str:
+    """An op-level reason's sentence, in explain's wording or (backward) explain_bwd's."""
+    words = _op_lib().fc_op_reason_string(reason, int(backward))
+    return words.decode() if words is not None else f"reason {reason}"
+
+
+def _status_base() -> int:
+    """reason = this + fc_status: a fallback because the C layer gave that status."""
+    return _op_lib().fc_op_reason_status_base()
+
+
+def _note_base() -> int:
+    """reason = this + fc_status: a kernel in the sm80 family; the sm90 family gave that status."""
+    return _op_lib().fc_op_reason_note_base()
+
+
+def _family_name(family: int) -> str:
+    """An fc_family's name: "auto", "sm80", "sm90", "decode" (the number for another value)."""
+    name = _op_lib().fc_op_family_name(family)
+    return name.decode() if name is not None else str(family)
+
+
+if FALLBACK_ONLY:
+    # torch.ops.flashcore.sdpa as PyTorch's SDPA, same schema (nothing else is registered).
+    from . import _fallback  # noqa: E402
+    _fallback.reason = FALLBACK_ONLY
+else:
+    # Fakes (torch.compile), the backward op and autograd for the ops just loaded.
+    from . import _ops  # noqa: E402,F401
+
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
          enable_gqa=False):
     """Same arguments and result as ``torch.nn.functional.scaled_dot_product_attention``."""
@@ -116,10 +153,10 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
 def _built_for(head_dim: int, dtype: torch.dtype) -> bool:
     """Whether this build compiled forward kernels for ``head_dim`` and ``dtype``.
 
-    FLASHCORE_HEAD_DIMS and FLASHCORE_DTYPES can trim a build (README, "Build options"); CMake
-    records what it kept in ``_build_config.py`` beside the libraries. The GPU tests use this to
-    skip the cases a trimmed build left out instead of failing on them. A build made before that
-    record existed counts as the full set."""
+    FLASHCORE_HEAD_DIMS and FLASHCORE_DTYPES can trim a build (docs/TUNING.md, "Build options");
+    CMake records what it kept in ``_build_config.py`` beside the libraries. The GPU tests use
+    this to skip the cases a trimmed build left out instead of failing on them. A build made
+    before that record existed counts as the full set."""
     if FALLBACK_ONLY:
         return False
     try:
@@ -145,19 +182,18 @@ def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
                                                  is_causal, scale=scale, enable_gqa=enable_gqa,
                                                  **band)
     if reason == 0:
-        return f"kernel {_FAMILIES.get(family, family)}"
-    if reason >= _NOTE_BASE:
-        return (f"kernel {_FAMILIES.get(family, family)} "
-                f"(not sm90: {_status_string(reason - _NOTE_BASE)})")
-    if reason >= _STATUS_BASE:
-        return f"fallback: {_status_string(reason - _STATUS_BASE)}"
-    return f"fallback: {_OP_REASONS.get(reason, f'reason {reason}')}"
+        return f"kernel {_family_name(family)}"
+    if reason >= _note_base():
+        return f"kernel {_family_name(family)} (not sm90: {_status_string(reason - _note_base())})"
+    if reason >= _status_base():
+        return f"fallback: {_status_string(reason - _status_base())}"
+    return f"fallback: {_reason_string(reason)}"
 
 
 def _bwd_reason_string(reason: int) -> str:
-    if reason >= _STATUS_BASE:
-        return _status_string(reason - _STATUS_BASE)
-    return _BWD_REASONS.get(reason, f"reason {reason}")
+    if reason >= _status_base():
+        return _status_string(reason - _status_base())
+    return _reason_string(reason, backward=True)
 
 
 def _backward_string(reason: int, family: int, by_determinism: bool) -> str:
@@ -165,7 +201,7 @@ def _backward_string(reason: int, family: int, by_determinism: bool) -> str:
     "kernel sm80 (deterministic)" (determinism ruled out the sm90 kernel) or "python: <why>"."""
     if reason != 0:
         return f"python: {_bwd_reason_string(reason)}"
-    words = f"kernel {_FAMILIES.get(family, family)}"
+    words = f"kernel {_family_name(family)}"
     return f"{words} (deterministic)" if by_determinism else words
 
 
@@ -240,7 +276,7 @@ def explain_training(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
 __all__ += ["explain_backward", "explain_training"]
 
 
-# Drop-in use (README "Drop-in use"): flashcore.patch() / unpatch() / patched() route
+# Drop-in use (docs/USAGE.md "Drop-in use"): flashcore.patch() / unpatch() / patched() route
 # torch.nn.functional.scaled_dot_product_attention to FlashCore. The transformers integration
 # is imported only on request: `import flashcore.integrations.hf` registers "flashcore".
 from .integrations.patch import is_patched, patch, patched, unpatch  # noqa: E402

@@ -43,6 +43,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from . import _band
+from . import _reason_code  # reasons.h, through libflashcore_op.so (flashcore/__init__.py)
 
 _lib = torch.library.Library("flashcore", "FRAGMENT")  # kept alive: owns the registrations
 
@@ -417,9 +418,9 @@ TRAINING_TABLE = {
     # shapes the route is decided once, by the length the graph was traced with: both routes
     # compute the same gradients, and the rule is about a percent of speed.)
     # H100 / H200 (bench/results/nvidia-h100-80gb-hbm3_2026-11-27_1112_bwd.json, bench/NOTES.md).
-    # sm90 D=128: the backward 0.96-0.97x cuDNN's at S = 1k, 0.97-0.99x at 2k, 1.02-1.04x from
-    # 4k; with the forward's 1.07-1.16x (README "How fast") fwd + bwd is ~1% slower than cuDNN's
-    # at 1k and ~1% faster at 2k: FlashCore from 2048 keys. D=64: 0.81-0.89x (1858216): aten
+    # sm90 D=128: the backward 0.96-0.97x cuDNN's at S = 1k, 0.97-0.99x at 2k, 1.02-1.04x from 4k;
+    # with the forward's 1.07-1.16x (docs/PERFORMANCE.md "How fast") fwd + bwd is ~1% slower than
+    # cuDNN's at 1k and ~1% faster at 2k: FlashCore from 2048 keys. D=64: 0.81-0.89x (1858216): aten
     # until a bench says otherwise. sm80: "Fused backward v1" in bench/NOTES.md. python: fp32
     # recomputation in unfused PyTorch ops, against aten's fused backward kernels.
     ((9, 0), "sm90"): (True, "", 2048),
@@ -446,9 +447,11 @@ def training_table_entry(cc, path, head_dim):
 
 # explain_bwd's family codes (fc_family) as backward paths; 0 (no kernel) is "python".
 _FAMILY_PATHS = {1: "sm80", 2: "sm90"}
-# Reason codes the route gives without asking explain_bwd (names in flashcore/__init__.py; 12 is
-# Python-only: a mask that requires grad, whose gradient only the Python backward gives).
-_REASON_NOT_CUDA, _REASON_NOT_4D, _REASON_SHAPES, _REASON_BWD_MASK = 1, 2, 3, 12
+# Reason codes the route gives without asking explain_bwd, by their names in torch_op/reasons.h
+# (kMaskRequiresGrad is the route's own, never the C++ ops': a mask that requires grad, whose
+# gradient only the Python backward gives).
+_REASON_NOT_CUDA, _REASON_NOT_4D, _REASON_SHAPES, _REASON_BWD_MASK = (
+    _reason_code(name) for name in ("kNotCuda", "kNot4D", "kShapeBroadcast", "kMaskRequiresGrad"))
 
 
 class TrainingRoute(NamedTuple):
