@@ -924,7 +924,7 @@ def main(argv=None):
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1 (got {args.rounds})")
     if args.dry_run and args.json and not args.no_json and inside(args.json, RESULTS_DIR):
-        # bench/results/ holds measurements that the README and NOTES cite; fake timings there
+        # bench/results/ holds measurements that the README, docs/ and NOTES cite; fake timings there
         # could be committed or compared by mistake. Checked before anything runs.
         ap.error(f"a dry run never writes into bench/results/ (its timings are "
                  f"fake); give --json a path elsewhere, or leave it out to write nothing")

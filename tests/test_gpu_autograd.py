@@ -173,7 +173,7 @@ def test_kernel_grads_noncontiguous(dtype, D, causal):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_kernel_bwd_deterministic(dtype):
     """Under torch.use_deterministic_algorithms(True) the backward is the sm80-class kernel (no
-    atomics): two calls give bitwise equal gradients (README, issue 8)."""
+    atomics): two calls give bitwise equal gradients (docs/USAGE.md, issue 8)."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         _check_bwd_deterministic(dtype)
