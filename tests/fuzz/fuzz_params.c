@@ -16,9 +16,11 @@
  *     largest offset inside one (batch, head) slice fits the kernels' 32-bit index, the largest
  *     offset of every tensor fits int64, the grid fits CUDA's limits;
  *   * every struct the support query accepts has a kernel (dtype, head dim, arch, a mask only in
- *     the sm80 family, the family's own layout rules), AUTO prefers the sm90 family where it can
- *     take the struct (and has no mask to apply), and
- *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct; the launcher
+ *     the sm80 family, a general band (window, bottom-right causal) only in the sm90 and decode
+ *     families and sinks only in sm90, the family's own layout rules), AUTO prefers the sm90
+ *     family where it can take the struct (and has no mask to apply), and
+ *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct (as the library
+ *     resolves its band, fc_resolve_band_); the launcher
  *     stubs re-check what that family's kernel computes in int (tile counts, block bounds);
  *   * the canonical layout (fc_params_set_contiguous_strides on sane sizes) is never rejected
  *     for a layout reason (no false rejections);
@@ -820,6 +822,17 @@ static void decode_structured(reader *r, fc_params *p) {
         }
     }
     if (extra & 0x80) p->family = (fc_family)(int)take_i64(r);
+    /* The fields appended after 0.1 (read last, so older inputs decode as before): a window
+     * (small sides, or any int64), the causal alignment (any int), attention sinks. */
+    const uint8_t variant = take_u8(r);
+    if (variant & 1) {
+        p->windowed = 1;
+        p->window_left = (variant & 2) ? take_i64(r) : (int64_t)take_u8(r) - 1;
+        p->window_right = (variant & 4) ? take_i64(r) : (int64_t)take_u8(r) - 1;
+    }
+    if (variant & 8) p->alignment = FC_ALIGN_BOTTOM_RIGHT;
+    if (variant & 16) p->alignment = (fc_alignment)(int)take_i64(r);
+    if (variant & 32) p->sinks = (const float *)take_pointer(r, 0x7f0000700000u);
 }
 
 /* Saturating i128 -> int64 (workspace sizes derived from a need). */
