@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 _REPO_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
 if importlib.util.find_spec("flashcore") is None:
     sys.path.insert(0, _REPO_PYTHON)
 import flashcore  # noqa: E402
 from flashcore.integrations import patch as patch_mod  # noqa: E402
+from op_recorder import OpRecorder  # noqa: E402
 
 ORIGINAL = torch._C._nn.scaled_dot_product_attention
 FC_SDPA = torch.ops.flashcore.sdpa.default
@@ -30,21 +30,6 @@ def has_fake() -> bool:
 
 needs_fake = pytest.mark.skipif(not has_fake(), reason="flashcore::sdpa has no fake (meta) "
                                 "implementation in this build, so torch.compile cannot trace it")
-
-
-class OpRecorder(TorchDispatchMode):
-    """Records the top-level ops that reach dispatch (not what they call internally)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func)
-        return func(*args, **(kwargs or {}))
-
-    def count(self, op):
-        return sum(1 for f in self.ops if f is op)
 
 
 @pytest.fixture(autouse=True)

@@ -16,12 +16,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashcore
 from flashcore import varlen as varlen_mod
 from flashcore.varlen import AuxRequest, varlen_attn
 from gpu_gate import gpu_gate
+from op_recorder import OpRecorder
 
 HAVE_CUDA, cuda_only = gpu_gate("no CUDA device: FlashCore's kernels and PyTorch's varlen_attn "
                                 "(flash backend) need one")
@@ -575,16 +575,6 @@ def test_opcheck():
 
 
 # ---- flashcore.patch() --------------------------------------------------------------------------
-
-class OpRecorder(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func)
-        return func(*args, **(kwargs or {}))
-
 
 @pytest.fixture
 def unpatched():

@@ -105,13 +105,6 @@ inline void set_band(int64_t window_left, int64_t window_right, bool bottom_righ
   p->alignment = bottom_right ? FC_ALIGN_BOTTOM_RIGHT : FC_ALIGN_TOP_LEFT;
 }
 
-// Whether p asks for a band other than every key or plain top-left causal (fc_band_bounds), which
-// only some kernels run and aten's SDPA cannot express without a mask.
-inline bool general_band(const fc_params& p) {
-  return fc_band_bounds(p.seqlen_q, p.seqlen_k, p.causal, p.windowed ? p.window_left : -1,
-                        p.windowed ? p.window_right : -1, p.alignment, nullptr, nullptr) == FC_BAND_OTHER;
-}
-
 }  // namespace flashcore_op
 
 #define FC_CHECK(cond, ...)                              \
