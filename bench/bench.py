@@ -70,15 +70,16 @@ Method
     backward call inside its own context), so every impl meets the same clocks: the H100 runs
     at its 700 W power cap under these kernels, where the SM clock swings between ~1.2 and
     1.98 GHz over tens of milliseconds, and 30 calls of one impl after another's once moved
-    a 16k row's ratio by +-8% from run to run (bench/NOTES.md, eighteenth session).
+    a 16k row's ratio by +-8% from run to run (docs/experiments/sessions-17-23.md,
+    eighteenth session).
   * Graph timing (small shape): 20 calls captured in one CUDA graph, replayed --iters
     times, each replay bracketed by events; reported median replay time / 20 (L2 warm:
     the same inputs are reused inside the graph).
   * --rounds N: the interleaved timing above is repeated N times (each impl's graph timing
     after each), and a row reports the median of its N medians (each one in the JSON's
     us_rounds / graph_us_rounds); backward rows likewise. The machine has slow spells of seconds
-    that can double one impl's median in a single pass (bench/NOTES.md, sixth session);
-    rounds outvote them.
+    that can double one impl's median in a single pass (docs/experiments/sessions-04-09.md,
+    sixth session); rounds outvote them.
   * TFLOP/s = 4 * B * Hq * D * pairs / time, pairs = Sq * Sk; causal with Sq == Sk counts
     Sq * Sk / 2 (the FlashAttention convention), other causal shapes the exact number of
     unmasked (query, key) pairs under PyTorch's top-left alignment.
@@ -280,7 +281,7 @@ def git_info():
     # bench run there once reported the session's starting commit, "dirty"): the caller passes
     # the commit in FLASHCORE_SHA, or writes it to .git-sha before the tree is sent, and that
     # file wins when present, as in ci/gpu.sh. A tree that is not its own repository's top level
-    # (a `git archive` snapshot inside another checkout, as ci/ab.sh times them) without that
+    # (a `git archive` snapshot inside another checkout, as tools/ab.sh times them) without that
     # file reports "unknown": the enclosing repository's HEAD would name another commit.
     if os.environ.get("FLASHCORE_SHA"):
         return os.environ["FLASHCORE_SHA"], None
@@ -422,7 +423,8 @@ class Timer:
             for _ in range(self.warmup):
                 run(context, fn)
         # Drain the warm-up before timing: queued work (or a previous shape's graph teardown)
-        # ahead of the first events once inflated whole rows ~20x (NOTES.md, sm90 runs).
+        # ahead of the first events once inflated whole rows ~20x (docs/experiments/
+        # first-versions.md, sm90 runs).
         torch.cuda.synchronize()
         ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                for _ in range(self.iters)] for _ in calls]
@@ -924,8 +926,8 @@ def main(argv=None):
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1 (got {args.rounds})")
     if args.dry_run and args.json and not args.no_json and inside(args.json, RESULTS_DIR):
-        # bench/results/ holds measurements that the README, docs/ and NOTES cite; fake timings there
-        # could be committed or compared by mistake. Checked before anything runs.
+        # bench/results/ holds measurements that the README and docs/ (docs/experiments/ too) cite;
+        # fake timings there could be committed or compared by mistake. Checked before anything runs.
         ap.error(f"a dry run never writes into bench/results/ (its timings are "
                  f"fake); give --json a path elsewhere, or leave it out to write nothing")
     plotter = None

@@ -3,7 +3,7 @@
 call launches and how long each runs on the GPU, without the launch gaps or host time that
 bench.py's per-call medians include. Run on the GPU machine after a build:
 
-  PYTHONPATH=python python ci/kernel_times.py B HQ HKV SQ SK D [causal] [bwd]   (fp16)
+  PYTHONPATH=python python tools/kernel_times.py B HQ HKV SQ SK D [causal] [bwd]   (fp16)
 
 `bwd` times the backward alone (torch.autograd.grad of one forward's output, FlashCore's
 training route forced onto FlashCore). Each implementation is called 20 times after a

@@ -1,5 +1,5 @@
 """One sm90-forward call of FlashCore beside cuDNN's, three times each, for Nsight Compute
-(ci/ncu_sm90.sh, ci/ncu_stalls.sh profile the third of each with --launch-skip 4). Shape from
+(tools/ncu_sm90.sh, tools/ncu_stalls.sh profile the third of each with --launch-skip 4). Shape from
 the environment: B, HQ, HKV, SQ, SK, D, CAUSAL (fp16)."""
 import os, torch, torch.nn.functional as F, flashcore
 from torch.nn.attention import sdpa_kernel, SDPBackend

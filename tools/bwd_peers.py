@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Times PyTorch's cuDNN and flash SDPA backwards on ci/bwd_probe.c's sweep (fp16, 16k tokens,
+"""Times PyTorch's cuDNN and flash SDPA backwards on tools/bwd_probe.c's sweep (fp16, 16k tokens,
 hidden 2048), in the same format, so a probe run prints FlashCore's and the peers' numbers from
 one machine and one session. Median of 20 CUDA-event-timed calls of
 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), after 3 warm-up calls.
 
-    python3 ci/bwd_peers.py [S ...]
+    python3 tools/bwd_peers.py [S ...]
 """
 import sys
 

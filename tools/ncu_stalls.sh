@@ -3,9 +3,9 @@
 # one call of each): per stall reason, warps stalled per issued instruction, and the counts
 # behind them (time, instructions, tensor-pipe and issue activity, ldmatrix, shared-memory
 # wavefronts and bank conflicts, registers and occupancy), the two kernels side by side.
-#   PEER=cudnn (default): the sm90 family beside cuDNN's kernel (ci/sm90_call.py);
+#   PEER=cudnn (default): the sm90 family beside cuDNN's kernel (tools/sm90_call.py);
 #   PEER=flash: the sm80 family, forced, beside FlashAttention-2, PyTorch's flash backend
-#               (ci/sm80_call.py).
+#               (tools/sm80_call.py).
 # Shape from the environment (B, HQ, HKV, SQ, SK, D, CAUSAL; fp16). Run after a build on the GPU
 # machine; the table goes to stdout and $OUT/ncu_stalls_<label>.csv (LABEL, default the shape).
 # --source: per SASS instruction instead (SourceCounters): $OUT/ncu_source_<label>.ncu-rep and
@@ -19,8 +19,8 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 PEER=${PEER:-cudnn}
 case "$PEER" in
-  cudnn) call=ci/sm90_call.py; kernels="fwd_kernel|sdpa" ;;
-  flash) call=ci/sm80_call.py; kernels="fwd_kernel" ;;
+  cudnn) call=tools/sm90_call.py; kernels="fwd_kernel|sdpa" ;;
+  flash) call=tools/sm80_call.py; kernels="fwd_kernel" ;;
   *) echo "PEER must be cudnn or flash" >&2; exit 2 ;;
 esac
 label=${LABEL:-${PEER}_B${B:-32}_H${HQ:-16}_S${SQ:-512}_D${D:-128}_c${CAUSAL:-0}}

@@ -1,6 +1,6 @@
 """One forced-sm80 FlashCore call beside PyTorch's flash backend (FlashAttention-2), three times
-each, for Nsight Compute (PEER=flash ci/ncu_stalls.sh profiles the third of each with --launch-skip 4). Shape
-from the environment as ci/sm90_call.py: B, HQ, HKV, SQ, SK, D, CAUSAL (fp16)."""
+each, for Nsight Compute (PEER=flash tools/ncu_stalls.sh profiles the third of each with --launch-skip 4). Shape
+from the environment as tools/sm90_call.py: B, HQ, HKV, SQ, SK, D, CAUSAL (fp16)."""
 import os, torch, torch.nn.functional as F
 os.environ["FLASHCORE_FAMILY"] = "sm80"
 import flashcore

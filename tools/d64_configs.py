@@ -4,8 +4,8 @@ forced configuration (FLASHCORE_SM90_SHORT: 0 three warpgroups, 1 two, 2 one, 3 
 microseconds per call inside a CUDA graph (bench/bench.py's Timer.graph_us), fp16.
 
 Run on an sm_90 machine after a build (a D=64-only build is enough):
-    PYTHONPATH=python python3 ci/d64_configs.py                      # the built-in shapes
-    PYTHONPATH=python python3 ci/d64_configs.py 1,8,8,2048,2048,1 ... # B,Hq,Hkv,Sq,Sk,causal each
+    PYTHONPATH=python python3 tools/d64_configs.py                      # the built-in shapes
+    PYTHONPATH=python python3 tools/d64_configs.py 1,8,8,2048,2048,1 ... # B,Hq,Hkv,Sq,Sk,causal each
 A result off the float32 reference by more than 5e-3 is marked ERR.
 """
 import os
@@ -66,5 +66,5 @@ def main(argv):
 
 if __name__ == "__main__":
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        sys.exit("ci/d64_configs.py needs an sm_90 (Hopper) GPU")
+        sys.exit("tools/d64_configs.py needs an sm_90 (Hopper) GPU")
     main(sys.argv[1:])

@@ -5,7 +5,7 @@
  * and TFLOP/s = 2.5 x the forward's FLOPs (causal counts half) / time. A probe for kernel work
  * on the GPU machine; bench/bench.py times the op beside PyTorch's backends.
  *
- *   nvcc -O2 -o build/bwd_probe ci/bwd_probe.c -Ic_src -Lpython/flashcore -lflashcore \
+ *   nvcc -O2 -o build/bwd_probe tools/bwd_probe.c -Ic_src -Lpython/flashcore -lflashcore \
  *        -Xlinker -rpath=python/flashcore && build/bwd_probe [S ...]
  * PROBE_FAMILIES=sm90 (or sm80) times one family only; PROBE_DIMS=128 (or 64) one head dim.
  */

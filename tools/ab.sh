@@ -3,7 +3,7 @@
 # bench/bench.py on them in turn (A B A B ...), each pass with its own JSON, and print
 # bench/compare.py's table (cuDNN time / FlashCore time per shape and pass, geomean).
 #
-# Usage: bash ci/ab.sh TREE_A TREE_B [TREE_C ...] [-- bench.py options...]
+# Usage: bash tools/ab.sh TREE_A TREE_B [TREE_C ...] [-- bench.py options...]
 #   PASSES (default 2) passes per tree; OUT (default ./gpu-out) receives a1.json, b1.json, ...,
 #   ab_build.log and ab.txt. Default bench options: --impls cudnn,flashcore --no-bwd.
 #   AB_ENV_a, AB_ENV_b, ... add environment settings to one tree's passes (a tree may be given

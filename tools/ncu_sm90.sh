@@ -13,7 +13,7 @@ export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 # filter keeps PyTorch's randn and copy kernels out of the report.
 timeout 300 ncu --kernel-name regex:"fwd_kernel|sdpa" --launch-skip 4 --launch-count 2 \
   --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-  --section LaunchStats python3 ci/sm90_call.py > "$OUT/ncu_sm90.txt" 2>&1
+  --section LaunchStats python3 tools/sm90_call.py > "$OUT/ncu_sm90.txt" 2>&1
 echo "ncu rc $?"
 grep -E "^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|No Eligible|Issued Warp Per Scheduler|Warp Cycles Per Issued|Achieved Active Warps|Registers Per|Grid Size|Cluster Size|Stall" \
   "$OUT/ncu_sm90.txt" | cut -c1-160 | head -60

@@ -1,8 +1,8 @@
 """The decode kernel (forced: FLASHCORE_FAMILY=decode) on its own, for A/B runs of decode_sm80.cuh.
 
 Run on a GPU after a build (a D=128, fp16 + bf16 build is enough):
-    PYTHONPATH=python python3 ci/decode_probe.py            # odd shapes, then times against cuDNN
-    PYTHONPATH=python CHECK_ONLY=1 compute-sanitizer --tool racecheck python3 ci/decode_probe.py
+    PYTHONPATH=python python3 tools/decode_probe.py            # odd shapes, then times against cuDNN
+    PYTHONPATH=python CHECK_ONLY=1 compute-sanitizer --tool racecheck python3 tools/decode_probe.py
 Checks: odd key lengths, 1-16 query rows, GQA 1-8, causal, forced split counts, bf16, each
 against a float32 reference (max |error| printed, > 1e-2 fails). Times: bench.py's eager timer
 (L2 flushed before each call, cuDNN and the decode kernel interleaved call by call), D=128,

@@ -3,7 +3,7 @@
 Build with the trace compiled in (it is off by default, and then the kernels are unchanged):
     cmake -S . -B build -G Ninja -DFLASHCORE_CUDA_ARCHS=90a -DCMAKE_CUDA_FLAGS=-DFLASHCORE_SM90_TRACE=1
     cmake --build build
-    PYTHONPATH=python python3 ci/sm90_trace.py ["D64 causal 512" ...]   # name filters, optional
+    PYTHONPATH=python python3 tools/sm90_trace.py ["D64 causal 512" ...]   # name filters, optional
 
 Thread 0 of every consumer warpgroup records the SM's clock at fixed points of its loop (tile
 start, Q landed, its GEMM turn waited for and taken, GEMMs issued, S ready, P V done, softmax
