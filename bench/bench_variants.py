@@ -12,9 +12,13 @@ Each row: forward medians (CUDA events, L2 flushed, backends timed call by call 
 bench.py's Timer), TFLOP/s counted over the pairs the band keeps, and the band's time against
 `causal x pairs(band) / pairs(causal)` (the issue's target: <= 1.15) and against dense (>= 3x at
 S=16k). --bwd adds the same four as forward + backward (a training call; "fwd+bwd" lines).
-Writes JSON with the card and the git SHA.
+Then sinks (with / without, forward) and the logit softcap: each sweep shape (16k tokens) with
+softcap=50 and without, forward and (--bwd) forward + backward (the issue's target: <= 1.10x
+forward), and, with --flex, FlexAttention with the same softcap as its score_mod (the PyTorch
+user's other way to a softcap; compiled once per shape, not timed). Writes JSON with the card
+and the git SHA.
 
-    python bench/bench_variants.py [--quick] [--bwd] [--json PATH]
+    python bench/bench_variants.py [--quick] [--bwd] [--flex] [--json PATH]
 """
 import argparse
 import datetime as _dt
@@ -65,6 +69,8 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--bwd", action="store_true", help="also time forward + backward")
+    ap.add_argument("--flex", action="store_true", help="softcap rows: also FlexAttention")
+    ap.add_argument("--only", choices=["softcap"], default=None, help="only the softcap rows")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_variants: no CUDA device; nothing to time")
@@ -78,7 +84,7 @@ def main(argv=None):
     print(f"{'shape':26} {'band':>9} {'dense':>9} {'sdpa':>9} {'causal':>9} {'TF/s':>6} "
           f"{'vs causal*frac':>14} {'dense/band':>10}  path")
     for name, B, Hq, Hkv, Sq, Sk, D, causal, window, alignment in SHAPES:
-        if args.quick and name not in QUICK:
+        if args.only or (args.quick and name not in QUICK):
             continue
         torch.manual_seed(0)
         q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dtype)
@@ -138,7 +144,7 @@ def main(argv=None):
     print(f"# sinks: forward us with / without, and forward + backward")
     for name, B, Hq, Hkv, S, D in (("sinks S=4k D=128 causal", 2, 64, 8, 4096, 128),
                                    ("sinks S=4k D=64 causal", 4, 64, 8, 4096, 64)):
-        if args.quick and D == 64:
+        if args.only or (args.quick and D == 64):
             continue
         q = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype)
         k = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype)
@@ -151,6 +157,7 @@ def main(argv=None):
                    sinks_over_plain=t_sink / t_plain)
         rows.append(row)
         print(f"{name:26} {t_sink:9.1f} {t_plain:9.1f}  x{t_sink / t_plain:.3f}", flush=True)
+    rows += softcap_rows(args, timer, dtype)
     sha, dirty = bench.git_info()
     doc = dict(card=card, torch=torch.__version__, git=sha, dirty=dirty, dtype="bf16", pass_="fwd",
                date=_dt.datetime.now().isoformat(timespec="seconds"), rows=rows)
@@ -159,6 +166,83 @@ def main(argv=None):
             json.dump(doc, f, indent=1)
         print(f"wrote {args.json}")
     return 0
+
+
+def softcap_rows(args, timer, dtype, softcap=50.0):
+    """The sweep's shapes (16k tokens: B = 16384 / S, H = 2048 / D) with and without a softcap:
+    forward us, their ratio, TFLOP/s; --bwd forward + backward; --flex FlexAttention's forward
+    (and forward + backward) with the softcap as its score_mod."""
+    flex = None
+    if args.flex:
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            torch._dynamo.config.recompile_limit = 64  # one graph per shape, grad mode and mask
+            flex = torch.compile(flex_attention, dynamic=False)
+        except Exception as e:  # noqa: BLE001 - an older torch: no peer row
+            print(f"# flex_attention unavailable: {e}")
+
+    def capped(score, b, h, q_idx, kv_idx):
+        return softcap * torch.tanh(score / softcap)
+
+    rows = []
+    print(f"# softcap={softcap:g}: us with / without (ratio), TFLOP/s with; flex = FlexAttention;"
+          f" band = the band kernel (which runs softcap calls) on nearly the same pairs, no softcap")
+    shapes = [(4096, 128, False), (4096, 128, True), (1024, 128, True), (4096, 64, False),
+              (4096, 64, True), (4096, 256, True)]
+    if args.quick:
+        shapes = shapes[:2]
+    for S, D, causal in shapes:
+        B, H = 16384 // S, 2048 // D
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype) for _ in range(3))
+        kw = dict(is_causal=causal)
+        # The band kernel without a softcap: the window (S - 2, 0 or unbounded) leaves out one pair.
+        band_kw = dict(is_causal=causal, window_size=(S - 2, 0 if causal else -1))
+        calls = [(torch.no_grad, lambda: flashcore.attention(q, k, v, softcap=softcap, **kw)),
+                 (torch.no_grad, lambda: flashcore.attention(q, k, v, **kw)),
+                 (torch.no_grad, lambda: flashcore.attention(q, k, v, **band_kw))]
+        block_mask = None
+        if flex is not None:
+            block_mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, S, S) if causal else None
+            calls.append((torch.no_grad, lambda: flex(q, k, v, score_mod=capped, block_mask=block_mask)))
+        times = timer.eager_us(calls)
+        t_band = times.pop(2)
+        flops = 4 * B * H * S * S * D / (2 if causal else 1)
+        name = f"softcap S={S} D={D} {'causal' if causal else 'full'}"
+        row = dict(shape=name, B=B, Hq=H, Hkv=H, Sq=S, Sk=S, D=D, causal=causal, softcap=softcap,
+                   softcap_us=times[0], plain_us=times[1], softcap_over_plain=times[0] / times[1],
+                   band_kernel_us=t_band,
+                   tflops=flops / times[0] / 1e6,
+                   path=flashcore.explain_attention(q, k, v, softcap=softcap, **kw))
+        if flex is not None:
+            row["flex_us"] = times[2]
+        line = (f"{name:26} {times[0]:9.1f} {times[1]:9.1f}  x{times[0] / times[1]:.3f} band {t_band:9.1f} "
+                f"{row['tflops']:6.0f} TF/s" + (f"  flex {times[2]:9.1f}" if flex is not None else "")
+                + f"  {row['path']}")
+        if args.bwd and D in (64, 128):
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            dout = torch.randn_like(q)
+
+            def train(**extra):
+                def run():
+                    out = flashcore.attention(qg, kg, vg, **kw, **extra)
+                    torch.autograd.grad(out, (qg, kg, vg), dout)
+                return run
+            fb = [(torch.enable_grad, train(softcap=softcap)), (torch.enable_grad, train())]
+            if flex is not None:
+                def flex_train():
+                    out = flex(qg, kg, vg, score_mod=capped, block_mask=block_mask)
+                    torch.autograd.grad(out, (qg, kg, vg), dout)
+                fb.append((torch.enable_grad, flex_train))
+            tb = timer.eager_us(fb)
+            row.update(softcap_fb_us=tb[0], plain_fb_us=tb[1], softcap_fb_over_plain=tb[0] / tb[1])
+            if flex is not None:
+                row["flex_fb_us"] = tb[2]
+            line += (f"\n{'  fwd+bwd':26} {tb[0]:9.1f} {tb[1]:9.1f}  x{tb[0] / tb[1]:.3f}"
+                     + (f"  flex {tb[2]:9.1f}" if flex is not None else ""))
+        rows.append(row)
+        print(line, flush=True)
+    return rows
 
 
 if __name__ == "__main__":

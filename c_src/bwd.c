@@ -187,6 +187,9 @@ static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_ma
      * comes with causal set): the Hopper family's kBand variant only. So a deterministic call
      * with one (AUTO then tries the sm80-class family alone) is declined too. */
     if (p->fwd.band_ == FC_BAND_GENERAL_ && family != FC_FAMILY_SM90) return FC_UNSUPPORTED_BAND;
+    /* A softcap: the Hopper family's kSoftcap variant, which has no mask path. */
+    if (p->fwd.softcap != 0.0f && (family != FC_FAMILY_SM90 || p->fwd.mask_kind != FC_MASK_NONE))
+        return FC_UNSUPPORTED_SOFTCAP;
     if ((*entry = find_bwd_kernel(family, &p->fwd)) == NULL) return FC_UNSUPPORTED_HEAD_DIM;
     if (family == FC_FAMILY_SM90 && !sm90_takes_layout(p)) return FC_UNSUPPORTED_LAYOUT;
     return FC_OK;

@@ -226,6 +226,11 @@ static int family_takes_sinks(fc_family family, const fc_params *p) {
     return p->sinks == NULL || family == FC_FAMILY_SM90;
 }
 
+/* A logit softcap: the Hopper forward's softmax applies it (kernels/fwd_sm90.cuh, kSoftcap). */
+static int family_takes_softcap(fc_family family, const fc_params *p) {
+    return p->softcap == 0.0f || (family == FC_FAMILY_SM90 && p->mask_kind == FC_MASK_NONE);
+}
+
 static int family_takes_band(fc_family family, const fc_params *p) {
     return p->band_ != FC_BAND_GENERAL_ ||
            ((family == FC_FAMILY_SM90 || family == FC_FAMILY_DECODE) && p->mask_kind == FC_MASK_NONE);
@@ -245,7 +250,7 @@ static int unmasked_kernel_elsewhere(const fc_params *p, int cc_major, int cc_mi
  * family also has (there the sm80 family is the layout fallback: broadcast dims, scale <= 0).
  * For a head dim only the sm80 family has (32, 80, 96), PyTorch's cuDNN path is the faster
  * choice on that card: D=96 at S=4096 measured 303 vs 520 TFLOP/s non-causal and 268 vs 449
- * causal (H100, bench/NOTES.md). Masked calls stay in the sm80 family: aten's only fused path
+ * causal (H100, docs/experiments/first-versions.md). Masked calls stay in the sm80 family: aten's only fused path
  * that takes such masks there (`efficient`) is about 2x slower than it. */
 static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int cc_major, int cc_minor) {
     return family == FC_FAMILY_SM80 && p->mask_kind == FC_MASK_NONE &&
@@ -317,6 +322,9 @@ void fc_pack_decode_gqa(fc_params *p) {
     p->o_stride_h *= group;
     p->lse_stride_s = p->lse_stride_h;
     p->lse_stride_h *= group;
+    /* A resolved struct's rows now number `group`, all seeing every key (packed calls have no
+     * band): the band's lower edge moves with them (kernels that read it: a softcap's kBand). */
+    if (p->band_ == FC_BAND_NONE_) p->band_lo_ = (int)(1 - group);
 }
 
 /* Whether the Hopper family runs this one-row call as one block per (batch, KV head) pair: its
@@ -352,6 +360,7 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
     int declined_as_slower = 0;
     int declined_for_band = 0;
     int declined_for_sinks = 0;
+    int declined_for_softcap = 0;
     for (size_t i = 0; i < n_candidates; ++i) {
         const fc_family f = p->family == FC_FAMILY_AUTO ? preference[i] : p->family;
         if (!fc_family_runs_on_(f, cc_major, cc_minor)) continue;
@@ -371,6 +380,10 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
             declined_for_sinks = 1;
             continue;
         }
+        if (e != NULL && family_takes_layout(f, p) && family_takes_mask(f, p) && !family_takes_softcap(f, p)) {
+            declined_for_softcap = 1;
+            continue;
+        }
         if (e != NULL && family_takes_layout(f, p) && family_takes_mask(f, p)) {
             if (launch != NULL) *launch = e->launch;
             if (family != NULL) *family = f;
@@ -382,6 +395,7 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
     if (declined_as_slower) return FC_UNSUPPORTED_SLOWER;
     if (declined_for_band) return FC_UNSUPPORTED_BAND;
     if (declined_for_sinks) return FC_UNSUPPORTED_SINKS;
+    if (declined_for_softcap) return FC_UNSUPPORTED_SOFTCAP;
     /* A mask with a forced family that has none, or (auto) a head dim only those families have. */
     if (p->mask_kind != FC_MASK_NONE &&
         (p->family == FC_FAMILY_SM90 || p->family == FC_FAMILY_DECODE ||
@@ -407,7 +421,7 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
  *   B=8 Hkv=8  Sk=1k-32k 0.92-0.94 -> 0.95-0.97 -> 0.95-0.98, but Sk=128k 0.956 -> 0.943
  *   unsplit rows (B x Hkv >= 66) unchanged.
  * Ranges of at least 4 chunks instead of 2 (at 2 CTAs per SM) gained less. History
- * (bench/NOTES.md): 8-chunk ranges left B=1, Hkv=8, Sk=1024 at 4 splits (23.8 us, cuDNN 12.7).
+ * (docs/experiments/sessions-04-09.md): 8-chunk ranges left B=1, Hkv=8, Sk=1024 at 4 splits (23.8 us, cuDNN 12.7).
  */
 #define FC_DECODE_MIN_CHUNKS_PER_SPLIT 2
 
@@ -446,8 +460,10 @@ int fc_decode_splits(const fc_params *p, int sm_count) {
 int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced) {
     const int64_t pairs = p->batch * p->heads_kv;
     /* (The packing check validates a packed copy: last, after the cheap tests.) */
-    /* (Sinks are added in the unsplit epilogue only.) */
-    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || p->sinks != NULL || !sm90_decode_block_per_pair(p))
+    /* (Sinks are added in the unsplit epilogue only; a softcap runs in the kBand kernel, which
+     * has no grid split.) */
+    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || p->sinks != NULL || p->softcap != 0.0f ||
+        !sm90_decode_block_per_pair(p))
         return 1;
     int64_t splits = forced > 0 ? forced : (sm_count > 0 ? sm_count : 1) / pairs;
     if (forced <= 0 && splits > p->seqlen_k / FC_SM90_DECODE_MIN_KEYS_PER_SPLIT)
@@ -518,7 +534,7 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
  * FC_SM90_D64_SHORT_SEQLEN_Q rows when causal or when the three-warpgroup grid would split
  * (fc_grid_is_small), and for any call whose three-warpgroup grid would fill less than one wave
  * without splitting while the two-warpgroup grid fits in one. Two warpgroups against three
- * (H100, fp16, two passes each, ratio to cuDNN in the same run; bench/NOTES.md):
+ * (H100, fp16, two passes each, ratio to cuDNN in the same run; docs/experiments/first-versions.md):
  *   causal      S=512 0.74 -> 0.82, 1k 0.75-0.76 -> 0.82-0.85, 2k 0.93 -> 0.88, 4k+ 1.0 -> 0.9
  *   non-causal  S=512 0.90 -> 0.84, 1k 0.94 -> 0.86, 2k+ 1.06-1.13 -> 0.86-0.96
  *   small grids B=1 H=8 S=512: 0.82 -> 0.89-0.91 (both); GQA 256 x 8192 chunk: 1.34 -> 1.55
@@ -560,7 +576,7 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
  * divides into blocks: S=3072, 16 blocks of 192, balances well); from about 8 waves on the two
  * are within a few percent, either way, and at 62 waves (the bench's 16k-token sweeps) three
  * win. CUDA graph us, cuDNN first, then three / two / one / pair warpgroups (H100, fp16, one
- * pass each, two runs; bench/NOTES.md, ninth session):
+ * pass each, two runs; docs/experiments/sessions-04-09.md, ninth session):
  *   B=1 H=6 1536 (144 blocks, 12 key tiles)    18.0: 14.3 / 17.2 / 15.6 / 11.5
  *   B=1 H=3 3072 (144, 24)                      31.0: 22.6 / 30.6 / 25.5 / 18.0
  *   B=1 H=5 2048 (160, 16)                      22.8: 17.5 / 22.0 / 19.1 / 15.7

@@ -139,7 +139,7 @@ int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t
  * before it in the stream. Every such kernel waits for the grids before it (griddepcontrol.wait)
  * ahead of its first global memory access, so the stream's ordering of memory is unchanged.
  * Only grids that fit in one wave (`wave_ctas` run at once): measured on the H100 in CUDA graphs
- * (bench/NOTES.md, sixth session), B=1 H=8 S=512 D=64 went from 9.06 to 8.22 us and split
+ * (docs/experiments/sessions-04-09.md, sixth session), B=1 H=8 S=512 D=64 went from 9.06 to 8.22 us and split
  * decode rows gained 4-12%, but unsplit decode grids of 2-8 waves lost 10-17%.
  * FLASHCORE_PDL=0 turns it off (A/B timing; read per call). */
 int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);

@@ -49,6 +49,8 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_ERR_BAD_WINDOW] = "with windowed set, window_left and window_right must be -1 (unbounded) or >= 0; alignment must be FC_ALIGN_TOP_LEFT or FC_ALIGN_BOTTOM_RIGHT; the internal band_ fields must be 0",
     [FC_UNSUPPORTED_BAND] = "a sliding window or a bottom-right causal band runs only in the sm90 family (forward: head dims 64, 128, 256; backward: 64, 128) and the decode kernels (forward, up to 16 query rows), without a mask; no kernel here takes this call",
     [FC_UNSUPPORTED_SINKS] = "attention sinks run only in the sm90 family's forward (head dims 64, 128, 256, without a mask); no kernel here takes this call",
+    [FC_ERR_BAD_SOFTCAP] = "softcap must be 0 (none) or a finite value > 0",
+    [FC_UNSUPPORTED_SOFTCAP] = "a logit softcap runs only in the sm90 family (forward: head dims 64, 128, 256; backward: 64, 128), without a mask; no kernel here takes this call",
     [FC_UNSUPPORTED_SLOWER] = "on sm_90 only the sm80-class family has this head dim, and PyTorch's own SDPA (cuDNN) runs it faster (about 1.7x, bench/NOTES.md); force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
 };
 
@@ -153,6 +155,7 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
     if (p->alignment != FC_ALIGN_TOP_LEFT && p->alignment != FC_ALIGN_BOTTOM_RIGHT) return FC_ERR_BAD_WINDOW;
     if (p->windowed && (p->window_left < -1 || p->window_right < -1)) return FC_ERR_BAD_WINDOW;
     if (p->sinks != NULL && ((uintptr_t)p->sinks & 3u) != 0) return FC_ERR_POINTER_ALIGNMENT;
+    if (!(p->softcap >= 0.0f && isfinite(p->softcap))) return FC_ERR_BAD_SOFTCAP;
     /* The library's own fields (fc_resolve_band_) come from callers as 0. */
     if (p->band_ != 0 || p->band_lo_ != 0 || p->band_hi_ != 0) return FC_ERR_BAD_WINDOW;
 

@@ -91,6 +91,8 @@ typedef enum fc_status {
     FC_ERR_BAD_WINDOW,           /* windowed with window_left or window_right below -1, alignment not an fc_alignment, or band_* set */
     FC_UNSUPPORTED_BAND,         /* a window or bottom-right causal band that no family here runs (sm90, decode; not with a mask) */
     FC_UNSUPPORTED_SINKS,        /* attention sinks with a family that has none (the sm90 forward alone takes them) */
+    FC_ERR_BAD_SOFTCAP,          /* softcap negative, NaN or infinite */
+    FC_UNSUPPORTED_SOFTCAP,      /* a logit softcap with a family that has none (the sm90 family alone, without a mask) */
     FC_STATUS_COUNT_             /* number of statuses; not a status */
 } fc_status;
 
@@ -155,6 +157,13 @@ typedef struct fc_params {
     /* internal, set by the library on its own copy (fc_resolve_band_); callers leave them 0 */
     int band_;               /* 0 unresolved; then FC_BAND_NONE_ / _CAUSAL_ / _GENERAL_ (dispatch.h) */
     int band_lo_, band_hi_;  /* query i sees keys i + band_lo_ .. i + band_hi_ (fc_band_bounds) */
+
+    /* (Appended after the internal fields: earlier fields keep their offsets.) */
+    /* Logit softcap (Gemma 2; FlashAttention's softcap): every scaled score s becomes
+     * softcap * tanh(s / softcap) before masking and the softmax, the LSE included. 0 (the
+     * default) = none; otherwise finite and > 0 (else FC_ERR_BAD_SOFTCAP). The sm90 family alone
+     * takes it (forward and backward, without a mask; elsewhere FC_UNSUPPORTED_SOFTCAP). */
+    float softcap;
 } fc_params;
 
 /* Zero every field, then set scale = 0 (caller must set it), family = AUTO, mask NONE. */

@@ -27,7 +27,7 @@
 // dK/dV kernel: it recomputes QK^T and dO V^T (7 matmuls per tile pair instead of 5, so about
 // 1.4x the tensor-core work), but needs no fp32 dQ workspace, no convert kernel, no dS round
 // trip through shared memory and no atomics, and it is deterministic (issue 8). Not measured
-// against the atomic variant (not built). Measured (H100, fp16, 16k tokens, bench/NOTES.md):
+// against the atomic variant (not built). Measured (H100, fp16, 16k tokens, docs/experiments/backward.md):
 // 161-208 TFLOP/s (2.5x forward FLOPs); FA2's backward 148-281, cuDNN's 232-540 in the same run.
 // At S=1k causal this matches or beats FA2; at S=4k it is ~0.75x FA2.
 //

@@ -59,20 +59,20 @@ namespace sm80 {
 // on Hopper). Key tiles:
 //   * D=64: 128 keys on Hopper, FlashAttention-2's 128x128 (S 128 + O 64 fp32, the same 192
 //     accumulators as D=128's 128x64); forced sm80 on the H100 it measured 0.86-1.17 ->
-//     0.95-1.32x flash, +8-11% non-causal (bench/NOTES.md). It fits 255 registers only with
+//     0.95-1.32x flash, +8-11% non-causal (docs/experiments/sessions-10-16.md). It fits 255 registers only with
 //     FwdTraits::kLeanRegs (without it: 12-148 bytes of spill stores; 144-1000 in an earlier
 //     attempt). Ada keeps 128x64 (FwdTraits' kNarrow).
 //   * D=128: 64 keys on Hopper, FlashAttention-2's 128x64 there: against 128x32 tiles, 20% fewer
 //     ldmatrix per key (Q re-read per 64 keys, not 32) and half the O rescales and row-max
 //     shuffles; forced sm80 on the H100 it measured 0.86-1.02 -> 0.95-1.13x flash
-//     (bench/NOTES.md, thirteenth session). It fits 255 registers only with FwdTraits::kLeanRegs
+//     (docs/experiments/sessions-10-16.md, thirteenth session). It fits 255 registers only with FwdTraits::kLeanRegs
 //     and load_rows' one shared address per thread (before them: 20-144 bytes of spill stores).
 //     Its 64 KB of shared memory would leave one CTA per SM on sm_89 (100 KB per SM), so Ada
 //     keeps 128x32 (48 KB, two CTAs; FwdTraits' kNarrow).
 //   * Masked D=64 / D=128 (a mask tile rides with K; FwdTraits' kTwoAtomMask): on Hopper two
 //     m-atoms per warp like the unmasked kernels, D=64 128x64 and D=128 128x32; on the H100
 //     with HuggingFace's padded causal bool mask: 0.80 -> 1.02x cuDNN at D=64 4k, 0.83-0.86 ->
-//     0.90-0.92 at D=128 (bench/NOTES.md). Both need FwdTraits::kLeanRegs (with the mask's pointer, strides and copy mode in
+//     0.90-0.92 at D=128 (docs/experiments/sessions-10-16.md). Both need FwdTraits::kLeanRegs (with the mask's pointer, strides and copy mode in
 //     the shared slots too) and the mask copies' one address per thread (load_mask_chunks /
 //     load_mask_elements): before those, two atoms spilled 40-370 bytes. D=128 128x64 (192 fp32
 //     accumulators, as the unmasked 128x64) still spilled 4-108 bytes (255 registers) with
@@ -94,7 +94,7 @@ namespace sm80 {
 // masked two-atom D=64 207-215, D=128 230-236, D=80 239-241, D=96 250-255, masked one-atom 182-255;
 // no spills, no stack.
 // Measured (H100 80GB HBM3, forced sm80, fp16, 16k-token sweeps; flash = PyTorch's FlashAttention-2
-// in the same run; bench/NOTES.md, 2026-11-26):
+// in the same run; docs/experiments/first-versions.md, 2026-11-26):
 //   * v1, 4 warps x 16 rows (BM=64, BN=64), Q in registers, 2-stage K/V ring: D=64 nc 4k 244 vs
 //     flash 308; D=128 nc 4k 265 vs 326; causal D=64 237 vs 284, D=128 252 vs 304.
 //   * v2 (this shape; D=64 with 128x64, D=128 with 128x32 tiles): D=64 nc 4k 297 vs 303, D=128

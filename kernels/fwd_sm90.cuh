@@ -333,7 +333,7 @@ constexpr bool kGridSplit = kHeadDim == 128 && !kCausal && kShape == kLong;
 //     time of D=128's and is done by then.
 //   * mid (kMidPvWait, D=128): after the first of the thread's two rows is exponentiated; the
 //     early wait stalled there (D=128 non-causal 2k 1.03 -> 0.99, causal 2k 1.12 -> 1.10).
-// Measured (H100, fp16, 3 passes each, ratio to cuDNN; bench/NOTES.md, fifteenth session):
+// Measured (H100, fp16, 3 passes each, ratio to cuDNN; docs/experiments/sessions-10-16.md, fifteenth session):
 // D=64 causal 512 0.92 -> 0.94, 2k 0.99 -> 1.01; D=128 non-causal 512 0.98 -> 1.00, 1k-2k
 // 1.02 -> 1.04, causal 512 0.995 -> 1.015, 1k 1.07 -> 1.10; the long rows within their spread.
 template <int kHeadDim>
@@ -488,7 +488,7 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t m0, uint32_t
 // Profiling only (built with -DFLASHCORE_SM90_TRACE=1; off, the kernels are unchanged): thread 0
 // of every consumer warpgroup records numbered events of its loop (`trace` in fwd_kernel) with the
 // SM's clock into g_trace, kTracePerWg entries per (CTA of the first kTraceCtas, warpgroup), each
-// event << 56 | argument << 48 | clock. ci/sm90_trace.py reads it through fc_sm90_trace_hdim*_*
+// event << 56 | argument << 48 | clock. tools/sm90_trace.py reads it through fc_sm90_trace_hdim*_*
 // and prints where the cycles go between events.
 constexpr int kTracePerWg = 4096, kTraceCtas = 160;
 #if FLASHCORE_SM90_TRACE
@@ -500,7 +500,12 @@ __device__ unsigned long long g_trace[kTraceCtas * 4 * kTracePerWg];
 // (kCausal, its configurations) whose key range starts and ends at the block's band edges, with
 // the per-element compare on every tile an edge crosses; the top-left diagonal's shortcuts
 // (kHalfTiles, the 64-key halves) are off. Rows that see no key give zeros and LSE -inf.
-template <typename Elem, int kHeadDim, bool kCausal, int kShape, bool kBand = false>
+//
+// kSoftcap: the logit softcap (p.softcap > 0): each raw score x becomes tanh(x * scale / softcap)
+// before the masking, and the exponent's scale becomes softcap (not p.scale), so every later
+// step (max, exp2, LSE, merges) reads scores in those units unchanged. It runs in the LONG
+// configuration of the call's kind (causal or not, or kBand for a general band).
+template <typename Elem, int kHeadDim, bool kCausal, int kShape, bool kBand = false, bool kSoftcap = false>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kCausal, kShape>::kThreads, 1)
 fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     static_assert(!kBand || kCausal, "a band runs in the causal configurations");
@@ -649,7 +654,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 // warpgroups need them: warpgroup 0's second K (its S GEMMs may go out together,
                 // pair_s_ahead), its first V, then warpgroup 1's keys. Stage j holds key tile
                 // first + j in the ring's first round, so no stage needs an empty wait.
-                // Measured (H100, fp16, CUDA graph us per call, two passes; bench/NOTES.md,
+                // Measured (H100, fp16, CUDA graph us per call, two passes; docs/experiments/sessions-17-23.md,
                 // twenty-second session), interleaved K0 V0 K1 V1 ... -> this order: B=1 H=8
                 // 512 x 512 5.30-5.32 -> 4.85-4.89, causal 5.27-5.34 -> 5.01-5.06, 256 x 512
                 // 5.24-5.33 -> 4.80-4.81, 384 x 384 causal 4.72-4.77 -> 4.60-4.63. On grids of more
@@ -717,8 +722,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     uint32_t q_base = q_rows;  // ... of the current tile's Q buffer
     const uint32_t k_base = smem_addr(smem_k);
     const uint32_t v_base = smem_addr(smem_v);
-    const float scale_log2 = p.scale * 1.4426950408889634f;
-    // Trace events (FLASHCORE_SM90_TRACE; names as in ci/sm90_trace.py): 1 tile start (argument:
+    const float scale_log2 = (kSoftcap ? p.softcap : p.scale) * 1.4426950408889634f;
+    [[maybe_unused]] const float softcap_in = kSoftcap ? p.scale / p.softcap : 0.f;  // x -> tanh(x * this)
+    // Trace events (FLASHCORE_SM90_TRACE; names as in tools/sm90_trace.py): 1 tile start (argument:
     // its key tiles), 2 Q landed, 3 / 4 GEMM turn waited for / taken, 5 GEMMs issued, 6 S ready,
     // 8 P V done, 11 softmax done, 7 P converted, 9 / 10 epilogue start / end, 12 CTA done; kPair's
     // merge: 13 partial left, 14 both met, 15 merged.
@@ -845,7 +851,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     };
 
     // Ping-pong between the consumer warpgroups (measured against free-running consumers, same
-    // run: D=128 non-causal 4k 613 vs 569 TFLOP/s, D=64 474 vs 388; bench/NOTES.md v4): each
+    // run: D=128 non-causal 4k 613 vs 569 TFLOP/s, D=64 474 vs 388; docs/experiments/first-versions.md, v4): each
     // issues its GEMMs only in its turn, so the others' softmax runs while its GEMMs hold the
     // tensor cores. Turns go round a ring through named barriers 1..W (256 threads: the waiting
     // and the passing warpgroup), and the ring runs on across tiles: every warpgroup has the same
@@ -925,6 +931,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // kPvWaitInSoftmax (kEarlyPvWait, kMidPvWait): when `pv_pending` it also calls `finish_pv`
         // (waits for O += P(n-1) V(n-1), releases its V stage), rescales O and converts P(n).
         auto softmax = [&](int n, float (&rescale)[2], bool pv_pending, auto &&finish_pv) -> bool {
+            if constexpr (kSoftcap)
+#pragma unroll
+                for (int i = 0; i < kNTiles * 4; ++i) s[i] = fast_tanh(s[i] * softcap_in);
             const int n_start = n * kBlockN;
             const bool ragged = n_start + kBlockN > seqlen_k;
             // (kBand: the tile crosses the upper edge of the warpgroup's first row or the lower
@@ -1134,7 +1143,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 // only after their first softmax). The warpgroup then waits for its second K tile
                 // before its first softmax: on fuller grids, whose loads land later, and on causal
                 // blocks that cost more than it saved. Measured on every pair grid (H100, fp16, us
-                // per call in a CUDA graph, ci/d64_configs.py, two passes): B=1 H=8 512 x 512
+                // per call in a CUDA graph, tools/d64_configs.py, two passes): B=1 H=8 512 x 512
                 // 6.01 / 6.02 -> 5.78 / 5.76, but causal 512 x 512 5.60 / 5.58 -> 5.73 / 5.68 and
                 // B=2 H=8 512 x 512 6.06 / 6.10 -> 6.38 / 6.36: hence the limits. With them (same
                 // tool, two passes): B=1 H=8 512 x 512 5.99 / 5.94 -> 5.73 / 5.72, 256 x 512 5.97 /
@@ -1295,7 +1304,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             // barrier, and each merges the other's partial into its half in registers and writes
             // it. (Before, the even-tile warpgroup merged and wrote all of O after the odd-tile
             // one had left its whole partial: a longer serial tail, ~1500 traced cycles at the
-            // small shape. Measured, H100, us per call in a CUDA graph, ci/d64_configs.py, two
+            // small shape. Measured, H100, us per call in a CUDA graph, tools/d64_configs.py, two
             // passes: B=1 H=8 512 x 512 5.80 / 5.77 -> 5.50 / 5.54, causal 5.61 / 5.63 -> 5.35 /
             // 5.29, B=2 6.07 -> 5.71 / 5.65, H=16 6.06 -> 5.60 / 5.67.) Indices into o_acc stay
             // compile-time: the halves are chosen with selects and predicates, not by a run-time
@@ -1603,7 +1612,7 @@ int64_t tile_count(const fc_params &p) {
 }
 
 // `device` and `sms`: the current device and its SM count (launch_fwd reads them once per call).
-template <typename Elem, int kHeadDim, bool kCausal, int kShape, bool kBand = false>
+template <typename Elem, int kHeadDim, bool kCausal, int kShape, bool kBand = false, bool kSoftcap = false>
 cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int device, int sms) {
     using T = FwdTraits<kHeadDim, kCausal, kShape>;
     const CUtensorMapDataType dtype =
@@ -1636,7 +1645,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     const char *pair_order = getenv("FLASHCORE_SM90_PAIR_ORDER");
     maps.pair_lead_load = maps.pair_s_ahead && !(pair_order != nullptr && pair_order[0] == '0' && pair_order[1] == '\0');
 
-    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape, kBand>;
+    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape, kBand, kSoftcap>;
     // Per device, once: the shared-memory opt-in.
     static int configured[64];
     if (device >= 64 || !__atomic_load_n(&configured[device], __ATOMIC_ACQUIRE)) {
@@ -1666,7 +1675,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     // c_src/dispatch.c, from the CTAs that fit at once in clusters of each size (clusters must
     // sit inside one GPC, so fewer fit than SMs). FLASHCORE_KV_SPLITS=1..8 forces a split count
     // (for A/B runs and the tests' split-independence checks). Measured (H100, fp16, GQA 32:8,
-    // eager medians, ratio = cuDNN time / ours in the same run; bench/NOTES.md):
+    // eager medians, ratio = cuDNN time / ours in the same run; docs/experiments/first-versions.md):
     //   Sq x Sk, D        unsplit           split (count chosen)    forced 2 / 4 / 8
     //   128 x 4096, 128   55.1 us (1.01x)   30.9 us (1.78x, 3)      1.49 / 1.13 / 1.02x
     //   256 x 32768, 128  405 us (0.93x)    217 us (1.73x, 2)       1.82 / 1.12 / 1.16x
@@ -1685,7 +1694,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
             // fp16, D=128, Hq=32, eager us with a cold L2, cuDNN / this family): B=1 Hkv=32 Sk=128k
             // with clusters of 2 (64 CTAs) 716 / 731, of 4 947, of 8 807, split over the grid (128
             // CTAs) 710 / 707; Hkv=8 clusters of 8 (64 CTAs) 195 / 201, grid 193.4 / 195.0
-            // (bench/NOTES.md, twentieth session).
+            // (docs/experiments/sessions-17-23.md, twentieth session).
             const int64_t ctas = tiles * p.num_splits_;
             const bool pdl = fc_use_pdl(ctas, sms) != 0;
             cudaLaunchConfig_t cfg = launch_config(ctas, 0, pdl, T::kThreads, T::kSmemBytes, stream, attrs);
@@ -1756,7 +1765,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     // hardware's block scheduler evens out the shorter blocks at the band's start); shorter
     // bands run the balanced persistent grid. Measured (H100, bf16, forward, us, same run;
     // persistent balanced / one CTA per tile): D=128 S=16k window 4k 1687 / 1563, 1k 520 / 577;
-    // D=64 S=8k window 4k 552 / 470, 1k 212 / 208, window S-2 771 / 616 (bench/NOTES.md).
+    // D=64 S=8k window 4k 552 / 470, 1k 212 / 208, window S-2 771 / 616 (docs/experiments/README.md).
     constexpr int64_t kBandTilesPerCta = 16;
     if (kBand && (T::kBlockM + static_cast<int64_t>(p.band_hi_) - p.band_lo_) >= kBandTilesPerCta * T::kBlockN)
         persistent = false;
@@ -1781,13 +1790,17 @@ constexpr bool d64_blocks_match() {
 static_assert(d64_blocks_match<false>() && d64_blocks_match<true>(), "fc_sm90_d64_config counts these blocks");
 
 // A general band (p.band_ == FC_BAND_GENERAL_, c_src/dispatch.h) runs in the causal LONG
-// configuration of each head dim (kBand).
+// configuration of each head dim (kBand); a softcap (kSoftcap) the LONG one of its kind.
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     int device = 0, sms = 0;
     if (fc_device_info_(&device, nullptr, nullptr, &sms) != FC_OK) return fc_last_cuda_error();
     if constexpr (kCausal)
-        if (p.band_ == FC_BAND_GENERAL_) return launch_fwd_config<Elem, kHeadDim, true, kLong, true>(p, stream, device, sms);
+        if (p.band_ == FC_BAND_GENERAL_)
+            return p.softcap != 0.f ? launch_fwd_config<Elem, kHeadDim, true, kLong, true, true>(p, stream, device, sms)
+                                    : launch_fwd_config<Elem, kHeadDim, true, kLong, true>(p, stream, device, sms);
+    // A softcap: the LONG configuration (no D=64 small-grid shapes).
+    if (p.softcap != 0.f) return launch_fwd_config<Elem, kHeadDim, kCausal, kLong, false, true>(p, stream, device, sms);
     if constexpr (kHeadDim == 64) {
         const char *forced = getenv("FLASHCORE_SM90_SHORT");
         int shape;

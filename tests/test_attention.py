@@ -9,6 +9,8 @@ causal alignment.
     asymmetric, larger than S, GQA, with and without a mask; the reference itself differs from
     the unwindowed result in every banded case (so a path that ignored the band would fail);
   * PyTorch's CausalBias masks; clear errors for bad arguments; torch.compile(fullgraph=True).
+  * the logit softcap (computed in PyTorch here: no CPU kernel), alone and with a window, a mask
+    and sinks; its gradients (the Python backward's softcap term); bad values refused.
 The kernels' side (the sm90 forward's band) is tests/test_gpu_attention.py.
 """
 import ctypes
@@ -44,14 +46,17 @@ def keep_mask(sq, sk, is_causal, window, bottom_right):
     return keep
 
 
-def reference(q, k, v, keep, mask=None, scale=None):
-    """float64 softmax(q k^T * scale + mask, keys outside `keep` removed) v and the LSE; rows
-    with no key give zeros and LSE -inf. GQA by repeating k, v over each group."""
+def reference(q, k, v, keep, mask=None, scale=None, softcap=0.0):
+    """float64 softmax(q k^T * scale (softcapped: c tanh(s / c)) + mask, keys outside `keep`
+    removed) v and the LSE; rows with no key give zeros and LSE -inf. GQA by repeating k, v over
+    each group."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     if mask is not None:
         s = s + (torch.zeros_like(s).masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
                  else mask)
@@ -265,3 +270,90 @@ def test_bad_sinks_name_the_argument():
                 torch.zeros(2, dtype=torch.int64)):
         with pytest.raises(ValueError, match="sinks"):
             flashcore.attention(q, k, v, sinks=bad)
+
+
+# --------------------------------------------------------------------------- the logit softcap
+
+@pytest.mark.parametrize("softcap", [0.5, 30.0])
+@pytest.mark.parametrize("case", [
+    dict(sq=19, sk=19, is_causal=True),
+    dict(sq=9, sk=21, is_causal=True, causal_alignment="bottom_right", window_size=(4, 0)),
+    dict(sq=21, sk=9, is_causal=False, window_size=(2, 3)),
+    dict(sq=13, sk=13, is_causal=False, mask="bool"),
+    dict(sq=13, sk=17, is_causal=False, mask="float"),
+], ids=["causal", "bottom_right_window", "window_sq_gt_sk", "bool_mask", "float_mask"])
+def test_softcap(case, softcap):
+    """Results, LSE and gradients (q, k, v, a float mask) against the float64 definition; the
+    softcap changes the answer (a path that ignored it would fail)."""
+    case = dict(case)
+    sq, sk, mask_kind = case.pop("sq"), case.pop("sk"), case.pop("mask", None)
+    q, k, v = _inputs(sq, sk, 4, 2, seed=7)
+    q, k = q.detach().mul(3).requires_grad_(), k.detach().mul(3).requires_grad_()  # scores the cap bends
+    mask = None
+    if mask_kind == "bool":
+        mask = torch.rand(1, 1, sq, sk, generator=torch.Generator().manual_seed(3)) > 0.3
+    elif mask_kind == "float":
+        mask = torch.randn(2, 1, sq, sk, dtype=torch.float64, requires_grad=True)
+    keep = keep_mask(sq, sk, case.get("is_causal", False), case.get("window_size", (-1, -1)),
+                     case.get("causal_alignment") == "bottom_right")
+    out, lse = flashcore.attention(q, k, v, mask, enable_gqa=True, softcap=softcap,
+                                   return_lse=True, **case)
+    ref, ref_lse = reference(q, k, v, keep, mask, softcap=softcap)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(lse, ref_lse)
+    assert not torch.allclose(reference(q, k, v, keep, mask)[0], ref)
+    dout = torch.randn_like(out)
+    inputs = (q, k, v) + ((mask,) if mask is not None and mask.requires_grad else ())
+    for g, rg in zip(torch.autograd.grad((out * dout).sum() + lse.sum(), inputs),
+                     torch.autograd.grad((ref * dout).sum() + ref_lse.sum(), inputs)):
+        torch.testing.assert_close(g, rg, rtol=1e-8, atol=1e-9)
+
+
+def test_softcap_with_sinks():
+    q, k, v = _inputs(15, 15, 4, 2, seed=8)
+    sinks = torch.tensor([float("-inf"), 0.0, 2.5, 30.0], dtype=torch.float64, requires_grad=True)
+    keep = keep_mask(15, 15, True, (-1, -1), False)
+    out = flashcore.attention(q, k, v, is_causal=True, enable_gqa=True, softcap=2.0, sinks=sinks)
+    group = 2
+    s = torch.matmul(q, k.repeat_interleave(group, 1).transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    s = (2.0 * torch.tanh(s / 2.0)).masked_fill(~keep, float("-inf"))
+    logits = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:-1], 1)], -1)
+    ref = torch.matmul(torch.softmax(logits, -1)[..., :-1], v.repeat_interleave(group, 1))
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    dout = torch.randn_like(out)
+    for g, rg in zip(torch.autograd.grad((out * dout).sum(), (q, k, v, sinks)),
+                     torch.autograd.grad((ref * dout).sum(), (q, k, v, sinks))):
+        torch.testing.assert_close(g, rg, rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan"), "30", True])
+def test_bad_softcap_names_the_argument(bad):
+    q, k, v = _inputs(4, 4, 2, 2)
+    with pytest.raises(ValueError, match="softcap"):
+        flashcore.attention(q, k, v, softcap=bad)
+    if isinstance(bad, float):  # the ops say so too
+        with pytest.raises(RuntimeError, match="softcap"):
+            torch.ops.flashcore.explain(q, k, v, softcap=bad)
+
+
+def test_the_op_refuses_a_softcap_without_a_kernel():
+    """sdpa_fwd never drops a softcap (aten has none); flashcore.attention computes it instead,
+    and explain_attention says so."""
+    q, k, v = (t.detach() for t in _inputs(8, 8, 1, 1))
+    with pytest.raises(RuntimeError, match="softcap"):
+        torch.ops.flashcore.sdpa_fwd(q, k, v, None, 0.0, True, softcap=30.0)
+    words = flashcore.explain_attention(q, k, v, is_causal=True, softcap=30.0)
+    assert words.startswith("PyTorch") and "softcap" in words, words
+
+
+def test_softcap_compiles_without_graph_breaks():
+    q, k, v = _inputs(24, 24, 2, 2, seed=4)
+
+    def f(q, k, v):
+        return flashcore.attention(q, k, v, is_causal=True, window_size=(5, 0), softcap=3.0).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    want = torch.autograd.grad(f(q, k, v), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

@@ -209,3 +209,135 @@ def test_sinks(window, D):
         e = (g.double() - h).abs().max().item()
         bound = 2 * (l.double() - h).abs().max().item() + 3e-2 * h.abs().max().item() + 1e-2
         assert e <= bound, f"d{name}: {e:.3e} > {bound:.3e}"
+
+
+# ---- logit softcap ---------------------------------------------------------------------------
+
+TANH_REL = 2.0 ** -10.9  # tanh.approx.f32's relative error (PTX ISA), the kernels' softcap
+
+
+def softcap_reference(q, k, v, keep, softcap, cast, sinks=None, dout=None):
+    """(out, lse, grads) in `cast`: s = softcap tanh(q k^T scale / softcap), keys outside keep
+    removed, optional sinks (one logit per head in the denominator), softmax in float32 at least;
+    rows with no key (and no sink) give zeros. grads (of q, k, v[, sinks]) when dout is given."""
+    B, Hq = q.shape[:2]
+    group = Hq // k.shape[1]
+    qq, kk, vv = (t.detach().to(cast).requires_grad_() for t in (q, k, v))
+    ss = sinks.detach().to(cast).requires_grad_() if sinks is not None else None
+    s = torch.matmul(qq, kk.repeat_interleave(group, 1).transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~keep, NEG_INF)
+    if ss is not None:
+        s = torch.cat([s, ss.view(1, -1, 1, 1).expand(B, Hq, s.shape[2], 1)], -1)
+    seen = torch.isfinite(s).any(-1, keepdim=True)
+    work = torch.promote_types(cast, torch.float32)
+    p = torch.where(seen, torch.softmax(torch.where(seen, s, torch.zeros_like(s)).to(work), -1),
+                    torch.zeros((), dtype=work, device=s.device)).to(cast)
+    lse = torch.logsumexp(s.double(), -1)
+    if ss is not None:
+        p = p[..., :-1]
+    o = torch.matmul(p, vv.repeat_interleave(group, 1))
+    grads = None
+    if dout is not None:
+        inputs = (qq, kk, vv) + ((ss,) if ss is not None else ())
+        grads = torch.autograd.grad((o * dout.to(cast)).sum(), inputs)
+    return o.detach(), lse, grads
+
+
+SOFTCAP_CASES = [
+    # (Sq, Sk, causal, window, alignment)
+    (1000, 1000, True, (-1, -1), "top_left"),
+    (1000, 1000, False, (-1, -1), "top_left"),
+    (17, 4097, False, (-1, -1), "top_left"),
+    (1, 4097, False, (-1, -1), "top_left"),          # one decoding row: the sm90 kernel, packed GQA
+    (1000, 1000, True, (127, 0), "top_left"),
+    (255, 1000, True, (300, 0), "bottom_right"),
+    (1000, 127, True, (-1, -1), "bottom_right"),     # rows that see no key
+]
+
+
+@pytest.mark.parametrize("softcap", [30.0, 1e-3, 1e4], ids=["cap30", "tiny", "huge"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=_case_id)
+def test_softcap(case, dtype, D, softcap):
+    """Forward and LSE (every case), gradients (D 64 / 128: the sm90 backward; D=256: the Python
+    backward) against float64. The bound adds tanh.approx's error to the low-precision one: a
+    logit moved by at most |s| 2^-10.9 moves out by at most twice that times max|v|."""
+    skip_unless_built(D, dtype)
+    sq, sk, causal, window, alignment = case
+    br = alignment == "bottom_right"
+    B, Hq, Hkv = 2, 4, 2
+    q = torch.randn(B, Hq, sq, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, Hkv, sk, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, Hkv, sk, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    keep, band = keep_of(sq, sk, causal, window, br)
+    kw = dict(is_causal=causal, causal_alignment=alignment, window_size=window, enable_gqa=True,
+              softcap=softcap)
+    if HOPPER:
+        assert flashcore.explain_attention(q, k, v, **kw) == "kernel sm90"
+    poison_allocator((B, Hq, sq, D), dtype)
+    out, lse = flashcore.attention(q, k, v, return_lse=True, **kw)
+    dout = torch.randn_like(out)
+    backward = D in (64, 128) or sq * sk <= 1 << 20
+    grads = torch.autograd.grad((out * dout).sum(), (q, k, v)) if backward else None
+    o_hi, lse_hi, g_hi = softcap_reference(q, k, v, keep, softcap, torch.float64,
+                                           dout=dout if backward else None)
+    o_lp, _, g_lp = softcap_reference(q, k, v, keep, softcap, dtype)
+    logit_max = min(softcap, (q.double().norm(dim=-1).max() * k.double().norm(dim=-1).max()
+                              / math.sqrt(D)).item())
+    tanh_term = 2 * TANH_REL * logit_max * v.double().abs().max().item()
+    err = (out.double() - o_hi).abs().max().item()
+    bound = 2 * (o_lp.double() - o_hi).abs().max().item() + ATOL[dtype] + tanh_term
+    assert err <= bound, f"max|out - ref| {err:.3e} > {bound:.3e}"
+    none_seen = ~keep.any(-1)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_hi)), "LSE -inf exactly on rows with no key"
+    assert (out[..., none_seen, :] == 0).all(), "rows with no key give zeros"
+    fin = torch.isfinite(lse_hi)
+    assert (lse[fin].double() - lse_hi[fin]).abs().max().item() < \
+        1e-3 * max(1.0, math.log(sk)) + TANH_REL * logit_max
+    if not backward:
+        return
+    _, _, g_lp = softcap_reference(q, k, v, keep, softcap, torch.float32, dout=dout)
+    for name, g, h, l in zip("qkv", grads, g_hi, g_lp):
+        assert torch.isfinite(g).all(), f"d{name} has NaN/inf"
+        e = (g.double() - h).abs().max().item()
+        bound = 2 * (l.double() - h).abs().max().item() + 3e-2 * h.abs().max().item() + 1e-2
+        assert e <= bound, f"d{name}: {e:.3e} > {bound:.3e}"
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_softcap_with_sinks_and_mask(D):
+    """Softcap with sinks (the kernel takes both), and with a padding mask (no kernel takes the
+    softcap with a mask: PyTorch computes the call), forward and gradients against float64."""
+    dtype = torch.bfloat16
+    skip_unless_built(D, dtype)
+    B, Hq, Hkv, S = 2, 4, 2, 300
+    q = torch.randn(B, Hq, S, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, Hkv, S, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, Hkv, S, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    sinks = torch.tensor([float("-inf"), 0.0, 1.5, 4.0], device=DEVICE, requires_grad=True)
+    causal_keep, _ = keep_of(S, S, True, (-1, -1), False)
+    pad = torch.ones(B, 1, 1, S, dtype=torch.bool, device=DEVICE)
+    pad[1, ..., :37] = False  # left padding of the second sequence
+    for mask, use_sinks in ((None, True), (pad, False), (pad, True)):
+        kw = dict(is_causal=True, enable_gqa=True, softcap=20.0,
+                  sinks=sinks if use_sinks else None)
+        words = flashcore.explain_attention(q, k, v, mask, **kw)
+        if HOPPER:
+            assert (words == "kernel sm90") == (mask is None), words
+        out = flashcore.attention(q, k, v, mask, **kw)
+        dout = torch.randn_like(out)
+        inputs = (q, k, v) + ((sinks,) if use_sinks else ())
+        grads = torch.autograd.grad((out * dout).sum(), inputs)
+        keep = causal_keep if mask is None else causal_keep & mask
+        s_arg = sinks if use_sinks else None
+        o_hi, _, g_hi = softcap_reference(q, k, v, keep, 20.0, torch.float64, s_arg, dout)
+        o_lp, _, g_lp = softcap_reference(q, k, v, keep, 20.0, torch.float32, s_arg, dout)
+        o_bf, _, _ = softcap_reference(q, k, v, keep, 20.0, dtype, s_arg)
+        err = (out.double() - o_hi).abs().max().item()
+        assert err <= 2 * (o_bf.double() - o_hi).abs().max().item() + 2 * ATOL[dtype], err
+        for name, g, h, l in zip(("q", "k", "v", "sinks"), grads, g_hi, g_lp):
+            e = (g.double() - h).abs().max().item()
+            bound = 2 * (l.double() - h).abs().max().item() + 3e-2 * h.abs().max().item() + 1e-2
+            assert e <= bound, f"mask={mask is not None} sinks={use_sinks} d{name}: {e:.3e} > {bound:.3e}"

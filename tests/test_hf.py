@@ -257,8 +257,6 @@ def test_attention_function_matches_sdpa_attention_forward(name):
 
 DELEGATED = {
     "output_attentions": dict(output_attentions=True),
-    "softcap": dict(softcap=30.0),
-    "s_aux": dict(s_aux=torch.zeros(4)),
     "position_bias": dict(position_bias=torch.zeros(1, 4, 10, 10)),
     "dropout": dict(dropout=0.1),
 }
@@ -571,8 +569,7 @@ def test_attention_function_window_with_mask_uses_the_mask():
     assert len(rec.fc) == 1 and rec.fc[0]["mask"] and not rec.band
 
 
-@pytest.mark.parametrize("extra", [dict(softcap=30.0), dict(output_attentions=True),
-                                   dict(dropout=0.1)])
+@pytest.mark.parametrize("extra", [dict(output_attentions=True), dict(dropout=0.1)])
 def test_delegated_window_gets_the_band_as_mask(extra, monkeypatch):
     """A delegated call whose mask flashcore_mask left out hands transformers' function the band
     (it ignores sliding_window itself)."""
@@ -608,7 +605,7 @@ def sliding_config(name, window=W, layers=2, softcap=False, head_dim=16, heads=4
         return MistralConfig(**common)
     if name == "qwen2":
         return Qwen2Config(use_sliding_window=True, layer_types=mixed, **common)
-    if name == "gemma2":  # attention softcap delegates: off here, on in its own test
+    if name == "gemma2":  # attention softcap: off here, on in its own test
         return transformers.Gemma2Config(head_dim=head_dim, query_pre_attn_scalar=head_dim,
                                          layer_types=mixed,
                                          attn_logit_softcapping=50.0 if softcap else None,
@@ -675,8 +672,10 @@ def trace(monkeypatch):
                                          fc_hf._delegate)
 
     def band_spy(*args, **kwargs):
-        t.calls[-1]["band"].append({k: kwargs[k] for k in
-                                    ("is_causal", "causal_alignment", "window_size")})
+        if kwargs.get("window_size", (-1, -1)) != (-1, -1):
+            t.calls[-1]["band"].append({k: kwargs[k] for k in
+                                        ("is_causal", "causal_alignment", "window_size")})
+        t.calls[-1]["variants"].append({k: kwargs.get(k) for k in ("softcap", "sinks")})
         return real_band(*args, **kwargs)
 
     def delegate_spy(*args, **kwargs):
@@ -685,7 +684,8 @@ def trace(monkeypatch):
 
     def attention_fn(module, query, key, value, attention_mask, **kwargs):
         t.calls.append(dict(window=kwargs.get("sliding_window"), mask=attention_mask is not None,
-                            sq=query.shape[2], sk=key.shape[2], band=[], delegated=False))
+                            sq=query.shape[2], sk=key.shape[2], band=[], variants=[],
+                            delegated=False))
         return real_fn(module, query, key, value, attention_mask, **kwargs)
 
     def mask_fn(**kwargs):
@@ -815,20 +815,65 @@ def test_sliding_padded_generate_matches_sdpa(name, trace):
     assert decode and not decode[-1]["mask"]
 
 
-def test_gemma2_softcap_delegates_with_the_window(trace):
-    """Attention softcap is delegated to transformers' sdpa_attention_forward (which ignores the
-    softcap, as "sdpa" does); the window still holds: the delegate gets the band as its mask."""
+def test_gemma2_softcap_matches_eager(trace, monkeypatch):
+    """Gemma 2's attention softcap runs in flashcore.attention (softcap=50) on every layer, the
+    sliding ones with their band: logits and gradients equal transformers' "eager" (which applies
+    the softcap; its "sdpa" ignores it, so the softcap must matter here)."""
     ids = ids_for(2, 30)
     model = build_sliding("gemma2", softcap=True)
-    ref = logits(model, "sdpa", ids)
-    model.config.sliding_window = 10_000
-    no_window = logits(model, "sdpa", ids)
-    model.config.sliding_window = W
-    assert (ref - no_window).abs().max() > WINDOW_CUTS
-    out = logits(model, "flashcore", ids)
+    model.config.attn_logit_softcapping = 0.5  # small enough that it bends these scores
+    for layer in model.model.layers:
+        layer.self_attn.attn_logit_softcapping = 0.5
+    # Gemma 2's eager takes its softmax in float32 even for a float64 model: in float64 here, so
+    # that it is the exact reference.
+    real_softmax = torch.nn.functional.softmax
+    with monkeypatch.context() as m:
+        m.setattr(torch.nn.functional, "softmax",
+                  lambda x, dim=None, dtype=None, **kw: real_softmax(x, dim=dim, **kw))
+        ref, ref_grads = logits_grad(model, "eager", ids)
+    assert (logits(model, "sdpa", ids) - ref).abs().max() > 1e-3
+    out, grads = logits_grad(model, "flashcore", ids)
     torch.testing.assert_close(out, ref, **FP64)
-    assert all(c["delegated"] and not c["band"] for c in trace.calls)
-    assert any(c["window"] is not None and not c["mask"] for c in trace.calls)
+    torch.testing.assert_close(grads, ref_grads, rtol=1e-8, atol=1e-10)
+    assert all(not c["delegated"] and c["variants"] for c in trace.calls)
+    assert all(v["softcap"] == 0.5 for c in trace.calls for v in c["variants"])
+    assert sum(bool(c["band"]) for c in trace.calls) == sliding_layers(model)
+
+
+def gpt_oss_config(window=W, layers=2):
+    return transformers.GptOssConfig(
+        vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2, hidden_size=64,
+        intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1,
+        max_position_embeddings=512, initializer_range=0.1, sliding_window=window,
+        layer_types=["sliding_attention", "full_attention"] * (layers // 2))
+
+
+def test_gpt_oss_sinks_match_eager(trace):
+    """gpt-oss's attention sinks (s_aux, a parameter per head) go to flashcore.attention's sinks:
+    logits and gradients (the sinks' included) equal transformers' "eager"; unpadded and
+    left-padded; greedy tokens equal eager's."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(gpt_oss_config(), attn_implementation="eager",
+                                             experts_implementation="eager")  # (float64: no grouped_mm)
+    model = model.to(torch.float64).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)
+    ids = ids_for(2, 20)
+    ref, ref_grads = logits_grad(model, "eager", ids)
+    sinks_grad = model.model.layers[0].self_attn.sinks.grad.clone()
+    out, grads = logits_grad(model, "flashcore", ids)
+    torch.testing.assert_close(out, ref, **FP64)
+    torch.testing.assert_close(grads, ref_grads, rtol=1e-8, atol=1e-10)
+    assert sinks_grad.abs().max() > 0  # the sinks' own gradient is among those compared
+    assert all(not c["delegated"] and c["variants"] and c["variants"][0]["sinks"] is not None
+               for c in trace.calls)
+    ids, mask = left_padded(lengths=(20, 11))
+    torch.testing.assert_close(logits(model, "flashcore", ids, mask)[mask.bool()],
+                               logits(model, "eager", ids, mask)[mask.bool()], **FP64)
+    assert torch.equal(generate(model.float(), "flashcore", ids, mask, n=8),
+                       generate(model, "eager", ids, mask, n=8))
 
 
 @needs_fake

@@ -183,11 +183,11 @@ def test_h100_d64_goes_to_aten(monkeypatch):
 
 
 def test_table_policy():
-    """Today's H100 policy (update together with TRAINING_TABLE and bench/NOTES.md): the sm90
+    """Today's H100 policy (update together with TRAINING_TABLE and docs/experiments/): the sm90
     backward on FlashCore, the sm80-class and Python backwards on aten, each with its reason."""
     assert _ops.TRAINING_TABLE[((9, 0), "sm90")][0] is True
     assert _ops.TRAINING_TABLE[((9, 0), "sm80")][0] is False
-    assert "bench/NOTES.md" in _ops.TRAINING_TABLE[((9, 0), "sm80")][1]
+    assert "docs/experiments/backward.md" in _ops.TRAINING_TABLE[((9, 0), "sm80")][1]
     assert _ops.TRAINING_TABLE[((9, 0), "python")][0] is False
 
 
@@ -414,7 +414,7 @@ def test_explain_training_strings(monkeypatch):
     assert flashcore.explain_training(q, k, v) == (
         "aten: FlashCore's backward here would be the sm80-class kernel (deterministic), not "
         "faster than PyTorch's on this device (0.39-0.74x cuDNN's backward on the H100, "
-        "bench/NOTES.md)")
+        "docs/experiments/backward.md)")
     torch.use_deterministic_algorithms(False)
 
     mask = torch.ones(9, 2048, dtype=torch.bool)  # 2048 keys: fewer than the masked entry's
@@ -422,7 +422,7 @@ def test_explain_training_strings(monkeypatch):
     assert flashcore.explain_training(q, k, v, mask) == (
         "aten: FlashCore's backward here would be the sm90 kernel with a mask, not faster "
         "than PyTorch's on this device (fewer than 4096 keys: fwd + bwd not measured faster than "
-        "aten's there, bench/NOTES.md)")
+        "aten's there, docs/experiments/backward.md)")
     q4, k4, v4 = inputs(Sk=4096)
     assert flashcore.explain_training(q4, k4, v4, torch.ones(9, 4096, dtype=torch.bool)) == (
         f"flashcore: forward {CPU_FORWARD}, backward kernel sm90")
@@ -506,12 +506,12 @@ def _bwd_args(dtype=torch.float32):
 
 def test_bwd_op_schemas_take_deterministic_and_a_mask():
     for op in (EXPLAIN_BWD, BWD_KERNEL):
-        # ... deterministic, attn_mask, then flashcore.attention's band (defaults: no band)
-        det, mask, *band = op._schema.arguments[-5:]
+        # ... deterministic, attn_mask, then flashcore.attention's band and softcap (defaults: none)
+        det, mask, *band = op._schema.arguments[-6:]
         assert (det.name, str(det.type), det.default_value) == ("deterministic", "bool", False)
         assert (mask.name, str(mask.type), mask.default_value) == ("attn_mask", "Optional[Tensor]", None)
         assert [(a.name, a.default_value) for a in band] == [
-            ("window_left", -1), ("window_right", -1), ("bottom_right", False)]
+            ("window_left", -1), ("window_right", -1), ("bottom_right", False), ("softcap", 0.0)]
     assert [str(r.type) for r in EXPLAIN_BWD._schema.returns] == ["int", "int"]
 
 

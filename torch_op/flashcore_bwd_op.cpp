@@ -79,10 +79,12 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
                        const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse,
                        bool is_causal, std::optional<double> scale, bool enable_gqa,
                        bool deterministic, const std::optional<Tensor>& mask,
-                       int64_t window_left, int64_t window_right, bool bottom_right) {
+                       int64_t window_left, int64_t window_right, bool bottom_right,
+                       double softcap) {
   BwdDecision d;
   fc_bwd_params_init(&d.p);
   flashcore_op::set_band(window_left, window_right, bottom_right, &d.p.fwd, "flashcore.attention");
+  flashcore_op::set_softcap(softcap, &d.p.fwd, "flashcore.attention");
   auto fallback = [&](int64_t reason) {
     d.reason = reason;
     return d;
@@ -161,9 +163,11 @@ std::tuple<int64_t, int64_t> explain_bwd(Tensor dout, Tensor q, Tensor k, Tensor
                                          Tensor lse, std::optional<Tensor> dlse, bool is_causal,
                                          std::optional<double> scale, bool enable_gqa,
                                          bool deterministic, std::optional<Tensor> mask,
-                                         int64_t window_left, int64_t window_right, bool bottom_right) {
+                                         int64_t window_left, int64_t window_right, bool bottom_right,
+                                         double softcap) {
   const BwdDecision d = decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa,
-                                   deterministic, mask, window_left, window_right, bottom_right);
+                                   deterministic, mask, window_left, window_right, bottom_right,
+                                   softcap);
   return {static_cast<int64_t>(d.reason == kKernel ? d.family : FC_FAMILY_AUTO), d.reason};
 }
 
@@ -173,9 +177,9 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd_kernel(Tensor dout, Tensor q, Tensor
                                                    std::optional<double> scale, bool enable_gqa,
                                                    bool deterministic, std::optional<Tensor> mask,
                                                    int64_t window_left, int64_t window_right,
-                                                   bool bottom_right) {
+                                                   bool bottom_right, double softcap) {
   BwdDecision d = decide_bwd(dout, q, k, v, out, lse, dlse, is_causal, scale, enable_gqa,
-                             deterministic, mask, window_left, window_right, bottom_right);
+                             deterministic, mask, window_left, window_right, bottom_right, softcap);
   if (d.reason != kKernel)
     fail("flashcore.sdpa_bwd_kernel: no backward kernel for these inputs (explain_bwd reason ",
          d.reason, d.reason >= kStatusBase ? std::string(": ") +
@@ -221,11 +225,11 @@ STABLE_TORCH_LIBRARY_FRAGMENT(flashcore, m) {
   m.def("sdpa_bwd_kernel(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
         "Tensor lse, Tensor? grad_lse, bool is_causal, float? scale, bool enable_gqa, "
         "bool deterministic=False, Tensor? attn_mask=None, int window_left=-1, "
-        "int window_right=-1, bool bottom_right=False) -> (Tensor, Tensor, Tensor)");
+        "int window_right=-1, bool bottom_right=False, float softcap=0.) -> (Tensor, Tensor, Tensor)");
   m.def("explain_bwd(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
         "Tensor lse, Tensor? grad_lse, bool is_causal, float? scale, bool enable_gqa, "
         "bool deterministic=False, Tensor? attn_mask=None, int window_left=-1, "
-        "int window_right=-1, bool bottom_right=False) -> (int, int)");
+        "int window_right=-1, bool bottom_right=False, float softcap=0.) -> (int, int)");
 }
 
 // CUDA only: the CPU kernel is the Python reference, registered in python/flashcore/_ops.py.

@@ -95,6 +95,7 @@ bool status_means_fallback(fc_status s) {
     case FC_UNSUPPORTED_MASK:
     case FC_UNSUPPORTED_BAND:  // flashcore.attention then passes a mask (sdpa_fwd refuses the band)
     case FC_UNSUPPORTED_SINKS:  // flashcore.attention then adds them itself (sdpa_fwd refuses them)
+    case FC_UNSUPPORTED_SOFTCAP:  // flashcore.attention then computes it in PyTorch (sdpa_fwd refuses it)
     case FC_UNSUPPORTED_SLOWER:  // AUTO on Hopper: aten (cuDNN) is the faster path for this head dim
     case FC_UNSUPPORTED_ARCH:
     case FC_UNSUPPORTED_FAMILY:
@@ -173,7 +174,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
                 const std::optional<Tensor>& mask, double dropout_p, bool is_causal,
                 std::optional<double> scale, bool enable_gqa, int64_t window_left = -1,
                 int64_t window_right = -1, bool bottom_right = false,
-                const std::optional<Tensor>& sinks = std::nullopt) {
+                const std::optional<Tensor>& sinks = std::nullopt, double softcap = 0.0) {
   check_args(q, k, v, mask, is_causal, enable_gqa);
   // Checked here, not left to aten: on torch 2.11 an error raised inside aten during the
   // dispatcher fallback crashed the process (seen on the H100 with dropout_p=1.5).
@@ -182,6 +183,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   Decision d;
   fc_params_init(&d.p);
   flashcore_op::set_band(window_left, window_right, bottom_right, &d.p, "flashcore.attention");
+  flashcore_op::set_softcap(softcap, &d.p, "flashcore.attention");
   d.family = family_from_env();
   d.family_forced = d.family != FC_FAMILY_AUTO;
   d.p.family = d.family;
@@ -523,9 +525,10 @@ std::tuple<Tensor, Tensor> forward_with_lse(Tensor q, Tensor k, Tensor v, std::o
                                             double dropout_p, bool is_causal,
                                             std::optional<double> scale, bool enable_gqa,
                                             int64_t window_left, int64_t window_right,
-                                            bool bottom_right, std::optional<Tensor> sinks) {
+                                            bool bottom_right, std::optional<Tensor> sinks,
+                                            double softcap) {
   Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
-                      window_right, bottom_right, sinks);
+                      window_right, bottom_right, sinks, softcap);
   FC_CHECK(dropout_p == 0.0, "flashcore.sdpa_fwd: dropout_p must be 0 (got ", dropout_p,
            "): the LSE does not determine a dropout backward; flashcore.sdpa hands "
            "dropout to aten's differentiable SDPA");
@@ -542,6 +545,9 @@ std::tuple<Tensor, Tensor> forward_with_lse(Tensor q, Tensor k, Tensor v, std::o
              "flashcore.attention passes such calls an explicit mask");
     FC_CHECK(!sinks.has_value(), "flashcore.sdpa_fwd: no kernel takes these sinks here (",
              explain_status(d), "); flashcore.attention adds them from the output and LSE");
+    FC_CHECK(softcap == 0.0, "flashcore.sdpa_fwd: no kernel takes a softcap here (",
+             explain_status(d), ") and aten's SDPA has none; flashcore.attention computes such "
+             "calls in PyTorch");
     is_causal = band == FC_BAND_TOP_LEFT_CAUSAL;
     if (nothing_to_compute(q, k, v)) return {trivial_output(q, v), trivial_lse(q)};
     Tensor out = torch::stable::contiguous(
@@ -557,9 +563,10 @@ std::tuple<Tensor, Tensor> forward_with_lse(Tensor q, Tensor k, Tensor v, std::o
 std::tuple<Tensor, Tensor> sdpa_fwd(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
                                     double dropout_p, bool is_causal,
                                     std::optional<double> scale, bool enable_gqa,
-                                    int64_t window_left, int64_t window_right, bool bottom_right) {
+                                    int64_t window_left, int64_t window_right, bool bottom_right,
+                                    double softcap) {
   return forward_with_lse(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
-                          window_right, bottom_right, std::nullopt);
+                          window_right, bottom_right, std::nullopt, softcap);
 }
 
 // sdpa_fwd with attention sinks (fc_params.sinks): a separate op, since sdpa_fwd has autograd
@@ -570,18 +577,18 @@ std::tuple<Tensor, Tensor> sdpa_fwd_sinks(Tensor q, Tensor k, Tensor v, Tensor s
                                           std::optional<Tensor> mask, bool is_causal,
                                           std::optional<double> scale, bool enable_gqa,
                                           int64_t window_left, int64_t window_right,
-                                          bool bottom_right) {
+                                          bool bottom_right, double softcap) {
   return forward_with_lse(q, k, v, mask, 0.0, is_causal, scale, enable_gqa, window_left,
-                          window_right, bottom_right, sinks);
+                          window_right, bottom_right, sinks, softcap);
 }
 
 std::tuple<int64_t, int64_t> explain(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
                                      double dropout_p, bool is_causal,
                                      std::optional<double> scale, bool enable_gqa,
                                      int64_t window_left, int64_t window_right, bool bottom_right,
-                                     std::optional<Tensor> sinks) {
+                                     std::optional<Tensor> sinks, double softcap) {
   const Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
-                            window_right, bottom_right, sinks);
+                            window_right, bottom_right, sinks, softcap);
   if (d.reason == kKernel && d.sm90_declined != FC_OK)
     return {static_cast<int64_t>(d.family), kNoteBase + d.sm90_declined};
   return {static_cast<int64_t>(d.family), d.reason};
@@ -596,15 +603,15 @@ STABLE_TORCH_LIBRARY(flashcore, m) {
   m.def("explain(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
         "bool enable_gqa=False, int window_left=-1, int window_right=-1, "
-        "bool bottom_right=False, Tensor? sinks=None) -> (int, int)");
+        "bool bottom_right=False, Tensor? sinks=None, float softcap=0.) -> (int, int)");
   m.def("sdpa_fwd(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
         "bool enable_gqa=False, int window_left=-1, int window_right=-1, "
-        "bool bottom_right=False) -> (Tensor, Tensor)");
+        "bool bottom_right=False, float softcap=0.) -> (Tensor, Tensor)");
   m.def("sdpa_fwd_sinks(Tensor query, Tensor key, Tensor value, Tensor sinks, "
         "Tensor? attn_mask=None, bool is_causal=False, *, float? scale=None, "
         "bool enable_gqa=False, int window_left=-1, int window_right=-1, "
-        "bool bottom_right=False) -> (Tensor, Tensor)");
+        "bool bottom_right=False, float softcap=0.) -> (Tensor, Tensor)");
 }
 
 // One function for both keys: on CPU tensors the decision says "not CUDA" and aten runs.

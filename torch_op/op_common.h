@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <cmath>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -103,6 +104,13 @@ inline void set_band(int64_t window_left, int64_t window_right, bool bottom_righ
   p->window_left = window_left;
   p->window_right = window_right;
   p->alignment = bottom_right ? FC_ALIGN_BOTTOM_RIGHT : FC_ALIGN_TOP_LEFT;
+}
+
+// flashcore.attention's logit softcap (fc_params.softcap): 0 = none, else finite and > 0.
+inline void set_softcap(double softcap, fc_params* p, const char* op) {
+  if (!(softcap >= 0.0 && std::isfinite(softcap)) || static_cast<float>(softcap) == INFINITY)
+    fail(op, ": softcap must be 0 (none) or a finite value > 0, got ", softcap);
+  p->softcap = static_cast<float>(softcap);
 }
 
 }  // namespace flashcore_op

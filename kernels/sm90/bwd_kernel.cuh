@@ -45,6 +45,10 @@
 //     +inf (sm90/bwd_rows.cuh): its P, dS and dQ are zeros.
 //   * Rows past Sq are zero-filled by TMA and have LSE2 = +inf (P = 0); keys past Sk are
 //     zero-filled and masked.
+//   * Softcap (kSoftcap, beside causal, non-causal or a band): scores are t = tanh(S^T scale
+//     / softcap), P^T = exp2(t softcap log2(e) - LSE2), and dS^T gains the factor 1 - t^2. The
+//     variant waits for dP^T before the softmax and packs P^T and dS^T into their fragments pair
+//     by pair, so that no fp32 copy of either outlives its element (register budget).
 //
 // The types are in sm90/bwd_traits.cuh, the launcher in sm90/bwd_launch.cuh.
 #pragma once
@@ -54,7 +58,7 @@
 namespace flashcore {
 namespace sm90_bwd {
 
-template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false>
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false, bool kSoftcap = false>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     static_assert(!kBand || (kCausal && kMask == kMaskNone), "a band runs in the causal configuration, without a mask");
@@ -116,7 +120,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             // ---------------- dQ writer: the staged dQ of each step, added to the accumulator ----
             // One bulk reduction (cp.reduce.async.bulk .add.f32) per staged tile: whole lines
             // through L2's reduction units, where per-thread atomics cost the kernel ~40% of its
-            // time (bench/NOTES.md). The rows' padding adds zeros.
+            // time (docs/experiments/backward.md). The rows' padding adds zeros.
             int step_all = 0;  // steps of every tile so far: the barriers' phases
             for (int n = 0;; ++n) {
                 const Tile tile = next_tile(n);
@@ -237,7 +241,9 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     const uint32_t base = smem_addr(smem);
     const uint32_t k_rows = base + T::kOffK + wg * 64 * 128;  // this warpgroup's keys in K's first panel
     const uint32_t v_rows = base + T::kOffV + wg * 64 * 128;
-    const float scale_log2 = f.scale * kLog2e;
+    // kSoftcap: scores are t = tanh(x * scale / softcap) in units of softcap (as the forward's).
+    // kSoftcap: scale_log2 is softcap * log2(e), and scores become tanh(x * maps.softcap_in).
+    const float scale_log2 = kSoftcap ? maps.softcap_log2 : f.scale * kLog2e;
 
     // The staging rows' padding goes out with every reduction: zeros (the stores reach the async
     // proxy through each thread's fence before its first dq_full arrival).
@@ -313,8 +319,11 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             issue_scores(dp, v_rows, do_tile);
 
             // ---- P^T = exp2(S^T scale log2(e) - LSE2[query]), masked where keys pass Sk, the diagonal or the band ----
-            wgmma_wait<1>();
+            // kSoftcap: dS^T here too (below), so dP^T first: P^T in fp32 then lives only as long
+            // as one element (with it beside dP^T the D=128 consumers spilled).
+            wgmma_wait<kSoftcap ? 0 : 1>();
             fence_registers(s);
+            if constexpr (kSoftcap) fence_registers(dp);
             const float *delta = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsBytes);
             const float *lse2 = delta + kBlockM;
             [[maybe_unused]] const uint8_t *mask_tile = smem + T::kOffMask + stage * T::kMaskTileBytes;
@@ -324,11 +333,15 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             const bool masked_tile = n_start + kBlockN > seqlen_k ||
                                      (kBand ? n_start - (m_start + kBlockM - 1) < f.band_lo_ || n_start + kBlockN - 1 - m_start > f.band_hi_
                                             : kCausal && m_start < n_start + kBlockN);
+            uint32_t p_frag[4][4], ds_frag[4][4];
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + col_in_tile);
+                [[maybe_unused]] float p_soft[4];  // kSoftcap: this 8-column tile's P
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
+                    [[maybe_unused]] float t = 0.f;
+                    if constexpr (kSoftcap) s[4 * j + e] = t = fast_tanh(s[4 * j + e] * maps.softcap_in);
                     float x = fmaf(s[4 * j + e], scale_log2, -((e & 1) ? l.y : l.x));
                     const int key = first_key + 8 * (e >> 1), query = m_start + 8 * j + col_in_tile + (e & 1);
                     if constexpr (kMaskElements) {
@@ -344,28 +357,41 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                     } else if (masked_tile && (key >= seqlen_k || (kCausal && key > query))) {
                         x = -INFINITY;
                     }
-                    s[4 * j + e] = fast_exp2(x);
+                    if constexpr (kSoftcap) {
+                        // dS^T = P^T (dP^T - delta) times d(softcap t)/d(x scale) = 1 - t^2, into dp.
+                        p_soft[e] = fast_exp2(x);
+                        dp[4 * j + e] = p_soft[e] * (1.f - t * t) * (dp[4 * j + e] - delta[8 * j + col_in_tile + (e & 1)]);
+                        if (e & 1) {  // a pair done: to its fragments (to_frag's layout: pair h of 8-column
+                                      // tile j is fragment j / 2, 2 (j % 2) + h)
+                            const int h = e >> 1;
+                            p_frag[j / 2][2 * (j % 2) + h] = pack2<Elem>(p_soft[e - 1], p_soft[e]);
+                            ds_frag[j / 2][2 * (j % 2) + h] = pack2<Elem>(dp[4 * j + e - 1], dp[4 * j + e]);
+                        }
+                    } else {
+                        s[4 * j + e] = fast_exp2(x);
+                    }
                 }
             }
-            uint32_t p_frag[4][4];
-            to_frag(p_frag, s);
+            if constexpr (!kSoftcap) to_frag(p_frag, s);
 
             // ---- dV += P^T dO ----
-            wgmma_wait<0>();
-            fence_registers(dp);
+            if constexpr (!kSoftcap) {  // (kSoftcap waited above, and dS^T is packed already)
+                wgmma_wait<0>();
+                fence_registers(dp);
+            }
             fence_registers(dv);
             wgmma_fence();
             issue_accumulate(dv, p_frag, do_tile);
 
-            // ---- dS^T = P^T (dP^T - delta[query]);  dK += dS^T Q ----
+            // ---- dS^T = P^T (dP^T - delta[query]) (kSoftcap: done above);  dK += dS^T Q ----
+            if constexpr (!kSoftcap)
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const float2 d = *reinterpret_cast<const float2 *>(delta + 8 * j + col_in_tile);
+                for (int j = 0; j < 8; ++j) {
+                    const float2 d = *reinterpret_cast<const float2 *>(delta + 8 * j + col_in_tile);
 #pragma unroll
-                for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
-            }
-            uint32_t ds_frag[4][4];
-            to_frag(ds_frag, dp);
+                    for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
+                }
+            if constexpr (!kSoftcap) to_frag(ds_frag, dp);
             fence_registers(dk);
             wgmma_fence();
             issue_accumulate(dk, ds_frag, q_tile);

@@ -24,7 +24,7 @@
 namespace flashcore {
 namespace sm90_bwd {
 
-template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false>
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false, bool kSoftcap = false>
 cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     using T = BwdTraits<kHeadDim, kMask == kMaskBoolTiles>;
     const fc_params &f = p.fwd;
@@ -32,7 +32,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
 
-    auto kernel = bwd_kernel<Elem, kHeadDim, kCausal, kMask, kBand>;
+    auto kernel = bwd_kernel<Elem, kHeadDim, kCausal, kMask, kBand, kSoftcap>;
     static unsigned long long configured = 0;
     if ((err = allow_smem(kernel, T::kSmemBytes, &configured, device)) != cudaSuccess) return err;
 
@@ -63,6 +63,8 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     maps.chunk_pairs = 1;
     if (kCausal && f.seqlen_k >= 32 * T::kBlockN)
         maps.chunk_pairs = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(pairs, (16 << 20) / qdo_bytes)));
+    maps.softcap_log2 = f.softcap * 1.4426950408889634f;
+    maps.softcap_in = kSoftcap ? f.scale / f.softcap : 0.f;
     const Workspace ws = workspace_of(p);
     const unsigned hq = static_cast<unsigned>(f.heads_q), batch = static_cast<unsigned>(f.batch);
     constexpr int kRowsPerCta = RowLane<kHeadDim>::kRowsPerCta;  // of the row-wise kernels
@@ -92,12 +94,17 @@ inline bool mask_tiles_fit(const fc_params &f) {
            f.mask_stride_b >= 0 && (reinterpret_cast<uintptr_t>(f.mask) & 15) == 0;
 }
 
-// The variant for a call: causal, a general band (p.fwd.band_, set by fc_resolve_band_ in
-// c_src/bwd.c; it comes with causal set), or one of the mask kinds (c_src/bwd.c sends masked
+// The variant for a call (each with or without a softcap): causal, a general band (p.fwd.band_, set by
+// fc_resolve_band_ in c_src/bwd.c; it comes with causal set), or one of the mask kinds (c_src/bwd.c sends masked
 // causal or banded calls elsewhere: PyTorch's SDPA never makes them).
 template <typename Elem, int kHeadDim>
 cudaError_t launch_bwd_variant(const fc_bwd_params &p, cudaStream_t stream) {
-    if (p.fwd.band_ == FC_BAND_GENERAL_) return launch_bwd<Elem, kHeadDim, true, kMaskNone, true>(p, stream);
+    if (p.fwd.band_ == FC_BAND_GENERAL_)
+        return p.fwd.softcap != 0.f ? launch_bwd<Elem, kHeadDim, true, kMaskNone, true, true>(p, stream)
+                                    : launch_bwd<Elem, kHeadDim, true, kMaskNone, true>(p, stream);
+    if (p.fwd.softcap != 0.f)  // (no mask: c_src/bwd.c)
+        return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, kMaskNone, false, true>(p, stream)
+                            : launch_bwd<Elem, kHeadDim, false, kMaskNone, false, true>(p, stream);
     switch (p.fwd.mask_kind) {
     case FC_MASK_BOOL:
         return mask_tiles_fit(p.fwd) ? launch_bwd<Elem, kHeadDim, false, kMaskBoolTiles>(p, stream)

@@ -90,6 +90,9 @@ struct BwdMaps {
     CUtensorMap mask;  // kMaskBoolTiles: the bool mask over (keys, queries, heads, batch)
     MapOrder q_order, dout_order, k_order, v_order, mask_order;
     int32_t chunk_pairs;  // the tile order (see Tile): (batch, KV head) pairs per chunk
+    // kSoftcap: softcap * log2(e) and scale / softcap, read as constant operands (in registers
+    // they pushed the D=128 consumers past their budget).
+    float softcap_log2, softcap_in;
 };
 
 // The steps of one tile: (query head in the group, query tile) pairs, head-major.

@@ -268,7 +268,7 @@ def explain_training(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         else:
             words = _PATH_WORDS[route.path] + (" (deterministic)" if by_determinism else "")
         return (f"aten: FlashCore's backward here would be {words}, not faster than PyTorch's on "
-                f"this device ({route.note or 'bench/NOTES.md'})")
+                f"this device ({route.note or 'docs/experiments/README.md'})")
     note = f" ({route.note})" if route.note else ""
     return f"flashcore: forward {forward}, backward {backward}{note}"
 

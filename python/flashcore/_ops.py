@@ -110,7 +110,7 @@ def _sdpa_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 @torch.library.register_fake("flashcore::sdpa_fwd", lib=_lib)
 def _sdpa_fwd_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                    scale=None, enable_gqa=False, window_left=-1, window_right=-1,
-                   bottom_right=False):
+                   bottom_right=False, softcap=0.0):
     _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     torch._check(dropout_p == 0.0, lambda: "flashcore.sdpa_fwd: dropout_p must be 0")
     shape = _out_shape(query, key, value, enable_gqa)
@@ -120,7 +120,8 @@ def _sdpa_fwd_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
 
 @torch.library.register_fake("flashcore::sdpa_fwd_sinks", lib=_lib)
 def _sdpa_fwd_sinks_fake(query, key, value, sinks, attn_mask=None, is_causal=False, *, scale=None,
-                         enable_gqa=False, window_left=-1, window_right=-1, bottom_right=False):
+                         enable_gqa=False, window_left=-1, window_right=-1, bottom_right=False,
+                         softcap=0.0):
     return _sdpa_fwd_fake(query, key, value, attn_mask, 0.0, is_causal, scale=scale,
                           enable_gqa=enable_gqa)
 
@@ -141,12 +142,13 @@ def _shadow(t):
 @torch.library.register_fake("flashcore::explain", lib=_lib)
 def _explain_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                   scale=None, enable_gqa=False, window_left=-1, window_right=-1,
-                  bottom_right=False, sinks=None):
+                  bottom_right=False, sinks=None, softcap=0.0):
     # explain reads metadata only, but on the real device (the CUDA path asks the device and the
     # pointers' alignment): answer with real tensors of the same layout. Sizes are specialized.
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     tensors = (query, key, value, attn_mask)
-    band = dict(window_left=window_left, window_right=window_right, bottom_right=bottom_right)
+    band = dict(window_left=window_left, window_right=window_right, bottom_right=bottom_right,
+                softcap=softcap)
     if not any(isinstance(t, FakeTensor) for t in tensors + (sinks,)):
         # Real meta tensors (this fake is also the Meta kernel): run the C++ kernel itself, which
         # reads only metadata; it sits in every backend's slot (CompositeExplicitAutograd).
@@ -163,8 +165,8 @@ def _explain_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 _lib.define(
     "sdpa_bwd(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
     "Tensor? grad_lse, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, "
-    "bool grad_mask, int window_left=-1, int window_right=-1, bool bottom_right=False) "
-    "-> (Tensor, Tensor, Tensor, Tensor)")
+    "bool grad_mask, int window_left=-1, int window_right=-1, bool bottom_right=False, "
+    "float softcap=0.) -> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def _dmask_like(attn_mask, grad_mask, query):
@@ -175,7 +177,8 @@ def _dmask_like(attn_mask, grad_mask, query):
 
 @torch.library.register_fake("flashcore::sdpa_bwd", lib=_lib)
 def _sdpa_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal, scale,
-                   enable_gqa, grad_mask, window_left=-1, window_right=-1, bottom_right=False):
+                   enable_gqa, grad_mask, window_left=-1, window_right=-1, bottom_right=False,
+                   softcap=0.0):
     return (query.new_empty(query.shape), key.new_empty(key.shape),
             value.new_empty(value.shape), _dmask_like(attn_mask, grad_mask, query))
 
@@ -187,14 +190,14 @@ _EXPLAIN_BWD = torch.ops.flashcore.explain_bwd.default
 @torch.library.register_fake("flashcore::sdpa_bwd_kernel", lib=_lib)
 def _sdpa_bwd_kernel_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
                           enable_gqa, deterministic=False, attn_mask=None, window_left=-1,
-                          window_right=-1, bottom_right=False):
+                          window_right=-1, bottom_right=False, softcap=0.0):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 @torch.library.register_fake("flashcore::explain_bwd", lib=_lib)
 def _explain_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
                       enable_gqa, deterministic=False, attn_mask=None, window_left=-1,
-                      window_right=-1, bottom_right=False):
+                      window_right=-1, bottom_right=False, softcap=0.0):
     # As _explain_fake: metadata only, answered with real tensors of the same layout. Returns
     # (family, reason), as the C++ kernel does.
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -202,27 +205,28 @@ def _explain_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal
     if not any(isinstance(t, FakeTensor) for t in tensors + (attn_mask,)):
         return _EXPLAIN_BWD.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
                                        *tensors, is_causal, scale, enable_gqa, deterministic,
-                                       attn_mask, window_left, window_right, bottom_right)
+                                       attn_mask, window_left, window_right, bottom_right,
+                                       softcap)
     with unset_fake_temporarily():
         return _EXPLAIN_BWD(*(_shadow(t) for t in tensors), is_causal, scale, enable_gqa,
                             deterministic, _shadow(attn_mask), window_left, window_right,
-                            bottom_right)
+                            bottom_right, softcap)
 
 
 @torch.library.impl("flashcore::sdpa_bwd_kernel", "cpu", lib=_lib)
 def _sdpa_bwd_kernel_cpu(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
                          enable_gqa, deterministic=False, attn_mask=None, window_left=-1,
-                         window_right=-1, bottom_right=False):
+                         window_right=-1, bottom_right=False, softcap=0.0):
     """No kernel on the CPU: the same gradients from the Python reference (deterministic as far
     as PyTorch's CPU matmuls are, so `deterministic` changes nothing here)."""
     dq, dk, dv, _ = _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
                                      is_causal, scale, enable_gqa, False, window_left,
-                                     window_right, bottom_right)
+                                     window_right, bottom_right, softcap)
     return dq, dk, dv
 
 
 def _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
-                       scale, enable_gqa, deterministic, grad_mask, band=(-1, -1, False)):
+                       scale, enable_gqa, deterministic, grad_mask, band=(-1, -1, False, 0.0)):
     """True when sdpa_bwd_kernel runs a CUDA kernel for these tensors (cheap checks first). A
     mask that needs its own gradient goes to the Python backward (the kernels give none)."""
     return (not grad_mask and query.is_cuda
@@ -233,7 +237,8 @@ def _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mas
 
 @torch.library.impl("flashcore::sdpa_bwd", ("cpu", "cuda"), lib=_lib)
 def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal, scale,
-                   enable_gqa, grad_mask, window_left=-1, window_right=-1, bottom_right=False):
+                   enable_gqa, grad_mask, window_left=-1, window_right=-1, bottom_right=False,
+                   softcap=0.0):
     """The fused backward kernel where it covers the call (see _kernel_bwd_covers), else the
     Python backward. Both give dq, dk, dv contiguous in the inputs' dtypes.
 
@@ -243,7 +248,7 @@ def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, i
     deterministic = torch.are_deterministic_algorithms_enabled()
     if query.is_cuda and grad_out.dim() >= 1 and grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()  # e.g. an expanded gradient; the kernel needs rows
-    band = (window_left, window_right, bottom_right)
+    band = (window_left, window_right, bottom_right, softcap)
     if _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
                           scale, enable_gqa, deterministic, grad_mask, band):
         dq, dk, dv = _BWD_KERNEL(grad_out, query, key, value, out, lse, grad_lse, is_causal,
@@ -255,12 +260,13 @@ def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, i
 
 def _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
                      scale, enable_gqa, grad_mask, window_left=-1, window_right=-1,
-                     bottom_right=False):
+                     bottom_right=False, softcap=0.0):
     """Recomputes P per chunk of query rows from q, k and the saved LSE, in float32 (float64 for
     float64 inputs):  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O) [+ dLSE]),
     dQ = scale dS K,  dK = scale dS^T Q,  dMask = dS (summed over broadcast dims). GQA: K/V are
     repeated over each group of query heads and dK/dV summed back over the group. Causal and
-    flashcore.attention's window / alignment apply as their band (_band.py)."""
+    flashcore.attention's window / alignment apply as their band (_band.py). A softcap c makes
+    the scaled scores c tanh(s / c) and multiplies dS by their derivative, 1 - tanh^2."""
     ct = _lse_dtype(query.dtype)
     sq, sk, d = query.shape[-2], key.shape[-2], query.shape[-1]
     sc = (1.0 / math.sqrt(d)) if scale is None else scale
@@ -301,6 +307,9 @@ def _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
         qc = qf.narrow(-2, i0, n)
         doc = dof.narrow(-2, i0, n)
         s = torch.matmul(qc, kt) * sc
+        if softcap:
+            t = torch.tanh(s / softcap)
+            s = t * softcap
         if add_mask is not None:
             s = s + (add_mask.narrow(-2, i0, n) if mask_rows else add_mask)
         if band.kind != _band.ALL:
@@ -310,6 +319,9 @@ def _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
         dv_c = torch.matmul(p.transpose(-2, -1), doc)
         dp = torch.matmul(doc, vt)
         ds = p * (dp - delta.narrow(-1, i0, n).unsqueeze(-1))
+        ds_mask = ds  # the mask is added after the softcap: its gradient is dS itself
+        if softcap:
+            ds = ds * (1 - t * t)
         dq_chunks.append(torch.matmul(ds, kf) * sc)
         dk_c = torch.matmul(ds.transpose(-2, -1), qc) * sc
         dk = dk_c if dk is None else dk + dk_c
@@ -318,9 +330,9 @@ def _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
             if mask_rows:
                 shape = list(attn_mask.shape)
                 shape[-2] = n
-                dmask_chunks.append(ds.sum_to_size(shape))
+                dmask_chunks.append(ds_mask.sum_to_size(shape))
             else:
-                dm = ds.sum_to_size(attn_mask.shape)
+                dm = ds_mask.sum_to_size(attn_mask.shape)
                 dmask = dm if dmask is None else dmask + dm
 
     if sq == 0:  # nothing attended: all gradients are zero
@@ -365,7 +377,7 @@ def _fwd_setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.scale = keyword_only_inputs.get("scale")
     ctx.enable_gqa = keyword_only_inputs.get("enable_gqa", False)
     ctx.band = (keyword_only_inputs.get("window_left", -1), keyword_only_inputs.get("window_right", -1),
-                keyword_only_inputs.get("bottom_right", False))
+                keyword_only_inputs.get("bottom_right", False), keyword_only_inputs.get("softcap", 0.0))
     ctx.set_materialize_grads(False)  # an unused lse gets no zero gradient to work through
 
 
@@ -410,22 +422,22 @@ torch.library.register_autograd("flashcore::sdpa_fwd", _fwd_backward,
 # A (cc, path, head_dim) key, where present, wins over (cc, path) for that head dim, e.g.
 #   ((9, 0), "sm90", 256): (False, "..."),
 # A device with no entry keeps FlashCore's own backward: nothing has been measured there.
-# The measurements behind every entry live in bench/NOTES.md: change an entry together with the
+# The measurements behind every entry live in docs/experiments/backward.md: change an entry together with the
 # numbers there that justify it.
 TRAINING_TABLE = {
     # Each entry: (FlashCore?, note[, fewest keys]): with a third element, FlashCore only for
     # calls of at least that many keys (seqlen_k), aten below. (Under torch.compile with dynamic
     # shapes the route is decided once, by the length the graph was traced with: both routes
     # compute the same gradients, and the rule is about a percent of speed.)
-    # H100 / H200 (bench/results/nvidia-h100-80gb-hbm3_2026-11-27_1112_bwd.json, bench/NOTES.md).
+    # H100 / H200 (bench/results/nvidia-h100-80gb-hbm3_2026-11-27_1112_bwd.json, docs/experiments/backward.md).
     # sm90 D=128: the backward 0.96-0.97x cuDNN's at S = 1k, 0.97-0.99x at 2k, 1.02-1.04x from 4k;
     # with the forward's 1.07-1.16x (docs/PERFORMANCE.md "How fast") fwd + bwd is ~1% slower than
     # cuDNN's at 1k and ~1% faster at 2k: FlashCore from 2048 keys. D=64: 0.81-0.89x (1858216): aten
-    # until a bench says otherwise. sm80: "Fused backward v1" in bench/NOTES.md. python: fp32
+    # until a bench says otherwise. sm80: "Fused backward v1" in docs/experiments/backward.md. python: fp32
     # recomputation in unfused PyTorch ops, against aten's fused backward kernels.
     ((9, 0), "sm90"): (True, "", 2048),
-    ((9, 0), "sm90", 64): (False, "D=64: 0.81-0.89x cuDNN's backward on the H100, bench/NOTES.md"),
-    ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, bench/NOTES.md"),
+    ((9, 0), "sm90", 64): (False, "D=64: 0.81-0.89x cuDNN's backward on the H100, docs/experiments/backward.md"),
+    ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, docs/experiments/backward.md"),
     # Masked (HuggingFace's left-padded causal bool mask; aten runs cuDNN with it): FlashCore's
     # masked forward (the sm80-class kernel) 0.92-1.01x cuDNN's, its backward (sm90, mask tiles
     # by TMA) 1.95x at D=128 4k; training steps 1.05-1.12x sdpa at 4k and 8k tokens per sequence
@@ -592,7 +604,7 @@ def _decide_route(q_layout, k_layout, v_layout, mask_key, is_causal, scale, enab
         keys = k_layout[0][-2] if len(k_layout[0]) >= 2 else 0
         if flashcore and len(entry) > 2 and keys < entry[2]:
             flashcore, note = False, (f"fewer than {entry[2]} keys: fwd + bwd not measured faster "
-                                      "than aten's there, bench/NOTES.md")
+                                      "than aten's there, docs/experiments/backward.md")
     return TrainingRoute(not flashcore, path, reason, family, note)
 
 

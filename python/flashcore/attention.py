@@ -20,6 +20,11 @@ Arguments beyond ``F.scaled_dot_product_attention``'s (no dropout here):
   to the output exactly, ``out * sigmoid(lse - sink)``. Gradients: q, k, v through FlashCore's
   backward (whose P uses the LSE with the sink), the sinks ``-sum P_sink * (rowsum(dO * O) -
   dLSE)``.
+* ``softcap``: a logit softcap (Gemma 2's ``attn_logit_softcapping``, FlashAttention's
+  ``softcap``): every scaled score s becomes ``softcap * tanh(s / softcap)`` before the mask and
+  the softmax; 0 (the default) means none. The Hopper kernels (forward: D = 64, 128, 256;
+  backward: 64, 128) apply it without a mask; elsewhere (a mask, other GPUs and head dims, the
+  CPU) the call is computed in PyTorch in float32, rows in chunks, at unfused cost.
 * ``return_lse=True`` also returns the natural-log log-sum-exp of each query row (float32;
   -inf for a row that sees no key).
 
@@ -36,6 +41,7 @@ backward until the backward kernels take bands.
 All of it is one op, ``torch.ops.flashcore.attention_fwd``, opaque to torch.compile (no graph
 break), with a fake and autograd registered here.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -91,10 +97,12 @@ def _with_band(attn_mask, band, query, key):
 
 
 def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left, window_right,
-          bottom_right, sinks=None):
+          bottom_right, sinks=None, softcap=0.0):
     """The sdpa_fwd call that computes the attention: (attn_mask, is_causal, kwargs). The band
     goes to the kernel where one takes it (explain says so), else into the mask; the sinks
-    (kwargs["sinks"]) to the kernel where one takes them (else attention_fwd adds them)."""
+    (kwargs["sinks"]) to the kernel where one takes them (else attention_fwd adds them); the
+    softcap (kwargs["softcap"]) likewise (else attention_fwd computes the call in PyTorch)."""
+    softcap_kwargs = dict(softcap=softcap) if softcap else {}
     band = _band_of(query, key, is_causal, window_left, window_right, bottom_right)
     if band.kind == _band.ALL:
         mask, causal, kwargs = attn_mask, False, {}
@@ -106,11 +114,15 @@ def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_lef
         explain = torch.ops.flashcore.explain
         if attn_mask is None and query.is_cuda and explain(query, key, value, None, 0.0, is_causal,
                                                            scale=scale, enable_gqa=enable_gqa,
-                                                           **band_kwargs)[1] == 0:
+                                                           **band_kwargs, **softcap_kwargs)[1] == 0:
             mask, causal, kwargs = None, is_causal, band_kwargs
         else:  # (built only here: an Sq x Sk mask costs more than many a kernel)
             mask, causal, kwargs = _with_band(attn_mask, band, query, key), False, {}
-    if sinks is not None and query.is_cuda:
+    if softcap and query.is_cuda and torch.ops.flashcore.explain(
+            query, key, value, mask, 0.0, causal, scale=scale, enable_gqa=enable_gqa,
+            softcap=softcap, **kwargs)[1] == 0:
+        kwargs = dict(kwargs, softcap=softcap)
+    if sinks is not None and query.is_cuda and (not softcap or "softcap" in kwargs):
         sinks = sinks.float().contiguous()
         if torch.ops.flashcore.explain(query, key, value, mask, 0.0, causal, scale=scale,
                                        enable_gqa=enable_gqa, sinks=sinks, **kwargs)[1] == 0:
@@ -118,16 +130,64 @@ def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_lef
     return mask, causal, kwargs
 
 
+_REFERENCE_CHUNK_ELEMS = 1 << 26  # scores per chunk of rows in _softcap_reference
+
+
+def _softcap_reference(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap):
+    """(out, lse) with a softcap where no kernel takes it, in float32 (float64 for float64
+    inputs), rows in chunks: s = softcap tanh(scale q.k / softcap), then the mask (bool or
+    additive) and top-left causal, softmax, P V. A row that sees no key gives zeros, LSE -inf."""
+    from ._ops import _gqa, _lse_dtype
+    ct = _lse_dtype(query.dtype)
+    sq, sk, d = query.shape[-2], key.shape[-2], query.shape[-1]
+    sc = (1.0 / math.sqrt(d)) if scale is None else scale
+    kf, vf = key.to(ct), value.to(ct)
+    if _gqa(query, key, enable_gqa):
+        group = query.shape[-3] // key.shape[-3]
+        kf, vf = kf.repeat_interleave(group, dim=-3), vf.repeat_interleave(group, dim=-3)
+    add = None
+    if attn_mask is not None:
+        add = (torch.zeros(attn_mask.shape, dtype=ct, device=query.device)
+               .masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+               else attn_mask.to(ct))
+    rows = add is not None and add.dim() >= 2 and add.shape[-2] != 1
+    batch = math.prod(torch.broadcast_shapes(query.shape[:-2], kf.shape[:-2]))
+    chunk = max(1, _REFERENCE_CHUNK_ELEMS // max(1, batch * sk))
+    outs, lses = [], []
+    for i0 in range(0, sq, chunk):
+        n = min(chunk, sq - i0)
+        s = torch.matmul(query.narrow(-2, i0, n).to(ct), kf.transpose(-2, -1)) * sc
+        s = softcap * torch.tanh(s / softcap)
+        if add is not None:
+            s = s + (add.narrow(-2, i0, n) if rows else add)
+        if is_causal:
+            keep = torch.arange(i0, i0 + n, device=s.device).unsqueeze(-1) >= torch.arange(
+                sk, device=s.device)
+            s = s.masked_fill(~keep, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - lse.masked_fill(torch.isneginf(lse), 0.0).unsqueeze(-1))
+        outs.append(torch.matmul(p, vf))
+        lses.append(lse)
+    out_shape = torch.broadcast_shapes(query.shape[:-1], vf.shape[:-2] + (sq,)) + (vf.shape[-1],)
+    if sq == 0:
+        return query.new_zeros(out_shape), torch.zeros(out_shape[:-1], dtype=ct, device=query.device)
+    out = torch.cat(outs, dim=-2).expand(out_shape).to(query.dtype).contiguous()
+    return out, torch.cat(lses, dim=-1).expand(out_shape[:-1]).contiguous()
+
+
 
 @torch.library.custom_op("flashcore::attention_fwd", mutates_args=())
 def attention_fwd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attn_mask: Optional[torch.Tensor], is_causal: bool, scale: Optional[float],
                   enable_gqa: bool, window_left: int, window_right: int, bottom_right: bool,
-                  sinks: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+                  sinks: Optional[torch.Tensor], softcap: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of flashcore.attention (see the module docstring); lse as sdpa_fwd's, with
     the sinks in it when there are sinks."""
     mask, causal, kwargs = _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                                 window_left, window_right, bottom_right, sinks)
+                                 window_left, window_right, bottom_right, sinks, softcap)
+    if softcap and "softcap" not in kwargs:  # no kernel takes it: the band is in the mask
+        out, lse = _softcap_reference(query, key, value, mask, causal, scale, enable_gqa, softcap)
+        return _with_sinks(out, lse, sinks) if sinks is not None else (out, lse)
     kernel_sinks = kwargs.pop("sinks", None)
     if kernel_sinks is not None:  # the kernel adds them
         return torch.ops.flashcore.sdpa_fwd_sinks(query, key, value, kernel_sinks, mask, causal,
@@ -141,24 +201,24 @@ def attention_fwd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left,
-                        window_right, bottom_right, sinks):
+                        window_right, bottom_right, sinks, softcap):
     return torch.ops.flashcore.sdpa_fwd(query, key, value, None, 0.0, False, scale=scale,
                                         enable_gqa=enable_gqa)
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, is_causal, scale, enable_gqa, wl, wr, br, sinks = inputs
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, wl, wr, br, sinks, softcap = inputs
     out, lse = output
     ctx.save_for_backward(query, key, value, out, lse, attn_mask, sinks)
-    ctx.args = (is_causal, scale, enable_gqa, wl, wr, br)
+    ctx.args = (is_causal, scale, enable_gqa, wl, wr, br, softcap)
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
     query, key, value, out, lse, attn_mask, sinks = ctx.saved_tensors
-    is_causal, scale, enable_gqa, wl, wr, br = ctx.args
+    is_causal, scale, enable_gqa, wl, wr, br, softcap = ctx.args
     if grad_out is None and grad_lse is None:
-        return (None,) * 11
+        return (None,) * 12
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     needs = ctx.needs_input_grad
@@ -171,7 +231,7 @@ def _backward(ctx, grad_out, grad_lse):
                                       else _with_band(attn_mask, band, query, key)), False, ()
     dq, dk, dv, dmask = torch.ops.flashcore.sdpa_bwd(
         grad_out, query, key, value, out, lse, grad_lse, mask, is_causal, scale, enable_gqa,
-        grad_mask, *band_args)
+        grad_mask, *band_args, softcap=softcap)
     if grad_mask:  # outside the band P = 0, so dS = 0 there: the mask's gradient as it is
         dmask = dmask.sum_to_size(attn_mask.shape)
     dsinks = None
@@ -184,7 +244,7 @@ def _backward(ctx, grad_out, grad_lse):
         p_sink = torch.exp(sinks.to(lse.dtype).unsqueeze(-1) - lse.masked_fill(torch.isneginf(lse), float("inf")))
         dsinks = -(p_sink * delta).flatten(0, -3).sum((0, 2)).to(sinks.dtype)
     return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
-            dmask if grad_mask else None) + (None,) * 6 + (dsinks,)
+            dmask if grad_mask else None) + (None,) * 6 + (dsinks, None)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -223,6 +283,18 @@ def _check_sinks(sinks, query):
                          f"device ({query.device}), got {sinks.dtype} on {sinks.device}")
 
 
+def _check_softcap(softcap):
+    """softcap as a float: 0 (none) or finite and > 0."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise ValueError(f"flashcore.attention: softcap must be a number (0 = none), got "
+                         f"{type(softcap).__name__}")
+    softcap = float(softcap)
+    if not (softcap >= 0.0 and math.isfinite(softcap)):
+        raise ValueError(f"flashcore.attention: softcap must be 0 (none) or a finite value > 0, "
+                         f"got {softcap}")
+    return softcap
+
+
 def _with_sinks(out, lse, sinks):
     """out and lse with a sink logit per query head in every row's denominator: the weight of
     the keys becomes sigmoid(lse - sink) (0 for a row that saw no key), the LSE
@@ -239,30 +311,31 @@ def _with_sinks(out, lse, sinks):
 
 def attention(query, key, value, attn_mask=None, is_causal=False, *,
               causal_alignment="top_left", window_size=(-1, -1), scale=None, enable_gqa=False,
-              sinks=None, return_lse=False):
-    """Attention with SDPA's semantics plus a sliding window, the causal alignment and attention
-    sinks (module docstring). Returns out, or (out, lse) with return_lse."""
+              softcap=0.0, sinks=None, return_lse=False):
+    """Attention with SDPA's semantics plus a sliding window, the causal alignment, a logit
+    softcap and attention sinks (module docstring). Returns out, or (out, lse) with return_lse."""
     from . import FALLBACK_ONLY
     attn_mask, is_causal, wl, wr, br = _resolve(query, key, attn_mask, is_causal,
                                                 causal_alignment, window_size)
     _check_sinks(sinks, query)
+    softcap = _check_softcap(softcap)
     if FALLBACK_ONLY:  # no FlashCore library: PyTorch's SDPA with the band as a mask
         band = _band_of(query, key, is_causal, wl, wr, br)
         mask = attn_mask if band.kind == _band.ALL else _with_band(attn_mask, band, query, key)
-        if return_lse or sinks is not None:
-            raise NotImplementedError("flashcore.attention: return_lse and sinks need FlashCore's "
-                                      f"library ({FALLBACK_ONLY})")
+        if return_lse or sinks is not None or softcap:
+            raise NotImplementedError("flashcore.attention: return_lse, sinks and softcap need "
+                                      f"FlashCore's library ({FALLBACK_ONLY})")
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, mask, scale=scale, enable_gqa=enable_gqa)
     out, lse = attention_fwd(query, key, value, attn_mask, is_causal, scale, enable_gqa, wl, wr, br,
-                             sinks)
+                             sinks, softcap)
     return (out, lse) if return_lse else out
 
 
 @torch.compiler.disable
 def explain_attention(query, key, value, attn_mask=None, is_causal=False, *,
                       causal_alignment="top_left", window_size=(-1, -1), scale=None,
-                      enable_gqa=False, sinks=None) -> str:
+                      enable_gqa=False, softcap=0.0, sinks=None) -> str:
     """Which path flashcore.attention takes: ``explain``'s words for the sdpa_fwd call it
     makes, with ``"(band as a mask)"`` where the window / alignment became an explicit mask."""
     from . import FALLBACK_ONLY, explain
@@ -270,8 +343,13 @@ def explain_attention(query, key, value, attn_mask=None, is_causal=False, *,
                                                 causal_alignment, window_size)
     if FALLBACK_ONLY:
         return f"fallback: {FALLBACK_ONLY}"
+    softcap = _check_softcap(softcap)
     mask, causal, kwargs = _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, wl,
-                                 wr, br, sinks)
+                                 wr, br, sinks, softcap)
+    if softcap and "softcap" not in kwargs:
+        why = explain(query, key, value, mask, 0.0, causal, scale, enable_gqa,
+                      **dict(kwargs, softcap=softcap))
+        return f"PyTorch (float32, unfused): no kernel takes the softcap here ({why})"
     words = explain(query, key, value, mask, 0.0, causal, scale, enable_gqa, **kwargs)
     notes = ["band as a mask"] if mask is not None and mask is not attn_mask else []
     if sinks is not None and "sinks" not in kwargs:

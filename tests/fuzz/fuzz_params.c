@@ -17,7 +17,7 @@
  *     offset of every tensor fits int64, the grid fits CUDA's limits;
  *   * every struct the support query accepts has a kernel (dtype, head dim, arch, a mask only in
  *     the sm80 family, a general band (window, bottom-right causal) only in the sm90 and decode
- *     families and sinks only in sm90, the family's own layout rules), AUTO prefers the sm90
+ *     families, sinks only in sm90, a softcap only in sm90 without a mask, the family's own layout rules), AUTO prefers the sm90
  *     family where it can take the struct (and has no mask to apply), and
  *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct (as the library
  *     resolves its band, fc_resolve_band_); the launcher
@@ -467,18 +467,20 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     if (fam == FC_FAMILY_SM90) REQUIRE(d == 64 || d == 128 || d == 256);
     REQUIRE(cc == 89 || cc == 90);
     REQUIRE(p->family == FC_FAMILY_AUTO || p->family == fam);
-    /* A general band: the sm90 and decode families, no mask; sinks: the sm90 family. */
+    /* A general band: the sm90 and decode families, no mask; sinks: the sm90 family; a softcap:
+     * the sm90 family, no mask. */
     const fc_params r = resolved_of(p);
     if (r.band_ == FC_BAND_GENERAL_)
         REQUIRE((fam == FC_FAMILY_SM90 || fam == FC_FAMILY_DECODE) && p->mask_kind == FC_MASK_NONE);
     if (p->sinks != NULL) REQUIRE(fam == FC_FAMILY_SM90);
+    if (p->softcap != 0.0f) REQUIRE(fam == FC_FAMILY_SM90 && p->mask_kind == FC_MASK_NONE);
     if (fam == FC_FAMILY_SM90) REQUIRE(cc == 90 && sm90_takes(p));
     else if (fam == FC_FAMILY_DECODE) REQUIRE(decode_takes(p) && (d == 64 || d == 128));
     else REQUIRE(fam == FC_FAMILY_SM80);
     /* AUTO: the decode kernel for the small-Sq calls it takes, else Hopper wherever it can run
      * (unmasked calls: a mask always means the sm80 family, checked above)... */
     if (p->mask_kind != FC_MASK_NONE) return;
-    const int decode = decode_takes(p) && (d == 64 || d == 128) && p->sinks == NULL;
+    const int decode = decode_takes(p) && (d == 64 || d == 128) && p->sinks == NULL && p->softcap == 0.0f;
     const int sm90 = cc == 90 && sm90_takes(p) && (d == 64 || d == 128 || d == 256);
     /* ...except one-row D=128 calls over many (batch, KV head) pairs and key rows, which the
      * Hopper family reads faster (dispatch.c, sm90_reads_decode_faster): from 64 pairs and 2^18
@@ -625,6 +627,7 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
     const fc_params rf = resolved_of(f);
     REQUIRE(f->mask_kind == FC_MASK_NONE || (fam == FC_FAMILY_SM90 && !rf.causal)); /* masks: sm90, not causal */
     if (rf.band_ == FC_BAND_GENERAL_) REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE);
+    if (f->softcap != 0.0f) REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE);
     REQUIRE(f->head_dim == 64 || f->head_dim == 128);
     REQUIRE(bwd_built(fam, f->head_dim, f->dtype) && bwd_family_runs_on(fam, cc));
     REQUIRE(cc == 89 || cc == 90);
@@ -833,6 +836,7 @@ static void decode_structured(reader *r, fc_params *p) {
     if (variant & 8) p->alignment = FC_ALIGN_BOTTOM_RIGHT;
     if (variant & 16) p->alignment = (fc_alignment)(int)take_i64(r);
     if (variant & 32) p->sinks = (const float *)take_pointer(r, 0x7f0000700000u);
+    if (variant & 64) p->softcap = take_scale(r);  /* (0, negative, NaN, inf, huge, tiny, any bits) */
 }
 
 /* Saturating i128 -> int64 (workspace sizes derived from a need). */
@@ -928,7 +932,8 @@ static void check_struct(const fc_params *p, int device) {
     const fc_status s = fc_params_validate(p);
     REQUIRE((int)s >= 0 && s < FC_STATUS_COUNT_ && s != FC_ERR_CUDA && s != FC_ERR_NULL_PARAMS);
     /* validation gives no FC_UNSUPPORTED_* but EMPTY (statuses added later sit at the end) */
-    REQUIRE(s < FC_UNSUPPORTED_DTYPE || s == FC_ERR_BAD_WINDOW);
+    REQUIRE(s < FC_UNSUPPORTED_DTYPE || s == FC_ERR_BAD_WINDOW || s == FC_ERR_BAD_SOFTCAP);
+    if (s == FC_OK) REQUIRE(p->softcap >= 0.0f && isfinite(p->softcap));
     REQUIRE(fc_status_string(s) != NULL && fc_status_string(s)[0] != '\0');
     REQUIRE(fc_params_validate(p) == s);
     if (s == FC_OK) accepted_is_consistent(p);
@@ -940,11 +945,12 @@ static void check_struct(const fc_params *p, int device) {
         REQUIRE(fc_status_string(sup) != NULL);
         if (s != FC_OK) REQUIRE(sup == s);
         else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA) ||
-                     sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SINKS);
+                     sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SINKS || sup == FC_UNSUPPORTED_SOFTCAP);
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         if (sup == FC_OK) supported_is_runnable(p, cc, fam);
         if (sup == FC_UNSUPPORTED_BAND) REQUIRE(resolved_of(p).band_ == FC_BAND_GENERAL_);
         if (sup == FC_UNSUPPORTED_SINKS) REQUIRE(p->sinks != NULL);
+        if (sup == FC_UNSUPPORTED_SOFTCAP) REQUIRE(p->softcap != 0.0f);
         /* Declined only for a reason that holds: the layout reason only for a forced sm90. */
         /* The speed reason only for AUTO on Hopper, unmasked, a head dim sm90 lacks. */
         if (sup == FC_UNSUPPORTED_SLOWER)
@@ -1037,7 +1043,8 @@ static void check_bwd(const fc_bwd_params *b, int device) {
     memcpy(&before, b, sizeof before);
 
     const fc_status v = fc_bwd_params_validate(b);
-    REQUIRE((int)v >= 0 && (v < FC_UNSUPPORTED_DTYPE || v == FC_ERR_BAD_WINDOW) && v != FC_ERR_NULL_PARAMS);
+    REQUIRE((int)v >= 0 && (v < FC_UNSUPPORTED_DTYPE || v == FC_ERR_BAD_WINDOW || v == FC_ERR_BAD_SOFTCAP) &&
+            v != FC_ERR_NULL_PARAMS);
     REQUIRE(fc_status_string(v) != NULL && fc_status_string(v)[0] != '\0');
     REQUIRE(fc_bwd_params_validate(b) == v);
     /* The forward's checks come first. */
@@ -1074,7 +1081,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         /* support == FC_OK implies validate == FC_OK; family AUTO iff unsupported, else SM80 / SM90 */
         if (v != FC_OK) REQUIRE(sup == v);
         else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA) ||
-                     sup == FC_UNSUPPORTED_BAND);
+                     sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SOFTCAP);
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         REQUIRE(fam == FC_FAMILY_AUTO || fam == FC_FAMILY_SM80 || fam == FC_FAMILY_SM90);
         if (v != FC_OK) continue;
@@ -1087,9 +1094,11 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         /* (causal and the band as the library resolves them: a general band, sm90 only) */
         const fc_params rf = resolved_of(f);
         const int general = rf.band_ == FC_BAND_GENERAL_;
-        const int sm80 = dtype_ok && f->mask_kind == FC_MASK_NONE && !general &&
+        /* (a softcap: the sm90 family, no mask) */
+        const int softcap = f->softcap != 0.0f;
+        const int sm80 = dtype_ok && f->mask_kind == FC_MASK_NONE && !general && !softcap &&
                          bwd_family_possible(b, FC_FAMILY_SM80, cc);
-        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !rf.causal) &&
+        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && !softcap)) &&
                          bwd_family_possible(b, FC_FAMILY_SM90, cc);
         if (f->family == FC_FAMILY_AUTO) {
             const fc_family want = sm90 && !b->deterministic ? FC_FAMILY_SM90 : sm80 ? FC_FAMILY_SM80 : FC_FAMILY_AUTO;
@@ -1108,6 +1117,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         if (sup == FC_UNSUPPORTED_DTYPE) REQUIRE(!dtype_ok);
         if (sup == FC_UNSUPPORTED_MASK) REQUIRE(f->mask_kind != FC_MASK_NONE);
         if (sup == FC_UNSUPPORTED_BAND) REQUIRE(general);
+        if (sup == FC_UNSUPPORTED_SOFTCAP) REQUIRE(softcap);
         if (sup == FC_UNSUPPORTED_LAYOUT) REQUIRE(f->family == FC_FAMILY_SM90 && !bwd_sm90_takes(b));
         if (sup == FC_UNSUPPORTED_ARCH) REQUIRE(f->family == FC_FAMILY_AUTO && !bwd_family_runs_on(FC_FAMILY_SM80, cc));
         if (sup == FC_UNSUPPORTED_FAMILY)
@@ -1262,7 +1272,8 @@ static void check_balanced_grid(void) {
 
 /*
  * The sm90 family's D=64 configuration (fc_sm90_d64_config) on a 132-SM H100: the choices the
- * eighth and ninth sessions measured (bench/NOTES.md), and over a grid of shapes what each choice promises:
+ * eighth and ninth sessions measured (docs/experiments/sessions-04-09.md), and over a grid of
+ * shapes what each choice promises:
  * PAIR and TINY only for at most two waves of 64-row blocks (one when not causal), LONG whenever
  * the three-warpgroup grid fills a wave (not causal) or the 64-row grid fills more than
  * FC_SM90_D64_SHORT_CAUSAL_WAVES waves (causal).

@@ -41,10 +41,13 @@ and sliding windows run by ``flashcore.attention``:
   chunked attention, torch.export, a padding mask under torch.compile, any mask under
   torch.compile before torch 2.14): the window is then in
   the mask, which is used as it is (``flashcore.sdpa`` with that mask);
+- a logit softcap (``softcap``, Gemma 2) and attention sinks (``s_aux``, gpt-oss) go to
+  ``flashcore.attention(..., softcap=, sinks=)`` with the same mask, causal flag and window as
+  above (the Hopper kernels take both without a mask; with a mask the softcap is computed in
+  PyTorch and the sinks are applied to the output, see ``flashcore.attention``);
 - what the FlashCore kernels do not implement is handed to transformers' own
-  ``sdpa_attention_forward`` unchanged: ``output_attentions=True``, ``softcap`` (Gemma2),
-  ``s_aux`` (attention sinks), ``position_bias``, ``dropout > 0`` (training), and a window on a
-  non-causal layer with no mask. Where the builder left a window's mask out, the delegated
+  ``sdpa_attention_forward`` unchanged: ``output_attentions=True``, ``position_bias``,
+  ``dropout > 0`` (training), and a window on a non-causal layer with no mask. Where the builder left a window's mask out, the delegated
   call is given the band as its bool mask (transformers' function ignores ``sliding_window``).
   Where the op itself cannot run a kernel (CPU, fp32, other head dims, masks today), it falls
   back to PyTorch's SDPA with the same arguments.
@@ -57,7 +60,8 @@ A quirk handled here: transformers 5.17/5.18 treat every attention implementatio
 contains ``"flash"`` as a FlashAttention build and try to load it (``lazy_import_flash_attention``
 -> ``_lazy_imports``), which fails for ``"flashcore"``. :func:`register` wraps
 ``transformers.modeling_flash_attention_utils._lazy_imports`` so that for ``"flashcore"`` it
-loads nothing (FlashCore needs none of the flash-attn functions); every other name goes to
+loads nothing (FlashCore needs none of the flash-attn functions), and models that list their own
+FlashAttention builds (gpt-oss) do not swap ``"flashcore"`` for one of those; every other name goes to
 transformers' function untouched. Other consequences of the substring check: with a static
 cache and an explicit ``CompileConfig(fullgraph=True)``, ``generate()`` downgrades to
 ``fullgraph=False`` (with a warning); models that list ``_compatible_flash_implementations``
@@ -208,8 +212,6 @@ def flashcore_attention_forward(
             and kv_length > sliding_window)
     if (
         kwargs.get("output_attentions", False)
-        or kwargs.get("softcap") is not None
-        or kwargs.get("s_aux") is not None
         or kwargs.get("position_bias") is not None
         or dropout > 0.0
         # a non-causal layer with a window and no mask (transformers materializes those masks)
@@ -222,11 +224,13 @@ def flashcore_attention_forward(
                          kwargs)
 
     enable_gqa = query.shape[1] != key.shape[1]
+    # (Gemma 2 passes softcap=None on models without one; gpt-oss's sinks are a parameter.)
+    variants = dict(softcap=float(kwargs.get("softcap") or 0.0), sinks=kwargs.get("s_aux"))
     if band:
         out = flashcore.attention(query, key, value, is_causal=True,
                                   causal_alignment="bottom_right",
                                   window_size=(sliding_window - 1, 0), scale=scaling,
-                                  enable_gqa=enable_gqa)
+                                  enable_gqa=enable_gqa, **variants)
         return out.transpose(1, 2).contiguous(), None
 
     # Same order as transformers (shape first) so torch.compile with dynamic shapes sees a bool.
@@ -240,8 +244,12 @@ def flashcore_attention_forward(
         key = key[:, :, :q_length, :]
         value = value[:, :, :q_length, :]
 
-    attn_output = torch.ops.flashcore.sdpa(
-        query, key, value, attention_mask, 0.0, is_causal, scale=scaling, enable_gqa=enable_gqa)
+    if variants["softcap"] or variants["sinks"] is not None:
+        attn_output = flashcore.attention(query, key, value, attention_mask, is_causal,
+                                          scale=scaling, enable_gqa=enable_gqa, **variants)
+    else:
+        attn_output = torch.ops.flashcore.sdpa(
+            query, key, value, attention_mask, 0.0, is_causal, scale=scaling, enable_gqa=enable_gqa)
     return attn_output.transpose(1, 2).contiguous(), None
 
 
@@ -280,6 +288,27 @@ def _install_flash_name_shim() -> None:
 
     _lazy_imports.__flashcore_shim__ = True
     fa_utils._lazy_imports = _lazy_imports
+
+    # Models that list their own FlashAttention builds (gpt-oss: _compatible_flash_implementations)
+    # swap any other "flash" name for the first of those when the model picks its implementation
+    # (PreTrainedModel._check_and_adjust_attn_implementation): there "flashcore" is not one.
+    try:
+        import transformers.modeling_utils as modeling_utils
+    except ImportError:  # pragma: no cover
+        return
+    is_fa = getattr(modeling_utils, "is_flash_attention_requested", None)
+    if is_fa is None or getattr(is_fa, "__flashcore_shim__", False):
+        return
+
+    @functools.wraps(is_fa)
+    def is_flash_attention_requested(config=None, requested_attention_implementation=None, **kwargs):
+        name = config._attn_implementation if config is not None else requested_attention_implementation
+        if isinstance(name, str) and split_attention_implementation(name)[1] == NAME:
+            return False
+        return is_fa(config=config, requested_attention_implementation=requested_attention_implementation, **kwargs)
+
+    is_flash_attention_requested.__flashcore_shim__ = True
+    modeling_utils.is_flash_attention_requested = is_flash_attention_requested
 
 
 def register() -> None:
