@@ -323,7 +323,7 @@ void fc_pack_decode_gqa(fc_params *p) {
     p->lse_stride_s = p->lse_stride_h;
     p->lse_stride_h *= group;
     /* A resolved struct's rows now number `group`, all seeing every key (packed calls have no
-     * band): the band's lower edge moves with them (kernels that read it: a softcap's kBand). */
+     * band): the band's lower edge moves with them. */
     if (p->band_ == FC_BAND_NONE_) p->band_lo_ = (int)(1 - group);
 }
 
@@ -460,10 +460,8 @@ int fc_decode_splits(const fc_params *p, int sm_count) {
 int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced) {
     const int64_t pairs = p->batch * p->heads_kv;
     /* (The packing check validates a packed copy: last, after the cheap tests.) */
-    /* (Sinks are added in the unsplit epilogue only; a softcap runs in the kBand kernel, which
-     * has no grid split.) */
-    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || p->sinks != NULL || p->softcap != 0.0f ||
-        !sm90_decode_block_per_pair(p))
+    /* (Sinks are added in the unsplit epilogue only.) */
+    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || p->sinks != NULL || !sm90_decode_block_per_pair(p))
         return 1;
     int64_t splits = forced > 0 ? forced : (sm_count > 0 ? sm_count : 1) / pairs;
     if (forced <= 0 && splits > p->seqlen_k / FC_SM90_DECODE_MIN_KEYS_PER_SPLIT)
