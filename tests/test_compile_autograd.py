@@ -117,10 +117,11 @@ def ref_lse(q, k, mask, is_causal=False, scale=None, enable_gqa=False):
 # ---- schemas ----------------------------------------------------------------------------------
 
 def test_fwd_schema_takes_sdpa_arguments():
-    """SDPA's arguments, then flashcore.attention's band (keyword-only, defaults: no band)."""
+    """SDPA's arguments, then flashcore.attention's band and softcap (keyword-only, defaults:
+    none)."""
     ours, aten = FWD._schema, torch.ops.aten.scaled_dot_product_attention.default._schema
     band = [("window_left", "int", -1, True), ("window_right", "int", -1, True),
-            ("bottom_right", "bool", False, True)]
+            ("bottom_right", "bool", False, True), ("softcap", "float", 0.0, True)]
     assert [(a.name, str(a.type), a.default_value, a.kwarg_only) for a in ours.arguments] == \
            [(a.name, str(a.type), a.default_value, a.kwarg_only) for a in aten.arguments] + band
     assert [str(r.type) for r in ours.returns] == ["Tensor", "Tensor"]
