@@ -104,13 +104,24 @@ def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_lef
     softcap (kwargs["softcap"]) likewise (else attention_fwd computes the call in PyTorch)."""
     softcap_kwargs = dict(softcap=softcap) if softcap else {}
     band = _band_of(query, key, is_causal, window_left, window_right, bottom_right)
+    # The usual case first, in one question: one kernel takes the band, the softcap and the sinks
+    # as they are (no mask, or a band that needs none).
+    band_kwargs = dict(window_left=window_left, window_right=window_right, bottom_right=bottom_right)
+    whole = (attn_mask, False, {}) if band.kind == _band.ALL else \
+        (None, True, {}) if band.kind == _band.TOP_LEFT_CAUSAL and attn_mask is None else \
+        (None, is_causal, band_kwargs) if attn_mask is None else None
+    if whole is not None and query.is_cuda and (whole[2] or softcap or sinks is not None):
+        kwargs = dict(whole[2], **softcap_kwargs)
+        if sinks is not None:
+            kwargs["sinks"] = sinks.float().contiguous()
+        if torch.ops.flashcore.explain(query, key, value, whole[0], 0.0, whole[1], scale=scale,
+                                       enable_gqa=enable_gqa, **kwargs)[1] == 0:
+            return whole[0], whole[1], kwargs
     if band.kind == _band.ALL:
         mask, causal, kwargs = attn_mask, False, {}
     elif band.kind == _band.TOP_LEFT_CAUSAL and attn_mask is None:
         mask, causal, kwargs = None, True, {}
     else:
-        band_kwargs = dict(window_left=window_left, window_right=window_right,
-                           bottom_right=bottom_right)
         explain = torch.ops.flashcore.explain
         if attn_mask is None and query.is_cuda and explain(query, key, value, None, 0.0, is_causal,
                                                            scale=scale, enable_gqa=enable_gqa,
