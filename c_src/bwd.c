@@ -8,6 +8,7 @@
  * sm_90a only, which sums dq through fp32 reductions in any order. CMake defines FC_HAVE_SM80_BWD_HDIM<d>_<dtype>
  * and FC_HAVE_SM90_BWD_HDIM<d>_<dtype> for each instantiation it builds.
  */
+#include "config.h"
 #include "dispatch.h"
 #include "flashcore.h"
 
@@ -259,6 +260,7 @@ FC_API fc_status fc_sdpa_bwd_workspace_size(const fc_bwd_params *p, int64_t *byt
 }
 
 FC_API fc_status fc_sdpa_bwd(const fc_bwd_params *p, cudaStream_t stream) {
+    fc_config_read(); /* the call's overrides (config.h), read once here for its launcher */
     fc_status s = fc_bwd_params_validate(p);
     if (s != FC_OK) return s;
     int major = 0, minor = 0;

@@ -9,8 +9,9 @@
  */
 #include "dispatch.h"
 
+#include "config.h" /* FLASHCORE_PDL, FLASHCORE_BWD_PERSISTENT */
+
 #include <stddef.h>
-#include <stdlib.h>
 
 #define FC_DECLARE(name) cudaError_t name(const fc_params *p, cudaStream_t stream);
 #if defined(FC_HAVE_SM80_HDIM32_fp16)
@@ -491,21 +492,16 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits) {
 int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave) { return tiles * 2 <= ctas_per_wave; }
 
 int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas) {
-    if (grid_ctas > wave_ctas) return 0;
-    const char *text = getenv("FLASHCORE_PDL");
-    return !(text != NULL && text[0] == '0' && text[1] == '\0');
+    return grid_ctas <= wave_ctas && fc_config_get()->pdl;
 }
 
 int64_t fc_sm90_bwd_grid(int64_t tiles, int64_t sms) {
-    const char *text = getenv("FLASHCORE_BWD_PERSISTENT");
-    if (sms <= 0 || tiles <= sms || (text != NULL && text[0] == '0' && text[1] == '\0')) return tiles;
+    if (sms <= 0 || tiles <= sms || !fc_config_get()->bwd_persistent) return tiles;
     return sms;
 }
 
 int64_t fc_balanced_grid(int64_t tiles, int64_t sms) {
     if (sms <= 0 || tiles <= sms) return tiles;
-    const char *text = getenv("FLASHCORE_SM90_BALANCED");
-    if (text != NULL && text[0] == '0' && text[1] == '\0') return sms;
     const int64_t rounds = (tiles + sms - 1) / sms;
     return (tiles + rounds - 1) / rounds;
 }

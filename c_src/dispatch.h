@@ -37,7 +37,7 @@ int fc_decode_splits(const fc_params *p, int sm_count);
  * counts key ranges in these chunks. */
 #define FC_DECODE_CHUNK 32
 /* The most key ranges fc_decode_splits cuts a (batch, KV head) into (also the limit of the
- * FLASHCORE_DECODE_SPLITS override in flashcore.c). */
+ * FLASHCORE_DECODE_SPLITS override, config.h). */
 #define FC_DECODE_MAX_SPLITS 64
 /* Calls of up to this many rows per (batch, KV head), (Hq / Hkv) x Sq, run the tensor-core
  * decode kernel; 17-32 rows the CUDA-core one (kernels/decode_sm80.cuh, launch_decode). */
@@ -79,8 +79,8 @@ int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave);
 /* The persistent grid for `tiles` tiles of equal work on `sms` SMs (one CTA each): as few CTAs
  * as run them in the same number of rounds as a full wave, so that every CTA runs the same
  * number of tiles, give or take one, and none finishes a round early. E.g. 256 one-row decode
- * tiles: 128 CTAs of 2 tiles, not 132 of which 8 idle for the second round.
- * FLASHCORE_SM90_BALANCED=0 gives the full wave (A/B runs; read per call). */
+ * tiles: 128 CTAs of 2 tiles, not 132 of which 8 idle for the second round. (The A/B switch to
+ * the full wave, FLASHCORE_SM90_BALANCED=0, is retired: docs/TUNING.md.) */
 int64_t fc_balanced_grid(int64_t tiles, int64_t sms);
 /* fc_params.band_: what the band is, once resolved (fc_resolve_band_). The band itself is
  * fc_band_bounds's (flashcore.h): query row i sees keys i + lo .. i + hi. */
@@ -141,7 +141,7 @@ int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t
  * Only grids that fit in one wave (`wave_ctas` run at once): measured on the H100 in CUDA graphs
  * (docs/experiments/sessions-04-09.md, sixth session), B=1 H=8 S=512 D=64 went from 9.06 to 8.22 us and split
  * decode rows gained 4-12%, but unsplit decode grids of 2-8 waves lost 10-17%.
- * FLASHCORE_PDL=0 turns it off (A/B timing; read per call). */
+ * FLASHCORE_PDL=0 turns it off (config.h: the serial reference of the PDL tests, and a way out). */
 int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
 
 /* The Hopper backward's workspace (c_src/bwd.c, kernels/sm90/bwd_kernel.cuh): per (batch, query
@@ -165,7 +165,7 @@ static inline int64_t fc_sm90_bwd_workspace_bytes(const fc_params *f) {
 }
 /* CTAs of the Hopper backward's main kernel for `tiles` tiles on `sms` SMs: at most one per SM, each
  * taking tiles until none are left (kernels/sm90/bwd_kernel.cuh). FLASHCORE_BWD_PERSISTENT=0 gives
- * one CTA per tile instead (A/B timing; read per call). */
+ * one CTA per tile instead (config.h; A/B timing while that comparison is open). */
 int64_t fc_sm90_bwd_grid(int64_t tiles, int64_t sms);
 
 /* For c_src/bwd.c and the launchers (defined in flashcore.c): the current device, its compute

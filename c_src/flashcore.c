@@ -3,13 +3,13 @@
  * See flashcore.h for the contract. Nothing here allocates, synchronizes or exits.
  */
 #include "flashcore.h"
+#include "config.h"
 #include "dispatch.h"
 
 #include <math.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define FC_API __attribute__((visibility("default")))
@@ -267,18 +267,6 @@ fail:
     return FC_ERR_CUDA;
 }
 
-/* FLASHCORE_DECODE_SPLITS=1..FC_DECODE_MAX_SPLITS forces the decode kernel's split count (for
- * A/B timing and the tests, like FLASHCORE_KV_SPLITS for the Hopper family); 0 when unset or not
- * such a number. More splits than 32-key chunks leave some CTAs an empty range, which the kernel
- * and the merge handle (as with causal ranges past Sq). */
-static int forced_decode_splits(void) {
-    const char *text = getenv("FLASHCORE_DECODE_SPLITS");
-    if (text == NULL || text[0] == '\0') return 0;
-    char *end = NULL;
-    const long n = strtol(text, &end, 10);
-    return (*end == '\0' && n >= 1 && n <= FC_DECODE_MAX_SPLITS) ? (int)n : 0;
-}
-
 /* What a call runs: the kernel, its family, the split count and the workspace it needs
  * (`bytes`), and whether a one-row GQA call in the Hopper family runs packed (one block of the
  * group's rows per KV head; decided here once, as it validates a packed copy). */
@@ -291,6 +279,8 @@ typedef struct {
 } launch_plan;
 
 static fc_status plan(const fc_params *user, launch_plan *out) {
+    /* The call's overrides (config.h), read once here for it and for its launcher. */
+    const fc_config *cfg = fc_config_read();
     *out = (launch_plan){NULL, FC_FAMILY_AUTO, 1, 0, 0};
     fc_status s = fc_params_validate(user);
     if (s != FC_OK) return s;
@@ -302,13 +292,15 @@ static fc_status plan(const fc_params *user, launch_plan *out) {
     if (s != FC_OK) return s;
     s = fc_dispatch(p, major, minor, &out->launch, &out->family);
     if (s != FC_OK) return s;
+    /* FLASHCORE_DECODE_SPLITS forces the split count (for A/B timing and the tests). More splits
+     * than 32-key chunks leave some CTAs an empty range, which the kernel and the merge handle
+     * (as with causal ranges past Sq). */
     if (out->family == FC_FAMILY_DECODE) {
-        const int forced = forced_decode_splits();
-        out->splits = forced > 0 ? forced : fc_decode_splits(p, sms);
+        out->splits = cfg->decode_splits > 0 ? cfg->decode_splits : fc_decode_splits(p, sms);
     } else if (out->family == FC_FAMILY_SM90) {
         out->packs = fc_decode_packs_for_sm90(p);
         /* One-row decoding over few pairs: the grid split, merged like the decode path's. */
-        out->splits = fc_sm90_decode_splits(p, sms, forced_decode_splits());
+        out->splits = fc_sm90_decode_splits(p, sms, cfg->decode_splits);
     }
     if (out->splits > 1) out->bytes = fc_decode_workspace_bytes(p, out->splits);
     return FC_OK;

@@ -39,6 +39,7 @@
 #pragma once
 
 #include "common/sm80_ptx.cuh"
+#include "config.h"
 #include "dispatch.h"
 #include "flashcore.h"
 #include "sm80/tile.cuh"
@@ -46,7 +47,6 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 #include <type_traits>
 
 namespace flashcore {
@@ -78,7 +78,7 @@ namespace sm80 {
 //     accumulators, as the unmasked 128x64) still spilled 4-108 bytes (255 registers) with
 //     them, whichever of the mask copies, the mask reads or the run-time causal flag was taken
 //     out, so D=128 takes 32-key tiles (160 accumulators). Ada keeps one m-atom, 64x64 (kNarrow;
-//     launch_fwd, narrow_by_setting).
+//     launch_fwd, takes_narrow_tiles).
 //   * Masked D=80 / D=96 (Phi-2's and Phi-3-mini's heads): two m-atoms on Hopper the same way,
 //     D=80 128x64 (O 80 + S 64 fp32) and D=96 128x64 (O 96 + S 64: D=128 128x32's 160
 //     accumulators), with kLeanRegs (as far as it applies: load_rows has no one-address path for
@@ -145,8 +145,8 @@ constexpr bool kLazyRescale = kHeadDim == 128 && kCausal;
 // 128x32 on sm8x. D=64 128x64: both shapes leave two CTAs per SM there (128x128: 48 KB);
 // Ada keeps the shape it had. Neither head dim's shapes were compared on an Ada card.
 // launch_fwd takes the narrow tiles below compute capability 9, or anywhere with
-// FLASHCORE_SM80_D64_KEYS=64 / FLASHCORE_SM80_D128_KEYS=32 (how the tests run them on Hopper);
-// =128 / =64 take the wide ones anywhere (launch_fwd, narrow_by_setting).
+// FLASHCORE_SM80_TILES=narrow (config.h; how the tests run them on Hopper); =wide takes the
+// wide ones anywhere (launch_fwd, takes_narrow_tiles).
 template <int kHeadDim, bool kMasked = false, bool kNarrow = false>
 struct FwdTraits {
     static constexpr int kWarps = 4;
@@ -851,21 +851,18 @@ cudaError_t launch_fwd_tiles(const fc_params &p, cudaStream_t stream, int device
     return cudaGetLastError();
 }
 
-// Whether a kernel with two tile shapes (FwdTraits' kNarrow) takes its narrow one: `variable`
-// set to `narrow_value` / `wide_value` picks one anywhere (other values are ignored); unset,
-// the narrow shape below compute capability 9 (Ada; see kNarrow and kTwoAtomMask for why).
-// `major` comes from the library's cached device query, so a call costs one getenv here.
-inline bool narrow_by_setting(const char *variable, const char *narrow_value, const char *wide_value, int major) {
-    const char *value = getenv(variable);
-    if (value != nullptr && strcmp(value, narrow_value) == 0) return true;
-    if (value != nullptr && strcmp(value, wide_value) == 0) return false;
-    return major < 9;
+// Whether a kernel with two tile shapes (FwdTraits' kNarrow) takes its narrow one:
+// FLASHCORE_SM80_TILES=narrow / wide (config.h) picks one anywhere (the tests run Ada's shapes
+// on Hopper so); else the narrow shape below compute capability 9 (Ada; see kNarrow and
+// kTwoAtomMask for why). `major` comes from the library's cached device query.
+inline bool takes_narrow_tiles(int major) {
+    const int tiles = fc_config_get()->sm80_tiles;
+    return tiles == FC_SM80_TILES_BY_DEVICE ? major < 9 : tiles == FC_SM80_TILES_NARROW;
 }
 
-// A kernel whose FwdTraits differ with kNarrow has two tile shapes (unmasked D=64 / D=128, and
-// the masked D=64 / 80 / 96 / 128 on two m-atoms): unmasked, FLASHCORE_SM80_D64_KEYS=64 / 128
-// and FLASHCORE_SM80_D128_KEYS=32 / 64 pick the key tile; with a mask, FLASHCORE_SM80_MASK_ROWS=64
-// / 128 the query rows per CTA. The others have one.
+// A kernel whose FwdTraits differ with kNarrow has two tile shapes (unmasked D=64 / D=128: key
+// tiles of 64 / 128 and 32 / 64; the masked D=64 / 80 / 96 / 128 on one or two m-atoms: 64 / 128
+// query rows per CTA). The others have one.
 template <typename Elem, int kHeadDim, bool kCausal, int kMask>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     int device = 0, major = 0;
@@ -878,11 +875,8 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
                               : (kHeadDim == 64 || kHeadDim == 128) &&
                                     Narrow::kBlockN == (kHeadDim == 64 ? 64 : 32) &&
                                     Wide::kBlockN == (kHeadDim == 64 ? 128 : 64),
-                      "the tile sizes the variables name");
-        const bool narrow = kMasked           ? narrow_by_setting("FLASHCORE_SM80_MASK_ROWS", "64", "128", major)
-                            : kHeadDim == 64 ? narrow_by_setting("FLASHCORE_SM80_D64_KEYS", "64", "128", major)
-                                             : narrow_by_setting("FLASHCORE_SM80_D128_KEYS", "32", "64", major);
-        if (narrow) return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true>(p, stream, device);
+                      "the tile sizes docs/TUNING.md gives for FLASHCORE_SM80_TILES");
+        if (takes_narrow_tiles(major)) return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true>(p, stream, device);
     }
     return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask>(p, stream, device);
 }

@@ -69,6 +69,7 @@
 #include "common/sm80_ptx.cuh"
 #include "common/split_combine.cuh"
 #include "common/wgmma_generated.cuh"
+#include "config.h"
 #include "dispatch.h"
 #include "flashcore.h"
 #include "sm90/ptx.cuh"
@@ -148,6 +149,7 @@ struct FwdConfig<256, kCausal, kShape> {
 
 // Split-KV (launch_fwd): a cluster of up to kMaxKvSplits CTAs shares one tile's keys.
 constexpr int kMaxKvSplits = 8;  // the portable cluster size
+static_assert(kMaxKvSplits == FC_CONFIG_MAX_KV_SPLITS, "FLASHCORE_KV_SPLITS's range (config.h)");
 // The D=64 configurations merge a split by pushing (kPushMerge): rows [rank * R, rank * R + R)
 // of the block, R = ceil(kBlockM / splits), are finalised by CTA `rank`, and every other CTA
 // sends its partial of those rows into slot [its rank] of that CTA's slots region with st.async
@@ -1628,9 +1630,9 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
                               p.v_stride_s, p.v_stride_h, p.v_stride_b, T::kBlockN);
     if (err != cudaSuccess) return err;
     // O through TMA where the configuration has staging buffers (kOBufs) and O's map encodes;
-    // else, and with FLASHCORE_SM90_TMA_STORE=0 (A/B runs), 16-byte stores from registers.
-    const char *tma_store = getenv("FLASHCORE_SM90_TMA_STORE");
-    if (T::kOBufs > 0 && !(tma_store != nullptr && tma_store[0] == '0' && tma_store[1] == '\0'))
+    // else 16-byte stores from registers. (The A/B switch to the register stores,
+    // FLASHCORE_SM90_TMA_STORE=0, is retired: docs/TUNING.md.)
+    if (T::kOBufs > 0)
         maps.o_tma = make_tensor_map(&maps.o, &maps.o_order, p.out, dtype, p.seqlen_q, p.heads_q, p.batch,
                                      p.head_dim, p.o_stride_s, p.o_stride_h, p.o_stride_b, 64) == cudaSuccess;
     const int64_t m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
@@ -1639,11 +1641,11 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     maps.heads_q_div = FastDiv(static_cast<int>(p.heads_q));
     maps.group_div = FastDiv(static_cast<int>(p.heads_q / p.heads_kv));
     // kPair on grids of at most half the SMs (see the producer and the key loop in fwd_kernel):
-    // both S GEMMs of a two-key-tile warpgroup at once, and the first key tile loaded alone
-    // (FLASHCORE_SM90_PAIR_ORDER=0 keeps the interleaved order, for A/B runs).
+    // both S GEMMs of a two-key-tile warpgroup at once, and the first key tile loaded alone.
+    // (The A/B switch to the interleaved order, FLASHCORE_SM90_PAIR_ORDER=0, is retired:
+    // docs/TUNING.md.)
     maps.pair_s_ahead = kShape == kPair && 2 * tiles <= sms;
-    const char *pair_order = getenv("FLASHCORE_SM90_PAIR_ORDER");
-    maps.pair_lead_load = maps.pair_s_ahead && !(pair_order != nullptr && pair_order[0] == '0' && pair_order[1] == '\0');
+    maps.pair_lead_load = maps.pair_s_ahead;
 
     auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape, kBand, kSoftcap>;
     // Per device, once: the shared-memory opt-in.
@@ -1673,9 +1675,10 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     // cache): clusters of `splits` CTAs share each tile's key tiles and merge through
     // distributed shared memory (SplitSlots, finish_split_rows). How many: fc_prefill_splits in
     // c_src/dispatch.c, from the CTAs that fit at once in clusters of each size (clusters must
-    // sit inside one GPC, so fewer fit than SMs). FLASHCORE_KV_SPLITS=1..8 forces a split count
-    // (for A/B runs and the tests' split-independence checks). Measured (H100, fp16, GQA 32:8,
-    // eager medians, ratio = cuDNN time / ours in the same run; docs/experiments/first-versions.md):
+    // sit inside one GPC, so fewer fit than SMs). FLASHCORE_KV_SPLITS=1..8 (config.h) forces a
+    // split count (for A/B runs and the tests' split-independence checks). Measured (H100, fp16,
+    // GQA 32:8, eager medians, ratio = cuDNN time / ours in the same run;
+    // docs/experiments/first-versions.md):
     //   Sq x Sk, D        unsplit           split (count chosen)    forced 2 / 4 / 8
     //   128 x 4096, 128   55.1 us (1.01x)   30.9 us (1.78x, 3)      1.49 / 1.13 / 1.02x
     //   256 x 32768, 128  405 us (0.93x)    217 us (1.73x, 2)       1.82 / 1.12 / 1.16x
@@ -1708,12 +1711,12 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
         }
     }
     int splits = 1;
-    const char *forced = getenv("FLASHCORE_KV_SPLITS");
+    const int forced = fc_config_get()->kv_splits;  // 0: not forced
     // kPair never splits across CTAs: its warpgroups already split the keys, merging in the CTA.
     // (Sinks are added in the unsplit epilogue: a call with them is not split either.)
     const bool may_split = kShape != kPair && p.sinks == nullptr;
-    if (may_split && forced != nullptr && forced[0] >= '1' && forced[0] <= '0' + kMaxKvSplits && forced[1] == '\0') {
-        splits = forced[0] - '0';
+    if (may_split && forced >= 1 && forced <= kMaxKvSplits) {
+        splits = forced;
     } else if (may_split && fc_grid_is_small(tiles, sms)) {  // (saves the occupancy query on full grids)
         // CTAs that run at once in clusters of s (s = 1..8), per device, queried once.
         static int wave_ctas[64][kMaxKvSplits + 1];
@@ -1775,7 +1778,8 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
 }
 
 // D=64's configuration: fc_sm90_d64_config (c_src/dispatch.c), with the rules and their
-// measurements. FLASHCORE_SM90_SHORT=0 / 1 / 2 / 3 forces long / short / tiny / pair (A/B runs).
+// measurements. FLASHCORE_SM90_SHORT=0 / 1 / 2 / 3 (config.h) forces long / short / tiny / pair
+// (A/B runs and the tests).
 static_assert(kLong == FC_SM90_D64_LONG && kShort == FC_SM90_D64_SHORT && kTiny == FC_SM90_D64_TINY &&
                   kPair == FC_SM90_D64_PAIR, "fc_sm90_d64_config names the configurations");
 template <bool kCausal>
@@ -1802,13 +1806,10 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     // A softcap: the LONG configuration (no D=64 small-grid shapes).
     if (p.softcap != 0.f) return launch_fwd_config<Elem, kHeadDim, kCausal, kLong, false, true>(p, stream, device, sms);
     if constexpr (kHeadDim == 64) {
-        const char *forced = getenv("FLASHCORE_SM90_SHORT");
-        int shape;
-        if (forced != nullptr && forced[0] >= '0' && forced[0] <= '3' && forced[1] == '\0') {
-            shape = forced[0] - '0';
-        } else {
-            shape = fc_sm90_d64_config(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, kCausal, sms);
-        }
+        const int forced = fc_config_get()->sm90_d64_config;  // -1: not forced
+        const int shape = forced >= kLong && forced <= kPair
+                              ? forced
+                              : fc_sm90_d64_config(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, kCausal, sms);
         if (shape == kShort) return launch_fwd_config<Elem, kHeadDim, kCausal, kShort>(p, stream, device, sms);
         if (shape == kTiny) return launch_fwd_config<Elem, kHeadDim, kCausal, kTiny>(p, stream, device, sms);
         if (shape == kPair) return launch_fwd_config<Elem, kHeadDim, kCausal, kPair>(p, stream, device, sms);

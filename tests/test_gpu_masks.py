@@ -362,7 +362,7 @@ def test_sm80_mask_tile_shapes(D, Sq, Sk, dtype, causal, kind, rows, monkeypatch
     """The D=64 / 80 / 96 / 128 masked kernels have two tile shapes (kernels/fwd_sm80.cuh,
     FwdTraits' kTwoAtomMask / kNarrow): 64 query rows per CTA (one m-atom per warp, 64x64) and 128
     (two m-atoms: D=64 / 80 / 96 128x64, D=128 128x32); Hopper takes 128, Ada 64,
-    FLASHCORE_SM80_MASK_ROWS=64 / 128 either anywhere. Each matches the reference with a bool
+    FLASHCORE_SM80_TILES=narrow / wide either anywhere. Each matches the reference with a bool
     and an additive mask, odd lengths, fully masked rows, and "causal" as the lower-triangular
     (B, 1, Sq, Sk) mask HuggingFace sends (the op takes no attn_mask with is_causal=True, so the
     kernel's run-time causal flag is not reached from here); and the variable does pick the
@@ -372,7 +372,7 @@ def test_sm80_mask_tile_shapes(D, Sq, Sk, dtype, causal, kind, rows, monkeypatch
         pytest.skip("no FlashCore kernel on this card")
     skip_unless_built(D, dtype)
     monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
-    monkeypatch.setenv("FLASHCORE_SM80_MASK_ROWS", str(rows))
+    monkeypatch.setenv("FLASHCORE_SM80_TILES", "narrow" if rows == 64 else "wide")
     B, H = 2, 3
     q = torch.randn(B, H, Sq, D, dtype=dtype, device=DEVICE)
     k = torch.randn(B, H, Sk, D, dtype=dtype, device=DEVICE)

@@ -37,6 +37,7 @@
 #include <tuple>
 #include <vector>
 
+#include "config.h"
 #include "flashcore.h"
 #include "op_common.h"
 #include "reasons.h"
@@ -73,15 +74,17 @@ std::string device_str(const Tensor& t) {
          std::to_string(t.get_device_index());
 }
 
-fc_family family_from_env() {
-  const char* env = std::getenv("FLASHCORE_FAMILY");
-  if (env == nullptr || env[0] == '\0') return FC_FAMILY_AUTO;
+// FLASHCORE_FAMILY: read with the library's other overrides (c_src/config.h, fc_config_read,
+// once per call in decide()), named by reasons.h's family names; "" (unset) is auto.
+fc_family family_from_config(const fc_config& cfg) {
+  const char* text = cfg.family;
+  if (text[0] == '\0') return FC_FAMILY_AUTO;
   std::string names;  // 'auto', 'sm80', ... for the error
   for (int f = FC_FAMILY_AUTO; family_name(f) != nullptr; ++f) {
-    if (std::strcmp(env, family_name(f)) == 0) return static_cast<fc_family>(f);
+    if (std::strcmp(text, family_name(f)) == 0) return static_cast<fc_family>(f);
     names += (names.empty() ? "'" : ", '") + std::string(family_name(f)) + "'";
   }
-  fail("flashcore: environment variable FLASHCORE_FAMILY must be one of ", names, " (got '", env,
+  fail("flashcore: environment variable FLASHCORE_FAMILY must be one of ", names, " (got '", text,
        "')");
   return FC_FAMILY_AUTO;  // unreachable
 }
@@ -184,7 +187,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   fc_params_init(&d.p);
   flashcore_op::set_band(window_left, window_right, bottom_right, &d.p, "flashcore.attention");
   flashcore_op::set_softcap(softcap, &d.p, "flashcore.attention");
-  d.family = family_from_env();
+  d.family = family_from_config(*fc_config_read());
   d.family_forced = d.family != FC_FAMILY_AUTO;
   d.p.family = d.family;
 
@@ -318,7 +321,7 @@ Tensor aten_sdpa(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
 void check_forced_family(const Decision& d) {
   for (fc_status s : {FC_UNSUPPORTED_FAMILY, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_LAYOUT}) {
     FC_CHECK(!(d.family_forced && d.reason == kStatusBase + s),
-             "flashcore.sdpa: FLASHCORE_FAMILY=", std::getenv("FLASHCORE_FAMILY"),
+             "flashcore.sdpa: FLASHCORE_FAMILY=", fc_config_get()->family,
              " forces a kernel family that cannot run this call: ", fc_status_string(s));
   }
 }

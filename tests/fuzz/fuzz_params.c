@@ -64,7 +64,6 @@
  *      counted the elements as total + 1 without an overflow check: UB when dlse's largest
  *      element offset is exactly INT64_MAX (e.g. B = 2, dlse_stride_b = INT64_MAX).
  */
-#define _POSIX_C_SOURCE 200112L /* setenv / unsetenv (check_balanced_grid) */
 #include "flashcore.h"
 /* fc_decode_splits, fc_prefill_splits, fc_pack_decode_gqa...: c_src/dispatch.h (internal; this
  * target is built from c_src's sources). */
@@ -1246,11 +1245,9 @@ static void check_prefill_split_heuristic(void) {
 /*
  * The sm90 family's persistent grid for non-causal calls (fc_balanced_grid): one CTA per tile up
  * to a wave; past it, no more CTAs than SMs, the same number of rounds as a full wave, and the
- * fewest CTAs that keep it (one CTA fewer would need another round). FLASHCORE_SM90_BALANCED=0
- * gives the full wave.
+ * fewest CTAs that keep it (one CTA fewer would need another round).
  */
 static void check_balanced_grid(void) {
-    unsetenv("FLASHCORE_SM90_BALANCED");
     for (int64_t sms = 1; sms <= 144; ++sms)
         for (int64_t tiles = 0; tiles <= 3000; ++tiles) {
             const int64_t g = fc_balanced_grid(tiles, sms);
@@ -1265,9 +1262,6 @@ static void check_balanced_grid(void) {
         }
     REQUIRE(fc_balanced_grid(256, 132) == 128 && fc_balanced_grid(264, 132) == 132 && fc_balanced_grid(2048, 132) == 128);
     REQUIRE(fc_balanced_grid((int64_t)1 << 40, 132) <= 132);
-    setenv("FLASHCORE_SM90_BALANCED", "0", 1);
-    REQUIRE(fc_balanced_grid(256, 132) == 132 && fc_balanced_grid(100, 132) == 100);
-    unsetenv("FLASHCORE_SM90_BALANCED");
 }
 
 /*
