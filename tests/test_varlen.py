@@ -715,3 +715,19 @@ def test_cuda_equals_pytorch_varlen(window, hq, hkv, unpatched):
     if their_lse.shape != our_lse.shape:  # a release documenting (T_q, H) instead of (H, T_q)
         their_lse = their_lse.reshape(our_lse.shape[::-1]).t()
     torch.testing.assert_close(our_lse, their_lse, atol=2e-3, rtol=2e-3)
+
+
+@cuda_only
+def test_cuda_window_goes_to_the_kernels_as_a_band():
+    """On Hopper a window (or causal with Sq != Sk) reaches the sm90 kernels as its band, no mask
+    built; elsewhere _mask's bool mask (the results are checked against the reference above)."""
+    from flashcore import varlen as fc_varlen
+    q4, k4, v4 = (torch.randn(1, 8, n, 64, device="cuda", dtype=torch.bfloat16) for n in (300, 400, 400))
+    causal, mask, band = fc_varlen._band_or_mask(q4, k4, v4, 64, 0, 0.125, False)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert (causal, mask, band) == (False, None, (64, 0, True))
+    else:
+        assert band == () and mask is not None
+    # no window, or plain causal with Sq == Sk: SDPA's own call
+    assert fc_varlen._band_or_mask(q4, k4, v4, -1, -1, 0.125, False)[2] == ()
+    assert fc_varlen._band_or_mask(k4, k4, v4, -1, 0, 0.125, False)[:2] == (True, None)

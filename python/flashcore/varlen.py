@@ -8,9 +8,11 @@ value. Nothing is padded.
 Not fused yet (issue 35, first increment): the op loops over the sequences on the host and runs
 FlashCore's SDPA op (``torch.ops.flashcore.sdpa_fwd``, its backward ``sdpa_bwd``) once per
 sequence on (1, H, S, D) views, so each sequence gets a FlashCore kernel on a GPU where one covers
-it (PyTorch's SDPA otherwise, e.g. on CPU). Correct, but not fast for many short sequences: one
-launch (and, for a window or a causal Sq != Sk sequence, one bool mask) per sequence, and the
-offsets are read on the host (a device sync per call). A fused varlen kernel is the next step.
+it (PyTorch's SDPA otherwise, e.g. on CPU). A window or a causal Sq != Sk sequence goes to the
+kernels as its band (bottom-right aligned) where one takes it (explain says so; the Hopper
+family, the decode kernels), else as one bool mask. Correct, but not fast for many short
+sequences: one launch per sequence, and the offsets are read on the host (a device sync per
+call). A fused varlen kernel is the next step.
 
 Semantics, following PyTorch's varlen_attn (its flash-attention backend) point by point:
 
@@ -62,8 +64,9 @@ except ImportError:  # torch < 2.9
 try:
     _SDPA_FWD = torch.ops.flashcore.sdpa_fwd.default
     _SDPA_BWD = torch.ops.flashcore.sdpa_bwd.default
+    _EXPLAIN = torch.ops.flashcore.explain.default
 except AttributeError:
-    _SDPA_FWD = _SDPA_BWD = None
+    _SDPA_FWD = _SDPA_BWD = _EXPLAIN = None
 
 _NAME = "flashcore.varlen_attn"
 
@@ -266,6 +269,20 @@ def _mask(sq, sk, left, right, device):
     return False, keep
 
 
+def _band_or_mask(q4, k4, v4, left, right, scale, enable_gqa):
+    """(is_causal, mask, band) for one sequence's sdpa_fwd / sdpa_bwd: the window as the kernels'
+    band (window_left, window_right, bottom_right) where a kernel takes it, else _mask's."""
+    sq, sk = q4.shape[-2], k4.shape[-2]
+    plain = (left < 0 and right < 0) or (left < 0 and right == 0 and sq == sk)
+    if not plain and _EXPLAIN is not None and q4.is_cuda:
+        band = (left, right, True)
+        if _EXPLAIN(q4, k4, v4, None, 0.0, False, scale=scale, enable_gqa=enable_gqa,
+                    window_left=left, window_right=right, bottom_right=True)[1] == 0:
+            return False, None, band
+    causal, mask = _mask(sq, sk, left, right, q4.device)
+    return causal, mask, ()
+
+
 # ---- plain math, where the package runs without its compiled library ----------------------------
 
 def _math_probs(q, k, mask, is_causal, scale, gqa):
@@ -330,9 +347,10 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             continue
         q4 = _heads_first(query[s.q0:s.q0 + s.sq])
         k4, v4 = _heads_first(_keys(key, s)), _heads_first(_keys(value, s))
-        causal, mask = _mask(s.sq, s.sk, left, right, query.device)
+        causal, mask, band = _band_or_mask(q4, k4, v4, left, right, sc, enable_gqa)
         if _SDPA_FWD is not None:
-            o4, l3 = _SDPA_FWD(q4, k4, v4, mask, 0.0, causal, scale=sc, enable_gqa=enable_gqa)
+            kw = dict(zip(("window_left", "window_right", "bottom_right"), band))
+            o4, l3 = _SDPA_FWD(q4, k4, v4, mask, 0.0, causal, scale=sc, enable_gqa=enable_gqa, **kw)
         else:
             o4, l3 = _math_fwd(q4, k4, v4, mask, causal, sc, enable_gqa)
         empty = l3 == float("-inf")  # rows that saw no key: zeros, LSE +inf
@@ -377,13 +395,13 @@ def _varlen_backward_op(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor]
         k4, v4 = _heads_first(_keys(key, s)), _heads_first(_keys(value, s))
         o4, do4 = _heads_first(out[rows]), _heads_first(grad_out[rows])
         gl3 = None if grad_lse is None else grad_lse[:, rows].unsqueeze(0).contiguous()
-        causal, mask = _mask(s.sq, s.sk, left, right, query.device)
+        causal, mask, band = _band_or_mask(q4, k4, v4, left, right, sc, enable_gqa)
         if _SDPA_BWD is not None:
             # The LSE as sdpa_fwd gave it: -inf where a row saw no key (+inf in varlen's output).
             l3 = lse[:, rows].unsqueeze(0)
             l3 = l3.masked_fill(l3 == float("inf"), float("-inf")).contiguous()
             dq4, dk4, dv4, _ = _SDPA_BWD(do4, q4, k4, v4, o4, l3, gl3, mask, causal, sc,
-                                         enable_gqa, False)
+                                         enable_gqa, False, *band)
         else:
             dq4, dk4, dv4 = _math_bwd(do4, q4, k4, v4, o4, gl3, mask, causal, sc, enable_gqa)
         dq[rows] = dq4[0].transpose(0, 1)
