@@ -186,7 +186,7 @@ def softcap_rows(args, timer, dtype, softcap=50.0):
 
     rows = []
     print(f"# softcap={softcap:g}: us with / without (ratio), TFLOP/s with; flex = FlexAttention;"
-          f" band = the band kernel (which runs softcap calls) on nearly the same pairs, no softcap")
+          f" band = the band kernel (softcap calls with a window run there) on nearly the same pairs, no softcap")
     shapes = [(4096, 128, False), (4096, 128, True), (1024, 128, True), (4096, 64, False),
               (4096, 64, True), (4096, 256, True)]
     if args.quick:

@@ -71,6 +71,16 @@ def poison_allocator(shape, dtype):
     del junk
 
 
+def assert_grads_close(grads, hi, lp, names=("q", "k", "v"), what=""):
+    """Each gradient finite and within twice the low-precision reference's error (lp against the
+    float64 hi) plus 3% of the gradient's largest value plus 1e-2."""
+    for name, g, h, l in zip(names, grads, hi, lp):
+        assert torch.isfinite(g).all(), f"{what}d{name} has NaN/inf"
+        err = (g.double() - h).abs().max().item()
+        bound = 2 * (l.double() - h).abs().max().item() + 3e-2 * h.abs().max().item() + 1e-2
+        assert err <= bound, f"{what}d{name}: {err:.3e} > {bound:.3e}"
+
+
 CASES = [
     # (Sq, Sk, causal, window, alignment)
     (1000, 1000, True, (127, 0), "top_left"),
@@ -163,11 +173,7 @@ def test_backward(case, D):
         return torch.autograd.grad(o, (qq, kk, vv), dout.to(cast))
 
     hi, lp = ref_grads(torch.float64), ref_grads(torch.float32)
-    for name, g, h, l in zip("qkv", grads, hi, lp):
-        assert torch.isfinite(g).all(), f"d{name} has NaN/inf"
-        err = (g.double() - h).abs().max().item()
-        bound = 2 * (l.double() - h).abs().max().item() + 3e-2 * h.abs().max().item() + 1e-2
-        assert err <= bound, f"d{name}: {err:.3e} > {bound:.3e}"
+    assert_grads_close(grads, hi, lp)
 
 
 @pytest.mark.parametrize("D", [64, 128])
@@ -205,10 +211,7 @@ def test_sinks(window, D):
     err = (out.double() - o_hi).abs().max().item()
     assert err <= 2 * (o_lp.double() - o_hi).abs().max().item() + 2 * ATOL[dtype], err
     assert (lse.double() - lse_hi).abs().max().item() < 1e-2
-    for name, g, h, l in zip(("q", "k", "v", "sinks"), grads, g_hi, g_lp):
-        e = (g.double() - h).abs().max().item()
-        bound = 2 * (l.double() - h).abs().max().item() + 3e-2 * h.abs().max().item() + 1e-2
-        assert e <= bound, f"d{name}: {e:.3e} > {bound:.3e}"
+    assert_grads_close(grads, g_hi, g_lp, names=("q", "k", "v", "sinks"))
 
 
 # ---- logit softcap ---------------------------------------------------------------------------
@@ -299,11 +302,7 @@ def test_softcap(case, dtype, D, softcap):
     if not backward:
         return
     _, _, g_lp = softcap_reference(q, k, v, keep, softcap, torch.float32, dout=dout)
-    for name, g, h, l in zip("qkv", grads, g_hi, g_lp):
-        assert torch.isfinite(g).all(), f"d{name} has NaN/inf"
-        e = (g.double() - h).abs().max().item()
-        bound = 2 * (l.double() - h).abs().max().item() + 3e-2 * h.abs().max().item() + 1e-2
-        assert e <= bound, f"d{name}: {e:.3e} > {bound:.3e}"
+    assert_grads_close(grads, g_hi, g_lp)
 
 
 @pytest.mark.parametrize("D", [64, 128])
@@ -337,7 +336,5 @@ def test_softcap_with_sinks_and_mask(D):
         o_bf, _, _ = softcap_reference(q, k, v, keep, 20.0, dtype, s_arg)
         err = (out.double() - o_hi).abs().max().item()
         assert err <= 2 * (o_bf.double() - o_hi).abs().max().item() + 2 * ATOL[dtype], err
-        for name, g, h, l in zip(("q", "k", "v", "sinks"), grads, g_hi, g_lp):
-            e = (g.double() - h).abs().max().item()
-            bound = 2 * (l.double() - h).abs().max().item() + 3e-2 * h.abs().max().item() + 1e-2
-            assert e <= bound, f"mask={mask is not None} sinks={use_sinks} d{name}: {e:.3e} > {bound:.3e}"
+        assert_grads_close(grads, g_hi, g_lp, names=("q", "k", "v", "sinks"),
+                           what=f"mask={mask is not None} sinks={use_sinks} ")
