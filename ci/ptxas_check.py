@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Compiler launcher that fails a CUDA compile whose ptxas report shows a spill or stack frame.
+"""Compiler launcher that fails a CUDA compile whose ptxas report shows a spill, a stack frame,
+an ignored setmaxnreg or serialized wgmma instructions.
 
 CMake runs every nvcc command through this script (CMAKE_CUDA_COMPILER_LAUNCHER), so the
 check happens where the report is produced: `-Xptxas -v` prints, per kernel,
     ptxas info    : Compiling entry function '<mangled>' for 'sm_90a'
     ptxas info    : Function properties for <mangled>
         N bytes stack frame, N bytes spill stores, N bytes spill loads
-The compile's own output is passed through unchanged. Set FLASHCORE_ALLOW_SPILLS=1 to report
+and, for a kernel whose wgmma pipeline it could not prove safe (C7510-C7520: "wgmma.mma_async
+instructions are serialized due to ..."), a line that waits after every wgmma: the kernel then
+runs, correct and a fraction as fast. The compile's own output is passed through unchanged. Set FLASHCORE_ALLOW_SPILLS=1 to report
 without failing (for experiments only).
 
 Usage: ptxas_check.py <compiler> <args...>
@@ -19,6 +22,7 @@ import sys
 ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(\w+)'")
 FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 IGNORED_SETMAXNREG = "C7508"  # ptxas ignored setmaxnreg: the register budget silently did not apply
+WGMMA_SERIALIZED = "wgmma.mma_async instructions are serialized"
 
 
 def main() -> int:
@@ -42,8 +46,11 @@ def main() -> int:
             problems.append(f"{kernel}: {line.strip()}")
         if IGNORED_SETMAXNREG in line:
             problems.append(f"{kernel}: setmaxnreg ignored: {line.strip()}")
+        if WGMMA_SERIALIZED in line:
+            problems.append(f"{kernel}: {line.strip()}")
     if problems:
-        print("ptxas_check: kernels with register spills, a stack frame or ignored setmaxnreg:",
+        print("ptxas_check: kernels with register spills, a stack frame, ignored setmaxnreg or "
+              "serialized wgmma:",
               file=sys.stderr)
         for p in problems:
             print("  " + p, file=sys.stderr)

@@ -29,6 +29,8 @@
 //     tile comes from one more GEMM against K (read N-major). The warpgroups split dQ's columns
 //     (each reads both warpgroups' dS^T: a barrier of the two). Two dS^T buffers, so a step may
 //     write one while the previous step's GEMM reads the other.
+//   * D=64 issues a step's S^T and dP^T GEMMs ahead, right behind the previous step's dQ GEMM,
+//     so that they run while the consumers stage dQ (at D=128 the registers are taken).
 //   * The tile's dQ goes to an fp32 staging tile in shared memory, and the second warp of the
 //     producer warpgroup adds it to the fp32 accumulator in global memory with one bulk
 //     reduction (cp.reduce.async.bulk .add.f32): dQ sums over key blocks in whatever order they
@@ -282,6 +284,25 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             for (int i = 0; i < 4; ++i) frag[kk][i] = pack2<Elem>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
     };
 
+    // D=64 (kIssueAhead): the next step's S^T and dP^T go out right behind this step's dQ GEMM,
+    // so that the tensor cores have work while the consumers stage dQ and start the next step
+    // (their registers are free once P^T and dS^T are packed; at D=128, dK, dV and dQ leave no
+    // room for them).
+    constexpr bool kIssueAhead = kHeadDim == 64;
+    // S^T and dP^T of a step: into s and dp, once its stage has landed.
+    float s[32], dp[32];
+    auto issue_step_scores = [&](int step_index) {
+        const int stage = step_index % kStages;
+        wait_barrier(&bars.step_full[stage], (step_index / kStages) & 1);
+        if constexpr (!kIssueAhead) {
+            fence_registers(s);
+            fence_registers(dp);
+        }
+        wgmma_fence();
+        issue_scores(s, k_rows, base + T::kOffQ + stage * T::kQBytes);
+        issue_scores(dp, v_rows, base + T::kOffDo + stage * T::kQBytes);
+    };
+
     int step_all = 0, kv_round = 0;  // steps and K/V loads of every tile so far: the barriers' phases
     for (int n = 0;; ++n) {
         const Tile tile = next_tile(n);
@@ -294,7 +315,8 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
 
         if (tile.steps.count > 0) wait_barrier(&bars.kv_full, kv_round & 1);
-        for (int step = 0; step < tile.steps.count; ++step, ++step_all) {
+        // One step; `ahead` (std::true_type) issues the next step's score GEMMs before staging dQ.
+        auto run_step = [&](int step, auto ahead) {
             const int stage = step_all % kStages;
             const int m_start = tile.steps.m_start(step, kBlockM);
             const uint32_t q_tile = base + T::kOffQ + stage * T::kQBytes;
@@ -308,22 +330,19 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                 const int t = threadIdx.x - 128, query = m_start + t / 4, key = n_start + t % 4 * 32;
                 if (query < static_cast<int>(f.seqlen_q) && key < seqlen_k) mask.prefetch(query, key);
             }
-            wait_barrier(&bars.step_full[stage], (step_all / kStages) & 1);
 
-            // ---- S^T = K Q^T and dP^T = V dO^T ----
-            float s[32], dp[32];
-            fence_registers(s);
-            fence_registers(dp);
-            wgmma_fence();
-            issue_scores(s, k_rows, q_tile);
-            issue_scores(dp, v_rows, do_tile);
+            // ---- S^T = K Q^T and dP^T = V dO^T (kIssueAhead: already issued) ----
+            if constexpr (!kIssueAhead) issue_step_scores(step_all);
 
             // ---- P^T = exp2(S^T scale log2(e) - LSE2[query]), masked where keys pass Sk, the diagonal or the band ----
             // kSoftcap: dS^T here too (below), so dP^T first: P^T in fp32 then lives only as long
             // as one element (with it beside dP^T the D=128 consumers spilled).
-            wgmma_wait<kSoftcap ? 0 : 1>();
+            // (kIssueAhead: both were issued a step ago and have likely finished; waiting for dP^T
+            // too keeps ptxas from serializing every wgmma, as it did reading S^T while dP^T ran.)
+            constexpr bool kWaitBoth = kSoftcap || kIssueAhead;
+            wgmma_wait<kWaitBoth ? 0 : 1>();
             fence_registers(s);
-            if constexpr (kSoftcap) fence_registers(dp);
+            if constexpr (kWaitBoth) fence_registers(dp);
             const float *delta = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsBytes);
             const float *lse2 = delta + kBlockM;
             [[maybe_unused]] const uint8_t *mask_tile = smem + T::kOffMask + stage * T::kMaskTileBytes;
@@ -375,7 +394,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             if constexpr (!kSoftcap) to_frag(p_frag, s);
 
             // ---- dV += P^T dO ----
-            if constexpr (!kSoftcap) {  // (kSoftcap waited above, and dS^T is packed already)
+            if constexpr (!kWaitBoth) {
                 wgmma_wait<0>();
                 fence_registers(dp);
             }
@@ -426,7 +445,12 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                                                                            desc_b0 + kk * 2048 / 16, kk > 0);
                 wgmma_commit();
             }
-            wgmma_wait<0>();
+            if constexpr (decltype(ahead)::value) {
+                issue_step_scores(step_all + 1);
+                wgmma_wait<2>();  // all but the next step's two score GEMMs
+            } else {
+                wgmma_wait<0>();
+            }
             fence_registers(dq);
             fence_registers(dk);
             fence_registers(dv);
@@ -445,6 +469,19 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to the bulk reductions
             __syncwarp();
             if (lane == 0) ptx::mbarrier_arrive(&bars.dq_full);
+        };
+        // kIssueAhead: every step but the last issues the next one's scores, and the last runs
+        // outside the loop, so that on every path into a step its two score GEMMs are in flight
+        // (with a condition inside one loop, ptxas serialized every wgmma of the kernel).
+        if constexpr (kIssueAhead) {
+            if (tile.steps.count > 0) {
+                issue_step_scores(step_all);
+                for (int step = 0; step < tile.steps.count - 1; ++step, ++step_all) run_step(step, std::true_type());
+                run_step(tile.steps.count - 1, std::false_type());
+                ++step_all;
+            }
+        } else {
+            for (int step = 0; step < tile.steps.count; ++step, ++step_all) run_step(step, std::false_type());
         }
         if (tile.steps.count > 0) {
             ptx::mbarrier_arrive(&bars.kv_empty);  // the last step's GEMMs are done with K and V
