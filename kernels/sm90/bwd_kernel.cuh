@@ -29,8 +29,10 @@
 //     tile comes from one more GEMM against K (read N-major). The warpgroups split dQ's columns
 //     (each reads both warpgroups' dS^T: a barrier of the two). Two dS^T buffers, so a step may
 //     write one while the previous step's GEMM reads the other.
-//   * D=64 issues a step's S^T and dP^T GEMMs ahead, right behind the previous step's dQ GEMM,
-//     so that they run while the consumers stage dQ (at D=128 the registers are taken).
+//   * D=64 holds the tile's K and V rows in registers as the A operands of S^T and dP^T (shared
+//     memory bandwidth, not the tensor cores, bounds the step), and issues a step's S^T and dP^T
+//     GEMMs ahead, right behind the previous step's dQ GEMM, so that they run while the
+//     consumers stage dQ. At D=128 the registers for either are taken.
 //   * The tile's dQ goes to an fp32 staging tile in shared memory, and the second warp of the
 //     producer warpgroup adds it to the fp32 accumulator in global memory with one bulk
 //     reduction (cp.reduce.async.bulk .add.f32): dQ sums over key blocks in whatever order they
@@ -267,6 +269,16 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         }
         wgmma_commit();
     };
+    // D=64 (kKeysInRegisters): the same product with this warpgroup's K or V rows as A fragments
+    // in registers (loaded once per tile), so that only Q or dO is read from shared memory.
+    auto issue_scores_rs = [&](float (&acc)[32], const uint32_t (&a)[kHeadDim / 16][4], uint32_t b_tile) {
+        const uint64_t desc_b0 = smem_desc(b_tile, 16, 1024);
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk)
+            Wgmma<64, WgmmaA::RS, Elem>::template mma<0>(acc, a[kk], desc_b0 + ((kk / 4) * T::kQPanelBytes + (kk % 4) * 32) / 16,
+                                                         kk > 0);
+        wgmma_commit();
+    };
     // acc (64 keys x D) += frag (64 keys x 64 queries, registers) times the step's `tile` (64
     // queries x D) read N-major: dV += P^T dO and dK += dS^T Q.
     auto issue_accumulate = [&](float (&acc)[kHeadDim / 2], const uint32_t (&frag)[4][4], uint32_t tile) {
@@ -289,6 +301,22 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     // (their registers are free once P^T and dS^T are packed; at D=128, dK, dV and dQ leave no
     // room for them).
     constexpr bool kIssueAhead = kHeadDim == 64;
+    // D=64 (kKeysInRegisters): K and V of the tile as the A fragments of S^T and dP^T. Read from
+    // shared memory, the two score GEMMs' A operands were about a sixth of the step's shared-memory
+    // traffic; at D=128 the registers are taken.
+    constexpr bool kKeysInRegisters = kHeadDim == 64;
+    uint32_t k_frag[kHeadDim / 16][4], v_frag[kHeadDim / 16][4];
+    // The fragments of this warpgroup's 64 rows of K or V (128-byte swizzled, as TMA wrote them):
+    // per 16-column step, ldmatrix's four 8x8 matrices are rows 0-7 / 8-15 of the warp's 16, at
+    // columns 0-7 / 8-15, which is wgmma's A-fragment order.
+    auto load_key_frags = [&](uint32_t (&frag)[kHeadDim / 16][4], uint32_t rows) {
+        const int row = warp_in_wg * 16 + lane % 16;
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const int chunk = 2 * kk + lane / 16;  // 16-byte chunk of the 128-byte row
+            ldmatrix_x4(frag[kk], rows + row * 128 + ((chunk ^ (row & 7)) << 4));
+        }
+    };
     // S^T and dP^T of a step: into s and dp, once its stage has landed.
     float s[32], dp[32];
     auto issue_step_scores = [&](int step_index) {
@@ -299,8 +327,13 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             fence_registers(dp);
         }
         wgmma_fence();
-        issue_scores(s, k_rows, base + T::kOffQ + stage * T::kQBytes);
-        issue_scores(dp, v_rows, base + T::kOffDo + stage * T::kQBytes);
+        if constexpr (kKeysInRegisters) {
+            issue_scores_rs(s, k_frag, base + T::kOffQ + stage * T::kQBytes);
+            issue_scores_rs(dp, v_frag, base + T::kOffDo + stage * T::kQBytes);
+        } else {
+            issue_scores(s, k_rows, base + T::kOffQ + stage * T::kQBytes);
+            issue_scores(dp, v_rows, base + T::kOffDo + stage * T::kQBytes);
+        }
     };
 
     int step_all = 0, kv_round = 0;  // steps and K/V loads of every tile so far: the barriers' phases
@@ -314,7 +347,13 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
 #pragma unroll
         for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
 
-        if (tile.steps.count > 0) wait_barrier(&bars.kv_full, kv_round & 1);
+        if (tile.steps.count > 0) {
+            wait_barrier(&bars.kv_full, kv_round & 1);
+            if constexpr (kKeysInRegisters) {
+                load_key_frags(k_frag, k_rows);
+                load_key_frags(v_frag, v_rows);
+            }
+        }
         // One step; `ahead` (std::true_type) issues the next step's score GEMMs before staging dQ.
         auto run_step = [&](int step, auto ahead) {
             const int stage = step_all % kStages;
