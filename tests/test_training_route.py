@@ -174,12 +174,13 @@ def test_h100_short_d128_calls_go_to_aten(monkeypatch):
     assert ran_on_aten(out)
 
 
-def test_h100_d64_goes_to_aten(monkeypatch):
-    """Today's table: on the H100 the sm90 backward takes D=128 training calls but not D=64 ones
-    (measured slower than cuDNN's there: the ((9, 0), "sm90", 64) entry)."""
+def test_h100_d64_calls_from_1024_keys(monkeypatch):
+    """Today's table: on the H100 the sm90 backward takes D=64 training calls from 1024 keys (the
+    ((9, 0), "sm90", 64) entry, which wins over the head-dim-free one's 2048)."""
     FakeCard(monkeypatch, (9, 0), kernel(SM90))
-    route = _ops.training_route(*inputs(D=64), None, False, None, False)
-    assert (route.to_aten, route.path) == (True, "sm90") and "D=64" in route.note
+    assert not _ops.training_route(*inputs(D=64, Sk=1024), None, False, None, False).to_aten
+    route = _ops.training_route(*inputs(D=64, Sk=1023), None, False, None, False)
+    assert (route.to_aten, route.path) == (True, "sm90") and "1024 keys" in route.note
 
 
 def test_table_policy():

@@ -432,11 +432,16 @@ TRAINING_TABLE = {
     # H100 / H200 (bench/results/nvidia-h100-80gb-hbm3_2026-11-27_1112_bwd.json, docs/experiments/backward.md).
     # sm90 D=128: the backward 0.96-0.97x cuDNN's at S = 1k, 0.97-0.99x at 2k, 1.02-1.04x from 4k;
     # with the forward's 1.07-1.16x (docs/PERFORMANCE.md "How fast") fwd + bwd is ~1% slower than
-    # cuDNN's at 1k and ~1% faster at 2k: FlashCore from 2048 keys. D=64: 0.81-0.89x (1858216): aten
-    # until a bench says otherwise. sm80: "Fused backward v1" in docs/experiments/backward.md. python: fp32
-    # recomputation in unfused PyTorch ops, against aten's fused backward kernels.
+    # cuDNN's at 1k and ~1% faster at 2k: FlashCore from 2048 keys. D=64 (K and V held in
+    # registers; bench/results/nvidia-h100-80gb-hbm3_2026-11-27_2000_bwd.json): the backward
+    # 1.03-1.07x cuDNN's (non-causal) and 1.00-1.05x (causal) at S = 1k-16k, the forward ahead
+    # too, and 1b-like training steps 1.012-1.019x sdpa's
+    # (bench/results/train_nvidia-h100-80gb-hbm3_2026-11-27_2000_1b.json): FlashCore from 1024
+    # keys (the small shape, S = 512, ran at 0.66x). sm80:
+    # "Fused backward v1" in docs/experiments/backward.md. python: fp32 recomputation in unfused
+    # PyTorch ops, against aten's fused backward kernels.
     ((9, 0), "sm90"): (True, "", 2048),
-    ((9, 0), "sm90", 64): (False, "D=64: 0.81-0.89x cuDNN's backward on the H100, docs/experiments/backward.md"),
+    ((9, 0), "sm90", 64): (True, "", 1024),
     ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, docs/experiments/backward.md"),
     # Masked (HuggingFace's left-padded causal bool mask; aten runs cuDNN with it): FlashCore's
     # masked forward (the sm80-class kernel) 0.92-1.01x cuDNN's, its backward (sm90, mask tiles
