@@ -31,7 +31,7 @@ extern "C" {
 /* FLASHCORE_FAMILY's text is kept up to this many bytes, NUL included (every family name is far
  * shorter; a longer value only shows cut in the error that rejects it). */
 #define FC_CONFIG_TEXT_BYTES 64
-/* The Hopper family's largest forced cluster split (kernels/fwd_sm90.cuh, kMaxKvSplits). */
+/* The Hopper family's largest forced cluster split (kernels/sm90/fwd_traits.cuh, kMaxKvSplits). */
 #define FC_CONFIG_MAX_KV_SPLITS 8
 
 /* FLASHCORE_SM80_TILES: which of its two tile shapes a sm80-class kernel that has two takes. */
@@ -47,11 +47,11 @@ typedef struct fc_config {
      * by the heuristics (unset, or not such a number). */
     int decode_splits;
     /* FLASHCORE_KV_SPLITS = 1..FC_CONFIG_MAX_KV_SPLITS: the sm90 family's cluster split
-     * (kernels/fwd_sm90.cuh, launch_fwd_config; not the pair configuration, not with sinks).
+     * (kernels/sm90/fwd_launch.cuh, launch_fwd_config; not the pair configuration, not with sinks).
      * 0: fc_prefill_splits chooses. */
     int kv_splits;
     /* FLASHCORE_SM90_SHORT = 0..3: the sm90 D=64 configuration, FC_SM90_D64_LONG / SHORT / TINY /
-     * PAIR (dispatch.h; kernels/fwd_sm90.cuh, launch_fwd). -1: fc_sm90_d64_config chooses. */
+     * PAIR (dispatch.h; kernels/sm90/fwd_launch.cuh, launch_fwd). -1: fc_sm90_d64_config chooses. */
     int sm90_d64_config;
     /* FLASHCORE_SM80_TILES = narrow / wide: the sm80-class kernels that have two tile shapes take
      * their narrow (Ada's) or wide (Hopper's) one on any device (kernels/fwd_sm80.cuh,

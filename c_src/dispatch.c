@@ -220,14 +220,14 @@ static int family_takes_mask(fc_family family, const fc_params *p) {
 
 /* A general band (a window, or causal aligned bottom-right with seqlen_q != seqlen_k; dispatch.h)
  * runs in the Hopper family's forward, whose key loop starts and ends at the band's edges
- * (kernels/fwd_sm90.cuh), and in the decode kernels, whose causal variant reads only the band's
+ * (kernels/sm90/fwd_kernel.cuh), and in the decode kernels, whose causal variant reads only the band's
  * keys (kernels/decode_sm80.cuh). Neither has a mask path, so a band with a mask runs nowhere. */
-/* Attention sinks: the Hopper forward's epilogue alone adds them (kernels/fwd_sm90.cuh). */
+/* Attention sinks: the Hopper forward's epilogue alone adds them (kernels/sm90/fwd_kernel.cuh). */
 static int family_takes_sinks(fc_family family, const fc_params *p) {
     return p->sinks == NULL || family == FC_FAMILY_SM90;
 }
 
-/* A logit softcap: the Hopper forward's softmax applies it (kernels/fwd_sm90.cuh, kSoftcap). */
+/* A logit softcap: the Hopper forward's softmax applies it (kernels/sm90/fwd_kernel.cuh, kSoftcap). */
 static int family_takes_softcap(fc_family family, const fc_params *p) {
     return p->softcap == 0.0f || (family == FC_FAMILY_SM90 && p->mask_kind == FC_MASK_NONE);
 }
@@ -447,7 +447,7 @@ int fc_decode_splits(const fc_params *p, int sm_count) {
 
 /*
  * The Hopper family's grid split for one-row decoding over fewer than FC_DECODE_SM90_MIN_PAIRS
- * (batch, KV head) pairs (kernels/fwd_sm90.cuh, launch_fwd_config): each pair's block (its
+ * (batch, KV head) pairs (kernels/sm90/fwd_launch.cuh, launch_fwd_config): each pair's block (its
  * packed GQA rows, or one query head's row) is cut into `splits` key ranges, one CTA each,
  * without clusters, and the decode kernels' combine_kernel merges the partials from the
  * workspace (fc_decode_workspace_bytes). As many ranges as give one CTA per SM, each at least
@@ -480,7 +480,7 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits) {
 }
 
 /*
- * Split-KV for the Hopper family's small grids (kernels/fwd_sm90.cuh, finish_split_rows). A
+ * Split-KV for the Hopper family's small grids (kernels/sm90/fwd_split.cuh, finish_split_rows). A
  * tile's CTA runs its key tiles one after another, so a grid of a few dozen tiles (B=1 H=8
  * S=512: 24 CTAs on 132 SMs) takes as long as one tile's whole key loop. Cutting each tile's
  * keys into s ranges run by a cluster of s CTAs shortens that loop s-fold for the price of one
@@ -517,7 +517,7 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
 }
 
 /*
- * D=64 in the Hopper family (kernels/fwd_sm90.cuh): which of four configurations a call runs.
+ * D=64 in the Hopper family (kernels/sm90/fwd_traits.cuh): which of four configurations a call runs.
  * Tile counts are (query blocks) x heads x batch for each block height; key tiles are those of
  * the longest block (causal, top-left aligned: none past the last query row).
  *

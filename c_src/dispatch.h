@@ -74,7 +74,7 @@ int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_sp
 #define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY 4
 /* A small grid: `tiles` CTAs fill at most half of `ctas_per_wave` (the SMs, for one CTA per SM).
  * The Hopper family cuts such grids' keys (fc_prefill_splits) and gives D=64 its short
- * configuration for them (kernels/fwd_sm90.cuh, launch_fwd). */
+ * configuration for them (kernels/sm90/fwd_launch.cuh, launch_fwd). */
 int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave);
 /* The persistent grid for `tiles` tiles of equal work on `sms` SMs (one CTA each): as few CTAs
  * as run them in the same number of rounds as a full wave, so that every CTA runs the same
@@ -113,7 +113,7 @@ static inline int64_t fc_longest_key_run(int64_t seqlen_q, int64_t seqlen_k, int
     return causal && seqlen_q < seqlen_k ? seqlen_q : seqlen_k;
 }
 /*
- * The Hopper family's configuration for a D=64 call (kernels/fwd_sm90.cuh, FwdConfig), on a
+ * The Hopper family's configuration for a D=64 call (kernels/sm90/fwd_traits.cuh, FwdConfig), on a
  * device of `sms` SMs: three consumer warpgroups on 192-row blocks (LONG), two on 128 (SHORT),
  * one on 64 (TINY), or two splitting the key tiles of 64-row blocks (PAIR). The rules and the
  * measurements behind them are at the definition (dispatch.c).

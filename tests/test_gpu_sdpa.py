@@ -448,8 +448,8 @@ def test_sm90_balanced_grid(b, hq, hkv, sq, sk, d, tiles, monkeypatch):
     size (c_src/dispatch.c): the fewest CTAs that keep a full wave's number of rounds, e.g. 128
     CTAs of two tiles for 256 one-row decode tiles, and match the reference. The D=128 rows
     include tiles whose second warpgroup has no live row (one query row, 4 packed rows, 17 rows),
-    which skips its key tiles (kSkipDeadRows in kernels/fwd_sm90.cuh). (The bitwise comparison
-    with the full-wave grid went with its switch, FLASHCORE_SM90_BALANCED, retired:
+    which skips its key tiles (kSkipDeadRows in kernels/sm90/fwd_kernel.cuh). (The bitwise
+    comparison with the full-wave grid went with its switch, FLASHCORE_SM90_BALANCED, retired:
     docs/TUNING.md; a persistent CTA's tiles do not depend on the grid's size.)"""
     if not HOPPER:
         pytest.skip("the sm90 family runs on sm_90 (Hopper) only")
@@ -577,7 +577,7 @@ def test_sm90_kv_split_does_not_change_result(case, splits, monkeypatch):
                                           (True, 100, 300), (False, 200, 400), (False, 64, 300)])
 def test_sm90_d64_configurations(causal, sq, sk, short, monkeypatch):
     """D=64 has four sm90 configurations (three consumer warpgroups, two for short query
-    sequences, one for tiny grids, and two splitting one block's keys; kernels/fwd_sm90.cuh
+    sequences, one for tiny grids, and two splitting one block's keys; kernels/sm90/fwd_launch.cuh
     launch_fwd). Each is forced over lengths the automatic choice would give to another (a
     single key tile leaves the pair's second warpgroup nothing; 200 x 400 and 64 x 300 give the
     pair at most 64 blocks, half the SMs, and warpgroups of two key tiles, which issue both S
@@ -606,7 +606,7 @@ def test_sm90_d64_configurations(causal, sq, sk, short, monkeypatch):
 def test_sm90_pair_lead_load(b, hq, hkv, sq, sk, causal, dtype, layout, monkeypatch):
     """On grids of at most half the SMs, a pair CTA whose key tiles all fit its ring loads K0
     alone, waits for it, then the other tiles in the order its warpgroups need them (the producer
-    in kernels/fwd_sm90.cuh, maps.pair_lead_load). The result must match the reference (on
+    in kernels/sm90/fwd_kernel.cuh, maps.pair_lead_load). The result must match the reference (on
     poisoned outputs), twice over, bit for bit. (The comparison with the interleaved order on the
     same grid went with its switch, FLASHCORE_SM90_PAIR_ORDER, retired: docs/TUNING.md; larger
     grids run the interleaved order: test_sm90_d64_configurations' pair cases.)"""
@@ -655,7 +655,7 @@ def test_sm90_d64_causal_waves(b, hq, hkv, s):
                  f"-b{c[3]}-hkv{c[4]}x{c[5]}-q{c[6]}-k{c[7]}-{c[8]}")
 def test_sm90_tma_store_epilogue(case, short, monkeypatch):
     """The sm90 epilogue stores O through shared memory and TMA where the configuration has a
-    staging buffer (all but the pair; kernels/fwd_sm90.cuh, FwdTraits::kOBufs), else from
+    staging buffer (all but the pair; kernels/sm90/fwd_traits.cuh, FwdTraits::kOBufs), else from
     registers (the pair, and split CTAs: test_sm90_kv_split_does_not_change_result,
     test_sm90_pair_lead_load). It must match the reference and write every row of the
     NaN-poisoned output (odd Sq: the map clips the last block's rows past Sq). (The bitwise

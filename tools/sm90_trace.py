@@ -7,12 +7,12 @@ Build with the trace compiled in (it is off by default, and then the kernels are
 
 Thread 0 of every consumer warpgroup records the SM's clock at fixed points of its loop (tile
 start, Q landed, its GEMM turn waited for and taken, GEMMs issued, S ready, P V done, softmax
-done, P converted, epilogue start and end) into a device buffer (kernels/fwd_sm90.cuh, g_trace);
-this script runs one call per shape, reads the buffer through fc_sm90_trace_hdim<D>_fp16 and
-prints, per pair of consecutive events, how often it occurred and its mean length in cycles,
-then the first events of CTA 0's first two warpgroups. The recording itself slows the kernel by
-20-30%: compare shares and orders of magnitude, not absolute times. cuDNN's time (untraced)
-is printed beside ours (traced) for scale."""
+done, P converted, epilogue start and end) into a device buffer (g_trace in
+kernels/sm90/fwd_kernel.cuh); this script runs one call per shape, reads the buffer through
+fc_sm90_trace_hdim<D>_fp16 and prints, per pair of consecutive events, how often it occurred and
+its mean length in cycles, then the first events of CTA 0's first two warpgroups. The recording
+itself slows the kernel by 20-30%: compare shares and orders of magnitude, not absolute times.
+cuDNN's time (untraced) is printed beside ours (traced) for scale."""
 import ctypes
 import collections
 import os
@@ -25,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashcore
 
-PER_WG, CTAS = 4096, 160  # kTracePerWg, kTraceCtas in kernels/fwd_sm90.cuh
+PER_WG, CTAS = 4096, 160  # kTracePerWg, kTraceCtas in kernels/sm90/fwd_kernel.cuh
 NAMES = {1: "tile", 2: "q_ready", 3: "turn_wait", 4: "turn_got", 5: "issued", 6: "S_ready", 8: "PV_done",
          11: "softmax_done", 7: "convert_done", 9: "epi_start", 10: "epi_end", 12: "cta_end",
          13: "pair_left", 14: "pair_met", 15: "pair_merged"}

@@ -4,9 +4,9 @@
 // mul = floor(2^32 (2^shift - d) / d) + 1, n / d = (umulhi(n, mul) + n) >> shift, and the sum
 // fits in 32 bits because umulhi(n, mul) <= n < 2^31.
 //
-// Used by the Hopper forward's tile decode (kernels/fwd_sm90.cuh), where two run-time integer
-// divisions per tile were each a ~30-instruction chain around a MUFU.RCP. Host-callable as well,
-// so that tests/c/test_fast_div.cpp checks it against n / d on the CPU.
+// Used by the Hopper forward's tile decode (kernels/sm90/fwd_traits.cuh, decode_tile), where two
+// run-time integer divisions per tile were each a ~30-instruction chain around a MUFU.RCP.
+// Host-callable as well, so that tests/c/test_fast_div.cpp checks it against n / d on the CPU.
 #pragma once
 
 #include <stdint.h>

@@ -1,6 +1,6 @@
 // split_combine.cuh - the merge of a split-KV call's partial results (flash-decoding's second
 // kernel), shared by the decode kernels (decode_sm80.cuh) and the Hopper family's grid split for
-// decoding (fwd_sm90.cuh, launch_fwd_config).
+// decoding (sm90/fwd_launch.cuh, launch_fwd_config).
 //
 // A split kernel leaves, per query row and split, the row's O normalised over that split's keys
 // (fp32) and its base-2 LSE in the caller's workspace; combine_kernel weighs the splits by their

@@ -1,6 +1,6 @@
 // sm90/ptx.cuh - device-side building blocks of the Hopper kernels: wgmma shared-memory
 // descriptors and the wgmma fence/commit/wait protocol, mbarrier waits, and TMA loads of 4-D
-// (column, row, head, batch) tensor maps. The forward (fwd_sm90.cuh) and the backward
+// (column, row, head, batch) tensor maps. The forward (sm90/fwd_*.cuh) and the backward
 // (sm90/bwd_kernel.cuh) are built from them.
 #pragma once
 

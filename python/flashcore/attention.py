@@ -31,7 +31,7 @@ Arguments beyond ``F.scaled_dot_product_attention``'s (no dropout here):
 A row that sees no key (bottom-right causal with Sq > Sk, a window past the keys) gives zeros.
 
 Where it runs: a band other than plain top-left causal runs in the Hopper family's forward
-kernel (``kernels/fwd_sm90.cuh``, kBand: the key loop starts and ends at the band's edges) where
+kernel (``kernels/sm90/fwd_kernel.cuh``, kBand: the key loop starts and ends at the band's edges) where
 that family runs the call; everywhere else (other GPUs and head dims, with an ``attn_mask``, on the
 CPU) the band becomes an explicit mask for FlashCore's or PyTorch's masked path, which gives the
 same result at dense cost. ``flashcore.explain_attention(...)`` says which. Gradients flow to q, k

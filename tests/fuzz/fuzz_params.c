@@ -163,7 +163,7 @@ static int g_launches;
 
 static void accepted_is_consistent(const fc_params *p);
 
-/* Tile shapes of each family (kernels/fwd_sm80.cuh, kernels/fwd_sm90.cuh FwdTraits). */
+/* Tile shapes of each family (kernels/fwd_sm80.cuh, kernels/sm90/fwd_traits.cuh FwdTraits). */
 static void tile_shape(fc_family family, int head_dim, int causal, int *block_m, int *block_n) {
     if (family == FC_FAMILY_SM80) {
         /* 128 x 64 (D=32 and D=64: 128 x 128; D=96: 128 x 32; D=256: 64 x 32), narrow variants
