@@ -54,7 +54,9 @@
 //     variant waits for dP^T before the softmax and packs P^T and dS^T into their fragments pair
 //     by pair, so that no fp32 copy of either outlives its element (register budget).
 //
-// The types are in sm90/bwd_traits.cuh, the launcher in sm90/bwd_launch.cuh.
+// Below, the kernel (last) calls the producer threads' jobs and the consumers' per-step pieces,
+// each a function defined before it. The types are in sm90/bwd_traits.cuh, the launcher in
+// sm90/bwd_launch.cuh.
 #pragma once
 
 #include "sm90/bwd_traits.cuh"
@@ -62,13 +64,512 @@
 namespace flashcore {
 namespace sm90_bwd {
 
+// The CTA's tiles, as the tile scheduler publishes them: the n-th through slot n % 2, decoded
+// (the producer's threads have no registers to spare for the division). Readers release the
+// slot as soon as they have a copy; batch < 0 ends the loop.
+constexpr int kTileWords = sizeof(Tile) / 4;
+
+// The CTA's n-th tile, read from its slot (released at once).
+__device__ __forceinline__ Tile read_tile(BwdBarriers &bars, int n) {
+    wait_barrier(&bars.tile_full[n & 1], (n >> 1) & 1);
+    Tile tile;
+    const volatile int32_t *from = reinterpret_cast<const volatile int32_t *>(&bars.tile[n & 1]);
+#pragma unroll
+    for (int i = 0; i < kTileWords; ++i) reinterpret_cast<int32_t *>(&tile)[i] = from[i];
+    ptx::mbarrier_arrive(&bars.tile_empty[n & 1]);
+    return tile;
+}
+
+// The mbarriers' arrival counts (one thread, before the CTA's first __syncthreads).
+template <typename T>
+__device__ __forceinline__ void init_barriers(BwdBarriers &bars) {
+    constexpr int kConsumerThreads = T::kConsumerThreads;
+    ptx::mbarrier_init(&bars.kv_full, 1);
+    ptx::mbarrier_init(&bars.kv_empty, kConsumerThreads);
+    for (int s = 0; s < T::kStages; ++s) {
+        ptx::mbarrier_init(&bars.step_full[s], 2);  // the Q/dO and the row-terms loaders
+        // One arrival per consumer thread: each thread's own reads of the stage's row terms
+        // (ordinary loads) come before its release of them (one per warp raced the next
+        // bulk copy in compute-sanitizer's racecheck).
+        ptx::mbarrier_init(&bars.step_empty[s], kConsumerThreads);
+    }
+    ptx::mbarrier_init(&bars.dq_full, 4 * T::kConsumers);
+    ptx::mbarrier_init(&bars.dq_empty, 1);
+    ptx::mbarrier_init(&bars.claim, 1);
+    for (int s = 0; s < 2; ++s) {
+        ptx::mbarrier_init(&bars.tile_full[s], 1);
+        ptx::mbarrier_init(&bars.tile_empty[s], kConsumerThreads + 3 /* the step loaders, the dQ writer */);
+    }
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+}
+
+// ---------------- producer ----------------
+
+// The dQ writer (one producer thread): the staged dQ of each step, added to the accumulator.
+// One bulk reduction (cp.reduce.async.bulk .add.f32) per staged tile: whole lines through L2's
+// reduction units, where per-thread atomics cost the kernel ~40% of its time
+// (docs/experiments/backward.md). The rows' padding adds zeros.
+template <typename T>
+__device__ __forceinline__ void write_dq(BwdBarriers &bars, unsigned char *smem, const Workspace &ws, const fc_params &f) {
+    constexpr int kHeadDim = T::kHeadDim, kBlockM = T::kBlockM;
+    int step_all = 0;  // steps of every tile so far: the barriers' phases
+    for (int n = 0;; ++n) {
+        const Tile tile = read_tile(bars, n);
+        if (tile.batch < 0) break;
+        const int m_first = tile.steps.m_first, m_end = m_first + tile.steps.m_count;
+        const int head_end = (tile.head_kv + 1) * tile.group;
+        for (int head_q = tile.head_kv * tile.group; head_q < head_end; ++head_q) {
+            float *head_rows =
+                ws.dq_accum + ws.dq_at(static_cast<int64_t>(tile.batch) * f.heads_q + head_q, 0, kDqPitch<kHeadDim>);
+            for (int m = m_first; m < m_end; ++m, ++step_all) {
+                wait_barrier(&bars.dq_full, step_all & 1);
+                float *rows = head_rows + static_cast<int64_t>(m) * kBlockM * kDqPitch<kHeadDim>;
+                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                             ::"l"(rows), "r"(smem_addr(smem + T::kOffDq)), "n"(T::kDqStageBytes)
+                             : "memory");
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
+                ptx::mbarrier_arrive(&bars.dq_empty);
+            }
+        }
+    }
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the reductions are done
+}
+
+// The tile scheduler and K/V loader (one producer thread).
+// Publishes the CTA's tiles: the first is blockIdx.x, each next one comes from the workspace's
+// counter (zeroed by the row-terms kernel), so that a CTA's next K/V and first steps load while
+// its consumers finish the current tile, and tiles of different lengths (causal) balance. Then
+// loads the tile's K and V once the consumers are done with the previous tile's.
+template <typename T, bool kCausal, bool kBand>
+__device__ __forceinline__ void schedule_tiles_and_load_kv(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps,
+                                                           const fc_params &f, const Workspace &ws, int tiles) {
+    int32_t c[4];
+    int index = static_cast<int>(blockIdx.x), kv_round = 0;
+    for (int n = 0;; ++n) {
+        wait_barrier(&bars.tile_empty[n & 1], ((n >> 1) & 1) ^ 1);  // the first round passes at once
+        Tile tile = tile_at<T::kBlockM, T::kBlockN, kCausal, kBand>(index, maps, f);
+        if (index >= tiles) tile.batch = -1;
+        volatile int32_t *to = reinterpret_cast<volatile int32_t *>(&bars.tile[n & 1]);
+#pragma unroll
+        for (int i = 0; i < kTileWords; ++i) to[i] = reinterpret_cast<const int32_t *>(&tile)[i];
+        ptx::mbarrier_arrive(&bars.tile_full[n & 1]);
+        if (index >= tiles) return;
+        if (tile.steps.count > 0) {
+            wait_barrier(&bars.kv_empty, (kv_round & 1) ^ 1);
+            ++kv_round;
+            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
+                                           &bars.kv_full, 2 * T::kKVBytes);
+            for (int panel = 0; panel < T::kPanels; ++panel) {
+                set_coords(c, maps.k_order, panel * 64, tile.n_start, tile.head_kv, tile.batch);
+                tma_load(smem + T::kOffK + panel * T::kKVPanelBytes, &maps.k, c, &bars.kv_full);
+                set_coords(c, maps.v_order, panel * 64, tile.n_start, tile.head_kv, tile.batch);
+                tma_load(smem + T::kOffV + panel * T::kKVPanelBytes, &maps.v, c, &bars.kv_full);
+            }
+        }
+        // The next tile is claimed once this one's last step is being loaded: claimed any
+        // earlier, a CTA would hold it through all of a long tile while others idle
+        // (causal tiles differ in length); any later, the loads of its first steps wait.
+        wait_barrier(&bars.claim, n & 1);
+        index = atomicAdd(ws.tile_counter, 1) + static_cast<int>(gridDim.x);
+    }
+}
+
+// The steps of the CTA's tiles, for a step loader: waits for each step's stage to be free, then
+// load(stage, full barrier, head_q, batch, query row, key row) issues the step's share.
+template <typename T, typename Load>
+__device__ __forceinline__ void for_each_step(BwdBarriers &bars, Load load, bool signal_claim) {
+    constexpr int kBlockM = T::kBlockM, kStages = T::kStages;
+    for (int n = 0, step_all = 0;; ++n) {
+        const Tile tile = read_tile(bars, n);
+        if (tile.batch < 0) return;
+        const int m_first = tile.steps.m_first, m_end = m_first + tile.steps.m_count;
+        const int batch = tile.batch, head_end = (tile.head_kv + 1) * tile.group;
+        for (int head_q = tile.head_kv * tile.group; head_q < head_end; ++head_q)
+            for (int m = m_first; m < m_end; ++m, ++step_all) {
+                const int stage = step_all % kStages;
+                wait_barrier(&bars.step_empty[stage], ((step_all / kStages) & 1) ^ 1);
+                load(stage, &bars.step_full[stage], head_q, batch, m * kBlockM, tile.n_start);
+            }
+        if (signal_claim) ptx::mbarrier_arrive(&bars.claim);
+    }
+}
+
+// The row-terms loader (one producer thread): each step's delta and LSE2 into the ring, one bulk
+// copy.
+template <typename T>
+__device__ __forceinline__ void load_row_terms(BwdBarriers &bars, unsigned char *smem, const Workspace &ws, const fc_params &f) {
+    for_each_step<T>(bars, [&](int stage, uint64_t *full, int head_q, int batch, int m_start, int) {
+        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full, T::kRowTermsBytes);
+        const int64_t slice = static_cast<int64_t>(batch) * f.heads_q + head_q;
+        ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, smem + T::kOffRowTerms + stage * T::kRowTermsBytes,
+                           ws.row_terms + ws.delta_at(slice, m_start), T::kRowTermsBytes, full);
+    }, false);
+}
+
+// The Q/dO loader (one producer thread): each step's Q and dO (and kMaskBoolTiles: its mask
+// tile) into the ring by TMA; it signals the tile scheduler as it issues a tile's last step.
+template <typename T, int kMask>
+// (smem by reference: taken by value, it changed the code ptxas got for the whole kernel.)
+__device__ __forceinline__ void load_q_do(BwdBarriers &bars, unsigned char *const &smem, const BwdMaps &maps, const fc_params &f) {
+    for_each_step<T>(bars, [&](int stage, uint64_t *full, int head_q, int batch, int m_start, int n_start) {
+        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
+                                       2 * T::kQBytes + T::kMaskTileBytes);
+        int32_t c[4];
+        if constexpr (kMask == kMaskBoolTiles) {
+            // (keys, queries) at n_start, m_start; a broadcast head or batch is a dim of size 1.
+            set_coords(c, maps.mask_order, n_start, m_start, f.mask_stride_h != 0 ? head_q : 0,
+                       f.mask_stride_b != 0 ? batch : 0);
+            tma_load(smem + T::kOffMask + stage * T::kMaskTileBytes, &maps.mask, c, full);
+        }
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+            set_coords(c, maps.q_order, panel * 64, m_start, head_q, batch);
+            tma_load(smem + T::kOffQ + stage * T::kQBytes + panel * T::kQPanelBytes, &maps.q, c, full);
+            set_coords(c, maps.dout_order, panel * 64, m_start, head_q, batch);
+            tma_load(smem + T::kOffDo + stage * T::kQBytes + panel * T::kQPanelBytes, &maps.dout, c, full);
+        }
+    }, true);
+}
+
+// ---------------- consumers ----------------
+
+// The dQ staging rows' padding, zeroed once by the consumer threads.
+// The staging rows' padding goes out with every reduction: zeros (the stores reach the async
+// proxy through each thread's fence before its first dq_full arrival).
+template <typename T>
+__device__ __forceinline__ void zero_dq_padding(unsigned char *smem) {
+    for (int i = threadIdx.x - 128; i < T::kBlockM * 2; i += T::kConsumerThreads) {
+        const int row = i / 2, half = i % 2;
+        *reinterpret_cast<float4 *>(smem + T::kOffDq + row * T::kDqStagePitch + T::kHeadDim * 4 + half * 16) =
+            make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+// acc (64 rows x 64 queries) = rows of `a_rows` (64 keys, K-major, panels kKVPanelBytes apart)
+// times the step's `b_tile` (64 queries, K-major): S^T = K Q^T and dP^T = V dO^T.
+template <typename T, typename Elem>
+__device__ __forceinline__ void issue_scores(float (&acc)[32], uint32_t a_rows, uint32_t b_tile) {
+    const uint64_t desc_a0 = smem_desc(a_rows, 16, 1024), desc_b0 = smem_desc(b_tile, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+        const uint32_t offset = (kk % 4) * 32;  // 16 columns = 32 bytes along a 128-byte row
+        Wgmma<64, WgmmaA::SS, Elem>::template mma<0>(acc, desc_a0 + ((kk / 4) * T::kKVPanelBytes + offset) / 16,
+                                                     desc_b0 + ((kk / 4) * T::kQPanelBytes + offset) / 16, kk > 0);
+    }
+    wgmma_commit();
+}
+
+// D=64 (kKeysInRegisters): the same product with this warpgroup's K or V rows as A fragments
+// in registers (loaded once per tile), so that only Q or dO is read from shared memory.
+template <typename T, typename Elem>
+__device__ __forceinline__ void issue_scores_rs(float (&acc)[32], const uint32_t (&a)[T::kHeadDim / 16][4], uint32_t b_tile) {
+    const uint64_t desc_b0 = smem_desc(b_tile, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < T::kHeadDim / 16; ++kk)
+        Wgmma<64, WgmmaA::RS, Elem>::template mma<0>(acc, a[kk], desc_b0 + ((kk / 4) * T::kQPanelBytes + (kk % 4) * 32) / 16,
+                                                     kk > 0);
+    wgmma_commit();
+}
+
+// acc (64 keys x D) += frag (64 keys x 64 queries, registers) times the step's `tile` (64
+// queries x D) read N-major: dV += P^T dO and dK += dS^T Q.
+template <typename T, typename Elem>
+__device__ __forceinline__ void issue_accumulate(float (&acc)[T::kHeadDim / 2], const uint32_t (&frag)[4][4], uint32_t tile) {
+    const uint64_t desc0 = smem_desc(tile, T::kQPanelBytes, 1024);
+#pragma unroll
+    for (int kk = 0; kk < T::kBlockM / 16; ++kk)  // 16 queries = two 8-row groups of 1024 bytes
+        Wgmma<T::kHeadDim, WgmmaA::RS, Elem>::template mma<1>(acc, frag[kk], desc0 + kk * 2048 / 16, 1);
+    wgmma_commit();
+}
+
+// S^T and dP^T of step `step_index` (of every tile so far): into s and dp, once its stage has
+// landed; K and V as register fragments (kKeysInRegisters) or read from shared memory (k_rows,
+// v_rows).
+template <typename T, typename Elem, bool kIssueAhead, bool kKeysInRegisters>
+__device__ __forceinline__ void issue_scores_of_step(BwdBarriers &bars, int step_index, float (&s)[32], float (&dp)[32],
+                                                     const uint32_t (&k_frag)[T::kHeadDim / 16][4],
+                                                     const uint32_t (&v_frag)[T::kHeadDim / 16][4], uint32_t k_rows,
+                                                     uint32_t v_rows, uint32_t base) {
+    const int stage = step_index % T::kStages;
+    wait_barrier(&bars.step_full[stage], (step_index / T::kStages) & 1);
+    if constexpr (!kIssueAhead) {
+        fence_registers(s);
+        fence_registers(dp);
+    }
+    wgmma_fence();
+    if constexpr (kKeysInRegisters) {
+        issue_scores_rs<T, Elem>(s, k_frag, base + T::kOffQ + stage * T::kQBytes);
+        issue_scores_rs<T, Elem>(dp, v_frag, base + T::kOffDo + stage * T::kQBytes);
+    } else {
+        issue_scores<T, Elem>(s, k_rows, base + T::kOffQ + stage * T::kQBytes);
+        issue_scores<T, Elem>(dp, v_rows, base + T::kOffDo + stage * T::kQBytes);
+    }
+}
+
+// The S accumulator layout of two 8-column tiles is the A-fragment layout of one 16-column step.
+template <typename Elem>
+__device__ __forceinline__ void to_frag(uint32_t (&frag)[4][4], const float (&acc)[32]) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) frag[kk][i] = pack2<Elem>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+}
+
+// D=64 (kKeysInRegisters): the fragments of this warpgroup's 64 rows of K or V (128-byte
+// swizzled, as TMA wrote them): per 16-column step, ldmatrix's four 8x8 matrices are rows 0-7 /
+// 8-15 of the warp's 16, at columns 0-7 / 8-15, which is wgmma's A-fragment order.
+template <int kHeadDim>
+__device__ __forceinline__ void load_key_frags(uint32_t (&frag)[kHeadDim / 16][4], uint32_t rows, int warp_in_wg, int lane) {
+    const int row = warp_in_wg * 16 + lane % 16;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const int chunk = 2 * kk + lane / 16;  // 16-byte chunk of the 128-byte row
+        ldmatrix_x4(frag[kk], rows + row * 128 + ((chunk ^ (row & 7)) << 4));
+    }
+}
+
+// Masked calls (kMaskBool, kMaskAdditive): the step's mask rows (query tile m_start, key block
+// n_start) toward L1, one 32-key piece of one row per consumer thread.
+template <typename Elem, int kMask>
+__device__ __forceinline__ void prefetch_mask_rows(const MaskSlice<Elem, kMask> &mask, const fc_params &f, int m_start,
+                                                   int n_start, int seqlen_k) {
+    const int t = threadIdx.x - 128, query = m_start + t / 4, key = n_start + t % 4 * 32;
+    if (query < static_cast<int>(f.seqlen_q) && key < seqlen_k) mask.prefetch(query, key);
+}
+
+// P^T = exp2(S^T scale log2(e) - LSE2[query]) of the step's scores, masked where keys pass Sk,
+// the diagonal or the band, packed into p_frag (kSoftcap: dS^T too, into dp and ds_frag).
+// masked_tile: some keys of the step are masked; key_in_cta: this thread's first key from the
+// block's first (first_key - n_start).
+template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap>
+__device__ __forceinline__ void softmax(uint32_t (&p_frag)[4][4], uint32_t (&ds_frag)[4][4], float (&s)[32], float (&dp)[32],
+                                        const float *delta, const float *lse2, const uint8_t *mask_tile,
+                                        const MaskSlice<Elem, kMask> &mask, const BwdMaps &maps, const fc_params &f,
+                                        float scale_log2, bool masked_tile, int m_start, int first_key, int key_in_cta,
+                                        int col_in_tile, int seqlen_k) {
+    constexpr bool kMaskElements = kMask == kMaskBool || kMask == kMaskAdditive;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + col_in_tile);
+        [[maybe_unused]] float p_soft[4];  // kSoftcap: this 8-column tile's P
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            [[maybe_unused]] float t = 0.f;
+            if constexpr (kSoftcap) s[4 * j + e] = t = fast_tanh(s[4 * j + e] * maps.softcap_in);
+            float x = fmaf(s[4 * j + e], scale_log2, -((e & 1) ? l.y : l.x));
+            const int key = first_key + 8 * (e >> 1), query = m_start + 8 * j + col_in_tile + (e & 1);
+            if constexpr (kMaskElements) {
+                // (Rows past Sq have LSE2 = +inf: P = 0 without their mask.)
+                if (key < seqlen_k && query < static_cast<int>(f.seqlen_q)) x = mask.apply(x, query, key);
+            } else if constexpr (kMask == kMaskBoolTiles) {
+                // The staged tile (zeros past Sk and Sq: masked, as those are anyway).
+                const int offset = (8 * j + col_in_tile + (e & 1)) * T::kMaskBoxKeys + key_in_cta + 8 * (e >> 1);
+                if (mask_tile[offset] == 0) x = -INFINITY;
+            }
+            if constexpr (kBand) {
+                if (masked_tile && (key >= seqlen_k || key - query < f.band_lo_ || key - query > f.band_hi_)) x = -INFINITY;
+            } else if (masked_tile && (key >= seqlen_k || (kCausal && key > query))) {
+                x = -INFINITY;
+            }
+            if constexpr (kSoftcap) {
+                // dS^T = P^T (dP^T - delta) times d(softcap t)/d(x scale) = 1 - t^2, into dp.
+                p_soft[e] = fast_exp2(x);
+                dp[4 * j + e] = p_soft[e] * (1.f - t * t) * (dp[4 * j + e] - delta[8 * j + col_in_tile + (e & 1)]);
+                if (e & 1) {  // a pair done: to its fragments (to_frag's layout: pair h of 8-column
+                              // tile j is fragment j / 2, 2 (j % 2) + h)
+                    const int h = e >> 1;
+                    p_frag[j / 2][2 * (j % 2) + h] = pack2<Elem>(p_soft[e - 1], p_soft[e]);
+                    ds_frag[j / 2][2 * (j % 2) + h] = pack2<Elem>(dp[4 * j + e - 1], dp[4 * j + e]);
+                }
+            } else {
+                s[4 * j + e] = fast_exp2(x);
+            }
+        }
+    }
+    if constexpr (!kSoftcap) to_frag<Elem>(p_frag, s);
+}
+
+// dS^T = P^T (dP^T - delta[query]) into dp (s holds P^T), packed into ds_frag.
+template <typename Elem>
+__device__ __forceinline__ void compute_ds(uint32_t (&ds_frag)[4][4], float (&dp)[32], const float (&s)[32], const float *delta,
+                                           int col_in_tile) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float2 d = *reinterpret_cast<const float2 *>(delta + 8 * j + col_in_tile);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
+    }
+    to_frag<Elem>(ds_frag, dp);
+}
+
+// dS^T of this thread's keys (rows first_row and first_row + 8, counted from the block's first
+// key) to the buffer at ds_tile, in the 128-byte-swizzled layout wgmma reads M-major; then waits
+// for both warpgroups' rows.
+__device__ __forceinline__ void store_ds_t(const uint32_t (&ds_frag)[4][4], uint32_t ds_tile, int first_row, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int row = first_row + 8 * (i & 1), chunk = 2 * kk + (i >> 1);
+            const uint32_t addr = ds_tile + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * (lane % 4);
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[kk][i]) : "memory");
+        }
+    ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to wgmma
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both warpgroups' dS^T rows are in
+}
+
+// Issues dQ (64 queries x kDqCols, this warpgroup's columns) = dS K: dS read M-major from the dS^T
+// buffer at ds_tile, K read N-major.
+template <typename T, typename Elem>
+__device__ __forceinline__ void issue_dq(float (&dq)[T::kDqCols / 2], uint32_t ds_tile, uint32_t base, int wg) {
+    // This warpgroup's columns of K: a panel of their own (D=128), or the second half of
+    // the panel's 128-byte rows (D=64: the descriptor starts 64 bytes in; the swizzle is
+    // a function of the address, as TMA wrote it).
+    const int first_col = wg * T::kDqCols;
+    const uint32_t k_b = base + T::kOffK + first_col / 64 * T::kKVPanelBytes + first_col % 64 * 2;
+    const uint64_t desc_a0 = smem_desc(ds_tile, T::kDsBytes, 1024), desc_b0 = smem_desc(k_b, T::kKVPanelBytes, 1024);
+    fence_registers(dq);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < T::kBlockN / 16; ++kk)
+        Wgmma<T::kDqCols, WgmmaA::SS, Elem>::template mma<1, 1>(dq, desc_a0 + kk * 2048 / 16,
+                                                               desc_b0 + kk * 2048 / 16, kk > 0);
+    wgmma_commit();
+}
+
+// The step's dQ (this thread's share) to the staging at dq_stage, for the dQ writer, once its
+// reductions of the previous step's have read it.
+template <typename T>
+__device__ __forceinline__ void stage_dq(BwdBarriers &bars, const float (&dq)[T::kDqCols / 2], uint32_t dq_stage, int my_row,
+                                         int lane, int step_all) {
+    wait_barrier(&bars.dq_empty, (step_all & 1) ^ 1);  // the previous step's reductions have read it
+#pragma unroll
+    for (int j = 0; j < T::kDqCols / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_stage + (my_row + 8 * h) * T::kDqStagePitch + 32 * j),
+                         "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
+                         : "memory");
+    ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to the bulk reductions
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(&bars.dq_full);
+}
+
+// The consumers' epilogue: dK * scale and dV of this thread's two keys, from registers (keys past
+// Sk are not written).
+template <typename Elem, int kHeadDim>
+__device__ __forceinline__ void store_dk_dv(const fc_bwd_params &b, const Tile &tile, int first_key, int col_in_tile,
+                                            int seqlen_k, const float (&dk)[kHeadDim / 2], const float (&dv)[kHeadDim / 2]) {
+    constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of dK, dV
+    Elem *dk_out = static_cast<Elem *>(b.dk) + tile.batch * b.dk_stride_b + tile.head_kv * b.dk_stride_h;
+    Elem *dv_out = static_cast<Elem *>(b.dv) + tile.batch * b.dv_stride_b + tile.head_kv * b.dv_stride_h;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = first_key + 8 * h;
+        if (key >= seqlen_k) continue;
+        Elem *dk_row = dk_out + static_cast<int64_t>(key) * b.dk_stride_s + col_in_tile;
+        Elem *dv_row = dv_out + static_cast<int64_t>(key) * b.dv_stride_s + col_in_tile;
+#pragma unroll
+        for (int j = 0; j < kDTiles; ++j) {
+            *reinterpret_cast<uint32_t *>(dk_row + 8 * j) =
+                pack2<Elem>(dk[4 * j + 2 * h] * b.fwd.scale, dk[4 * j + 2 * h + 1] * b.fwd.scale);
+            *reinterpret_cast<uint32_t *>(dv_row + 8 * j) = pack2<Elem>(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+        }
+    }
+}
+
+// One step of a tile (query head and query tile `step`; step `step_all` of every tile so far)
+// for one consumer thread: S^T and dP^T (kIssueAhead: issued a step ago), P^T and dS^T, dV and
+// dK accumulated, dS^T to shared memory, dQ and its staging. kAhead issues the next step's
+// score GEMMs right behind the dQ GEMM.
+template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kAhead, typename IssueScores>
+__device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps, const fc_params &f,
+                                             const Tile &tile, int step, int step_all, float (&s)[32], float (&dp)[32],
+                                             float (&dk)[T::kHeadDim / 2], float (&dv)[T::kHeadDim / 2],
+                                             IssueScores &issue_step_scores, uint32_t base, float scale_log2, int first_key,
+                                             int wg, int my_row, int col_in_tile, int lane, int seqlen_k) {
+    constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
+    constexpr bool kIssueAhead = T::kHeadDim == 64;  // the kernel's (see there)
+    const int n_start = tile.n_start;
+    const int stage = step_all % kStages;
+    const int m_start = tile.steps.m_start(step, kBlockM);
+    const uint32_t q_tile = base + T::kOffQ + stage * T::kQBytes;
+    const uint32_t do_tile = base + T::kOffDo + stage * T::kQBytes;
+    // Masked calls: the step's mask rows toward L1, read back after the score GEMMs.
+    constexpr bool kMaskElements = kMask == kMaskBool || kMask == kMaskAdditive;
+    [[maybe_unused]] const MaskSlice<Elem, kMask> mask(
+        f, tile.batch, kMaskElements ? tile.steps.head_q(step, tile.head_kv, tile.group) : 0);
+    if constexpr (kMaskElements) prefetch_mask_rows(mask, f, m_start, n_start, seqlen_k);
+
+    // ---- S^T = K Q^T and dP^T = V dO^T (kIssueAhead: already issued) ----
+    if constexpr (!kIssueAhead) issue_step_scores(step_all);
+
+    // ---- P^T = exp2(S^T scale log2(e) - LSE2[query]), masked where keys pass Sk, the diagonal or the band ----
+    // kSoftcap: dS^T here too (below), so dP^T first: P^T in fp32 then lives only as long
+    // as one element (with it beside dP^T the D=128 consumers spilled).
+    // (kIssueAhead: both were issued a step ago and have likely finished; waiting for dP^T
+    // too keeps ptxas from serializing every wgmma, as it did reading S^T while dP^T ran.)
+    constexpr bool kWaitBoth = kSoftcap || kIssueAhead;
+    wgmma_wait<kWaitBoth ? 0 : 1>();
+    fence_registers(s);
+    if constexpr (kWaitBoth) fence_registers(dp);
+    const float *delta = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsBytes);
+    const float *lse2 = delta + kBlockM;
+    [[maybe_unused]] const uint8_t *mask_tile = smem + T::kOffMask + stage * T::kMaskTileBytes;
+    // (kBand: every key of the block lies in the band of every row of the step when the
+    // step's last row reaches back to the block's first key and its first row forward to
+    // the block's last; compared as key - query, which cannot overflow.)
+    const bool masked_tile = n_start + kBlockN > seqlen_k ||
+                             (kBand ? n_start - (m_start + kBlockM - 1) < f.band_lo_ || n_start + kBlockN - 1 - m_start > f.band_hi_
+                                    : kCausal && m_start < n_start + kBlockN);
+    uint32_t p_frag[4][4], ds_frag[4][4];
+    softmax<T, Elem, kCausal, kMask, kBand, kSoftcap>(p_frag, ds_frag, s, dp, delta, lse2, mask_tile, mask, maps, f,
+                                                      scale_log2, masked_tile, m_start, first_key, wg * 64 + my_row,
+                                                      col_in_tile, seqlen_k);
+
+    // ---- dV += P^T dO ----
+    if constexpr (!kWaitBoth) {
+        wgmma_wait<0>();
+        fence_registers(dp);
+    }
+    fence_registers(dv);
+    wgmma_fence();
+    issue_accumulate<T, Elem>(dv, p_frag, do_tile);
+
+    // ---- dS^T = P^T (dP^T - delta[query]) (kSoftcap: done above);  dK += dS^T Q ----
+    if constexpr (!kSoftcap) compute_ds<Elem>(ds_frag, dp, s, delta, col_in_tile);
+    fence_registers(dk);
+    wgmma_fence();
+    issue_accumulate<T, Elem>(dk, ds_frag, q_tile);
+
+    // ---- dS^T to shared memory (rows: this warpgroup's keys; 128-byte swizzle) ----
+    const uint32_t ds_tile = base + T::kOffDs + (step_all & 1) * T::kDsBytes;
+    store_ds_t(ds_frag, ds_tile, wg * 64 + my_row, lane);
+
+    // ---- dQ (64 queries x kDqCols) = dS K: dS read M-major from dS^T, K read N-major ----
+    float dq[T::kDqCols / 2];
+    issue_dq<T, Elem>(dq, ds_tile, base, wg);
+    if constexpr (kAhead) {
+        issue_step_scores(step_all + 1);
+        wgmma_wait<2>();  // all but the next step's two score GEMMs
+    } else {
+        wgmma_wait<0>();
+    }
+    fence_registers(dq);
+    fence_registers(dk);
+    fence_registers(dv);
+    ptx::mbarrier_arrive(&bars.step_empty[stage]);  // Q, dO and the row terms are read
+
+    // ---- dQ to the staging, for the dQ writer ----
+    stage_dq<T>(bars, dq, base + T::kOffDq + wg * T::kDqCols * 4 + col_in_tile * 4, my_row, lane, step_all);
+}
+
 template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false, bool kSoftcap = false>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     static_assert(!kBand || (kCausal && kMask == kMaskNone), "a band runs in the causal configuration, without a mask");
     using T = BwdTraits<kHeadDim, kMask == kMaskBoolTiles>;
-    constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
-    constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of dK, dV
+    constexpr int kBlockN = T::kBlockN;
 
     extern __shared__ unsigned char smem_raw[];
     __shared__ BwdBarriers bars;
@@ -78,159 +579,29 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     const int seqlen_k = static_cast<int>(f.seqlen_k);
     const int tiles = (seqlen_k + kBlockN - 1) / kBlockN * static_cast<int>(f.heads_kv * f.batch);
     const Workspace ws = workspace_of(p);
-    auto tile_of = [&](int index) { return tile_at<kBlockM, kBlockN, kCausal, kBand>(index, maps, f); };
 
     const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
     const int lane = threadIdx.x % 32;
-    constexpr int kConsumerThreads = 128 * T::kConsumers;
-    if (threadIdx.x == 0) {
-        ptx::mbarrier_init(&bars.kv_full, 1);
-        ptx::mbarrier_init(&bars.kv_empty, kConsumerThreads);
-        for (int s = 0; s < kStages; ++s) {
-            ptx::mbarrier_init(&bars.step_full[s], 2);  // the Q/dO and the row-terms loaders
-            // One arrival per consumer thread: each thread's own reads of the stage's row terms
-            // (ordinary loads) come before its release of them (one per warp raced the next
-            // bulk copy in compute-sanitizer's racecheck).
-            ptx::mbarrier_init(&bars.step_empty[s], kConsumerThreads);
-        }
-        ptx::mbarrier_init(&bars.dq_full, 4 * T::kConsumers);
-        ptx::mbarrier_init(&bars.dq_empty, 1);
-        ptx::mbarrier_init(&bars.claim, 1);
-        for (int s = 0; s < 2; ++s) {
-            ptx::mbarrier_init(&bars.tile_full[s], 1);
-            ptx::mbarrier_init(&bars.tile_empty[s], kConsumerThreads + 3 /* the step loaders, the dQ writer */);
-        }
-        ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
-    }
+    if (threadIdx.x == 0) init_barriers<T>(bars);
     __syncthreads();
 
-    // The CTA's tiles, as the tile scheduler publishes them: the n-th through slot n % 2, decoded
-    // (the producer's threads have no registers to spare for the division). Readers release the
-    // slot as soon as they have a copy; batch < 0 ends the loop.
-    constexpr int kTileWords = sizeof(Tile) / 4;
-    auto next_tile = [&](int n) {
-        wait_barrier(&bars.tile_full[n & 1], (n >> 1) & 1);
-        Tile tile;
-        const volatile int32_t *from = reinterpret_cast<const volatile int32_t *>(&bars.tile[n & 1]);
-#pragma unroll
-        for (int i = 0; i < kTileWords; ++i) reinterpret_cast<int32_t *>(&tile)[i] = from[i];
-        ptx::mbarrier_arrive(&bars.tile_empty[n & 1]);
-        return tile;
-    };
     if (warpgroup == 0) {
         // ---------------- producer: four threads of their own jobs ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x == 32) {
-            // ---------------- dQ writer: the staged dQ of each step, added to the accumulator ----
-            // One bulk reduction (cp.reduce.async.bulk .add.f32) per staged tile: whole lines
-            // through L2's reduction units, where per-thread atomics cost the kernel ~40% of its
-            // time (docs/experiments/backward.md). The rows' padding adds zeros.
-            int step_all = 0;  // steps of every tile so far: the barriers' phases
-            for (int n = 0;; ++n) {
-                const Tile tile = next_tile(n);
-                if (tile.batch < 0) break;
-                const int m_first = tile.steps.m_first, m_end = m_first + tile.steps.m_count;
-                const int head_end = (tile.head_kv + 1) * tile.group;
-                for (int head_q = tile.head_kv * tile.group; head_q < head_end; ++head_q) {
-                    float *head_rows =
-                        ws.dq_accum + ws.dq_at(static_cast<int64_t>(tile.batch) * f.heads_q + head_q, 0, kDqPitch<kHeadDim>);
-                    for (int m = m_first; m < m_end; ++m, ++step_all) {
-                        wait_barrier(&bars.dq_full, step_all & 1);
-                        float *rows = head_rows + static_cast<int64_t>(m) * kBlockM * kDqPitch<kHeadDim>;
-                        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                                     ::"l"(rows), "r"(smem_addr(smem + T::kOffDq)), "n"(T::kDqStageBytes)
-                                     : "memory");
-                        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-                        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
-                        ptx::mbarrier_arrive(&bars.dq_empty);
-                    }
-                }
-            }
-            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the reductions are done
+            write_dq<T>(bars, smem, ws, f);
             return;
         }
         if (threadIdx.x == 96) {
-            // ---------------- tile scheduler and K/V loader ----------------
-            // Publishes the CTA's tiles: the first is blockIdx.x, each next one comes from the
-            // workspace's counter (zeroed by the row-terms kernel), so that a CTA's next K/V and
-            // first steps load while its consumers finish the current tile, and tiles of
-            // different lengths (causal) balance. Then loads the tile's K and V once the
-            // consumers are done with the previous tile's.
-            int32_t c[4];
-            int index = static_cast<int>(blockIdx.x), kv_round = 0;
-            for (int n = 0;; ++n) {
-                wait_barrier(&bars.tile_empty[n & 1], ((n >> 1) & 1) ^ 1);  // the first round passes at once
-                Tile tile = tile_of(index);
-                if (index >= tiles) tile.batch = -1;
-                volatile int32_t *to = reinterpret_cast<volatile int32_t *>(&bars.tile[n & 1]);
-#pragma unroll
-                for (int i = 0; i < kTileWords; ++i) to[i] = reinterpret_cast<const int32_t *>(&tile)[i];
-                ptx::mbarrier_arrive(&bars.tile_full[n & 1]);
-                if (index >= tiles) return;
-                if (tile.steps.count > 0) {
-                    wait_barrier(&bars.kv_empty, (kv_round & 1) ^ 1);
-                    ++kv_round;
-                    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
-                                                   &bars.kv_full, 2 * T::kKVBytes);
-                    for (int panel = 0; panel < T::kPanels; ++panel) {
-                        set_coords(c, maps.k_order, panel * 64, tile.n_start, tile.head_kv, tile.batch);
-                        tma_load(smem + T::kOffK + panel * T::kKVPanelBytes, &maps.k, c, &bars.kv_full);
-                        set_coords(c, maps.v_order, panel * 64, tile.n_start, tile.head_kv, tile.batch);
-                        tma_load(smem + T::kOffV + panel * T::kKVPanelBytes, &maps.v, c, &bars.kv_full);
-                    }
-                }
-                // The next tile is claimed once this one's last step is being loaded: claimed any
-                // earlier, a CTA would hold it through all of a long tile while others idle
-                // (causal tiles differ in length); any later, the loads of its first steps wait.
-                wait_barrier(&bars.claim, n & 1);
-                index = atomicAdd(ws.tile_counter, 1) + static_cast<int>(gridDim.x);
-            }
+            schedule_tiles_and_load_kv<T, kCausal, kBand>(bars, smem, maps, f, ws, tiles);
+            return;
         }
-        // ---------------- step loaders: each step's Q and dO (thread 0) and its row terms
-        // (thread 64) into the ring; a stage fills on both. ----------------
-        // load(stage, full barrier, head_q, batch, query row) issues one step's share.
-        auto for_each_step = [&](auto load, bool signal_claim) {
-            int step_all = 0;
-            for (int n = 0;; ++n) {
-                const Tile tile = next_tile(n);
-                if (tile.batch < 0) return;
-                const int m_first = tile.steps.m_first, m_end = m_first + tile.steps.m_count;
-                const int batch = tile.batch, head_end = (tile.head_kv + 1) * tile.group;
-                for (int head_q = tile.head_kv * tile.group; head_q < head_end; ++head_q)
-                    for (int m = m_first; m < m_end; ++m, ++step_all) {
-                        const int stage = step_all % kStages;
-                        wait_barrier(&bars.step_empty[stage], ((step_all / kStages) & 1) ^ 1);
-                        load(stage, &bars.step_full[stage], head_q, batch, m * kBlockM, tile.n_start);
-                    }
-                if (signal_claim) ptx::mbarrier_arrive(&bars.claim);
-            }
-        };
+        // The step loaders: each step's Q and dO (thread 0) and its row terms (thread 64) into the
+        // ring; a stage fills on both.
         if (threadIdx.x == 64) {
-            for_each_step([&](int stage, uint64_t *full, int head_q, int batch, int m_start, int) {
-                ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
-                                               T::kRowTermsBytes);
-                const int64_t slice = static_cast<int64_t>(batch) * f.heads_q + head_q;
-                ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, smem + T::kOffRowTerms + stage * T::kRowTermsBytes,
-                                   ws.row_terms + ws.delta_at(slice, m_start), T::kRowTermsBytes, full);
-            }, false);
+            load_row_terms<T>(bars, smem, ws, f);
         } else if (threadIdx.x == 0) {
-            for_each_step([&](int stage, uint64_t *full, int head_q, int batch, int m_start, int n_start) {
-                ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
-                                               2 * T::kQBytes + T::kMaskTileBytes);
-                int32_t c[4];
-                if constexpr (kMask == kMaskBoolTiles) {
-                    // (keys, queries) at n_start, m_start; a broadcast head or batch is a dim of size 1.
-                    set_coords(c, maps.mask_order, n_start, m_start, f.mask_stride_h != 0 ? head_q : 0,
-                               f.mask_stride_b != 0 ? batch : 0);
-                    tma_load(smem + T::kOffMask + stage * T::kMaskTileBytes, &maps.mask, c, full);
-                }
-                for (int panel = 0; panel < T::kPanels; ++panel) {
-                    set_coords(c, maps.q_order, panel * 64, m_start, head_q, batch);
-                    tma_load(smem + T::kOffQ + stage * T::kQBytes + panel * T::kQPanelBytes, &maps.q, c, full);
-                    set_coords(c, maps.dout_order, panel * 64, m_start, head_q, batch);
-                    tma_load(smem + T::kOffDo + stage * T::kQBytes + panel * T::kQPanelBytes, &maps.dout, c, full);
-                }
-            }, true);
+            load_q_do<T, kMask>(bars, smem, maps, f);
         }
         return;
     }
@@ -249,52 +620,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     // kSoftcap: scale_log2 is softcap * log2(e), and scores become tanh(x * maps.softcap_in).
     const float scale_log2 = kSoftcap ? maps.softcap_log2 : f.scale * kLog2e;
 
-    // The staging rows' padding goes out with every reduction: zeros (the stores reach the async
-    // proxy through each thread's fence before its first dq_full arrival).
-    for (int i = threadIdx.x - 128; i < kBlockM * 2; i += kConsumerThreads) {
-        const int row = i / 2, half = i % 2;
-        *reinterpret_cast<float4 *>(smem + T::kOffDq + row * T::kDqStagePitch + kHeadDim * 4 + half * 16) =
-            make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-
-    // acc (64 rows x 64 queries) = rows of `a_rows` (64 keys, K-major, panels kKVPanelBytes apart)
-    // times the step's `b_tile` (64 queries, K-major): S^T = K Q^T and dP^T = V dO^T.
-    auto issue_scores = [&](float (&acc)[32], uint32_t a_rows, uint32_t b_tile) {
-        const uint64_t desc_a0 = smem_desc(a_rows, 16, 1024), desc_b0 = smem_desc(b_tile, 16, 1024);
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            const uint32_t offset = (kk % 4) * 32;  // 16 columns = 32 bytes along a 128-byte row
-            Wgmma<64, WgmmaA::SS, Elem>::template mma<0>(acc, desc_a0 + ((kk / 4) * T::kKVPanelBytes + offset) / 16,
-                                                         desc_b0 + ((kk / 4) * T::kQPanelBytes + offset) / 16, kk > 0);
-        }
-        wgmma_commit();
-    };
-    // D=64 (kKeysInRegisters): the same product with this warpgroup's K or V rows as A fragments
-    // in registers (loaded once per tile), so that only Q or dO is read from shared memory.
-    auto issue_scores_rs = [&](float (&acc)[32], const uint32_t (&a)[kHeadDim / 16][4], uint32_t b_tile) {
-        const uint64_t desc_b0 = smem_desc(b_tile, 16, 1024);
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk)
-            Wgmma<64, WgmmaA::RS, Elem>::template mma<0>(acc, a[kk], desc_b0 + ((kk / 4) * T::kQPanelBytes + (kk % 4) * 32) / 16,
-                                                         kk > 0);
-        wgmma_commit();
-    };
-    // acc (64 keys x D) += frag (64 keys x 64 queries, registers) times the step's `tile` (64
-    // queries x D) read N-major: dV += P^T dO and dK += dS^T Q.
-    auto issue_accumulate = [&](float (&acc)[kHeadDim / 2], const uint32_t (&frag)[4][4], uint32_t tile) {
-        const uint64_t desc0 = smem_desc(tile, T::kQPanelBytes, 1024);
-#pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk)  // 16 queries = two 8-row groups of 1024 bytes
-            Wgmma<kHeadDim, WgmmaA::RS, Elem>::template mma<1>(acc, frag[kk], desc0 + kk * 2048 / 16, 1);
-        wgmma_commit();
-    };
-    // The S accumulator layout of two 8-column tiles is the A-fragment layout of one 16-column step.
-    auto to_frag = [&](uint32_t (&frag)[4][4], const float (&acc)[32]) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) frag[kk][i] = pack2<Elem>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
-    };
+    zero_dq_padding<T>(smem);
 
     // D=64 (kIssueAhead): the next step's S^T and dP^T go out right behind this step's dQ GEMM,
     // so that the tensor cores have work while the consumers stage dQ and start the next step
@@ -306,39 +632,15 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     // traffic; at D=128 the registers are taken.
     constexpr bool kKeysInRegisters = kHeadDim == 64;
     uint32_t k_frag[kHeadDim / 16][4], v_frag[kHeadDim / 16][4];
-    // The fragments of this warpgroup's 64 rows of K or V (128-byte swizzled, as TMA wrote them):
-    // per 16-column step, ldmatrix's four 8x8 matrices are rows 0-7 / 8-15 of the warp's 16, at
-    // columns 0-7 / 8-15, which is wgmma's A-fragment order.
-    auto load_key_frags = [&](uint32_t (&frag)[kHeadDim / 16][4], uint32_t rows) {
-        const int row = warp_in_wg * 16 + lane % 16;
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            const int chunk = 2 * kk + lane / 16;  // 16-byte chunk of the 128-byte row
-            ldmatrix_x4(frag[kk], rows + row * 128 + ((chunk ^ (row & 7)) << 4));
-        }
-    };
     // S^T and dP^T of a step: into s and dp, once its stage has landed.
     float s[32], dp[32];
     auto issue_step_scores = [&](int step_index) {
-        const int stage = step_index % kStages;
-        wait_barrier(&bars.step_full[stage], (step_index / kStages) & 1);
-        if constexpr (!kIssueAhead) {
-            fence_registers(s);
-            fence_registers(dp);
-        }
-        wgmma_fence();
-        if constexpr (kKeysInRegisters) {
-            issue_scores_rs(s, k_frag, base + T::kOffQ + stage * T::kQBytes);
-            issue_scores_rs(dp, v_frag, base + T::kOffDo + stage * T::kQBytes);
-        } else {
-            issue_scores(s, k_rows, base + T::kOffQ + stage * T::kQBytes);
-            issue_scores(dp, v_rows, base + T::kOffDo + stage * T::kQBytes);
-        }
+        issue_scores_of_step<T, Elem, kIssueAhead, kKeysInRegisters>(bars, step_index, s, dp, k_frag, v_frag, k_rows, v_rows, base);
     };
 
     int step_all = 0, kv_round = 0;  // steps and K/V loads of every tile so far: the barriers' phases
     for (int n = 0;; ++n) {
-        const Tile tile = next_tile(n);
+        const Tile tile = read_tile(bars, n);
         if (tile.batch < 0) break;
         const int n_start = tile.n_start;
         const int first_key = n_start + wg * 64 + my_row;  // this thread's keys: first_key, +8
@@ -350,164 +652,15 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         if (tile.steps.count > 0) {
             wait_barrier(&bars.kv_full, kv_round & 1);
             if constexpr (kKeysInRegisters) {
-                load_key_frags(k_frag, k_rows);
-                load_key_frags(v_frag, v_rows);
+                load_key_frags<kHeadDim>(k_frag, k_rows, warp_in_wg, lane);
+                load_key_frags<kHeadDim>(v_frag, v_rows, warp_in_wg, lane);
             }
         }
         // One step; `ahead` (std::true_type) issues the next step's score GEMMs before staging dQ.
         auto run_step = [&](int step, auto ahead) {
-            const int stage = step_all % kStages;
-            const int m_start = tile.steps.m_start(step, kBlockM);
-            const uint32_t q_tile = base + T::kOffQ + stage * T::kQBytes;
-            const uint32_t do_tile = base + T::kOffDo + stage * T::kQBytes;
-            // Masked calls: the step's mask rows toward L1 (one 32-key piece of one row per thread),
-            // read back after the score GEMMs.
-            constexpr bool kMaskElements = kMask == kMaskBool || kMask == kMaskAdditive;
-            [[maybe_unused]] const MaskSlice<Elem, kMask> mask(
-                f, tile.batch, kMaskElements ? tile.steps.head_q(step, tile.head_kv, tile.group) : 0);
-            if constexpr (kMaskElements) {
-                const int t = threadIdx.x - 128, query = m_start + t / 4, key = n_start + t % 4 * 32;
-                if (query < static_cast<int>(f.seqlen_q) && key < seqlen_k) mask.prefetch(query, key);
-            }
-
-            // ---- S^T = K Q^T and dP^T = V dO^T (kIssueAhead: already issued) ----
-            if constexpr (!kIssueAhead) issue_step_scores(step_all);
-
-            // ---- P^T = exp2(S^T scale log2(e) - LSE2[query]), masked where keys pass Sk, the diagonal or the band ----
-            // kSoftcap: dS^T here too (below), so dP^T first: P^T in fp32 then lives only as long
-            // as one element (with it beside dP^T the D=128 consumers spilled).
-            // (kIssueAhead: both were issued a step ago and have likely finished; waiting for dP^T
-            // too keeps ptxas from serializing every wgmma, as it did reading S^T while dP^T ran.)
-            constexpr bool kWaitBoth = kSoftcap || kIssueAhead;
-            wgmma_wait<kWaitBoth ? 0 : 1>();
-            fence_registers(s);
-            if constexpr (kWaitBoth) fence_registers(dp);
-            const float *delta = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsBytes);
-            const float *lse2 = delta + kBlockM;
-            [[maybe_unused]] const uint8_t *mask_tile = smem + T::kOffMask + stage * T::kMaskTileBytes;
-            // (kBand: every key of the block lies in the band of every row of the step when the
-            // step's last row reaches back to the block's first key and its first row forward to
-            // the block's last; compared as key - query, which cannot overflow.)
-            const bool masked_tile = n_start + kBlockN > seqlen_k ||
-                                     (kBand ? n_start - (m_start + kBlockM - 1) < f.band_lo_ || n_start + kBlockN - 1 - m_start > f.band_hi_
-                                            : kCausal && m_start < n_start + kBlockN);
-            uint32_t p_frag[4][4], ds_frag[4][4];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + col_in_tile);
-                [[maybe_unused]] float p_soft[4];  // kSoftcap: this 8-column tile's P
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    [[maybe_unused]] float t = 0.f;
-                    if constexpr (kSoftcap) s[4 * j + e] = t = fast_tanh(s[4 * j + e] * maps.softcap_in);
-                    float x = fmaf(s[4 * j + e], scale_log2, -((e & 1) ? l.y : l.x));
-                    const int key = first_key + 8 * (e >> 1), query = m_start + 8 * j + col_in_tile + (e & 1);
-                    if constexpr (kMaskElements) {
-                        // (Rows past Sq have LSE2 = +inf: P = 0 without their mask.)
-                        if (key < seqlen_k && query < static_cast<int>(f.seqlen_q)) x = mask.apply(x, query, key);
-                    } else if constexpr (kMask == kMaskBoolTiles) {
-                        // The staged tile (zeros past Sk and Sq: masked, as those are anyway).
-                        const int offset = (8 * j + col_in_tile + (e & 1)) * T::kMaskBoxKeys + wg * 64 + my_row + 8 * (e >> 1);
-                        if (mask_tile[offset] == 0) x = -INFINITY;
-                    }
-                    if constexpr (kBand) {
-                        if (masked_tile && (key >= seqlen_k || key - query < f.band_lo_ || key - query > f.band_hi_)) x = -INFINITY;
-                    } else if (masked_tile && (key >= seqlen_k || (kCausal && key > query))) {
-                        x = -INFINITY;
-                    }
-                    if constexpr (kSoftcap) {
-                        // dS^T = P^T (dP^T - delta) times d(softcap t)/d(x scale) = 1 - t^2, into dp.
-                        p_soft[e] = fast_exp2(x);
-                        dp[4 * j + e] = p_soft[e] * (1.f - t * t) * (dp[4 * j + e] - delta[8 * j + col_in_tile + (e & 1)]);
-                        if (e & 1) {  // a pair done: to its fragments (to_frag's layout: pair h of 8-column
-                                      // tile j is fragment j / 2, 2 (j % 2) + h)
-                            const int h = e >> 1;
-                            p_frag[j / 2][2 * (j % 2) + h] = pack2<Elem>(p_soft[e - 1], p_soft[e]);
-                            ds_frag[j / 2][2 * (j % 2) + h] = pack2<Elem>(dp[4 * j + e - 1], dp[4 * j + e]);
-                        }
-                    } else {
-                        s[4 * j + e] = fast_exp2(x);
-                    }
-                }
-            }
-            if constexpr (!kSoftcap) to_frag(p_frag, s);
-
-            // ---- dV += P^T dO ----
-            if constexpr (!kWaitBoth) {
-                wgmma_wait<0>();
-                fence_registers(dp);
-            }
-            fence_registers(dv);
-            wgmma_fence();
-            issue_accumulate(dv, p_frag, do_tile);
-
-            // ---- dS^T = P^T (dP^T - delta[query]) (kSoftcap: done above);  dK += dS^T Q ----
-            if constexpr (!kSoftcap)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const float2 d = *reinterpret_cast<const float2 *>(delta + 8 * j + col_in_tile);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
-                }
-            if constexpr (!kSoftcap) to_frag(ds_frag, dp);
-            fence_registers(dk);
-            wgmma_fence();
-            issue_accumulate(dk, ds_frag, q_tile);
-
-            // ---- dS^T to shared memory (rows: this warpgroup's keys; 128-byte swizzle) ----
-            const uint32_t ds_tile = base + T::kOffDs + (step_all & 1) * T::kDsBytes;
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int row = wg * 64 + my_row + 8 * (i & 1), chunk = 2 * kk + (i >> 1);
-                    const uint32_t addr = ds_tile + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * (lane % 4);
-                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[kk][i]) : "memory");
-                }
-            ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to wgmma
-            asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both warpgroups' dS^T rows are in
-
-            // ---- dQ (64 queries x kDqCols) = dS K: dS read M-major from dS^T, K read N-major ----
-            float dq[T::kDqCols / 2];
-            {
-                // This warpgroup's columns of K: a panel of their own (D=128), or the second half of
-                // the panel's 128-byte rows (D=64: the descriptor starts 64 bytes in; the swizzle is
-                // a function of the address, as TMA wrote it).
-                const int first_col = wg * T::kDqCols;
-                const uint32_t k_b = base + T::kOffK + first_col / 64 * T::kKVPanelBytes + first_col % 64 * 2;
-                const uint64_t desc_a0 = smem_desc(ds_tile, T::kDsBytes, 1024), desc_b0 = smem_desc(k_b, T::kKVPanelBytes, 1024);
-                fence_registers(dq);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < kBlockN / 16; ++kk)
-                    Wgmma<T::kDqCols, WgmmaA::SS, Elem>::template mma<1, 1>(dq, desc_a0 + kk * 2048 / 16,
-                                                                           desc_b0 + kk * 2048 / 16, kk > 0);
-                wgmma_commit();
-            }
-            if constexpr (decltype(ahead)::value) {
-                issue_step_scores(step_all + 1);
-                wgmma_wait<2>();  // all but the next step's two score GEMMs
-            } else {
-                wgmma_wait<0>();
-            }
-            fence_registers(dq);
-            fence_registers(dk);
-            fence_registers(dv);
-            ptx::mbarrier_arrive(&bars.step_empty[stage]);  // Q, dO and the row terms are read
-
-            // ---- dQ to the staging, for the dQ writer ----
-            wait_barrier(&bars.dq_empty, (step_all & 1) ^ 1);  // the previous step's reductions have read it
-            const uint32_t dq_stage = base + T::kOffDq + wg * T::kDqCols * 4 + col_in_tile * 4;
-#pragma unroll
-            for (int j = 0; j < T::kDqCols / 8; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_stage + (my_row + 8 * h) * T::kDqStagePitch + 32 * j),
-                                 "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
-                                 : "memory");
-            ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to the bulk reductions
-            __syncwarp();
-            if (lane == 0) ptx::mbarrier_arrive(&bars.dq_full);
+            compute_step<T, Elem, kCausal, kMask, kBand, kSoftcap, decltype(ahead)::value>(
+                bars, smem, maps, f, tile, step, step_all, s, dp, dk, dv, issue_step_scores, base, scale_log2, first_key, wg,
+                my_row, col_in_tile, lane, seqlen_k);
         };
         // kIssueAhead: every step but the last issues the next one's scores, and the last runs
         // outside the loop, so that on every path into a step its two score GEMMs are in flight
@@ -527,23 +680,8 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             ++kv_round;
         }
 
-        // ---- epilogue: dK * scale and dV, from registers (keys past Sk are not written) ----
-        const fc_bwd_params &b = p;
-        Elem *dk_out = static_cast<Elem *>(b.dk) + tile.batch * b.dk_stride_b + tile.head_kv * b.dk_stride_h;
-        Elem *dv_out = static_cast<Elem *>(b.dv) + tile.batch * b.dv_stride_b + tile.head_kv * b.dv_stride_h;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int key = first_key + 8 * h;
-            if (key >= seqlen_k) continue;
-            Elem *dk_row = dk_out + static_cast<int64_t>(key) * b.dk_stride_s + col_in_tile;
-            Elem *dv_row = dv_out + static_cast<int64_t>(key) * b.dv_stride_s + col_in_tile;
-#pragma unroll
-            for (int j = 0; j < kDTiles; ++j) {
-                *reinterpret_cast<uint32_t *>(dk_row + 8 * j) =
-                    pack2<Elem>(dk[4 * j + 2 * h] * f.scale, dk[4 * j + 2 * h + 1] * f.scale);
-                *reinterpret_cast<uint32_t *>(dv_row + 8 * j) = pack2<Elem>(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
-            }
-        }
+        // ---- epilogue ----
+        store_dk_dv<Elem, kHeadDim>(p, tile, first_key, col_in_tile, seqlen_k, dk, dv);
     }
 }
 
