@@ -436,6 +436,380 @@ __device__ __forceinline__ bool online_softmax(int n, float (&rescale)[2], bool 
     return finish(std::integral_constant<int, kNTiles>{});
 }
 
+// A cluster split without kPushMerge (D=128, 256): leaves this CTA's partials in shared memory and
+// finishes its share of the rows from every peer's (finish_split_rows).
+template <class K>
+__device__ __forceinline__ void read_merge_split(float (&o_acc)[K::kDTiles * 4], float (&row_max)[2], float (&row_sum)[2],
+                                                 float *part_o, float2 *part_ml, int row_group, int warp_in_wg, int row_in_warp,
+                                                 int col_in_tile, int lane, float scale_log2, const Tile &tile,
+                                                 const fc_params &p) {
+    using Elem = typename K::Elem;
+    using T = typename K::T;
+    constexpr int kHeadDim = K::kHeadDim, kBlockM = K::kBlockM, kDTiles = K::kDTiles, kW = K::kW;
+    // Leave this CTA's partials in the K/V ring (running on into the O staging, which
+    // split CTAs do not use), once every consumer warpgroup is past its last P V (the
+    // producer has nothing in flight: each loaded tile was consumed).
+    using SP = SplitPartials<kHeadDim, kBlockM>;
+    static_assert(SP::kBytes <= T::kOStageOffset + T::kOBufs * T::kOStageBytes - T::kQBufs * T::kQBytes,
+                  "split partials must fit the K/V ring and the O staging");
+    asm volatile("bar.sync %0, %1;\n" ::"r"(kW + 1), "n"(128 * kW) : "memory");
+    const int r0 = row_group * 64 + warp_in_wg * 16 + row_in_warp;  // row within the block
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float *dst = part_o + (r0 + 8 * h) * SP::kOPitch + col_in_tile;
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d)
+            *reinterpret_cast<float2 *>(dst + d * 8) = make_float2(o_acc[d * 4 + 2 * h], o_acc[d * 4 + 2 * h + 1]);
+        if ((lane % 4) == 0)
+            part_ml[r0 + 8 * h] = make_float2(row_max[h] == -INFINITY ? -INFINITY : row_max[h] * scale_log2, row_sum[h]);
+    }
+    cluster_sync_all();  // every CTA's partials are written
+    finish_split_rows<Elem, kHeadDim, kBlockM>(smem_addr(part_o), cluster_rank(), cluster_size(), threadIdx.x - 128, 128 * kW,
+                                               tile.m_block, tile.head, tile.batch, p);
+    // No CTA leaves (freeing its shared memory) while a peer reads it. Relaxed: every
+    // remote load above has returned (its value was stored), so nothing needs releasing,
+    // and the default release would wait for this CTA's global stores of O (a GPU-scope
+    // MEMBAR in the SASS).
+    ptx::barrier_cluster_arrive(ptx::sem_relaxed);
+    ptx::barrier_cluster_wait();
+}
+
+// kGridSplit: writes this CTA's partial of its rows and their LSE to the workspace.
+template <class K>
+__device__ __forceinline__ void store_grid_split(float (&o_acc)[K::kDTiles * 4], float (&row_sum)[2], float (&inv_sum)[2],
+                                                 float (&lse_log2)[2], int row0, int seqlen_q, int heads_q,
+                                                 int col_in_tile, int lane, const Tile &tile, const fc_params &p) {
+    constexpr int kHeadDim = K::kHeadDim, kDTiles = K::kDTiles;
+    // Grid split (decoding): this CTA's partial of its rows, normalised over its keys,
+    // and its base-2 LSE go to the workspace; combine_kernel (common/split_combine.cuh)
+    // merges the splits. A row that saw no key (an empty range) leaves O = 0 and
+    // LSE = -inf, which the merge weighs 0.
+    const int splits = p.num_splits_, slot = static_cast<int>(blockIdx.x) % splits;
+    float *part_o = static_cast<float *>(p.workspace);
+    float *part_lse = part_o + partial_rows(p) * splits * kHeadDim;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+        if (row >= seqlen_q) continue;
+        const int64_t prow = (static_cast<int64_t>(tile.batch) * heads_q + tile.head) * seqlen_q + row;
+        const bool seen = row_sum[h] > 0.f;
+        float *dst = part_o + (prow * splits + slot) * kHeadDim + col_in_tile;
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d)
+            *reinterpret_cast<float2 *>(dst + d * 8) =
+                seen ? make_float2(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h])
+                     : make_float2(0.f, 0.f);
+        if ((lane % 4) == 0) part_lse[prow * splits + slot] = seen ? lse_log2[h] : -INFINITY;
+    }
+}
+
+// Writes the natural-log LSE of the rows this thread finalises (once per row: lane 0 of the quad).
+__device__ __forceinline__ void store_lse(float (&lse_log2)[2], bool (&finalise)[2], int row0, int seqlen_q, int lane,
+                                          int key_part, const Tile &tile, const fc_params &p) {
+    if (p.lse != nullptr && (lane % 4) == 0 && key_part == 0) {  // (kPair: both hold the merged rows)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h;
+            if (row < seqlen_q && finalise[h])
+                p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + row * p.lse_stride_s] =
+                    lse_log2[h] * 0.6931471805599453f;
+        }
+    }
+}
+
+// Folds the head's attention sink (p.sinks) into the rows' normaliser and LSE.
+__device__ __forceinline__ void apply_sink(float (&inv_sum)[2], float (&lse_log2)[2], int head, const fc_params &p) {
+    // Attention sinks (p.sinks: one logit per query head, a key with no value in every row's
+    // denominator): the row's keys weigh sigmoid(lse - sink) of it, and its LSE becomes
+    // logaddexp(lse, sink), here in base 2. A CTA with sinks is never split (launch_fwd_config),
+    // so this is the row's final LSE.
+    if (p.sinks != nullptr) {
+        const float sink2 = p.sinks[head] * 1.4426950408889634f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float top = fmaxf(lse_log2[h], sink2);
+            if (top != -INFINITY) {  // (else no key and no sink: zeros, LSE -inf)
+                const float total = top + __log2f(fast_exp2(lse_log2[h] - top) + fast_exp2(sink2 - top));
+                inv_sum[h] *= fast_exp2(lse_log2[h] - total);
+                lse_log2[h] = total;
+            }
+        }
+    }
+}
+
+// Writes this warpgroup's normalised rows of O into its staging buffer at `stage` (stmatrix).
+template <class K>
+__device__ __forceinline__ void stage_o(float (&o_acc)[K::kDTiles * 4], float (&inv_sum)[2], uint32_t stage,
+                                        int warp_in_wg, int lane) {
+    using Elem = typename K::Elem;
+    constexpr int kDTiles = K::kDTiles;
+    const int matrix = lane / 8;  // lanes 8i..8i+7 address the rows of matrix i
+    const int stage_row = warp_in_wg * 16 + (matrix & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int d = 0; d < kDTiles; d += 2) {
+        // Matrices: column tile d rows 0-7 and 8-15 of the warp, then tile d + 1.
+        const int chunk = d + (matrix >> 1);
+        const uint32_t addr = stage + (chunk / 8) * (64 * 128) + stage_row * 128 + (((chunk % 8) ^ (lane & 7)) * 16);
+        stmatrix_x4(addr, pack2<Elem>(o_acc[d * 4 + 0] * inv_sum[0], o_acc[d * 4 + 1] * inv_sum[0]),
+                    pack2<Elem>(o_acc[d * 4 + 2] * inv_sum[1], o_acc[d * 4 + 3] * inv_sum[1]),
+                    pack2<Elem>(o_acc[d * 4 + 4] * inv_sum[0], o_acc[d * 4 + 5] * inv_sum[0]),
+                    pack2<Elem>(o_acc[d * 4 + 6] * inv_sum[1], o_acc[d * 4 + 7] * inv_sum[1]));
+    }
+}
+
+// One thread's TMA store of the warpgroup's staged rows of O (buffer o_buf), committed as a group.
+template <class K>
+__device__ __forceinline__ void issue_o_store(int32_t (&c)[4], const FwdMaps &maps, unsigned char *smem_o, int o_buf,
+                                              int wg_row0, const Tile &tile) {
+    using T = typename K::T;
+#pragma unroll
+    for (int panel = 0; panel < T::kPanels; ++panel) {
+        set_coords(c, maps.o_order, panel * 64, wg_row0, tile.head, tile.batch);
+        ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &maps.o, c,
+                                  smem_o + o_buf * T::kOStageBytes + panel * (64 * 128));
+    }
+    ptx::cp_async_bulk_commit_group();
+}
+
+// Writes this thread's normalised rows of O (those it finalises) from registers in 16-byte stores
+// (w: the caller's scratch for one group's words).
+template <class K>
+__device__ __forceinline__ void store_o_16b(uint32_t (&w)[4], float (&o_acc)[K::kDTiles * 4], float (&inv_sum)[2],
+                                            bool (&finalise)[2], int row0, int seqlen_q, int key_part, int lane,
+                                            const Tile &tile, const fc_params &p) {
+    using Elem = typename K::Elem;
+    constexpr int kDTiles = K::kDTiles, kKeySplit = K::kKeySplit, kShape = K::kShape;
+    // 16-byte stores: after quad_transpose each lane holds 8 consecutive columns of its row,
+    // so a warp's store fills whole sectors (4-byte stores straight from the accumulator
+    // layout filled half a sector each). fc_sdpa checked that out and its strides are
+    // 16-byte aligned. All lanes shuffle; only rows inside the query store.
+    static_assert(kDTiles % 4 == 0, "the quad transpose takes 4 column tiles at a time");
+    Elem *out = static_cast<Elem *>(p.out) + tile.batch * p.o_stride_b + tile.head * p.o_stride_h;
+    const int64_t o_stride = p.o_stride_s;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+        Elem *out_row = out + row * o_stride + 8 * (lane % 4);
+#pragma unroll
+        for (int g = 0; g < kDTiles / 4; ++g) {
+            if (kKeySplit > 1 && g != key_part) continue;  // kPair: the other warpgroup writes it
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const int d = 4 * g + t;
+                w[t] = pack2<Elem>(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h]);
+            }
+            quad_transpose(w, lane);
+            if (row < seqlen_q && finalise[h]) {
+                // kPair: one 16-byte store by hand. Its first group's words sat in registers
+                // that are not consecutive, and the compiler split the store into four 4-byte
+                // ones (H100, fp16, CUDA graph us per call, three passes: B=1 H=8 512 x 512
+                // 4.83-4.84 -> 4.70-4.74, causal 5.01-5.05 -> 4.97-5.00, B=2 5.38-5.40 ->
+                // 5.26-5.28).
+                if constexpr (kShape == kPair)
+                    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(out_row + 32 * g), "r"(w[0]),
+                                 "r"(w[1]), "r"(w[2]), "r"(w[3])
+                                 : "memory");
+                else
+                    *reinterpret_cast<uint4 *>(out_row + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+    }
+}
+
+// The rows' sums over the quad's four lanes (row_sum) and their reciprocals (inv_sum).
+template <class K>
+__device__ __forceinline__ void sum_rows(float (&row_sum)[2], float (&inv_sum)[2]) {
+    constexpr bool kBand = K::kBand;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float sum = row_sum[h];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+        row_sum[h] = sum;
+        // (kBand: a row that saw no key has sum 0 and gives zeros.)
+        inv_sum[h] = kBand && sum == 0.f ? 0.f : 1.f / sum;
+    }
+}
+
+// The end of the key tiles that this warpgroup's rows (from wg_row0) see, within [first, end).
+// (`end` by reference: taken by value, min's operands came out in the other order.)
+template <class K>
+__device__ __forceinline__ int key_tiles_seen(int first, const int &end, int wg_row0, int seqlen_q, const fc_params &p) {
+    constexpr int kBlockN = K::kBlockN, kKeySplit = K::kKeySplit;
+    constexpr bool kCausal = K::kCausal, kBand = K::kBand, kSkipDeadRows = K::kSkipDeadRows;
+    // Causal: the block's range ends at its last row's diagonal, but this warpgroup's rows
+    // see no key at or past seen_end (at least one tile runs, so that the row state is
+    // that of a masked run when it sees none of the range). The tiles past it take their
+    // GEMM turns without issuing (every warpgroup has the same number of sections in a
+    // tile) and free their stages. half_tile: the diagonal tile whose keys 64..127 are
+    // all masked for this warpgroup's rows (they start the tile), or -1. (D=64 LONG's
+    // 192-row blocks skipped 1.5 key tiles per block of 3 warpgroups; D=256's 64-key tiles
+    // one per block.) Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64
+    // causal 512 0.957 -> 0.974, 1k 0.977 -> 0.981, 2k 0.993 -> 1.046, 4k 1.045 -> 1.07;
+    // D=256 causal 512-4k +1-2%; D=128 causal within 0.5% (half tiles only).
+    // Non-causal D=128 (kSkipDeadRows): a warpgroup whose 64 rows all lie past the query
+    // sequence (one-row decoding: the second warpgroup of every tile) runs one key tile
+    // and takes the other tiles' turns the same way, so the live warpgroup has the tensor
+    // cores and the issue slots to itself. Measured (H100, fp16, Hq=32, two A/B passes,
+    // ratio to cuDNN): B=8 Hkv=32 1k 0.998-1.008 -> 1.014-1.017, B=32 Hkv=8 1k 0.988 ->
+    // 0.997-1.008, B=8 Hkv=32 32k 0.995 -> 1.000; geomean of 21 decode rows 1.008 -> 1.014.
+    // (kBand: the upper edge of the warpgroup's last row, which may lie before key 0.)
+    return kBand && kKeySplit == 1      ? max(first + 1, min(end, (wg_row0 + 63 + p.band_hi_) / kBlockN + 1))
+           : kCausal && kKeySplit == 1 ? max(first + 1, min(end, (wg_row0 + 63) / kBlockN + 1))
+           : kSkipDeadRows && wg_row0 >= seqlen_q ? first + 1
+                                                  : end;
+}
+
+// kPair with maps.pair_s_ahead: this warpgroup's two key tiles (ring slots slot0 + mine, slot0 + last), both
+// S = Q K^T issued together (the steps are fwd_kernel's lambdas).
+template <class K, class WaitTurn, class IssueQk, class IssueQkInto, class PassTurn, class Trace, class Release,
+          class Softmax, class ConvertP, class IssuePv, class RescaleO>
+__device__ __forceinline__ void pair_s_ahead_tiles(int slot0, int mine, int last, int qb, float (&rescale)[2],
+                                                   float (&s)[K::kNTiles * 4], float (&s_next)[K::kNTiles * 4],
+                                                   float (&o_acc)[K::kDTiles * 4], typename K::Bars &bars,
+                                                   WaitTurn &wait_turn, IssueQk &issue_qk, IssueQkInto &issue_qk_into,
+                                                   PassTurn &pass_turn, Trace &trace, Release &release, Softmax &softmax,
+                                                   ConvertP &convert_p, IssuePv &issue_pv, RescaleO &rescale_o) {
+    constexpr int kHeadDim = K::kHeadDim, kNTiles = K::kNTiles, kStages = K::kStages;
+    const int i0 = slot0 + mine, i1 = slot0 + last;
+    wait_turn();
+    issue_qk(i0);
+    issue_qk_into(s_next, i1);
+    pass_turn(false);
+    wgmma_wait<1>();  // S(mine) is ready
+    trace(6, mine);
+    fence_registers(s);
+    release(&bars.k_empty[i0 % kStages]);
+    softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
+    if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
+    trace(7, mine);
+    wait_turn();
+    issue_pv(i0, false, false);
+    pass_turn(false);
+    wgmma_wait<1>();  // S(last) is ready; O += P(mine) V(mine) may still run
+    trace(6, last);
+    fence_registers(s_next);
+    release(&bars.k_empty[i1 % kStages]);
+    release(&bars.q_empty[qb]);  // last use of Q in this tile
+#pragma unroll
+    for (int e = 0; e < kNTiles * 4; ++e) s[e] = s_next[e];
+    auto finish_pv = [&] {
+        wgmma_wait<0>();
+        fence_registers(o_acc);
+        trace(8, last);
+        release(&bars.v_empty[i0 % kStages]);
+    };
+    const bool rebased = softmax(last, rescale, true, finish_pv);
+    trace(11, last);
+    if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
+        finish_pv();
+        if (rebased) rescale_o(rescale);
+        convert_p(std::integral_constant<int, kNTiles>{});
+        trace(7, last);
+    }
+    wait_turn();
+    issue_pv(i1, false, false);
+    pass_turn(false);
+    wgmma_wait<0>();
+    trace(8, last);
+    fence_registers(o_acc);
+    release(&bars.v_empty[i1 % kStages]);
+}
+
+// The key loop's middle sections: for each of this warpgroup's key tiles n after `mine` and before seen_end,
+// S(n) and O += P(n-1) V(n-1) in one GEMM turn, then the softmax of S(n) (the steps are fwd_kernel's lambdas).
+template <class K, bool kCarryS, class WaitTurn, class IssueQk, class IssuePv, class PassTurn, class Trace, class Release,
+          class Softmax, class ConvertP, class RescaleO>
+__device__ __forceinline__ void key_tiles_middle(int slot0, int mine, int seen_end, int last, int qb, float (&rescale)[2],
+                                                 float (&s)[K::kNTiles * 4], float (&o_acc)[K::kDTiles * 4],
+                                                 typename K::Bars &bars, WaitTurn &wait_turn, IssueQk &issue_qk,
+                                                 IssuePv &issue_pv, PassTurn &pass_turn, Trace &trace, Release &release,
+                                                 Softmax &softmax, ConvertP &convert_p, RescaleO &rescale_o) {
+    constexpr int kHeadDim = K::kHeadDim, kNTiles = K::kNTiles, kStages = K::kStages, kKeySplit = K::kKeySplit;
+    constexpr bool kCausal = K::kCausal;
+    for (int n = mine + kKeySplit; n < seen_end; n += kKeySplit) {
+        wait_turn();
+        issue_qk(slot0 + n);
+        issue_pv(slot0 + n - kKeySplit, false, kCarryS && n - kKeySplit == mine);
+        pass_turn(false);
+        wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
+        trace(6, n);
+        fence_registers(s);
+        release(&bars.k_empty[(slot0 + n) % kStages]);
+        if (!kQInRegs<kHeadDim, kCausal> && n == last) release(&bars.q_empty[qb]);
+        auto finish_pv = [&] {  // O += P(n-1) V(n-1) is done: its V stage is free
+            wgmma_wait<0>();
+            fence_registers(o_acc);
+            trace(8, n);
+            release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]);
+        };
+        const bool rebased = softmax(n, rescale, true, finish_pv);
+        trace(11, n);
+        if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
+            finish_pv();
+            if (rebased) rescale_o(rescale);  // else every factor is 1
+            convert_p(std::integral_constant<int, kNTiles>{});
+            trace(7, n);
+        }
+    }
+}
+
+// The key tiles [seen_end, end) that this warpgroup's rows do not see: their GEMM turns taken without
+// GEMMs and their stages freed (the steps are fwd_kernel's lambdas).
+template <class K, class WaitTurn, class PassTurn, class Release>
+__device__ __forceinline__ void skip_key_tiles(int slot0, int seen_end, int end, bool last_tile, typename K::Bars &bars,
+                                               WaitTurn &wait_turn, PassTurn &pass_turn, Release &release) {
+    constexpr int kStages = K::kStages;
+        for (int n = seen_end; n < end; ++n) {  // masked for all of this warpgroup's rows
+            wait_turn();
+            pass_turn(last_tile && n == end - 1);
+            // Freed only once loaded: a release ahead of the load would count toward the
+            // stage's previous phase, which another warpgroup may still be reading.
+            const int i = slot0 + n;
+            wait_barrier(&bars.k_full[i % kStages], (i / kStages) & 1);
+            release(&bars.k_empty[i % kStages]);
+            wait_barrier(&bars.v_full[i % kStages], (i / kStages) & 1);
+            release(&bars.v_empty[i % kStages]);
+        }
+}
+
+// The softmax of this warpgroup's first key tile `mine` once its S = Q K^T is in (the steps are fwd_kernel's lambdas).
+template <class K, class Trace, class Release, class Softmax, class ConvertP>
+__device__ __forceinline__ void first_key_tile(int slot0, int mine, int last, int qb, float (&rescale)[2],
+                                               float (&s)[K::kNTiles * 4], typename K::Bars &bars, Trace &trace,
+                                               Release &release, Softmax &softmax, ConvertP &convert_p) {
+    constexpr int kHeadDim = K::kHeadDim, kNTiles = K::kNTiles, kStages = K::kStages;
+    constexpr bool kCausal = K::kCausal;
+    wgmma_wait<0>();
+    trace(6, mine);
+    fence_registers(s);
+    release(&bars.k_empty[(slot0 + mine) % kStages]);
+    if (!kQInRegs<kHeadDim, kCausal> && mine == last)
+        release(&bars.q_empty[qb]);  // last use of Q in this tile
+    softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
+    if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
+    trace(7, mine);
+}
+
+// The tile's last GEMM section for this warpgroup: O += P(last) V(last) (kCarryS, `carry`: after the next
+// tile's first S = Q K^T), then its V stage freed (the steps are fwd_kernel's lambdas).
+template <class K, bool kCarryS, class WaitTurn, class IssueNextQk, class IssuePv, class PassTurn, class Trace,
+          class Release>
+__device__ __forceinline__ void last_key_tile(int slot0, int mine, int last, int half_tile, int seen_end, int end,
+                                              bool carry, bool last_tile, float (&o_acc)[K::kDTiles * 4],
+                                              typename K::Bars &bars, WaitTurn &wait_turn, IssueNextQk &issue_next_qk,
+                                              IssuePv &issue_pv, PassTurn &pass_turn, Trace &trace, Release &release) {
+    constexpr int kStages = K::kStages;
+    wait_turn();
+    if (carry) issue_next_qk();  // (first, as in the loop's sections; non-causal: seen_end == end)
+    issue_pv(slot0 + last, last == half_tile, kCarryS && last == mine);
+    pass_turn(last_tile && seen_end == end);  // the tile's last GEMM section?
+    wgmma_wait<0>();  // (with the next S: the epilogue overlapping it made ptxas serialise)
+    trace(8, last);
+    fence_registers(o_acc);
+    release(&bars.v_empty[(slot0 + last) % kStages]);
+}
+
 // kBand: a general band (fc_band_bounds in c_src/flashcore.h: a sliding window, or causal aligned
 // bottom-right): row i sees keys i + p.band_lo_ .. i + p.band_hi_. It runs as a causal kernel
 // (kCausal, its configurations) whose key range starts and ends at the block's band edges, with
@@ -814,27 +1188,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         if (keys.first < keys.end) {
             const int first = keys.first, end = keys.end, slot0 = kv_iter - first;
             const int mine = first + key_part;
-            // Causal: the block's range ends at its last row's diagonal, but this warpgroup's rows
-            // see no key at or past seen_end (at least one tile runs, so that the row state is
-            // that of a masked run when it sees none of the range). The tiles past it take their
-            // GEMM turns without issuing (every warpgroup has the same number of sections in a
-            // tile) and free their stages. half_tile: the diagonal tile whose keys 64..127 are
-            // all masked for this warpgroup's rows (they start the tile), or -1. (D=64 LONG's
-            // 192-row blocks skipped 1.5 key tiles per block of 3 warpgroups; D=256's 64-key tiles
-            // one per block.) Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64
-            // causal 512 0.957 -> 0.974, 1k 0.977 -> 0.981, 2k 0.993 -> 1.046, 4k 1.045 -> 1.07;
-            // D=256 causal 512-4k +1-2%; D=128 causal within 0.5% (half tiles only).
-            // Non-causal D=128 (kSkipDeadRows): a warpgroup whose 64 rows all lie past the query
-            // sequence (one-row decoding: the second warpgroup of every tile) runs one key tile
-            // and takes the other tiles' turns the same way, so the live warpgroup has the tensor
-            // cores and the issue slots to itself. Measured (H100, fp16, Hq=32, two A/B passes,
-            // ratio to cuDNN): B=8 Hkv=32 1k 0.998-1.008 -> 1.014-1.017, B=32 Hkv=8 1k 0.988 ->
-            // 0.997-1.008, B=8 Hkv=32 32k 0.995 -> 1.000; geomean of 21 decode rows 1.008 -> 1.014.
-            // (kBand: the upper edge of the warpgroup's last row, which may lie before key 0.)
-            const int seen_end = kBand && kKeySplit == 1 ? max(first + 1, min(end, (wg_row0 + 63 + p.band_hi_) / kBlockN + 1))
-                                 : kCausal && kKeySplit == 1 ? max(first + 1, min(end, (wg_row0 + 63) / kBlockN + 1))
-                                 : kSkipDeadRows && wg_row0 >= seqlen_q ? first + 1
-                                                                        : end;
+            const int seen_end = [&] { return key_tiles_seen<K>(first, end, wg_row0, seqlen_q, p); }();
+            // half_tile (key_tiles_seen): the diagonal tile whose keys 64..127 this warpgroup's rows never see, or -1.
             const int half_tile =
                 kHalfTiles && wg_row0 % kBlockN == 0 && wg_row0 / kBlockN == seen_end - 1 ? seen_end - 1 : -1;
             if (kPingPong && local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
@@ -874,49 +1229,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 bool pair_done = false;
                 if constexpr (kShape == kPair) {
                     if (maps.pair_s_ahead && last == mine + kKeySplit) {
-                        const int i0 = slot0 + mine, i1 = slot0 + last;
-                        wait_turn();
-                        issue_qk(i0);
-                        issue_qk_into(s_next, i1);
-                        pass_turn(false);
-                        wgmma_wait<1>();  // S(mine) is ready
-                        trace(6, mine);
-                        fence_registers(s);
-                        release(&bars.k_empty[i0 % kStages]);
-                        softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
-                        if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
-                        trace(7, mine);
-                        wait_turn();
-                        issue_pv(i0, false, false);
-                        pass_turn(false);
-                        wgmma_wait<1>();  // S(last) is ready; O += P(mine) V(mine) may still run
-                        trace(6, last);
-                        fence_registers(s_next);
-                        release(&bars.k_empty[i1 % kStages]);
-                        release(&bars.q_empty[qb]);  // last use of Q in this tile
-#pragma unroll
-                        for (int e = 0; e < kNTiles * 4; ++e) s[e] = s_next[e];
-                        auto finish_pv = [&] {
-                            wgmma_wait<0>();
-                            fence_registers(o_acc);
-                            trace(8, last);
-                            release(&bars.v_empty[i0 % kStages]);
-                        };
-                        const bool rebased = softmax(last, rescale, true, finish_pv);
-                        trace(11, last);
-                        if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
-                            finish_pv();
-                            if (rebased) rescale_o(rescale);
-                            convert_p(std::integral_constant<int, kNTiles>{});
-                            trace(7, last);
-                        }
-                        wait_turn();
-                        issue_pv(i1, false, false);
-                        pass_turn(false);
-                        wgmma_wait<0>();
-                        trace(8, last);
-                        fence_registers(o_acc);
-                        release(&bars.v_empty[i1 % kStages]);
+                        [&] {
+                            pair_s_ahead_tiles<K>(slot0, mine, last, qb, rescale, s, s_next, o_acc, bars, wait_turn, issue_qk,
+                                                  issue_qk_into, pass_turn, trace, release, softmax, convert_p, issue_pv,
+                                                  rescale_o);
+                        }();
                         pair_done = true;
                     }
                 }
@@ -928,40 +1245,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                     }
                     s_carried = false;
                     if constexpr (T::kOBufs > 0 && !kCarryS) retire_o_store();  // the previous tile's store of O
-                    wgmma_wait<0>();
-                    trace(6, mine);
-                    fence_registers(s);
-                    release(&bars.k_empty[(slot0 + mine) % kStages]);
-                    if (!kQInRegs<kHeadDim, kCausal> && mine == last)
-                        release(&bars.q_empty[qb]);  // last use of Q in this tile
-                    softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
-                    if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
-                    trace(7, mine);
-                    for (int n = mine + kKeySplit; n < seen_end; n += kKeySplit) {
-                        wait_turn();
-                        issue_qk(slot0 + n);
-                        issue_pv(slot0 + n - kKeySplit, false, kCarryS && n - kKeySplit == mine);
-                        pass_turn(false);
-                        wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
-                        trace(6, n);
-                        fence_registers(s);
-                        release(&bars.k_empty[(slot0 + n) % kStages]);
-                        if (!kQInRegs<kHeadDim, kCausal> && n == last) release(&bars.q_empty[qb]);
-                        auto finish_pv = [&] {  // O += P(n-1) V(n-1) is done: its V stage is free
-                            wgmma_wait<0>();
-                            fence_registers(o_acc);
-                            trace(8, n);
-                            release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]);
-                        };
-                        const bool rebased = softmax(n, rescale, true, finish_pv);
-                        trace(11, n);
-                        if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
-                            finish_pv();
-                            if (rebased) rescale_o(rescale);  // else every factor is 1
-                            convert_p(std::integral_constant<int, kNTiles>{});
-                            trace(7, n);
-                        }
-                    }
+                    [&] { first_key_tile<K>(slot0, mine, last, qb, rescale, s, bars, trace, release, softmax, convert_p); }();
+                    [&] {
+                        key_tiles_middle<K, kCarryS>(slot0, mine, seen_end, last, qb, rescale, s, o_acc, bars, wait_turn,
+                                                     issue_qk, issue_pv, pass_turn, trace, release, softmax, convert_p,
+                                                     rescale_o);
+                    }();
                     // kCarryS: the tile's last section (this one: non-causal tiles have no masked
                     // sections) issues the next tile's first S = Q K^T; its Q is waited for before
                     // the turn is taken.
@@ -975,25 +1264,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                         q_base = q_rows + next_qb * T::kQBytes;  // (this tile's S GEMMs are all issued)
                         issue_qk(slot0 + end);                    // the next tile's first key tile
                     };
-                    wait_turn();
-                    if (carry) issue_next_qk();  // (first, as in the loop's sections; non-causal: seen_end == end)
-                    issue_pv(slot0 + last, last == half_tile, kCarryS && last == mine);
-                    pass_turn(last_tile && seen_end == end);  // the tile's last GEMM section?
-                    wgmma_wait<0>();  // (with the next S: the epilogue overlapping it made ptxas serialise)
-                    trace(8, last);
-                    fence_registers(o_acc);
-                    release(&bars.v_empty[(slot0 + last) % kStages]);
-                    for (int n = seen_end; n < end; ++n) {  // masked for all of this warpgroup's rows
-                        wait_turn();
-                        pass_turn(last_tile && n == end - 1);
-                        // Freed only once loaded: a release ahead of the load would count toward the
-                        // stage's previous phase, which another warpgroup may still be reading.
-                        const int i = slot0 + n;
-                        wait_barrier(&bars.k_full[i % kStages], (i / kStages) & 1);
-                        release(&bars.k_empty[i % kStages]);
-                        wait_barrier(&bars.v_full[i % kStages], (i / kStages) & 1);
-                        release(&bars.v_empty[i % kStages]);
-                    }
+                    [&] {
+                        last_key_tile<K, kCarryS>(slot0, mine, last, half_tile, seen_end, end, carry, last_tile, o_acc, bars,
+                                                  wait_turn, issue_next_qk, issue_pv, pass_turn, trace, release);
+                    }();
+                    [&] { skip_key_tiles<K>(slot0, seen_end, end, last_tile, bars, wait_turn, pass_turn, release); }();
                     if (carry) {
                         qb = next_qb;
                         ++q_loads;
@@ -1007,37 +1282,14 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // ---- epilogue: normalise, write O from registers (Q's buffer is already refilling) ----
         trace(9, 0);
         float inv_sum[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float sum = row_sum[h];
-            sum += __shfl_xor_sync(0xffffffff, sum, 1);
-            sum += __shfl_xor_sync(0xffffffff, sum, 2);
-            row_sum[h] = sum;
-            // (kBand: a row that saw no key has sum 0 and gives zeros.)
-            inv_sum[h] = kBand && sum == 0.f ? 0.f : 1.f / sum;
-        }
+        [&] { sum_rows<K>(row_sum, inv_sum); }();
         if constexpr (kKeySplit > 1) [&] { merge_pair<K>(o_acc, row_max, row_sum, inv_sum, smem_v, key_part, scale_log2, trace); }();
         // Rows this CTA writes (all, unless a pushed split leaves some to a peer) and their LSE.
         bool finalise[2] = {true, true};
         float lse_log2[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) lse_log2[h] = row_max[h] * scale_log2 + __log2f(row_sum[h]);
-        // Attention sinks (p.sinks: one logit per query head, a key with no value in every row's
-        // denominator): the row's keys weigh sigmoid(lse - sink) of it, and its LSE becomes
-        // logaddexp(lse, sink), here in base 2. A CTA with sinks is never split (launch_fwd_config),
-        // so this is the row's final LSE.
-        if (p.sinks != nullptr) {
-            const float sink2 = p.sinks[tile.head] * 1.4426950408889634f;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float top = fmaxf(lse_log2[h], sink2);
-                if (top != -INFINITY) {  // (else no key and no sink: zeros, LSE -inf)
-                    const float total = top + __log2f(fast_exp2(lse_log2[h] - top) + fast_exp2(sink2 - top));
-                    inv_sum[h] *= fast_exp2(lse_log2[h] - total);
-                    lse_log2[h] = total;
-                }
-            }
-        }
+        [&] { apply_sink(inv_sum, lse_log2, tile.head, p); }();
         if (T::kPushMerge && cluster_size() > 1) {  // (a split CTA has one tile: one merge)
             using SS = SplitSlots<kHeadDim, kBlockM>;
             const int splits = cluster_size(), rank = cluster_rank();
@@ -1097,68 +1349,22 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 lse_log2[h] = mx + __log2f(total);
             }
         } else if (!T::kPushMerge && kKeySplit == 1 && cluster_size() > 1) {  // (kPair never splits)
-            // Leave this CTA's partials in the K/V ring (running on into the O staging, which
-            // split CTAs do not use), once every consumer warpgroup is past its last P V (the
-            // producer has nothing in flight: each loaded tile was consumed).
-            using SP = SplitPartials<kHeadDim, kBlockM>;
-            static_assert(SP::kBytes <= T::kOStageOffset + T::kOBufs * T::kOStageBytes - T::kQBufs * T::kQBytes,
-                          "split partials must fit the K/V ring and the O staging");
-            asm volatile("bar.sync %0, %1;\n" ::"r"(kW + 1), "n"(128 * kW) : "memory");
+            // (The partials' pointers are built here: built in read_merge_split, their offsets were
+            // added in another order.)
             float *part_o = reinterpret_cast<float *>(smem_k);
-            float2 *part_ml = reinterpret_cast<float2 *>(part_o + kBlockM * SP::kOPitch);
-            const int r0 = row_group * 64 + warp_in_wg * 16 + row_in_warp;  // row within the block
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float *dst = part_o + (r0 + 8 * h) * SP::kOPitch + col_in_tile;
-#pragma unroll
-                for (int d = 0; d < kDTiles; ++d)
-                    *reinterpret_cast<float2 *>(dst + d * 8) = make_float2(o_acc[d * 4 + 2 * h], o_acc[d * 4 + 2 * h + 1]);
-                if ((lane % 4) == 0)
-                    part_ml[r0 + 8 * h] = make_float2(row_max[h] == -INFINITY ? -INFINITY : row_max[h] * scale_log2, row_sum[h]);
-            }
-            cluster_sync_all();  // every CTA's partials are written
-            finish_split_rows<Elem, kHeadDim, kBlockM>(smem_addr(part_o), cluster_rank(), cluster_size(), threadIdx.x - 128, 128 * kW,
-                                                       tile.m_block, tile.head, tile.batch, p);
-            // No CTA leaves (freeing its shared memory) while a peer reads it. Relaxed: every
-            // remote load above has returned (its value was stored), so nothing needs releasing,
-            // and the default release would wait for this CTA's global stores of O (a GPU-scope
-            // MEMBAR in the SASS).
-            ptx::barrier_cluster_arrive(ptx::sem_relaxed);
-            ptx::barrier_cluster_wait();
+            float2 *part_ml = reinterpret_cast<float2 *>(part_o + kBlockM * SplitPartials<kHeadDim, kBlockM>::kOPitch);
+            [&] {
+                read_merge_split<K>(o_acc, row_max, row_sum, part_o, part_ml, row_group, warp_in_wg, row_in_warp,
+                                    col_in_tile, lane, scale_log2, tile, p);
+            }();
             continue;
         } else if (kGridSplitHere && p.num_splits_ > 1) {
-            // Grid split (decoding): this CTA's partial of its rows, normalised over its keys,
-            // and its base-2 LSE go to the workspace; combine_kernel (common/split_combine.cuh)
-            // merges the splits. A row that saw no key (an empty range) leaves O = 0 and
-            // LSE = -inf, which the merge weighs 0.
-            const int splits = p.num_splits_, slot = static_cast<int>(blockIdx.x) % splits;
-            float *part_o = static_cast<float *>(p.workspace);
-            float *part_lse = part_o + partial_rows(p) * splits * kHeadDim;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = row0 + 8 * h;
-                if (row >= seqlen_q) continue;
-                const int64_t prow = (static_cast<int64_t>(tile.batch) * heads_q + tile.head) * seqlen_q + row;
-                const bool seen = row_sum[h] > 0.f;
-                float *dst = part_o + (prow * splits + slot) * kHeadDim + col_in_tile;
-#pragma unroll
-                for (int d = 0; d < kDTiles; ++d)
-                    *reinterpret_cast<float2 *>(dst + d * 8) =
-                        seen ? make_float2(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h])
-                             : make_float2(0.f, 0.f);
-                if ((lane % 4) == 0) part_lse[prow * splits + slot] = seen ? lse_log2[h] : -INFINITY;
-            }
+            [&] {
+                store_grid_split<K>(o_acc, row_sum, inv_sum, lse_log2, row0, seqlen_q, heads_q, col_in_tile, lane, tile, p);
+            }();
             continue;
         }
-        if (p.lse != nullptr && (lane % 4) == 0 && key_part == 0) {  // (kPair: both hold the merged rows)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = row0 + 8 * h;
-                if (row < seqlen_q && finalise[h])
-                    p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + row * p.lse_stride_s] =
-                        lse_log2[h] * 0.6931471805599453f;
-            }
-        }
+        [&] { store_lse(lse_log2, finalise, row0, seqlen_q, lane, key_part, tile, p); }();
         if constexpr (T::kOBufs > 0) {
             if (maps.o_tma && cluster_size() == 1) {  // (split CTAs finish their rows below)
                 // Normalised O goes into this warpgroup's staging buffer with stmatrix, laid out
@@ -1169,71 +1375,21 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 const int uses = T::kOBufs == 1 ? local * kW + consumer : local;  // earlier uses of the buffer
                 if (uses > 0) wait_barrier(&bars.o_free[o_buf], (uses - 1) & 1);
                 const uint32_t stage = smem_addr(smem_o) + o_buf * T::kOStageBytes;
-                const int matrix = lane / 8;  // lanes 8i..8i+7 address the rows of matrix i
-                const int stage_row = warp_in_wg * 16 + (matrix & 1) * 8 + (lane & 7);
-#pragma unroll
-                for (int d = 0; d < kDTiles; d += 2) {
-                    // Matrices: column tile d rows 0-7 and 8-15 of the warp, then tile d + 1.
-                    const int chunk = d + (matrix >> 1);
-                    const uint32_t addr = stage + (chunk / 8) * (64 * 128) + stage_row * 128 + (((chunk % 8) ^ (lane & 7)) * 16);
-                    stmatrix_x4(addr, pack2<Elem>(o_acc[d * 4 + 0] * inv_sum[0], o_acc[d * 4 + 1] * inv_sum[0]),
-                                pack2<Elem>(o_acc[d * 4 + 2] * inv_sum[1], o_acc[d * 4 + 3] * inv_sum[1]),
-                                pack2<Elem>(o_acc[d * 4 + 4] * inv_sum[0], o_acc[d * 4 + 5] * inv_sum[0]),
-                                pack2<Elem>(o_acc[d * 4 + 6] * inv_sum[1], o_acc[d * 4 + 7] * inv_sum[1]));
-                }
+                [&] { stage_o<K>(o_acc, inv_sum, stage, warp_in_wg, lane); }();
                 ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to TMA
                 asm volatile("bar.sync %0, 128;\n" ::"r"(kW + 3 + consumer) : "memory");
                 if (threadIdx.x % 128 == 0) {
-                    int32_t c[4];
-#pragma unroll
-                    for (int panel = 0; panel < T::kPanels; ++panel) {
-                        set_coords(c, maps.o_order, panel * 64, wg_row0, tile.head, tile.batch);
-                        ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &maps.o, c,
-                                                  smem_o + o_buf * T::kOStageBytes + panel * (64 * 128));
-                    }
-                    ptx::cp_async_bulk_commit_group();
+                    int32_t c[4];  // (declared here, not in issue_o_store: a local array there changed the SASS)
+                    [&] { issue_o_store<K>(c, maps, smem_o, o_buf, wg_row0, tile); }();
                     o_store_pending = true;
                 }
                 trace(10, 0);
                 continue;
             }
         }
-        // 16-byte stores: after quad_transpose each lane holds 8 consecutive columns of its row,
-        // so a warp's store fills whole sectors (4-byte stores straight from the accumulator
-        // layout filled half a sector each). fc_sdpa checked that out and its strides are
-        // 16-byte aligned. All lanes shuffle; only rows inside the query store.
-        static_assert(kDTiles % 4 == 0, "the quad transpose takes 4 column tiles at a time");
-        Elem *out = static_cast<Elem *>(p.out) + tile.batch * p.o_stride_b + tile.head * p.o_stride_h;
-        const int64_t o_stride = p.o_stride_s;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = row0 + 8 * h;
-            Elem *out_row = out + row * o_stride + 8 * (lane % 4);
-#pragma unroll
-            for (int g = 0; g < kDTiles / 4; ++g) {
-                if (kKeySplit > 1 && g != key_part) continue;  // kPair: the other warpgroup writes it
-                uint32_t w[4];
-#pragma unroll
-                for (int t = 0; t < 4; ++t) {
-                    const int d = 4 * g + t;
-                    w[t] = pack2<Elem>(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h]);
-                }
-                quad_transpose(w, lane);
-                if (row < seqlen_q && finalise[h]) {
-                    // kPair: one 16-byte store by hand. Its first group's words sat in registers
-                    // that are not consecutive, and the compiler split the store into four 4-byte
-                    // ones (H100, fp16, CUDA graph us per call, three passes: B=1 H=8 512 x 512
-                    // 4.83-4.84 -> 4.70-4.74, causal 5.01-5.05 -> 4.97-5.00, B=2 5.38-5.40 ->
-                    // 5.26-5.28).
-                    if constexpr (kShape == kPair)
-                        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(out_row + 32 * g), "r"(w[0]),
-                                     "r"(w[1]), "r"(w[2]), "r"(w[3])
-                                     : "memory");
-                    else
-                        *reinterpret_cast<uint4 *>(out_row + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
-                }
-            }
-        }
+        // (w: declared here, not in store_o_16b; a local array there changed the kernel's SASS.)
+        uint32_t w[4];
+        [&] { store_o_16b<K>(w, o_acc, inv_sum, finalise, row0, seqlen_q, key_part, lane, tile, p); }();
     }
     trace(12, 0);
     // The last store of O must have read the staging buffer before the CTA's shared memory goes
