@@ -6,7 +6,10 @@
 //   fwd_split.cuh     split-KV across a cluster: SplitPartials, cluster_* / st_async,
 //                     partial_weight, finish_split_rows
 //   fwd_epilogue.cuh  epilogue store helpers: quad_transpose, stmatrix_x4
-//   fwd_kernel.cuh    fwd_kernel (and the FLASHCORE_SM90_TRACE profiling buffer, g_trace)
+//   fwd_steps.cuh     a consumer's work on one key tile: GEMM issues, online softmax, pair merge
+//   fwd_loop.cuh      the key loop's sections (first, middle, last, skipped tiles)
+//   fwd_store.cuh     the epilogue's steps: split merges, LSE, sinks, O stores
+//   fwd_kernel.cuh    fwd_kernel, which calls them (and the FLASHCORE_SM90_TRACE buffer, g_trace)
 //   fwd_launch.cuh    host side: paired_grid, launch_config, launch_fwd_config, launch_fwd, the
 //                     static_asserts against c_src/dispatch.h, FLASHCORE_DEFINE_SM90_FWD
 // (with sm90/ptx.cuh and sm90/tensor_map.h, shared with the backward). Instantiated per (head

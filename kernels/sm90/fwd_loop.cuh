@@ -1,0 +1,222 @@
+// sm90/fwd_loop.cuh - the sections of the Hopper forward's key loop, as fwd_kernel
+// (sm90/fwd_kernel.cuh) runs them: the row sums, which key tiles a block sees, the pair
+// configuration's early-S tiles, the middle tiles, the masked tiles past the last one seen, and
+// the first and last tiles.
+#pragma once
+
+#include "common/fast_div.cuh"
+#include "common/sm80_ptx.cuh"
+#include "common/split_combine.cuh"
+#include "common/wgmma_generated.cuh"
+#include "flashcore.h"
+#include "sm90/fwd_epilogue.cuh"
+#include "sm90/fwd_split.cuh"
+#include "sm90/fwd_traits.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/fwd_steps.cuh"
+
+#include <cuda.h>
+#include <cuda/ptx>
+#include <math.h>
+#include <stdint.h>
+#include <type_traits>
+
+namespace flashcore {
+namespace sm90 {
+
+// The rows' sums over the quad's four lanes (row_sum) and their reciprocals (inv_sum).
+template <class K>
+__device__ __forceinline__ void sum_rows(float (&row_sum)[2], float (&inv_sum)[2]) {
+    constexpr bool kBand = K::kBand;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float sum = row_sum[h];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+        row_sum[h] = sum;
+        // (kBand: a row that saw no key has sum 0 and gives zeros.)
+        inv_sum[h] = kBand && sum == 0.f ? 0.f : 1.f / sum;
+    }
+}
+
+// The end of the key tiles that this warpgroup's rows (from wg_row0) see, within [first, end).
+// (`end` by reference: taken by value, min's operands came out in the other order.)
+template <class K>
+__device__ __forceinline__ int key_tiles_seen(int first, const int &end, int wg_row0, int seqlen_q, const fc_params &p) {
+    constexpr int kBlockN = K::kBlockN, kKeySplit = K::kKeySplit;
+    constexpr bool kCausal = K::kCausal, kBand = K::kBand, kSkipDeadRows = K::kSkipDeadRows;
+    // Causal: the block's range ends at its last row's diagonal, but this warpgroup's rows
+    // see no key at or past seen_end (at least one tile runs, so that the row state is
+    // that of a masked run when it sees none of the range). The tiles past it take their
+    // GEMM turns without issuing (every warpgroup has the same number of sections in a
+    // tile) and free their stages. half_tile: the diagonal tile whose keys 64..127 are
+    // all masked for this warpgroup's rows (they start the tile), or -1. (D=64 LONG's
+    // 192-row blocks skipped 1.5 key tiles per block of 3 warpgroups; D=256's 64-key tiles
+    // one per block.) Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64
+    // causal 512 0.957 -> 0.974, 1k 0.977 -> 0.981, 2k 0.993 -> 1.046, 4k 1.045 -> 1.07;
+    // D=256 causal 512-4k +1-2%; D=128 causal within 0.5% (half tiles only).
+    // Non-causal D=128 (kSkipDeadRows): a warpgroup whose 64 rows all lie past the query
+    // sequence (one-row decoding: the second warpgroup of every tile) runs one key tile
+    // and takes the other tiles' turns the same way, so the live warpgroup has the tensor
+    // cores and the issue slots to itself. Measured (H100, fp16, Hq=32, two A/B passes,
+    // ratio to cuDNN): B=8 Hkv=32 1k 0.998-1.008 -> 1.014-1.017, B=32 Hkv=8 1k 0.988 ->
+    // 0.997-1.008, B=8 Hkv=32 32k 0.995 -> 1.000; geomean of 21 decode rows 1.008 -> 1.014.
+    // (kBand: the upper edge of the warpgroup's last row, which may lie before key 0.)
+    return kBand && kKeySplit == 1      ? max(first + 1, min(end, (wg_row0 + 63 + p.band_hi_) / kBlockN + 1))
+           : kCausal && kKeySplit == 1 ? max(first + 1, min(end, (wg_row0 + 63) / kBlockN + 1))
+           : kSkipDeadRows && wg_row0 >= seqlen_q ? first + 1
+                                                  : end;
+}
+
+// kPair with maps.pair_s_ahead: this warpgroup's two key tiles (ring slots slot0 + mine, slot0 + last), both
+// S = Q K^T issued together (the steps are fwd_kernel's lambdas).
+template <class K, class WaitTurn, class IssueQk, class IssueQkInto, class PassTurn, class Trace, class Release,
+          class Softmax, class ConvertP, class IssuePv, class RescaleO>
+__device__ __forceinline__ void pair_s_ahead_tiles(int slot0, int mine, int last, int qb, float (&rescale)[2],
+                                                   float (&s)[K::kNTiles * 4], float (&s_next)[K::kNTiles * 4],
+                                                   float (&o_acc)[K::kDTiles * 4], typename K::Bars &bars,
+                                                   WaitTurn &wait_turn, IssueQk &issue_qk, IssueQkInto &issue_qk_into,
+                                                   PassTurn &pass_turn, Trace &trace, Release &release, Softmax &softmax,
+                                                   ConvertP &convert_p, IssuePv &issue_pv, RescaleO &rescale_o) {
+    constexpr int kHeadDim = K::kHeadDim, kNTiles = K::kNTiles, kStages = K::kStages;
+    const int i0 = slot0 + mine, i1 = slot0 + last;
+    wait_turn();
+    issue_qk(i0);
+    issue_qk_into(s_next, i1);
+    pass_turn(false);
+    wgmma_wait<1>();  // S(mine) is ready
+    trace(6, mine);
+    fence_registers(s);
+    release(&bars.k_empty[i0 % kStages]);
+    softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
+    if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
+    trace(7, mine);
+    wait_turn();
+    issue_pv(i0, false, false);
+    pass_turn(false);
+    wgmma_wait<1>();  // S(last) is ready; O += P(mine) V(mine) may still run
+    trace(6, last);
+    fence_registers(s_next);
+    release(&bars.k_empty[i1 % kStages]);
+    release(&bars.q_empty[qb]);  // last use of Q in this tile
+#pragma unroll
+    for (int e = 0; e < kNTiles * 4; ++e) s[e] = s_next[e];
+    auto finish_pv = [&] {
+        wgmma_wait<0>();
+        fence_registers(o_acc);
+        trace(8, last);
+        release(&bars.v_empty[i0 % kStages]);
+    };
+    const bool rebased = softmax(last, rescale, true, finish_pv);
+    trace(11, last);
+    if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
+        finish_pv();
+        if (rebased) rescale_o(rescale);
+        convert_p(std::integral_constant<int, kNTiles>{});
+        trace(7, last);
+    }
+    wait_turn();
+    issue_pv(i1, false, false);
+    pass_turn(false);
+    wgmma_wait<0>();
+    trace(8, last);
+    fence_registers(o_acc);
+    release(&bars.v_empty[i1 % kStages]);
+}
+
+// The key loop's middle sections: for each of this warpgroup's key tiles n after `mine` and before seen_end,
+// S(n) and O += P(n-1) V(n-1) in one GEMM turn, then the softmax of S(n) (the steps are fwd_kernel's lambdas).
+template <class K, bool kCarryS, class WaitTurn, class IssueQk, class IssuePv, class PassTurn, class Trace, class Release,
+          class Softmax, class ConvertP, class RescaleO>
+__device__ __forceinline__ void key_tiles_middle(int slot0, int mine, int seen_end, int last, int qb, float (&rescale)[2],
+                                                 float (&s)[K::kNTiles * 4], float (&o_acc)[K::kDTiles * 4],
+                                                 typename K::Bars &bars, WaitTurn &wait_turn, IssueQk &issue_qk,
+                                                 IssuePv &issue_pv, PassTurn &pass_turn, Trace &trace, Release &release,
+                                                 Softmax &softmax, ConvertP &convert_p, RescaleO &rescale_o) {
+    constexpr int kHeadDim = K::kHeadDim, kNTiles = K::kNTiles, kStages = K::kStages, kKeySplit = K::kKeySplit;
+    constexpr bool kCausal = K::kCausal;
+    for (int n = mine + kKeySplit; n < seen_end; n += kKeySplit) {
+        wait_turn();
+        issue_qk(slot0 + n);
+        issue_pv(slot0 + n - kKeySplit, false, kCarryS && n - kKeySplit == mine);
+        pass_turn(false);
+        wgmma_wait<1>();  // S(n) is ready; O += P(n-1) V(n-1) may still run
+        trace(6, n);
+        fence_registers(s);
+        release(&bars.k_empty[(slot0 + n) % kStages]);
+        if (!kQInRegs<kHeadDim, kCausal> && n == last) release(&bars.q_empty[qb]);
+        auto finish_pv = [&] {  // O += P(n-1) V(n-1) is done: its V stage is free
+            wgmma_wait<0>();
+            fence_registers(o_acc);
+            trace(8, n);
+            release(&bars.v_empty[(slot0 + n - kKeySplit) % kStages]);
+        };
+        const bool rebased = softmax(n, rescale, true, finish_pv);
+        trace(11, n);
+        if constexpr (!kPvWaitInSoftmax<kHeadDim>) {
+            finish_pv();
+            if (rebased) rescale_o(rescale);  // else every factor is 1
+            convert_p(std::integral_constant<int, kNTiles>{});
+            trace(7, n);
+        }
+    }
+}
+
+// The key tiles [seen_end, end) that this warpgroup's rows do not see: their GEMM turns taken without
+// GEMMs and their stages freed (the steps are fwd_kernel's lambdas).
+template <class K, class WaitTurn, class PassTurn, class Release>
+__device__ __forceinline__ void skip_key_tiles(int slot0, int seen_end, int end, bool last_tile, typename K::Bars &bars,
+                                               WaitTurn &wait_turn, PassTurn &pass_turn, Release &release) {
+    constexpr int kStages = K::kStages;
+        for (int n = seen_end; n < end; ++n) {  // masked for all of this warpgroup's rows
+            wait_turn();
+            pass_turn(last_tile && n == end - 1);
+            // Freed only once loaded: a release ahead of the load would count toward the
+            // stage's previous phase, which another warpgroup may still be reading.
+            const int i = slot0 + n;
+            wait_barrier(&bars.k_full[i % kStages], (i / kStages) & 1);
+            release(&bars.k_empty[i % kStages]);
+            wait_barrier(&bars.v_full[i % kStages], (i / kStages) & 1);
+            release(&bars.v_empty[i % kStages]);
+        }
+}
+
+// The softmax of this warpgroup's first key tile `mine` once its S = Q K^T is in (the steps are fwd_kernel's lambdas).
+template <class K, class Trace, class Release, class Softmax, class ConvertP>
+__device__ __forceinline__ void first_key_tile(int slot0, int mine, int last, int qb, float (&rescale)[2],
+                                               float (&s)[K::kNTiles * 4], typename K::Bars &bars, Trace &trace,
+                                               Release &release, Softmax &softmax, ConvertP &convert_p) {
+    constexpr int kHeadDim = K::kHeadDim, kNTiles = K::kNTiles, kStages = K::kStages;
+    constexpr bool kCausal = K::kCausal;
+    wgmma_wait<0>();
+    trace(6, mine);
+    fence_registers(s);
+    release(&bars.k_empty[(slot0 + mine) % kStages]);
+    if (!kQInRegs<kHeadDim, kCausal> && mine == last)
+        release(&bars.q_empty[qb]);  // last use of Q in this tile
+    softmax(mine, rescale, false, [] {});  // O is still zero: nothing to rescale
+    if constexpr (!kPvWaitInSoftmax<kHeadDim>) convert_p(std::integral_constant<int, kNTiles>{});
+    trace(7, mine);
+}
+
+// The tile's last GEMM section for this warpgroup: O += P(last) V(last) (kCarryS, `carry`: after the next
+// tile's first S = Q K^T), then its V stage freed (the steps are fwd_kernel's lambdas).
+template <class K, bool kCarryS, class WaitTurn, class IssueNextQk, class IssuePv, class PassTurn, class Trace,
+          class Release>
+__device__ __forceinline__ void last_key_tile(int slot0, int mine, int last, int half_tile, int seen_end, int end,
+                                              bool carry, bool last_tile, float (&o_acc)[K::kDTiles * 4],
+                                              typename K::Bars &bars, WaitTurn &wait_turn, IssueNextQk &issue_next_qk,
+                                              IssuePv &issue_pv, PassTurn &pass_turn, Trace &trace, Release &release) {
+    constexpr int kStages = K::kStages;
+    wait_turn();
+    if (carry) issue_next_qk();  // (first, as in the loop's sections; non-causal: seen_end == end)
+    issue_pv(slot0 + last, last == half_tile, kCarryS && last == mine);
+    pass_turn(last_tile && seen_end == end);  // the tile's last GEMM section?
+    wgmma_wait<0>();  // (with the next S: the epilogue overlapping it made ptxas serialise)
+    trace(8, last);
+    fence_registers(o_acc);
+    release(&bars.v_empty[(slot0 + last) % kStages]);
+}
+
+}  // namespace sm90
+}  // namespace flashcore

@@ -1,0 +1,208 @@
+// sm90/fwd_store.cuh - the Hopper forward's epilogue steps, as fwd_kernel (sm90/fwd_kernel.cuh)
+// calls them: the read-merge of a cluster split's partials, the grid split's workspace store,
+// the LSE store, the attention-sink fold, and O's two stores (staged for TMA, or 16-byte stores
+// from registers).
+#pragma once
+
+#include "common/fast_div.cuh"
+#include "common/sm80_ptx.cuh"
+#include "common/split_combine.cuh"
+#include "common/wgmma_generated.cuh"
+#include "flashcore.h"
+#include "sm90/fwd_epilogue.cuh"
+#include "sm90/fwd_split.cuh"
+#include "sm90/fwd_traits.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/fwd_steps.cuh"
+
+#include <cuda.h>
+#include <cuda/ptx>
+#include <math.h>
+#include <stdint.h>
+#include <type_traits>
+
+namespace flashcore {
+namespace sm90 {
+
+// A cluster split without kPushMerge (D=128, 256): leaves this CTA's partials in shared memory and
+// finishes its share of the rows from every peer's (finish_split_rows).
+template <class K>
+__device__ __forceinline__ void read_merge_split(float (&o_acc)[K::kDTiles * 4], float (&row_max)[2], float (&row_sum)[2],
+                                                 float *part_o, float2 *part_ml, int row_group, int warp_in_wg, int row_in_warp,
+                                                 int col_in_tile, int lane, float scale_log2, const Tile &tile,
+                                                 const fc_params &p) {
+    using Elem = typename K::Elem;
+    using T = typename K::T;
+    constexpr int kHeadDim = K::kHeadDim, kBlockM = K::kBlockM, kDTiles = K::kDTiles, kW = K::kW;
+    // Leave this CTA's partials in the K/V ring (running on into the O staging, which
+    // split CTAs do not use), once every consumer warpgroup is past its last P V (the
+    // producer has nothing in flight: each loaded tile was consumed).
+    using SP = SplitPartials<kHeadDim, kBlockM>;
+    static_assert(SP::kBytes <= T::kOStageOffset + T::kOBufs * T::kOStageBytes - T::kQBufs * T::kQBytes,
+                  "split partials must fit the K/V ring and the O staging");
+    asm volatile("bar.sync %0, %1;\n" ::"r"(kW + 1), "n"(128 * kW) : "memory");
+    const int r0 = row_group * 64 + warp_in_wg * 16 + row_in_warp;  // row within the block
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float *dst = part_o + (r0 + 8 * h) * SP::kOPitch + col_in_tile;
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d)
+            *reinterpret_cast<float2 *>(dst + d * 8) = make_float2(o_acc[d * 4 + 2 * h], o_acc[d * 4 + 2 * h + 1]);
+        if ((lane % 4) == 0)
+            part_ml[r0 + 8 * h] = make_float2(row_max[h] == -INFINITY ? -INFINITY : row_max[h] * scale_log2, row_sum[h]);
+    }
+    cluster_sync_all();  // every CTA's partials are written
+    finish_split_rows<Elem, kHeadDim, kBlockM>(smem_addr(part_o), cluster_rank(), cluster_size(), threadIdx.x - 128, 128 * kW,
+                                               tile.m_block, tile.head, tile.batch, p);
+    // No CTA leaves (freeing its shared memory) while a peer reads it. Relaxed: every
+    // remote load above has returned (its value was stored), so nothing needs releasing,
+    // and the default release would wait for this CTA's global stores of O (a GPU-scope
+    // MEMBAR in the SASS).
+    ptx::barrier_cluster_arrive(ptx::sem_relaxed);
+    ptx::barrier_cluster_wait();
+}
+
+// kGridSplit: writes this CTA's partial of its rows and their LSE to the workspace.
+template <class K>
+__device__ __forceinline__ void store_grid_split(float (&o_acc)[K::kDTiles * 4], float (&row_sum)[2], float (&inv_sum)[2],
+                                                 float (&lse_log2)[2], int row0, int seqlen_q, int heads_q,
+                                                 int col_in_tile, int lane, const Tile &tile, const fc_params &p) {
+    constexpr int kHeadDim = K::kHeadDim, kDTiles = K::kDTiles;
+    // Grid split (decoding): this CTA's partial of its rows, normalised over its keys,
+    // and its base-2 LSE go to the workspace; combine_kernel (common/split_combine.cuh)
+    // merges the splits. A row that saw no key (an empty range) leaves O = 0 and
+    // LSE = -inf, which the merge weighs 0.
+    const int splits = p.num_splits_, slot = static_cast<int>(blockIdx.x) % splits;
+    float *part_o = static_cast<float *>(p.workspace);
+    float *part_lse = part_o + partial_rows(p) * splits * kHeadDim;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+        if (row >= seqlen_q) continue;
+        const int64_t prow = (static_cast<int64_t>(tile.batch) * heads_q + tile.head) * seqlen_q + row;
+        const bool seen = row_sum[h] > 0.f;
+        float *dst = part_o + (prow * splits + slot) * kHeadDim + col_in_tile;
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d)
+            *reinterpret_cast<float2 *>(dst + d * 8) =
+                seen ? make_float2(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h])
+                     : make_float2(0.f, 0.f);
+        if ((lane % 4) == 0) part_lse[prow * splits + slot] = seen ? lse_log2[h] : -INFINITY;
+    }
+}
+
+// Writes the natural-log LSE of the rows this thread finalises (once per row: lane 0 of the quad).
+__device__ __forceinline__ void store_lse(float (&lse_log2)[2], bool (&finalise)[2], int row0, int seqlen_q, int lane,
+                                          int key_part, const Tile &tile, const fc_params &p) {
+    if (p.lse != nullptr && (lane % 4) == 0 && key_part == 0) {  // (kPair: both hold the merged rows)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h;
+            if (row < seqlen_q && finalise[h])
+                p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + row * p.lse_stride_s] =
+                    lse_log2[h] * 0.6931471805599453f;
+        }
+    }
+}
+
+// Folds the head's attention sink (p.sinks) into the rows' normaliser and LSE.
+__device__ __forceinline__ void apply_sink(float (&inv_sum)[2], float (&lse_log2)[2], int head, const fc_params &p) {
+    // Attention sinks (p.sinks: one logit per query head, a key with no value in every row's
+    // denominator): the row's keys weigh sigmoid(lse - sink) of it, and its LSE becomes
+    // logaddexp(lse, sink), here in base 2. A CTA with sinks is never split (launch_fwd_config),
+    // so this is the row's final LSE.
+    if (p.sinks != nullptr) {
+        const float sink2 = p.sinks[head] * 1.4426950408889634f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float top = fmaxf(lse_log2[h], sink2);
+            if (top != -INFINITY) {  // (else no key and no sink: zeros, LSE -inf)
+                const float total = top + __log2f(fast_exp2(lse_log2[h] - top) + fast_exp2(sink2 - top));
+                inv_sum[h] *= fast_exp2(lse_log2[h] - total);
+                lse_log2[h] = total;
+            }
+        }
+    }
+}
+
+// Writes this warpgroup's normalised rows of O into its staging buffer at `stage` (stmatrix).
+template <class K>
+__device__ __forceinline__ void stage_o(float (&o_acc)[K::kDTiles * 4], float (&inv_sum)[2], uint32_t stage,
+                                        int warp_in_wg, int lane) {
+    using Elem = typename K::Elem;
+    constexpr int kDTiles = K::kDTiles;
+    const int matrix = lane / 8;  // lanes 8i..8i+7 address the rows of matrix i
+    const int stage_row = warp_in_wg * 16 + (matrix & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int d = 0; d < kDTiles; d += 2) {
+        // Matrices: column tile d rows 0-7 and 8-15 of the warp, then tile d + 1.
+        const int chunk = d + (matrix >> 1);
+        const uint32_t addr = stage + (chunk / 8) * (64 * 128) + stage_row * 128 + (((chunk % 8) ^ (lane & 7)) * 16);
+        stmatrix_x4(addr, pack2<Elem>(o_acc[d * 4 + 0] * inv_sum[0], o_acc[d * 4 + 1] * inv_sum[0]),
+                    pack2<Elem>(o_acc[d * 4 + 2] * inv_sum[1], o_acc[d * 4 + 3] * inv_sum[1]),
+                    pack2<Elem>(o_acc[d * 4 + 4] * inv_sum[0], o_acc[d * 4 + 5] * inv_sum[0]),
+                    pack2<Elem>(o_acc[d * 4 + 6] * inv_sum[1], o_acc[d * 4 + 7] * inv_sum[1]));
+    }
+}
+
+// One thread's TMA store of the warpgroup's staged rows of O (buffer o_buf), committed as a group.
+template <class K>
+__device__ __forceinline__ void issue_o_store(int32_t (&c)[4], const FwdMaps &maps, unsigned char *smem_o, int o_buf,
+                                              int wg_row0, const Tile &tile) {
+    using T = typename K::T;
+#pragma unroll
+    for (int panel = 0; panel < T::kPanels; ++panel) {
+        set_coords(c, maps.o_order, panel * 64, wg_row0, tile.head, tile.batch);
+        ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &maps.o, c,
+                                  smem_o + o_buf * T::kOStageBytes + panel * (64 * 128));
+    }
+    ptx::cp_async_bulk_commit_group();
+}
+
+// Writes this thread's normalised rows of O (those it finalises) from registers in 16-byte stores
+// (w: the caller's scratch for one group's words).
+template <class K>
+__device__ __forceinline__ void store_o_16b(uint32_t (&w)[4], float (&o_acc)[K::kDTiles * 4], float (&inv_sum)[2],
+                                            bool (&finalise)[2], int row0, int seqlen_q, int key_part, int lane,
+                                            const Tile &tile, const fc_params &p) {
+    using Elem = typename K::Elem;
+    constexpr int kDTiles = K::kDTiles, kKeySplit = K::kKeySplit, kShape = K::kShape;
+    // 16-byte stores: after quad_transpose each lane holds 8 consecutive columns of its row,
+    // so a warp's store fills whole sectors (4-byte stores straight from the accumulator
+    // layout filled half a sector each). fc_sdpa checked that out and its strides are
+    // 16-byte aligned. All lanes shuffle; only rows inside the query store.
+    static_assert(kDTiles % 4 == 0, "the quad transpose takes 4 column tiles at a time");
+    Elem *out = static_cast<Elem *>(p.out) + tile.batch * p.o_stride_b + tile.head * p.o_stride_h;
+    const int64_t o_stride = p.o_stride_s;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+        Elem *out_row = out + row * o_stride + 8 * (lane % 4);
+#pragma unroll
+        for (int g = 0; g < kDTiles / 4; ++g) {
+            if (kKeySplit > 1 && g != key_part) continue;  // kPair: the other warpgroup writes it
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const int d = 4 * g + t;
+                w[t] = pack2<Elem>(o_acc[d * 4 + 2 * h] * inv_sum[h], o_acc[d * 4 + 2 * h + 1] * inv_sum[h]);
+            }
+            quad_transpose(w, lane);
+            if (row < seqlen_q && finalise[h]) {
+                // kPair: one 16-byte store by hand. Its first group's words sat in registers
+                // that are not consecutive, and the compiler split the store into four 4-byte
+                // ones (H100, fp16, CUDA graph us per call, three passes: B=1 H=8 512 x 512
+                // 4.83-4.84 -> 4.70-4.74, causal 5.01-5.05 -> 4.97-5.00, B=2 5.38-5.40 ->
+                // 5.26-5.28).
+                if constexpr (kShape == kPair)
+                    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(out_row + 32 * g), "r"(w[0]),
+                                 "r"(w[1]), "r"(w[2]), "r"(w[3])
+                                 : "memory");
+                else
+                    *reinterpret_cast<uint4 *>(out_row + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+    }
+}
+
+}  // namespace sm90
+}  // namespace flashcore
