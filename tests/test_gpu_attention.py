@@ -369,8 +369,8 @@ def test_softcap_sm80(dtype, D, mask_kind, monkeypatch):
 @pytest.mark.parametrize("D", [64, 128])
 def test_softcap_with_sinks_and_mask(D):
     """Softcap with sinks (the sm90 kernel takes both), with a padding mask (the sm80-class
-    kernel; the Python backward), and with both (no kernel has sinks and a mask: PyTorch computes
-    the call), forward and gradients against float64."""
+    kernel; the Python backward), and with both (the sm80-class kernel, its sinks applied to the
+    output by flashcore.attention), forward and gradients against float64."""
     dtype = torch.bfloat16
     skip_unless_built(D, dtype)
     B, Hq, Hkv, S = 2, 4, 2, 300
@@ -386,8 +386,9 @@ def test_softcap_with_sinks_and_mask(D):
                   sinks=sinks if use_sinks else None)
         words = flashcore.explain_attention(q, k, v, mask, **kw)
         if HOPPER:
-            expect = "kernel sm90" if mask is None else "PyTorch" if use_sinks else "kernel sm80"
+            expect = "kernel sm90" if mask is None else "kernel sm80"
             assert words.startswith(expect), words
+            assert ("sinks applied to the output" in words) == (mask is not None and use_sinks), words
         out = flashcore.attention(q, k, v, mask, **kw)
         dout = torch.randn_like(out)
         inputs = (q, k, v) + ((sinks,) if use_sinks else ())
