@@ -227,9 +227,10 @@ static int family_takes_sinks(fc_family family, const fc_params *p) {
     return p->sinks == NULL || family == FC_FAMILY_SM90;
 }
 
-/* A logit softcap: the Hopper forward's softmax applies it (kernels/sm90/fwd_kernel.cuh, kSoftcap). */
+/* A logit softcap: the Hopper forward's softmax applies it without a mask (kernels/sm90/fwd_kernel.cuh,
+ * kSoftcap), the sm80-class forward's with or without one (kernels/fwd_sm80.cuh, kSoftcap). */
 static int family_takes_softcap(fc_family family, const fc_params *p) {
-    return p->softcap == 0.0f || (family == FC_FAMILY_SM90 && p->mask_kind == FC_MASK_NONE);
+    return p->softcap == 0.0f || family == FC_FAMILY_SM80 || (family == FC_FAMILY_SM90 && p->mask_kind == FC_MASK_NONE);
 }
 
 static int family_takes_band(fc_family family, const fc_params *p) {

@@ -50,7 +50,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_UNSUPPORTED_BAND] = "a sliding window or a bottom-right causal band runs only in the sm90 family (forward: head dims 64, 128, 256; backward: 64, 128) and the decode kernels (forward, up to 16 query rows), without a mask; no kernel here takes this call",
     [FC_UNSUPPORTED_SINKS] = "attention sinks run only in the sm90 family's forward (head dims 64, 128, 256, without a mask); no kernel here takes this call",
     [FC_ERR_BAD_SOFTCAP] = "softcap must be 0 (none) or a finite value > 0",
-    [FC_UNSUPPORTED_SOFTCAP] = "a logit softcap runs only in the sm90 family (forward: head dims 64, 128, 256; backward: 64, 128), without a mask; no kernel here takes this call",
+    [FC_UNSUPPORTED_SOFTCAP] = "a logit softcap runs in the sm90 family without a mask (forward: head dims 64, 128, 256; backward: 64, 128) and in the sm80-class forward (with or without a mask); no kernel here takes this call",
     [FC_UNSUPPORTED_SLOWER] = "on sm_90 only the sm80-class family has this head dim, and PyTorch's own SDPA (cuDNN) runs it faster (about 1.7x, bench/NOTES.md); force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
 };
 

@@ -5,7 +5,8 @@
 //     O = softmax(scale * Q K^T [+ mask] [causal-masked]) V,   LSE = log(sum(exp(...)))
 // in one pass over K and V (FlashAttention-2's online softmax), never writing S or P out.
 // Head dims 32, 64, 80, 96, 128, 256. Variants: causal or not, and an optional attn_mask (bool: nonzero = attend; additive: same
-// dtype as Q), any strides, broadcast dims at stride 0.
+// dtype as Q), any strides, broadcast dims at stride 0; each with or without a logit softcap
+// (scores softcap tanh(scale q.k / softcap), tanh.approx, before the mask: kSoftcap).
 //
 // How:
 //   * One CTA = 4 warps; warp w owns query rows [32w, 32w+32) of the 128-row block as two 16-row
@@ -211,8 +212,9 @@ struct FwdTraits {
 
 // kCausal: the causal variant without a mask. With a mask (kMask != kNoMask) the causal flag is
 // read at run time instead (one instantiation per mask kind: PyTorch never sends a mask with
-// is_causal, C callers may).
-template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kNarrow = false>
+// is_causal, C callers may). kSoftcap: the logit softcap (fc_params.softcap): each scaled score
+// s becomes softcap tanh(s / softcap) before the mask.
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kNarrow = false, bool kSoftcap = false>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>::kThreads,
                                 FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>::kMinBlocksPerSm)
 fwd_kernel(const fc_params p) {
@@ -226,7 +228,9 @@ fwd_kernel(const fc_params p) {
     // -3.4e38 in bf16); times log2(e) they would overflow to -inf and a row masked only by them
     // would read as fully masked (zeros) where PyTorch averages V. So with an additive mask the
     // scores stay in natural-log units and log2(e) is applied after subtracting the row max.
-    constexpr bool kNatural = kMask == kAddMask;
+    // kSoftcap: natural units too, so that the cap is one constant (scale / softcap) in a register
+    // and softcap itself a kernel-parameter operand (the masked D=96 kernels spilled with two).
+    constexpr bool kNatural = kMask == kAddMask || kSoftcap;
     const bool causal = kCausal || (kMask != kNoMask && p.causal != 0);
     constexpr int kKSteps = kHeadDim / 16;   // k-steps of QK^T
     constexpr int kNTiles = kBlockN / 8;     // n-tiles of S per m-atom
@@ -368,8 +372,9 @@ fwd_kernel(const fc_params p) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) row_max[a][h] = -INFINITY, row_sum[a][h] = 0.f;
     constexpr float kLog2e = 1.4426950408889634f;
-    // Scores are multiplied by this: into base-2 units, or natural units (kNatural).
-    const float score_mul = kNatural ? p.scale : p.scale * kLog2e;
+    // Scores are multiplied by this: into base-2 units, or natural units (kNatural). kSoftcap:
+    // the score becomes softcap tanh(x score_mul), natural units.
+    const float score_mul = kSoftcap ? p.scale / p.softcap : kNatural ? p.scale : p.scale * kLog2e;
 
     // Single-buffered K and V (FlashAttention-2's schedule): V(n) loads while S(n) = Q K(n) is
     // multiplied, K(n+1) while softmax(n) and P V(n) run. Two barriers per tile, each both a
@@ -415,14 +420,18 @@ fwd_kernel(const fc_params p) {
             q_addr.rewind();
             k_addr.rewind();
 
-            // ---- scale, then mask (after scaling: a negative scale must not turn -inf into
-            //      +inf). The attn_mask comes first, so the causal/ragged -inf has the last word. ----
+            // ---- scale (kSoftcap: and cap), then mask (after scaling: a negative scale must not
+            //      turn -inf into +inf). The attn_mask comes first, so the causal/ragged -inf has
+            //      the last word. ----
 #pragma unroll
             for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
                 for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) s[a][j][e] *= score_mul;
+                    for (int e = 0; e < 4; ++e) {
+                        if constexpr (kSoftcap) s[a][j][e] = fast_tanh(s[a][j][e] * score_mul) * p.softcap;
+                        else s[a][j][e] *= score_mul;
+                    }
             if constexpr (kMask != kNoMask) {
                 // This thread's values sit at rows (row_in_atom, +8) of each atom and columns
                 // (8j + col_in_tile, +1): one 2-value load per (row, n-tile), from one shared
@@ -619,12 +628,12 @@ fwd_kernel(const fc_params p) {
 }
 
 // Host side: configure shared memory once per (kernel, device), then launch on `stream`.
-template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kNarrow = false>
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kNarrow = false, bool kSoftcap = false>
 cudaError_t launch_fwd_tiles(const fc_params &p, cudaStream_t stream, int device) {
     using T = FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>;
     constexpr int kSmemBytes = T::kSmemBytes + MaskTile<kMask, T::kBlockM, T::kBlockN>::kStageBytes;
     static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block (99 KB)");
-    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kMask, kNarrow>;
+    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kMask, kNarrow, kSoftcap>;
     // The attribute is per device; remember which devices are done (bitmask, up to 64).
     static unsigned long long configured_devices = 0;
     cudaError_t err = cudaSuccess;
@@ -652,22 +661,42 @@ inline bool takes_narrow_tiles(int major) {
 // A kernel whose FwdTraits differ with kNarrow has two tile shapes (unmasked D=64 / D=128: key
 // tiles of 64 / 128 and 32 / 64; the masked D=64 / 80 / 96 / 128 on one or two m-atoms: 64 / 128
 // query rows per CTA). The others have one.
-template <typename Elem, int kHeadDim, bool kCausal, int kMask>
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kSoftcap = false>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     int device = 0, major = 0;
     if (fc_device_info_(&device, &major, nullptr, nullptr) != FC_OK) return fc_last_cuda_error();
     constexpr bool kMasked = kMask != kNoMask;
     using Narrow = FwdTraits<kHeadDim, kMasked, true>;
     using Wide = FwdTraits<kHeadDim, kMasked, false>;
-    if constexpr (Narrow::kBlockM != Wide::kBlockM || Narrow::kBlockN != Wide::kBlockN) {
+    constexpr bool kTwoShapes = Narrow::kBlockM != Wide::kBlockM || Narrow::kBlockN != Wide::kBlockN;
+    // kSoftcap: the narrow shape on every card (the wide softcap kernels spilled: D=96 with an
+    // additive mask on sm_90a, D=64 causal on sm_89), whatever FLASHCORE_SM80_TILES says.
+    if constexpr (kTwoShapes && kSoftcap) {
+        return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true, true>(p, stream, device);
+    } else if constexpr (kTwoShapes) {
         static_assert(kMasked ? Narrow::kBlockM == 64 && Wide::kBlockM == 128
                               : (kHeadDim == 64 || kHeadDim == 128) &&
                                     Narrow::kBlockN == (kHeadDim == 64 ? 64 : 32) &&
                                     Wide::kBlockN == (kHeadDim == 64 ? 128 : 64),
                       "the tile sizes docs/TUNING.md gives for FLASHCORE_SM80_TILES");
-        if (takes_narrow_tiles(major)) return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true>(p, stream, device);
+        if (takes_narrow_tiles(major))
+            return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, true, kSoftcap>(p, stream, device);
+        return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, false, kSoftcap>(p, stream, device);
+    } else {
+        return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask, false, kSoftcap>(p, stream, device);
     }
-    return launch_fwd_tiles<Elem, kHeadDim, kCausal, kMask>(p, stream, device);
+}
+
+// The variant for the call's mask kind and causal flag.
+template <typename Elem, int kHeadDim, bool kSoftcap>
+cudaError_t launch_fwd_kind(const fc_params &p, cudaStream_t stream) {
+    switch (p.mask_kind) {
+    case FC_MASK_BOOL: return launch_fwd<Elem, kHeadDim, false, kBoolMask, kSoftcap>(p, stream);
+    case FC_MASK_ADDITIVE: return launch_fwd<Elem, kHeadDim, false, kAddMask, kSoftcap>(p, stream);
+    default:
+        return p.causal ? launch_fwd<Elem, kHeadDim, true, kNoMask, kSoftcap>(p, stream)
+                        : launch_fwd<Elem, kHeadDim, false, kNoMask, kSoftcap>(p, stream);
+    }
 }
 
 }  // namespace sm80
@@ -679,11 +708,6 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
     extern "C" cudaError_t fc_sm80_fwd_hdim##HDIM##_##DTYPE_NAME(const fc_params *p,          \
                                                                  cudaStream_t stream) {       \
         using namespace flashcore::sm80;                                                      \
-        switch (p->mask_kind) {                                                               \
-        case FC_MASK_BOOL: return launch_fwd<ELEM, HDIM, false, kBoolMask>(*p, stream);       \
-        case FC_MASK_ADDITIVE: return launch_fwd<ELEM, HDIM, false, kAddMask>(*p, stream);    \
-        default:                                                                              \
-            return p->causal ? launch_fwd<ELEM, HDIM, true, kNoMask>(*p, stream)              \
-                             : launch_fwd<ELEM, HDIM, false, kNoMask>(*p, stream);            \
-        }                                                                                     \
+        return p->softcap != 0.0f ? launch_fwd_kind<ELEM, HDIM, true>(*p, stream)             \
+                                  : launch_fwd_kind<ELEM, HDIM, false>(*p, stream);           \
     }

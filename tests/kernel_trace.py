@@ -2,6 +2,7 @@
 demangled name and grid). The GPU tests use it to check that an environment switch picked the
 kernel it names (tests/test_gpu_sdpa.py, tests/test_gpu_masks.py)."""
 import json
+import re
 import tempfile
 
 import pytest
@@ -27,11 +28,16 @@ def launched_kernels(call):
 
 def launched_narrow(name):
     """Whether a launched sm80 forward kernel (its demangled name) is a narrow-tile variant: its
-    last template argument, FwdTraits' kNarrow (kernels/fwd_sm80.cuh). Fails on a name that ends
-    otherwise, so a change of the kernel's signature cannot pass unnoticed."""
-    tail = name.replace(" ", "")
-    if tail.endswith(("true>(fc_params)", "(bool)1>(fc_params)")):
+    fifth template argument, FwdTraits' kNarrow (kernels/fwd_sm80.cuh:
+    fwd_kernel<Elem, kHeadDim, kCausal, kMask, kNarrow, kSoftcap>). Fails on a name of another
+    shape, so a change of the kernel's signature cannot pass unnoticed."""
+    flat = name.replace(" ", "")
+    match = re.search(r"sm80::fwd_kernel<([^<>]*)>\(fc_params\)", flat)
+    args = match.group(1).split(",") if match else []
+    if len(args) != 6:
+        raise AssertionError(f"not an sm80 forward kernel's name: {name}")
+    if args[4] in ("true", "(bool)1"):
         return True
-    if tail.endswith(("false>(fc_params)", "(bool)0>(fc_params)")):
+    if args[4] in ("false", "(bool)0"):
         return False
-    raise AssertionError(f"not an sm80 forward kernel's name: {name}")
+    raise AssertionError(f"kNarrow is not a bool in {name}")

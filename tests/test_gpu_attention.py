@@ -305,10 +305,72 @@ def test_softcap(case, dtype, D, softcap):
     assert_grads_close(grads, g_hi, g_lp)
 
 
+SM80_SOFTCAP_MASKS = ["none", "causal", "bool", "additive"]
+
+
+@pytest.mark.parametrize("mask_kind", SM80_SOFTCAP_MASKS)
+@pytest.mark.parametrize("D", [32, 64, 80, 96, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_softcap_sm80(dtype, D, mask_kind, monkeypatch):
+    """The sm80-class forward's softcap (kSoftcap), which takes masks: unmasked and causal calls
+    forced onto the family, a bool padding mask and an additive mask (finite values and -inf)
+    run there anyway. Forward and LSE against float64, the bound of test_softcap (the softcap
+    applies before the mask: an additive value is not capped)."""
+    skip_unless_built(D, dtype)
+    softcap = 5.0
+    B, Hq, Hkv, sq, sk = 2, 4, 2, 127, 300
+    q = torch.randn(B, Hq, sq, D, device=DEVICE, dtype=dtype)
+    k = torch.randn(B, Hkv, sk, D, device=DEVICE, dtype=dtype)
+    v = torch.randn(B, Hkv, sk, D, device=DEVICE, dtype=dtype)
+    mask, causal, add = None, mask_kind == "causal", None
+    if mask_kind in ("none", "causal"):
+        monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
+    elif mask_kind == "bool":
+        mask = torch.ones(B, 1, sq, sk, dtype=torch.bool, device=DEVICE)
+        mask[1, ..., :41] = False          # left padding of the second sequence
+        mask[0, :, 5] = False              # a row that sees no key
+    else:
+        add = torch.rand(B, Hq, sq, sk, device=DEVICE) * -3.0
+        add[..., 7:19] = NEG_INF
+        mask = add.to(dtype)
+    words = flashcore.explain_attention(q, k, v, mask, is_causal=causal, enable_gqa=True,
+                                        softcap=softcap)
+    assert words.startswith("kernel sm80"), words
+    poison_allocator((B, Hq, sq, D), dtype)
+    out, lse = flashcore.attention(q, k, v, mask, is_causal=causal, enable_gqa=True,
+                                   softcap=softcap, return_lse=True)
+
+    def ref(cast):
+        kk = k.to(cast).repeat_interleave(Hq // Hkv, 1)
+        s = torch.matmul(q.to(cast), kk.transpose(-2, -1)) / math.sqrt(D)
+        s = softcap * torch.tanh(s / softcap)
+        if add is not None:
+            s = s + mask.to(cast)
+        elif mask is not None:
+            s = s.masked_fill(~mask, NEG_INF)
+        if causal:
+            s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool, device=DEVICE).tril(), NEG_INF)
+        lse_ = torch.logsumexp(s.double(), -1)
+        p = torch.exp(s.double() - lse_.masked_fill(torch.isinf(lse_), 0).unsqueeze(-1)).to(cast)
+        return torch.matmul(p, v.to(cast).repeat_interleave(Hq // Hkv, 1)), lse_
+
+    o_hi, lse_hi = ref(torch.float64)
+    o_lp, _ = ref(dtype)
+    tanh_term = 2 * TANH_REL * softcap * v.double().abs().max().item()
+    err = (out.double() - o_hi).abs().max().item()
+    bound = 2 * (o_lp.double() - o_hi).abs().max().item() + ATOL[dtype] + tanh_term
+    assert err <= bound, f"max|out - ref| {err:.3e} > {bound:.3e}"
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_hi)), "LSE -inf exactly on rows with no key"
+    assert (out[torch.isinf(lse_hi)] == 0).all(), "rows with no key give zeros"
+    fin = torch.isfinite(lse_hi)
+    assert (lse[fin].double() - lse_hi[fin]).abs().max().item() < 1e-3 * math.log(sk) + TANH_REL * softcap
+
+
 @pytest.mark.parametrize("D", [64, 128])
 def test_softcap_with_sinks_and_mask(D):
-    """Softcap with sinks (the kernel takes both), and with a padding mask (no kernel takes the
-    softcap with a mask: PyTorch computes the call), forward and gradients against float64."""
+    """Softcap with sinks (the sm90 kernel takes both), with a padding mask (the sm80-class
+    kernel; the Python backward), and with both (the sm80-class kernel, its sinks applied to the
+    output by flashcore.attention), forward and gradients against float64."""
     dtype = torch.bfloat16
     skip_unless_built(D, dtype)
     B, Hq, Hkv, S = 2, 4, 2, 300
@@ -324,7 +386,9 @@ def test_softcap_with_sinks_and_mask(D):
                   sinks=sinks if use_sinks else None)
         words = flashcore.explain_attention(q, k, v, mask, **kw)
         if HOPPER:
-            assert (words == "kernel sm90") == (mask is None), words
+            expect = "kernel sm90" if mask is None else "kernel sm80"
+            assert words.startswith(expect), words
+            assert ("sinks applied to the output" in words) == (mask is not None and use_sinks), words
         out = flashcore.attention(q, k, v, mask, **kw)
         dout = torch.randn_like(out)
         inputs = (q, k, v) + ((sinks,) if use_sinks else ())

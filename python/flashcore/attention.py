@@ -23,8 +23,10 @@ Arguments beyond ``F.scaled_dot_product_attention``'s (no dropout here):
 * ``softcap``: a logit softcap (Gemma 2's ``attn_logit_softcapping``, FlashAttention's
   ``softcap``): every scaled score s becomes ``softcap * tanh(s / softcap)`` before the mask and
   the softmax; 0 (the default) means none. The Hopper kernels (forward: D = 64, 128, 256;
-  backward: 64, 128) apply it without a mask; elsewhere (a mask, other GPUs and head dims, the
-  CPU) the call is computed in PyTorch in float32, rows in chunks, at unfused cost.
+  backward: 64, 128) apply it without a mask, the sm80-class forward with or without one (its
+  gradients then come from the Python backward); elsewhere (sinks with a mask, head dims no
+  kernel takes, the CPU) the call is computed in PyTorch in float32, rows in chunks, at unfused
+  cost.
 * ``return_lse=True`` also returns the natural-log log-sum-exp of each query row (float32;
   -inf for a row that sees no key).
 
@@ -96,6 +98,13 @@ def _with_band(attn_mask, band, query, key):
     return attn_mask.masked_fill(~keep, float("-inf"))
 
 
+def _kernel_runs(explained) -> bool:
+    """Whether torch.ops.flashcore.explain's (family, reason) means a kernel runs the call: reason
+    0, or a kernel with a note (a masked call in the sm80 family, and why sm90 did not take it)."""
+    from . import _note_base
+    return explained[1] == 0 or explained[1] >= _note_base()
+
+
 def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left, window_right,
           bottom_right, sinks=None, softcap=0.0):
     """The sdpa_fwd call that computes the attention: (attn_mask, is_causal, kwargs). The band
@@ -114,8 +123,8 @@ def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_lef
         kwargs = dict(whole[2], **softcap_kwargs)
         if sinks is not None:
             kwargs["sinks"] = sinks.float().contiguous()
-        if torch.ops.flashcore.explain(query, key, value, whole[0], 0.0, whole[1], scale=scale,
-                                       enable_gqa=enable_gqa, **kwargs)[1] == 0:
+        if _kernel_runs(torch.ops.flashcore.explain(query, key, value, whole[0], 0.0, whole[1],
+                                                    scale=scale, enable_gqa=enable_gqa, **kwargs)):
             return whole[0], whole[1], kwargs
     if band.kind == _band.ALL:
         mask, causal, kwargs = attn_mask, False, {}
@@ -123,20 +132,20 @@ def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_lef
         mask, causal, kwargs = None, True, {}
     else:
         explain = torch.ops.flashcore.explain
-        if attn_mask is None and query.is_cuda and explain(query, key, value, None, 0.0, is_causal,
-                                                           scale=scale, enable_gqa=enable_gqa,
-                                                           **band_kwargs, **softcap_kwargs)[1] == 0:
+        if attn_mask is None and query.is_cuda and _kernel_runs(explain(
+                query, key, value, None, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa,
+                **band_kwargs, **softcap_kwargs)):
             mask, causal, kwargs = None, is_causal, band_kwargs
         else:  # (built only here: an Sq x Sk mask costs more than many a kernel)
             mask, causal, kwargs = _with_band(attn_mask, band, query, key), False, {}
-    if softcap and query.is_cuda and torch.ops.flashcore.explain(
+    if softcap and query.is_cuda and _kernel_runs(torch.ops.flashcore.explain(
             query, key, value, mask, 0.0, causal, scale=scale, enable_gqa=enable_gqa,
-            softcap=softcap, **kwargs)[1] == 0:
+            softcap=softcap, **kwargs)):
         kwargs = dict(kwargs, softcap=softcap)
     if sinks is not None and query.is_cuda and (not softcap or "softcap" in kwargs):
         sinks = sinks.float().contiguous()
-        if torch.ops.flashcore.explain(query, key, value, mask, 0.0, causal, scale=scale,
-                                       enable_gqa=enable_gqa, sinks=sinks, **kwargs)[1] == 0:
+        if _kernel_runs(torch.ops.flashcore.explain(query, key, value, mask, 0.0, causal, scale=scale,
+                                                    enable_gqa=enable_gqa, sinks=sinks, **kwargs)):
             kwargs = dict(kwargs, sinks=sinks)
     return mask, causal, kwargs
 

@@ -17,7 +17,7 @@
  *     offset of every tensor fits int64, the grid fits CUDA's limits;
  *   * every struct the support query accepts has a kernel (dtype, head dim, arch, a mask only in
  *     the sm80 family, a general band (window, bottom-right causal) only in the sm90 and decode
- *     families, sinks only in sm90, a softcap only in sm90 without a mask, the family's own layout rules), AUTO prefers the sm90
+ *     families, sinks only in sm90, a softcap only in sm90 without a mask or in sm80, the family's own layout rules), AUTO prefers the sm90
  *     family where it can take the struct (and has no mask to apply), and
  *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct (as the library
  *     resolves its band, fc_resolve_band_); the launcher
@@ -467,12 +467,13 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     REQUIRE(cc == 89 || cc == 90);
     REQUIRE(p->family == FC_FAMILY_AUTO || p->family == fam);
     /* A general band: the sm90 and decode families, no mask; sinks: the sm90 family; a softcap:
-     * the sm90 family, no mask. */
+     * the sm90 family without a mask, or the sm80 family. */
     const fc_params r = resolved_of(p);
     if (r.band_ == FC_BAND_GENERAL_)
         REQUIRE((fam == FC_FAMILY_SM90 || fam == FC_FAMILY_DECODE) && p->mask_kind == FC_MASK_NONE);
     if (p->sinks != NULL) REQUIRE(fam == FC_FAMILY_SM90);
-    if (p->softcap != 0.0f) REQUIRE(fam == FC_FAMILY_SM90 && p->mask_kind == FC_MASK_NONE);
+    if (p->softcap != 0.0f)
+        REQUIRE((fam == FC_FAMILY_SM90 && p->mask_kind == FC_MASK_NONE) || fam == FC_FAMILY_SM80);
     if (fam == FC_FAMILY_SM90) REQUIRE(cc == 90 && sm90_takes(p));
     else if (fam == FC_FAMILY_DECODE) REQUIRE(decode_takes(p) && (d == 64 || d == 128));
     else REQUIRE(fam == FC_FAMILY_SM80);
