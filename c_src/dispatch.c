@@ -211,11 +211,24 @@ static const kernel_entry *find_kernel(fc_family family, const fc_params *p) {
     return NULL;
 }
 
-/* Only the sm80 family reads an attn_mask (a mask tile per K/V tile, kernels/fwd_sm80.cuh).
- * The Hopper family's TMA producer and the decode kernel's GQA row packing have no mask path,
- * so a masked call runs in the sm80 family, on Hopper too. */
+/* Whether a bool attn_mask's layout lets TMA bring it in tiles (the Hopper kernels' mask tiles:
+ * the forward's kMasked shape, the backward's kMaskBoolTiles): keys contiguous, the base and the
+ * query, head and batch strides 16-byte multiples, queries not broadcast (a row per query). */
+int fc_mask_tiles_fit_(const fc_params *p) {
+    return p->mask_kind == FC_MASK_BOOL && p->mask_stride_k == 1 && p->mask_stride_q > 0 && p->mask_stride_q % 16 == 0 &&
+           p->mask_stride_h >= 0 && p->mask_stride_h % 16 == 0 && p->mask_stride_b >= 0 && p->mask_stride_b % 16 == 0 &&
+           ((uintptr_t)p->mask & 15) == 0;
+}
+
+/* The sm80 family reads any attn_mask (a mask tile per K/V tile, kernels/fwd_sm80.cuh). The
+ * Hopper forward reads bool masks whose tiles TMA can bring (fc_mask_tiles_fit_), alongside
+ * each V tile, at D=64 and 128, in its non-causal configuration (kMasked in
+ * kernels/sm90/fwd_traits.cuh): no causal flag, band, softcap or sinks with it. The decode
+ * kernel's GQA row packing has no mask path. */
 static int family_takes_mask(fc_family family, const fc_params *p) {
-    return p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80;
+    if (p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80) return 1;
+    return family == FC_FAMILY_SM90 && (p->head_dim == 64 || p->head_dim == 128) && !p->causal &&
+           p->band_ != FC_BAND_GENERAL_ && p->softcap == 0.0f && p->sinks == NULL && fc_mask_tiles_fit_(p);
 }
 
 /* A general band (a window, or causal aligned bottom-right with seqlen_q != seqlen_k; dispatch.h)
@@ -304,8 +317,9 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
  * kernels' int offsets, which huge head strides or millions of heads break) and suit the Hopper
  * family's tensor maps; otherwise it runs unpacked, with the same result. */
 int fc_decode_packs_for_sm90(const fc_params *p) {
-    /* (Sinks are per query head, which packing turns into rows.) */
-    if (p->seqlen_q != 1 || p->causal || p->heads_q <= p->heads_kv || p->sinks != NULL) return 0;
+    /* (Sinks and masks are per query head, which packing turns into rows.) */
+    if (p->seqlen_q != 1 || p->causal || p->heads_q <= p->heads_kv || p->sinks != NULL || p->mask_kind != FC_MASK_NONE)
+        return 0;
     fc_params packed = *p;
     fc_pack_decode_gqa(&packed);
     packed.band_ = packed.band_lo_ = packed.band_hi_ = 0; /* (validated as a caller's struct) */

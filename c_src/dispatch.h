@@ -177,6 +177,8 @@ fc_status fc_device_info_(int *device, int *major, int *minor, int *sms);
 int fc_family_runs_on_(fc_family family, int cc_major, int cc_minor);
 /* Defined in dispatch.c: can the Hopper family's TMA tensor maps take these strides and scale? */
 int fc_sm90_takes_layout_(const fc_params *p);
+/* Whether a bool attn_mask's layout lets the Hopper kernels' TMA bring it in tiles (dispatch.c). */
+int fc_mask_tiles_fit_(const fc_params *p);
 void fc_set_last_cuda_error_(cudaError_t err);
 fc_status fc_check_operand_(const int64_t size[4], const int64_t stride[4], const void *base,
                             int64_t elem_bytes);

@@ -14,9 +14,11 @@ What it checks, on a CUDA machine with FlashCore kernels (sm_89 / sm_90):
     themselves on torch 2.11: memory-efficient returns the mean of V), -inf entries give no NaN, and
     rows masked only by finfo(dtype).min (HuggingFace's fill value) follow the float64 reference;
   * the LSE from flashcore.sdpa_fwd: float64 log-sum-exp, -inf on fully masked rows;
-  * explain() says a kernel ran, in the sm80 family (and on Hopper, under auto, why not sm90);
-    forcing the sm90 family with a mask raises.
-Each case runs with FLASHCORE_FAMILY=auto and =sm80.
+  * explain() says a kernel ran: on Hopper the sm90 family for a bool mask whose tiles TMA reads
+    (D 64 / 128, keys contiguous, 16-byte-aligned base and row strides: sm90_takes_mask below),
+    else the sm80 family (and, under auto, why not sm90); forcing the sm90 family with any
+    other mask raises.
+Each case runs with FLASHCORE_FAMILY=auto and =sm80 (and, on Hopper, =sm90 where it takes the mask).
 
 Run:  python -m pytest tests/test_gpu_masks.py -q     (each test skips without a CUDA device)
 """
@@ -107,12 +109,34 @@ def _seed(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
-@pytest.fixture(params=["auto", "sm80"])
+@pytest.fixture(params=["auto", "sm80", "sm90"])
 def family(request, monkeypatch):
     if request.param == "sm80" and not KERNEL_CARD:
         pytest.skip("forcing the sm80 family raises on cards other than sm_89 / sm_90")
+    if request.param == "sm90" and not HOPPER:
+        pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("FLASHCORE_FAMILY", request.param)
     return request.param
+
+
+def sm90_takes_mask(q, mask, is_causal=False):
+    """The Hopper family's mask rule (c_src/dispatch.c, family_takes_mask), stated on its own: a
+    bool mask at D = 64 or 128, not causal, whose (B, H, Sq, Sk) view (broadcast dims at stride 0,
+    as torch_op/op_common.h describes it) has contiguous keys, a query stride that is a positive
+    16-byte multiple, head and batch strides that are 16-byte multiples, and a 16-byte-aligned
+    base."""
+    if mask.dtype != torch.bool or q.shape[-1] not in (64, 128) or is_causal:
+        return False
+    target = (q.shape[0], q.shape[1], q.shape[2], mask.shape[-1])
+    strides = [0, 0, 0, 0]
+    for i in range(mask.dim()):
+        d = 4 - mask.dim() + i
+        strides[d] = 0 if mask.shape[i] == 1 else mask.stride(i)
+    if any(size == 1 for size in target[3:]):
+        strides[3] = 0
+    sb, sh, sq, sk = strides
+    return (sk == 1 and sq > 0 and sq % 16 == 0 and sh % 16 == 0 and sb % 16 == 0
+            and mask.data_ptr() % 16 == 0)
 
 
 # --------------------------------------------------------------------------- cases
@@ -203,6 +227,16 @@ def _cases():
         for D in (64, 128):
             cases.append(Case(kind, shape, 127, 300, fp16 if D == 64 else bf16, D, Hkv=2, ratio=4))
             cases.append(Case(kind, shape, 33, 1000, bf16, D, B=1, Hkv=1, ratio=8))
+    # Bool masks whose tiles TMA reads (keys contiguous, rows of 16-byte multiples): on Hopper
+    # the sm90 family's masked configuration. Ragged key tiles (Sk = 272: 128 + 128 + 16), rows
+    # past Sq in a block, Sq != Sk, one query row pair, GQA, every 4-D broadcast.
+    for shape in ("qk", "b1qk", "1hqk", "bhqk"):
+        for (sq, sk), D, dt in (((17, 128), 64, fp16), ((127, 272), 128, bf16), ((300, 1024), 64, bf16),
+                                ((1000, 2048), 128, fp16), ((2, 512), 64, fp16)):
+            cases.append(Case("bool", shape, sq, sk, dt, D))
+    for D in (64, 128):
+        cases.append(Case("bool", "b1qk", 127, 528, bf16, D, Hkv=2, ratio=4))
+        cases.append(Case("bool", "bhqk", 333, 256, fp16, D, B=1, Hkv=1, ratio=8))
     # Head dims 32, 80, 96 and 256 (their own tile shapes: 64 x 64, D=256 64 x 32).
     for D in (32, 80, 96, 256):
         for kind, shape, (sq, sk), dt in (("bool", "b1qk", (17, 1000), fp16),
@@ -221,9 +255,13 @@ def _check(c, family, mask, q, k, v, kw):
     out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     skip_unless_built(q.shape[3], q.dtype)
     path = flashcore.explain(q, k, v, attn_mask=mask, **kw)
+    sm90 = HOPPER and family != "sm80" and sm90_takes_mask(q, mask)
+    if family == "sm90" and not sm90:
+        pytest.skip("the sm90 family does not take this mask (test_forced_sm90_with_mask_raises)")
     if KERNEL_CARD:
-        assert path.startswith("kernel sm80"), f"expected the sm80 kernel, explain() says {path!r}"
-        if HOPPER and family == "auto":
+        want = "kernel sm90" if sm90 else "kernel sm80"
+        assert path.startswith(want), f"expected {want}, explain() says {path!r}"
+        if HOPPER and family == "auto" and not sm90:
             assert "only in the sm80" in path, path  # says why the sm90 family did not run
     poison_allocator(out_shape, q.dtype)
     out = torch.ops.flashcore.sdpa(q, k, v, mask, 0.0, False, **kw)
@@ -283,6 +321,8 @@ def test_finfo_min_rows(dtype, family):
     unchanged in exact arithmetic: in fp16 (-65504, far inside fp32's range) the row is the
     unmasked row's attention; in bf16 (-3.4e38) fp32 rounding erases the scores and the row
     becomes V's average. Either way: the float64 reference of the same math, no NaN."""
+    if family == "sm90":
+        pytest.skip("additive masks run in the sm80 family only")
     B, H, Sq, Sk, D = 1, 2, 70, 90, 64
     skip_unless_built(D, dtype)  # a fallback to PyTorch rounds the bf16 rows otherwise
     q, k, v = (torch.randn(B, H, s, D, dtype=dtype, device=DEVICE) for s in (Sq, Sk, Sk))
@@ -303,10 +343,13 @@ def test_finfo_min_rows(dtype, family):
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 def test_lse_with_mask(kind, family):
     """sdpa_fwd's LSE (what autograd saves) from the masked kernel: float64 log-sum-exp of the
-    scaled, masked scores; -inf on fully masked rows; the output equals sdpa's bit for bit."""
-    c = Case(kind, "b1qk", 200, 333, torch.float16, 128)
+    scaled, masked scores; -inf on fully masked rows; the output equals sdpa's bit for bit. (336
+    keys: a bool mask's rows are 16-byte multiples, so on Hopper it runs in the sm90 family.)"""
+    if family == "sm90" and kind != "bool":
+        pytest.skip("additive masks run in the sm80 family only")
+    c = Case(kind, "b1qk", 200, 336, torch.float16, 128)
     q = torch.randn(2, 2, 200, 128, dtype=c.dtype, device=DEVICE)
-    k, v = (torch.randn(2, 2, 333, 128, dtype=c.dtype, device=DEVICE) for _ in range(2))
+    k, v = (torch.randn(2, 2, 336, 128, dtype=c.dtype, device=DEVICE) for _ in range(2))
     mask = make_mask(c)
     out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, mask)
     assert torch.equal(out, torch.ops.flashcore.sdpa(q, k, v, mask))
@@ -323,17 +366,21 @@ def test_forced_sm90_with_mask_raises(monkeypatch):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
     q = k = v = torch.randn(1, 2, 64, 64, dtype=torch.float16, device=DEVICE)
-    mask = torch.ones(64, 64, dtype=torch.bool, device=DEVICE)
-    assert "only in the sm80" in flashcore.explain(q, k, v, attn_mask=mask)
-    with pytest.raises(RuntimeError, match="FLASHCORE_FAMILY=sm90 forces a kernel family that "
-                                           "cannot run this call: attention masks run only in the sm80"):
-        flashcore.sdpa(q, k, v, attn_mask=mask)
+    # An additive mask, and a bool one whose 100-byte rows TMA cannot read.
+    for mask in (torch.zeros(64, 64, dtype=torch.float16, device=DEVICE),
+                 torch.ones(64, 100, dtype=torch.bool, device=DEVICE)[:, :64]):
+        assert not sm90_takes_mask(q, mask)
+        assert "only in the sm80" in flashcore.explain(q, k, v, attn_mask=mask)
+        with pytest.raises(RuntimeError, match="FLASHCORE_FAMILY=sm90 forces a kernel family that "
+                                               "cannot run this call: this attention mask runs only in the sm80"):
+            flashcore.sdpa(q, k, v, attn_mask=mask)
 
 
 def test_mask_in_cuda_graph(family):
-    """Captured with a mask; replays read the mask's new contents (no host-side caching)."""
-    q, k, v = (torch.randn(2, 4, 300, 64, dtype=torch.float16, device=DEVICE) for _ in range(3))
-    mask = torch.rand(2, 1, 300, 300, device=DEVICE) > 0.5
+    """Captured with a mask; replays read the mask's new contents (no host-side caching, nor a
+    tensor map built from stale contents: on Hopper this mask's 304-byte rows run in sm90)."""
+    q, k, v = (torch.randn(2, 4, 304, 64, dtype=torch.float16, device=DEVICE) for _ in range(3))
+    mask = torch.rand(2, 1, 304, 304, device=DEVICE) > 0.5
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -343,7 +390,7 @@ def test_mask_in_cuda_graph(family):
     with torch.cuda.graph(g):
         out = torch.ops.flashcore.sdpa(q, k, v, mask)
     for _ in range(2):
-        mask.copy_(torch.rand(2, 1, 300, 300, device=DEVICE) > 0.5)
+        mask.copy_(torch.rand(2, 1, 304, 304, device=DEVICE) > 0.5)
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()

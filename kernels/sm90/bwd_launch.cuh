@@ -11,6 +11,7 @@
 #pragma once
 
 #include "common/launch.h"
+#include "dispatch.h"  // fc_mask_tiles_fit_
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/bwd_rows.cuh"
 #include "sm90/tensor_map.h"
@@ -85,14 +86,9 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-// Whether a bool mask's layout lets TMA bring its tiles (kMaskBoolTiles): keys contiguous, the
-// base and every stride 16-byte aligned, queries not broadcast (a tile holds 64 query rows), heads
-// and batch broadcast or not.
-inline bool mask_tiles_fit(const fc_params &f) {
-    const bool strides_ok = f.mask_stride_q % 16 == 0 && f.mask_stride_h % 16 == 0 && f.mask_stride_b % 16 == 0;
-    return f.mask_stride_k == 1 && f.mask_stride_q > 0 && strides_ok && f.mask_stride_h >= 0 &&
-           f.mask_stride_b >= 0 && (reinterpret_cast<uintptr_t>(f.mask) & 15) == 0;
-}
+// Whether a bool mask's layout lets TMA bring its tiles (kMaskBoolTiles): fc_mask_tiles_fit_
+// (c_src/dispatch.c), the rule the Hopper forward's masked shape shares.
+inline bool mask_tiles_fit(const fc_params &f) { return fc_mask_tiles_fit_(&f) != 0; }
 
 // The variant for a call (each with or without a softcap): causal, a general band (p.fwd.band_, set by
 // fc_resolve_band_ in c_src/bwd.c; it comes with causal set), or one of the mask kinds (c_src/bwd.c sends masked

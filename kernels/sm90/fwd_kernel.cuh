@@ -128,6 +128,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     unsigned char *smem_k = smem_q + T::kQBufs * T::kQBytes;
     unsigned char *smem_v = smem_k + kStages * T::kKVTileBytes;
     unsigned char *smem_o = smem + T::kOStageOffset;  // kOBufs staging buffers of O
+    [[maybe_unused]] unsigned char *smem_mask = smem_v + T::kMaskOffsetFromV;  // kMasked: a mask tile per stage
 
     const int seqlen_q = static_cast<int>(p.seqlen_q);
     const int seqlen_k = static_cast<int>(p.seqlen_k);
@@ -289,11 +290,19 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 }
                 wait_barrier(&bars.v_empty[stage], phase ^ 1);
                 ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
-                                               &bars.v_full[stage], T::kKVTileBytes);
+                                               &bars.v_full[stage], T::kKVTileBytes + T::kMaskTileBytes);
                 for (int panel = 0; panel < T::kPanels; ++panel) {
                     set_coords(c, maps.v_order, panel * 64, n * kBlockN, head_kv, tile.batch);
                     tma_load(smem_v + stage * T::kKVTileBytes + panel * T::kKVPanelBytes, &maps.v, c,
                              &bars.v_full[stage]);
+                }
+                // kMasked: the block's mask rows for these keys ride the V tile's barrier (the
+                // consumers read them in the softmax of S(n) and free the stage after P V(n)). A
+                // broadcast head or batch dim of the mask is read at coordinate 0.
+                if constexpr (K::kMaskTiles) {
+                    set_coords(c, maps.mask_order, n * kBlockN, tile.m_block * kBlockM, p.mask_stride_h != 0 ? tile.head : 0,
+                               p.mask_stride_b != 0 ? tile.batch : 0);
+                    tma_load(smem_mask + stage * T::kMaskTileBytes, &maps.mask, c, &bars.v_full[stage]);
                 }
             }
         }
@@ -445,6 +454,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                   "Q in registers frees its buffer at the tile's start: not with a carried S or a pair");
     bool s_carried = false;
     int qb = 0;  // the current tile's Q buffer
+    [[maybe_unused]] int tile_slot0 = 0;  // the current tile's key tile 0's ring slot (kMasked's softmax)
     for (int t = snake_tile(0, n_tiles, kv_splits()), t_next; t < n_tiles; t = t_next, ++local) {
         t_next = snake_tile(local + 1, n_tiles, kv_splits());
         const Tile tile = decode_tile(t, m_blocks_div, heads_q_div);
@@ -452,10 +462,17 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         const int wg_row0 = tile.m_block * kBlockM + row_group * 64;  // first query row of this WG
         const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;    // this thread's first row
 
-        // The online softmax of key tile n (online_softmax).
+        // The online softmax of key tile n (online_softmax). kMasked: key tile n's mask rows sit
+        // in its ring slot's stage (tile_slot0 + n, set below), landed with its V tile.
         auto softmax = [&](int n, float (&rescale)[2], bool pv_pending, auto &&finish_pv) -> bool {
+            [[maybe_unused]] const unsigned char *mask_row = nullptr;
+            if constexpr (K::kMaskTiles) {
+                const int slot = tile_slot0 + n, stage = slot % kStages;
+                wait_barrier(&bars.v_full[stage], (slot / kStages) & 1);
+                mask_row = smem_mask + stage * T::kMaskTileBytes + (row_group * 64 + warp_in_wg * 16 + row_in_warp) * kBlockN;
+            }
             return online_softmax<K>(n, rescale, pv_pending, finish_pv, s, row_max, row_sum, o_acc, p_frag, p, seqlen_k,
-                                     wg_row0, row0, col_in_tile, scale_log2, softcap_in);
+                                     wg_row0, row0, col_in_tile, scale_log2, softcap_in, mask_row);
         };
 
         // kCarryS: the tile's first P V overwrites O instead (scale-d 0), so no plain instruction
@@ -473,6 +490,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // of its row group the rest); otherwise every key tile (kKeySplit = 1).
         if (keys.first < keys.end) {
             const int first = keys.first, end = keys.end, slot0 = kv_iter - first;
+            tile_slot0 = slot0;
             const int mine = first + key_part;
             const int seen_end = [&] { return key_tiles_seen<K>(first, end, wg_row0, seqlen_q, p); }();
             // half_tile (key_tiles_seen): the diagonal tile whose keys 64..127 this warpgroup's rows never see, or -1.

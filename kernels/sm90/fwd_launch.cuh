@@ -1,7 +1,7 @@
 // sm90/fwd_launch.cuh - host side of the Hopper forward (sm90/fwd_kernel.cuh): for validated params
 // (c_src/dispatch.c), the tensor maps (built per call with cuTensorMapEncodeTiled, fetched through
 // the runtime's driver entry point so the library does not link libcuda, and passed as
-// __grid_constant__ parameters), the configuration (launch_fwd: band, softcap, D=64's shape), and
+// __grid_constant__ parameters), the configuration (launch_fwd: band, mask, softcap, D=64's shape), and
 // the grid (launch_fwd_config: a cluster or grid split-KV, else a persistent grid in snake order,
 // paired_grid for causal, or one CTA per tile); the static_asserts that tie the D=64 shapes to
 // c_src/dispatch.h; and FLASHCORE_DEFINE_SM90_FWD, which the kernels/fwd_sm90_hdim*_*.cu files
@@ -77,6 +77,13 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     if (err == cudaSuccess)
         err = make_tensor_map(&maps.v, &maps.v_order, p.v, dtype, p.seqlen_k, p.heads_kv, p.batch, p.head_dim,
                               p.v_stride_s, p.v_stride_h, p.v_stride_b, T::kBlockN);
+    // kMasked: the bool mask as (keys, queries, heads, batch) bytes, boxes of kBlockN keys (one
+    // 128-byte row, swizzled as the consumers read it) x kBlockM queries; a broadcast head or
+    // batch dim (stride 0) is one of size 1.
+    if (err == cudaSuccess && kShape == kMasked)
+        err = make_map(&maps.mask, &maps.mask_order, p.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.seqlen_k, p.seqlen_q,
+                       p.mask_stride_h != 0 ? p.heads_q : 1, p.mask_stride_b != 0 ? p.batch : 1, p.mask_stride_q,
+                       p.mask_stride_h, p.mask_stride_b, T::kBlockN, T::kBlockM, CU_TENSOR_MAP_SWIZZLE_128B);
     if (err != cudaSuccess) return err;
     // O through TMA where the configuration has staging buffers (kOBufs) and O's map encodes;
     // else 16-byte stores from registers. (The A/B switch to the register stores,
@@ -163,7 +170,9 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     const int forced = fc_config_get()->kv_splits;  // 0: not forced
     // kPair never splits across CTAs: its warpgroups already split the keys, merging in the CTA.
     // (Sinks are added in the unsplit epilogue: a call with them is not split either.)
-    const bool may_split = kShape != kPair && p.sinks == nullptr;
+    // (Nor is a masked one: its rows may see no key in a CTA's share, which the merges do not
+    // expect.)
+    const bool may_split = kShape != kPair && kShape != kMasked && p.sinks == nullptr;
     if (may_split && forced >= 1 && forced <= kMaxKvSplits) {
         splits = forced;
     } else if (may_split && fc_grid_is_small(tiles, sms)) {  // (saves the occupancy query on full grids)
@@ -252,6 +261,13 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
         if (p.band_ == FC_BAND_GENERAL_)
             return p.softcap != 0.f ? launch_fwd_config<Elem, kHeadDim, true, kLong, true, true>(p, stream, device, sms)
                                     : launch_fwd_config<Elem, kHeadDim, true, kLong, true>(p, stream, device, sms);
+    // A bool mask whose tiles TMA reads (c_src/dispatch.c: D=64 and 128, non-causal, no band,
+    // softcap or sinks): the masked configuration.
+    if (p.mask_kind != FC_MASK_NONE) {
+        if constexpr (!kCausal && (kHeadDim == 64 || kHeadDim == 128))
+            return launch_fwd_config<Elem, kHeadDim, false, kMasked>(p, stream, device, sms);
+        return cudaErrorInvalidValue;  // (dispatch never sends one)
+    }
     // A softcap: the LONG configuration (no D=64 small-grid shapes).
     if (p.softcap != 0.f) return launch_fwd_config<Elem, kHeadDim, kCausal, kLong, false, true>(p, stream, device, sms);
     if constexpr (kHeadDim == 64) {

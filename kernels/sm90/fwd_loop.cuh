@@ -27,15 +27,15 @@ namespace sm90 {
 // The rows' sums over the quad's four lanes (row_sum) and their reciprocals (inv_sum).
 template <class K>
 __device__ __forceinline__ void sum_rows(float (&row_sum)[2], float (&inv_sum)[2]) {
-    constexpr bool kBand = K::kBand;
+    constexpr bool kRowsMayBeEmpty = K::kBand || K::kMaskTiles;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float sum = row_sum[h];
         sum += __shfl_xor_sync(0xffffffff, sum, 1);
         sum += __shfl_xor_sync(0xffffffff, sum, 2);
         row_sum[h] = sum;
-        // (kBand: a row that saw no key has sum 0 and gives zeros.)
-        inv_sum[h] = kBand && sum == 0.f ? 0.f : 1.f / sum;
+        // (A band or a mask: a row that saw no key has sum 0 and gives zeros.)
+        inv_sum[h] = kRowsMayBeEmpty && sum == 0.f ? 0.f : 1.f / sum;
     }
 }
 

@@ -30,6 +30,8 @@ struct FwdKernelShape {
     using T = FwdTraits<kHeadDim_, kCausal_, kShape_>;
     static constexpr int kHeadDim = kHeadDim_, kShape = kShape_;
     static constexpr bool kCausal = kCausal_, kBand = kBand_, kSoftcap = kSoftcap_;
+    // A bool attn_mask in tiles beside the V tiles (kMasked, sm90/fwd_traits.cuh).
+    static constexpr bool kMaskTiles = kShape_ == kMasked;
     static constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
     static constexpr int kNTiles = kBlockN / 8;   // 8-column accumulator tiles of S
     static constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of O
@@ -213,10 +215,13 @@ __device__ __forceinline__ bool online_softmax(int n, float (&rescale)[2], bool 
                                                float (&s)[K::kNTiles * 4], float (&row_max)[2], float (&row_sum)[2],
                                                float (&o_acc)[K::kDTiles * 4], uint32_t (&p_frag)[K::kBlockN / 16][4],
                                                const fc_params &p, int seqlen_k, int wg_row0, int row0, int col_in_tile,
-                                               float scale_log2, float softcap_in) {
+                                               float scale_log2, float softcap_in,
+                                               const unsigned char *mask_row = nullptr) {
     using Elem = typename K::Elem;
     constexpr int kHeadDim = K::kHeadDim, kBlockM = K::kBlockM, kBlockN = K::kBlockN, kNTiles = K::kNTiles;
     constexpr bool kCausal = K::kCausal, kBand = K::kBand, kSoftcap = K::kSoftcap, kHalfTiles = K::kHalfTiles;
+    // Rows may see no key so far: their max stays -inf (a band's edges, a mask's zeros).
+    constexpr bool kRowsMayBeEmpty = kBand || K::kMaskTiles;
     auto rescale_o = [&](const float (&rescale)[2]) { rescale_rows(o_acc, rescale); };
     auto convert_p = [&](auto live_tag) { convert_to_p<Elem, decltype(live_tag)::value>(p_frag, s); };
     if constexpr (kSoftcap)
@@ -230,7 +235,24 @@ __device__ __forceinline__ bool online_softmax(int n, float (&rescale)[2], bool 
         kBand ? n_start + kBlockN - 1 > wg_row0 + p.band_hi_ || n_start < wg_row0 + 63 + p.band_lo_
               : kCausal && n_start + kBlockN - 1 > wg_row0;
     bool first_half_only = false;  // only S's first 64 keys are live: this is the key loop's half_tile (kHalfTiles)
-    if (ragged || crosses_diagonal) {
+    if constexpr (K::kMaskTiles) {
+        // The stage's mask tile decides every element: mask_row is this thread's first row in it
+        // (its second is 8 rows on), 128 keys of one byte per row, 16-byte chunk c of a row at
+        // c ^ (row % 8) (the 128-byte swizzle; row % 8 is the lane's row in its quad group).
+        // Keys past Sk (and rows past Sq) arrive as zeros from TMA's bounds fill: masked, as they
+        // must be, with no compare of their own. One 2-byte read gives a row's two columns.
+        const int swizzle = (threadIdx.x % 32) / 4;
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+            const int offset = (((j / 2) ^ swizzle) << 4) + (j % 2) * 8 + col_in_tile;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint32_t keep = *reinterpret_cast<const uint16_t *>(mask_row + h * 8 * kBlockN + offset);
+                if ((keep & 0xff) == 0) s[j * 4 + 2 * h] = -INFINITY;
+                if ((keep >> 8) == 0) s[j * 4 + 2 * h + 1] = -INFINITY;
+            }
+        }
+    } else if (ragged || crosses_diagonal) {
         // This thread's columns are n_start + col_in_tile + c, c = j * 8 + (e & 1) a
         // compile-time constant; row h keeps those with c < valid[h] (keys before
         // seqlen_k and, causal, up to the row itself): one compare with an immediate and
@@ -320,11 +342,11 @@ __device__ __forceinline__ bool online_softmax(int n, float (&rescale)[2], bool 
         auto exponentiate = [&](auto exact_tag) {
             constexpr bool kExact = decltype(exact_tag)::value;
             // The exact form's reference: the max, or 0 for a row that has seen no key
-            // yet (kBand: -inf - -inf would be NaN; its scores are all -inf, so 0 gives
+            // yet (kRowsMayBeEmpty: -inf - -inf would be NaN; its scores are all -inf, so 0 gives
             // p = 0). A select here, not in the loop: one there serialised the GEMMs
             // (ptxas C7514).
             [[maybe_unused]] float row_ref[2];
-            if constexpr (kBand)
+            if constexpr (kRowsMayBeEmpty)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) row_ref[h] = mx[h] == -INFINITY ? 0.f : mx[h];
 #pragma unroll
@@ -340,7 +362,7 @@ __device__ __forceinline__ bool online_softmax(int n, float (&rescale)[2], bool 
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         float &x = s[j * 4 + 2 * h + e];
-                        x = kExact ? fast_exp2((x - (kBand ? row_ref[h] : mx[h])) * scale_log2)
+                        x = kExact ? fast_exp2((x - (kRowsMayBeEmpty ? row_ref[h] : mx[h])) * scale_log2)
                                    : fast_exp2(fmaf(x, scale_log2, -base[h]));
                     }
                     sum += s[j * 4 + 2 * h] + s[j * 4 + 2 * h + 1];

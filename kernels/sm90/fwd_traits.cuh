@@ -29,8 +29,9 @@ namespace ptx = cuda::ptx;
 // kShape: the configuration for long query sequences (kLong), short ones or partial waves
 // (kShort), grids of 64-row blocks that fill at most half the SMs, or causal ones of up to two
 // waves (kTiny), and one-wave grids of such blocks (kPair); see fc_sm90_d64_config in
-// c_src/dispatch.c. Only D=64 has the last three.
-constexpr int kLong = 0, kShort = 1, kTiny = 2, kPair = 3;
+// c_src/dispatch.c. Only D=64 has the last three. kMasked: a bool attn_mask read in tiles that
+// ride each V tile's load (D=64: kShort's blocks; D=128: its one configuration; non-causal only).
+constexpr int kLong = 0, kShort = 1, kTiny = 2, kPair = 3, kMasked = 4;
 template <int kHeadDim, bool kCausal, int kShape = kLong>
 struct FwdConfig;
 // D=64 causal with two consumer warpgroups (128-row blocks, less diagonal waste) was measured
@@ -122,12 +123,20 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     static constexpr int kPairBytes = kKeySplit > 1 ? 2 * 128 * (kHeadDim / 4 + 4) * 4 : 0;
     // Split merge by pushing (SplitSlots) where its slots fit: D=64 (D=128 and 256 fill the 227 KB
     // with their rings and merge by reading the peers' partials, finish_split_rows).
-    static constexpr bool kPushMerge = kHeadDim == 64 && kKeySplit == 1;
+    // (kMasked calls are never split: no slots.)
+    static constexpr bool kPushMerge = kHeadDim == 64 && kKeySplit == 1 && kShape != kMasked;
     static constexpr int kSlotBytes = kPushMerge ? SplitSlots<kHeadDim, kBlockM>::max_bytes() : 0;
+    // kMasked: each stage's mask tile, kBlockM query rows of kBlockN = 128 keys (bytes), 128-byte
+    // swizzled as TMA writes it, so that a warp's reads of one key column over its 8 rows fall in
+    // distinct banks (16-byte chunk c of row r sits at c ^ (r % 8)).
+    static constexpr int kMaskTileBytes = kShape == kMasked ? kBlockM * kBlockN : 0;
     // kQBufs Q buffers, then kStages K tiles, then kStages V tiles (every tile 1024-byte aligned:
-    // swizzle atom), then the pair partial or the split slots, then the O staging buffers.
-    // (First with one Q buffer: the O staging is sized before a second Q buffer is fitted.)
-    static constexpr int kRingBytesOneQ = kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + kSlotBytes;
+    // swizzle atom), then the pair partial or the split slots, then the mask tiles, then the O
+    // staging buffers. (First with one Q buffer: the O staging is sized before a second Q buffer
+    // is fitted.)
+    static constexpr int kMaskOffsetFromV = kStages * kKVTileBytes + kPairBytes + kSlotBytes;
+    static constexpr int kRingBytesOneQ =
+        kQBytes + 2 * kStages * kKVTileBytes + kPairBytes + kSlotBytes + kStages * kMaskTileBytes;
     static constexpr int kRingEndOneQ = (kRingBytesOneQ + 1023) / 1024 * 1024 + 1024 /* alignment */;
     static constexpr int kOStageBytes = 64 * kHeadDim * 2;
     static constexpr int kSmemLimit = 227 * 1024;
@@ -153,6 +162,8 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     static constexpr int kRingEnd = kOStageOffset + 1024 /* alignment */;
     static constexpr int kSmemBytes = kRingEnd + kOBufs * kOStageBytes;
     static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte panels)");
+    static_assert(kShape != kMasked || (kBlockN == 128 && kKeySplit == 1 && kMaskOffsetFromV % 1024 == 0),
+                  "mask tiles: 128-byte rows (one swizzle span), 1024-byte aligned, one reader per row group");
     static_assert(kStages % kKeySplit == 0, "a stage must hold the tiles of one key part only");
     static_assert(kSmemBytes <= kSmemLimit, "must fit Hopper's 227 KB per block");
     static_assert(128 * (C::kProducerRegs + kConsumerWarpgroups * C::kConsumerRegs) <= 65536,
@@ -183,6 +194,10 @@ struct FwdMaps {
     // host: each FastDiv built in the kernel cost a 64-bit division (a called subroutine), and
     // head / group was a 32-bit division on the producer's path to its first load.
     FastDiv m_blocks_div, heads_q_div, group_div;
+    // kMasked: the bool mask over (keys, queries, heads, batch), boxes of kBlockN keys x kBlockM
+    // queries (last, so the other configurations' parameters keep their offsets).
+    CUtensorMap mask;
+    MapOrder mask_order;
 };
 
 // The work list: one tile = (query block, head, batch). Tiles of one (batch, head) are
