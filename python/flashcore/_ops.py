@@ -444,9 +444,11 @@ TRAINING_TABLE = {
     ((9, 0), "sm90", 64): (True, "", 1024),
     ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, docs/experiments/backward.md"),
     # Masked (HuggingFace's left-padded causal bool mask; aten runs cuDNN with it): FlashCore's
-    # masked forward (the sm80-class kernel) 0.92-1.01x cuDNN's, its backward (sm90, mask tiles
-    # by TMA) 1.95x at D=128 4k; training steps 1.05-1.12x sdpa at 4k and 8k tokens per sequence
-    # (results/*_1333_bwd_mask.json, train_*_1333_padded.json). Shorter sequences not measured.
+    # backward (sm90, mask tiles by TMA) 1.95x cuDNN's at D=128 4k (results/*_1333_bwd_mask.json);
+    # its forward (sm90 with mask tiles where TMA reads the mask, else the sm80-class kernel)
+    # 1.45-1.75x PyTorch's default at D=64/128 (results/masked_fwd_*_2251.json); training steps
+    # 1.10-1.22x sdpa at 4k and 8k tokens per sequence (train_*_2251_padded.json). Shorter
+    # sequences not measured.
     ((9, 0), "sm90-masked"): (True, "", 4096),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),
     # Any other card: the Python backward is an unfused fp32 recomputation, slower than aten's
