@@ -234,7 +234,8 @@ static int family_takes_mask(fc_family family, const fc_params *p) {
 /* A general band (a window, or causal aligned bottom-right with seqlen_q != seqlen_k; dispatch.h)
  * runs in the Hopper family's forward, whose key loop starts and ends at the band's edges
  * (kernels/sm90/fwd_kernel.cuh), and in the decode kernels, whose causal variant reads only the band's
- * keys (kernels/decode_sm80.cuh). Neither has a mask path, so a band with a mask runs nowhere. */
+ * keys (kernels/decode_sm80.cuh). Neither takes it with a mask (the Hopper forward's mask tiles run
+ * only in its non-causal configuration), so a band with a mask runs nowhere. */
 /* Attention sinks: the Hopper forward's epilogue alone adds them (kernels/sm90/fwd_kernel.cuh). */
 static int family_takes_sinks(fc_family family, const fc_params *p) {
     return p->sinks == NULL || family == FC_FAMILY_SM90;
@@ -265,8 +266,8 @@ static int unmasked_kernel_elsewhere(const fc_params *p, int cc_major, int cc_mi
  * family also has (there the sm80 family is the layout fallback: broadcast dims, scale <= 0).
  * For a head dim only the sm80 family has (32, 80, 96), PyTorch's cuDNN path is the faster
  * choice on that card: D=96 at S=4096 measured 303 vs 520 TFLOP/s non-causal and 268 vs 449
- * causal (H100, docs/experiments/first-versions.md). Masked calls stay in the sm80 family: aten's only fused path
- * that takes such masks there (`efficient`) is about 2x slower than it. */
+ * causal (H100, docs/experiments/first-versions.md). Masked calls at those head dims stay in the sm80 family: it
+ * measured 1.0-1.4x PyTorch's default there (docs/experiments/forward-masks.md). */
 static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int cc_major, int cc_minor) {
     return family == FC_FAMILY_SM80 && p->mask_kind == FC_MASK_NONE &&
            fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor) && find_kernel(FC_FAMILY_SM90, p) == NULL;

@@ -3,9 +3,10 @@
 Importing this package loads ``libflashcore_op.so`` (built beside this file) and registers
 ``torch.ops.flashcore.sdpa``, a drop-in for ``torch.nn.functional.scaled_dot_product_attention``
 with the same schema. On CUDA devices FlashCore has kernels for, it runs a FlashCore kernel on
-the current stream (attn_mask included: bool or additive of query's dtype, in the sm80-class
-family); everything else (CPU tensors, dropout, float32 masks with 16-bit inputs, other dtypes /
-head dims / devices) goes to PyTorch's own SDPA.
+the current stream (attn_mask included: bool or additive of query's dtype; on Hopper a bool mask
+whose tiles TMA reads, at head dim 64 or 128, runs in the sm90 family, every other mask in the
+sm80-class family); everything else (CPU tensors, dropout, float32 masks with 16-bit inputs,
+other dtypes / head dims / devices) goes to PyTorch's own SDPA.
 
 Usage::
 
@@ -171,9 +172,9 @@ def _built_for(head_dim: int, dtype: torch.dtype) -> bool:
 def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
             enable_gqa=False, **band) -> str:
     """Which path ``sdpa`` takes for these arguments: ``"kernel sm80"``, ``"kernel sm90"``,
-    ``"kernel sm80 (not sm90: <why>)"`` (on Hopper, e.g. with an ``attn_mask``, which only the
-    sm80 family applies) or ``"fallback: <reason>"``. Raises for the same bad inputs ``sdpa``
-    raises for (an install without FlashCore's library checks nothing: ``"fallback: <why>"``
+    ``"kernel sm80 (not sm90: <why>)"`` (on Hopper, e.g. with an additive ``attn_mask``, or a
+    bool one the sm90 family does not take) or ``"fallback: <reason>"``. Raises for the same bad
+    inputs ``sdpa`` raises for (an install without FlashCore's library checks nothing: ``"fallback: <why>"``
     for every call)."""
     if FALLBACK_ONLY:
         return f"fallback: {FALLBACK_ONLY}"

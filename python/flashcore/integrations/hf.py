@@ -43,14 +43,14 @@ and sliding windows run by ``flashcore.attention``:
   the mask, which is used as it is (``flashcore.sdpa`` with that mask);
 - a logit softcap (``softcap``, Gemma 2) and attention sinks (``s_aux``, gpt-oss) go to
   ``flashcore.attention(..., softcap=, sinks=)`` with the same mask, causal flag and window as
-  above (the Hopper kernels take both without a mask; with a mask the softcap is computed in
-  PyTorch and the sinks are applied to the output, see ``flashcore.attention``);
+  above (the Hopper kernels take both without a mask; with a mask the sm80-class kernel applies
+  the softcap and the sinks are applied to the output, see ``flashcore.attention``);
 - what the FlashCore kernels do not implement is handed to transformers' own
   ``sdpa_attention_forward`` unchanged: ``output_attentions=True``, ``position_bias``,
   ``dropout > 0`` (training), and a window on a non-causal layer with no mask. Where the builder left a window's mask out, the delegated
   call is given the band as its bool mask (transformers' function ignores ``sliding_window``).
-  Where the op itself cannot run a kernel (CPU, fp32, other head dims, masks today), it falls
-  back to PyTorch's SDPA with the same arguments.
+  Where the op itself cannot run a kernel (CPU, fp32, other head dims, float32 masks with 16-bit
+  inputs), it falls back to PyTorch's SDPA with the same arguments.
 
 Supported transformers versions: 5.x from 5.17 on (``SUPPORTED_TRANSFORMERS``), tested with
 5.17.0 (GPU machine) and 5.18.0 (CI). Older 5.x and newer versions register with a warning;
