@@ -213,11 +213,16 @@ static const kernel_entry *find_kernel(fc_family family, const fc_params *p) {
 
 /* Whether a bool attn_mask's layout lets TMA bring it in tiles (the Hopper kernels' mask tiles:
  * the forward's kMasked shape, the backward's kMaskBoolTiles): keys contiguous, the base and the
- * query, head and batch strides 16-byte multiples, queries not broadcast (a row per query). */
+ * query, head and batch strides 16-byte multiples, queries not broadcast (a row per query), and
+ * every stepped-over stride below TMA's 2^40 bytes (a broadcast dim, stride 0, is mapped with
+ * size 1). */
+#define FC_TMA_MAX_STRIDE_BYTES ((int64_t)1 << 40)
 int fc_mask_tiles_fit_(const fc_params *p) {
     return p->mask_kind == FC_MASK_BOOL && p->mask_stride_k == 1 && p->mask_stride_q > 0 && p->mask_stride_q % 16 == 0 &&
            p->mask_stride_h >= 0 && p->mask_stride_h % 16 == 0 && p->mask_stride_b >= 0 && p->mask_stride_b % 16 == 0 &&
-           ((uintptr_t)p->mask & 15) == 0;
+           ((uintptr_t)p->mask & 15) == 0 && p->mask_stride_q < FC_TMA_MAX_STRIDE_BYTES &&
+           (p->heads_q <= 1 || p->mask_stride_h < FC_TMA_MAX_STRIDE_BYTES) &&
+           (p->batch <= 1 || p->mask_stride_b < FC_TMA_MAX_STRIDE_BYTES);
 }
 
 /* The sm80 family reads any attn_mask (a mask tile per K/V tile, kernels/fwd_sm80.cuh). The

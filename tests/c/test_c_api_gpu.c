@@ -4,10 +4,12 @@
  * same (rounded) 16-bit inputs. Also checks the LSE output and that every output element was
  * written (the output is poisoned with NaN bytes first).
  *
- * Masked cases (bool and additive attn_mask, in three layouts that take the kernel's three ways
- * of copying mask tiles: 16-byte cp.async, narrower cp.async on misaligned rows, and element by
- * element for a transposed mask) include fully masked rows (output exactly 0, LSE -inf) and
- * -inf additive entries; compute-sanitizer runs this file in ci/gpu.sh.
+ * Masked cases (bool and additive attn_mask, in three layouts that take the sm80 kernel's three
+ * ways of copying mask tiles: 16-byte cp.async, narrower cp.async on misaligned rows, and element
+ * by element for a transposed mask; under AUTO on Hopper a bool mask whose tiles TMA can bring,
+ * (B, 1, Sq, Sk) with 16-byte rows at D=64 / 128 and no causal, runs in the sm90 family's masked
+ * configuration instead) include fully masked rows (output exactly 0, LSE -inf) and -inf
+ * additive entries; compute-sanitizer runs this file in ci/gpu.sh.
  *
  * Band cases (a sliding window, causal aligned bottom-right; flashcore.h): the reference applies
  * the band by flashcore.h's definition (sees(), written apart from the library's fc_band_bounds),
@@ -727,7 +729,10 @@ int main(void) {
         /* 17-32 rows per KV head: the CUDA-core decode kernel (MQA 32:1; GQA 8:1 x Sq = 3) */
         {1, 32, 1, 1, 2049, 128, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0},
         {2, 16, 2, 3, 500, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
-        /* attn_mask (sm80 family under AUTO too): every copy path, ragged Sq/Sk, GQA, causal */
+        /* attn_mask: every sm80 copy path, ragged Sq/Sk, GQA, causal (the forced sm80 pass; under
+         * AUTO on Hopper the first case, 256-byte rows at D=64, runs in the sm90 family's mask
+         * tiles, the others in sm80: rows not 16-byte multiples, misaligned, transposed, additive,
+         * causal, D=96 / 256) */
         {2, 4, 2, 100, 256, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
         {1, 4, 1, 77, 1000, 128, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
         {2, 2, 2, 130, 201, 64, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_QK_PADDED},

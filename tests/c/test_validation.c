@@ -112,6 +112,33 @@ static void m_mask_force_sm80(fc_params *p) { m_bool_mask_bhqk(p); p->family = F
 static void m_mask_force_decode(fc_params *p) { m_bool_mask_bhqk(p); p->family = FC_FAMILY_DECODE; p->seqlen_q = 4; }
 static void m_mask_decode_shape(fc_params *p) { m_bool_mask_bhqk(p); p->seqlen_q = 4; }
 static void m_mask_broadcast_kv(fc_params *p) { m_mask(p); p->k_stride_b = 0; p->v_stride_b = 0; }
+/* A bool mask the sm90 family takes (dispatch.c, family_takes_mask): keys contiguous, rows of
+ * Sk = 300 padded to 304 bytes, head and batch strides 16-byte multiples, a 16-byte aligned base.
+ * (m_bool_mask_bhqk's 300-byte rows are not 16-byte multiples: sm80 only.) */
+static void m_mask_tiles(fc_params *p) { p->mask_kind = FC_MASK_BOOL; p->mask = (const void *)0x50000; p->mask_stride_b = 8 * 100 * 304; p->mask_stride_h = 100 * 304; p->mask_stride_q = 304; p->mask_stride_k = 1; }
+static void m_mask_tiles_force_sm90(fc_params *p) { m_mask_tiles(p); p->family = FC_FAMILY_SM90; }
+static void m_mask_tiles_broadcast_force_sm90(fc_params *p) { m_mask_tiles_force_sm90(p); p->mask_stride_b = 0; p->mask_stride_h = 0; }
+static void m_mask_tiles_d64_force_sm90(fc_params *p) { p->head_dim = 64; fc_params_set_contiguous_strides(p); m_mask_tiles_force_sm90(p); }
+static void m_mask_tiles_d256(fc_params *p) { m_head_dim_256(p); m_mask_tiles(p); }
+static void m_mask_tiles_d256_force_sm90(fc_params *p) { m_mask_tiles_d256(p); p->family = FC_FAMILY_SM90; }
+static void m_mask_tiles_causal(fc_params *p) { m_mask_tiles(p); p->causal = 1; }
+static void m_mask_tiles_causal_force_sm90(fc_params *p) { m_mask_tiles_causal(p); p->family = FC_FAMILY_SM90; }
+static void m_mask_tiles_window(fc_params *p) { m_mask_tiles(p); p->windowed = 1; p->window_left = 16; p->window_right = 0; }
+static void m_mask_tiles_window_force_sm90(fc_params *p) { m_mask_tiles_window(p); p->family = FC_FAMILY_SM90; }
+static void m_mask_tiles_softcap(fc_params *p) { m_mask_tiles(p); p->softcap = 30.0f; }
+static void m_mask_tiles_softcap_force_sm90(fc_params *p) { m_mask_tiles_softcap(p); p->family = FC_FAMILY_SM90; }
+static void m_mask_tiles_sinks(fc_params *p) { m_mask_tiles(p); p->sinks = (const float *)0x58000; }
+static void m_mask_tiles_sinks_force_sm90(fc_params *p) { m_mask_tiles_sinks(p); p->family = FC_FAMILY_SM90; }
+static void m_mask_tiles_additive_force_sm90(fc_params *p) { m_mask_tiles_force_sm90(p); p->mask_kind = FC_MASK_ADDITIVE; }
+static void m_mask_tiles_rows_unaligned_force_sm90(fc_params *p) { m_mask_tiles_force_sm90(p); p->mask_stride_q = 300; }
+static void m_mask_tiles_head_stride_unaligned_force_sm90(fc_params *p) { m_mask_tiles_force_sm90(p); p->mask_stride_h = 100 * 304 + 8; }
+static void m_mask_tiles_batch_stride_unaligned_force_sm90(fc_params *p) { m_mask_tiles_force_sm90(p); p->mask_stride_b = 8 * 100 * 304 + 8; }
+static void m_mask_tiles_base_unaligned_force_sm90(fc_params *p) { m_mask_tiles_force_sm90(p); p->mask = (const void *)0x50008; }
+static void m_mask_tiles_keys_strided_force_sm90(fc_params *p) { m_mask_tiles_force_sm90(p); p->mask_stride_k = 2; p->mask_stride_q = 608; p->mask_stride_h = 100 * 608; p->mask_stride_b = 8 * 100 * 608; }
+static void m_mask_tiles_rows_broadcast_force_sm90(fc_params *p) { m_mask_tiles_force_sm90(p); p->mask_stride_q = 0; }
+static void m_mask_tiles_decode_shape(fc_params *p) { m_mask_tiles(p); p->seqlen_q = 4; }
+static void m_mask_tiles_force_decode(fc_params *p) { m_mask_tiles_decode_shape(p); p->family = FC_FAMILY_DECODE; }
+static void m_mask_tiles_broadcast_kv(fc_params *p) { m_mask_tiles(p); p->k_stride_b = 0; p->v_stride_b = 0; }
 static void m_force_sm90(fc_params *p) { p->family = FC_FAMILY_SM90; }
 static void m_force_sm80(fc_params *p) { p->family = FC_FAMILY_SM80; }
 static void m_workspace_misaligned(fc_params *p) { p->workspace = (void *)0x70004; p->workspace_bytes = 64; }
@@ -171,7 +198,9 @@ static const validation_case kCases[] = {
     {"head_dim 80, forced sm80", m_head_dim_80_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"head_dim 256, forced sm80", m_head_dim_256_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"head_dim 32, forced decode, Sq = 4", m_head_dim_32_force_decode, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_FAMILY},
-    /* Masks run in the sm80 family (on Hopper too, under AUTO); sm90 and decode have none. */
+    /* Masks run in the sm80 family; on Hopper the sm90 family takes bool masks whose tiles TMA
+     * can bring (D=64 / 128, no causal, band, softcap or sinks: the m_mask_tiles rows below);
+     * the decode family has none. */
     {"additive (Sq, Sk) mask", m_mask, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"bool (B, H, Sq, Sk) mask", m_bool_mask_bhqk, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"bool mask, odd address, transposed", m_mask_odd_layout, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
@@ -189,6 +218,30 @@ static const validation_case kCases[] = {
     {"mask, forced decode, Sq = 4", m_mask_force_decode, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask, decode-sized call (auto: sm80)", m_mask_decode_shape, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask, K/V broadcast over batch", m_mask_broadcast_kv, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"bool (B, H, Sq, Sk) mask, 304-byte rows", m_mask_tiles, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask tiles, forced sm90", m_mask_tiles_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, broadcast (B, H), forced sm90", m_mask_tiles_broadcast_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, D=64, forced sm90", m_mask_tiles_d64_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, D=256 (auto: sm80)", m_mask_tiles_d256, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask tiles, D=256, forced sm90", m_mask_tiles_d256_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, causal (auto: sm80)", m_mask_tiles_causal, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask tiles, causal, forced sm90", m_mask_tiles_causal_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, window (no family)", m_mask_tiles_window, FC_OK, FC_UNSUPPORTED_BAND, FC_UNSUPPORTED_ARCH},
+    {"mask tiles, window, forced sm90", m_mask_tiles_window_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, softcap (auto: sm80)", m_mask_tiles_softcap, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask tiles, softcap, forced sm90", m_mask_tiles_softcap_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, sinks (no family)", m_mask_tiles_sinks, FC_OK, FC_UNSUPPORTED_SINKS, FC_UNSUPPORTED_ARCH},
+    {"mask tiles, sinks, forced sm90", m_mask_tiles_sinks_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"additive mask tiles, forced sm90", m_mask_tiles_additive_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask, 300-byte rows, forced sm90", m_mask_tiles_rows_unaligned_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask, head stride % 16 != 0, forced sm90", m_mask_tiles_head_stride_unaligned_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask, batch stride % 16 != 0, forced sm90", m_mask_tiles_batch_stride_unaligned_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask, 8-byte base, forced sm90", m_mask_tiles_base_unaligned_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask, key stride 2, forced sm90", m_mask_tiles_keys_strided_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask, rows broadcast, forced sm90", m_mask_tiles_rows_broadcast_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, decode-sized call (auto: sm90)", m_mask_tiles_decode_shape, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask tiles, forced decode, Sq = 4", m_mask_tiles_force_decode, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, K/V broadcast (auto: sm80)", m_mask_tiles_broadcast_kv, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"forced sm90 family", m_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"forced sm90, K/V broadcast over batch", m_force_sm90_broadcast, FC_OK, FC_UNSUPPORTED_LAYOUT, FC_UNSUPPORTED_FAMILY},
     {"forced sm80 family", m_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
@@ -406,21 +459,26 @@ int main(void) {
 
     /* Which family AUTO picks per head dim: on Hopper the sm90 family keeps 64/128/256, and 32,
      * 80, 96 (sm80 only) are left to PyTorch's faster cuDNN path (none: FC_FAMILY_AUTO); with a
-     * mask every dim runs in sm80. On Ada everything runs in sm80. Sq = 4 with GQA 4 would go to
-     * the decode kernel for 64/128. */
+     * mask the sm90 family takes it at 64/128 when its tiles fit TMA (masked 2: m_mask_tiles),
+     * and every other masked call runs in sm80 (masked 1: m_bool_mask_bhqk's 300-byte rows). On
+     * Ada everything runs in sm80. Sq = 4 with GQA 4 would go to the decode kernel for 64/128. */
     {
         static const struct { int64_t d; int masked; fc_family hopper; } kDims[] = {
             {32, 0, FC_FAMILY_AUTO}, {64, 0, FC_FAMILY_SM90}, {80, 0, FC_FAMILY_AUTO},
             {96, 0, FC_FAMILY_AUTO}, {128, 0, FC_FAMILY_SM90}, {256, 0, FC_FAMILY_SM90},
-            {32, 1, FC_FAMILY_SM80}, {80, 1, FC_FAMILY_SM80}, {96, 1, FC_FAMILY_SM80},
-            {256, 1, FC_FAMILY_SM80}};
+            {32, 1, FC_FAMILY_SM80}, {64, 1, FC_FAMILY_SM80}, {80, 1, FC_FAMILY_SM80},
+            {96, 1, FC_FAMILY_SM80}, {128, 1, FC_FAMILY_SM80}, {256, 1, FC_FAMILY_SM80},
+            {32, 2, FC_FAMILY_SM80}, {64, 2, FC_FAMILY_SM90}, {80, 2, FC_FAMILY_SM80},
+            {96, 2, FC_FAMILY_SM80}, {128, 2, FC_FAMILY_SM90}, {256, 2, FC_FAMILY_SM80}};
         for (size_t i = 0; i < sizeof(kDims) / sizeof(kDims[0]); ++i) {
             fc_params p = valid_params();
             p.head_dim = kDims[i].d;
             fc_params_set_contiguous_strides(&p);
-            if (kDims[i].masked) m_bool_mask_bhqk(&p);
+            if (kDims[i].masked == 1) m_bool_mask_bhqk(&p);
+            if (kDims[i].masked == 2) m_mask_tiles(&p);
             char label[96];
-            snprintf(label, sizeof label, "D=%lld%s", (long long)kDims[i].d, kDims[i].masked ? " masked" : "");
+            snprintf(label, sizeof label, "D=%lld%s", (long long)kDims[i].d,
+                     kDims[i].masked == 1 ? " masked" : kDims[i].masked == 2 ? " masked (tiles)" : "");
             if (fc_test_left_out(kDims[i].d, p.dtype)) {
                 printf("skip %s: this build left its kernel out\n", label);
                 continue;
@@ -441,17 +499,27 @@ int main(void) {
         }
     }
 
-    /* On Hopper a masked call runs the sm80 family under AUTO (the sm90 family has no mask). */
+    /* On Hopper, AUTO runs a masked call in the sm90 family where it takes the mask (a bool mask
+     * in TMA-sized tiles, D=64 / 128, no causal, band, softcap or sinks; decode-sized calls too:
+     * the decode kernel has no mask path), else in the sm80 family. */
     if (hopper_built && fc_test_left_out(valid_params().head_dim, FC_DTYPE_FP16)) {
-        printf("skip masked call on sm_90 (auto): this build left its kernel out\n");
+        printf("skip masked calls on sm_90 (auto): this build left its kernel out\n");
     } else if (hopper_built) {
-        fc_params p = valid_params();
-        m_bool_mask_bhqk(&p);
-        if (fc_sdpa_family(&p, 9, 0) != FC_FAMILY_SM80) {
-            fprintf(stderr, "FAIL masked call on sm_90: family %d, want sm80\n", (int)fc_sdpa_family(&p, 9, 0));
-            ++failures;
-        } else {
-            printf("ok   %-40s sm80 family\n", "masked call on sm_90 (auto)");
+        static const struct { const char *label; mutate_fn mutate; fc_family want; } kMasked[] = {
+            {"masked call on sm_90 (auto), 300-byte rows", m_bool_mask_bhqk, FC_FAMILY_SM80},
+            {"masked call on sm_90 (auto), additive", m_mask, FC_FAMILY_SM80},
+            {"masked call on sm_90 (auto), tiles", m_mask_tiles, FC_FAMILY_SM90},
+            {"mask tiles, forced sm90", m_mask_tiles_force_sm90, FC_FAMILY_SM90},
+            {"mask tiles, broadcast (B, H), forced", m_mask_tiles_broadcast_force_sm90, FC_FAMILY_SM90},
+            {"mask tiles, decode-sized call (auto)", m_mask_tiles_decode_shape, FC_FAMILY_SM90},
+            {"mask tiles, causal (auto)", m_mask_tiles_causal, FC_FAMILY_SM80},
+            {"mask tiles, softcap (auto)", m_mask_tiles_softcap, FC_FAMILY_SM80},
+            {"mask tiles, K/V broadcast (auto)", m_mask_tiles_broadcast_kv, FC_FAMILY_SM80},
+        };
+        for (size_t i = 0; i < sizeof(kMasked) / sizeof(kMasked[0]); ++i) {
+            fc_params p = valid_params();
+            kMasked[i].mutate(&p);
+            CHECK_FAMILY(kMasked[i].label, fc_sdpa_family(&p, 9, 0), kMasked[i].want);
         }
     }
 

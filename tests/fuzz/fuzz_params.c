@@ -15,10 +15,15 @@
  *     pointers 16-byte aligned, strides non-negative / unit last dim / 16-byte multiples, the
  *     largest offset inside one (batch, head) slice fits the kernels' 32-bit index, the largest
  *     offset of every tensor fits int64, the grid fits CUDA's limits;
- *   * every struct the support query accepts has a kernel (dtype, head dim, arch, a mask only in
- *     the sm80 family, a general band (window, bottom-right causal) only in the sm90 and decode
- *     families, sinks only in sm90, a softcap only in sm90 without a mask or in sm80, the family's own layout rules), AUTO prefers the sm90
- *     family where it can take the struct (and has no mask to apply), and
+ *   * every struct the support query accepts has a kernel (dtype, head dim, arch, a mask in the
+ *     sm80 family, or in sm90 only as sm90_takes_mask states it: a bool mask whose tiles TMA can
+ *     bring, at D=64 / 128, without causal, band, softcap or sinks; a general band (window,
+ *     bottom-right causal) only in the sm90 and decode families, without a mask; sinks only in
+ *     sm90; a softcap only in sm90 without a mask or in sm80; the family's own layout rules),
+ *     AUTO prefers the decode kernel, then the sm90 family, where they can take the struct (a
+ *     masked call: sm90 where it takes the mask, else sm80), a masked call that the sm90 family
+ *     takes is never declined on sm_90 (AUTO or forced sm90; check_mask_rule walks a grid of
+ *     masked calls once per run, as the fuzzer seldom builds a mask the sm90 family takes), and
  *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct (as the library
  *     resolves its band, fc_resolve_band_); the launcher
  *     stubs re-check what that family's kernel computes in int (tile counts, block bounds);
@@ -59,7 +64,11 @@
  *      launcher computes stride * 2 in int64 (UB past 2^62 elements).
  *   E. the sm90 launcher builds TMA tensor maps, whose strides must be below 2^40 bytes; an
  *      accepted struct with a larger batch or head stride fails at launch (FC_ERR_CUDA from
- *      cuTensorMapEncodeTiled) instead of being declined by the support query.
+ *      cuTensorMapEncodeTiled) instead of being declined by the support query. Holds for q, k
+ *      and v (dispatch.c, tma_stride_ok) and, since 2026-11-27, for the bool mask's map
+ *      (fc_mask_tiles_fit_ bounds its stepped-over strides; check_mask_rule's kMaskStrides2to40
+ *      keeps it so). Open: a size-1 dim's map stride is the slice's whole extent
+ *      (kernels/sm90/tensor_map.h), which can pass 2^40 bytes when the other strides do not.
  *   G. (fixed 2026-11-27) fc_bwd_params_validate's dlse check (c_src/bwd.c, check_rows_operand)
  *      counted the elements as total + 1 without an overflow check: UB when dlse's largest
  *      element offset is exactly INT64_MAX (e.g. B = 2, dlse_stride_b = INT64_MAX).
@@ -178,6 +187,7 @@ static void tile_shape(fc_family family, int head_dim, int causal, int *block_m,
         *block_m = 128;
         *block_n = 80;
     } else if (head_dim == 64) {
+        /* (a bool mask, kMasked: D=64 and D=128 128 x 128, which these bound) */
         *block_m = 192;
         *block_n = 128;
     } else {
@@ -187,6 +197,7 @@ static void tile_shape(fc_family family, int head_dim, int causal, int *block_m,
 }
 
 static int sm90_takes(const fc_params *p);
+static int sm90_takes_mask(const fc_params *p);
 static int decode_takes(const fc_params *p);
 
 /* The struct as the library sees it once it has resolved the band (dispatch.h,
@@ -250,7 +261,10 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
     }
     if (family == FC_FAMILY_DECODE) REQUIRE(decode_takes(p));
     REQUIRE(p->head_dim == head_dim && p->dtype == dtype);
-    REQUIRE(p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80);
+    /* A mask: the sm80 family, or the sm90 one where it takes it (a slice's mask pointer moves by
+     * whole 16-byte multiples of head and batch strides, so a slice takes it too). */
+    REQUIRE(p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80 ||
+            (family == FC_FAMILY_SM90 && sm90_takes_mask(p)));
     REQUIRE(p->family == FC_FAMILY_AUTO || p->family == family);
     accepted_is_consistent(p);
     int bm = 0, bn = 0;
@@ -274,6 +288,15 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
                                   p->batch, p->seqlen_k, p->heads_kv, p->batch};
         for (int i = 0; i < 9; ++i)
             if (sizes[i] > 1) REQUIRE((i128)strides[i] * 2 < ((i128)1 << 40));
+        /* E for the mask's map (kMasked, bytes): a stepped-over head or batch dim (size > 1,
+         * stride nonzero; a stride-0 dim is mapped as one of size 1) and the query dim. */
+        if (p->mask_kind != FC_MASK_NONE) {
+            const int64_t msizes[3] = {p->seqlen_q, p->mask_stride_h != 0 ? p->heads_q : 1,
+                                       p->mask_stride_b != 0 ? p->batch : 1};
+            const int64_t mstrides[3] = {p->mask_stride_q, p->mask_stride_h, p->mask_stride_b};
+            for (int i = 0; i < 3; ++i)
+                if (msizes[i] > 1) REQUIRE((i128)mstrides[i] < ((i128)1 << 40));
+        }
 #endif
     }
 #if FC_FUZZ_STRICT
@@ -450,6 +473,30 @@ static int sm90_takes(const fc_params *p) {
     return p->scale > 0.0f;
 }
 
+/* The sm90 forward's mask rule (dispatch.c family_takes_mask; kMasked in
+ * kernels/sm90/fwd_traits.cuh), re-stated for a masked call: the Hopper family takes a bool mask
+ * only, at D=64 and 128, with the call as the library resolves it free of causal (which a
+ * general band also sets) and of any general band, with no softcap and no sinks, and only where
+ * TMA can bring the mask in tiles: keys contiguous (stride 1), rows a positive multiple of 16
+ * bytes apart (no broadcast queries), head and batch strides 16-byte multiples (0: broadcast),
+ * the base 16-byte aligned. Additive masks, and every other masked call, stay in sm80. */
+static int sm90_takes_mask(const fc_params *p) {
+    const fc_params r = resolved_of(p);
+    if (r.mask_kind != FC_MASK_BOOL) return 0;
+    if (r.head_dim != 64 && r.head_dim != 128) return 0;
+    if (r.causal || r.band_ == FC_BAND_GENERAL_ || r.softcap != 0.0f || r.sinks != NULL) return 0;
+    const int keys_contiguous = r.mask_stride_k == 1;
+    const int rows_tiled = r.mask_stride_q > 0 && r.mask_stride_q % 16 == 0;
+    const int heads_tiled = r.mask_stride_h >= 0 && r.mask_stride_h % 16 == 0;
+    const int batch_tiled = r.mask_stride_b >= 0 && r.mask_stride_b % 16 == 0;
+    const int base_aligned = ((uintptr_t)r.mask & 15u) == 0;
+    /* TMA's strides: below 2^40 bytes where the dim is stepped over (a bool is one byte). */
+    const i128 tma_max = (i128)1 << 40;
+    const int strides_mappable = (i128)r.mask_stride_q < tma_max && (r.heads_q <= 1 || (i128)r.mask_stride_h < tma_max) &&
+                                 (r.batch <= 1 || (i128)r.mask_stride_b < tma_max);
+    return keys_contiguous && rows_tiled && heads_tiled && batch_tiled && base_aligned && strides_mappable;
+}
+
 /* The decode kernel: Sq <= 16 and (Hq / Hkv) * Sq <= 32 rows, head dims 64 and 128. */
 static int decode_takes(const fc_params *p) {
     return p->seqlen_q <= 16 && (p->heads_q / p->heads_kv) * p->seqlen_q <= 32;
@@ -459,7 +506,9 @@ static int decode_takes(const fc_params *p) {
 static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     accepted_is_consistent(p);
     REQUIRE(p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16);
-    REQUIRE(p->mask_kind == FC_MASK_NONE || fam == FC_FAMILY_SM80);
+    /* A mask: the sm80 family, or the sm90 family where it takes it; never the decode family. */
+    REQUIRE(p->mask_kind == FC_MASK_NONE || fam == FC_FAMILY_SM80 ||
+            (fam == FC_FAMILY_SM90 && sm90_takes_mask(p)));
     /* sm80: 32, 64, 80, 96, 128, 256; sm90: 64, 128, 256; decode: 64, 128. */
     const int64_t d = p->head_dim;
     REQUIRE(d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256);
@@ -477,9 +526,16 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     if (fam == FC_FAMILY_SM90) REQUIRE(cc == 90 && sm90_takes(p));
     else if (fam == FC_FAMILY_DECODE) REQUIRE(decode_takes(p) && (d == 64 || d == 128));
     else REQUIRE(fam == FC_FAMILY_SM80);
-    /* AUTO: the decode kernel for the small-Sq calls it takes, else Hopper wherever it can run
-     * (unmasked calls: a mask always means the sm80 family, checked above)... */
-    if (p->mask_kind != FC_MASK_NONE) return;
+    /* AUTO with a mask: the decode kernel has no mask path; the sm90 family runs the call on
+     * sm_90 wherever it takes both the layout and the mask, and the sm80 family every other one
+     * (the sm80-only head dims included: the speed rule below is for unmasked calls). */
+    if (p->mask_kind != FC_MASK_NONE) {
+        const int sm90_masked = cc == 90 && sm90_takes(p) && sm90_takes_mask(p);
+        if (p->family == FC_FAMILY_AUTO) REQUIRE(fam == (sm90_masked ? FC_FAMILY_SM90 : FC_FAMILY_SM80));
+        return;
+    }
+    /* AUTO unmasked: the decode kernel for the small-Sq calls it takes, else Hopper wherever it
+     * can run... */
     const int decode = decode_takes(p) && (d == 64 || d == 128) && p->sinks == NULL && p->softcap == 0.0f;
     const int sm90 = cc == 90 && sm90_takes(p) && (d == 64 || d == 128 || d == 256);
     /* ...except one-row D=128 calls over many (batch, KV head) pairs and key rows, which the
@@ -959,6 +1015,19 @@ static void check_struct(const fc_params *p, int device) {
         if (sup == FC_UNSUPPORTED_LAYOUT)
             REQUIRE((p->family == FC_FAMILY_SM90 && !sm90_takes(p)) ||
                     (p->family == FC_FAMILY_DECODE && !decode_takes(p)));
+        /* The mask reason only with a mask; a forced sm90 family gives it for a mask it does not
+         * take, or (dispatch.c's last resort for a forced family, which does not tell the two
+         * apart) for a mask it takes on a layout it does not. */
+        if (sup == FC_UNSUPPORTED_MASK) {
+            REQUIRE(p->mask_kind != FC_MASK_NONE);
+            if (p->family == FC_FAMILY_SM90) REQUIRE(!sm90_takes_mask(p) || !sm90_takes(p));
+        }
+        /* A masked call the sm90 family takes (mask and layout) runs there on sm_90, under AUTO
+         * and forced alike (its D=64 / 128 kernels are built here: ci/fuzz.sh). */
+        if (s == FC_OK && cc == 90 && p->mask_kind != FC_MASK_NONE && sm90_takes_mask(p) && sm90_takes(p) &&
+            (p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16) &&
+            (p->family == FC_FAMILY_AUTO || p->family == FC_FAMILY_SM90))
+            REQUIRE(sup == FC_OK && fam == FC_FAMILY_SM90);
     }
 
     /* The launch path on a stubbed device: same answer as the support query for its CC. */
@@ -1393,12 +1462,94 @@ static void check_decode_packing(void) {
     }
 }
 
+/*
+ * The sm90 forward's mask rule over a grid of masked calls, once per run: the fuzzer's inputs
+ * seldom reach a bool mask whose tiles TMA can bring (keys stride 1, rows a multiple of 16 bytes
+ * apart). From a call the sm90 family takes (B=2, Hq=8, Hkv=2, Sk=300, mask rows padded to 304
+ * bytes), one change at a time that keeps it there or leaves it to the sm80 family (or to no
+ * family), for every family, head dims 64 / 128 (the mask's) and 96 / 256 (not), Sq = 100, a
+ * decode-sized 4 and a one-row GQA call, on an sm_89 and an sm_90 device: check_struct's checks
+ * (support, family, AUTO's preference, the launch, a declined call's reason, and that a masked
+ * call the model says sm90 takes runs there).
+ */
+enum {
+    kMaskKeep, kMaskAdditive, kMaskCausal, kMaskWindow, kMaskBottomRight, kMaskWholeWindow, kMaskSoftcap,
+    kMaskSinks, kMaskKeysStrided, kMaskRows300, kMaskRowsBroadcast, kMaskHeadStride8, kMaskBatchStride8,
+    kMaskBase8, kMaskBroadcastHB, kMaskKvBroadcast, kMaskNegativeScale, kMaskStrides2to40, kMaskChanges
+};
+
+static void check_mask_rule(void) {
+    static const fc_family kFamilies[] = {FC_FAMILY_AUTO, FC_FAMILY_SM80, FC_FAMILY_SM90, FC_FAMILY_DECODE};
+    static const int64_t kDims[] = {64, 128, 96, 256};
+    static const int64_t kSeqlenQ[] = {100, 4, 1};
+    /* Exactly sizeof(fc_params) on the heap, as the fuzzed structs (check_struct). */
+    fc_params *p = (fc_params *)malloc(sizeof(fc_params));
+    REQUIRE(p != NULL);
+    for (int change = 0; change < kMaskChanges; ++change)
+        for (size_t f = 0; f < sizeof kFamilies / sizeof kFamilies[0]; ++f)
+            for (size_t d = 0; d < sizeof kDims / sizeof kDims[0]; ++d)
+                for (size_t q = 0; q < sizeof kSeqlenQ / sizeof kSeqlenQ[0]; ++q)
+                    for (int device = 0; device < 2; ++device) { /* kDeviceCC: sm_89, sm_90 */
+                        fc_params_init(p);
+                        p->batch = 2, p->heads_q = 8, p->heads_kv = 2, p->seqlen_q = kSeqlenQ[q], p->seqlen_k = 300;
+                        p->head_dim = kDims[d], p->scale = 0.1f;
+                        p->dtype = (change + (int)d) % 2 ? FC_DTYPE_BF16 : FC_DTYPE_FP16;
+                        fc_params_set_contiguous_strides(p);
+                        set_fake_pointers(p);
+                        p->mask_kind = FC_MASK_BOOL;
+                        p->mask = (const void *)(uintptr_t)0x7f0000600000ull;
+                        p->mask_stride_k = 1, p->mask_stride_q = 304;
+                        p->mask_stride_h = p->seqlen_q * 304, p->mask_stride_b = 8 * p->seqlen_q * 304;
+                        switch (change) {
+                        case kMaskAdditive: p->mask_kind = FC_MASK_ADDITIVE; break;
+                        case kMaskCausal: p->causal = 1; break;
+                        case kMaskWindow: p->windowed = 1, p->window_left = 16, p->window_right = 0; break;
+                        case kMaskBottomRight: p->causal = 1, p->alignment = FC_ALIGN_BOTTOM_RIGHT; break;
+                        case kMaskWholeWindow: p->windowed = 1, p->window_left = -1, p->window_right = -1; break;
+                        case kMaskSoftcap: p->softcap = 30.0f; break;
+                        case kMaskSinks: p->sinks = (const float *)(uintptr_t)0x7f0000700000ull; break;
+                        case kMaskKeysStrided:
+                            p->mask_stride_k = 2, p->mask_stride_q *= 2, p->mask_stride_h *= 2, p->mask_stride_b *= 2;
+                            break;
+                        case kMaskRows300:
+                            p->mask_stride_q = 300, p->mask_stride_h = p->seqlen_q * 300, p->mask_stride_b = 8 * p->seqlen_q * 300;
+                            break;
+                        case kMaskRowsBroadcast: p->mask_stride_q = 0; break;
+                        case kMaskHeadStride8: p->mask_stride_h += 8; break;
+                        case kMaskBatchStride8: p->mask_stride_b += 8; break;
+                        case kMaskBase8: p->mask = (const char *)p->mask + 8; break;
+                        case kMaskBroadcastHB: p->mask_stride_h = 0, p->mask_stride_b = 0; break;
+                        case kMaskKvBroadcast: p->k_stride_b = 0, p->v_stride_b = 0; break;
+                        case kMaskNegativeScale: p->scale = -0.1f; break;
+                        /* Head and batch strides of 2^40 bytes: accepted, and past what a TMA map
+                         * holds (the strict E check at the sm90 launch). */
+                        case kMaskStrides2to40: p->mask_stride_h = p->mask_stride_b = (int64_t)1 << 40; break;
+                        default: break;
+                        }
+                        p->family = kFamilies[f];
+                        REQUIRE(fc_params_validate(p) == FC_OK);
+                        check_struct(p, device);
+                        /* The rule's cases, as the model states them. */
+                        const int takes = sm90_takes_mask(p);
+                        if (change == kMaskKeep || change == kMaskWholeWindow || change == kMaskBroadcastHB ||
+                            change == kMaskKvBroadcast || change == kMaskNegativeScale)
+                            REQUIRE(takes == (kDims[d] == 64 || kDims[d] == 128));
+                        else if (change == kMaskWindow || change == kMaskBottomRight) /* (one row: every key) */
+                            REQUIRE(!takes || resolved_of(p).band_ == FC_BAND_NONE_);
+                        else
+                            REQUIRE(!takes);
+                    }
+    free(p);
+    g_current = NULL;
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     check_split_heuristic();
     check_d64_config();
     check_decode_packing();
+    check_mask_rule();
     check_prefill_split_heuristic();
     check_balanced_grid();
     return 0;
