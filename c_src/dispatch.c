@@ -279,6 +279,34 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
 }
 
 /*
+ * A masked call that only the sm80-class family takes, on a card where the Hopper family runs, is
+ * slower there than PyTorch's own SDPA (cuDNN or its memory-efficient kernel) unless its mask
+ * leaves whole tiles empty, which the sm80 kernels skip: HuggingFace's causal + padding mask does
+ * (sm80 1.0-1.4x PyTorch's default at D = 32, 80, 96, 256), a mask broadcast over the query rows
+ * cannot, and neither can one query row (decoding). Measured (H100, bf16, tools/mask_forms_vs_aten.py,
+ * ratio = PyTorch's default time / the sm80 family's; docs/experiments/forward-masks.md):
+ *   D=64/128: HF's mask as an additive one 0.80-0.91, a key-padding mask (B, 1, 1, Sk) bool
+ *     0.41-0.54 and additive 0.24-0.46, decoding 0.21-0.87 (1.12-1.18 for a bool mask over
+ *     1000 keys at D=64), 128-row chunks with an additive mask 0.67-0.73;
+ *   D=32/80/96/256: key padding 0.29-0.87, decoding 0.22-0.82 over 4000 keys (0.71-1.46 over
+ *     1000), HF's mask 0.92-1.42.
+ * At D=64 and 128 the Hopper family takes every bool mask it can read (the op hands it a copy
+ * with 16-byte rows where that is all it lacks), so what reaches the sm80 family there goes to
+ * PyTorch; at the other head dims, masks broadcast over the query rows (and with them every
+ * one-row call: a size-1 dim has stride 0). Only for calls PyTorch's SDPA expresses (no causal
+ * flag with the mask, band, softcap or sinks) and that want no LSE: a training call's forward
+ * stays in the sm80 family, whose LSE FlashCore's backward reads (the training route weighs
+ * the whole step: TRAINING_TABLE in python/flashcore/_ops.py).
+ */
+static int sm80_masked_slower_than_fallback(fc_family family, const fc_params *p, int cc_major, int cc_minor) {
+    if (family != FC_FAMILY_SM80 || p->mask_kind == FC_MASK_NONE || p->lse != NULL || p->causal ||
+        p->band_ == FC_BAND_GENERAL_ || p->softcap != 0.0f || p->sinks != NULL ||
+        !fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor))
+        return 0;
+    return p->head_dim == 64 || p->head_dim == 128 || p->mask_stride_q == 0;
+}
+
+/*
  * Decoding (one query row) against many (batch, KV head) pairs and long caches: the decode
  * kernel's cp.async ring reads K/V at ~2.9 TB/s on the H100, the Hopper family's TMA ring at
  * ~3.05, about what cuDNN reads. Under AUTO such calls go to the Hopper family when they have at
@@ -380,6 +408,7 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
     const size_t n_candidates = p->family == FC_FAMILY_AUTO ? 3 : 1;
     int any_family_runs = 0;
     int declined_as_slower = 0;
+    int declined_mask_as_slower = 0;
     int declined_for_band = 0;
     int declined_for_sinks = 0;
     int declined_for_softcap = 0;
@@ -392,6 +421,11 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
         const kernel_entry *e = find_kernel(f, p);
         if (e != NULL && p->family == FC_FAMILY_AUTO && sm80_slower_than_fallback(f, p, cc_major, cc_minor)) {
             declined_as_slower = 1;
+            continue;
+        }
+        if (e != NULL && p->family == FC_FAMILY_AUTO && family_takes_layout(f, p) &&
+            sm80_masked_slower_than_fallback(f, p, cc_major, cc_minor)) {
+            declined_mask_as_slower = 1;
             continue;
         }
         if (e != NULL && family_takes_layout(f, p) && family_takes_mask(f, p) && !family_takes_band(f, p)) {
@@ -415,6 +449,7 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
     if (!any_family_runs)
         return p->family == FC_FAMILY_AUTO ? FC_UNSUPPORTED_ARCH : FC_UNSUPPORTED_FAMILY;
     if (declined_as_slower) return FC_UNSUPPORTED_SLOWER;
+    if (declined_mask_as_slower) return FC_UNSUPPORTED_SLOWER_MASK;
     if (declined_for_band) return FC_UNSUPPORTED_BAND;
     if (declined_for_sinks) return FC_UNSUPPORTED_SINKS;
     if (declined_for_softcap) return FC_UNSUPPORTED_SOFTCAP;

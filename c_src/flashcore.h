@@ -93,6 +93,7 @@ typedef enum fc_status {
     FC_UNSUPPORTED_SINKS,        /* attention sinks with a family that has none (the sm90 forward alone takes them) */
     FC_ERR_BAD_SOFTCAP,          /* softcap negative, NaN or infinite */
     FC_UNSUPPORTED_SOFTCAP,      /* a logit softcap with a family that has none (forward: sm90 without a mask, sm80; backward: sm90 without a mask) */
+    FC_UNSUPPORTED_SLOWER_MASK,  /* AUTO on sm_90, an attn_mask only the sm80 family takes, no LSE wanted: PyTorch's SDPA is faster (dispatch.c) */
     FC_STATUS_COUNT_             /* number of statuses; not a status */
 } fc_status;
 

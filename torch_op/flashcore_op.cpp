@@ -63,6 +63,10 @@ struct Decision {
   fc_status sm90_declined = FC_OK;  // kernel path in sm80 under auto: why the sm90 family did not take it
   fc_family family = FC_FAMILY_AUTO;  // kernel family that runs (when reason == kKernel)
   bool family_forced = false;
+  // The kernel reads a copy of the bool attn_mask (plan_mask_copy): (copy_batch, copy_heads,
+  // Sq, copy_row) bytes, the keys at the front of each row.
+  bool mask_copied = false;
+  int64_t copy_batch = 0, copy_heads = 0, copy_row = 0;
 };
 
 const char* dtype_name(ScalarType t) { return torch::headeronly::toString(t); }
@@ -100,6 +104,7 @@ bool status_means_fallback(fc_status s) {
     case FC_UNSUPPORTED_SINKS:  // flashcore.attention then adds them itself (sdpa_fwd refuses them)
     case FC_UNSUPPORTED_SOFTCAP:  // flashcore.attention then computes it in PyTorch (sdpa_fwd refuses it)
     case FC_UNSUPPORTED_SLOWER:  // AUTO on Hopper: aten (cuDNN) is the faster path for this head dim
+    case FC_UNSUPPORTED_SLOWER_MASK:  // AUTO on Hopper, no LSE: aten is the faster path for this mask
     case FC_UNSUPPORTED_ARCH:
     case FC_UNSUPPORTED_FAMILY:
     case FC_UNSUPPORTED_LAYOUT:  // only a forced family's rules: check_forced_family raises for it
@@ -172,12 +177,68 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v,
 }
 
 
+// Where the stand-ins for tensors not yet allocated "start" (the caching allocator's blocks are
+// 512-byte aligned): the support query checks everything but the data. Never read.
+template <typename T>
+T* stand_in() {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(512));
+}
+
+// The Hopper family's mask tiles want a bool mask's rows 16-byte aligned and one row per query
+// (fc_mask_tiles_fit_); HuggingFace's mask for a length that is not a multiple of 16, and a
+// key-padding mask (B, 1, 1, Sk) broadcast over the queries, have neither. Where a copy with
+// such rows is all the family lacks, the call runs there on the copy: the copy costs one pass
+// over the mask, the family ran such calls 1.15-1.42x PyTorch's default where the sm80 family
+// ran them at 0.41-0.84x (docs/experiments/forward-masks.md). Query-broadcast masks are copied
+// only while the copy is no larger than q, k, v and the output together (or twice the mask
+// itself): a longer call goes to PyTorch instead (fc_dispatch), not to a copy of many times the
+// activations' memory. One query row never gets a copy (a size-1 dim has stride 0; the family
+// reads one row per 128-row tile, slower than PyTorch's decoding kernels).
+void plan_mask_copy(Decision& d, const Tensor& mask, int major, int minor) {
+  const int64_t B = d.p.batch, Hq = d.p.heads_q, Sq = d.p.seqlen_q, Sk = d.p.seqlen_k;
+  const int64_t nd = mask.dim();
+  const int64_t batch = nd == 4 && mask.size(0) != 1 ? B : 1;
+  const int64_t heads = nd >= 3 && mask.size(nd - 3) != 1 ? Hq : 1;
+  const int64_t row = (Sk + 15) / 16 * 16;
+  fc_params probe = d.p;
+  probe.mask = stand_in<const void>();
+  probe.mask_stride_k = 1;
+  probe.mask_stride_q = Sq > 1 ? row : 0;
+  probe.mask_stride_h = heads > 1 ? Sq * row : 0;
+  probe.mask_stride_b = batch > 1 ? heads * Sq * row : 0;
+  if (fc_sdpa_support(&probe, major, minor) != FC_OK ||
+      fc_sdpa_family(&probe, major, minor) != FC_FAMILY_SM90)
+    return;
+  const double copy_bytes = double(batch) * heads * Sq * row;
+  const double elem = d.p.dtype == FC_DTYPE_FP32 ? 4.0 : 2.0;
+  const double call_bytes = elem * d.p.head_dim * (2.0 * B * Hq * Sq + 2.0 * B * d.p.heads_kv * Sk);
+  if (copy_bytes > std::max(call_bytes, 2.0 * mask.numel())) return;
+  d.p = probe;
+  d.mask_copied = true;
+  d.copy_batch = batch;
+  d.copy_heads = heads;
+  d.copy_row = row;
+}
+
+// The copy plan_mask_copy planned, made on the current stream; d.p.mask points at it. The
+// caller keeps it until the kernel is queued (the allocator frees it in stream order).
+Tensor copy_mask(Decision& d, const Tensor& mask) {
+  Tensor wide = torch::stable::empty({d.copy_batch, d.copy_heads, d.p.seqlen_q, d.copy_row},
+                                     ScalarType::Bool, std::nullopt, mask.device());
+  Tensor keys = torch::stable::narrow(wide, 3, 0, d.p.seqlen_k);
+  torch::stable::copy_(keys, mask);  // (copy_ broadcasts the mask's size-1 dims)
+  d.p.mask = wide.data_ptr();
+  return wide;
+}
+
 // THE decision: raises for bad input, otherwise says kernel (with params filled) or why not.
+// want_lse: the caller wants the log-sum-exp too (training), which some rules read.
 Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
                 const std::optional<Tensor>& mask, double dropout_p, bool is_causal,
                 std::optional<double> scale, bool enable_gqa, int64_t window_left = -1,
                 int64_t window_right = -1, bool bottom_right = false,
-                const std::optional<Tensor>& sinks = std::nullopt, double softcap = 0.0) {
+                const std::optional<Tensor>& sinks = std::nullopt, double softcap = 0.0,
+                bool want_lse = false) {
   check_args(q, k, v, mask, is_causal, enable_gqa);
   // Checked here, not left to aten: on torch 2.11 an error raised inside aten during the
   // dispatcher fallback crashed the process (seen on the H100 with dropout_p=1.5).
@@ -224,10 +285,13 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   d.p.k_stride_s = stride_or_0(k, 2); d.p.k_stride_d = D == 1 ? 1 : k.stride(3);
   d.p.v_stride_b = stride_or_0(v, 0); d.p.v_stride_h = stride_or_0(v, 1);
   d.p.v_stride_s = stride_or_0(v, 2); d.p.v_stride_d = D == 1 ? 1 : v.stride(3);
-  // out: contiguous (B, Hq, Sq, D), allocated only if the kernel runs. A stand-in pointer
-  // (the caching allocator's blocks are 512-byte aligned) lets the support query check the rest.
-  d.p.out = reinterpret_cast<void*>(static_cast<uintptr_t>(512));
+  // out (and lse): contiguous (B, Hq, Sq, D) and (B, Hq, Sq), allocated only if the kernel runs.
+  d.p.out = stand_in<void>();
   d.p.o_stride_d = 1; d.p.o_stride_s = D; d.p.o_stride_h = Sq * D; d.p.o_stride_b = Hq * Sq * D;
+  if (want_lse) {
+    d.p.lse = stand_in<float>();
+    d.p.lse_stride_s = 1; d.p.lse_stride_h = Sq; d.p.lse_stride_b = Hq * Sq;
+  }
   d.p.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(double(D)));
   d.p.causal = is_causal ? 1 : 0;
 
@@ -243,7 +307,12 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   }
 
   const auto [major, minor] = compute_capability(q.get_device_index());
-  const fc_status s = fc_sdpa_support(&d.p, major, minor);
+  fc_status s = fc_sdpa_support(&d.p, major, minor);
+  if (d.p.mask_kind == FC_MASK_BOOL && (d.family == FC_FAMILY_AUTO || d.family == FC_FAMILY_SM90) &&
+      (s != FC_OK || fc_sdpa_family(&d.p, major, minor) != FC_FAMILY_SM90)) {
+    plan_mask_copy(d, *mask, major, minor);
+    if (d.mask_copied) s = FC_OK;
+  }
   if (s != FC_OK) {
     if (status_means_fallback(s)) return fallback(kStatusBase + s);
     fail("flashcore.sdpa: internal error, the op built inconsistent parameters: ",
@@ -296,6 +365,9 @@ Tensor aten_sdpa(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
   std::optional<Tensor> mask;
   if (mask_in.has_value()) {
     mask = aligned_for_aten(*mask_in);
+    // A 1-D (Sk,) mask: torch 2.11's CUDA SDPA raises for it (H100), where the kernels and
+    // PyTorch's math backend broadcast it; as (1, Sk) it means the same and aten takes it.
+    if (mask->dim() == 1) mask = torch::stable::reshape(*mask, {1, mask->size(0)});
     // A float32 mask beside fp16/bf16 CUDA inputs: torch 2.11's fused CUDA backends return NaN
     // garbage for it (H100), so aten gets the mask in the inputs' dtype (its values rounded
     // to that dtype; -inf and large negatives stay masked).
@@ -335,9 +407,12 @@ std::string explain_status(const Decision& d) {
 
 // Runs the kernel decide() chose. out: contiguous (B, Hq, Sq, D); lse (if asked for):
 // contiguous (B, Hq, Sq) fp32.
-Tensor run_kernel(Decision& d, const Tensor& q, std::optional<Tensor>* lse) {
+Tensor run_kernel(Decision& d, const Tensor& q, const std::optional<Tensor>& mask,
+                  std::optional<Tensor>* lse) {
   const int32_t dev = q.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(dev);
+  std::optional<Tensor> mask_copy;
+  if (d.mask_copied) mask_copy = copy_mask(d, *mask);
   Tensor out = torch::stable::empty({d.p.batch, d.p.heads_q, d.p.seqlen_q, d.p.head_dim},
                                     q.scalar_type(), std::nullopt, q.device());
   d.p.out = out.data_ptr();
@@ -513,7 +588,7 @@ Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dro
     return torch::stable::contiguous(
         aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
   }
-  return run_kernel(d, q, nullptr);
+  return run_kernel(d, q, mask, nullptr);
 }
 
 // Forward that also returns the log-sum-exp of each query row (what the backward needs):
@@ -531,7 +606,7 @@ std::tuple<Tensor, Tensor> forward_with_lse(Tensor q, Tensor k, Tensor v, std::o
                                             bool bottom_right, std::optional<Tensor> sinks,
                                             double softcap) {
   Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
-                      window_right, bottom_right, sinks, softcap);
+                      window_right, bottom_right, sinks, softcap, /*want_lse=*/true);
   FC_CHECK(dropout_p == 0.0, "flashcore.sdpa_fwd: dropout_p must be 0 (got ", dropout_p,
            "): the LSE does not determine a dropout backward; flashcore.sdpa hands "
            "dropout to aten's differentiable SDPA");
@@ -559,7 +634,7 @@ std::tuple<Tensor, Tensor> forward_with_lse(Tensor q, Tensor k, Tensor v, std::o
     return {out, lse};
   }
   std::optional<Tensor> lse;
-  Tensor out = run_kernel(d, q, &lse);
+  Tensor out = run_kernel(d, q, mask, &lse);
   return {out, *lse};
 }
 
