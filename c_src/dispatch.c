@@ -292,8 +292,8 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
  *     1000), HF's mask 0.92-1.42.
  * At D=64 and 128 the Hopper family takes every bool mask it can read (the op hands it a copy
  * with 16-byte rows where that is all it lacks), so what reaches the sm80 family there goes to
- * PyTorch; at the other head dims, masks broadcast over the query rows (and with them every
- * one-row call: a size-1 dim has stride 0). Only for calls PyTorch's SDPA expresses (no causal
+ * PyTorch; at the other head dims, masks broadcast over the query rows and one-row calls.
+ * Only for calls PyTorch's SDPA expresses (no causal
  * flag with the mask, band, softcap or sinks) and that want no LSE: a training call's forward
  * stays in the sm80 family, whose LSE FlashCore's backward reads (the training route weighs
  * the whole step: TRAINING_TABLE in python/flashcore/_ops.py).
@@ -303,7 +303,7 @@ static int sm80_masked_slower_than_fallback(fc_family family, const fc_params *p
         p->band_ == FC_BAND_GENERAL_ || p->softcap != 0.0f || p->sinks != NULL ||
         !fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor))
         return 0;
-    return p->head_dim == 64 || p->head_dim == 128 || p->mask_stride_q == 0;
+    return p->head_dim == 64 || p->head_dim == 128 || p->mask_stride_q == 0 || p->seqlen_q == 1;
 }
 
 /*

@@ -9,7 +9,10 @@
  * by element for a transposed mask; under AUTO on Hopper a bool mask whose tiles TMA can bring,
  * (B, 1, Sq, Sk) with 16-byte rows at D=64 / 128 and no causal, runs in the sm90 family's masked
  * configuration instead) include fully masked rows (output exactly 0, LSE -inf) and -inf
- * additive entries; compute-sanitizer runs this file in ci/gpu.sh.
+ * additive entries; compute-sanitizer runs this file in ci/gpu.sh. Every forward case asks for
+ * the LSE, so AUTO runs its masked calls on Hopper as well; for each, the same call without the
+ * LSE must be declined there exactly where AUTO leaves it to PyTorch's SDPA
+ * (FC_UNSUPPORTED_SLOWER_MASK, a status check; run_case).
  *
  * Band cases (a sliding window, causal aligned bottom-right; flashcore.h): the reference applies
  * the band by flashcore.h's definition (sees(), written apart from the library's fc_band_bounds),
@@ -336,6 +339,9 @@ static int run_case(const test_case *tc, fc_family family, const test_band *band
     /* Workspace, when the chosen kernel can use one (the split-KV decode path). */
     int64_t ws_bytes = 0;
     fc_status st = fc_sdpa_workspace_size(&p, &ws_bytes);
+    /* (FC_UNSUPPORTED_SLOWER_MASK never comes here: every case asks for the LSE, which keeps a
+     * masked call in the sm80 family under AUTO on Hopper too; the call without it is checked
+     * below. A masked case declined here would be a failure.) */
     if (st == FC_UNSUPPORTED_SLOWER && family == FC_FAMILY_AUTO) {
         /* AUTO on Hopper leaves D=32/80/96 to PyTorch's cuDNN path; the forced sm80 pass runs it. */
         printf("skip auto D=%lld: %s\n", (long long)D, fc_status_string(st));
@@ -366,6 +372,32 @@ static int run_case(const test_case *tc, fc_family family, const test_band *band
     if (st != FC_OK) {
         fprintf(stderr, "FAIL fc_sdpa_workspace_size: %s\n", fc_status_string(st));
         return 1;
+    }
+    if (family == FC_FAMILY_AUTO && tc->mask_kind != FC_MASK_NONE && band == NULL) {
+        /* The same masked call without the LSE (inference): on Hopper AUTO leaves it to PyTorch's
+         * SDPA where only the sm80 family takes its mask (FC_UNSUPPORTED_SLOWER_MASK: at D=64 / 128
+         * every such mask, at other head dims one broadcast over the query rows or one query row; never with causal),
+         * and fc_sdpa_fwd says so before touching the GPU; elsewhere it runs as it does with the LSE
+         * (which this case then checks, so the sm80 masked kernels still run under AUTO). */
+        int dev = 0, major = 0, minor = 0;
+        CUDA_OK(cudaGetDevice(&dev));
+        CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        fc_params no_lse = p;
+        no_lse.lse = NULL;
+        const int sm80_runs_it = fc_sdpa_family(&p, major, minor) == FC_FAMILY_SM80;
+        const int declined = major == 9 && minor == 0 && sm80_runs_it && !p.causal &&
+                             (D == 64 || D == 128 || p.mask_stride_q == 0 || p.seqlen_q == 1);
+        const fc_status want = declined ? FC_UNSUPPORTED_SLOWER_MASK : FC_OK;
+        int64_t no_lse_bytes = 0;
+        const fc_status got = fc_sdpa_workspace_size(&no_lse, &no_lse_bytes);
+        const fc_status got_fwd = declined ? fc_sdpa_fwd(&no_lse, (cudaStream_t)0) : want;
+        if (got != want || got_fwd != want) {
+            fprintf(stderr, "FAIL auto D=%lld masked, no LSE: %s (fwd %s), want %s\n", (long long)D,
+                    fc_status_string(got), fc_status_string(got_fwd), fc_status_string(want));
+            return 1;
+        }
+        if (declined) printf("ok   auto D=%lld masked, no LSE: declined (%s)\n", (long long)D, fc_status_string(got));
     }
     if (ws_bytes > 0) {
         CUDA_OK(cudaMalloc(&p.workspace, (size_t)ws_bytes));

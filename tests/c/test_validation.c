@@ -139,6 +139,44 @@ static void m_mask_tiles_rows_broadcast_force_sm90(fc_params *p) { m_mask_tiles_
 static void m_mask_tiles_decode_shape(fc_params *p) { m_mask_tiles(p); p->seqlen_q = 4; }
 static void m_mask_tiles_force_decode(fc_params *p) { m_mask_tiles_decode_shape(p); p->family = FC_FAMILY_DECODE; }
 static void m_mask_tiles_broadcast_kv(fc_params *p) { m_mask_tiles(p); p->k_stride_b = 0; p->v_stride_b = 0; }
+/* An LSE output, as a training forward asks for: fp32 (B, Hq, Sq), strides from
+ * fc_params_set_contiguous_strides. On Hopper AUTO runs a mask that only the sm80 family takes
+ * only for calls that want the LSE; without one it declines it (FC_UNSUPPORTED_SLOWER_MASK:
+ * PyTorch's SDPA is faster there; dispatch.c, sm80_masked_slower_than_fallback). The *_lse
+ * mutators are the mask rows' calls as training makes them (the sm80 family runs them). */
+static void m_lse(fc_params *p) { p->lse = (float *)0x60000; }
+static void m_mask_lse(fc_params *p) { m_mask(p); m_lse(p); }
+static void m_bool_mask_bhqk_lse(fc_params *p) { m_bool_mask_bhqk(p); m_lse(p); }
+static void m_mask_odd_layout_lse(fc_params *p) { m_mask_odd_layout(p); m_lse(p); }
+static void m_mask_odd_additive_lse(fc_params *p) { m_mask_odd_additive(p); m_lse(p); }
+static void m_mask_all_broadcast_lse(fc_params *p) { m_mask_all_broadcast(p); m_lse(p); }
+static void m_mask_size1_huge_strides_lse(fc_params *p) { m_mask_size1_huge_strides(p); m_lse(p); }
+static void m_mask_decode_shape_lse(fc_params *p) { m_mask_decode_shape(p); m_lse(p); }
+static void m_mask_broadcast_kv_lse(fc_params *p) { m_mask_broadcast_kv(p); m_lse(p); }
+static void m_mask_tiles_broadcast_kv_lse(fc_params *p) { m_mask_tiles_broadcast_kv(p); m_lse(p); }
+/* The rule's head dims: a (B, H, Sq, Sk) mask (rows 300 bytes apart) at D=64 and at the sm80
+ * family's other dims; a key-padding mask (B, 1, 1, Sk), broadcast over heads and query rows
+ * (mask_stride_q = 0); one query row, whose size-1 dim has stride 0 (as the op passes it). */
+static void m_mask_d64(fc_params *p) { p->head_dim = 64; fc_params_set_contiguous_strides(p); m_bool_mask_bhqk(p); }
+static void m_mask_d32(fc_params *p) { m_head_dim_32(p); m_bool_mask_bhqk(p); }
+static void m_mask_d80(fc_params *p) { m_head_dim_80(p); m_bool_mask_bhqk(p); }
+static void m_mask_d96(fc_params *p) { m_head_dim_96(p); m_bool_mask_bhqk(p); }
+static void m_mask_d256(fc_params *p) { m_head_dim_256(p); m_bool_mask_bhqk(p); }
+static void m_key_padding(fc_params *p) { p->mask_kind = FC_MASK_BOOL; p->mask = (const void *)0x50000; p->mask_stride_b = 300; p->mask_stride_k = 1; }
+static void m_key_padding_d32(fc_params *p) { m_head_dim_32(p); m_key_padding(p); }
+static void m_key_padding_d80(fc_params *p) { m_head_dim_80(p); m_key_padding(p); }
+static void m_key_padding_d96(fc_params *p) { m_head_dim_96(p); m_key_padding(p); }
+static void m_key_padding_d256(fc_params *p) { m_head_dim_256(p); m_key_padding(p); }
+static void m_key_padding_d96_lse(fc_params *p) { m_key_padding_d96(p); m_lse(p); }
+static void m_key_padding_d96_causal(fc_params *p) { m_key_padding_d96(p); p->causal = 1; }
+static void m_key_padding_d96_softcap(fc_params *p) { m_key_padding_d96(p); p->softcap = 30.0f; }
+static void m_key_padding_d96_window(fc_params *p) { m_key_padding_d96(p); p->windowed = 1; p->window_left = 16; p->window_right = 0; }
+static void m_key_padding_d96_sinks(fc_params *p) { m_key_padding_d96(p); p->sinks = (const float *)0x58000; }
+static void m_key_padding_d96_force_sm80(fc_params *p) { m_key_padding_d96(p); p->family = FC_FAMILY_SM80; }
+static void m_mask_one_row(fc_params *p) { p->seqlen_q = 1; fc_params_set_contiguous_strides(p); p->mask_kind = FC_MASK_BOOL; p->mask = (const void *)0x50000; p->mask_stride_b = 8 * 300; p->mask_stride_h = 300; p->mask_stride_k = 1; }
+static void m_mask_one_row_d96(fc_params *p) { m_head_dim_96(p); m_mask_one_row(p); }
+static void m_mask_one_row_d256(fc_params *p) { m_head_dim_256(p); m_mask_one_row(p); }
+static void m_mask_one_row_d96_lse(fc_params *p) { m_mask_one_row_d96(p); m_lse(p); }
 static void m_force_sm90(fc_params *p) { p->family = FC_FAMILY_SM90; }
 static void m_force_sm80(fc_params *p) { p->family = FC_FAMILY_SM80; }
 static void m_workspace_misaligned(fc_params *p) { p->workspace = (void *)0x70004; p->workspace_bytes = 64; }
@@ -200,24 +238,25 @@ static const validation_case kCases[] = {
     {"head_dim 32, forced decode, Sq = 4", m_head_dim_32_force_decode, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_FAMILY},
     /* Masks run in the sm80 family; on Hopper the sm90 family takes bool masks whose tiles TMA
      * can bring (D=64 / 128, no causal, band, softcap or sinks: the m_mask_tiles rows below);
-     * the decode family has none. */
-    {"additive (Sq, Sk) mask", m_mask, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
-    {"bool (B, H, Sq, Sk) mask", m_bool_mask_bhqk, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
-    {"bool mask, odd address, transposed", m_mask_odd_layout, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
-    {"additive mask, 2-byte address, odd rows", m_mask_odd_additive, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
-    {"bool mask broadcast on every dim", m_mask_all_broadcast, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+     * the decode family has none. Under AUTO on Hopper the sm80 family runs the others for calls
+     * that want the LSE (the "lse" rows; without it: the "no lse" rows further down). */
+    {"additive (Sq, Sk) mask, lse", m_mask_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"bool (B, H, Sq, Sk) mask, lse", m_bool_mask_bhqk_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"bool mask, odd address, transposed, lse", m_mask_odd_layout_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"additive mask, 2-byte address, odd rows, lse", m_mask_odd_additive_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"bool mask broadcast on every dim, lse", m_mask_all_broadcast_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask together with causal", m_mask_causal, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask negative key stride", m_mask_negative_stride, FC_ERR_NEGATIVE_STRIDE, FC_ERR_NEGATIVE_STRIDE, FC_ERR_NEGATIVE_STRIDE},
     {"mask slice offset past 2^31 (rows)", m_mask_slice_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
     {"mask slice offset past 2^31 (keys)", m_mask_key_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
     {"mask offset overflows int64", m_mask_int64_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
     {"mask last byte wraps the address space", m_mask_address_wraps, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
-    {"mask, Sq 1, huge unused row stride", m_mask_size1_huge_strides, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask, Sq 1, huge unused row stride, lse", m_mask_size1_huge_strides_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask, forced sm90", m_mask_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask, forced sm80", m_mask_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"mask, forced decode, Sq = 4", m_mask_force_decode, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
-    {"mask, decode-sized call (auto: sm80)", m_mask_decode_shape, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
-    {"mask, K/V broadcast over batch", m_mask_broadcast_kv, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask, decode-sized call, lse (auto: sm80)", m_mask_decode_shape_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask, K/V broadcast over batch, lse", m_mask_broadcast_kv_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"bool (B, H, Sq, Sk) mask, 304-byte rows", m_mask_tiles, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask tiles, forced sm90", m_mask_tiles_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, broadcast (B, H), forced sm90", m_mask_tiles_broadcast_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
@@ -241,7 +280,41 @@ static const validation_case kCases[] = {
     {"mask, rows broadcast, forced sm90", m_mask_tiles_rows_broadcast_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, decode-sized call (auto: sm90)", m_mask_tiles_decode_shape, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask tiles, forced decode, Sq = 4", m_mask_tiles_force_decode, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
-    {"mask tiles, K/V broadcast (auto: sm80)", m_mask_tiles_broadcast_kv, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask tiles, K/V broadcast, lse (auto: sm80)", m_mask_tiles_broadcast_kv_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    /* AUTO on Hopper for a call that wants no LSE (inference): a mask that only the sm80 family
+     * takes goes to PyTorch's SDPA, faster there (FC_UNSUPPORTED_SLOWER_MASK): at D=64 / 128 every
+     * such mask, at 32 / 80 / 96 / 256 a mask broadcast over the query rows (key padding, one
+     * query row). Not with causal, a window, softcap or sinks (each keeps its own answer), not
+     * with an LSE, not for a forced family; main() also checks that each declined row runs in the
+     * sm80 family on sm_89, with an LSE, and forced. */
+    {"additive (Sq, Sk) mask, no lse (auto on Hopper: SDPA is faster)", m_mask, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"bool (B, H, Sq, Sk) mask, no lse", m_bool_mask_bhqk, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"bool mask, odd address, transposed, no lse", m_mask_odd_layout, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"additive mask, 2-byte address, odd rows, no lse", m_mask_odd_additive, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"bool mask broadcast on every dim, no lse", m_mask_all_broadcast, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"mask, Sq 1, huge unused row stride, no lse", m_mask_size1_huge_strides, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"mask, decode-sized call, no lse", m_mask_decode_shape, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"mask, K/V broadcast over batch, no lse", m_mask_broadcast_kv, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"mask tiles, K/V broadcast, no lse", m_mask_tiles_broadcast_kv, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"bool (B, H, Sq, Sk) mask, D=64, no lse", m_mask_d64, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"bool (B, H, Sq, Sk) mask, D=32, no lse (sm80)", m_mask_d32, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"bool (B, H, Sq, Sk) mask, D=80, no lse (sm80)", m_mask_d80, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"bool (B, H, Sq, Sk) mask, D=96, no lse (sm80)", m_mask_d96, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"bool (B, H, Sq, Sk) mask, D=256, no lse (sm80)", m_mask_d256, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"key padding mask, D=128, no lse", m_key_padding, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"key padding mask, D=32, no lse", m_key_padding_d32, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"key padding mask, D=80, no lse", m_key_padding_d80, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"key padding mask, D=96, no lse", m_key_padding_d96, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"key padding mask, D=256, no lse", m_key_padding_d256, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"key padding mask, D=96, lse (sm80)", m_key_padding_d96_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask, one query row, D=96, no lse", m_mask_one_row_d96, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"mask, one query row, D=256, no lse", m_mask_one_row_d256, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"mask, one query row, D=96, lse (sm80)", m_mask_one_row_d96_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"key padding, D=96, causal, no lse (sm80)", m_key_padding_d96_causal, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"key padding, D=96, softcap, no lse (sm80)", m_key_padding_d96_softcap, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"key padding, D=96, window, no lse (no family)", m_key_padding_d96_window, FC_OK, FC_UNSUPPORTED_BAND, FC_UNSUPPORTED_ARCH},
+    {"key padding, D=96, sinks, no lse (no family)", m_key_padding_d96_sinks, FC_OK, FC_UNSUPPORTED_SINKS, FC_UNSUPPORTED_ARCH},
+    {"key padding, D=96, forced sm80, no lse", m_key_padding_d96_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"forced sm90 family", m_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"forced sm90, K/V broadcast over batch", m_force_sm90_broadcast, FC_OK, FC_UNSUPPORTED_LAYOUT, FC_UNSUPPORTED_FAMILY},
     {"forced sm80 family", m_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
@@ -455,13 +528,36 @@ int main(void) {
         }
         snprintf(label, sizeof label, "%s: sm_80", c->label);
         CHECK_STATUS(label, fc_sdpa_support(&p, 8, 0), c->want_ampere);
+        /* A call AUTO declines on Hopper as slower than PyTorch's SDPA runs in the sm80 family
+         * on Ada, on Hopper when it wants the LSE, and forced there (the rule is AUTO's, on sm_90,
+         * for calls without an LSE only). */
+        if (c->want_hopper == FC_UNSUPPORTED_SLOWER_MASK && !fc_test_left_out(p.head_dim, p.dtype)) {
+            if (ada_built) {
+                snprintf(label, sizeof label, "%s: sm_89", c->label);
+                CHECK_FAMILY(label, fc_sdpa_family(&p, 8, 9), FC_FAMILY_SM80);
+            }
+            if (hopper_built) {
+                fc_params with_lse = p, forced = p;
+                m_lse(&with_lse);
+                snprintf(label, sizeof label, "%s: sm_90 with lse", c->label);
+                CHECK_STATUS(label, fc_sdpa_support(&with_lse, 9, 0), FC_OK);
+                CHECK_FAMILY(label, fc_sdpa_family(&with_lse, 9, 0), FC_FAMILY_SM80);
+                m_force_sm80(&forced);
+                snprintf(label, sizeof label, "%s: sm_90 forced sm80", c->label);
+                CHECK_STATUS(label, fc_sdpa_support(&forced, 9, 0), FC_OK);
+                CHECK_FAMILY(label, fc_sdpa_family(&forced, 9, 0), FC_FAMILY_SM80);
+            }
+        }
     }
 
     /* Which family AUTO picks per head dim: on Hopper the sm90 family keeps 64/128/256, and 32,
      * 80, 96 (sm80 only) are left to PyTorch's faster cuDNN path (none: FC_FAMILY_AUTO); with a
      * mask the sm90 family takes it at 64/128 when its tiles fit TMA (masked 2: m_mask_tiles),
-     * and every other masked call runs in sm80 (masked 1: m_bool_mask_bhqk's 300-byte rows). On
-     * Ada everything runs in sm80. Sq = 4 with GQA 4 would go to the decode kernel for 64/128. */
+     * and every other masked call that wants the LSE runs in sm80 (masked 1: m_bool_mask_bhqk's
+     * 300-byte rows, with an LSE). Without the LSE such calls are left to PyTorch's SDPA (none)
+     * at 64/128 (masked 3: m_bool_mask_bhqk), and at every head dim when the mask is broadcast
+     * over the query rows (masked 4: m_key_padding). On Ada everything runs in sm80. Sq = 4 with
+     * GQA 4 would go to the decode kernel for 64/128. */
     {
         static const struct { int64_t d; int masked; fc_family hopper; } kDims[] = {
             {32, 0, FC_FAMILY_AUTO}, {64, 0, FC_FAMILY_SM90}, {80, 0, FC_FAMILY_AUTO},
@@ -469,16 +565,23 @@ int main(void) {
             {32, 1, FC_FAMILY_SM80}, {64, 1, FC_FAMILY_SM80}, {80, 1, FC_FAMILY_SM80},
             {96, 1, FC_FAMILY_SM80}, {128, 1, FC_FAMILY_SM80}, {256, 1, FC_FAMILY_SM80},
             {32, 2, FC_FAMILY_SM80}, {64, 2, FC_FAMILY_SM90}, {80, 2, FC_FAMILY_SM80},
-            {96, 2, FC_FAMILY_SM80}, {128, 2, FC_FAMILY_SM90}, {256, 2, FC_FAMILY_SM80}};
+            {96, 2, FC_FAMILY_SM80}, {128, 2, FC_FAMILY_SM90}, {256, 2, FC_FAMILY_SM80},
+            {32, 3, FC_FAMILY_SM80}, {64, 3, FC_FAMILY_AUTO}, {80, 3, FC_FAMILY_SM80},
+            {96, 3, FC_FAMILY_SM80}, {128, 3, FC_FAMILY_AUTO}, {256, 3, FC_FAMILY_SM80},
+            {32, 4, FC_FAMILY_AUTO}, {64, 4, FC_FAMILY_AUTO}, {80, 4, FC_FAMILY_AUTO},
+            {96, 4, FC_FAMILY_AUTO}, {128, 4, FC_FAMILY_AUTO}, {256, 4, FC_FAMILY_AUTO}};
+        static const char *const kMaskedNames[] = {"", " masked, lse", " masked (tiles)", " masked, no lse",
+                                                   " masked (key padding), no lse"};
         for (size_t i = 0; i < sizeof(kDims) / sizeof(kDims[0]); ++i) {
             fc_params p = valid_params();
             p.head_dim = kDims[i].d;
             fc_params_set_contiguous_strides(&p);
-            if (kDims[i].masked == 1) m_bool_mask_bhqk(&p);
+            if (kDims[i].masked == 1) m_bool_mask_bhqk_lse(&p);
             if (kDims[i].masked == 2) m_mask_tiles(&p);
+            if (kDims[i].masked == 3) m_bool_mask_bhqk(&p);
+            if (kDims[i].masked == 4) m_key_padding(&p);
             char label[96];
-            snprintf(label, sizeof label, "D=%lld%s", (long long)kDims[i].d,
-                     kDims[i].masked == 1 ? " masked" : kDims[i].masked == 2 ? " masked (tiles)" : "");
+            snprintf(label, sizeof label, "D=%lld%s", (long long)kDims[i].d, kMaskedNames[kDims[i].masked]);
             if (fc_test_left_out(kDims[i].d, p.dtype)) {
                 printf("skip %s: this build left its kernel out\n", label);
                 continue;
@@ -501,20 +604,25 @@ int main(void) {
 
     /* On Hopper, AUTO runs a masked call in the sm90 family where it takes the mask (a bool mask
      * in TMA-sized tiles, D=64 / 128, no causal, band, softcap or sinks; decode-sized calls too:
-     * the decode kernel has no mask path), else in the sm80 family. */
+     * the decode kernel has no mask path), else in the sm80 family: at D=64 / 128 for calls that
+     * want the LSE or have a causal flag, softcap (or a band or sinks, which no family takes with
+     * a mask); others it leaves to PyTorch's SDPA (none: FC_UNSUPPORTED_SLOWER_MASK). */
     if (hopper_built && fc_test_left_out(valid_params().head_dim, FC_DTYPE_FP16)) {
         printf("skip masked calls on sm_90 (auto): this build left its kernel out\n");
     } else if (hopper_built) {
         static const struct { const char *label; mutate_fn mutate; fc_family want; } kMasked[] = {
-            {"masked call on sm_90 (auto), 300-byte rows", m_bool_mask_bhqk, FC_FAMILY_SM80},
-            {"masked call on sm_90 (auto), additive", m_mask, FC_FAMILY_SM80},
+            {"masked call on sm_90 (auto), 300-byte rows, lse", m_bool_mask_bhqk_lse, FC_FAMILY_SM80},
+            {"masked call on sm_90 (auto), additive, lse", m_mask_lse, FC_FAMILY_SM80},
+            {"masked call on sm_90 (auto), 300-byte rows, no lse", m_bool_mask_bhqk, FC_FAMILY_AUTO},
+            {"masked call on sm_90 (auto), additive, no lse", m_mask, FC_FAMILY_AUTO},
             {"masked call on sm_90 (auto), tiles", m_mask_tiles, FC_FAMILY_SM90},
             {"mask tiles, forced sm90", m_mask_tiles_force_sm90, FC_FAMILY_SM90},
             {"mask tiles, broadcast (B, H), forced", m_mask_tiles_broadcast_force_sm90, FC_FAMILY_SM90},
             {"mask tiles, decode-sized call (auto)", m_mask_tiles_decode_shape, FC_FAMILY_SM90},
             {"mask tiles, causal (auto)", m_mask_tiles_causal, FC_FAMILY_SM80},
             {"mask tiles, softcap (auto)", m_mask_tiles_softcap, FC_FAMILY_SM80},
-            {"mask tiles, K/V broadcast (auto)", m_mask_tiles_broadcast_kv, FC_FAMILY_SM80},
+            {"mask tiles, K/V broadcast, lse (auto)", m_mask_tiles_broadcast_kv_lse, FC_FAMILY_SM80},
+            {"mask tiles, K/V broadcast, no lse (auto)", m_mask_tiles_broadcast_kv, FC_FAMILY_AUTO},
         };
         for (size_t i = 0; i < sizeof(kMasked) / sizeof(kMasked[0]); ++i) {
             fc_params p = valid_params();

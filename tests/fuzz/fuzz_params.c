@@ -24,6 +24,10 @@
  *     masked call: sm90 where it takes the mask, else sm80), a masked call that the sm90 family
  *     takes is never declined on sm_90 (AUTO or forced sm90; check_mask_rule walks a grid of
  *     masked calls once per run, as the fuzzer seldom builds a mask the sm90 family takes), and
+ *     AUTO on sm_90 declines a masked call as FC_UNSUPPORTED_SLOWER_MASK exactly where
+ *     auto_leaves_mask_to_sdpa says so (no LSE wanted, a mask only the sm80 family would run:
+ *     at D=64 / 128 any, else one broadcast over the query rows or one query row; no causal, band, softcap or
+ *     sinks), never for a forced family or a call that wants the LSE, and
  *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct (as the library
  *     resolves its band, fc_resolve_band_); the launcher
  *     stubs re-check what that family's kernel computes in int (tile counts, block bounds);
@@ -502,6 +506,35 @@ static int decode_takes(const fc_params *p) {
     return p->seqlen_q <= 16 && (p->heads_q / p->heads_kv) * p->seqlen_q <= 32;
 }
 
+/*
+ * AUTO's speed rule for masked calls on Hopper (FC_UNSUPPORTED_SLOWER_MASK; flashcore.h, and
+ * the measurements in docs/experiments/forward-masks.md), re-stated from what the status
+ * promises: on an sm_90 device, under AUTO, a masked call that only the sm80 family would run
+ * (the decode kernel has no mask path, and the sm90 family did not take it: its mask rule and
+ * its layout rule above) is left to PyTorch's SDPA when
+ *   - SDPA itself can express the call: no causal flag and no general band as the library
+ *     resolves them (fc_resolve_band_: a window over every key is no band, bottom-right causal
+ *     over one row that sees every key is not causal), no softcap, no sinks;
+ *   - the caller wants no LSE (a training forward keeps the sm80 family: the backward reads
+ *     its LSE);
+ *   - and the mask leaves the sm80 kernel no whole tiles to skip: at D=64 and 128 any mask the
+ *     sm90 family cannot take, at the other head dims (32, 80, 96, 256) a mask broadcast over
+ *     the query rows (mask_stride_q == 0, which one-row calls from the op have).
+ * Only valid structs with a dtype and head dim the sm80 family has (otherwise the call is
+ * declined earlier for that). A forced family always runs what it takes.
+ */
+static int sm80_head_dim(int64_t d) { return d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
+
+static int auto_leaves_mask_to_sdpa(const fc_params *p, int cc) {
+    if (p->family != FC_FAMILY_AUTO || cc != 90 || p->mask_kind == FC_MASK_NONE || p->lse != NULL) return 0;
+    if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16) return 0;
+    if (!sm80_head_dim(p->head_dim)) return 0;
+    const fc_params r = resolved_of(p);
+    if (r.causal || r.band_ == FC_BAND_GENERAL_ || r.softcap != 0.0f || r.sinks != NULL) return 0;
+    if (sm90_takes_mask(p) && sm90_takes(p)) return 0; /* the sm90 family runs it */
+    return p->head_dim == 64 || p->head_dim == 128 || p->mask_stride_q == 0 || p->seqlen_q == 1;
+}
+
 /* Everything fc_sdpa_support promises on top: a kernel of family `fam` exists for it here. */
 static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     accepted_is_consistent(p);
@@ -528,10 +561,12 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     else REQUIRE(fam == FC_FAMILY_SM80);
     /* AUTO with a mask: the decode kernel has no mask path; the sm90 family runs the call on
      * sm_90 wherever it takes both the layout and the mask, and the sm80 family every other one
-     * (the sm80-only head dims included: the speed rule below is for unmasked calls). */
+     * (the sm80-only head dims included: the speed rule below is for unmasked calls) but those
+     * the masked speed rule leaves to PyTorch's SDPA (auto_leaves_mask_to_sdpa: never supported). */
     if (p->mask_kind != FC_MASK_NONE) {
         const int sm90_masked = cc == 90 && sm90_takes(p) && sm90_takes_mask(p);
         if (p->family == FC_FAMILY_AUTO) REQUIRE(fam == (sm90_masked ? FC_FAMILY_SM90 : FC_FAMILY_SM80));
+        REQUIRE(!auto_leaves_mask_to_sdpa(p, cc));
         return;
     }
     /* AUTO unmasked: the decode kernel for the small-Sq calls it takes, else Hopper wherever it
@@ -1001,7 +1036,8 @@ static void check_struct(const fc_params *p, int device) {
         REQUIRE(fc_status_string(sup) != NULL);
         if (s != FC_OK) REQUIRE(sup == s);
         else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA) ||
-                     sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SINKS || sup == FC_UNSUPPORTED_SOFTCAP);
+                     sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SINKS || sup == FC_UNSUPPORTED_SOFTCAP ||
+                     sup == FC_UNSUPPORTED_SLOWER_MASK);
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         if (sup == FC_OK) supported_is_runnable(p, cc, fam);
         if (sup == FC_UNSUPPORTED_BAND) REQUIRE(resolved_of(p).band_ == FC_BAND_GENERAL_);
@@ -1012,6 +1048,12 @@ static void check_struct(const fc_params *p, int device) {
         if (sup == FC_UNSUPPORTED_SLOWER)
             REQUIRE(p->family == FC_FAMILY_AUTO && cc == 90 && p->mask_kind == FC_MASK_NONE &&
                     p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256);
+        /* The masked speed reason: only AUTO on Hopper, with a mask, without an LSE (never a
+         * forced family, never a call that wants the LSE), and exactly where the model says so. */
+        if (sup == FC_UNSUPPORTED_SLOWER_MASK)
+            REQUIRE(s == FC_OK && p->family == FC_FAMILY_AUTO && cc == 90 && p->mask_kind != FC_MASK_NONE &&
+                    p->lse == NULL);
+        if (s == FC_OK) REQUIRE((sup == FC_UNSUPPORTED_SLOWER_MASK) == auto_leaves_mask_to_sdpa(p, cc));
         if (sup == FC_UNSUPPORTED_LAYOUT)
             REQUIRE((p->family == FC_FAMILY_SM90 && !sm90_takes(p)) ||
                     (p->family == FC_FAMILY_DECODE && !decode_takes(p)));
@@ -1194,7 +1236,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
                     ((f->family != FC_FAMILY_SM80 && f->family != FC_FAMILY_SM90) || !bwd_family_runs_on(f->family, cc)));
         if (sup == FC_UNSUPPORTED_HEAD_DIM)
             REQUIRE(!bwd_built(f->family == FC_FAMILY_SM90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80, f->head_dim, f->dtype));
-        REQUIRE(sup != FC_UNSUPPORTED_SLOWER && sup != FC_UNSUPPORTED_EMPTY);
+        REQUIRE(sup != FC_UNSUPPORTED_SLOWER && sup != FC_UNSUPPORTED_SLOWER_MASK && sup != FC_UNSUPPORTED_EMPTY);
     }
 
     /* The launch on stubbed devices: sm_89, sm_90 and the input's (kDeviceCC). */
@@ -1467,10 +1509,11 @@ static void check_decode_packing(void) {
  * seldom reach a bool mask whose tiles TMA can bring (keys stride 1, rows a multiple of 16 bytes
  * apart). From a call the sm90 family takes (B=2, Hq=8, Hkv=2, Sk=300, mask rows padded to 304
  * bytes), one change at a time that keeps it there or leaves it to the sm80 family (or to no
- * family), for every family, head dims 64 / 128 (the mask's) and 96 / 256 (not), Sq = 100, a
- * decode-sized 4 and a one-row GQA call, on an sm_89 and an sm_90 device: check_struct's checks
- * (support, family, AUTO's preference, the launch, a declined call's reason, and that a masked
- * call the model says sm90 takes runs there).
+ * family), for every family, head dims 64 / 128 (the mask's) and 32 / 80 / 96 / 256 (not),
+ * Sq = 100, a decode-sized 4 and a one-row GQA call, with and without an LSE, on an sm_89 and an
+ * sm_90 device: check_struct's checks (support, family, AUTO's preference, the launch, a declined
+ * call's reason, and that a masked call the model says sm90 takes runs there), and AUTO's masked
+ * speed rule (FC_UNSUPPORTED_SLOWER_MASK) case by case.
  */
 enum {
     kMaskKeep, kMaskAdditive, kMaskCausal, kMaskWindow, kMaskBottomRight, kMaskWholeWindow, kMaskSoftcap,
@@ -1480,7 +1523,7 @@ enum {
 
 static void check_mask_rule(void) {
     static const fc_family kFamilies[] = {FC_FAMILY_AUTO, FC_FAMILY_SM80, FC_FAMILY_SM90, FC_FAMILY_DECODE};
-    static const int64_t kDims[] = {64, 128, 96, 256};
+    static const int64_t kDims[] = {64, 128, 96, 256, 32, 80};
     static const int64_t kSeqlenQ[] = {100, 4, 1};
     /* Exactly sizeof(fc_params) on the heap, as the fuzzed structs (check_struct). */
     fc_params *p = (fc_params *)malloc(sizeof(fc_params));
@@ -1489,13 +1532,15 @@ static void check_mask_rule(void) {
         for (size_t f = 0; f < sizeof kFamilies / sizeof kFamilies[0]; ++f)
             for (size_t d = 0; d < sizeof kDims / sizeof kDims[0]; ++d)
                 for (size_t q = 0; q < sizeof kSeqlenQ / sizeof kSeqlenQ[0]; ++q)
-                    for (int device = 0; device < 2; ++device) { /* kDeviceCC: sm_89, sm_90 */
+                    for (int run = 0; run < 4; ++run) {
+                        const int device = run % 2, with_lse = run / 2; /* kDeviceCC: sm_89, sm_90 */
                         fc_params_init(p);
                         p->batch = 2, p->heads_q = 8, p->heads_kv = 2, p->seqlen_q = kSeqlenQ[q], p->seqlen_k = 300;
                         p->head_dim = kDims[d], p->scale = 0.1f;
                         p->dtype = (change + (int)d) % 2 ? FC_DTYPE_BF16 : FC_DTYPE_FP16;
                         fc_params_set_contiguous_strides(p);
                         set_fake_pointers(p);
+                        if (!with_lse) p->lse = NULL;
                         p->mask_kind = FC_MASK_BOOL;
                         p->mask = (const void *)(uintptr_t)0x7f0000600000ull;
                         p->mask_stride_k = 1, p->mask_stride_q = 304;
@@ -1538,6 +1583,37 @@ static void check_mask_rule(void) {
                             REQUIRE(!takes || resolved_of(p).band_ == FC_BAND_NONE_);
                         else
                             REQUIRE(!takes);
+                        /* AUTO's masked speed rule, case by case: on sm_90, without an LSE, a call the
+                         * sm90 family does not run (its mask rule, or a layout it cannot take: K/V
+                         * broadcast, a negative scale) is left to PyTorch's SDPA at D=64 / 128, and at
+                         * the other head dims when its mask is broadcast over the query rows or it has
+                         * one query row; never
+                         * with a causal flag or a band (as resolved), a softcap or sinks, never with an
+                         * LSE, on sm_89 or for a forced family. Every other AUTO call here runs. */
+                        const int cc = kDeviceCC[device];
+                        const fc_status sup = fc_sdpa_support(p, cc / 10, cc % 10);
+                        const fc_params r = resolved_of(p);
+                        const int sdpa_expresses = !r.causal && r.band_ != FC_BAND_GENERAL_ &&
+                                                   change != kMaskSoftcap && change != kMaskSinks;
+                        const int sm90_runs = takes && change != kMaskKvBroadcast && change != kMaskNegativeScale;
+                        const int wide = kDims[d] == 64 || kDims[d] == 128;
+                        const int declined = kFamilies[f] == FC_FAMILY_AUTO && cc == 90 && !with_lse &&
+                                             sdpa_expresses && !sm90_runs &&
+                                             (wide || change == kMaskRowsBroadcast || p->seqlen_q == 1);
+                        REQUIRE((sup == FC_UNSUPPORTED_SLOWER_MASK) == declined);
+                        if (kFamilies[f] == FC_FAMILY_AUTO && sdpa_expresses && !declined)
+                            REQUIRE(sup == FC_OK &&
+                                    fc_sdpa_family(p, cc / 10, cc % 10) ==
+                                        (cc == 90 && sm90_runs ? FC_FAMILY_SM90 : FC_FAMILY_SM80));
+                        /* The same call wanting the LSE runs in the sm80 family; so does it forced there. */
+                        if (declined) {
+                            fc_params twin = *p;
+                            twin.lse = (float *)(uintptr_t)0x7f0000500000ull;
+                            REQUIRE(fc_sdpa_support(&twin, 9, 0) == FC_OK && fc_sdpa_family(&twin, 9, 0) == FC_FAMILY_SM80);
+                            twin.lse = NULL;
+                            twin.family = FC_FAMILY_SM80;
+                            REQUIRE(fc_sdpa_support(&twin, 9, 0) == FC_OK && fc_sdpa_family(&twin, 9, 0) == FC_FAMILY_SM80);
+                        }
                     }
     free(p);
     g_current = NULL;

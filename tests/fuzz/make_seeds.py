@@ -122,6 +122,12 @@ SEEDS = {
     "reject_fp32": structured(dtype=2),
     "reject_bad_dtype": structured(dtype=3),
     "reject_mask": structured(mask_kind=1),
+    # A bool mask (strides 0: broadcast over every dim, the query rows too) under AUTO at D=96: on
+    # sm_90 declined without an LSE (FC_UNSUPPORTED_SLOWER_MASK), run by the sm80 family with one,
+    # or forced there.
+    "mask_auto_no_lse_d96": structured(mask_kind=1, D=96, device=1),
+    "mask_auto_lse_d96": structured(mask_kind=1, D=96, lse=True, device=1),
+    "mask_forced_sm80_no_lse_d96": structured(mask_kind=1, D=96, family=1, device=1),
     "reject_scale_nan": structured(scale_sel=3),
     "reject_head_dim_40": structured(D=40),
     "valid_head_dim_80": structured(D=80),
