@@ -512,3 +512,27 @@ def test_sm80_mask_tile_shapes(D, Sq, Sk, dtype, causal, kind, rows, monkeypatch
     mask_arg = {"bool": (",1,", ",(int)1,"), "additive": (",2,", ",(int)2,")}[kind]  # kMask
     assert any(a in name.replace(" ", "") for a in mask_arg), name
     assert grid[0] == (Sq + rows - 1) // rows, (name, grid)
+
+
+def test_explain_with_and_without_lse():
+    """explain(lse=True) describes sdpa_fwd, which training and flashcore.attention call: on
+    Hopper an additive mask at D=64 goes to PyTorch's SDPA in sdpa (no LSE wanted) and runs in
+    the sm80 family in sdpa_fwd, whose LSE FlashCore's backward reads; explain_attention and
+    explain_training say the latter."""
+    if not HOPPER:
+        pytest.skip("the rule is Hopper's")
+    q, k, v = (torch.randn(2, 4, 256, 64, dtype=torch.float16, device=DEVICE) for _ in range(3))
+    mask = torch.zeros(2, 1, 256, 256, dtype=torch.float16, device=DEVICE)
+    assert "PyTorch's own SDPA runs such calls faster" in flashcore.explain(q, k, v, attn_mask=mask)
+    family, reason = torch.ops.flashcore.explain(q, k, v, mask, lse=True)
+    assert family == 1 and reason >= flashcore._note_base(), (family, reason)
+    assert flashcore.explain_attention(q, k, v, attn_mask=mask).startswith("kernel sm80 (not sm90")
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    os.environ["FLASHCORE_TRAINING"] = "flashcore"
+    try:
+        assert flashcore.explain_training(qg, kg, vg, attn_mask=mask).startswith(
+            "flashcore: forward kernel sm80 (not sm90")
+        out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, mask)
+        torch.testing.assert_close(out, flashcore.sdpa(q, k, v, attn_mask=mask), atol=2e-3, rtol=0)
+    finally:
+        del os.environ["FLASHCORE_TRAINING"]

@@ -50,9 +50,10 @@ BAND_ARGS = ["window_left", "window_right", "bottom_right"]
 def test_explain_op_schema():
     schema = torch.ops.flashcore.explain.default._schema
     assert [a.name for a in schema.arguments] == \
-        [a.name for a in ATEN._schema.arguments] + BAND_ARGS + ["sinks", "softcap"]
-    assert all(a.kwarg_only for a in schema.arguments[-5:])
-    assert schema.arguments[-1].default_value == 0.0  # softcap: none
+        [a.name for a in ATEN._schema.arguments] + BAND_ARGS + ["sinks", "softcap", "lse"]
+    assert all(a.kwarg_only for a in schema.arguments[-6:])
+    assert schema.arguments[-2].default_value == 0.0  # softcap: none
+    assert schema.arguments[-1].default_value is False  # lse: sdpa's path, not sdpa_fwd's
     assert [str(r.type) for r in schema.returns] == ["int", "int"]
 
 

@@ -220,12 +220,23 @@ def test_mask_asks_explain_bwd_and_has_its_own_entry(monkeypatch):
         out = flashcore.sdpa(q, k, v, mask)
         assert ran_on_aten(out) == (not takes)
     assert len(card.calls) == 2
+    q, k, v = inputs(Sk=max(fewest, 2048))
+    # A bool mask broadcast over the query rows (a key-padding mask, or a row expanded over
+    # them) and an additive mask: their own entries, whatever the length.
+    keys = k.shape[2]
+    for mask, path in ((torch.ones(2, 1, 1, keys, dtype=torch.bool), "sm90-masked-keys"),
+                       (torch.ones(2, 1, 1, keys, dtype=torch.bool).expand(2, 1, 9, keys), "sm90-masked-keys"),
+                       (torch.zeros(2, 1, 9, keys), "sm90-masked-additive")):
+        route = _ops.training_route(q, k, v, mask, False, None, False)
+        entry = _ops.TRAINING_TABLE[((9, 0), path)]
+        assert (route.to_aten, route.path, route.family) == (not entry[0], path, SM90), mask.shape
+        assert ran_on_aten(flashcore.sdpa(q, k, v, mask)) == (not entry[0])
     q, k, v = inputs()
 
     additive = torch.zeros(2, 1, 9, 2048, requires_grad=True)
     route = _ops.training_route(q, k, v, additive, False, None, False)
     assert (route.to_aten, route.path, route.reason) == (True, "python", 12)
-    assert len(card.calls) == 2  # not asked: the kernels give a mask no gradient
+    assert len(card.calls) == 5  # not asked: the kernels give a mask no gradient
 
 
 def test_cpu_goes_to_flashcore_as_before():
@@ -418,15 +429,24 @@ def test_explain_training_strings(monkeypatch):
         "docs/experiments/backward.md)")
     torch.use_deterministic_algorithms(False)
 
-    mask = torch.ones(9, 2048, dtype=torch.bool)  # 2048 keys: fewer than the masked entry's
-    assert _ops.TRAINING_TABLE[((9, 0), "sm90-masked")] == (True, "", 4096)
-    assert flashcore.explain_training(q, k, v, mask) == (
+    q5, k5, v5 = inputs(Sk=512)  # 512 keys: fewer than the masked entry's
+    assert _ops.TRAINING_TABLE[((9, 0), "sm90-masked")] == (True, "", 1024)
+    assert flashcore.explain_training(q5, k5, v5, torch.ones(9, 512, dtype=torch.bool)) == (
         "aten: FlashCore's backward here would be the sm90 kernel with a mask, not faster "
-        "than PyTorch's on this device (fewer than 4096 keys: fwd + bwd not measured faster than "
+        "than PyTorch's on this device (fewer than 1024 keys: fwd + bwd not measured faster than "
         "aten's there, docs/experiments/backward.md)")
-    q4, k4, v4 = inputs(Sk=4096)
-    assert flashcore.explain_training(q4, k4, v4, torch.ones(9, 4096, dtype=torch.bool)) == (
+    mask = torch.ones(9, 2048, dtype=torch.bool)
+    assert flashcore.explain_training(q, k, v, mask) == (
         f"flashcore: forward {CPU_FORWARD}, backward kernel sm90")
+    # A key-padding mask (broadcast over the query rows) and an additive one: their own entries.
+    assert flashcore.explain_training(q, k, v, torch.ones(2, 1, 1, 2048, dtype=torch.bool)) == (
+        "aten: FlashCore's backward here would be the sm90 kernel with a mask broadcast over the "
+        "query rows, not faster than PyTorch's on this device (" +
+        _ops.TRAINING_TABLE[((9, 0), "sm90-masked-keys")][1] + ")")
+    assert flashcore.explain_training(q, k, v, torch.zeros(9, 2048)) == (
+        "aten: FlashCore's backward here would be the sm90 kernel with an additive mask, not "
+        "faster than PyTorch's on this device (" +
+        _ops.TRAINING_TABLE[((9, 0), "sm90-masked-additive")][1] + ")")
     additive = torch.zeros(9, 2048, requires_grad=True)
     assert flashcore.explain_training(q, k, v, additive) == (
         "aten: FlashCore's backward here would be the Python backward (an attn_mask that "

@@ -660,13 +660,15 @@ std::tuple<Tensor, Tensor> sdpa_fwd_sinks(Tensor q, Tensor k, Tensor v, Tensor s
                           window_right, bottom_right, sinks, softcap);
 }
 
+// Which path sdpa (lse false) or sdpa_fwd / sdpa_fwd_sinks (lse true: the LSE is wanted, as in
+// training and flashcore.attention) takes for these arguments: (family, reason code).
 std::tuple<int64_t, int64_t> explain(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask,
                                      double dropout_p, bool is_causal,
                                      std::optional<double> scale, bool enable_gqa,
                                      int64_t window_left, int64_t window_right, bool bottom_right,
-                                     std::optional<Tensor> sinks, double softcap) {
+                                     std::optional<Tensor> sinks, double softcap, bool lse) {
   const Decision d = decide(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
-                            window_right, bottom_right, sinks, softcap);
+                            window_right, bottom_right, sinks, softcap, lse);
   if (d.reason == kKernel && d.sm90_declined != FC_OK)
     return {static_cast<int64_t>(d.family), kNoteBase + d.sm90_declined};
   return {static_cast<int64_t>(d.family), d.reason};
@@ -681,7 +683,7 @@ STABLE_TORCH_LIBRARY(flashcore, m) {
   m.def("explain(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
         "bool enable_gqa=False, int window_left=-1, int window_right=-1, "
-        "bool bottom_right=False, Tensor? sinks=None, float softcap=0.) -> (int, int)");
+        "bool bottom_right=False, Tensor? sinks=None, float softcap=0., bool lse=False) -> (int, int)");
   m.def("sdpa_fwd(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
         "bool enable_gqa=False, int window_left=-1, int window_right=-1, "

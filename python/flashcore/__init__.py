@@ -176,9 +176,18 @@ def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
     bool one the sm90 family does not take) or ``"fallback: <reason>"``. Raises for the same bad
     inputs ``sdpa`` raises for (an install without FlashCore's library checks nothing: ``"fallback: <why>"``
     for every call)."""
+    return _explain_words(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                          **band)
+
+
+def _explain_words(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False, **band) -> str:
+    """explain's words for torch.ops.flashcore.explain's answer. band: window_left /
+    window_right / bottom_right / softcap / sinks (flashcore.explain_attention), and lse=True for
+    the forward that also returns the LSE (training, flashcore.attention): a mask PyTorch's SDPA
+    runs faster in inference still runs in a kernel there, whose LSE the backward reads."""
     if FALLBACK_ONLY:
         return f"fallback: {FALLBACK_ONLY}"
-    # (band: window_left / window_right / bottom_right, from flashcore.explain_attention)
     family, reason = torch.ops.flashcore.explain(query, key, value, attn_mask, dropout_p,
                                                  is_causal, scale=scale, enable_gqa=enable_gqa,
                                                  **band)
@@ -230,6 +239,8 @@ def explain_backward(grad_out, query, key, value, out, lse, grad_lse=None, is_ca
 
 # What explain_training says of each backward path that a table entry sends to aten.
 _PATH_WORDS = {"sm90": "the sm90 kernel", "sm90-masked": "the sm90 kernel with a mask",
+               "sm90-masked-keys": "the sm90 kernel with a mask broadcast over the query rows",
+               "sm90-masked-additive": "the sm90 kernel with an additive mask",
                "sm80": "the sm80-class kernel"}
 
 
@@ -249,7 +260,8 @@ def explain_training(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     Raises for the same bad inputs ``sdpa`` raises for."""
     if FALLBACK_ONLY:
         return f"aten: {FALLBACK_ONLY}"
-    forward = explain(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    forward = _explain_words(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                             lse=True)
     if dropout_p > 0.0:
         return "aten: dropout_p > 0 (aten owns the dropout RNG and its backward)"
     mode, why = _ops._training_mode()

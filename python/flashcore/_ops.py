@@ -12,7 +12,8 @@ Ops in the ``flashcore`` namespace:
   grad_mask) -> (dq, dk, dv, dmask)`` (defined here; Python implementation for CPU and CUDA).
   One opaque op, so a compiled graph neither specializes on its chunk loop nor changes when a
   fused backward kernel replaces the implementation. No double backward.
-* ``explain(...) -> (int, int)`` (C++): which path sdpa takes.
+* ``explain(...) -> (int, int)`` (C++): which path sdpa takes (``lse=True``: sdpa_fwd, which
+  wants the LSE, as training and flashcore.attention do).
 * ``sdpa_bwd_kernel(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa,
   deterministic=False) -> (dq, dk, dv)`` (C++, torch_op/flashcore_bwd_op.cpp): the fused
   backward kernel (CUDA; on CPU the Python reference below, so opcheck runs everywhere), and
@@ -142,13 +143,13 @@ def _shadow(t):
 @torch.library.register_fake("flashcore::explain", lib=_lib)
 def _explain_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                   scale=None, enable_gqa=False, window_left=-1, window_right=-1,
-                  bottom_right=False, sinks=None, softcap=0.0):
+                  bottom_right=False, sinks=None, softcap=0.0, lse=False):
     # explain reads metadata only, but on the real device (the CUDA path asks the device and the
     # pointers' alignment): answer with real tensors of the same layout. Sizes are specialized.
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     tensors = (query, key, value, attn_mask)
     band = dict(window_left=window_left, window_right=window_right, bottom_right=bottom_right,
-                softcap=softcap)
+                softcap=softcap, lse=lse)
     if not any(isinstance(t, FakeTensor) for t in tensors + (sinks,)):
         # Real meta tensors (this fake is also the Meta kernel): run the C++ kernel itself, which
         # reads only metadata; it sits in every backend's slot (CompositeExplicitAutograd).
@@ -415,8 +416,10 @@ torch.library.register_autograd("flashcore::sdpa_fwd", _fwd_backward,
 #   "sm90"    the Hopper backward kernel family (TMA + wgmma; dq summed with fp32 reductions in any order);
 #   "sm80"    the sm80-class kernel family (also on Hopper under
 #             torch.use_deterministic_algorithms(True), which rules the sm90 family out);
-#   "sm90-masked"  the same with an attn_mask (bool or additive, not one that needs its own
-#             gradient): its own entry, since aten's masked backward is another kernel;
+#   "sm90-masked"  the same with a bool attn_mask with a row per query (not one that needs its
+#             own gradient): its own entry, since aten's masked backward is another kernel;
+#   "sm90-masked-keys"  a bool mask broadcast over the query rows (a key-padding mask);
+#   "sm90-masked-additive"  an additive mask (its forward in the sm80-class family);
 #   "python"  the fp32 Python backward (_sdpa_bwd_python): a mask that needs a gradient, fp32,
 #             head dims or layouts no backward kernel takes.
 # A (cc, path, head_dim) key, where present, wins over (cc, path) for that head dim, e.g.
@@ -443,13 +446,18 @@ TRAINING_TABLE = {
     ((9, 0), "sm90"): (True, "", 2048),
     ((9, 0), "sm90", 64): (True, "", 1024),
     ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, docs/experiments/backward.md"),
-    # Masked (HuggingFace's left-padded causal bool mask; aten runs cuDNN with it): FlashCore's
-    # backward (sm90, mask tiles by TMA) 1.95x cuDNN's at D=128 4k (results/*_1333_bwd_mask.json);
-    # its forward (sm90 with mask tiles where TMA reads the mask, else the sm80-class kernel)
-    # 1.45-1.75x PyTorch's default at D=64/128 (results/masked_fwd_*_2251.json); training steps
-    # 1.10-1.22x sdpa at 4k and 8k tokens per sequence (train_*_2251_padded.json). Shorter
-    # sequences not measured.
-    ((9, 0), "sm90-masked"): (True, "", 4096),
+    # Masked (aten runs cuDNN with the mask). Training steps, forward + backward, bf16, 16k
+    # tokens (tools/masked_step_vs_aten.py, results/masked_step_*_2026-11-28.json; ratio =
+    # PyTorch's time / FlashCore's pair): HuggingFace's left-padded causal bool mask 1.20-1.27x
+    # at 1024 keys and 1.55-1.70x at 4096 (forward: sm90 with mask tiles, 1.45-1.75x PyTorch's
+    # default, results/masked_fwd_*_2251.json). A bool key-padding mask (B, 1, 1, S), though its
+    # forward runs in the sm90 family on the op's copy: 0.84-0.85x at 1024, 0.91x (D=64) and
+    # 1.05x (D=128) at 4096. Additive masks (forward in the sm80-class family): 0.52-0.85x.
+    ((9, 0), "sm90-masked"): (True, "", 1024),
+    ((9, 0), "sm90-masked-keys"): (False, "0.84-1.05x PyTorch's training step with a key-padding "
+                                          "mask on the H100, docs/experiments/forward-masks.md"),
+    ((9, 0), "sm90-masked-additive"): (False, "0.52-0.85x PyTorch's training step with an additive "
+                                              "mask on the H100, docs/experiments/forward-masks.md"),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),
     # Any other card: the Python backward is an unfused fp32 recomputation, slower than aten's
     # fused backwards wherever they run (masks: efficient; other head dims: flash/efficient).
@@ -599,7 +607,7 @@ def _decide_route(q_layout, k_layout, v_layout, mask_key, is_causal, scale, enab
                                             None if mask_key is None else mask_key[0])
     path = _FAMILY_PATHS.get(family, "python") if reason == 0 else "python"
     if mask_key is not None and path == "sm90":
-        path = "sm90-masked"
+        path = _masked_path(mask_key[0])
     sizes = q_layout[0]
     head_dim = sizes[-1] if len(sizes) else 0
     entry = training_table_entry(cc, path, head_dim)
@@ -613,6 +621,19 @@ def _decide_route(q_layout, k_layout, v_layout, mask_key, is_causal, scale, enab
             flashcore, note = False, (f"fewer than {entry[2]} keys: fwd + bwd not measured faster "
                                       "than aten's there, docs/experiments/backward.md")
     return TrainingRoute(not flashcore, path, reason, family, note)
+
+
+def _masked_path(mask_layout) -> str:
+    """The sm90 backward's path for a mask, by what its layout says of the pair's speed:
+    "sm90-masked-additive" for an additive mask (its forward runs in the sm80-class family);
+    "sm90-masked-keys" for a bool mask broadcast over the query rows (a key-padding mask: no
+    block of queries can skip a key tile, where a mask with a row per query, such as
+    HuggingFace's causal one, lets both passes skip its empty tiles); else "sm90-masked"."""
+    sizes, strides, dtype = mask_layout[0], mask_layout[1], mask_layout[2]
+    if dtype != torch.bool:
+        return "sm90-masked-additive"
+    per_query = len(sizes) >= 2 and sizes[-2] != 1 and strides[-2] != 0
+    return "sm90-masked" if per_query else "sm90-masked-keys"
 
 
 # Where stand-ins "start": as the caching allocator's blocks, 512-byte aligned. Never read.

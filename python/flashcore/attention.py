@@ -43,6 +43,7 @@ backward until the backward kernels take bands.
 All of it is one op, ``torch.ops.flashcore.attention_fwd``, opaque to torch.compile (no graph
 break), with a fake and autograd registered here.
 """
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -111,6 +112,8 @@ def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_lef
     goes to the kernel where one takes it (explain says so), else into the mask; the sinks
     (kwargs["sinks"]) to the kernel where one takes them (else attention_fwd adds them); the
     softcap (kwargs["softcap"]) likewise (else attention_fwd computes the call in PyTorch)."""
+    # (explain of the sdpa_fwd call, which wants the LSE)
+    explain = functools.partial(torch.ops.flashcore.explain, lse=True)
     softcap_kwargs = dict(softcap=softcap) if softcap else {}
     band = _band_of(query, key, is_causal, window_left, window_right, bottom_right)
     # The usual case first, in one question: one kernel takes the band, the softcap and the sinks
@@ -123,29 +126,28 @@ def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_lef
         kwargs = dict(whole[2], **softcap_kwargs)
         if sinks is not None:
             kwargs["sinks"] = sinks.float().contiguous()
-        if _kernel_runs(torch.ops.flashcore.explain(query, key, value, whole[0], 0.0, whole[1],
-                                                    scale=scale, enable_gqa=enable_gqa, **kwargs)):
+        if _kernel_runs(explain(query, key, value, whole[0], 0.0, whole[1], scale=scale,
+                                enable_gqa=enable_gqa, **kwargs)):
             return whole[0], whole[1], kwargs
     if band.kind == _band.ALL:
         mask, causal, kwargs = attn_mask, False, {}
     elif band.kind == _band.TOP_LEFT_CAUSAL and attn_mask is None:
         mask, causal, kwargs = None, True, {}
     else:
-        explain = torch.ops.flashcore.explain
         if attn_mask is None and query.is_cuda and _kernel_runs(explain(
                 query, key, value, None, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa,
                 **band_kwargs, **softcap_kwargs)):
             mask, causal, kwargs = None, is_causal, band_kwargs
         else:  # (built only here: an Sq x Sk mask costs more than many a kernel)
             mask, causal, kwargs = _with_band(attn_mask, band, query, key), False, {}
-    if softcap and query.is_cuda and _kernel_runs(torch.ops.flashcore.explain(
+    if softcap and query.is_cuda and _kernel_runs(explain(
             query, key, value, mask, 0.0, causal, scale=scale, enable_gqa=enable_gqa,
             softcap=softcap, **kwargs)):
         kwargs = dict(kwargs, softcap=softcap)
     if sinks is not None and query.is_cuda and (not softcap or "softcap" in kwargs):
         sinks = sinks.float().contiguous()
-        if _kernel_runs(torch.ops.flashcore.explain(query, key, value, mask, 0.0, causal, scale=scale,
-                                                    enable_gqa=enable_gqa, sinks=sinks, **kwargs)):
+        if _kernel_runs(explain(query, key, value, mask, 0.0, causal, scale=scale,
+                                enable_gqa=enable_gqa, sinks=sinks, **kwargs)):
             kwargs = dict(kwargs, sinks=sinks)
     return mask, causal, kwargs
 
@@ -358,7 +360,8 @@ def explain_attention(query, key, value, attn_mask=None, is_causal=False, *,
                       enable_gqa=False, softcap=0.0, sinks=None) -> str:
     """Which path flashcore.attention takes: ``explain``'s words for the sdpa_fwd call it
     makes, with ``"(band as a mask)"`` where the window / alignment became an explicit mask."""
-    from . import FALLBACK_ONLY, explain
+    from . import FALLBACK_ONLY
+    from . import _explain_words as explain
     attn_mask, is_causal, wl, wr, br = _resolve(query, key, attn_mask, is_causal,
                                                 causal_alignment, window_size)
     if FALLBACK_ONLY:
@@ -368,9 +371,9 @@ def explain_attention(query, key, value, attn_mask=None, is_causal=False, *,
                                  wr, br, sinks, softcap)
     if softcap and "softcap" not in kwargs:
         why = explain(query, key, value, mask, 0.0, causal, scale, enable_gqa,
-                      **dict(kwargs, softcap=softcap))
+                      **dict(kwargs, softcap=softcap), lse=True)
         return f"PyTorch (float32, unfused): no kernel takes the softcap here ({why})"
-    words = explain(query, key, value, mask, 0.0, causal, scale, enable_gqa, **kwargs)
+    words = explain(query, key, value, mask, 0.0, causal, scale, enable_gqa, **kwargs, lse=True)
     notes = ["band as a mask"] if mask is not None and mask is not attn_mask else []
     if sinks is not None and "sinks" not in kwargs:
         notes.append("sinks applied to the output")

@@ -1,0 +1,97 @@
+"""Training calls with an attn_mask: forward + backward through flashcore.sdpa (its training route
+decides FlashCore's pair or PyTorch's) against F.scaled_dot_product_attention (PyTorch's default)
+on the same inputs and gradient, per mask form, head dim and length; and FlashCore's pair forced
+(FLASHCORE_TRAINING=flashcore) to see what the route weighs. Forms: HuggingFace's left-padded
+causal mask (B, 1, S, S), bool and additive; a key-padding mask (B, 1, 1, S), bool and additive;
+"dense": a (B, 1, S, S) mask with 10% of its entries masked at random (no tile left empty).
+CUDA-event medians, interleaved call by call; B = 16k tokens / S. --json writes the rows."""
+import argparse, json, os
+import torch
+import torch.nn.functional as F
+import flashcore
+
+
+def keep_mask(B, S, form):
+    pad = (torch.arange(B, device="cuda") * S // (2 * B)).view(-1, 1, 1, 1)
+    j = torch.arange(S, device="cuda").view(1, 1, 1, -1)
+    if form == "keys":
+        return j >= pad
+    i = torch.arange(S, device="cuda").view(1, 1, -1, 1)
+    if form == "dense":  # a row per query, no structure: 10% of keys masked at random
+        g = torch.Generator(device="cuda").manual_seed(0)
+        return (torch.rand(B, 1, S, S, device="cuda", generator=g) > 0.1) | (j == i)
+    return (j <= i) & ((j >= pad) | (j == i))
+
+
+def medians(fns, iters):
+    for fn in fns:
+        fn(); fn()
+    torch.cuda.synchronize()
+    times = [[] for _ in fns]
+    for _ in range(iters):
+        for t, fn in zip(times, fns):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(); fn(); b.record(); b.synchronize()
+            t.append(a.elapsed_time(b) * 1e3)
+    return [sorted(t)[len(t) // 2] for t in times]
+
+
+def with_env(name, value, fn):
+    def run():
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return fn()
+        finally:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--lengths", default="1024,4096")
+    ap.add_argument("--forms", default="hf,keys")
+    ap.add_argument("--iters", type=int, default=9)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dtype = torch.bfloat16
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "bf16, fwd + bwd")
+    print(f"{'case':34s} {'mask':8s} {'route us':>9s} {'fc pair':>9s} {'sdpa us':>9s} {'route':>6s} {'pair':>6s}  path")
+    rows = []
+    for D in (int(d) for d in args.dims.split(",")):
+        for S in (int(s) for s in args.lengths.split(",")):
+            H, B = 2048 // D, max(1, 16384 // S)
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+            g = torch.randn(B, H, S, D, device="cuda", dtype=dtype)
+            for form in args.forms.split(","):
+                keep = keep_mask(B, S, form)
+                for kind in ("bool", "additive"):
+                    m = keep if kind == "bool" else torch.zeros(keep.shape, dtype=dtype, device="cuda").masked_fill(
+                        ~keep, torch.finfo(dtype).min)
+
+                    def step(fn):
+                        def run():
+                            q.grad = k.grad = v.grad = None
+                            fn(q, k, v, attn_mask=m).backward(g)
+                        return run
+                    route = step(flashcore.sdpa)
+                    pair = with_env("FLASHCORE_TRAINING", "flashcore", step(flashcore.sdpa))
+                    aten = step(F.scaled_dot_product_attention)
+                    t_route, t_pair, t_aten = medians([route, pair, aten], args.iters)
+                    path = flashcore.explain_training(q, k, v, attn_mask=m)
+                    name = f"{form} B={B} H={H} S={S} D={D}"
+                    print(f"{name:34s} {kind:8s} {t_route:9.1f} {t_pair:9.1f} {t_aten:9.1f}"
+                          f" {t_aten / t_route:6.3f} {t_aten / t_pair:6.3f}  {path[:70]}")
+                    rows.append(dict(form=form, B=B, H=H, S=S, D=D, mask=kind, route_us=t_route, pair_us=t_pair,
+                                     sdpa_us=t_aten, path=path))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(card=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
