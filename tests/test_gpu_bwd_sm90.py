@@ -188,9 +188,12 @@ def test_sm90_run_to_run():
 
 def make_mask(kind, B, Hq, Sq, Sk, dtype, layout):
     """A mask of `kind` ("bool" or "additive") as a view of `layout`: "b1qk" (B, 1, Sq, Sk), "qk"
-    (Sq, Sk), "bhqk_t" (B, Hq, Sq, Sk) made from a key-major tensor (strided keys). Rows 3, 10,
-    17, ... see no key."""
-    shape = {"b1qk": (B, 1, Sq, Sk), "qk": (Sq, Sk), "bhqk_t": (B, Hq, Sq, Sk)}[layout]
+    (Sq, Sk), "bhqk_t" (B, Hq, Sq, Sk) made from a key-major tensor (strided keys), "b11k"
+    (B, 1, 1, Sk) a key-padding mask broadcast over the queries. Rows 3, 10, 17, ... see no key
+    (not in "b11k"). Bool masks whose rows are not 16-byte multiples, with strided keys or
+    broadcast over the queries reach the kernel as the op's copy (torch_op/mask_copy.h)."""
+    shape = {"b1qk": (B, 1, Sq, Sk), "qk": (Sq, Sk), "bhqk_t": (B, Hq, Sq, Sk),
+             "b11k": (B, 1, 1, Sk)}[layout]
     keep = torch.rand(shape, device=DEVICE) < 0.7
     keep[..., 3::7, :] = False
     if kind == "bool":
@@ -213,7 +216,7 @@ MASK_SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk); rows of a multiple of 16 keys: th
 
 
 @pytest.mark.parametrize("shape", list(MASK_SHAPES))
-@pytest.mark.parametrize("layout", ["b1qk", "qk", "bhqk_t"])
+@pytest.mark.parametrize("layout", ["b1qk", "qk", "bhqk_t", "b11k"])
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

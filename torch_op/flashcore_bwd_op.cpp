@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "flashcore.h"
+#include "mask_copy.h"
 #include "op_common.h"
 #include "reasons.h"
 
@@ -47,6 +48,10 @@ namespace {
 using flashcore_op::compute_capability;
 using flashcore_op::fail;
 using flashcore_op::stride_or_0;
+using flashcore_op::make_mask_copy;
+using flashcore_op::mask_copy_affordable;
+using flashcore_op::mask_copy_layout;
+using flashcore_op::MaskCopy;
 
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
@@ -72,7 +77,33 @@ struct BwdDecision {
   fc_bwd_params p;
   int64_t reason = kKernel;
   fc_family family = FC_FAMILY_AUTO;  // the family that runs (when reason == kKernel)
+  MaskCopy mask_copy;  // planned: the kernel reads a copy of the bool attn_mask (plan_mask_copy)
 };
+
+// The sm90 backward reads a bool mask in TMA tiles where the Hopper forward's mask rule holds
+// for it (kMaskBoolTiles: fc_mask_tiles_fit_, which that rule includes), else element by
+// element: a key-padding mask's training steps ran 0.84-1.05x PyTorch's that way, where masks
+// read in tiles ran 1.36-1.68x (docs/experiments/forward-masks.md). So, as the forward does, the
+// backward runs on a copy with such rows (mask_copy.h) where the rule holds for the copy and
+// not for the mask as it is, and the copy is affordable.
+void plan_mask_copy(BwdDecision& d, const Tensor& mask, int major, int minor) {
+  fc_params as_is = d.p.fwd;
+  as_is.family = FC_FAMILY_SM90;
+  if (as_is.mask_kind != FC_MASK_BOOL || fc_sdpa_support(&as_is, major, minor) == FC_OK) return;
+  fc_params probe;
+  const MaskCopy c = mask_copy_layout(mask, d.p.fwd, &probe);
+  if (!c.planned || !mask_copy_affordable(c, mask, d.p.fwd)) return;
+  fc_params probe_sm90 = probe;
+  probe_sm90.family = FC_FAMILY_SM90;
+  fc_bwd_params with_copy = d.p;
+  with_copy.fwd = probe;
+  if (fc_sdpa_support(&probe_sm90, major, minor) != FC_OK ||
+      fc_sdpa_bwd_support(&with_copy, major, minor) != FC_OK ||
+      fc_sdpa_bwd_family(&with_copy, major, minor) != FC_FAMILY_SM90)
+    return;
+  d.p = with_copy;
+  d.mask_copy = c;
+}
 
 // The decision: kernel (params filled; dq/dk/dv/workspace pointers are stand-ins) or why not.
 BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -156,6 +187,7 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
   if (s != FC_OK) return fallback(kStatusBase + s);
   d.reason = kKernel;
   d.family = fc_sdpa_bwd_family(&d.p, major, minor);
+  if (d.family == FC_FAMILY_SM90 && mask.has_value()) plan_mask_copy(d, *mask, major, minor);
   return d;
 }
 
@@ -187,6 +219,8 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd_kernel(Tensor dout, Tensor q, Tensor
          ")");
   const int32_t dev = q.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(dev);
+  std::optional<Tensor> mask_copy;
+  if (d.mask_copy.planned) mask_copy = make_mask_copy(d.mask_copy, *mask, &d.p.fwd);
   const fc_params& f = d.p.fwd;
   Tensor dq = torch::stable::empty({f.batch, f.heads_q, f.seqlen_q, f.head_dim}, q.scalar_type(),
                                    std::nullopt, q.device());

@@ -39,6 +39,7 @@
 
 #include "config.h"
 #include "flashcore.h"
+#include "mask_copy.h"
 #include "op_common.h"
 #include "reasons.h"
 
@@ -46,6 +47,10 @@ namespace {
 
 using flashcore_op::compute_capability;
 using flashcore_op::fail;
+using flashcore_op::make_mask_copy;
+using flashcore_op::mask_copy_affordable;
+using flashcore_op::mask_copy_layout;
+using flashcore_op::MaskCopy;
 using flashcore_op::stride_or_0;
 
 using torch::headeronly::ScalarType;
@@ -63,10 +68,7 @@ struct Decision {
   fc_status sm90_declined = FC_OK;  // kernel path in sm80 under auto: why the sm90 family did not take it
   fc_family family = FC_FAMILY_AUTO;  // kernel family that runs (when reason == kKernel)
   bool family_forced = false;
-  // The kernel reads a copy of the bool attn_mask (plan_mask_copy): (copy_batch, copy_heads,
-  // Sq, copy_row) bytes, the keys at the front of each row.
-  bool mask_copied = false;
-  int64_t copy_batch = 0, copy_heads = 0, copy_row = 0;
+  MaskCopy mask_copy;  // planned: the kernel reads a copy of the bool attn_mask (plan_mask_copy)
 };
 
 const char* dtype_name(ScalarType t) { return torch::headeronly::toString(t); }
@@ -184,51 +186,18 @@ T* stand_in() {
   return reinterpret_cast<T*>(static_cast<uintptr_t>(512));
 }
 
-// The Hopper family's mask tiles want a bool mask's rows 16-byte aligned and one row per query
-// (fc_mask_tiles_fit_); HuggingFace's mask for a length that is not a multiple of 16, and a
-// key-padding mask (B, 1, 1, Sk) broadcast over the queries, have neither. Where a copy with
-// such rows is all the family lacks, the call runs there on the copy: the copy costs one pass
-// over the mask, the family ran such calls 1.15-1.42x PyTorch's default where the sm80 family
-// ran them at 0.41-0.84x (docs/experiments/forward-masks.md). Query-broadcast masks are copied
-// only while the copy is no larger than q, k, v and the output together (or twice the mask
-// itself): a longer call goes to PyTorch instead (fc_dispatch), not to a copy of many times the
-// activations' memory. One query row never gets a copy (a size-1 dim has stride 0; the family
-// reads one row per 128-row tile, slower than PyTorch's decoding kernels).
+// A bool mask the Hopper family cannot read as it is runs there on a copy (mask_copy.h) where
+// the copy is all it lacks and affordable: the family ran such calls 1.13-1.42x PyTorch's default
+// where the sm80 family ran them at 0.41-0.92x (docs/experiments/forward-masks.md). A copy not
+// affordable leaves the call to fc_dispatch, which sends it to PyTorch under auto.
 void plan_mask_copy(Decision& d, const Tensor& mask, int major, int minor) {
-  const int64_t B = d.p.batch, Hq = d.p.heads_q, Sq = d.p.seqlen_q, Sk = d.p.seqlen_k;
-  const int64_t nd = mask.dim();
-  const int64_t batch = nd == 4 && mask.size(0) != 1 ? B : 1;
-  const int64_t heads = nd >= 3 && mask.size(nd - 3) != 1 ? Hq : 1;
-  const int64_t row = (Sk + 15) / 16 * 16;
-  fc_params probe = d.p;
-  probe.mask = stand_in<const void>();
-  probe.mask_stride_k = 1;
-  probe.mask_stride_q = Sq > 1 ? row : 0;
-  probe.mask_stride_h = heads > 1 ? Sq * row : 0;
-  probe.mask_stride_b = batch > 1 ? heads * Sq * row : 0;
-  if (fc_sdpa_support(&probe, major, minor) != FC_OK ||
-      fc_sdpa_family(&probe, major, minor) != FC_FAMILY_SM90)
+  fc_params probe;
+  const MaskCopy c = mask_copy_layout(mask, d.p, &probe);
+  if (!c.planned || fc_sdpa_support(&probe, major, minor) != FC_OK ||
+      fc_sdpa_family(&probe, major, minor) != FC_FAMILY_SM90 || !mask_copy_affordable(c, mask, d.p))
     return;
-  const double copy_bytes = double(batch) * heads * Sq * row;
-  const double elem = d.p.dtype == FC_DTYPE_FP32 ? 4.0 : 2.0;
-  const double call_bytes = elem * d.p.head_dim * (2.0 * B * Hq * Sq + 2.0 * B * d.p.heads_kv * Sk);
-  if (copy_bytes > std::max(call_bytes, 2.0 * mask.numel())) return;
   d.p = probe;
-  d.mask_copied = true;
-  d.copy_batch = batch;
-  d.copy_heads = heads;
-  d.copy_row = row;
-}
-
-// The copy plan_mask_copy planned, made on the current stream; d.p.mask points at it. The
-// caller keeps it until the kernel is queued (the allocator frees it in stream order).
-Tensor copy_mask(Decision& d, const Tensor& mask) {
-  Tensor wide = torch::stable::empty({d.copy_batch, d.copy_heads, d.p.seqlen_q, d.copy_row},
-                                     ScalarType::Bool, std::nullopt, mask.device());
-  Tensor keys = torch::stable::narrow(wide, 3, 0, d.p.seqlen_k);
-  torch::stable::copy_(keys, mask);  // (copy_ broadcasts the mask's size-1 dims)
-  d.p.mask = wide.data_ptr();
-  return wide;
+  d.mask_copy = c;
 }
 
 // THE decision: raises for bad input, otherwise says kernel (with params filled) or why not.
@@ -311,7 +280,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   if (d.p.mask_kind == FC_MASK_BOOL && (d.family == FC_FAMILY_AUTO || d.family == FC_FAMILY_SM90) &&
       (s != FC_OK || fc_sdpa_family(&d.p, major, minor) != FC_FAMILY_SM90)) {
     plan_mask_copy(d, *mask, major, minor);
-    if (d.mask_copied) s = FC_OK;
+    if (d.mask_copy.planned) s = FC_OK;
   }
   if (s != FC_OK) {
     if (status_means_fallback(s)) return fallback(kStatusBase + s);
@@ -412,7 +381,7 @@ Tensor run_kernel(Decision& d, const Tensor& q, const std::optional<Tensor>& mas
   const int32_t dev = q.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(dev);
   std::optional<Tensor> mask_copy;
-  if (d.mask_copied) mask_copy = copy_mask(d, *mask);
+  if (d.mask_copy.planned) mask_copy = make_mask_copy(d.mask_copy, *mask, &d.p);
   Tensor out = torch::stable::empty({d.p.batch, d.p.heads_q, d.p.seqlen_q, d.p.head_dim},
                                     q.scalar_type(), std::nullopt, q.device());
   d.p.out = out.data_ptr();
