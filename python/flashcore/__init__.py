@@ -239,7 +239,6 @@ def explain_backward(grad_out, query, key, value, out, lse, grad_lse=None, is_ca
 
 # What explain_training says of each backward path that a table entry sends to aten.
 _PATH_WORDS = {"sm90": "the sm90 kernel", "sm90-masked": "the sm90 kernel with a mask",
-               "sm90-masked-keys": "the sm90 kernel with a mask broadcast over the query rows",
                "sm90-masked-additive": "the sm90 kernel with an additive mask",
                "sm80": "the sm80-class kernel"}
 

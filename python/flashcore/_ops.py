@@ -416,10 +416,9 @@ torch.library.register_autograd("flashcore::sdpa_fwd", _fwd_backward,
 #   "sm90"    the Hopper backward kernel family (TMA + wgmma; dq summed with fp32 reductions in any order);
 #   "sm80"    the sm80-class kernel family (also on Hopper under
 #             torch.use_deterministic_algorithms(True), which rules the sm90 family out);
-#   "sm90-masked"  the same with a bool attn_mask with a row per query (not one that needs its
-#             own gradient): its own entry, since aten's masked backward is another kernel;
-#   "sm90-masked-keys"  a bool mask broadcast over the query rows (a key-padding mask);
-#   "sm90-masked-additive"  an additive mask (its forward in the sm80-class family);
+#   "sm90-masked"  the same with a bool attn_mask (not one that needs its own gradient): its
+#             own entry, since aten's masked backward is another kernel;
+#   "sm90-masked-additive"  the same with an additive mask (its forward in the sm80-class family);
 #   "python"  the fp32 Python backward (_sdpa_bwd_python): a mask that needs a gradient, fp32,
 #             head dims or layouts no backward kernel takes.
 # A (cc, path, head_dim) key, where present, wins over (cc, path) for that head dim, e.g.
@@ -447,16 +446,15 @@ TRAINING_TABLE = {
     ((9, 0), "sm90", 64): (True, "", 1024),
     ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, docs/experiments/backward.md"),
     # Masked (aten runs cuDNN with the mask). Training steps, forward + backward, bf16, 16k
-    # tokens (tools/masked_step_vs_aten.py, results/masked_step_*_2026-11-28.json; ratio =
-    # PyTorch's time / FlashCore's pair): HuggingFace's left-padded causal bool mask 1.20-1.27x
-    # at 1024 keys and 1.55-1.70x at 4096 (forward: sm90 with mask tiles, 1.45-1.75x PyTorch's
-    # default, results/masked_fwd_*_2251.json). A bool key-padding mask (B, 1, 1, S), though its
-    # forward runs in the sm90 family on the op's copy: 0.84-0.85x at 1024, 0.91x (D=64) and
-    # 1.05x (D=128) at 4096. Additive masks (forward in the sm80-class family): 0.52-0.85x.
+    # tokens, D=64/128 (tools/masked_step_vs_aten.py, results/masked_step_*_2026-11-2*.json;
+    # PyTorch's time / FlashCore's pair): bool masks, both passes reading the mask in TMA tiles
+    # (from the op's copy where its layout has none): HuggingFace's left-padded causal mask
+    # 1.20-1.37x at 1024 keys and 1.55-1.72x at 4096, a dense random (B, 1, S, S) mask
+    # 1.36-1.68x at 1024-4096, a key-padding mask (B, 1, 1, S) 1.04-1.18x at 1024 and
+    # 1.35-1.36x at 4096 (0.84-1.05x before the backward's copy). Shorter: not measured.
+    # Additive masks (forward in the sm80-class family, backward element by element): 0.52-0.87x.
     ((9, 0), "sm90-masked"): (True, "", 1024),
-    ((9, 0), "sm90-masked-keys"): (False, "0.84-1.05x PyTorch's training step with a key-padding "
-                                          "mask on the H100, docs/experiments/forward-masks.md"),
-    ((9, 0), "sm90-masked-additive"): (False, "0.52-0.85x PyTorch's training step with an additive "
+    ((9, 0), "sm90-masked-additive"): (False, "0.52-0.87x PyTorch's training step with an additive "
                                               "mask on the H100, docs/experiments/forward-masks.md"),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),
     # Any other card: the Python backward is an unfused fp32 recomputation, slower than aten's
@@ -624,16 +622,10 @@ def _decide_route(q_layout, k_layout, v_layout, mask_key, is_causal, scale, enab
 
 
 def _masked_path(mask_layout) -> str:
-    """The sm90 backward's path for a mask, by what its layout says of the pair's speed:
-    "sm90-masked-additive" for an additive mask (its forward runs in the sm80-class family);
-    "sm90-masked-keys" for a bool mask broadcast over the query rows (a key-padding mask: no
-    block of queries can skip a key tile, where a mask with a row per query, such as
-    HuggingFace's causal one, lets both passes skip its empty tiles); else "sm90-masked"."""
-    sizes, strides, dtype = mask_layout[0], mask_layout[1], mask_layout[2]
-    if dtype != torch.bool:
-        return "sm90-masked-additive"
-    per_query = len(sizes) >= 2 and sizes[-2] != 1 and strides[-2] != 0
-    return "sm90-masked" if per_query else "sm90-masked-keys"
+    """The sm90 backward's path for a mask that needs no gradient: "sm90-masked-additive" for
+    an additive mask (its forward runs in the sm80-class family), else "sm90-masked" (a bool
+    mask: both passes read it in TMA tiles, from the op's copy where its layout has none)."""
+    return "sm90-masked" if mask_layout[2] == torch.bool else "sm90-masked-additive"
 
 
 # Where stand-ins "start": as the caching allocator's blocks, 512-byte aligned. Never read.
