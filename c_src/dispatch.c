@@ -281,29 +281,32 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
 /*
  * A masked call that only the sm80-class family takes, on a card where the Hopper family runs, is
  * slower there than PyTorch's own SDPA (cuDNN or its memory-efficient kernel) unless its mask
- * leaves whole tiles empty, which the sm80 kernels skip: HuggingFace's causal + padding mask does
- * (sm80 1.0-1.4x PyTorch's default at D = 32, 80, 96, 256), a mask broadcast over the query rows
- * cannot, and neither can one query row (decoding). Measured (H100, bf16, tools/mask_forms_vs_aten.py,
+ * leaves whole tiles empty, which the sm80 kernels skip: HuggingFace's causal + padding bool mask
+ * does (the sm80 family 1.01-1.41x PyTorch's default at D = 32, 80, 96, 256), a mask broadcast
+ * over the query rows cannot, neither can one query row (decoding), and an additive mask costs
+ * the sm80 kernels more than PyTorch's. Measured (H100, bf16, tools/mask_forms_vs_aten.py,
  * ratio = PyTorch's default time / the sm80 family's; docs/experiments/forward-masks.md):
- *   D=64/128: HF's mask as an additive one 0.80-0.91, a key-padding mask (B, 1, 1, Sk) bool
- *     0.41-0.54 and additive 0.24-0.46, decoding 0.21-0.87 (1.12-1.18 for a bool mask over
- *     1000 keys at D=64), 128-row chunks with an additive mask 0.67-0.73;
- *   D=32/80/96/256: key padding 0.29-0.87, decoding 0.22-0.82 over 4000 keys (0.71-1.46 over
- *     1000), HF's mask 0.92-1.42.
+ *   D=64/128: HF's mask as an additive one 0.74-0.90, a key-padding mask (B, 1, 1, Sk) bool
+ *     0.41-0.54 and additive 0.24-0.46, decoding 0.21-1.12, 128-row chunks with an additive
+ *     mask 0.67-0.70;
+ *   D=32/80/96/256: key padding 0.19-0.86, decoding 0.22-0.89 over 4000 keys (1.05-1.58 for a
+ *     bool mask over 1000), HF's mask additive 0.69-1.26 (below 1 at D=32, and at D=96 and 256
+ *     on some lengths), bool 1.01-1.41.
  * At D=64 and 128 the Hopper family takes every bool mask it can read (the op hands it a copy
  * with 16-byte rows where that is all it lacks), so what reaches the sm80 family there goes to
- * PyTorch; at the other head dims, masks broadcast over the query rows and one-row calls.
- * Only for calls PyTorch's SDPA expresses (no causal
- * flag with the mask, band, softcap or sinks) and that want no LSE: a training call's forward
- * stays in the sm80 family, whose LSE FlashCore's backward reads (the training route weighs
- * the whole step: TRAINING_TABLE in python/flashcore/_ops.py).
+ * PyTorch; at the other head dims, additive masks, masks broadcast over the query rows and
+ * one-row calls. Only for calls PyTorch's SDPA expresses (no causal flag with the mask, band,
+ * softcap or sinks) and that want no LSE: a training call's forward stays in the sm80 family,
+ * whose LSE FlashCore's backward reads (the training route weighs the whole step and sends
+ * additive masks to PyTorch: TRAINING_TABLE in python/flashcore/_ops.py).
  */
 static int sm80_masked_slower_than_fallback(fc_family family, const fc_params *p, int cc_major, int cc_minor) {
     if (family != FC_FAMILY_SM80 || p->mask_kind == FC_MASK_NONE || p->lse != NULL || p->causal ||
         p->band_ == FC_BAND_GENERAL_ || p->softcap != 0.0f || p->sinks != NULL ||
         !fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor))
         return 0;
-    return p->head_dim == 64 || p->head_dim == 128 || p->mask_stride_q == 0 || p->seqlen_q == 1;
+    return p->mask_kind == FC_MASK_ADDITIVE || p->head_dim == 64 || p->head_dim == 128 ||
+           p->mask_stride_q == 0 || p->seqlen_q == 1;
 }
 
 /*

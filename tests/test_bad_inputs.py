@@ -48,7 +48,7 @@ HAVE_CUDA = torch.cuda.is_available()
 REQUIRE_GPU = os.environ.get("FLASHCORE_REQUIRE_GPU") == "1"
 # The sm80 kernel family is built for sm_89 and sm_90; elsewhere every call falls back.
 KERNEL_CARD = HAVE_CUDA and torch.cuda.get_device_capability() in ((8, 9), (9, 0))
-# On Hopper an additive mask at D=64/128 goes to PyTorch's SDPA (FC_UNSUPPORTED_SLOWER_MASK).
+# On Hopper an additive mask goes to PyTorch's SDPA (FC_UNSUPPORTED_SLOWER_MASK).
 ADDITIVE_MASK_PATH = ("PyTorch's own SDPA runs such calls faster"
                       if HAVE_CUDA and torch.cuda.get_device_capability() == (9, 0) else "kernel")
 ATEN_MESSAGES = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13)

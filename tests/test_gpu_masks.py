@@ -172,11 +172,13 @@ def sm90_takes_copy(q, k, mask, is_causal=False):
 def goes_to_pytorch(q, k, mask, is_causal=False, lse=False):
     """The dispatch rule for masked calls the sm80 family would run on Hopper (c_src/dispatch.c,
     sm80_masked_slower_than_fallback), stated on its own: under auto, without an LSE wanted
-    (sdpa, not sdpa_fwd) and without is_causal, PyTorch's SDPA runs them at D = 64 and 128, and
-    at the other head dims when the mask is broadcast over the query rows (or there is one)."""
+    (sdpa, not sdpa_fwd) and without is_causal, PyTorch's SDPA runs every additive mask, and a
+    bool one at D = 64 and 128, or at the other head dims when it is broadcast over the query
+    rows (or there is one)."""
     if not HOPPER or lse or is_causal or os.environ.get("FLASHCORE_FAMILY", "auto") != "auto":
         return False
-    return q.shape[-1] in (64, 128) or _mask_strides(q, k, mask)[2] == 0
+    return (mask.dtype != torch.bool or q.shape[-1] in (64, 128) or q.shape[2] == 1
+            or _mask_strides(q, k, mask)[2] == 0)
 
 
 def hopper_route(family, q, k, mask, is_causal=False, lse=False):

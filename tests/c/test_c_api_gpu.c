@@ -376,7 +376,8 @@ static int run_case(const test_case *tc, fc_family family, const test_band *band
     if (family == FC_FAMILY_AUTO && tc->mask_kind != FC_MASK_NONE && band == NULL) {
         /* The same masked call without the LSE (inference): on Hopper AUTO leaves it to PyTorch's
          * SDPA where only the sm80 family takes its mask (FC_UNSUPPORTED_SLOWER_MASK: at D=64 / 128
-         * every such mask, at other head dims one broadcast over the query rows or one query row; never with causal),
+         * every such mask, at other head dims an additive one, one broadcast over the query rows or one
+         * query row; never with causal),
          * and fc_sdpa_fwd says so before touching the GPU; elsewhere it runs as it does with the LSE
          * (which this case then checks, so the sm80 masked kernels still run under AUTO). */
         int dev = 0, major = 0, minor = 0;
@@ -387,7 +388,8 @@ static int run_case(const test_case *tc, fc_family family, const test_band *band
         no_lse.lse = NULL;
         const int sm80_runs_it = fc_sdpa_family(&p, major, minor) == FC_FAMILY_SM80;
         const int declined = major == 9 && minor == 0 && sm80_runs_it && !p.causal &&
-                             (D == 64 || D == 128 || p.mask_stride_q == 0 || p.seqlen_q == 1);
+                             (p.mask_kind == FC_MASK_ADDITIVE || D == 64 || D == 128 || p.mask_stride_q == 0 ||
+                              p.seqlen_q == 1);
         const fc_status want = declined ? FC_UNSUPPORTED_SLOWER_MASK : FC_OK;
         int64_t no_lse_bytes = 0;
         const fc_status got = fc_sdpa_workspace_size(&no_lse, &no_lse_bytes);

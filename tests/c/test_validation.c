@@ -162,6 +162,10 @@ static void m_mask_d32(fc_params *p) { m_head_dim_32(p); m_bool_mask_bhqk(p); }
 static void m_mask_d80(fc_params *p) { m_head_dim_80(p); m_bool_mask_bhqk(p); }
 static void m_mask_d96(fc_params *p) { m_head_dim_96(p); m_bool_mask_bhqk(p); }
 static void m_mask_d256(fc_params *p) { m_head_dim_256(p); m_bool_mask_bhqk(p); }
+static void m_additive_mask_d32(fc_params *p) { m_mask_d32(p); p->mask_kind = FC_MASK_ADDITIVE; }
+static void m_additive_mask_d96(fc_params *p) { m_mask_d96(p); p->mask_kind = FC_MASK_ADDITIVE; }
+static void m_additive_mask_d256(fc_params *p) { m_mask_d256(p); p->mask_kind = FC_MASK_ADDITIVE; }
+static void m_additive_mask_d96_lse(fc_params *p) { m_additive_mask_d96(p); m_lse(p); }
 static void m_key_padding(fc_params *p) { p->mask_kind = FC_MASK_BOOL; p->mask = (const void *)0x50000; p->mask_stride_b = 300; p->mask_stride_k = 1; }
 static void m_key_padding_d32(fc_params *p) { m_head_dim_32(p); m_key_padding(p); }
 static void m_key_padding_d80(fc_params *p) { m_head_dim_80(p); m_key_padding(p); }
@@ -301,6 +305,10 @@ static const validation_case kCases[] = {
     {"bool (B, H, Sq, Sk) mask, D=80, no lse (sm80)", m_mask_d80, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"bool (B, H, Sq, Sk) mask, D=96, no lse (sm80)", m_mask_d96, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"bool (B, H, Sq, Sk) mask, D=256, no lse (sm80)", m_mask_d256, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"additive (B, H, Sq, Sk) mask, D=32, no lse", m_additive_mask_d32, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"additive (B, H, Sq, Sk) mask, D=96, no lse", m_additive_mask_d96, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"additive (B, H, Sq, Sk) mask, D=256, no lse", m_additive_mask_d256, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"additive (B, H, Sq, Sk) mask, D=96, lse (sm80)", m_additive_mask_d96_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"key padding mask, D=128, no lse", m_key_padding, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
     {"key padding mask, D=32, no lse", m_key_padding_d32, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
     {"key padding mask, D=80, no lse", m_key_padding_d80, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},

@@ -26,7 +26,8 @@
  *     masked calls once per run, as the fuzzer seldom builds a mask the sm90 family takes), and
  *     AUTO on sm_90 declines a masked call as FC_UNSUPPORTED_SLOWER_MASK exactly where
  *     auto_leaves_mask_to_sdpa says so (no LSE wanted, a mask only the sm80 family would run:
- *     at D=64 / 128 any, else one broadcast over the query rows or one query row; no causal, band, softcap or
+ *     an additive one, at D=64 / 128 any, else one broadcast over the query rows or one query
+ *     row; no causal, band, softcap or
  *     sinks), never for a forced family or a call that wants the LSE, and
  *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct (as the library
  *     resolves its band, fc_resolve_band_); the launcher
@@ -532,7 +533,8 @@ static int auto_leaves_mask_to_sdpa(const fc_params *p, int cc) {
     const fc_params r = resolved_of(p);
     if (r.causal || r.band_ == FC_BAND_GENERAL_ || r.softcap != 0.0f || r.sinks != NULL) return 0;
     if (sm90_takes_mask(p) && sm90_takes(p)) return 0; /* the sm90 family runs it */
-    return p->head_dim == 64 || p->head_dim == 128 || p->mask_stride_q == 0 || p->seqlen_q == 1;
+    return p->mask_kind == FC_MASK_ADDITIVE || p->head_dim == 64 || p->head_dim == 128 ||
+           p->mask_stride_q == 0 || p->seqlen_q == 1;
 }
 
 /* Everything fc_sdpa_support promises on top: a kernel of family `fam` exists for it here. */
@@ -1586,8 +1588,8 @@ static void check_mask_rule(void) {
                         /* AUTO's masked speed rule, case by case: on sm_90, without an LSE, a call the
                          * sm90 family does not run (its mask rule, or a layout it cannot take: K/V
                          * broadcast, a negative scale) is left to PyTorch's SDPA at D=64 / 128, and at
-                         * the other head dims when its mask is broadcast over the query rows or it has
-                         * one query row; never
+                         * the other head dims when its mask is additive, broadcast over the query rows
+                         * or it has one query row; never
                          * with a causal flag or a band (as resolved), a softcap or sinks, never with an
                          * LSE, on sm_89 or for a forced family. Every other AUTO call here runs. */
                         const int cc = kDeviceCC[device];
@@ -1599,7 +1601,8 @@ static void check_mask_rule(void) {
                         const int wide = kDims[d] == 64 || kDims[d] == 128;
                         const int declined = kFamilies[f] == FC_FAMILY_AUTO && cc == 90 && !with_lse &&
                                              sdpa_expresses && !sm90_runs &&
-                                             (wide || change == kMaskRowsBroadcast || p->seqlen_q == 1);
+                                             (wide || change == kMaskRowsBroadcast || p->seqlen_q == 1 ||
+                                              p->mask_kind == FC_MASK_ADDITIVE);
                         REQUIRE((sup == FC_UNSUPPORTED_SLOWER_MASK) == declined);
                         if (kFamilies[f] == FC_FAMILY_AUTO && sdpa_expresses && !declined)
                             REQUIRE(sup == FC_OK &&
