@@ -156,7 +156,7 @@ def sm90_takes_copy(q, k, mask, is_causal=False):
     on Hopper a bool mask the sm90 family cannot read as it is runs there on a copy with 16-byte
     rows, one per query, when the call has more than one query row (D = 64 or 128, not causal)
     and the copy, (B or 1, H or 1, Sq, Sk rounded up to 16) bytes, is no larger than q, k, v
-    and the output together or twice the mask's own elements."""
+    and the output together or twice the bytes the mask's view spans in memory."""
     if mask.dtype != torch.bool or q.shape[-1] not in (64, 128) or is_causal or q.shape[2] == 1:
         return False
     B, Hq, Sq, D = q.shape
@@ -166,7 +166,8 @@ def sm90_takes_copy(q, k, mask, is_causal=False):
     heads = Hq if nd >= 3 and mask.shape[nd - 3] != 1 else 1
     copy = batch * heads * Sq * ((Sk + 15) // 16 * 16)
     call = q.element_size() * D * (2 * B * Hq * Sq + 2 * B * Hkv * Sk)
-    return copy <= max(call, 2 * mask.numel())
+    in_memory = 0 if mask.numel() == 0 else 1 + sum((n - 1) * abs(st) for n, st in zip(mask.shape, mask.stride()))
+    return copy <= max(call, 2 * in_memory)
 
 
 def goes_to_pytorch(q, k, mask, is_causal=False, lse=False):

@@ -46,15 +46,25 @@ inline MaskCopy mask_copy_layout(const torch::stable::Tensor& mask, const fc_par
   return c;
 }
 
+// The bytes a bool mask's view spans in memory (an expanded view's stride-0 dims span nothing).
+inline double mask_bytes_in_memory(const torch::stable::Tensor& mask) {
+  double span = 1.0;
+  for (int64_t i = 0; i < mask.dim(); ++i) {
+    if (mask.size(i) == 0) return 0.0;
+    span += double(mask.size(i) - 1) * double(mask.stride(i) > 0 ? mask.stride(i) : -mask.stride(i));
+  }
+  return span;
+}
+
 // Whether the copy is worth its memory: no larger than q, k, v and the output together, or twice
-// the mask's own elements (a key-padding mask over a long call would otherwise become many times
-// the activations).
+// the mask's own bytes in memory (a key-padding mask over a long call, or one expanded over the
+// queries, would otherwise become many times the activations).
 inline bool mask_copy_affordable(const MaskCopy& c, const torch::stable::Tensor& mask, const fc_params& p) {
   const double copy_bytes = double(c.batch) * c.heads * p.seqlen_q * c.row;
   const double elem = p.dtype == FC_DTYPE_FP32 ? 4.0 : 2.0;
   const double call_bytes =
       elem * p.head_dim * (2.0 * p.batch * p.heads_q * p.seqlen_q + 2.0 * p.batch * p.heads_kv * p.seqlen_k);
-  return copy_bytes <= std::max(call_bytes, 2.0 * double(mask.numel()));
+  return copy_bytes <= std::max(call_bytes, 2.0 * mask_bytes_in_memory(mask));
 }
 
 // Makes the copy on the current stream and points p's mask at it. The caller keeps the tensor
