@@ -172,8 +172,10 @@ def _built_for(head_dim: int, dtype: torch.dtype) -> bool:
 def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
             enable_gqa=False, **band) -> str:
     """Which path ``sdpa`` takes for these arguments: ``"kernel sm80"``, ``"kernel sm90"``,
-    ``"kernel sm80 (not sm90: <why>)"`` (on Hopper, e.g. with an additive ``attn_mask``, or a
-    bool one the sm90 family does not take) or ``"fallback: <reason>"``. Raises for the same bad
+    ``"kernel sm80 (not sm90: <why>)"`` (on Hopper, e.g. a bool ``attn_mask`` at head dim 96)
+    or ``"fallback: <reason>"`` (on Hopper also a mask that only the sm80-class family would
+    run where PyTorch's SDPA is faster, e.g. an additive one; ``lse=True`` answers for the
+    forward that also returns the LSE, which still runs it). Raises for the same bad
     inputs ``sdpa`` raises for (an install without FlashCore's library checks nothing: ``"fallback: <why>"``
     for every call)."""
     return _explain_words(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
