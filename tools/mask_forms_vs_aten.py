@@ -9,6 +9,7 @@ import argparse, json, os
 import torch
 import torch.nn.functional as F
 import flashcore  # noqa: F401  (registers torch.ops.flashcore)
+from interleaved import medians  # tools/interleaved.py
 
 
 def keep_mask(B, Sq, Sk, form):
@@ -29,19 +30,6 @@ def padded_copy(mask):
     view = wide[..., :Sk]
     view.copy_(mask)
     return view
-
-
-def medians(fns, iters):
-    for fn in fns:
-        fn(); fn()
-    torch.cuda.synchronize()
-    times = [[] for _ in fns]
-    for _ in range(iters):
-        for t, fn in zip(times, fns):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); fn(); b.record(); b.synchronize()
-            t.append(a.elapsed_time(b) * 1e3)
-    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def forced_sm80(fn):

@@ -6,6 +6,7 @@ import argparse, json, math, sys
 import torch
 import torch.nn.functional as F
 import flashcore  # noqa: F401  (registers torch.ops.flashcore)
+from interleaved import medians  # tools/interleaved.py
 
 
 def hf_mask(B, S, additive, dtype):
@@ -16,19 +17,6 @@ def hf_mask(B, S, additive, dtype):
     if not additive:
         return keep
     return torch.zeros(keep.shape, dtype=dtype, device="cuda").masked_fill(~keep, torch.finfo(dtype).min)
-
-
-def medians(fns, iters):
-    for fn in fns:
-        fn(); fn()
-    torch.cuda.synchronize()
-    times = [[] for _ in fns]
-    for _ in range(iters):
-        for t, fn in zip(times, fns):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); fn(); b.record(); b.synchronize()
-            t.append(a.elapsed_time(b) * 1e3)
-    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def main():

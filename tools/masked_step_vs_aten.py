@@ -9,6 +9,7 @@ import argparse, json, os
 import torch
 import torch.nn.functional as F
 import flashcore
+from interleaved import medians  # tools/interleaved.py
 
 
 def keep_mask(B, S, form):
@@ -21,19 +22,6 @@ def keep_mask(B, S, form):
         g = torch.Generator(device="cuda").manual_seed(0)
         return (torch.rand(B, 1, S, S, device="cuda", generator=g) > 0.1) | (j == i)
     return (j <= i) & ((j >= pad) | (j == i))
-
-
-def medians(fns, iters):
-    for fn in fns:
-        fn(); fn()
-    torch.cuda.synchronize()
-    times = [[] for _ in fns]
-    for _ in range(iters):
-        for t, fn in zip(times, fns):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); fn(); b.record(); b.synchronize()
-            t.append(a.elapsed_time(b) * 1e3)
-    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def with_env(name, value, fn):
