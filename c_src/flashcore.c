@@ -268,50 +268,61 @@ fail:
     return FC_ERR_CUDA;
 }
 
-/* What a call runs: the kernel, its family, the split count and the workspace it needs
- * (`bytes`), and whether a one-row GQA call in the Hopper family runs packed (one block of the
- * group's rows per KV head; decided here once, as it validates a packed copy). */
-typedef struct {
-    fc_launch_fn launch;
-    fc_family family;
-    int splits;
-    int64_t bytes;
-    int packs;
-} launch_plan;
-
-static fc_status plan(const fc_params *user, launch_plan *out) {
-    /* The call's overrides (config.h), read once here for it and for its launcher. */
-    const fc_config *cfg = fc_config_read();
-    *out = (launch_plan){NULL, FC_FAMILY_AUTO, 1, 0, 0};
+FC_API fc_status fc_sdpa_plan(const fc_params *user, int cc_major, int cc_minor, int sm_count, fc_fwd_plan *plan) {
+    if (plan == NULL) return FC_ERR_NULL_POINTER;
+    memset(plan, 0, sizeof(*plan));
+    plan->family = FC_FAMILY_AUTO;
+    plan->splits = 1;
     fc_status s = fc_params_validate(user);
     if (s != FC_OK) return s;
-    fc_params resolved = *user;
-    fc_resolve_band_(&resolved);
-    const fc_params *p = &resolved;
-    int major = 0, minor = 0, sms = 0;
-    s = device_info(NULL, &major, &minor, &sms);
-    if (s != FC_OK) return s;
-    s = fc_dispatch(p, major, minor, &out->launch, &out->family);
+    /* The call's overrides (config.h), read once here for it and for its launcher. */
+    const fc_config *cfg = fc_config_read();
+    fc_params run = *user;
+    fc_resolve_band_(&run);
+    fc_launch_fn launch = NULL;
+    fc_family family = FC_FAMILY_AUTO;
+    s = fc_dispatch(&run, cc_major, cc_minor, &launch, &family);
     if (s != FC_OK) return s;
     /* FLASHCORE_DECODE_SPLITS forces the split count (for A/B timing and the tests). More splits
      * than 32-key chunks leave some CTAs an empty range, which the kernel and the merge handle
      * (as with causal ranges past Sq). */
-    if (out->family == FC_FAMILY_DECODE) {
-        out->splits = cfg->decode_splits > 0 ? cfg->decode_splits : fc_decode_splits(p, sms);
-    } else if (out->family == FC_FAMILY_SM90) {
-        out->packs = fc_decode_packs_for_sm90(p);
+    int splits = 1, packs = 0;
+    if (family == FC_FAMILY_DECODE) {
+        splits = cfg->decode_splits > 0 ? cfg->decode_splits : fc_decode_splits(&run, sm_count);
+    } else if (family == FC_FAMILY_SM90) {
+        /* Whether a one-row GQA call runs as one block of the group's rows per KV head (decided
+         * here once, as it validates a packed copy). */
+        packs = fc_decode_packs_for_sm90(&run);
         /* One-row decoding over few pairs: the grid split, merged like the decode path's. */
-        out->splits = fc_sm90_decode_splits(p, sms, cfg->decode_splits);
+        splits = fc_sm90_decode_splits(&run, sm_count, cfg->decode_splits);
     }
-    if (out->splits > 1) out->bytes = fc_decode_workspace_bytes(p, out->splits);
+    if (splits > 1) plan->workspace_bytes = fc_decode_workspace_bytes(&run, splits);
+    if (packs) fc_pack_decode_gqa(&run);
+    plan->params = run;
+    plan->family = family;
+    plan->splits = splits;
+    plan->launch_ = (void (*)(void))launch;
     return FC_OK;
+}
+
+/* fc_sdpa_plan for the current device. Validation comes first, so a struct that is not valid
+ * gets its validation status whatever the device says. */
+static fc_status plan_here(const fc_params *p, fc_fwd_plan *plan) {
+    int major = 0, minor = 0, sms = 0;
+    const fc_status device = device_info(NULL, &major, &minor, &sms);
+    if (device != FC_OK) {
+        memset(plan, 0, sizeof(*plan));
+        const fc_status s = fc_params_validate(p);
+        return s != FC_OK ? s : device;
+    }
+    return fc_sdpa_plan(p, major, minor, sms, plan);
 }
 
 FC_API fc_status fc_sdpa_workspace_size(const fc_params *p, int64_t *bytes) {
     if (bytes == NULL) return FC_ERR_NULL_POINTER;
-    launch_plan run_plan;
-    const fc_status s = plan(p, &run_plan);
-    *bytes = run_plan.bytes;
+    fc_fwd_plan plan;
+    const fc_status s = plan_here(p, &plan);
+    *bytes = plan.workspace_bytes;
     return s;
 }
 
@@ -339,17 +350,27 @@ static fc_status launch_slice(const fc_params *p, fc_launch_fn launch, cudaStrea
 }
 
 FC_API fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream) {
-    launch_plan run_plan;
-    const fc_status s = plan(p, &run_plan);
+    fc_fwd_plan plan;
+    const fc_status s = plan_here(p, &plan);
     if (s != FC_OK) return s;
-    const fc_launch_fn launch = run_plan.launch;
-    fc_params run = *p;
-    fc_resolve_band_(&run);
-    /* A one-row GQA call in the Hopper family runs as one block of the group's rows per KV head. */
-    if (run_plan.packs) fc_pack_decode_gqa(&run);
+    return fc_sdpa_fwd_planned(&plan, p->out, p->lse, p->workspace, p->workspace_bytes, stream);
+}
+
+FC_API fc_status fc_sdpa_fwd_planned(const fc_fwd_plan *plan, void *out, float *lse, void *workspace,
+                                     int64_t workspace_bytes, cudaStream_t stream) {
+    if (plan == NULL || plan->launch_ == NULL || out == NULL || (plan->params.lse != NULL && lse == NULL))
+        return FC_ERR_NULL_POINTER;
+    if (!aligned16(out) || (plan->params.lse != NULL && ((uintptr_t)lse & 3u) != 0)) return FC_ERR_POINTER_ALIGNMENT;
+    if (workspace_bytes < 0 || (workspace != NULL && !aligned16(workspace))) return FC_ERR_BAD_WORKSPACE;
+    const fc_launch_fn launch = (fc_launch_fn)plan->launch_;
+    fc_params run = plan->params;
+    run.out = out;
+    if (run.lse != NULL) run.lse = lse;
+    run.workspace = workspace;
+    run.workspace_bytes = workspace_bytes;
     /* Without enough workspace the decode path runs unsplit: slower on a small batch, same result. */
-    const int64_t bytes = run_plan.bytes;
-    run.num_splits_ = (bytes > 0 && p->workspace != NULL && p->workspace_bytes >= bytes) ? run_plan.splits : 1;
+    const int64_t bytes = plan->workspace_bytes;
+    run.num_splits_ = (bytes > 0 && workspace != NULL && workspace_bytes >= bytes) ? plan->splits : 1;
     if (run.batch <= FC_MAX_GRID_YZ && run.heads_q <= FC_MAX_GRID_YZ) {
         const cudaError_t err = launch(&run, stream);
         last_cuda_error = err;

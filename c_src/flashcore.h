@@ -213,6 +213,38 @@ fc_status fc_sdpa_fwd(const fc_params *p, cudaStream_t stream);
  */
 fc_status fc_sdpa_workspace_size(const fc_params *p, int64_t *bytes);
 
+/*
+ * A forward call decided once, for callers that run it right after asking about it (the
+ * PyTorch op): validated, its kernel family and launcher, the split count, the workspace it can
+ * use and the GQA packing, for a device of compute capability cc_major.cc_minor with sm_count
+ * SMs. fc_sdpa_fwd_planned then launches it without validating or dispatching again, with the
+ * call's own output, LSE and workspace pointers: the plan may be made with stand-ins for those
+ * (any address of the same alignment; nothing is read through them), and its LSE is written
+ * exactly when the planned struct had one (which the choice of kernel may read). fc_sdpa_fwd is
+ * fc_sdpa_plan on the current device followed by fc_sdpa_fwd_planned.
+ */
+typedef struct fc_fwd_plan {
+    fc_params params;        /* the call as it will launch: band resolved, GQA rows packed */
+    fc_family family;        /* the kernel family that runs it */
+    int splits;              /* key-range splits when the workspace allows (1: none) */
+    int64_t workspace_bytes; /* what the splits need (0: no workspace) */
+    void (*launch_)(void);   /* internal: the kernel's launcher */
+} fc_fwd_plan;
+
+/* Fills *plan; returns FC_OK, or the status fc_sdpa_support would give (the plan then launches
+ * nothing: fc_sdpa_fwd_planned returns FC_ERR_NULL_POINTER for it). */
+fc_status fc_sdpa_plan(const fc_params *p, int cc_major, int cc_minor, int sm_count, fc_fwd_plan *plan);
+
+/*
+ * Launches a plan on `stream` (the current device must be the one planned for) with the call's
+ * out (16-byte aligned), lse (read only when planned with one; then non-NULL and 4-byte aligned)
+ * and workspace (NULL or 16-byte aligned, workspace_bytes of it; less than plan->workspace_bytes
+ * runs unsplit, same result). Returns FC_OK, FC_ERR_NULL_POINTER, FC_ERR_POINTER_ALIGNMENT,
+ * FC_ERR_BAD_WORKSPACE or FC_ERR_CUDA.
+ */
+fc_status fc_sdpa_fwd_planned(const fc_fwd_plan *plan, void *out, float *lse, void *workspace,
+                              int64_t workspace_bytes, cudaStream_t stream);
+
 /* The CUDA error behind the last FC_ERR_CUDA returned on this thread (cudaSuccess if none). */
 cudaError_t fc_last_cuda_error(void);
 

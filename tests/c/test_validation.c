@@ -418,6 +418,51 @@ static const bwd_case kBwdCases[] = {
     {"bwd empty", b_empty, FC_UNSUPPORTED_EMPTY, FC_UNSUPPORTED_EMPTY},
 };
 
+/* fc_sdpa_plan and fc_sdpa_fwd_planned's argument checks (nothing launches here: every case
+ * is refused before the launch). */
+static void check_plan(void) {
+    fc_params p = valid_params();
+    fc_fwd_plan plan;
+    const int hopper = fc_sdpa_support(&p, 9, 0) == FC_OK;
+    const int cc_major = hopper ? 9 : 8, cc_minor = hopper ? 0 : 9;
+    CHECK_STATUS("plan: valid call", fc_sdpa_plan(&p, cc_major, cc_minor, 132, &plan),
+                 fc_sdpa_support(&p, cc_major, cc_minor));
+    CHECK_FAMILY("plan: family", plan.family, fc_sdpa_family(&p, cc_major, cc_minor));
+    if (plan.family != FC_FAMILY_AUTO) {
+        CHECK_STATUS("planned: out NULL", fc_sdpa_fwd_planned(&plan, NULL, NULL, NULL, 0, (cudaStream_t)0),
+                     FC_ERR_NULL_POINTER);
+        CHECK_STATUS("planned: out misaligned",
+                     fc_sdpa_fwd_planned(&plan, (void *)0x40008, NULL, NULL, 0, (cudaStream_t)0),
+                     FC_ERR_POINTER_ALIGNMENT);
+        CHECK_STATUS("planned: workspace misaligned",
+                     fc_sdpa_fwd_planned(&plan, (void *)0x40000, NULL, (void *)0x70004, 64, (cudaStream_t)0),
+                     FC_ERR_BAD_WORKSPACE);
+        CHECK_STATUS("planned: negative workspace bytes",
+                     fc_sdpa_fwd_planned(&plan, (void *)0x40000, NULL, NULL, -1, (cudaStream_t)0),
+                     FC_ERR_BAD_WORKSPACE);
+    }
+    /* Planned with an LSE: launching needs one, 4-byte aligned. */
+    p.lse = (float *)0x60000;
+    CHECK_STATUS("plan: with lse", fc_sdpa_plan(&p, cc_major, cc_minor, 132, &plan),
+                 fc_sdpa_support(&p, cc_major, cc_minor));
+    if (plan.family != FC_FAMILY_AUTO) {
+        CHECK_STATUS("planned: lse NULL", fc_sdpa_fwd_planned(&plan, (void *)0x40000, NULL, NULL, 0, (cudaStream_t)0),
+                     FC_ERR_NULL_POINTER);
+        CHECK_STATUS("planned: lse misaligned",
+                     fc_sdpa_fwd_planned(&plan, (void *)0x40000, (float *)0x60002, NULL, 0, (cudaStream_t)0),
+                     FC_ERR_POINTER_ALIGNMENT);
+    }
+    /* A plan that failed launches nothing; a NULL plan pointer is refused. */
+    p.head_dim = 48;
+    CHECK_STATUS("plan: no kernel", fc_sdpa_plan(&p, cc_major, cc_minor, 132, &plan), FC_UNSUPPORTED_HEAD_DIM);
+    CHECK_FAMILY("plan: no kernel, family", plan.family, FC_FAMILY_AUTO);
+    CHECK_STATUS("planned: failed plan", fc_sdpa_fwd_planned(&plan, (void *)0x40000, NULL, NULL, 0, (cudaStream_t)0),
+                 FC_ERR_NULL_POINTER);
+    CHECK_STATUS("plan: NULL plan", fc_sdpa_plan(&p, cc_major, cc_minor, 132, NULL), FC_ERR_NULL_POINTER);
+    CHECK_STATUS("planned: NULL plan", fc_sdpa_fwd_planned(NULL, (void *)0x40000, NULL, NULL, 0, (cudaStream_t)0),
+                 FC_ERR_NULL_POINTER);
+}
+
 static void check_bwd(void) {
     /* Which device the backward kernels run on in this build (D=64 fp16 is in every build
      * that has any backward kernel). */
@@ -648,6 +693,7 @@ int main(void) {
         CHECK_STATUS("fwd validates before touching the GPU", fc_sdpa_fwd(&p, 0), FC_ERR_NULL_POINTER);
     }
 
+    check_plan();
     check_bwd();
 
     /* Every status has its own, non-empty message; out-of-range values get a fallback text. */

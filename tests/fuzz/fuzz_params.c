@@ -1042,6 +1042,18 @@ static void check_struct(const fc_params *p, int device) {
                      sup == FC_UNSUPPORTED_SLOWER_MASK);
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         if (sup == FC_OK) supported_is_runnable(p, cc, fam);
+        /* The plan (fc_sdpa_plan) answers as the support query and names the same family; a
+         * failed plan launches nothing. */
+        {
+            fc_fwd_plan plan;
+            REQUIRE(fc_sdpa_plan(p, cc / 10, cc % 10, 132, &plan) == sup);
+            REQUIRE(plan.family == fam && plan.splits >= 1 && plan.workspace_bytes >= 0);
+            REQUIRE((plan.launch_ != NULL) == (sup == FC_OK));
+            REQUIRE((plan.workspace_bytes > 0) == (plan.splits > 1));
+            if (sup != FC_OK)
+                REQUIRE(fc_sdpa_fwd_planned(&plan, (void *)(uintptr_t)0x7f0000400000ull, NULL, NULL, 0,
+                                            (cudaStream_t)0) == FC_ERR_NULL_POINTER);
+        }
         if (sup == FC_UNSUPPORTED_BAND) REQUIRE(resolved_of(p).band_ == FC_BAND_GENERAL_);
         if (sup == FC_UNSUPPORTED_SINKS) REQUIRE(p->sinks != NULL);
         if (sup == FC_UNSUPPORTED_SOFTCAP) REQUIRE(p->softcap != 0.0f);
