@@ -152,7 +152,7 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
   fill4(out, &f.o_stride_b, &f.o_stride_h, &f.o_stride_s, &f.o_stride_d);
   f.lse_stride_b = stride_or_0(lse, 0); f.lse_stride_h = stride_or_0(lse, 1);
   f.lse_stride_s = stride_or_0(lse, 2);
-  f.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(double(D)));
+  f.scale = static_cast<float>(flashcore_op::sdpa_scale(scale, D));
   f.causal = is_causal ? 1 : 0;
   if (mask.has_value()) {
     const int64_t why = flashcore_op::set_mask(*mask, q, &f);

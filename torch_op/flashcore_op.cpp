@@ -261,7 +261,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
     d.p.lse = stand_in<float>();
     d.p.lse_stride_s = 1; d.p.lse_stride_h = Sq; d.p.lse_stride_b = Hq * Sq;
   }
-  d.p.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(double(D)));
+  d.p.scale = static_cast<float>(flashcore_op::sdpa_scale(scale, D));
   d.p.causal = is_causal ? 1 : 0;
 
   if (mask.has_value()) {
@@ -457,7 +457,7 @@ Tensor fallback_lse(const Tensor& q, const Tensor& k, const std::optional<Tensor
                                                               : ScalarType::Float;
   const int64_t qd = q.dim(), kd = k.dim();
   const int64_t Sq = q.size(qd - 2), Sk = k.size(kd - 2), D = q.size(qd - 1);
-  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
+  const double sc = flashcore_op::sdpa_scale(scale, D);
 
   std::vector<int64_t> lse_shape = sizes_of(out);
   lse_shape.pop_back();

@@ -15,6 +15,7 @@
 #include <array>
 #include <cmath>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -52,6 +53,11 @@ inline std::pair<int, int> compute_capability(int32_t device) {
     cache[device] = {major, minor};
   }
   return cache[device];
+}
+
+// SDPA's scale: the caller's, else 1 / sqrt(head_dim) (PyTorch's default), for every op.
+inline double sdpa_scale(const std::optional<double>& scale, int64_t head_dim) {
+  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
 // A size-1 dim's stride is meaningless; report 0 so it never trips alignment checks.

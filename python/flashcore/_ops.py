@@ -45,6 +45,7 @@ import torch
 
 from . import _band
 from . import _reason_code  # reasons.h, through libflashcore_op.so (flashcore/__init__.py)
+from ._scale import sdpa_scale
 
 _lib = torch.library.Library("flashcore", "FRAGMENT")  # kept alive: owns the registrations
 
@@ -270,7 +271,7 @@ def _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
     the scaled scores c tanh(s / c) and multiplies dS by their derivative, 1 - tanh^2."""
     ct = _lse_dtype(query.dtype)
     sq, sk, d = query.shape[-2], key.shape[-2], query.shape[-1]
-    sc = (1.0 / math.sqrt(d)) if scale is None else scale
+    sc = sdpa_scale(scale, d)
     gqa = _gqa(query, key, enable_gqa)
     group = query.shape[-3] // key.shape[-3] if gqa else 1
     qf = query.to(ct)

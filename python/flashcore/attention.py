@@ -50,6 +50,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _band
+from ._scale import sdpa_scale
 
 _ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -162,7 +163,7 @@ def _softcap_reference(query, key, value, attn_mask, is_causal, scale, enable_gq
     from ._ops import _gqa, _lse_dtype
     ct = _lse_dtype(query.dtype)
     sq, sk, d = query.shape[-2], key.shape[-2], query.shape[-1]
-    sc = (1.0 / math.sqrt(d)) if scale is None else scale
+    sc = sdpa_scale(scale, d)
     kf, vf = key.to(ct), value.to(ct)
     if _gqa(query, key, enable_gqa):
         group = query.shape[-3] // key.shape[-3]

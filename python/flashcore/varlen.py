@@ -50,6 +50,8 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from ._scale import sdpa_scale
+
 __all__ = ["varlen_attn", "AuxRequest"]
 
 try:  # PyTorch's own request type where it has one, so either can be passed
@@ -337,7 +339,7 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """(out (T_q, H_q, D_v), lse (H_q, T_q)): per sequence, FlashCore's SDPA forward."""
     seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
     left, right = _window(window_left, window_right, max_k)
-    sc = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    sc = sdpa_scale(scale, query.shape[-1])
     total, hq = query.shape[0], query.shape[1]
     out = query.new_zeros((total, hq, value.shape[-1]))
     lse = torch.full((hq, total), float("inf"), dtype=_lse_dtype(query.dtype),
@@ -380,7 +382,7 @@ def _varlen_backward_op(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor]
     gradients are summed into their pages (pages shared by several sequences get the sum)."""
     seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
     left, right = _window(window_left, window_right, max_k)
-    sc = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    sc = sdpa_scale(scale, query.shape[-1])
     dq = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
     dk = torch.zeros(key.shape, dtype=key.dtype, device=key.device)
     dv = torch.zeros(value.shape, dtype=value.dtype, device=value.device)
