@@ -98,8 +98,7 @@ void plan_mask_copy(BwdDecision& d, const Tensor& mask, int major, int minor) {
   fc_bwd_params with_copy = d.p;
   with_copy.fwd = probe;
   if (fc_sdpa_support(&probe_sm90, major, minor) != FC_OK ||
-      fc_sdpa_bwd_support(&with_copy, major, minor) != FC_OK ||
-      fc_sdpa_bwd_family(&with_copy, major, minor) != FC_FAMILY_SM90)
+      fc_sdpa_bwd_family(&with_copy, major, minor) != FC_FAMILY_SM90)  // (AUTO where unsupported)
     return;
   d.p = with_copy;
   d.mask_copy = c;
@@ -172,8 +171,7 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
   }
   // dq, dk, dv: contiguous, allocated only if the kernel runs. A stand-in pointer (the caching
   // allocator's blocks are 512-byte aligned) lets the support query check everything else.
-  void* const stand_in = reinterpret_cast<void*>(static_cast<uintptr_t>(512));
-  d.p.dq = d.p.dk = d.p.dv = stand_in;
+  d.p.dq = d.p.dk = d.p.dv = flashcore_op::stand_in<void>();
   {
     d.p.dq_stride_d = d.p.dk_stride_d = d.p.dv_stride_d = 1;
     d.p.dq_stride_s = D; d.p.dq_stride_h = Sq * D; d.p.dq_stride_b = Hq * Sq * D;

@@ -51,6 +51,7 @@ using flashcore_op::make_mask_copy;
 using flashcore_op::mask_copy_affordable;
 using flashcore_op::mask_copy_layout;
 using flashcore_op::MaskCopy;
+using flashcore_op::stand_in;
 using flashcore_op::stride_or_0;
 
 using torch::headeronly::ScalarType;
@@ -179,13 +180,6 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v,
 }
 
 
-// Where the stand-ins for tensors not yet allocated "start" (the caching allocator's blocks are
-// 512-byte aligned): the support query checks everything but the data. Never read.
-template <typename T>
-T* stand_in() {
-  return reinterpret_cast<T*>(static_cast<uintptr_t>(512));
-}
-
 // A bool mask the Hopper family cannot read as it is runs there on a copy (mask_copy.h) where
 // the copy is all it lacks and affordable: the family ran such calls 1.13-1.42x PyTorch's default
 // where the sm80 family ran them at 0.41-0.92x (docs/experiments/forward-masks.md). A copy not
@@ -193,8 +187,8 @@ T* stand_in() {
 void plan_mask_copy(Decision& d, const Tensor& mask, int major, int minor) {
   fc_params probe;
   const MaskCopy c = mask_copy_layout(mask, d.p, &probe);
-  if (!c.planned || fc_sdpa_support(&probe, major, minor) != FC_OK ||
-      fc_sdpa_family(&probe, major, minor) != FC_FAMILY_SM90 || !mask_copy_affordable(c, mask, d.p))
+  if (!c.planned || !mask_copy_affordable(c, mask, d.p) ||
+      fc_sdpa_family(&probe, major, minor) != FC_FAMILY_SM90)  // (AUTO where unsupported)
     return;
   d.p = probe;
   d.mask_copy = c;

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "flashcore.h"
+#include "op_common.h"  // stand_in
 
 namespace flashcore_op {
 
@@ -37,7 +38,7 @@ inline MaskCopy mask_copy_layout(const torch::stable::Tensor& mask, const fc_par
   c.heads = nd >= 3 && mask.size(nd - 3) != 1 ? p.heads_q : 1;
   c.row = (p.seqlen_k + 15) / 16 * 16;
   *probe = p;
-  probe->mask = reinterpret_cast<const void*>(static_cast<uintptr_t>(512));
+  probe->mask = stand_in<const void>();
   probe->mask_stride_k = 1;
   probe->mask_stride_q = c.row;
   probe->mask_stride_h = c.heads > 1 ? p.seqlen_q * c.row : 0;
@@ -67,8 +68,9 @@ inline bool mask_copy_affordable(const MaskCopy& c, const torch::stable::Tensor&
   return copy_bytes <= std::max(call_bytes, 2.0 * mask_bytes_in_memory(mask));
 }
 
-// Makes the copy on the current stream and points p's mask at it. The caller keeps the tensor
-// until the kernel is queued (the allocator then frees it in stream order).
+// Makes the copy on the current stream and points p's mask at it (p: the probe of
+// mask_copy_layout, whose strides describe the copy). The caller keeps the tensor until the
+// kernel is queued (the allocator then frees it in stream order).
 inline torch::stable::Tensor make_mask_copy(const MaskCopy& c, const torch::stable::Tensor& mask, fc_params* p) {
   torch::stable::Tensor wide = torch::stable::empty({c.batch, c.heads, p->seqlen_q, c.row},
                                                     torch::headeronly::ScalarType::Bool, std::nullopt,
@@ -76,10 +78,6 @@ inline torch::stable::Tensor make_mask_copy(const MaskCopy& c, const torch::stab
   torch::stable::Tensor keys = torch::stable::narrow(wide, 3, 0, p->seqlen_k);
   torch::stable::copy_(keys, mask);  // (copy_ broadcasts the mask's size-1 dims)
   p->mask = wide.data_ptr();
-  p->mask_stride_k = 1;
-  p->mask_stride_q = c.row;
-  p->mask_stride_h = c.heads > 1 ? p->seqlen_q * c.row : 0;
-  p->mask_stride_b = c.batch > 1 ? c.heads * p->seqlen_q * c.row : 0;
   return wide;
 }
 

@@ -60,6 +60,13 @@ inline double sdpa_scale(const std::optional<double>& scale, int64_t head_dim) {
   return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
+// Where stand-ins for tensors not yet allocated "start" (the caching allocator's blocks are
+// 512-byte aligned): the support queries check everything but the data. Never read.
+template <typename T>
+T* stand_in() {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(512));
+}
+
 // A size-1 dim's stride is meaningless; report 0 so it never trips alignment checks.
 inline int64_t stride_or_0(const torch::stable::Tensor& t, int64_t d) {
   return t.size(d) == 1 ? 0 : t.stride(d);
