@@ -70,6 +70,7 @@ struct Decision {
   fc_family family = FC_FAMILY_AUTO;  // kernel family that runs (when reason == kKernel)
   bool family_forced = false;
   MaskCopy mask_copy;  // planned: the kernel reads a copy of the bool attn_mask (plan_mask_copy)
+  fc_fwd_plan plan{};  // the launch, decided once (reason == kKernel): fc_sdpa_plan
 };
 
 const char* dtype_name(ScalarType t) { return torch::headeronly::toString(t); }
@@ -184,13 +185,15 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v,
 // the copy is all it lacks and affordable: the family ran such calls 1.13-1.42x PyTorch's default
 // where the sm80 family ran them at 0.41-0.92x (docs/experiments/forward-masks.md). A copy not
 // affordable leaves the call to fc_dispatch, which sends it to PyTorch under auto.
-void plan_mask_copy(Decision& d, const Tensor& mask, int major, int minor) {
+void plan_mask_copy(Decision& d, const Tensor& mask, const flashcore_op::DeviceFacts& dev) {
   fc_params probe;
   const MaskCopy c = mask_copy_layout(mask, d.p, &probe);
+  fc_fwd_plan plan;
   if (!c.planned || !mask_copy_affordable(c, mask, d.p) ||
-      fc_sdpa_family(&probe, major, minor) != FC_FAMILY_SM90)  // (AUTO where unsupported)
+      fc_sdpa_plan(&probe, dev.major, dev.minor, dev.sm_count, &plan) != FC_OK || plan.family != FC_FAMILY_SM90)
     return;
   d.p = probe;
+  d.plan = plan;
   d.mask_copy = c;
 }
 
@@ -269,11 +272,12 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
     d.p.sinks = static_cast<const float*>(sinks->data_ptr());
   }
 
-  const auto [major, minor] = compute_capability(q.get_device_index());
-  fc_status s = fc_sdpa_support(&d.p, major, minor);
+  const flashcore_op::DeviceFacts dev = flashcore_op::device_facts(q.get_device_index());
+  const int major = dev.major, minor = dev.minor;
+  fc_status s = fc_sdpa_plan(&d.p, major, minor, dev.sm_count, &d.plan);
   if (d.p.mask_kind == FC_MASK_BOOL && (d.family == FC_FAMILY_AUTO || d.family == FC_FAMILY_SM90) &&
-      (s != FC_OK || fc_sdpa_family(&d.p, major, minor) != FC_FAMILY_SM90)) {
-    plan_mask_copy(d, *mask, major, minor);
+      (s != FC_OK || d.plan.family != FC_FAMILY_SM90)) {
+    plan_mask_copy(d, *mask, dev);
     if (d.mask_copy.planned) s = FC_OK;
   }
   if (s != FC_OK) {
@@ -281,7 +285,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
     fail("flashcore.sdpa: internal error, the op built inconsistent parameters: ",
          fc_status_string(s));
   }
-  d.family = fc_sdpa_family(&d.p, major, minor);
+  d.family = d.plan.family;
   d.reason = kKernel;
   if (!d.family_forced && d.family == FC_FAMILY_SM80) {
     // Say why the preferred Hopper family did not take it, where it runs at all (a mask, a
@@ -375,28 +379,24 @@ Tensor run_kernel(Decision& d, const Tensor& q, const std::optional<Tensor>& mas
   const int32_t dev = q.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(dev);
   std::optional<Tensor> mask_copy;
-  if (d.mask_copy.planned) mask_copy = make_mask_copy(d.mask_copy, *mask, &d.p);
+  if (d.mask_copy.planned) {
+    mask_copy = make_mask_copy(d.mask_copy, *mask, &d.p);
+    d.plan.params.mask = d.p.mask;  // (planned on a stand-in of the copy, same strides)
+  }
   Tensor out = torch::stable::empty({d.p.batch, d.p.heads_q, d.p.seqlen_q, d.p.head_dim},
                                     q.scalar_type(), std::nullopt, q.device());
-  d.p.out = out.data_ptr();
-  if (lse != nullptr) {
+  float* lse_ptr = nullptr;
+  if (lse != nullptr) {  // (decide() planned with a stand-in of this contiguous LSE)
     Tensor l = torch::stable::empty({d.p.batch, d.p.heads_q, d.p.seqlen_q}, ScalarType::Float,
                                     std::nullopt, q.device());
-    d.p.lse = static_cast<float*>(l.data_ptr());
-    d.p.lse_stride_s = 1;
-    d.p.lse_stride_h = d.p.seqlen_q;
-    d.p.lse_stride_b = d.p.heads_q * d.p.seqlen_q;
+    lse_ptr = static_cast<float*>(l.data_ptr());
     *lse = l;
   }
   // Split-KV decoding wants scratch for its partial results: through PyTorch's allocator, on
   // this stream, so it is graph-safe and freed (stream-ordered) once the call is queued.
-  int64_t ws_bytes = 0;
+  const int64_t ws_bytes = d.plan.workspace_bytes;
   std::optional<Tensor> workspace;
-  if (fc_sdpa_workspace_size(&d.p, &ws_bytes) == FC_OK && ws_bytes > 0) {
-    workspace = torch::stable::empty({ws_bytes}, ScalarType::Byte, std::nullopt, q.device());
-    d.p.workspace = workspace->data_ptr();
-    d.p.workspace_bytes = ws_bytes;
-  }
+  if (ws_bytes > 0) workspace = torch::stable::empty({ws_bytes}, ScalarType::Byte, std::nullopt, q.device());
   // Make dev's primary context current on this thread. A thread whose CUDA work so far came
   // from PyTorch's cached allocations may have no current context: the driver's tensor-map
   // encoder (sm90 family) then fails (seen with 8 threads on the default stream), and
@@ -407,7 +407,9 @@ Tensor run_kernel(Decision& d, const Tensor& q, const std::optional<Tensor>& mas
            cudaGetErrorString(set_err));
   void* stream = nullptr;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
-  const fc_status s = fc_sdpa_fwd(&d.p, static_cast<cudaStream_t>(stream));
+  const fc_status s = fc_sdpa_fwd_planned(&d.plan, out.data_ptr(), lse_ptr,
+                                          workspace.has_value() ? workspace->data_ptr() : nullptr,
+                                          ws_bytes, static_cast<cudaStream_t>(stream));
   if (s == FC_ERR_CUDA) {
     const cudaError_t e = fc_last_cuda_error();
     const char* family = family_name(d.family);

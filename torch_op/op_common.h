@@ -36,23 +36,33 @@ template <typename... Args>
   throw std::runtime_error(oss.str());
 }
 
-// Compute capability per device, asked once from the CUDA runtime (one cache for the library).
-inline std::pair<int, int> compute_capability(int32_t device) {
+// A device's compute capability and SM count, asked once from the CUDA runtime (one cache for
+// the library).
+struct DeviceFacts {
+  int major = -1, minor = -1, sm_count = 0;
+};
+inline DeviceFacts device_facts(int32_t device) {
   static std::mutex mu;
-  static std::vector<std::pair<int, int>> cache;
+  static std::vector<DeviceFacts> cache;
   std::lock_guard<std::mutex> lock(mu);
   if (device < 0) device = 0;
-  if (static_cast<size_t>(device) >= cache.size()) cache.resize(device + 1, {-1, -1});
-  if (cache[device].first < 0) {
-    int major = 0, minor = 0;
-    const cudaError_t e1 = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    const cudaError_t e2 = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    if (e1 != cudaSuccess || e2 != cudaSuccess)
-      fail("flashcore: cannot read the compute capability of cuda:", device, ": ",
-           cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
-    cache[device] = {major, minor};
+  if (static_cast<size_t>(device) >= cache.size()) cache.resize(device + 1);
+  if (cache[device].major < 0) {
+    DeviceFacts f;
+    const cudaError_t e1 = cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device);
+    const cudaError_t e2 = cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device);
+    const cudaError_t e3 = cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, device);
+    const cudaError_t e = e1 != cudaSuccess ? e1 : e2 != cudaSuccess ? e2 : e3;
+    if (e != cudaSuccess)
+      fail("flashcore: cannot read the compute capability of cuda:", device, ": ", cudaGetErrorString(e));
+    cache[device] = f;
   }
   return cache[device];
+}
+
+inline std::pair<int, int> compute_capability(int32_t device) {
+  const DeviceFacts f = device_facts(device);
+  return {f.major, f.minor};
 }
 
 // SDPA's scale: the caller's, else 1 / sqrt(head_dim) (PyTorch's default), for every op.
