@@ -12,8 +12,9 @@
 //                        dropout_p must be 0 (flashcore.sdpa sends dropout to aten's autograd).
 //   flashcore::explain - same arguments, returns (family, reason) from the same decision
 //                        function; the Python package turns it into a sentence.
-// Outputs are always contiguous (the fallback's output is made so), which is what the fakes in
-// python/flashcore/_ops.py promise. Autograd, fakes and the backward op live in Python.
+// Output layout: a 4-D out is (B, Hq, Sq, D) over (B, Sq, Hq, D)-ordered storage (new_output),
+// from every path; other ranks are contiguous. The fakes in python/flashcore/_ops.py promise
+// the same. Autograd, fakes and the backward op live in Python.
 //
 // Reason codes (returned by explain): torch_op/reasons.h lists them with their sentences; the
 // end of this file exports them, and the family names, to the Python package as plain C functions.
@@ -23,6 +24,7 @@
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <dlfcn.h>
@@ -56,6 +58,33 @@ using flashcore_op::stride_or_0;
 
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
+
+// ---- the output's layout --------------------------------------------------------------------
+
+// A 4-D output is (B, H, S, D) over storage ordered (B, S, H, D), the layout aten's fused CUDA
+// backends return: a caller's usual next step, out.transpose(1, 2).reshape(B, S, H * D), is
+// then a view instead of a copy, and a fallback returns aten's output without copying it.
+Tensor new_output(int64_t B, int64_t H, int64_t S, int64_t D, const Tensor& like) {
+  return torch::stable::transpose(
+      torch::stable::empty({B, S, H, D}, like.scalar_type(), std::nullopt, like.device()), 1, 2);
+}
+
+// aten's output in new_output's layout: as it is where it already has those strides (sizes
+// of 1 included, so the fake's strides always hold), else copied; other ranks contiguous.
+Tensor in_output_layout(const Tensor& aten_out) {
+  if (aten_out.dim() != 4) return torch::stable::contiguous(aten_out);
+  const int64_t B = aten_out.size(0), H = aten_out.size(1), S = aten_out.size(2),
+                D = aten_out.size(3);
+  // (torch.empty's strides, which count an empty dim as size 1)
+  const int64_t h = std::max<int64_t>(H, 1), s = std::max<int64_t>(S, 1), d = std::max<int64_t>(D, 1);
+  const int64_t want[4] = {s * h * d, d, h * d, 1};
+  bool same = true;
+  for (int i = 0; i < 4; ++i) same = same && aten_out.stride(i) == want[i];
+  if (same) return aten_out;
+  Tensor out = new_output(B, H, S, D, aten_out);
+  torch::stable::copy_(out, aten_out);
+  return out;
+}
 
 // ---- reasons -------------------------------------------------------------------------------
 
@@ -251,9 +280,9 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   d.p.k_stride_s = stride_or_0(k, 2); d.p.k_stride_d = D == 1 ? 1 : k.stride(3);
   d.p.v_stride_b = stride_or_0(v, 0); d.p.v_stride_h = stride_or_0(v, 1);
   d.p.v_stride_s = stride_or_0(v, 2); d.p.v_stride_d = D == 1 ? 1 : v.stride(3);
-  // out (and lse): contiguous (B, Hq, Sq, D) and (B, Hq, Sq), allocated only if the kernel runs.
+  // out (new_output's layout) and lse (contiguous (B, Hq, Sq)), allocated only if the kernel runs.
   d.p.out = stand_in<void>();
-  d.p.o_stride_d = 1; d.p.o_stride_s = D; d.p.o_stride_h = Sq * D; d.p.o_stride_b = Hq * Sq * D;
+  d.p.o_stride_d = 1; d.p.o_stride_h = D; d.p.o_stride_s = Hq * D; d.p.o_stride_b = Sq * Hq * D;
   if (want_lse) {
     d.p.lse = stand_in<float>();
     d.p.lse_stride_s = 1; d.p.lse_stride_h = Sq; d.p.lse_stride_b = Hq * Sq;
@@ -372,8 +401,8 @@ std::string explain_status(const Decision& d) {
   return "reason " + std::to_string(d.reason);
 }
 
-// Runs the kernel decide() chose. out: contiguous (B, Hq, Sq, D); lse (if asked for):
-// contiguous (B, Hq, Sq) fp32.
+// Runs the kernel decide() chose. out: new_output's layout; lse (if asked for): contiguous
+// (B, Hq, Sq) fp32.
 Tensor run_kernel(Decision& d, const Tensor& q, const std::optional<Tensor>& mask,
                   std::optional<Tensor>* lse) {
   const int32_t dev = q.get_device_index();
@@ -383,8 +412,7 @@ Tensor run_kernel(Decision& d, const Tensor& q, const std::optional<Tensor>& mas
     mask_copy = make_mask_copy(d.mask_copy, *mask, &d.p);
     d.plan.params.mask = d.p.mask;  // (planned on a stand-in of the copy, same strides)
   }
-  Tensor out = torch::stable::empty({d.p.batch, d.p.heads_q, d.p.seqlen_q, d.p.head_dim},
-                                    q.scalar_type(), std::nullopt, q.device());
+  Tensor out = new_output(d.p.batch, d.p.heads_q, d.p.seqlen_q, d.p.head_dim, q);
   float* lse_ptr = nullptr;
   if (lse != nullptr) {  // (decide() planned with a stand-in of this contiguous LSE)
     Tensor l = torch::stable::empty({d.p.batch, d.p.heads_q, d.p.seqlen_q}, ScalarType::Float,
@@ -530,8 +558,7 @@ bool nothing_to_compute(const Tensor& q, const Tensor& k, const Tensor& v) {
   return empty_out || k.size(2) == 0;
 }
 Tensor trivial_output(const Tensor& q, const Tensor& v) {
-  Tensor out = torch::stable::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.scalar_type(),
-                                    std::nullopt, q.device());
+  Tensor out = new_output(q.size(0), q.size(1), q.size(2), v.size(3), q);
   if (out.numel() > 0) torch::stable::zero_(out);
   return out;
 }
@@ -548,16 +575,13 @@ Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dro
   if (d.reason != kKernel) {
     check_forced_family(d);
     if (nothing_to_compute(q, k, v)) return trivial_output(q, v);
-    // Contiguous like the kernel's output, so the layout (and the fake's) never depends on
-    // which aten backend ran (aten's flash/efficient/cuDNN backends return (B, S, H, D) storage).
-    return torch::stable::contiguous(
-        aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
+    return in_output_layout(aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
   }
   return run_kernel(d, q, mask, nullptr);
 }
 
 // Forward that also returns the log-sum-exp of each query row (what the backward needs):
-// out as sdpa's (contiguous), lse contiguous out.shape[:-1], float32 (float64 for float64
+// out as sdpa's (new_output's layout), lse contiguous out.shape[:-1], float32 (float64 for float64
 // inputs), natural log, of the scaled + masked scores; -inf for fully masked rows.
 //
 // window_left / window_right / bottom_right: flashcore.attention's band (fc_params' window
@@ -593,8 +617,7 @@ std::tuple<Tensor, Tensor> forward_with_lse(Tensor q, Tensor k, Tensor v, std::o
              "calls in PyTorch");
     is_causal = band == FC_BAND_TOP_LEFT_CAUSAL;
     if (nothing_to_compute(q, k, v)) return {trivial_output(q, v), trivial_lse(q)};
-    Tensor out = torch::stable::contiguous(
-        aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
+    Tensor out = in_output_layout(aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
     Tensor lse = fallback_lse(q, k, mask, is_causal, scale, enable_gqa, out);
     return {out, lse};
   }

@@ -8,12 +8,14 @@ the op with the C++ op's exact schema, so code written for FlashCore runs unchan
 integration): every call is PyTorch's own ``scaled_dot_product_attention``.
 
 The op is CompositeImplicitAutograd: autograd, torch.compile and meta tensors see aten's SDPA
-itself, so gradients and traced graphs are PyTorch's. The output is made contiguous, as the
-C++ op's always is.
+itself, so gradients and traced graphs are PyTorch's. The output is put in the C++ op's
+layout (_layout.py).
 """
 import warnings
 
 import torch
+
+from ._layout import in_output_layout
 
 # Kept alive for the whole process: the library object owns the registrations.
 _lib = torch.library.Library("flashcore", "DEF")
@@ -40,9 +42,9 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
           enable_gqa=False):
     if query.is_cuda:
         _warn_once_on_cuda()
-    return torch.ops.aten.scaled_dot_product_attention(
+    return in_output_layout(torch.ops.aten.scaled_dot_product_attention(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-        enable_gqa=enable_gqa).contiguous()
+        enable_gqa=enable_gqa))
 
 
 _lib.impl("sdpa", _sdpa, "CompositeImplicitAutograd")

@@ -32,7 +32,8 @@ SDPA for both passes: aten where FlashCore's backward for the call would be slow
 PyTorch's on this device (TRAINING_TABLE below, FLASHCORE_TRAINING to override).
 
 Every op has a fake (meta) implementation here giving the real op's sizes, strides and dtypes:
-all tensor outputs are contiguous (the C++ op makes aten's fallback output contiguous).
+sdpa's and sdpa_fwd's 4-D output lies in (B, S, H, D)-ordered storage (_layout.py, from every
+path, fallbacks included); every other tensor output is contiguous.
 
 The LSE is float32, except for float64 inputs where it is float64 (so gradcheck in float64 sees
 float64 math end to end). Shape: the output's shape without its last dim.
@@ -45,6 +46,7 @@ import torch
 
 from . import _band
 from . import _reason_code  # reasons.h, through libflashcore_op.so (flashcore/__init__.py)
+from ._layout import in_output_layout, new_output, output_strides
 from ._scale import sdpa_scale
 
 _lib = torch.library.Library("flashcore", "FRAGMENT")  # kept alive: owns the registrations
@@ -106,7 +108,7 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
 def _sdpa_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                enable_gqa=False):
     _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return query.new_empty(_out_shape(query, key, value, enable_gqa))
+    return new_output(query, _out_shape(query, key, value, enable_gqa))
 
 
 @torch.library.register_fake("flashcore::sdpa_fwd", lib=_lib)
@@ -116,7 +118,7 @@ def _sdpa_fwd_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     torch._check(dropout_p == 0.0, lambda: "flashcore.sdpa_fwd: dropout_p must be 0")
     shape = _out_shape(query, key, value, enable_gqa)
-    return (query.new_empty(shape),
+    return (new_output(query, shape),
             query.new_empty(shape[:-1], dtype=_lse_dtype(query.dtype)))
 
 
@@ -657,7 +659,7 @@ def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gq
                        deterministic, mask_layout=None) -> Tuple[int, int]:
     """(reason, family) from explain_bwd for a call whose forward has not run yet: stand-ins with
     the layouts of q, k, v, and for out, lse and grad_out what the forward and autograd will
-    give (out and lse contiguous, as sdpa_fwd makes them; grad_out usually contiguous too)."""
+    give (out in sdpa_fwd's layout, _layout.py; lse contiguous; grad_out usually out's layout)."""
     from torch.utils._python_dispatch import _disable_current_modes
     if any(len(layout[0]) != 4 for layout in (q_layout, k_layout, v_layout)):
         return _REASON_NOT_4D, 0
@@ -670,7 +672,7 @@ def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gq
             out_sizes = _out_shape(q, k, v, enable_gqa)
         except RuntimeError:  # sizes that do not broadcast: the call itself will say so
             return _REASON_SHAPES, 0
-        out = _stand_in(out_sizes, _contiguous_strides(out_sizes), q.dtype, q.device)
+        out = _stand_in(out_sizes, output_strides(out_sizes), q.dtype, q.device)
         lse_sizes = out_sizes[:-1]
         lse = _stand_in(lse_sizes, _contiguous_strides(lse_sizes), _lse_dtype(q.dtype), q.device)
         mask = None if mask_layout is None else _stand_in(*mask_layout)
@@ -689,10 +691,10 @@ def _sdpa_autograd(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_
         if dropout_p > 0.0 or _training_goes_to_aten(query, key, value, attn_mask, is_causal,
                                                      scale, enable_gqa):
             # aten's differentiable SDPA for both passes (with dropout: aten owns the dropout
-            # RNG and its backward); the result made contiguous, as sdpa's always is.
-            return torch.ops.aten.scaled_dot_product_attention(
+            # RNG and its backward); the result in sdpa's layout (_layout.py).
+            return in_output_layout(torch.ops.aten.scaled_dot_product_attention(
                 query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                enable_gqa=enable_gqa).contiguous()
+                enable_gqa=enable_gqa))
         return _SDPA_FWD(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                          enable_gqa=enable_gqa)[0]
     # No gradient to record: straight to the kernels below Autograd. This runs on every
