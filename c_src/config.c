@@ -5,7 +5,7 @@
  */
 #include "config.h"
 
-#include "dispatch.h" /* FC_DECODE_MAX_SPLITS, FC_SM90_D64_* */
+#include "launch_rules.h" /* FC_DECODE_MAX_SPLITS, FC_SM90_D64_* */
 
 #include <string.h>
 

@@ -1,21 +1,17 @@
 /*
- * dispatch.h - internal: the table of compiled kernels and the choice of kernel family.
+ * dispatch.h - internal: the table of compiled kernels and the choice of kernel family, for the
+ * library's C files (no kernel includes it: the launchers read launch_rules.h and runtime.h).
  * Not part of the public API (flashcore.h is).
  */
 #ifndef FLASHCORE_DISPATCH_H
 #define FLASHCORE_DISPATCH_H
 
 #include "flashcore.h"
+#include "launch_rules.h"
+#include "runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
-#endif
-
-/* Helpers below marked so are also called from the kernels. */
-#if defined(__CUDACC__)
-#define FC_HOST_DEVICE __host__ __device__
-#else
-#define FC_HOST_DEVICE
 #endif
 
 /* Every kernel instantiation exposes one launcher of this type (kernels/fwd_*_hdim*_*.cu). */
@@ -28,27 +24,6 @@ typedef cudaError_t (*fc_launch_fn)(const fc_params *p, cudaStream_t stream);
 fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_fn *launch,
                       fc_family *family);
 
-/*
- * Split-KV decoding: how many key ranges to cut each (batch, KV head) into on a device with
- * `sm_count` SMs, and the workspace that takes (partial O and LSE in fp32).
- */
-int fc_decode_splits(const fc_params *p, int sm_count);
-/* Keys per pipeline chunk of the decode kernels (kernels/decode_sm80.cuh); the split heuristic
- * counts key ranges in these chunks. */
-#define FC_DECODE_CHUNK 32
-/* The most key ranges fc_decode_splits cuts a (batch, KV head) into (also the limit of the
- * FLASHCORE_DECODE_SPLITS override, config.h). */
-#define FC_DECODE_MAX_SPLITS 64
-/* Calls of up to this many rows per (batch, KV head), (Hq / Hkv) x Sq, run the tensor-core
- * decode kernel; 17-32 rows the CUDA-core one (kernels/decode_sm80.cuh, launch_decode). */
-#define FC_DECODE_MMA_ROWS 16
-/* The decode split aims at one wave of this many CTAs per SM, per kernel (fc_decode_splits). */
-#define FC_DECODE_CTAS_PER_SM_MMA 1
-#define FC_DECODE_CTAS_PER_SM_ROWS 3
-/* The CTAs per SM fc_decode_splits aims at for these params. */
-#define FC_DECODE_CTAS_PER_SM(p) \
-    ((p)->heads_q / (p)->heads_kv * (p)->seqlen_q <= FC_DECODE_MMA_ROWS ? FC_DECODE_CTAS_PER_SM_MMA : FC_DECODE_CTAS_PER_SM_ROWS)
-int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
 /* The Hopper family's grid split for one-row decoding over few pairs (1: none); see dispatch.c. */
 int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced);
 /* A GQA call of one query row without a causal mask, run in the Hopper family, goes as one block
@@ -58,130 +33,24 @@ int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced);
 int fc_decode_packs_for_sm90(const fc_params *p);
 void fc_pack_decode_gqa(fc_params *p);
 
-/*
- * Split-KV for the Hopper family's small grids: into how many key ranges (one cluster of CTAs
- * per tile) to cut each of `tiles` (query block, head, batch) tiles of up to `key_tiles` key
- * tiles, with at least `min_key_tiles_per_split` key tiles per range, given wave_ctas[s] = the
- * CTAs that run at once in clusters of s, s = 1..max_splits.
- */
-int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_split, const int *wave_ctas,
-                      int max_splits);
-/* Key tiles per range: 2 (a range of one tile leaves no loads to overlap with the math), and 4
- * for D=64's one-warpgroup configuration, whose key tiles are short next to the merge (~3 us on
- * the H100). Measured there (B=1 H=8 D=64 fp16, CUDA graph, us per call, unsplit -> 2 ranges):
- * Sq x Sk 512 x 512 (4 key tiles) 6.1 -> 6.8, 256 x 1024 (8) 9.5 -> 8.2, 256 x 2048 (16) 16.4 -> 11.5. */
-#define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT 2
-#define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY 4
-/* A small grid: `tiles` CTAs fill at most half of `ctas_per_wave` (the SMs, for one CTA per SM).
- * The Hopper family cuts such grids' keys (fc_prefill_splits) and gives D=64 its short
- * configuration for them (kernels/sm90/fwd_launch.cuh, launch_fwd). */
-int fc_grid_is_small(int64_t tiles, int64_t ctas_per_wave);
-/* The persistent grid for `tiles` tiles of equal work on `sms` SMs (one CTA each): as few CTAs
- * as run them in the same number of rounds as a full wave, so that every CTA runs the same
- * number of tiles, give or take one, and none finishes a round early. E.g. 256 one-row decode
- * tiles: 128 CTAs of 2 tiles, not 132 of which 8 idle for the second round. (The A/B switch to
- * the full wave, FLASHCORE_SM90_BALANCED=0, is retired: docs/TUNING.md.) */
-int64_t fc_balanced_grid(int64_t tiles, int64_t sms);
-/* fc_params.band_: what the band is, once resolved (fc_resolve_band_). The band itself is
- * fc_band_bounds's (flashcore.h): query row i sees keys i + lo .. i + hi. */
-enum { FC_BAND_UNRESOLVED_ = 0, FC_BAND_NONE_ = 1, FC_BAND_CAUSAL_ = 2, FC_BAND_GENERAL_ = 3 };
 /* On the library's own copy of a validated struct, before anything reads `causal`: a band that is
  * every key (NONE) or plain top-left causal (CAUSAL) becomes exactly that (causal 0 or 1, no
  * window, top-left), so the kernels without a band path run it; any other band (GENERAL) keeps
  * its numbers in band_lo_ / band_hi_ and sets causal = 1, so that every rule that treats a causal
  * call as masked (decode packing, split heuristics) treats it so. Idempotent. */
 void fc_resolve_band_(fc_params *p);
-/* Key tiles [*first, *end) of `block_keys`-key tiles that rows [row0, row1) see under a general
- * band (empty when first == end); the kernels and the launchers' heuristics share it. */
-FC_HOST_DEVICE static inline void fc_band_key_tiles(int64_t row0, int64_t row1, int64_t lo, int64_t hi,
-                                                    int64_t seqlen_k, int64_t block_keys, int64_t *first,
-                                                    int64_t *end) {
-    int64_t k0 = row0 + lo, k1 = row1 - 1 + hi; /* first and last key seen */
-    if (k0 < 0) k0 = 0;
-    if (k1 > seqlen_k - 1) k1 = seqlen_k - 1;
-    if (k1 < k0) {
-        *first = *end = 0;
-        return;
-    }
-    *first = k0 / block_keys;
-    *end = k1 / block_keys + 1;
-}
 
-/* Keys the longest query block sees: causal (top-left aligned) rows see no key past their own
- * index, so a causal call with fewer queries than keys reads only its first seqlen_q keys. */
-static inline int64_t fc_longest_key_run(int64_t seqlen_q, int64_t seqlen_k, int causal) {
-    return causal && seqlen_q < seqlen_k ? seqlen_q : seqlen_k;
-}
-/*
- * The Hopper family's configuration for a D=64 call (kernels/sm90/fwd_traits.cuh, FwdConfig), on a
- * device of `sms` SMs: three consumer warpgroups on 192-row blocks (LONG), two on 128 (SHORT),
- * one on 64 (TINY), or two splitting the key tiles of 64-row blocks (PAIR). The rules and the
- * measurements behind them are at the definition (dispatch.c).
- */
-enum { FC_SM90_D64_LONG = 0, FC_SM90_D64_SHORT = 1, FC_SM90_D64_TINY = 2, FC_SM90_D64_PAIR = 3 };
-#define FC_SM90_D64_LONG_ROWS 192
-#define FC_SM90_D64_SHORT_ROWS 128
-#define FC_SM90_D64_TINY_ROWS 64 /* also the pair's */
-#define FC_SM90_D64_KEY_TILE 128
-/* SHORT for causal calls up to this length. 4096 (SHORT at the sweep's causal 2k and 4k) lost
- * (H100, fp16, 3 interleaved passes at e7f9e67, ratio to cuDNN): 2k 0.99 -> 0.95, 4k 1.04 -> 0.945. */
-#define FC_SM90_D64_SHORT_SEQLEN_Q 1024
-#define FC_SM90_D64_PAIR_KEY_TILES 64     /* PAIR for blocks of up to this many key tiles */
-#define FC_SM90_D64_TINY_CAUSAL_KEY_TILES 8 /* TINY for two-wave causal grids from this many */
-/* Causal, more than FC_SM90_D64_SHORT_SEQLEN_Q rows, 64-row grid past one wave (dispatch.c): */
-#define FC_SM90_D64_PAIR_CAUSAL_KEY_TILES 48            /* PAIR up to two waves from this many */
-#define FC_SM90_D64_PAIR_CAUSAL_KEY_TILES_SHORT_WAVE 24 /* PAIR up to 1.5 waves from this many */
-#define FC_SM90_D64_SHORT_CAUSAL_WAVES 8                /* SHORT up to this many waves */
-int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k, int causal, int64_t sms);
-/* Whether to launch a grid of `grid_ctas` CTAs with programmatic dependent launch
- * (cudaLaunchAttributeProgrammaticStreamSerialization; sm90 forward, decode kernels and their
- * merge on sm_90 only): the kernel's launch and prologue then overlap the tail of the kernel
- * before it in the stream. Every such kernel waits for the grids before it (griddepcontrol.wait)
- * ahead of its first global memory access, so the stream's ordering of memory is unchanged.
- * Only grids that fit in one wave (`wave_ctas` run at once): measured on the H100 in CUDA graphs
- * (docs/experiments/sessions-04-09.md, sixth session), B=1 H=8 S=512 D=64 went from 9.06 to 8.22 us and split
- * decode rows gained 4-12%, but unsplit decode grids of 2-8 waves lost 10-17%.
- * FLASHCORE_PDL=0 turns it off (config.h: the serial reference of the PDL tests, and a way out). */
-int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
-
-/* The Hopper backward's workspace (c_src/bwd.c, kernels/sm90/bwd_kernel.cuh): per (batch, query
- * head), seqlen_q rounded up to FC_SM90_BWD_ROW_BLOCK rows, so that every query block's row terms
- * are one aligned, in-bounds bulk copy: the row terms [B*Hq][Sq_pad / 64][delta 64, LSE*log2(e)
- * 64] fp32 (LSE +inf past Sq), then the dq accumulator [B*Hq][Sq_pad][D + FC_SM90_BWD_DQ_PAD] fp32
- * (rows padded as the kernel's shared-memory staging is, so that a block's rows are one bulk
- * reduction), then FC_SM90_BWD_COUNTER_BYTES for the main kernel's tile counter (its persistent
- * CTAs' next tile). */
-#define FC_SM90_BWD_ROW_BLOCK 64
-/* Keys per CTA of the Hopper backward: its grid is one dimension of (key block, KV head, batch). */
-#define FC_SM90_BWD_KEY_BLOCK 128
-#define FC_SM90_BWD_DQ_PAD 8
-#define FC_SM90_BWD_COUNTER_BYTES 16
-static inline FC_HOST_DEVICE int64_t fc_sm90_bwd_padded_seqlen(const fc_params *f) {
-    return (f->seqlen_q + FC_SM90_BWD_ROW_BLOCK - 1) / FC_SM90_BWD_ROW_BLOCK * FC_SM90_BWD_ROW_BLOCK;
-}
-static inline int64_t fc_sm90_bwd_workspace_bytes(const fc_params *f) {
-    return f->batch * f->heads_q * fc_sm90_bwd_padded_seqlen(f) * (2 + f->head_dim + FC_SM90_BWD_DQ_PAD) * 4 +
-           FC_SM90_BWD_COUNTER_BYTES;
-}
-/* CTAs of the Hopper backward's main kernel for `tiles` tiles on `sms` SMs: at most one per SM, each
- * taking tiles until none are left (kernels/sm90/bwd_kernel.cuh). FLASHCORE_BWD_PERSISTENT=0 gives
- * one CTA per tile instead (config.h; A/B timing while that comparison is open). */
-int64_t fc_sm90_bwd_grid(int64_t tiles, int64_t sms);
-
-/* For c_src/bwd.c and the launchers (defined in flashcore.c): the current device, its compute
- * capability and SM count (cached; any output may be NULL), the thread's last CUDA error, and
- * the stride / alignment / offset checks of one (B, H, S, D) operand as fc_params_validate
- * applies them. */
-fc_status fc_device_info_(int *device, int *major, int *minor, int *sms);
+/* For c_src/bwd.c (defined in flashcore.c): the stride / alignment / offset checks of one
+ * (B, H, S, D) operand as fc_params_validate applies them. */
+fc_status fc_check_operand_(const int64_t size[4], const int64_t stride[4], const void *base,
+                            int64_t elem_bytes);
+/* Defined in flashcore.c: how many times fc_params_validate ran on this thread (the tests count
+ * one validation per planned call; exported for them, not part of the API). */
+unsigned long long fc_validations_on_thread_(void);
 /* Defined in dispatch.c: does this library hold machine code of `family` for the device? */
 int fc_family_runs_on_(fc_family family, int cc_major, int cc_minor);
 /* Defined in dispatch.c: can the Hopper family's TMA tensor maps take these strides and scale? */
 int fc_sm90_takes_layout_(const fc_params *p);
-/* Whether a bool attn_mask's layout lets the Hopper kernels' TMA bring it in tiles (dispatch.c). */
-int fc_mask_tiles_fit_(const fc_params *p);
-void fc_set_last_cuda_error_(cudaError_t err);
-fc_status fc_check_operand_(const int64_t size[4], const int64_t stride[4], const void *base,
-                            int64_t elem_bytes);
 
 #ifdef __cplusplus
 }

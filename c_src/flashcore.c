@@ -135,7 +135,12 @@ static fc_status check_offsets(const operand *t, const void *base, int64_t elem_
 
 static int aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
 
+/* Validations on this thread, for the tests that check a call validates its struct once. */
+static _Thread_local unsigned long long validations_on_thread;
+FC_API unsigned long long fc_validations_on_thread_(void) { return validations_on_thread; }
+
 FC_API fc_status fc_params_validate(const fc_params *p) {
+    ++validations_on_thread;
     if (p == NULL) return FC_ERR_NULL_PARAMS;
     if ((int)p->dtype < FC_DTYPE_FP16 || (int)p->dtype > FC_DTYPE_FP32) return FC_ERR_BAD_DTYPE;
     if ((int)p->mask_kind < FC_MASK_NONE || (int)p->mask_kind > FC_MASK_ADDITIVE)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs the libFuzzer target over FlashCore's C validation (tests/fuzz/fuzz_params.c)
-# for a bounded time, on the CPU (no GPU, no CUDA code: c_src/flashcore.c + c_src/dispatch.c +
-# c_src/bwd.c + c_src/config.c with stub launchers, forward and backward). A finding (crash,
+# for a bounded time, on the CPU (no GPU, no CUDA code: c_src/flashcore.c, dispatch.c,
+# launch_rules.c, bwd.c and config.c with stub launchers, forward and backward). A finding (crash,
 # ASan/UBSan report, violated property) fails the script and leaves the input in
 # build/fuzz/artifacts/.
 #
@@ -110,7 +110,7 @@ mkdir -p "$CORPUS" "$OUT/artifacts"
   -DFC_HAVE_SM90_BWD_HDIM128_fp16=1 -DFC_HAVE_SM90_BWD_HDIM128_bf16=1 \
   -DFC_BUILT_SM89=1 -DFC_BUILT_SM90=1 \
   -Ic_src -I"$CUDA_INC" \
-  tests/fuzz/fuzz_params.c c_src/flashcore.c c_src/dispatch.c c_src/bwd.c c_src/config.c -lm -o "$OUT/fuzz_params"
+  tests/fuzz/fuzz_params.c c_src/flashcore.c c_src/dispatch.c c_src/launch_rules.c c_src/bwd.c c_src/config.c -lm -o "$OUT/fuzz_params"
 
 # Written afresh: a seed or reproducer dropped from make_seeds.py must not linger from a run before.
 rm -rf "$OUT/seeds" "$OUT/known_bugs"

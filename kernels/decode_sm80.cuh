@@ -35,8 +35,9 @@
 #include "common/launch.h"
 #include "common/sm80_ptx.cuh"
 #include "common/split_combine.cuh"
-#include "dispatch.h"
 #include "flashcore.h"
+#include "launch_rules.h"
+#include "runtime.h"
 
 #include <cuda_runtime.h>
 #include <math.h>

@@ -41,8 +41,9 @@
 
 #include "common/sm80_ptx.cuh"
 #include "config.h"
-#include "dispatch.h"
 #include "flashcore.h"
+#include "launch_rules.h"
+#include "runtime.h"
 #include "sm80/tile.cuh"
 #include "sm80/mask_tile.cuh"
 #include "sm80/row_copy.cuh"

@@ -11,7 +11,7 @@
 //   fwd_store.cuh     the epilogue's steps: split merges, LSE, sinks, O stores
 //   fwd_kernel.cuh    fwd_kernel, which calls them (and the FLASHCORE_SM90_TRACE buffer, g_trace)
 //   fwd_launch.cuh    host side: paired_grid, launch_config, launch_fwd_config, launch_fwd, the
-//                     static_asserts against c_src/dispatch.h, FLASHCORE_DEFINE_SM90_FWD
+//                     static_asserts against c_src/launch_rules.h, FLASHCORE_DEFINE_SM90_FWD
 // (with sm90/ptx.cuh and sm90/tensor_map.h, shared with the backward). Instantiated per (head
 // dim, dtype) in fwd_sm90_hdim*_*.cu. Run it through the C API; tests force it with
 // FLASHCORE_FAMILY=sm90.

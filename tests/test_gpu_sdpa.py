@@ -771,3 +771,23 @@ def test_cuda_graph_capture_and_replay(family, causal, sq, sk, hkv, ratio):
         g.replay()
         torch.cuda.synchronize()
         check_close(out, nq, nk, nv, causal, None, f"graph replay {i} [{family}]")
+
+
+@pytest.mark.skipif(not HOPPER, reason="needs an sm_90 device (the Hopper family's plan)")
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_validation_per_kernel_call(causal):
+    """The op plans a call once (fc_sdpa_plan in decide()) and launches the plan: libflashcore
+    validates the call's struct once per forward, with or without the LSE (a prefill in the
+    Hopper family; one-row GQA calls also validate their packed copy, on purpose)."""
+    import ctypes
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(flashcore.__file__), "libflashcore.so"))
+    count = lib.fc_validations_on_thread_
+    count.restype = ctypes.c_ulonglong
+    q, k, v = make_inputs(2, 8, 2, 300, 300, 128, torch.float16, "bshd")
+    assert flashcore.explain(q, k, v, is_causal=causal, enable_gqa=True) == "kernel sm90"
+    for call in (lambda: torch.ops.flashcore.sdpa(q, k, v, is_causal=causal, enable_gqa=True),
+                 lambda: torch.ops.flashcore.sdpa_fwd(q, k, v, is_causal=causal, enable_gqa=True)):
+        call()  # (first calls cache the device's facts)
+        before = count()
+        call()
+        assert count() - before == 1

@@ -137,7 +137,7 @@ __device__ __forceinline__ bool must_rebase(float mx, float base_max, float to_l
     return !((mx - base_max) * to_log2 <= kLazyGrowthLog2);
 }
 
-// Programmatic dependent launch (host side: fc_use_pdl in c_src/dispatch.h). A kernel
+// Programmatic dependent launch (host side: fc_use_pdl in c_src/launch_rules.h). A kernel
 // launched with it may start while the grid before it in the stream still runs: it must wait for
 // that grid (complete, its memory visible) before its first global memory access. allow_
 // dependent_grids lets the next such kernel start launching. Both are no-ops for a launch

@@ -11,7 +11,8 @@
 #pragma once
 
 #include "common/launch.h"
-#include "dispatch.h"  // fc_mask_tiles_fit_
+#include "launch_rules.h"  // fc_mask_tiles_fit_
+#include "runtime.h"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/bwd_rows.cuh"
 #include "sm90/tensor_map.h"
@@ -87,7 +88,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
 }
 
 // Whether a bool mask's layout lets TMA bring its tiles (kMaskBoolTiles): fc_mask_tiles_fit_
-// (c_src/dispatch.c), the rule the Hopper forward's masked shape shares.
+// (c_src/launch_rules.c), the rule the Hopper forward's masked shape shares.
 inline bool mask_tiles_fit(const fc_params &f) { return fc_mask_tiles_fit_(&f) != 0; }
 
 // The variant for a call (each with or without a softcap): causal, a general band (p.fwd.band_, set by

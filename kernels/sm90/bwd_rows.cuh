@@ -1,5 +1,5 @@
 // sm90/bwd_rows.cuh - the Hopper backward's row-wise kernels around its main kernel
-// (sm90/bwd_kernel.cuh), over the workspace laid out in c_src/dispatch.h
+// (sm90/bwd_kernel.cuh), over the workspace laid out in c_src/launch_rules.h
 // (fc_sm90_bwd_workspace_bytes): per (batch, query head) the query rows are padded to a multiple
 // of the main kernel's query tile, so that each tile's row terms are one aligned bulk copy.
 //
@@ -13,8 +13,8 @@
 
 #include "common/bwd_delta.cuh"
 #include "common/sm80_ptx.cuh"  // pack2
-#include "dispatch.h"
 #include "flashcore.h"
+#include "launch_rules.h"
 
 #include <cuda_runtime.h>
 #include <math.h>

@@ -6,8 +6,8 @@
 
 #include "common/sm80_ptx.cuh"  // pack2, smem_addr, fast_exp2
 #include "common/wgmma_generated.cuh"
-#include "dispatch.h"
 #include "flashcore.h"
+#include "launch_rules.h"
 #include "sm90/bwd_rows.cuh"
 #include "sm90/ptx.cuh"
 

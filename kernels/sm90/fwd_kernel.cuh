@@ -64,7 +64,7 @@
 #include "common/sm80_ptx.cuh"
 #include "common/split_combine.cuh"  // partial_rows (kGridSplit)
 #include "common/wgmma_generated.cuh"
-#include "dispatch.h"  // fc_band_key_tiles
+#include "launch_rules.h"  // fc_band_key_tiles
 #include "flashcore.h"
 #include "sm90/fwd_epilogue.cuh"
 #include "sm90/fwd_split.cuh"

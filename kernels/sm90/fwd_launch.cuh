@@ -4,7 +4,7 @@
 // __grid_constant__ parameters), the configuration (launch_fwd: band, mask, softcap, D=64's shape), and
 // the grid (launch_fwd_config: a cluster or grid split-KV, else a persistent grid in snake order,
 // paired_grid for causal, or one CTA per tile); the static_asserts that tie the D=64 shapes to
-// c_src/dispatch.h; and FLASHCORE_DEFINE_SM90_FWD, which the kernels/fwd_sm90_hdim*_*.cu files
+// c_src/launch_rules.h; and FLASHCORE_DEFINE_SM90_FWD, which the kernels/fwd_sm90_hdim*_*.cu files
 // instantiate per (head dim, dtype) (with the profiling trace's copy-out, FLASHCORE_SM90_TRACE).
 #pragma once
 
@@ -12,8 +12,9 @@
 #include "common/sm80_ptx.cuh"       // pdl_launch_attribute
 #include "common/split_combine.cuh"  // combine_kernel, partial_rows (kGridSplit)
 #include "config.h"                  // fc_config_get
-#include "dispatch.h"
 #include "flashcore.h"
+#include "launch_rules.h"
+#include "runtime.h"
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/fwd_split.cuh"
 #include "sm90/fwd_traits.cuh"
@@ -130,7 +131,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     // Split-KV for grids that leave most SMs idle (B=1 prefill, a chunk of queries against a
     // cache): clusters of `splits` CTAs share each tile's key tiles and merge through
     // distributed shared memory (SplitSlots, finish_split_rows). How many: fc_prefill_splits in
-    // c_src/dispatch.c, from the CTAs that fit at once in clusters of each size (clusters must
+    // c_src/launch_rules.c, from the CTAs that fit at once in clusters of each size (clusters must
     // sit inside one GPC, so fewer fit than SMs). FLASHCORE_KV_SPLITS=1..8 (config.h) forces a
     // split count (for A/B runs and the tests' split-independence checks). Measured (H100, fp16,
     // GQA 32:8, eager medians, ratio = cuDNN time / ours in the same run;
@@ -198,7 +199,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
         // 64; split 7.3 us, unsplit 3.7).
         // (A band: a block's rows see at most kBlockM + hi - lo keys.)
         const int64_t key_len = kBand ? (p.seqlen_k < T::kBlockM + p.band_hi_ - p.band_lo_ ? p.seqlen_k : T::kBlockM + p.band_hi_ - p.band_lo_)
-                                      : fc_longest_key_run(p.seqlen_q, p.seqlen_k, kCausal);  // dispatch.h
+                                      : fc_longest_key_run(p.seqlen_q, p.seqlen_k, kCausal);  // launch_rules.h
         const int min_key_tiles = kShape == kTiny ? FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY : FC_PREFILL_MIN_KEY_TILES_PER_SPLIT;
         splits = fc_prefill_splits(tiles, (key_len + T::kBlockN - 1) / T::kBlockN, min_key_tiles, wave, kMaxKvSplits);
     }
@@ -235,7 +236,7 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     return cudaLaunchKernelEx(&cfg, kernel, maps, p);
 }
 
-// D=64's configuration: fc_sm90_d64_config (c_src/dispatch.c), with the rules and their
+// D=64's configuration: fc_sm90_d64_config (c_src/launch_rules.c), with the rules and their
 // measurements. FLASHCORE_SM90_SHORT=0 / 1 / 2 / 3 (config.h) forces long / short / tiny / pair
 // (A/B runs and the tests).
 static_assert(kLong == FC_SM90_D64_LONG && kShort == FC_SM90_D64_SHORT && kTiny == FC_SM90_D64_TINY &&
@@ -251,7 +252,7 @@ constexpr bool d64_blocks_match() {
 }
 static_assert(d64_blocks_match<false>() && d64_blocks_match<true>(), "fc_sm90_d64_config counts these blocks");
 
-// A general band (p.band_ == FC_BAND_GENERAL_, c_src/dispatch.h) runs in the causal LONG
+// A general band (p.band_ == FC_BAND_GENERAL_, c_src/launch_rules.h) runs in the causal LONG
 // configuration of each head dim (kBand); a softcap (kSoftcap) the LONG one of its kind.
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {

@@ -29,7 +29,7 @@ namespace ptx = cuda::ptx;
 // kShape: the configuration for long query sequences (kLong), short ones or partial waves
 // (kShort), grids of 64-row blocks that fill at most half the SMs, or causal ones of up to two
 // waves (kTiny), and one-wave grids of such blocks (kPair); see fc_sm90_d64_config in
-// c_src/dispatch.c. Only D=64 has the last three. kMasked: a bool attn_mask read in tiles that
+// c_src/launch_rules.c. Only D=64 has the last three. kMasked: a bool attn_mask read in tiles that
 // ride each V tile's load (D=64: kShort's blocks; D=128: its one configuration; non-causal only).
 constexpr int kLong = 0, kShort = 1, kTiny = 2, kPair = 3, kMasked = 4;
 template <int kHeadDim, bool kCausal, int kShape = kLong>

@@ -8,6 +8,9 @@
 #include "build_dims.h"
 #include "flashcore.h"
 
+/* Exported by libflashcore for the tests (c_src/dispatch.h): fc_params_validate's runs on this thread. */
+unsigned long long fc_validations_on_thread_(void);
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -425,6 +428,13 @@ static void check_plan(void) {
     fc_fwd_plan plan;
     const int hopper = fc_sdpa_support(&p, 9, 0) == FC_OK;
     const int cc_major = hopper ? 9 : 8, cc_minor = hopper ? 0 : 9;
+    /* A plan validates the caller's struct once (the op layer plans each call once). */
+    const unsigned long long before = fc_validations_on_thread_();
+    fc_sdpa_plan(&p, cc_major, cc_minor, 132, &plan);
+    if (fc_validations_on_thread_() - before != 1) {
+        fprintf(stderr, "FAIL plan: %llu validations, want 1\n", fc_validations_on_thread_() - before);
+        ++failures;
+    }
     CHECK_STATUS("plan: valid call", fc_sdpa_plan(&p, cc_major, cc_minor, 132, &plan),
                  fc_sdpa_support(&p, cc_major, cc_minor));
     CHECK_FAMILY("plan: family", plan.family, fc_sdpa_family(&p, cc_major, cc_minor));
