@@ -65,9 +65,10 @@ static void set_knob(fc_config *cfg, int knob, const char *text) {
     }
 }
 
-/* One pass over the environment for all the variables (about 40 ns with a few dozen entries,
- * where seven getenv calls took about 200; a call through the op reads three times). As getenv,
- * the first entry of a name counts. */
+/* One pass over the environment for all the variables, cheaper than a getenv per variable (a
+ * call through the op reads three times; measurements: docs/experiments/sessions-04-09.md,
+ * "Measurements moved from c_src/config.c and config.h"). As getenv, the first entry of a name
+ * counts. */
 static void parse_environment(fc_config *cfg, char *const *env) {
     static const fc_config defaults = FC_CONFIG_DEFAULTS;
     const size_t prefix = sizeof FC_CONFIG_PREFIX - 1;

@@ -14,9 +14,10 @@
  * one process (pytest's monkeypatch.setenv, os.environ), so a value read at load time, or cached
  * until someone calls a reload function, would go stale (the op's Python side would have to call
  * the reload wherever a variable might have changed, and monkeypatch's undo calls nothing).
- * A read is one pass over the environment (config.c; about 40 ns with a few dozen entries, less
- * than the getenv calls it replaces), and a call sees one consistent set of values however often
- * its launcher asks. Per thread, because calls run on several threads at once
+ * A read is one pass over the environment (config.c; cheaper than the getenv calls it replaces:
+ * docs/experiments/sessions-04-09.md, "Measurements moved from c_src/config.c and config.h"),
+ * and a call sees one consistent set of values however often its launcher asks. Per thread,
+ * because calls run on several threads at once
  * (tests/test_streams_devices.py): a process-wide struct rewritten by one call while another
  * reads it would tear. A thread that never called an entry point sees the defaults
  * (FC_CONFIG_DEFAULTS).

@@ -254,9 +254,10 @@ static int unmasked_kernel_elsewhere(const fc_params *p, int cc_major, int cc_mi
 /* On Hopper, AUTO runs an unmasked call in the sm80-class family only for head dims the sm90
  * family also has (there the sm80 family is the layout fallback: broadcast dims, scale <= 0).
  * For a head dim only the sm80 family has (32, 80, 96), PyTorch's cuDNN path is the faster
- * choice on that card: D=96 at S=4096 measured 303 vs 520 TFLOP/s non-causal and 268 vs 449
- * causal (H100, docs/experiments/first-versions.md). Masked calls at those head dims stay in the sm80 family: it
- * measured 1.0-1.4x PyTorch's default there (docs/experiments/forward-masks.md). */
+ * choice on that card: the sm80 kernel ran at about 0.6x cuDNN's speed at D=96
+ * (docs/experiments/first-versions.md, "Head dims 32/80/96/256 in the sm80 family"). Masked
+ * calls at those head dims stay in the sm80 family: it ran HuggingFace's padding masks faster
+ * than PyTorch's default (docs/experiments/forward-masks.md; the exceptions: below). */
 static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int cc_major, int cc_minor) {
     return family == FC_FAMILY_SM80 && p->mask_kind == FC_MASK_NONE &&
            fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor) && find_kernel(FC_FAMILY_SM90, p) == NULL;
@@ -266,16 +267,11 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
  * A masked call that only the sm80-class family takes, on a card where the Hopper family runs, is
  * slower there than PyTorch's own SDPA (cuDNN or its memory-efficient kernel) unless its mask
  * leaves whole tiles empty, which the sm80 kernels skip: HuggingFace's causal + padding bool mask
- * does (the sm80 family 1.01-1.41x PyTorch's default at D = 32, 80, 96, 256), a mask broadcast
+ * does (there the sm80 family beats PyTorch's default at D = 32, 80, 96, 256), a mask broadcast
  * over the query rows cannot, neither can one query row (decoding), and an additive mask costs
- * the sm80 kernels more than PyTorch's. Measured (H100, bf16, tools/mask_forms_vs_aten.py,
- * ratio = PyTorch's default time / the sm80 family's; docs/experiments/forward-masks.md):
- *   D=64/128: HF's mask as an additive one 0.74-0.90, a key-padding mask (B, 1, 1, Sk) bool
- *     0.41-0.54 and additive 0.24-0.46, decoding 0.21-1.12, 128-row chunks with an additive
- *     mask 0.67-0.70;
- *   D=32/80/96/256: key padding 0.19-0.86, decoding 0.22-0.89 over 4000 keys (1.05-1.58 for a
- *     bool mask over 1000), HF's mask additive 0.69-1.26 (below 1 at D=32, and at D=96 and 256
- *     on some lengths), bool 1.01-1.41.
+ * the sm80 kernels more than PyTorch's. (Measurements, tools/mask_forms_vs_aten.py:
+ * docs/experiments/forward-masks.md, thirtieth session, "Measured before", and "Measurements
+ * moved from c_src/dispatch.c (sm80_masked_slower_than_fallback)".)
  * At D=64 and 128 the Hopper family takes every bool mask it can read (the op hands it a copy
  * with 16-byte rows where that is all it lacks), so what reaches the sm80 family there goes to
  * PyTorch; at the other head dims, additive masks, masks broadcast over the query rows and
@@ -294,40 +290,22 @@ static int sm80_masked_slower_than_fallback(fc_family family, const fc_params *p
 }
 
 /*
- * Decoding (one query row) against many (batch, KV head) pairs and long caches: the decode
- * kernel's cp.async ring reads K/V at ~2.9 TB/s on the H100, the Hopper family's TMA ring at
- * ~3.05, about what cuDNN reads. Under AUTO such calls go to the Hopper family when they have at
+ * Decoding (one query row) against many (batch, KV head) pairs and long caches: the Hopper
+ * family's TMA ring reads K/V a few percent faster than the decode kernel's cp.async ring, about
+ * as fast as cuDNN. Under AUTO such calls go to the Hopper family when they have at
  * least FC_DECODE_SM90_MIN_PAIRS pairs (64: half a wave of its CTAs, which it splits in two) and
  * FC_DECODE_SM90_MIN_KEY_ROWS key rows over all pairs (shorter calls are set by fixed costs,
  * where the decode kernel is ahead, as it is with fewer pairs, which it splits finer). A GQA
  * group's query heads become the rows of one block (fc_pack_decode_gqa), so each K/V byte is
- * read once, as in the decode kernel. Measured at D=128, Hq=32 (H100, fp16, eager us with a cold
- * L2, cuDNN / decode kernel / Hopper family; ninth session, two runs):
- *   B=8  Hkv=32 Sk=8k   362.9 / 380.0 / 367.7    B=8  Hkv=32 Sk=32k  1392 / 1442 / 1402-1404
- *   B=32 Hkv=32 Sk=8k   1405-1412 / 1475 / 1398  B=8  Hkv=8  Sk=32k  365.6 / 375.9 / 367.2
- *   B=8  Hkv=8  Sk=128k 1398 / 1456 / 1390       B=32 Hkv=8  Sk=8k   362.0 / 367.5 / 366.0
- *   B=32 Hkv=32 Sk=1k   190.7 / 199.3 / 194.0-195.1 (the bench: 0.958 -> 0.982 of cuDNN)
- * and the calls left to the decode kernel:
- *   B=8  Hkv=32 Sk=1k   60.2 / 61.9 / 63.3       B=32 Hkv=8  Sk=1k   60.4 / 61.7 / 63.5
- *   B=1  Hkv=32 Sk=32k  193.5 / 197.8 / 208.2    B=1  Hkv=32 Sk=128k 709 / 729 / 768
- *   B=1  Hkv=8  Sk=128k 193.9 / 198.8 / 204.5
- * Only D=128, one query row, no causal mask (a causal row 0 sees one key) were measured. The
- * threshold was 2^20 key rows until the nineteenth session, when the Hopper family had caught up
- * on the shorter calls (same tool, decode kernel at its automatic split count, two runs):
- *   B=32 Hkv=8 Sk=1k  60.7-60.8 / 62.1-62.5 / 61.5     B=8 Hkv=32 Sk=1k 60.5-61.2 / 61.2-62.0 / 61.1-61.8
- *   B=8  Hkv=8 Sk=8k  109.3-109.9 / 108.3-109.6 / 105.2-105.6
- * while the B=1 calls (32 or 8 pairs) still read faster in the decode kernel (above): there the
- * family's clusters of 4-16 CTAs per tile do not all fit in one wave. Since the twentieth
- * session calls over fewer pairs go to the family too, from FC_DECODE_SM90_SPLIT_MIN_KEY_ROWS
- * key rows, split over the grid instead (fc_sm90_decode_splits: one CTA per SM, a workspace and
- * the decode kernels' merge). Same tool, D=128, Hq=32, two runs:
- *   B=1 Hkv=32 Sk=32k  193.3-193.7 / 197.9-198.0 / 194.8-195.0
- *   B=1 Hkv=32 Sk=128k 710.2-710.3 / 731.1-732.2 / 707.1-707.2
- *   B=1 Hkv=8  Sk=128k 193.4-193.5 / 198.7-199.0 / 195.0-195.3
- *   B=2 Hkv=8  Sk=64k  193.8-194.4 / 199.6-199.8 / 194.2-194.6
- *   B=4 Hkv=8  Sk=32k  195.9-196.3 / 198.4 / 194.1-194.7
- * and below it the decode kernel stays ahead:
- *   B=1 Hkv=8  Sk=32k  64.5-64.7 / 63.4-63.9 / 64.4-64.8    B=1 Hkv=32 Sk=8k 64.3-65.0 / 62.8-63.1 / 64.6-64.9
+ * read once, as in the decode kernel. Calls over fewer pairs go to the family from
+ * FC_DECODE_SM90_SPLIT_MIN_KEY_ROWS key rows, split over the grid instead (fc_sm90_decode_splits:
+ * one CTA per SM, a workspace and the decode kernels' merge): unsplit, the family's clusters of
+ * 4-16 CTAs per tile do not all fit in one wave, and below that many key rows the decode kernel
+ * stays ahead. Only D=128, one query row and no causal mask (a causal row 0 sees one key) were
+ * measured. Measurements: docs/experiments/sessions-04-09.md, "Measurements moved from
+ * c_src/dispatch.c (the decode route, FC_DECODE_SM90_MIN_PAIRS)"; sessions-17-23.md, "Measurements
+ * moved from c_src/dispatch.c (the decode route, nineteenth session)" and the twentieth session's
+ * "The grid split".
  */
 #define FC_DECODE_SM90_MIN_PAIRS 64
 #define FC_DECODE_SM90_MIN_KEY_ROWS (1 << 18)
@@ -458,8 +436,10 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
  * workspace (fc_decode_workspace_bytes). As many ranges as give one CTA per SM, each at least
  * FC_SM90_DECODE_MIN_KEYS_PER_SPLIT keys; `forced` > 0 (FLASHCORE_DECODE_SPLITS) overrides the
  * count. Only D=128 (the head dim the decode route measured) and calls whose blocks are one per
- * pair (sm90_decode_block_per_pair). Measured at B=1 Hkv=8 Sk=8k (H100, fp16, eager us, cuDNN /
- * this split): 4 ranges of 2048 keys 26.8-27.1 / 33.5-34.9, 8 ranges (forced) 25.7.
+ * pair (sm90_decode_block_per_pair). Ranges of 512 keys, not 2048: with the longer minimum a
+ * call over few pairs and a short cache got too few CTAs and fell well behind cuDNN, and more
+ * ranges passed it (measurements: docs/experiments/sessions-17-23.md, twentieth session, "The
+ * grid split").
  */
 #define FC_SM90_DECODE_MIN_KEYS_PER_SPLIT 512
 

@@ -52,9 +52,9 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
 int fc_prefill_splits(int64_t tiles, int64_t key_tiles, int min_key_tiles_per_split, const int *wave_ctas,
                       int max_splits);
 /* Key tiles per range: 2 (a range of one tile leaves no loads to overlap with the math), and 4
- * for D=64's one-warpgroup configuration, whose key tiles are short next to the merge (~3 us on
- * the H100). Measured there (B=1 H=8 D=64 fp16, CUDA graph, us per call, unsplit -> 2 ranges):
- * Sq x Sk 512 x 512 (4 key tiles) 6.1 -> 6.8, 256 x 1024 (8) 9.5 -> 8.2, 256 x 2048 (16) 16.4 -> 11.5. */
+ * for D=64's one-warpgroup configuration, whose key tiles are short next to the merge: there two
+ * ranges of 2 key tiles ran slower than no split, ranges of 4 or more faster (measurements:
+ * docs/experiments/sessions-04-09.md, seventh session, "One consumer warpgroup for tiny grids"). */
 #define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT 2
 #define FC_PREFILL_MIN_KEY_TILES_PER_SPLIT_TINY 4
 /* A small grid: `tiles` CTAs fill at most half of `ctas_per_wave` (the SMs, for one CTA per SM).
@@ -97,16 +97,17 @@ static inline int64_t fc_longest_key_run(int64_t seqlen_q, int64_t seqlen_k, int
 /*
  * The Hopper family's configuration for a D=64 call (kernels/sm90/fwd_traits.cuh, FwdConfig), on a
  * device of `sms` SMs: three consumer warpgroups on 192-row blocks (LONG), two on 128 (SHORT),
- * one on 64 (TINY), or two splitting the key tiles of 64-row blocks (PAIR). The rules and the
- * measurements behind them are at the definition (launch_rules.c).
+ * one on 64 (TINY), or two splitting the key tiles of 64-row blocks (PAIR). The rules are at the
+ * definition (launch_rules.c), with pointers to the measurements behind them (docs/experiments/).
  */
 enum { FC_SM90_D64_LONG = 0, FC_SM90_D64_SHORT = 1, FC_SM90_D64_TINY = 2, FC_SM90_D64_PAIR = 3 };
 #define FC_SM90_D64_LONG_ROWS 192
 #define FC_SM90_D64_SHORT_ROWS 128
 #define FC_SM90_D64_TINY_ROWS 64 /* also the pair's */
 #define FC_SM90_D64_KEY_TILE 128
-/* SHORT for causal calls up to this length. 4096 (SHORT at the sweep's causal 2k and 4k) lost
- * (H100, fp16, 3 interleaved passes at e7f9e67, ratio to cuDNN): 2k 0.99 -> 0.95, 4k 1.04 -> 0.945. */
+/* SHORT for causal calls up to this length. 4096 (SHORT at the sweep's causal 2k and 4k) lost:
+ * three warpgroups stay ahead there (measurements: docs/experiments/sessions-10-16.md, sixteenth
+ * session, "SHORT for D=64 causal 2k-4k"). */
 #define FC_SM90_D64_SHORT_SEQLEN_Q 1024
 #define FC_SM90_D64_PAIR_KEY_TILES 64     /* PAIR for blocks of up to this many key tiles */
 #define FC_SM90_D64_TINY_CAUSAL_KEY_TILES 8 /* TINY for two-wave causal grids from this many */
@@ -120,9 +121,9 @@ int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t
  * merge on sm_90 only): the kernel's launch and prologue then overlap the tail of the kernel
  * before it in the stream. Every such kernel waits for the grids before it (griddepcontrol.wait)
  * ahead of its first global memory access, so the stream's ordering of memory is unchanged.
- * Only grids that fit in one wave (`wave_ctas` run at once): measured on the H100 in CUDA graphs
- * (docs/experiments/sessions-04-09.md, sixth session), B=1 H=8 S=512 D=64 went from 9.06 to 8.22 us and split
- * decode rows gained 4-12%, but unsplit decode grids of 2-8 waves lost 10-17%.
+ * Only grids that fit in one wave (`wave_ctas` run at once): there the overlap takes part of a
+ * microsecond off each call, while grids of several waves (unsplit decode) ran slower with it in
+ * CUDA graphs (measurements: docs/experiments/sessions-04-09.md, sixth session, "PDL").
  * FLASHCORE_PDL=0 turns it off (config.h: the serial reference of the PDL tests, and a way out). */
 int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
 
