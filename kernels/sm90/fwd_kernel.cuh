@@ -70,6 +70,7 @@
 #include "sm90/fwd_split.cuh"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/fwd_loop.cuh"
+#include "sm90/fwd_producer.cuh"
 #include "sm90/fwd_steps.cuh"
 #include "sm90/fwd_store.cuh"
 #include "sm90/ptx.cuh"
@@ -217,95 +218,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // ---------------- producer: one thread issues every load ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x != 0) return;
-        int32_t c[4];
-        int kv_iter = 0;  // K/V tiles loaded so far by this CTA: ring stage and phase
-        int q_loads = 0;  // Q tiles loaded so far by this CTA: Q buffer phase
-        int local = 0;    // tiles taken by this CTA
-        for (int t = snake_tile(0, n_tiles, kv_splits()); t < n_tiles; t = snake_tile(++local, n_tiles, kv_splits())) {
-            const Tile tile = decode_tile(t, m_blocks_div, heads_q_div);
-            const int head_kv = maps.group_div.div(tile.head);
-            const KeyRange keys = key_range(tile.m_block);
-            if (keys.first == keys.end) continue;  // nothing to load (the consumers skip it too)
-            // The Q buffer frees once every consumer warp has issued its last S = Q K^T.
-            const int qb = q_loads % T::kQBufs;
-            wait_barrier(&bars.q_empty[qb], ((q_loads++ / T::kQBufs) & 1) ^ 1);
-            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars.q_full[qb],
-                                           T::kQBytes);
-            for (int panel = 0; panel < T::kPanels; ++panel) {
-                set_coords(c, maps.q_order, panel * 64, tile.m_block * kBlockM, tile.head, tile.batch);
-                tma_load(smem_q + qb * T::kQBytes + panel * T::kQPanelBytes, &maps.q, c, &bars.q_full[qb]);
-            }
-            if constexpr (kShape == kPair) {
-                // A pair CTA on a small grid whose key tiles all fit the ring (maps.pair_lead_load,
-                // launch_fwd_config) loads K0 alone and, once it has landed, K2, V0, K1, K3, V1,
-                // V2, V3: the first S waits for one tile instead of for a share of all nine
-                // loads in flight at once (TMA works on its queued copies together: in a probe of
-                // 64 CTAs each taking 8 x 16 KB from L2, the first copy landed ~3000 cycles after
-                // issue with all eight queued, ~2200 alone). Then the tiles in the order the two
-                // warpgroups need them: warpgroup 0's second K (its S GEMMs may go out together,
-                // pair_s_ahead), its first V, then warpgroup 1's keys. Stage j holds key tile
-                // first + j in the ring's first round, so no stage needs an empty wait.
-                // Measured (H100, fp16, CUDA graph us per call, two passes; docs/experiments/sessions-17-23.md,
-                // twenty-second session), interleaved K0 V0 K1 V1 ... -> this order: B=1 H=8
-                // 512 x 512 5.30-5.32 -> 4.85-4.89, causal 5.27-5.34 -> 5.01-5.06, 256 x 512
-                // 5.24-5.33 -> 4.80-4.81, 384 x 384 causal 4.72-4.77 -> 4.60-4.63. On grids of more
-                // than half the SMs the wait lost (B=2 H=8 512 x 512: 5.26-5.34 -> 5.49-5.62).
-                const int nk = keys.end - keys.first;
-                if (maps.pair_lead_load && kv_iter == 0 && nk <= kStages) {
-                    auto load = [&](int j, bool v) {  // key tile first + j's K or V into stage j
-                        if (j >= nk) return;
-                        uint64_t *full = v ? &bars.v_full[j] : &bars.k_full[j];
-                        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
-                                                       T::kKVTileBytes);
-                        for (int panel = 0; panel < T::kPanels; ++panel) {
-                            set_coords(c, v ? maps.v_order : maps.k_order, panel * 64, (keys.first + j) * kBlockN,
-                                       head_kv, tile.batch);
-                            tma_load((v ? smem_v : smem_k) + j * T::kKVTileBytes + panel * T::kKVPanelBytes,
-                                     v ? &maps.v : &maps.k, c, full);
-                        }
-                    };
-                    load(0, false);
-                    wait_barrier(&bars.k_full[0], 0);
-                    load(2, false);
-                    load(0, true);
-                    load(1, false);
-                    load(3, false);
-                    load(1, true);
-                    load(2, true);
-                    load(3, true);
-                    kv_iter += nk;
-                    continue;
-                }
-            }
-            for (int n = keys.first; n < keys.end; ++n, ++kv_iter) {
-                const int stage = kv_iter % kStages;
-                const uint32_t phase = (kv_iter / kStages) & 1;
-                wait_barrier(&bars.k_empty[stage], phase ^ 1);  // the first round passes at once
-                ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
-                                               &bars.k_full[stage], T::kKVTileBytes);
-                for (int panel = 0; panel < T::kPanels; ++panel) {
-                    set_coords(c, maps.k_order, panel * 64, n * kBlockN, head_kv, tile.batch);
-                    tma_load(smem_k + stage * T::kKVTileBytes + panel * T::kKVPanelBytes, &maps.k, c,
-                             &bars.k_full[stage]);
-                }
-                wait_barrier(&bars.v_empty[stage], phase ^ 1);
-                ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
-                                               &bars.v_full[stage], T::kKVTileBytes + T::kMaskTileBytes);
-                for (int panel = 0; panel < T::kPanels; ++panel) {
-                    set_coords(c, maps.v_order, panel * 64, n * kBlockN, head_kv, tile.batch);
-                    tma_load(smem_v + stage * T::kKVTileBytes + panel * T::kKVPanelBytes, &maps.v, c,
-                             &bars.v_full[stage]);
-                }
-                // kMasked: the block's mask rows for these keys ride the V tile's barrier (the
-                // consumers read them in the softmax of S(n) and free the stage after P V(n)). A
-                // broadcast head or batch dim of the mask is read at coordinate 0.
-                if constexpr (K::kMaskTiles) {
-                    set_coords(c, maps.mask_order, n * kBlockN, tile.m_block * kBlockM, p.mask_stride_h != 0 ? tile.head : 0,
-                               p.mask_stride_b != 0 ? tile.batch : 0);
-                    tma_load(smem_mask + stage * T::kMaskTileBytes, &maps.mask, c, &bars.v_full[stage]);
-                }
-            }
-        }
+        int32_t c[4];  // (load_tiles's scratch, declared here: see there)
+        load_tiles<K>(c, maps, p, bars, smem_q, smem_k, smem_v, smem_mask, n_tiles, m_blocks_div, heads_q_div,
+                      kv_splits, key_range);
         return;
     }
 
@@ -352,7 +267,6 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     uint32_t p_frag[kBlockN / 16][4];
     // kQInRegs: this warpgroup's rows of Q as wgmma A fragments, one per 16-column k-step.
     uint32_t q_frag[kQInRegs<kHeadDim, kCausal> ? kHeadDim / 16 : 1][4];
-    int kv_iter = 0;  // K/V tiles consumed so far: ring stage and phase, as in the producer
 
     // kQInRegs: Q's fragments from the current buffer (q_base). ldmatrix.x4 gives a warp the
     // m16k16 A fragment of its 16 rows, the register layout wgmma takes: lanes 0-7 address rows
@@ -431,8 +345,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         __syncwarp();
     };
 
-    int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
+    // (The three counters in this order: in another, since load_tiles moved out, ptxas got the
+    // loop's registers in another order and the SASS changed.)
     int local = 0;
+    int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
+    int kv_iter = 0;  // K/V tiles consumed so far: ring stage and phase, as in the producer
     // t_next: the tile after this one, found once per tile (the loop steps to it, and the last
     // GEMM section of the CTA's last tile is told by it). With snake_tile's and key_range's
     // divisions skipped when there is no split, measured against main (H100, fp16, two A/B runs
