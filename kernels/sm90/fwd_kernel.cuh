@@ -181,30 +181,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
     const int lane = threadIdx.x % 32;
 
-    if (threadIdx.x == 0) {
-        for (int b = 0; b < T::kQBufs; ++b) {
-            ptx::mbarrier_init(&bars.q_full[b], 1);
-            ptx::mbarrier_init(&bars.q_empty[b], 4 * kW);  // one arrival per consumer warp
-        }
-        for (int s = 0; s < kStages; ++s) {
-            ptx::mbarrier_init(&bars.k_full[s], 1);
-            ptx::mbarrier_init(&bars.v_full[s], 1);
-            ptx::mbarrier_init(&bars.k_empty[s], 4 * kW / kKeySplit);  // each tile has one reader per row group
-            ptx::mbarrier_init(&bars.v_empty[s], 4 * kW / kKeySplit);
-        }
-        for (int b = 0; b < T::kOBufs; ++b) ptx::mbarrier_init(&bars.o_free[b], 1);  // the issuing thread
-        if (T::kPushMerge && cluster_size() > 1) {
-            // One arrival (now) and the bytes the peers will push: (splits - 1) partials of this
-            // CTA's rows. The arrival comes first, so no peer's bytes can find the phase open.
-            using SS = SplitSlots<kHeadDim, kBlockM>;
-            const int splits = cluster_size(), rows_per_rank = SS::rows_per_rank(splits);
-            const int my_rows = min(kBlockM, (cluster_rank() + 1) * rows_per_rank) - cluster_rank() * rows_per_rank;
-            ptx::mbarrier_init(&bars.merge_full, 1);
-            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cluster, ptx::space_shared, &bars.merge_full,
-                                           (splits - 1) * my_rows * SS::kRowBytes);
-        }
-        ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
-    }
+    if (threadIdx.x == 0) init_barriers<K>(bars);
     __syncthreads();
     // kPushMerge: no peer may push before this CTA's merge_full is set up. Every thread arrives
     // here (under the previous grid's tail, with PDL); the consumers wait just before they push.

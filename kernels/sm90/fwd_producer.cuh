@@ -1,11 +1,13 @@
-// sm90/fwd_producer.cuh - the Hopper forward's producer (sm90/fwd_kernel.cuh): the one thread of
-// warpgroup 0 that issues every TMA load of a CTA, Q into its buffer once per tile and the tile's
-// key tiles (K, V and, kMasked, the mask rows) into the kStages-deep ring, each completing on its
-// "full" mbarrier and waiting for the consumers' "empty" arrival before reusing a buffer.
+// sm90/fwd_producer.cuh - the Hopper forward's load pipeline (sm90/fwd_kernel.cuh): its mbarriers'
+// set-up (init_barriers) and the producer (load_tiles), the one thread of warpgroup 0 that issues
+// every TMA load of a CTA, Q into its buffer once per tile and the tile's key tiles (K, V and,
+// kMasked, the mask rows) into the kStages-deep ring, each completing on its "full" mbarrier and
+// waiting for the consumers' "empty" arrivals before it reuses a buffer.
 #pragma once
 
 #include "common/fast_div.cuh"
 #include "flashcore.h"
+#include "sm90/fwd_split.cuh"  // SplitSlots, cluster_size, cluster_rank
 #include "sm90/fwd_steps.cuh"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/ptx.cuh"
@@ -117,6 +119,36 @@ __device__ __forceinline__ void load_tiles(int32_t (&c)[4], const FwdMaps &maps,
             }
         }
     }
+}
+
+// Thread 0 sets up the CTA's mbarriers (and, kPushMerge in a cluster, opens merge_full's first
+// phase for the peers' pushes), made visible to the cluster before anyone waits on them.
+template <class K>
+__device__ __forceinline__ void init_barriers(typename K::Bars &bars) {
+    using T = typename K::T;
+    constexpr int kHeadDim = K::kHeadDim, kBlockM = K::kBlockM, kStages = K::kStages, kW = K::kW, kKeySplit = K::kKeySplit;
+    for (int b = 0; b < T::kQBufs; ++b) {
+        ptx::mbarrier_init(&bars.q_full[b], 1);
+        ptx::mbarrier_init(&bars.q_empty[b], 4 * kW);  // one arrival per consumer warp
+    }
+    for (int s = 0; s < kStages; ++s) {
+        ptx::mbarrier_init(&bars.k_full[s], 1);
+        ptx::mbarrier_init(&bars.v_full[s], 1);
+        ptx::mbarrier_init(&bars.k_empty[s], 4 * kW / kKeySplit);  // each tile has one reader per row group
+        ptx::mbarrier_init(&bars.v_empty[s], 4 * kW / kKeySplit);
+    }
+    for (int b = 0; b < T::kOBufs; ++b) ptx::mbarrier_init(&bars.o_free[b], 1);  // the issuing thread
+    if (T::kPushMerge && cluster_size() > 1) {
+        // One arrival (now) and the bytes the peers will push: (splits - 1) partials of this
+        // CTA's rows. The arrival comes first, so no peer's bytes can find the phase open.
+        using SS = SplitSlots<kHeadDim, kBlockM>;
+        const int splits = cluster_size(), rows_per_rank = SS::rows_per_rank(splits);
+        const int my_rows = min(kBlockM, (cluster_rank() + 1) * rows_per_rank) - cluster_rank() * rows_per_rank;
+        ptx::mbarrier_init(&bars.merge_full, 1);
+        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cluster, ptx::space_shared, &bars.merge_full,
+                                       (splits - 1) * my_rows * SS::kRowBytes);
+    }
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
 }
 
 }  // namespace sm90
