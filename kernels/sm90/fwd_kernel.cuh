@@ -489,63 +489,17 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         for (int h = 0; h < 2; ++h) lse_log2[h] = row_max[h] * scale_log2 + __log2f(row_sum[h]);
         [&] { apply_sink(inv_sum, lse_log2, tile.head, p); }();
         if (T::kPushMerge && cluster_size() > 1) {  // (a split CTA has one tile: one merge)
+            // (The slots, the cluster's shape and the scratch arrays: see push_merge_split.)
             using SS = SplitSlots<kHeadDim, kBlockM>;
             const int splits = cluster_size(), rank = cluster_rank();
             const int rows_per_rank = SS::rows_per_rank(splits);
             const float *slots_o = reinterpret_cast<const float *>(smem_v + kStages * T::kKVTileBytes + T::kPairBytes);
             const float2 *slots_ml = reinterpret_cast<const float2 *>(slots_o + splits * rows_per_rank * SS::kOPitch);
-            const uint32_t slot_o = smem_addr(slots_o), slot_ml = smem_addr(slots_ml);
-            const uint32_t merge_bar = smem_addr(&bars.merge_full);
-            ptx::barrier_cluster_wait(ptx::sem_acquire);  // every peer's merge_full is set up
             int local_row[2];
-            float m_log2[2];  // the row's max in exp2 units
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = row_group * 64 + warp_in_wg * 16 + row_in_warp + 8 * h;  // row in the block
-                const int owner = r / rows_per_rank;
-                local_row[h] = r - owner * rows_per_rank;
-                finalise[h] = owner == rank;
-                m_log2[h] = row_max[h] == -INFINITY ? -INFINITY : row_max[h] * scale_log2;
-                if (finalise[h]) continue;
-                const int slot_row = rank * rows_per_rank + local_row[h];
-                const uint32_t dst = cluster_peer_addr(slot_o + (slot_row * SS::kOPitch + col_in_tile) * 4, owner);
-                const uint32_t bar = cluster_peer_addr(merge_bar, owner);
-#pragma unroll
-                for (int d = 0; d < kDTiles; ++d) st_async_f2(dst + d * 32, o_acc[d * 4 + 2 * h], o_acc[d * 4 + 2 * h + 1], bar);
-                if ((lane % 4) == 0) st_async_f2(cluster_peer_addr(slot_ml + slot_row * 8, owner), m_log2[h], row_sum[h], bar);
-            }
-            wait_barrier(&bars.merge_full, 0);  // every peer's partial of this CTA's rows is here
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (!finalise[h]) continue;
-                // The merge of partial_weight's comment, m in base-2 units.
-                float mx = m_log2[h];
-                for (int j = 0; j < splits; ++j)
-                    if (j != rank) mx = fmaxf(mx, slots_ml[j * rows_per_rank + local_row[h]].x);
-                const float w_own = partial_weight(m_log2[h], mx);
-                float total = w_own * row_sum[h];
-#pragma unroll
-                for (int d = 0; d < kDTiles; ++d) {
-                    o_acc[d * 4 + 2 * h] *= w_own;
-                    o_acc[d * 4 + 2 * h + 1] *= w_own;
-                }
-                for (int j = 0; j < splits; ++j) {
-                    if (j == rank) continue;
-                    const int slot_row = j * rows_per_rank + local_row[h];
-                    const float2 ml = slots_ml[slot_row];
-                    const float w = partial_weight(ml.x, mx);
-                    total += w * ml.y;
-                    const float *src = slots_o + slot_row * SS::kOPitch + col_in_tile;
-#pragma unroll
-                    for (int d = 0; d < kDTiles; ++d) {
-                        const float2 o = *reinterpret_cast<const float2 *>(src + d * 8);
-                        o_acc[d * 4 + 2 * h] += w * o.x;
-                        o_acc[d * 4 + 2 * h + 1] += w * o.y;
-                    }
-                }
-                inv_sum[h] = total > 0.f ? 1.f / total : 0.f;  // the epilogue below writes the merged row
-                lse_log2[h] = mx + __log2f(total);
-            }
+            float m_log2[2];
+            push_merge_split<K>(o_acc, row_max, row_sum, inv_sum, lse_log2, finalise, local_row, m_log2, splits, rank,
+                                rows_per_rank, slots_o, slots_ml, bars, row_group, warp_in_wg, row_in_warp, col_in_tile,
+                                lane, scale_log2);
         } else if (!T::kPushMerge && kKeySplit == 1 && cluster_size() > 1) {  // (kPair never splits)
             // (The partials' pointers are built here: built in read_merge_split, their offsets were
             // added in another order.)
