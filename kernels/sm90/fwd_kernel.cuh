@@ -70,6 +70,7 @@
 #include "sm90/fwd_split.cuh"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/fwd_loop.cuh"
+#include "sm90/fwd_producer.cuh"
 #include "sm90/fwd_steps.cuh"
 #include "sm90/fwd_store.cuh"
 #include "sm90/ptx.cuh"
@@ -180,30 +181,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
     const int lane = threadIdx.x % 32;
 
-    if (threadIdx.x == 0) {
-        for (int b = 0; b < T::kQBufs; ++b) {
-            ptx::mbarrier_init(&bars.q_full[b], 1);
-            ptx::mbarrier_init(&bars.q_empty[b], 4 * kW);  // one arrival per consumer warp
-        }
-        for (int s = 0; s < kStages; ++s) {
-            ptx::mbarrier_init(&bars.k_full[s], 1);
-            ptx::mbarrier_init(&bars.v_full[s], 1);
-            ptx::mbarrier_init(&bars.k_empty[s], 4 * kW / kKeySplit);  // each tile has one reader per row group
-            ptx::mbarrier_init(&bars.v_empty[s], 4 * kW / kKeySplit);
-        }
-        for (int b = 0; b < T::kOBufs; ++b) ptx::mbarrier_init(&bars.o_free[b], 1);  // the issuing thread
-        if (T::kPushMerge && cluster_size() > 1) {
-            // One arrival (now) and the bytes the peers will push: (splits - 1) partials of this
-            // CTA's rows. The arrival comes first, so no peer's bytes can find the phase open.
-            using SS = SplitSlots<kHeadDim, kBlockM>;
-            const int splits = cluster_size(), rows_per_rank = SS::rows_per_rank(splits);
-            const int my_rows = min(kBlockM, (cluster_rank() + 1) * rows_per_rank) - cluster_rank() * rows_per_rank;
-            ptx::mbarrier_init(&bars.merge_full, 1);
-            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cluster, ptx::space_shared, &bars.merge_full,
-                                           (splits - 1) * my_rows * SS::kRowBytes);
-        }
-        ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
-    }
+    if (threadIdx.x == 0) init_barriers<K>(bars);
     __syncthreads();
     // kPushMerge: no peer may push before this CTA's merge_full is set up. Every thread arrives
     // here (under the previous grid's tail, with PDL); the consumers wait just before they push.
@@ -217,95 +195,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // ---------------- producer: one thread issues every load ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x != 0) return;
-        int32_t c[4];
-        int kv_iter = 0;  // K/V tiles loaded so far by this CTA: ring stage and phase
-        int q_loads = 0;  // Q tiles loaded so far by this CTA: Q buffer phase
-        int local = 0;    // tiles taken by this CTA
-        for (int t = snake_tile(0, n_tiles, kv_splits()); t < n_tiles; t = snake_tile(++local, n_tiles, kv_splits())) {
-            const Tile tile = decode_tile(t, m_blocks_div, heads_q_div);
-            const int head_kv = maps.group_div.div(tile.head);
-            const KeyRange keys = key_range(tile.m_block);
-            if (keys.first == keys.end) continue;  // nothing to load (the consumers skip it too)
-            // The Q buffer frees once every consumer warp has issued its last S = Q K^T.
-            const int qb = q_loads % T::kQBufs;
-            wait_barrier(&bars.q_empty[qb], ((q_loads++ / T::kQBufs) & 1) ^ 1);
-            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars.q_full[qb],
-                                           T::kQBytes);
-            for (int panel = 0; panel < T::kPanels; ++panel) {
-                set_coords(c, maps.q_order, panel * 64, tile.m_block * kBlockM, tile.head, tile.batch);
-                tma_load(smem_q + qb * T::kQBytes + panel * T::kQPanelBytes, &maps.q, c, &bars.q_full[qb]);
-            }
-            if constexpr (kShape == kPair) {
-                // A pair CTA on a small grid whose key tiles all fit the ring (maps.pair_lead_load,
-                // launch_fwd_config) loads K0 alone and, once it has landed, K2, V0, K1, K3, V1,
-                // V2, V3: the first S waits for one tile instead of for a share of all nine
-                // loads in flight at once (TMA works on its queued copies together: in a probe of
-                // 64 CTAs each taking 8 x 16 KB from L2, the first copy landed ~3000 cycles after
-                // issue with all eight queued, ~2200 alone). Then the tiles in the order the two
-                // warpgroups need them: warpgroup 0's second K (its S GEMMs may go out together,
-                // pair_s_ahead), its first V, then warpgroup 1's keys. Stage j holds key tile
-                // first + j in the ring's first round, so no stage needs an empty wait.
-                // Measured (H100, fp16, CUDA graph us per call, two passes; docs/experiments/sessions-17-23.md,
-                // twenty-second session), interleaved K0 V0 K1 V1 ... -> this order: B=1 H=8
-                // 512 x 512 5.30-5.32 -> 4.85-4.89, causal 5.27-5.34 -> 5.01-5.06, 256 x 512
-                // 5.24-5.33 -> 4.80-4.81, 384 x 384 causal 4.72-4.77 -> 4.60-4.63. On grids of more
-                // than half the SMs the wait lost (B=2 H=8 512 x 512: 5.26-5.34 -> 5.49-5.62).
-                const int nk = keys.end - keys.first;
-                if (maps.pair_lead_load && kv_iter == 0 && nk <= kStages) {
-                    auto load = [&](int j, bool v) {  // key tile first + j's K or V into stage j
-                        if (j >= nk) return;
-                        uint64_t *full = v ? &bars.v_full[j] : &bars.k_full[j];
-                        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
-                                                       T::kKVTileBytes);
-                        for (int panel = 0; panel < T::kPanels; ++panel) {
-                            set_coords(c, v ? maps.v_order : maps.k_order, panel * 64, (keys.first + j) * kBlockN,
-                                       head_kv, tile.batch);
-                            tma_load((v ? smem_v : smem_k) + j * T::kKVTileBytes + panel * T::kKVPanelBytes,
-                                     v ? &maps.v : &maps.k, c, full);
-                        }
-                    };
-                    load(0, false);
-                    wait_barrier(&bars.k_full[0], 0);
-                    load(2, false);
-                    load(0, true);
-                    load(1, false);
-                    load(3, false);
-                    load(1, true);
-                    load(2, true);
-                    load(3, true);
-                    kv_iter += nk;
-                    continue;
-                }
-            }
-            for (int n = keys.first; n < keys.end; ++n, ++kv_iter) {
-                const int stage = kv_iter % kStages;
-                const uint32_t phase = (kv_iter / kStages) & 1;
-                wait_barrier(&bars.k_empty[stage], phase ^ 1);  // the first round passes at once
-                ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
-                                               &bars.k_full[stage], T::kKVTileBytes);
-                for (int panel = 0; panel < T::kPanels; ++panel) {
-                    set_coords(c, maps.k_order, panel * 64, n * kBlockN, head_kv, tile.batch);
-                    tma_load(smem_k + stage * T::kKVTileBytes + panel * T::kKVPanelBytes, &maps.k, c,
-                             &bars.k_full[stage]);
-                }
-                wait_barrier(&bars.v_empty[stage], phase ^ 1);
-                ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
-                                               &bars.v_full[stage], T::kKVTileBytes + T::kMaskTileBytes);
-                for (int panel = 0; panel < T::kPanels; ++panel) {
-                    set_coords(c, maps.v_order, panel * 64, n * kBlockN, head_kv, tile.batch);
-                    tma_load(smem_v + stage * T::kKVTileBytes + panel * T::kKVPanelBytes, &maps.v, c,
-                             &bars.v_full[stage]);
-                }
-                // kMasked: the block's mask rows for these keys ride the V tile's barrier (the
-                // consumers read them in the softmax of S(n) and free the stage after P V(n)). A
-                // broadcast head or batch dim of the mask is read at coordinate 0.
-                if constexpr (K::kMaskTiles) {
-                    set_coords(c, maps.mask_order, n * kBlockN, tile.m_block * kBlockM, p.mask_stride_h != 0 ? tile.head : 0,
-                               p.mask_stride_b != 0 ? tile.batch : 0);
-                    tma_load(smem_mask + stage * T::kMaskTileBytes, &maps.mask, c, &bars.v_full[stage]);
-                }
-            }
-        }
+        int32_t c[4];  // (load_tiles's scratch, declared here: see there)
+        load_tiles<K>(c, maps, p, bars, smem_q, smem_k, smem_v, smem_mask, n_tiles, m_blocks_div, heads_q_div,
+                      kv_splits, key_range);
         return;
     }
 
@@ -352,7 +244,6 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     uint32_t p_frag[kBlockN / 16][4];
     // kQInRegs: this warpgroup's rows of Q as wgmma A fragments, one per 16-column k-step.
     uint32_t q_frag[kQInRegs<kHeadDim, kCausal> ? kHeadDim / 16 : 1][4];
-    int kv_iter = 0;  // K/V tiles consumed so far: ring stage and phase, as in the producer
 
     // kQInRegs: Q's fragments from the current buffer (q_base). ldmatrix.x4 gives a warp the
     // m16k16 A fragment of its 16 rows, the register layout wgmma takes: lanes 0-7 address rows
@@ -431,8 +322,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         __syncwarp();
     };
 
-    int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
+    // (The three counters in this order: in another, since load_tiles moved out, ptxas got the
+    // loop's registers in another order and the SASS changed.)
     int local = 0;
+    int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
+    int kv_iter = 0;  // K/V tiles consumed so far: ring stage and phase, as in the producer
     // t_next: the tile after this one, found once per tile (the loop steps to it, and the last
     // GEMM section of the CTA's last tile is told by it). With snake_tile's and key_range's
     // divisions skipped when there is no split, measured against main (H100, fp16, two A/B runs
@@ -595,63 +489,17 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         for (int h = 0; h < 2; ++h) lse_log2[h] = row_max[h] * scale_log2 + __log2f(row_sum[h]);
         [&] { apply_sink(inv_sum, lse_log2, tile.head, p); }();
         if (T::kPushMerge && cluster_size() > 1) {  // (a split CTA has one tile: one merge)
+            // (The slots, the cluster's shape and the scratch arrays: see push_merge_split.)
             using SS = SplitSlots<kHeadDim, kBlockM>;
             const int splits = cluster_size(), rank = cluster_rank();
             const int rows_per_rank = SS::rows_per_rank(splits);
             const float *slots_o = reinterpret_cast<const float *>(smem_v + kStages * T::kKVTileBytes + T::kPairBytes);
             const float2 *slots_ml = reinterpret_cast<const float2 *>(slots_o + splits * rows_per_rank * SS::kOPitch);
-            const uint32_t slot_o = smem_addr(slots_o), slot_ml = smem_addr(slots_ml);
-            const uint32_t merge_bar = smem_addr(&bars.merge_full);
-            ptx::barrier_cluster_wait(ptx::sem_acquire);  // every peer's merge_full is set up
             int local_row[2];
-            float m_log2[2];  // the row's max in exp2 units
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = row_group * 64 + warp_in_wg * 16 + row_in_warp + 8 * h;  // row in the block
-                const int owner = r / rows_per_rank;
-                local_row[h] = r - owner * rows_per_rank;
-                finalise[h] = owner == rank;
-                m_log2[h] = row_max[h] == -INFINITY ? -INFINITY : row_max[h] * scale_log2;
-                if (finalise[h]) continue;
-                const int slot_row = rank * rows_per_rank + local_row[h];
-                const uint32_t dst = cluster_peer_addr(slot_o + (slot_row * SS::kOPitch + col_in_tile) * 4, owner);
-                const uint32_t bar = cluster_peer_addr(merge_bar, owner);
-#pragma unroll
-                for (int d = 0; d < kDTiles; ++d) st_async_f2(dst + d * 32, o_acc[d * 4 + 2 * h], o_acc[d * 4 + 2 * h + 1], bar);
-                if ((lane % 4) == 0) st_async_f2(cluster_peer_addr(slot_ml + slot_row * 8, owner), m_log2[h], row_sum[h], bar);
-            }
-            wait_barrier(&bars.merge_full, 0);  // every peer's partial of this CTA's rows is here
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (!finalise[h]) continue;
-                // The merge of partial_weight's comment, m in base-2 units.
-                float mx = m_log2[h];
-                for (int j = 0; j < splits; ++j)
-                    if (j != rank) mx = fmaxf(mx, slots_ml[j * rows_per_rank + local_row[h]].x);
-                const float w_own = partial_weight(m_log2[h], mx);
-                float total = w_own * row_sum[h];
-#pragma unroll
-                for (int d = 0; d < kDTiles; ++d) {
-                    o_acc[d * 4 + 2 * h] *= w_own;
-                    o_acc[d * 4 + 2 * h + 1] *= w_own;
-                }
-                for (int j = 0; j < splits; ++j) {
-                    if (j == rank) continue;
-                    const int slot_row = j * rows_per_rank + local_row[h];
-                    const float2 ml = slots_ml[slot_row];
-                    const float w = partial_weight(ml.x, mx);
-                    total += w * ml.y;
-                    const float *src = slots_o + slot_row * SS::kOPitch + col_in_tile;
-#pragma unroll
-                    for (int d = 0; d < kDTiles; ++d) {
-                        const float2 o = *reinterpret_cast<const float2 *>(src + d * 8);
-                        o_acc[d * 4 + 2 * h] += w * o.x;
-                        o_acc[d * 4 + 2 * h + 1] += w * o.y;
-                    }
-                }
-                inv_sum[h] = total > 0.f ? 1.f / total : 0.f;  // the epilogue below writes the merged row
-                lse_log2[h] = mx + __log2f(total);
-            }
+            float m_log2[2];
+            push_merge_split<K>(o_acc, row_max, row_sum, inv_sum, lse_log2, finalise, local_row, m_log2, splits, rank,
+                                rows_per_rank, slots_o, slots_ml, bars, row_group, warp_in_wg, row_in_warp, col_in_tile,
+                                lane, scale_log2);
         } else if (!T::kPushMerge && kKeySplit == 1 && cluster_size() > 1) {  // (kPair never splits)
             // (The partials' pointers are built here: built in read_merge_split, their offsets were
             // added in another order.)

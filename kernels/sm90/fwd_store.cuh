@@ -1,7 +1,7 @@
 // sm90/fwd_store.cuh - the Hopper forward's epilogue steps, as fwd_kernel (sm90/fwd_kernel.cuh)
-// calls them: the read-merge of a cluster split's partials, the grid split's workspace store,
-// the LSE store, the attention-sink fold, and O's two stores (staged for TMA, or 16-byte stores
-// from registers).
+// calls them: the two cluster-split merges (the read-merge of the peers' partials, the push-merge),
+// the grid split's workspace store, the LSE store, the attention-sink fold, and O's two stores
+// (staged for TMA, or 16-byte stores from registers).
 #pragma once
 
 #include "common/fast_div.cuh"
@@ -201,6 +201,73 @@ __device__ __forceinline__ void store_o_16b(uint32_t (&w)[4], float (&o_acc)[K::
                     *reinterpret_cast<uint4 *>(out_row + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
             }
         }
+    }
+}
+
+// kPushMerge, a cluster split (D=64): pushes this CTA's partials of the rows that a peer finalises to
+// that peer (st.async, counted by the peer's merge_full), then merges the peers' partials of its
+// own rows into o_acc, inv_sum and lse_log2. finalise[h]: whether this CTA writes the thread's row
+// h. The peers' slots (slots_o, slots_ml: SplitSlots), the cluster's shape and the scratch arrays
+// local_row and m_log2 (the rows' maxima in exp2 units) come from the kernel (set up here, they
+// changed the kernel's SASS).
+template <class K>
+__device__ __forceinline__ void push_merge_split(float (&o_acc)[K::kDTiles * 4], float (&row_max)[2], float (&row_sum)[2],
+                                                 float (&inv_sum)[2], float (&lse_log2)[2], bool (&finalise)[2],
+                                                 int (&local_row)[2], float (&m_log2)[2], int splits, int rank,
+                                                 int rows_per_rank, const float *slots_o, const float2 *slots_ml,
+                                                 typename K::Bars &bars, int row_group, int warp_in_wg, int row_in_warp,
+                                                 int col_in_tile, int lane, float scale_log2) {
+    constexpr int kHeadDim = K::kHeadDim, kBlockM = K::kBlockM, kDTiles = K::kDTiles;
+    using SS = SplitSlots<kHeadDim, kBlockM>;
+    const uint32_t slot_o = smem_addr(slots_o), slot_ml = smem_addr(slots_ml);
+    const uint32_t merge_bar = smem_addr(&bars.merge_full);
+    ptx::barrier_cluster_wait(ptx::sem_acquire);  // every peer's merge_full is set up
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row_group * 64 + warp_in_wg * 16 + row_in_warp + 8 * h;  // row in the block
+        const int owner = r / rows_per_rank;
+        local_row[h] = r - owner * rows_per_rank;
+        finalise[h] = owner == rank;
+        m_log2[h] = row_max[h] == -INFINITY ? -INFINITY : row_max[h] * scale_log2;
+        if (finalise[h]) continue;
+        const int slot_row = rank * rows_per_rank + local_row[h];
+        const uint32_t dst = cluster_peer_addr(slot_o + (slot_row * SS::kOPitch + col_in_tile) * 4, owner);
+        const uint32_t bar = cluster_peer_addr(merge_bar, owner);
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d) st_async_f2(dst + d * 32, o_acc[d * 4 + 2 * h], o_acc[d * 4 + 2 * h + 1], bar);
+        if ((lane % 4) == 0) st_async_f2(cluster_peer_addr(slot_ml + slot_row * 8, owner), m_log2[h], row_sum[h], bar);
+    }
+    wait_barrier(&bars.merge_full, 0);  // every peer's partial of this CTA's rows is here
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (!finalise[h]) continue;
+        // The merge of partial_weight's comment, m in base-2 units.
+        float mx = m_log2[h];
+        for (int j = 0; j < splits; ++j)
+            if (j != rank) mx = fmaxf(mx, slots_ml[j * rows_per_rank + local_row[h]].x);
+        const float w_own = partial_weight(m_log2[h], mx);
+        float total = w_own * row_sum[h];
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d) {
+            o_acc[d * 4 + 2 * h] *= w_own;
+            o_acc[d * 4 + 2 * h + 1] *= w_own;
+        }
+        for (int j = 0; j < splits; ++j) {
+            if (j == rank) continue;
+            const int slot_row = j * rows_per_rank + local_row[h];
+            const float2 ml = slots_ml[slot_row];
+            const float w = partial_weight(ml.x, mx);
+            total += w * ml.y;
+            const float *src = slots_o + slot_row * SS::kOPitch + col_in_tile;
+#pragma unroll
+            for (int d = 0; d < kDTiles; ++d) {
+                const float2 o = *reinterpret_cast<const float2 *>(src + d * 8);
+                o_acc[d * 4 + 2 * h] += w * o.x;
+                o_acc[d * 4 + 2 * h + 1] += w * o.y;
+            }
+        }
+        inv_sum[h] = total > 0.f ? 1.f / total : 0.f;  // the epilogue below writes the merged row
+        lse_log2[h] = mx + __log2f(total);
     }
 }
 
