@@ -5,8 +5,8 @@
  *
  * Two kernel families: the sm80-class one (mma.sync + cp.async, kernels/bwd_sm80.cuh), built for
  * sm_89 and sm_90a, deterministic; and the Hopper one (TMA + wgmma, kernels/sm90/bwd_kernel.cuh),
- * sm_90a only, which sums dq through fp32 reductions in any order. CMake defines FC_HAVE_SM80_BWD_HDIM<d>_<dtype>
- * and FC_HAVE_SM90_BWD_HDIM<d>_<dtype> for each instantiation it builds.
+ * sm_90a only, which sums dq through fp32 reductions in any order. The table holds the
+ * instantiations this build compiles (kernel_list.h, written by CMake).
  */
 #include "config.h"
 #include "dispatch.h"
@@ -20,31 +20,13 @@
 
 typedef cudaError_t (*fc_bwd_launch_fn)(const fc_bwd_params *p, cudaStream_t stream);
 
-#define FC_DECLARE_BWD(name) cudaError_t name(const fc_bwd_params *p, cudaStream_t stream);
-#if defined(FC_HAVE_SM80_BWD_HDIM64_fp16)
-FC_DECLARE_BWD(fc_sm80_bwd_hdim64_fp16)
-#endif
-#if defined(FC_HAVE_SM80_BWD_HDIM64_bf16)
-FC_DECLARE_BWD(fc_sm80_bwd_hdim64_bf16)
-#endif
-#if defined(FC_HAVE_SM80_BWD_HDIM128_fp16)
-FC_DECLARE_BWD(fc_sm80_bwd_hdim128_fp16)
-#endif
-#if defined(FC_HAVE_SM80_BWD_HDIM128_bf16)
-FC_DECLARE_BWD(fc_sm80_bwd_hdim128_bf16)
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM64_fp16)
-FC_DECLARE_BWD(fc_sm90_bwd_hdim64_fp16)
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM64_bf16)
-FC_DECLARE_BWD(fc_sm90_bwd_hdim64_bf16)
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM128_fp16)
-FC_DECLARE_BWD(fc_sm90_bwd_hdim128_fp16)
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM128_bf16)
-FC_DECLARE_BWD(fc_sm90_bwd_hdim128_bf16)
-#endif
+/* The backward launchers this build compiles (kernel_list.h, written by CMake): declared here,
+ * then listed in kBwdKernels. */
+#define FC_FWD_KERNEL(family, prefix, hd, dt, DT) /* (dispatch.c's table) */
+#define FC_BWD_KERNEL(family, prefix, hd, dt, DT) \
+    cudaError_t fc_##prefix##_hdim##hd##_##dt(const fc_bwd_params *p, cudaStream_t stream);
+#include "kernel_list.h"
+#undef FC_BWD_KERNEL
 
 typedef struct bwd_entry {
     fc_family family;
@@ -54,30 +36,10 @@ typedef struct bwd_entry {
 } bwd_entry;
 
 static const bwd_entry kBwdKernels[] = {
-#if defined(FC_HAVE_SM80_BWD_HDIM64_fp16)
-    {FC_FAMILY_SM80, 64, FC_DTYPE_FP16, fc_sm80_bwd_hdim64_fp16},
-#endif
-#if defined(FC_HAVE_SM80_BWD_HDIM64_bf16)
-    {FC_FAMILY_SM80, 64, FC_DTYPE_BF16, fc_sm80_bwd_hdim64_bf16},
-#endif
-#if defined(FC_HAVE_SM80_BWD_HDIM128_fp16)
-    {FC_FAMILY_SM80, 128, FC_DTYPE_FP16, fc_sm80_bwd_hdim128_fp16},
-#endif
-#if defined(FC_HAVE_SM80_BWD_HDIM128_bf16)
-    {FC_FAMILY_SM80, 128, FC_DTYPE_BF16, fc_sm80_bwd_hdim128_bf16},
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM64_fp16)
-    {FC_FAMILY_SM90, 64, FC_DTYPE_FP16, fc_sm90_bwd_hdim64_fp16},
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM64_bf16)
-    {FC_FAMILY_SM90, 64, FC_DTYPE_BF16, fc_sm90_bwd_hdim64_bf16},
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM128_fp16)
-    {FC_FAMILY_SM90, 128, FC_DTYPE_FP16, fc_sm90_bwd_hdim128_fp16},
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM128_bf16)
-    {FC_FAMILY_SM90, 128, FC_DTYPE_BF16, fc_sm90_bwd_hdim128_bf16},
-#endif
+#define FC_BWD_KERNEL(family, prefix, hd, dt, DT) {FC_FAMILY_##family, hd, FC_DTYPE_##DT, fc_##prefix##_hdim##hd##_##dt},
+#include "kernel_list.h"
+#undef FC_BWD_KERNEL
+#undef FC_FWD_KERNEL
     {FC_FAMILY_AUTO, 0, FC_DTYPE_FP16, NULL} /* sentinel */
 };
 

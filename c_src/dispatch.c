@@ -1,9 +1,8 @@
 /*
  * dispatch.c - which kernel runs a given call.
  *
- * The table below lists every instantiation compiled into this library (CMake defines
- * FC_HAVE_<FAMILY>_HDIM<d>_<dtype> for each file it builds, so a trimmed build simply has a
- * shorter table). A family runs on a device only if the library holds machine code for that
+ * The table below lists every instantiation compiled into this library (kernel_list.h, which
+ * CMake writes from the kernel files it builds, so a trimmed build simply has a shorter table). A family runs on a device only if the library holds machine code for that
  * device's architecture: sm_89 code for Ada (8.9), sm_90a code for Hopper (9.0). No PTX is
  * embedded, so no other device can JIT these kernels; they fall back.
  */
@@ -11,69 +10,13 @@
 
 #include <stddef.h>
 
-#define FC_DECLARE(name) cudaError_t name(const fc_params *p, cudaStream_t stream);
-#if defined(FC_HAVE_SM80_HDIM32_fp16)
-FC_DECLARE(fc_sm80_fwd_hdim32_fp16)
-#endif
-#if defined(FC_HAVE_SM80_HDIM32_bf16)
-FC_DECLARE(fc_sm80_fwd_hdim32_bf16)
-#endif
-#if defined(FC_HAVE_SM80_HDIM64_fp16)
-FC_DECLARE(fc_sm80_fwd_hdim64_fp16)
-#endif
-#if defined(FC_HAVE_SM80_HDIM64_bf16)
-FC_DECLARE(fc_sm80_fwd_hdim64_bf16)
-#endif
-#if defined(FC_HAVE_SM80_HDIM80_fp16)
-FC_DECLARE(fc_sm80_fwd_hdim80_fp16)
-#endif
-#if defined(FC_HAVE_SM80_HDIM80_bf16)
-FC_DECLARE(fc_sm80_fwd_hdim80_bf16)
-#endif
-#if defined(FC_HAVE_SM80_HDIM96_fp16)
-FC_DECLARE(fc_sm80_fwd_hdim96_fp16)
-#endif
-#if defined(FC_HAVE_SM80_HDIM96_bf16)
-FC_DECLARE(fc_sm80_fwd_hdim96_bf16)
-#endif
-#if defined(FC_HAVE_SM80_HDIM128_fp16)
-FC_DECLARE(fc_sm80_fwd_hdim128_fp16)
-#endif
-#if defined(FC_HAVE_SM80_HDIM128_bf16)
-FC_DECLARE(fc_sm80_fwd_hdim128_bf16)
-#endif
-#if defined(FC_HAVE_SM80_HDIM256_fp16)
-FC_DECLARE(fc_sm80_fwd_hdim256_fp16)
-#endif
-#if defined(FC_HAVE_SM80_HDIM256_bf16)
-FC_DECLARE(fc_sm80_fwd_hdim256_bf16)
-#endif
-
-#if defined(FC_HAVE_SM90_HDIM64_fp16)
-FC_DECLARE(fc_sm90_fwd_hdim64_fp16)
-#endif
-#if defined(FC_HAVE_SM90_HDIM64_bf16)
-FC_DECLARE(fc_sm90_fwd_hdim64_bf16)
-#endif
-#if defined(FC_HAVE_SM90_HDIM128_fp16)
-FC_DECLARE(fc_sm90_fwd_hdim128_fp16)
-#endif
-#if defined(FC_HAVE_SM90_HDIM128_bf16)
-FC_DECLARE(fc_sm90_fwd_hdim128_bf16)
-#endif
-#if defined(FC_HAVE_SM90_HDIM256_fp16)
-FC_DECLARE(fc_sm90_fwd_hdim256_fp16)
-#endif
-#if defined(FC_HAVE_SM90_HDIM256_bf16)
-FC_DECLARE(fc_sm90_fwd_hdim256_bf16)
-#endif
-
-#if defined(FC_HAVE_DECODE_HDIM64_fp16)
-FC_DECLARE(fc_decode_hdim64_fp16)
-FC_DECLARE(fc_decode_hdim64_bf16)
-FC_DECLARE(fc_decode_hdim128_fp16)
-FC_DECLARE(fc_decode_hdim128_bf16)
-#endif
+/* The launchers this build compiles (kernel_list.h, written by CMake from its list of kernel
+ * files): declared here, then listed in kKernels. */
+#define FC_FWD_KERNEL(family, prefix, hd, dt, DT) \
+    cudaError_t fc_##prefix##_hdim##hd##_##dt(const fc_params *p, cudaStream_t stream);
+#define FC_BWD_KERNEL(family, prefix, hd, dt, DT) /* (bwd.c's table) */
+#include "kernel_list.h"
+#undef FC_FWD_KERNEL
 
 typedef struct kernel_entry {
     fc_family family;
@@ -83,66 +26,10 @@ typedef struct kernel_entry {
 } kernel_entry;
 
 static const kernel_entry kKernels[] = {
-#if defined(FC_HAVE_DECODE_HDIM64_fp16)
-    {FC_FAMILY_DECODE, 64, FC_DTYPE_FP16, fc_decode_hdim64_fp16},
-    {FC_FAMILY_DECODE, 64, FC_DTYPE_BF16, fc_decode_hdim64_bf16},
-    {FC_FAMILY_DECODE, 128, FC_DTYPE_FP16, fc_decode_hdim128_fp16},
-    {FC_FAMILY_DECODE, 128, FC_DTYPE_BF16, fc_decode_hdim128_bf16},
-#endif
-#if defined(FC_HAVE_SM90_HDIM64_fp16)
-    {FC_FAMILY_SM90, 64, FC_DTYPE_FP16, fc_sm90_fwd_hdim64_fp16},
-#endif
-#if defined(FC_HAVE_SM90_HDIM64_bf16)
-    {FC_FAMILY_SM90, 64, FC_DTYPE_BF16, fc_sm90_fwd_hdim64_bf16},
-#endif
-#if defined(FC_HAVE_SM90_HDIM128_fp16)
-    {FC_FAMILY_SM90, 128, FC_DTYPE_FP16, fc_sm90_fwd_hdim128_fp16},
-#endif
-#if defined(FC_HAVE_SM90_HDIM128_bf16)
-    {FC_FAMILY_SM90, 128, FC_DTYPE_BF16, fc_sm90_fwd_hdim128_bf16},
-#endif
-#if defined(FC_HAVE_SM90_HDIM256_fp16)
-    {FC_FAMILY_SM90, 256, FC_DTYPE_FP16, fc_sm90_fwd_hdim256_fp16},
-#endif
-#if defined(FC_HAVE_SM90_HDIM256_bf16)
-    {FC_FAMILY_SM90, 256, FC_DTYPE_BF16, fc_sm90_fwd_hdim256_bf16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM32_fp16)
-    {FC_FAMILY_SM80, 32, FC_DTYPE_FP16, fc_sm80_fwd_hdim32_fp16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM32_bf16)
-    {FC_FAMILY_SM80, 32, FC_DTYPE_BF16, fc_sm80_fwd_hdim32_bf16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM64_fp16)
-    {FC_FAMILY_SM80, 64, FC_DTYPE_FP16, fc_sm80_fwd_hdim64_fp16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM64_bf16)
-    {FC_FAMILY_SM80, 64, FC_DTYPE_BF16, fc_sm80_fwd_hdim64_bf16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM80_fp16)
-    {FC_FAMILY_SM80, 80, FC_DTYPE_FP16, fc_sm80_fwd_hdim80_fp16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM80_bf16)
-    {FC_FAMILY_SM80, 80, FC_DTYPE_BF16, fc_sm80_fwd_hdim80_bf16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM96_fp16)
-    {FC_FAMILY_SM80, 96, FC_DTYPE_FP16, fc_sm80_fwd_hdim96_fp16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM96_bf16)
-    {FC_FAMILY_SM80, 96, FC_DTYPE_BF16, fc_sm80_fwd_hdim96_bf16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM128_fp16)
-    {FC_FAMILY_SM80, 128, FC_DTYPE_FP16, fc_sm80_fwd_hdim128_fp16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM128_bf16)
-    {FC_FAMILY_SM80, 128, FC_DTYPE_BF16, fc_sm80_fwd_hdim128_bf16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM256_fp16)
-    {FC_FAMILY_SM80, 256, FC_DTYPE_FP16, fc_sm80_fwd_hdim256_fp16},
-#endif
-#if defined(FC_HAVE_SM80_HDIM256_bf16)
-    {FC_FAMILY_SM80, 256, FC_DTYPE_BF16, fc_sm80_fwd_hdim256_bf16},
-#endif
+#define FC_FWD_KERNEL(family, prefix, hd, dt, DT) {FC_FAMILY_##family, hd, FC_DTYPE_##DT, fc_##prefix##_hdim##hd##_##dt},
+#include "kernel_list.h"
+#undef FC_FWD_KERNEL
+#undef FC_BWD_KERNEL
     {FC_FAMILY_AUTO, 0, FC_DTYPE_FP16, NULL} /* sentinel: keeps the array non-empty */
 };
 

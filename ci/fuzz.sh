@@ -90,7 +90,21 @@ fi
 if [ "$SEED" = 0 ]; then CORPUS="$OUT/corpus"; else CORPUS="$OUT/corpus-seed$SEED"; rm -rf "$CORPUS"; fi
 mkdir -p "$CORPUS" "$OUT/artifacts"
 # Every kernel of the default build in the dispatch tables (forward and backward), both archs
-# built: the launchers themselves are the stubs in fuzz_params.c.
+# built: the launchers themselves are the stubs in fuzz_params.c. The tables come from
+# kernel_list.h, which CMake writes for a real build; written here for the same kernels.
+mkdir -p "$OUT/generated"
+{
+  for dt in fp16 bf16; do
+    DT=$(echo "$dt" | tr a-z A-Z)
+    for hd in 32 64 80 96 128 256; do echo "FC_FWD_KERNEL(SM80, sm80_fwd, $hd, $dt, $DT)"; done
+    for hd in 64 128 256; do echo "FC_FWD_KERNEL(SM90, sm90_fwd, $hd, $dt, $DT)"; done
+    for hd in 64 128; do
+      echo "FC_FWD_KERNEL(DECODE, decode, $hd, $dt, $DT)"
+      echo "FC_BWD_KERNEL(SM80, sm80_bwd, $hd, $dt, $DT)"
+      echo "FC_BWD_KERNEL(SM90, sm90_bwd, $hd, $dt, $DT)"
+    done
+  done
+} > "$OUT/generated/kernel_list.h"
 "$CC_FUZZ" -std=c11 -g -O1 -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -Wall -Wextra -Werror=implicit-function-declaration \
@@ -109,7 +123,7 @@ mkdir -p "$CORPUS" "$OUT/artifacts"
   -DFC_HAVE_SM90_BWD_HDIM64_fp16=1 -DFC_HAVE_SM90_BWD_HDIM64_bf16=1 \
   -DFC_HAVE_SM90_BWD_HDIM128_fp16=1 -DFC_HAVE_SM90_BWD_HDIM128_bf16=1 \
   -DFC_BUILT_SM89=1 -DFC_BUILT_SM90=1 \
-  -Ic_src -I"$CUDA_INC" \
+  -Ic_src -I"$OUT/generated" -I"$CUDA_INC" \
   tests/fuzz/fuzz_params.c c_src/flashcore.c c_src/dispatch.c c_src/launch_rules.c c_src/bwd.c c_src/config.c -lm -o "$OUT/fuzz_params"
 
 # Written afresh: a seed or reproducer dropped from make_seeds.py must not linger from a run before.
