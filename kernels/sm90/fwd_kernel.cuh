@@ -408,71 +408,19 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             if (mine >= end) {
                 release(&bars.q_empty[qb]);  // kPair with a single key tile: nothing for this one
             } else {
-                const int last = mine + (seen_end - 1 - mine) / kKeySplit * kKeySplit;  // this WG's last
-                // kPair, two key tiles for this warpgroup (257-512 keys), grids of at
-                // most half the SMs (maps.pair_s_ahead, launch_fwd_config): both S = Q K^T go out
-                // together, so the second one runs during the first tile's softmax instead of
-                // after it (the small shape's trace had both warpgroups issue S(2nd) + P V(1st)
-                // only after their first softmax). The warpgroup then waits for its second K tile
-                // before its first softmax: on fuller grids, whose loads land later, and on causal
-                // blocks that cost more than it saved. Measured on every pair grid (H100, fp16, us
-                // per call in a CUDA graph, tools/d64_configs.py, two passes): B=1 H=8 512 x 512
-                // 6.01 / 6.02 -> 5.78 / 5.76, but causal 512 x 512 5.60 / 5.58 -> 5.73 / 5.68 and
-                // B=2 H=8 512 x 512 6.06 / 6.10 -> 6.38 / 6.36: hence the limits. With them (same
-                // tool, two passes): B=1 H=8 512 x 512 5.99 / 5.94 -> 5.73 / 5.72, 256 x 512 5.97 /
-                // 6.00 -> 5.77 / 5.76; causal, B=2 and H=16 unchanged. Causal small grids took it
-                // too once the first key tile loaded alone (pair_lead_load), which brings K2 in
-                // right after K0 (twenty-second session, three passes: B=1 H=8 512 x 512 causal
-                // 4.97-5.00 -> 4.86-4.89, 384 x 384 causal within +-0.02).
-                bool pair_done = false;
-                if constexpr (kShape == kPair) {
-                    if (maps.pair_s_ahead && last == mine + kKeySplit) {
-                        [&] {
-                            pair_s_ahead_tiles<K>(slot0, mine, last, qb, rescale, s, s_next, o_acc, bars, wait_turn, issue_qk,
-                                                  issue_qk_into, pass_turn, trace, release, softmax, convert_p, issue_pv,
-                                                  rescale_o);
-                        }();
-                        pair_done = true;
-                    }
+                // carried: the next tile's first S = Q K^T is issued, from the next Q buffer (kCarryS).
+                // (q_loads captured by value: by reference, it changed the SASS.)
+                const bool carried = [&, q_loads] {
+                    return run_key_tiles<K, kCarryS>(slot0, mine, seen_end, half_tile, end, last_tile, qb, q_loads, s_carried,
+                                                     q_base, q_rows, rescale, s, s_next, o_acc, bars, maps, wait_turn, issue_qk,
+                                                     issue_qk_into, issue_pv, pass_turn, trace, release, softmax, convert_p,
+                                                     rescale_o, retire_o_store);
+                }();
+                if (carried) {
+                    qb = (qb + 1) % T::kQBufs;
+                    ++q_loads;
+                    s_carried = true;
                 }
-                if (!pair_done) {
-                    if (!s_carried) {
-                        wait_turn();
-                        issue_qk(slot0 + mine);
-                        pass_turn(false);
-                    }
-                    s_carried = false;
-                    if constexpr (T::kOBufs > 0 && !kCarryS) retire_o_store();  // the previous tile's store of O
-                    [&] { first_key_tile<K>(slot0, mine, last, qb, rescale, s, bars, trace, release, softmax, convert_p); }();
-                    [&] {
-                        key_tiles_middle<K, kCarryS>(slot0, mine, seen_end, last, qb, rescale, s, o_acc, bars, wait_turn,
-                                                     issue_qk, issue_pv, pass_turn, trace, release, softmax, convert_p,
-                                                     rescale_o);
-                    }();
-                    // kCarryS: the tile's last section (this one: non-causal tiles have no masked
-                    // sections) issues the next tile's first S = Q K^T; its Q is waited for before
-                    // the turn is taken.
-                    const bool carry = kCarryS && !last_tile;
-                    const int next_qb = (qb + 1) % T::kQBufs;
-                    if (carry) wait_barrier(&bars.q_full[next_qb], (q_loads / T::kQBufs) & 1);
-                    // The previous tile's store of O (issued a section or more ago): before this tile's
-                    // epilogue waits for its buffer, whether or not a next tile follows.
-                    if constexpr (T::kOBufs > 0 && kCarryS) retire_o_store();
-                    auto issue_next_qk = [&] {
-                        q_base = q_rows + next_qb * T::kQBytes;  // (this tile's S GEMMs are all issued)
-                        issue_qk(slot0 + end);                    // the next tile's first key tile
-                    };
-                    [&] {
-                        last_key_tile<K, kCarryS>(slot0, mine, last, half_tile, seen_end, end, carry, last_tile, o_acc, bars,
-                                                  wait_turn, issue_next_qk, issue_pv, pass_turn, trace, release);
-                    }();
-                    [&] { skip_key_tiles<K>(slot0, seen_end, end, last_tile, bars, wait_turn, pass_turn, release); }();
-                    if (carry) {
-                        qb = next_qb;
-                        ++q_loads;
-                        s_carried = true;
-                    }
-                }  // !pair_done
             }
             kv_iter = slot0 + end;
         }
