@@ -115,7 +115,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     using T = typename K::T;
     constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
     constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles, kW = K::kW, kKeySplit = K::kKeySplit;
-    constexpr bool kPingPong = K::kPingPong, kHalfTiles = K::kHalfTiles, kSkipDeadRows = K::kSkipDeadRows;
+    constexpr bool kPingPong = K::kPingPong, kHalfTiles = K::kHalfTiles;
     static_assert(!(kPvWaitInSoftmax<kHeadDim> && kLazyRescale<kHeadDim>),
                   "the softmax rescales O unconditionally where it waits for P V: not with lazy rescaling");
 
@@ -277,23 +277,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // `live_tag`: the 8-key tiles of S that hold P (convert_to_p).
     auto convert_p = [&](auto live_tag) { convert_to_p<Elem, decltype(live_tag)::value>(p_frag, s); };
 
-    // Ping-pong between the consumer warpgroups (measured against free-running consumers, same
-    // run: D=128 non-causal 4k 613 vs 569 TFLOP/s, D=64 474 vs 388; docs/experiments/first-versions.md, v4): each
-    // issues its GEMMs only in its turn, so the others' softmax runs while its GEMMs hold the
-    // tensor cores. Turns go round a ring through named barriers 1..W (256 threads: the waiting
-    // and the passing warpgroup), and the ring runs on across tiles: every warpgroup has the same
-    // number of GEMM sections in a tile (one per key tile, plus one), so after the last
-    // warpgroup's final P V of a tile, consumer 0 starts the next tile's S = Q K^T while the
-    // others still write their output (before, the ring restarted per tile and every tile's
-    // epilogues ran with the tensor cores idle). Measured (H100, fp16, two passes each, ratio to
-    // cuDNN in the same run): D=128 S=512 0.79 -> 0.86, 1k 0.88 -> 0.92, causal 512 0.84 ->
-    // 0.90; D=64 causal 512 0.82 -> 0.87, 1k 0.84 -> 0.91; S >= 4k within the run's spread;
-    // geomean over 49 shapes 0.949 / 0.946 -> 0.956 / 0.959. The last consumer
-    // starts the ring at the CTA's first tile (every tile of a persistent CTA has key tiles; a
-    // split CTA has one tile, which may have none, and then starts no ring), and skips its pass
-    // after the final section of the CTA's last tile, so no arrival is left over.
-    // A single consumer warpgroup (kTiny) has no one to take turns with; a pair (kPair) reads
-    // different key tiles and runs free.
+    // GEMM turns round the consumer warpgroups (K::kPingPong, see there).
     auto wait_turn = [&] {
         trace(3, 0);
         if constexpr (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
@@ -334,18 +318,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // 0.925 -> 0.94, 1k 0.937 -> 0.952; D=128 non-causal 512 1.006 -> 1.021, causal 1k 1.10 ->
     // 1.12; but D=64 causal 2k 1.005 -> 0.996 and 4k 1.065 -> 1.05. The divisions skipped
     // without t_next (the same loop step as before) lost to both: D=64 non-causal 1k 0.995.
-    // kCarryS: a tile's last GEMM section also issues the next tile's first S = Q K^T (its Q is
-    // in the other buffer), so the tensor cores take the next warpgroup's GEMMs and then this
-    // one's next S without waiting for its epilogue and tile boundary; s_carried says the current
-    // tile's first S is already done, from Q buffer qb.
-    // Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64 non-causal 1k 1.009-1.018
-    // -> 1.025-1.034, 2k 1.065-1.079 -> 1.083-1.104, 512 unchanged. Non-causal D=64 LONG only:
-    // D=64 SHORT causal lost 5% with it (512 1.034 -> 0.981), and at D=128 ptxas serialised the
-    // GEMMs (C7515). Non-causal tiles have no masked sections (seen_end == end).
-    constexpr bool kCarryS = kPingPong && T::kQBufs == 2 && kHeadDim == 64 && kW == 3 && !kCausal;
-    static_assert(!(kSkipDeadRows && kCarryS), "a skipping warpgroup's last section is not the tile's last");
-    static_assert(!kQInRegs<kHeadDim, kCausal> || (!kCarryS && kKeySplit == 1),
-                  "Q in registers frees its buffer at the tile's start: not with a carried S or a pair");
+    constexpr bool kCarryS = K::kCarryS;
     bool s_carried = false;
     int qb = 0;  // the current tile's Q buffer
     [[maybe_unused]] int tile_slot0 = 0;  // the current tile's key tile 0's ring slot (kMasked's softmax)
