@@ -440,22 +440,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         [&] { store_lse(lse_log2, finalise, row0, seqlen_q, lane, key_part, tile, p); }();
         if constexpr (T::kOBufs > 0) {
             if (maps.o_tma && cluster_size() == 1) {  // (split CTAs finish their rows below)
-                // Normalised O goes into this warpgroup's staging buffer with stmatrix, laid out
-                // as TMA reads it (64-column panels, 128-byte swizzle: 16-byte chunk c of row r at
-                // c ^ (r % 8), conflict-free for the 8 rows a matrix stores), then one thread
-                // stores the 64-row block with TMA, which clips the rows past Sq. The threads move
-                // on at once: no STG queue to drain before the next tile's GEMMs.
-                const int uses = T::kOBufs == 1 ? local * kW + consumer : local;  // earlier uses of the buffer
-                if (uses > 0) wait_barrier(&bars.o_free[o_buf], (uses - 1) & 1);
-                const uint32_t stage = smem_addr(smem_o) + o_buf * T::kOStageBytes;
-                [&] { stage_o<K>(o_acc, inv_sum, stage, warp_in_wg, lane); }();
-                ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to TMA
-                asm volatile("bar.sync %0, 128;\n" ::"r"(kW + 3 + consumer) : "memory");
-                if (threadIdx.x % 128 == 0) {
-                    int32_t c[4];  // (declared here, not in issue_o_store: a local array there changed the SASS)
-                    [&] { issue_o_store<K>(c, maps, smem_o, o_buf, wg_row0, tile); }();
-                    o_store_pending = true;
-                }
+                int32_t c[4];  // (store_o_staged's scratch, declared here: see there)
+                store_o_staged<K>(c, o_acc, inv_sum, o_store_pending, maps, bars, smem_o, o_buf, local, consumer, warp_in_wg, lane,
+                                  wg_row0, tile);
                 trace(10, 0);
                 continue;
             }
