@@ -115,7 +115,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     using T = typename K::T;
     constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
     constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles, kW = K::kW, kKeySplit = K::kKeySplit;
-    constexpr bool kPingPong = K::kPingPong, kHalfTiles = K::kHalfTiles;
+    constexpr bool kPingPong = K::kPingPong;
     static_assert(!(kPvWaitInSoftmax<kHeadDim> && kLazyRescale<kHeadDim>),
                   "the softmax rescales O unconditionally where it waits for P V: not with lazy rescaling");
 
@@ -356,46 +356,16 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // kPair: this warpgroup runs key tiles mine, mine + 2, ... of [first, end) (the other one
         // of its row group the rest); otherwise every key tile (kKeySplit = 1).
         if (keys.first < keys.end) {
-            const int first = keys.first, end = keys.end, slot0 = kv_iter - first;
-            tile_slot0 = slot0;
-            const int mine = first + key_part;
-            const int seen_end = [&] { return key_tiles_seen<K>(first, end, wg_row0, seqlen_q, p); }();
-            // half_tile (key_tiles_seen): the diagonal tile whose keys 64..127 this warpgroup's rows never see, or -1.
-            const int half_tile =
-                kHalfTiles && wg_row0 % kBlockN == 0 && wg_row0 / kBlockN == seen_end - 1 ? seen_end - 1 : -1;
-            if (kPingPong && local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-            // In split mode a CTA has one tile; persistent CTAs' tiles all have key tiles, so the
-            // CTA's last tile is the one without a successor.
-            const bool last_tile = t_next >= n_tiles;
-            trace(1, end - first);
-            if (!s_carried) {
-                qb = q_loads % T::kQBufs;
-                q_base = q_rows + qb * T::kQBytes;
-                wait_barrier(&bars.q_full[qb], (q_loads++ / T::kQBufs) & 1);
-            }
-            trace(2, 0);
-            if constexpr (kQInRegs<kHeadDim, kCausal>) {  // (no kCarryS, no kPair at D=128)
-                load_q_frags();
-                release(&bars.q_empty[qb]);
-            }
-            if (mine >= end) {
-                release(&bars.q_empty[qb]);  // kPair with a single key tile: nothing for this one
-            } else {
-                // carried: the next tile's first S = Q K^T is issued, from the next Q buffer (kCarryS).
-                // (q_loads captured by value: by reference, it changed the SASS.)
-                const bool carried = [&, q_loads] {
-                    return run_key_tiles<K, kCarryS>(slot0, mine, seen_end, half_tile, end, last_tile, qb, q_loads, s_carried,
-                                                     q_base, q_rows, rescale, s, s_next, o_acc, bars, maps, wait_turn, issue_qk,
-                                                     issue_qk_into, issue_pv, pass_turn, trace, release, softmax, convert_p,
-                                                     rescale_o, retire_o_store);
-                }();
-                if (carried) {
-                    qb = (qb + 1) % T::kQBufs;
-                    ++q_loads;
-                    s_carried = true;
-                }
-            }
-            kv_iter = slot0 + end;
+            // (Captured by value where the kernel's own code used them directly: see consume_tile.)
+            const ConsumerCounters next = [&, local, t_next, n_tiles, keys, kv_iter, q_loads, s_carried] {
+                return consume_tile<K>(keys.first, keys.end, key_part, wg_row0, seqlen_q, p, local, consumer, t_next >= n_tiles,
+                                       ConsumerCounters{kv_iter, q_loads, s_carried}, tile_slot0, qb, q_base, q_rows, rescale,
+                                       s, s_next, o_acc, bars, maps, trace, load_q_frags, release, wait_turn, issue_qk,
+                                       issue_qk_into, issue_pv, pass_turn, softmax, convert_p, rescale_o, retire_o_store);
+            }();
+            kv_iter = next.kv_iter;
+            q_loads = next.q_loads;
+            s_carried = next.s_carried;
         }
 
         // ---- epilogue: normalise, write O from registers (Q's buffer is already refilling) ----

@@ -1,7 +1,7 @@
-// sm90/fwd_loop.cuh - the sections of the Hopper forward's key loop, as fwd_kernel
-// (sm90/fwd_kernel.cuh) runs them: the row sums, which key tiles a block sees, the pair
-// configuration's early-S tiles, the middle tiles, the masked tiles past the last one seen, the
-// first and last tiles, and one tile's whole key loop for a warpgroup (run_key_tiles).
+// sm90/fwd_loop.cuh - the Hopper forward's key loop, as fwd_kernel (sm90/fwd_kernel.cuh) runs it: a
+// consumer warpgroup's work on one tile (consume_tile), its key tiles' GEMM sections (run_key_tiles)
+// and the sections themselves: the row sums, which key tiles a block sees, the pair configuration's
+// early-S tiles, the first, middle and last tiles, and the masked tiles past the last one seen.
 #pragma once
 
 #include "common/fast_div.cuh"
@@ -299,6 +299,75 @@ __device__ __forceinline__ bool run_key_tiles(int slot0, int mine, int seen_end,
         return carry;
     }  // !pair_done
     return false;
+}
+
+// What a consumer warpgroup carries from one tile to the next: the K/V ring slots consumed
+// (kv_iter: stage and phase, as in the producer), the Q buffers consumed (q_loads: buffer phase)
+// and whether the next tile's first S = Q K^T is already issued (s_carried, kCarryS).
+struct ConsumerCounters {
+    int kv_iter, q_loads;
+    bool s_carried;
+};
+
+// A consumer warpgroup's work on one tile with key tiles [first, end) (up to its epilogue): the
+// tile's first ping-pong turn opened (local == 0), its Q waited for (unless carried in) and, at
+// kQInRegs, loaded into registers, then its key tiles (run_key_tiles). `last_tile`: no tile
+// follows in this CTA (a split CTA has one tile; a persistent CTA's tiles all have key tiles).
+// Takes and returns the counters by value, and the kernel captures them by value: taken by
+// reference, they changed the kernel's SASS. (The steps are fwd_kernel's lambdas.)
+template <class K, class Trace, class LoadQFrags, class Release, class WaitTurn, class IssueQk, class IssueQkInto, class IssuePv,
+          class PassTurn, class Softmax, class ConvertP, class RescaleO, class RetireOStore>
+__device__ __forceinline__ ConsumerCounters consume_tile(int first, int end, int key_part, int wg_row0, int seqlen_q,
+                                                         const fc_params &p, int local, int consumer, bool last_tile,
+                                                         ConsumerCounters c, int &tile_slot0, int &qb, uint32_t &q_base,
+                                                         uint32_t q_rows, float (&rescale)[2], float (&s)[K::kNTiles * 4],
+                                                         float (&s_next)[K::kNTiles * 4], float (&o_acc)[K::kDTiles * 4],
+                                                         typename K::Bars &bars, const FwdMaps &maps, Trace &trace,
+                                                         LoadQFrags &load_q_frags, Release &release, WaitTurn &wait_turn,
+                                                         IssueQk &issue_qk, IssueQkInto &issue_qk_into, IssuePv &issue_pv,
+                                                         PassTurn &pass_turn, Softmax &softmax, ConvertP &convert_p,
+                                                         RescaleO &rescale_o, RetireOStore &retire_o_store) {
+    using T = typename K::T;
+    constexpr int kHeadDim = K::kHeadDim, kBlockN = K::kBlockN, kW = K::kW;
+    constexpr bool kCausal = K::kCausal, kPingPong = K::kPingPong, kHalfTiles = K::kHalfTiles, kCarryS = K::kCarryS;
+    const int slot0 = c.kv_iter - first;
+    tile_slot0 = slot0;
+    const int mine = first + key_part;
+    const int seen_end = [&] { return key_tiles_seen<K>(first, end, wg_row0, seqlen_q, p); }();
+    // half_tile (key_tiles_seen): the diagonal tile whose keys 64..127 this warpgroup's rows never see, or -1.
+    const int half_tile =
+        kHalfTiles && wg_row0 % kBlockN == 0 && wg_row0 / kBlockN == seen_end - 1 ? seen_end - 1 : -1;
+    if (kPingPong && local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+    trace(1, end - first);
+    if (!c.s_carried) {
+        qb = c.q_loads % T::kQBufs;
+        q_base = q_rows + qb * T::kQBytes;
+        wait_barrier(&bars.q_full[qb], (c.q_loads++ / T::kQBufs) & 1);
+    }
+    trace(2, 0);
+    if constexpr (kQInRegs<kHeadDim, kCausal>) {  // (no kCarryS, no kPair at D=128)
+        load_q_frags();
+        release(&bars.q_empty[qb]);
+    }
+    if (mine >= end) {
+        release(&bars.q_empty[qb]);  // kPair with a single key tile: nothing for this one
+    } else {
+        // carried: the next tile's first S = Q K^T is issued, from the next Q buffer (kCarryS).
+        // (q_loads captured by value: by reference, it changed the SASS.)
+        const bool carried = [&, q_loads = c.q_loads] {
+            return run_key_tiles<K, kCarryS>(slot0, mine, seen_end, half_tile, end, last_tile, qb, q_loads, c.s_carried,
+                                             q_base, q_rows, rescale, s, s_next, o_acc, bars, maps, wait_turn, issue_qk,
+                                             issue_qk_into, issue_pv, pass_turn, trace, release, softmax, convert_p,
+                                             rescale_o, retire_o_store);
+        }();
+        if (carried) {
+            qb = (qb + 1) % T::kQBufs;
+            ++c.q_loads;
+            c.s_carried = true;
+        }
+    }
+    c.kv_iter = slot0 + end;
+    return c;
 }
 
 }  // namespace sm90
