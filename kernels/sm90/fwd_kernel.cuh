@@ -115,7 +115,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     using T = typename K::T;
     constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
     constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles, kW = K::kW, kKeySplit = K::kKeySplit;
-    constexpr bool kPingPong = K::kPingPong, kHalfTiles = K::kHalfTiles, kSkipDeadRows = K::kSkipDeadRows;
+    constexpr bool kPingPong = K::kPingPong;
     static_assert(!(kPvWaitInSoftmax<kHeadDim> && kLazyRescale<kHeadDim>),
                   "the softmax rescales O unconditionally where it waits for P V: not with lazy rescaling");
 
@@ -277,23 +277,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // `live_tag`: the 8-key tiles of S that hold P (convert_to_p).
     auto convert_p = [&](auto live_tag) { convert_to_p<Elem, decltype(live_tag)::value>(p_frag, s); };
 
-    // Ping-pong between the consumer warpgroups (measured against free-running consumers, same
-    // run: D=128 non-causal 4k 613 vs 569 TFLOP/s, D=64 474 vs 388; docs/experiments/first-versions.md, v4): each
-    // issues its GEMMs only in its turn, so the others' softmax runs while its GEMMs hold the
-    // tensor cores. Turns go round a ring through named barriers 1..W (256 threads: the waiting
-    // and the passing warpgroup), and the ring runs on across tiles: every warpgroup has the same
-    // number of GEMM sections in a tile (one per key tile, plus one), so after the last
-    // warpgroup's final P V of a tile, consumer 0 starts the next tile's S = Q K^T while the
-    // others still write their output (before, the ring restarted per tile and every tile's
-    // epilogues ran with the tensor cores idle). Measured (H100, fp16, two passes each, ratio to
-    // cuDNN in the same run): D=128 S=512 0.79 -> 0.86, 1k 0.88 -> 0.92, causal 512 0.84 ->
-    // 0.90; D=64 causal 512 0.82 -> 0.87, 1k 0.84 -> 0.91; S >= 4k within the run's spread;
-    // geomean over 49 shapes 0.949 / 0.946 -> 0.956 / 0.959. The last consumer
-    // starts the ring at the CTA's first tile (every tile of a persistent CTA has key tiles; a
-    // split CTA has one tile, which may have none, and then starts no ring), and skips its pass
-    // after the final section of the CTA's last tile, so no arrival is left over.
-    // A single consumer warpgroup (kTiny) has no one to take turns with; a pair (kPair) reads
-    // different key tiles and runs free.
+    // GEMM turns round the consumer warpgroups (K::kPingPong, see there).
     auto wait_turn = [&] {
         trace(3, 0);
         if constexpr (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
@@ -334,18 +318,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // 0.925 -> 0.94, 1k 0.937 -> 0.952; D=128 non-causal 512 1.006 -> 1.021, causal 1k 1.10 ->
     // 1.12; but D=64 causal 2k 1.005 -> 0.996 and 4k 1.065 -> 1.05. The divisions skipped
     // without t_next (the same loop step as before) lost to both: D=64 non-causal 1k 0.995.
-    // kCarryS: a tile's last GEMM section also issues the next tile's first S = Q K^T (its Q is
-    // in the other buffer), so the tensor cores take the next warpgroup's GEMMs and then this
-    // one's next S without waiting for its epilogue and tile boundary; s_carried says the current
-    // tile's first S is already done, from Q buffer qb.
-    // Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64 non-causal 1k 1.009-1.018
-    // -> 1.025-1.034, 2k 1.065-1.079 -> 1.083-1.104, 512 unchanged. Non-causal D=64 LONG only:
-    // D=64 SHORT causal lost 5% with it (512 1.034 -> 0.981), and at D=128 ptxas serialised the
-    // GEMMs (C7515). Non-causal tiles have no masked sections (seen_end == end).
-    constexpr bool kCarryS = kPingPong && T::kQBufs == 2 && kHeadDim == 64 && kW == 3 && !kCausal;
-    static_assert(!(kSkipDeadRows && kCarryS), "a skipping warpgroup's last section is not the tile's last");
-    static_assert(!kQInRegs<kHeadDim, kCausal> || (!kCarryS && kKeySplit == 1),
-                  "Q in registers frees its buffer at the tile's start: not with a carried S or a pair");
+    constexpr bool kCarryS = K::kCarryS;
     bool s_carried = false;
     int qb = 0;  // the current tile's Q buffer
     [[maybe_unused]] int tile_slot0 = 0;  // the current tile's key tile 0's ring slot (kMasked's softmax)
@@ -383,98 +356,16 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // kPair: this warpgroup runs key tiles mine, mine + 2, ... of [first, end) (the other one
         // of its row group the rest); otherwise every key tile (kKeySplit = 1).
         if (keys.first < keys.end) {
-            const int first = keys.first, end = keys.end, slot0 = kv_iter - first;
-            tile_slot0 = slot0;
-            const int mine = first + key_part;
-            const int seen_end = [&] { return key_tiles_seen<K>(first, end, wg_row0, seqlen_q, p); }();
-            // half_tile (key_tiles_seen): the diagonal tile whose keys 64..127 this warpgroup's rows never see, or -1.
-            const int half_tile =
-                kHalfTiles && wg_row0 % kBlockN == 0 && wg_row0 / kBlockN == seen_end - 1 ? seen_end - 1 : -1;
-            if (kPingPong && local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-            // In split mode a CTA has one tile; persistent CTAs' tiles all have key tiles, so the
-            // CTA's last tile is the one without a successor.
-            const bool last_tile = t_next >= n_tiles;
-            trace(1, end - first);
-            if (!s_carried) {
-                qb = q_loads % T::kQBufs;
-                q_base = q_rows + qb * T::kQBytes;
-                wait_barrier(&bars.q_full[qb], (q_loads++ / T::kQBufs) & 1);
-            }
-            trace(2, 0);
-            if constexpr (kQInRegs<kHeadDim, kCausal>) {  // (no kCarryS, no kPair at D=128)
-                load_q_frags();
-                release(&bars.q_empty[qb]);
-            }
-            if (mine >= end) {
-                release(&bars.q_empty[qb]);  // kPair with a single key tile: nothing for this one
-            } else {
-                const int last = mine + (seen_end - 1 - mine) / kKeySplit * kKeySplit;  // this WG's last
-                // kPair, two key tiles for this warpgroup (257-512 keys), grids of at
-                // most half the SMs (maps.pair_s_ahead, launch_fwd_config): both S = Q K^T go out
-                // together, so the second one runs during the first tile's softmax instead of
-                // after it (the small shape's trace had both warpgroups issue S(2nd) + P V(1st)
-                // only after their first softmax). The warpgroup then waits for its second K tile
-                // before its first softmax: on fuller grids, whose loads land later, and on causal
-                // blocks that cost more than it saved. Measured on every pair grid (H100, fp16, us
-                // per call in a CUDA graph, tools/d64_configs.py, two passes): B=1 H=8 512 x 512
-                // 6.01 / 6.02 -> 5.78 / 5.76, but causal 512 x 512 5.60 / 5.58 -> 5.73 / 5.68 and
-                // B=2 H=8 512 x 512 6.06 / 6.10 -> 6.38 / 6.36: hence the limits. With them (same
-                // tool, two passes): B=1 H=8 512 x 512 5.99 / 5.94 -> 5.73 / 5.72, 256 x 512 5.97 /
-                // 6.00 -> 5.77 / 5.76; causal, B=2 and H=16 unchanged. Causal small grids took it
-                // too once the first key tile loaded alone (pair_lead_load), which brings K2 in
-                // right after K0 (twenty-second session, three passes: B=1 H=8 512 x 512 causal
-                // 4.97-5.00 -> 4.86-4.89, 384 x 384 causal within +-0.02).
-                bool pair_done = false;
-                if constexpr (kShape == kPair) {
-                    if (maps.pair_s_ahead && last == mine + kKeySplit) {
-                        [&] {
-                            pair_s_ahead_tiles<K>(slot0, mine, last, qb, rescale, s, s_next, o_acc, bars, wait_turn, issue_qk,
-                                                  issue_qk_into, pass_turn, trace, release, softmax, convert_p, issue_pv,
-                                                  rescale_o);
-                        }();
-                        pair_done = true;
-                    }
-                }
-                if (!pair_done) {
-                    if (!s_carried) {
-                        wait_turn();
-                        issue_qk(slot0 + mine);
-                        pass_turn(false);
-                    }
-                    s_carried = false;
-                    if constexpr (T::kOBufs > 0 && !kCarryS) retire_o_store();  // the previous tile's store of O
-                    [&] { first_key_tile<K>(slot0, mine, last, qb, rescale, s, bars, trace, release, softmax, convert_p); }();
-                    [&] {
-                        key_tiles_middle<K, kCarryS>(slot0, mine, seen_end, last, qb, rescale, s, o_acc, bars, wait_turn,
-                                                     issue_qk, issue_pv, pass_turn, trace, release, softmax, convert_p,
-                                                     rescale_o);
-                    }();
-                    // kCarryS: the tile's last section (this one: non-causal tiles have no masked
-                    // sections) issues the next tile's first S = Q K^T; its Q is waited for before
-                    // the turn is taken.
-                    const bool carry = kCarryS && !last_tile;
-                    const int next_qb = (qb + 1) % T::kQBufs;
-                    if (carry) wait_barrier(&bars.q_full[next_qb], (q_loads / T::kQBufs) & 1);
-                    // The previous tile's store of O (issued a section or more ago): before this tile's
-                    // epilogue waits for its buffer, whether or not a next tile follows.
-                    if constexpr (T::kOBufs > 0 && kCarryS) retire_o_store();
-                    auto issue_next_qk = [&] {
-                        q_base = q_rows + next_qb * T::kQBytes;  // (this tile's S GEMMs are all issued)
-                        issue_qk(slot0 + end);                    // the next tile's first key tile
-                    };
-                    [&] {
-                        last_key_tile<K, kCarryS>(slot0, mine, last, half_tile, seen_end, end, carry, last_tile, o_acc, bars,
-                                                  wait_turn, issue_next_qk, issue_pv, pass_turn, trace, release);
-                    }();
-                    [&] { skip_key_tiles<K>(slot0, seen_end, end, last_tile, bars, wait_turn, pass_turn, release); }();
-                    if (carry) {
-                        qb = next_qb;
-                        ++q_loads;
-                        s_carried = true;
-                    }
-                }  // !pair_done
-            }
-            kv_iter = slot0 + end;
+            // (Captured by value where the kernel's own code used them directly: see consume_tile.)
+            const ConsumerCounters next = [&, local, t_next, n_tiles, keys, kv_iter, q_loads, s_carried] {
+                return consume_tile<K>(keys.first, keys.end, key_part, wg_row0, seqlen_q, p, local, consumer, t_next >= n_tiles,
+                                       ConsumerCounters{kv_iter, q_loads, s_carried}, tile_slot0, qb, q_base, q_rows, rescale,
+                                       s, s_next, o_acc, bars, maps, trace, load_q_frags, release, wait_turn, issue_qk,
+                                       issue_qk_into, issue_pv, pass_turn, softmax, convert_p, rescale_o, retire_o_store);
+            }();
+            kv_iter = next.kv_iter;
+            q_loads = next.q_loads;
+            s_carried = next.s_carried;
         }
 
         // ---- epilogue: normalise, write O from registers (Q's buffer is already refilling) ----
@@ -519,22 +410,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         [&] { store_lse(lse_log2, finalise, row0, seqlen_q, lane, key_part, tile, p); }();
         if constexpr (T::kOBufs > 0) {
             if (maps.o_tma && cluster_size() == 1) {  // (split CTAs finish their rows below)
-                // Normalised O goes into this warpgroup's staging buffer with stmatrix, laid out
-                // as TMA reads it (64-column panels, 128-byte swizzle: 16-byte chunk c of row r at
-                // c ^ (r % 8), conflict-free for the 8 rows a matrix stores), then one thread
-                // stores the 64-row block with TMA, which clips the rows past Sq. The threads move
-                // on at once: no STG queue to drain before the next tile's GEMMs.
-                const int uses = T::kOBufs == 1 ? local * kW + consumer : local;  // earlier uses of the buffer
-                if (uses > 0) wait_barrier(&bars.o_free[o_buf], (uses - 1) & 1);
-                const uint32_t stage = smem_addr(smem_o) + o_buf * T::kOStageBytes;
-                [&] { stage_o<K>(o_acc, inv_sum, stage, warp_in_wg, lane); }();
-                ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to TMA
-                asm volatile("bar.sync %0, 128;\n" ::"r"(kW + 3 + consumer) : "memory");
-                if (threadIdx.x % 128 == 0) {
-                    int32_t c[4];  // (declared here, not in issue_o_store: a local array there changed the SASS)
-                    [&] { issue_o_store<K>(c, maps, smem_o, o_buf, wg_row0, tile); }();
-                    o_store_pending = true;
-                }
+                int32_t c[4];  // (store_o_staged's scratch, declared here: see there)
+                store_o_staged<K>(c, o_acc, inv_sum, o_store_pending, maps, bars, smem_o, o_buf, local, consumer, warp_in_wg, lane,
+                                  wg_row0, tile);
                 trace(10, 0);
                 continue;
             }

@@ -1,7 +1,7 @@
-// sm90/fwd_loop.cuh - the sections of the Hopper forward's key loop, as fwd_kernel
-// (sm90/fwd_kernel.cuh) runs them: the row sums, which key tiles a block sees, the pair
-// configuration's early-S tiles, the middle tiles, the masked tiles past the last one seen, and
-// the first and last tiles.
+// sm90/fwd_loop.cuh - the Hopper forward's key loop, as fwd_kernel (sm90/fwd_kernel.cuh) runs it: a
+// consumer warpgroup's work on one tile (consume_tile), its key tiles' GEMM sections (run_key_tiles)
+// and the sections themselves: the row sums, which key tiles a block sees, the pair configuration's
+// early-S tiles, the first, middle and last tiles, and the masked tiles past the last one seen.
 #pragma once
 
 #include "common/fast_div.cuh"
@@ -216,6 +216,158 @@ __device__ __forceinline__ void last_key_tile(int slot0, int mine, int last, int
     trace(8, last);
     fence_registers(o_acc);
     release(&bars.v_empty[(slot0 + last) % kStages]);
+}
+
+// One tile's key tiles for this warpgroup: `mine` and every kKeySplit-th after it up to seen_end,
+// each in its GEMM turn: kPair's two tiles with both S up front (pair_s_ahead_tiles), or the
+// first tile's softmax, the middle sections, the last P V (kCarryS: with the next tile's first
+// S = Q K^T, from the other Q buffer) and the turns of the tiles past seen_end. Returns whether it
+// issued the next tile's first S (the caller then steps its Q buffer). `s_carried`: the tile
+// before already issued this tile's first S (kCarryS); cleared here. (The steps are fwd_kernel's
+// lambdas.)
+template <class K, bool kCarryS, class WaitTurn, class IssueQk, class IssueQkInto, class IssuePv, class PassTurn, class Trace,
+          class Release, class Softmax, class ConvertP, class RescaleO, class RetireOStore>
+__device__ __forceinline__ bool run_key_tiles(int slot0, int mine, int seen_end, int half_tile, int end, bool last_tile,
+                                              int qb, int q_loads, bool &s_carried, uint32_t &q_base, uint32_t q_rows,
+                                              float (&rescale)[2], float (&s)[K::kNTiles * 4],
+                                              float (&s_next)[K::kNTiles * 4], float (&o_acc)[K::kDTiles * 4],
+                                              typename K::Bars &bars, const FwdMaps &maps, WaitTurn &wait_turn,
+                                              IssueQk &issue_qk, IssueQkInto &issue_qk_into, IssuePv &issue_pv,
+                                              PassTurn &pass_turn, Trace &trace, Release &release, Softmax &softmax,
+                                              ConvertP &convert_p, RescaleO &rescale_o, RetireOStore &retire_o_store) {
+    using T = typename K::T;
+    constexpr int kKeySplit = K::kKeySplit, kShape = K::kShape;
+    const int last = mine + (seen_end - 1 - mine) / kKeySplit * kKeySplit;  // this WG's last
+    // kPair, two key tiles for this warpgroup (257-512 keys), grids of at
+    // most half the SMs (maps.pair_s_ahead, launch_fwd_config): both S = Q K^T go out
+    // together, so the second one runs during the first tile's softmax instead of
+    // after it (the small shape's trace had both warpgroups issue S(2nd) + P V(1st)
+    // only after their first softmax). The warpgroup then waits for its second K tile
+    // before its first softmax: on fuller grids, whose loads land later, and on causal
+    // blocks that cost more than it saved. Measured on every pair grid (H100, fp16, us
+    // per call in a CUDA graph, tools/d64_configs.py, two passes): B=1 H=8 512 x 512
+    // 6.01 / 6.02 -> 5.78 / 5.76, but causal 512 x 512 5.60 / 5.58 -> 5.73 / 5.68 and
+    // B=2 H=8 512 x 512 6.06 / 6.10 -> 6.38 / 6.36: hence the limits. With them (same
+    // tool, two passes): B=1 H=8 512 x 512 5.99 / 5.94 -> 5.73 / 5.72, 256 x 512 5.97 /
+    // 6.00 -> 5.77 / 5.76; causal, B=2 and H=16 unchanged. Causal small grids took it
+    // too once the first key tile loaded alone (pair_lead_load), which brings K2 in
+    // right after K0 (twenty-second session, three passes: B=1 H=8 512 x 512 causal
+    // 4.97-5.00 -> 4.86-4.89, 384 x 384 causal within +-0.02).
+    bool pair_done = false;
+    if constexpr (kShape == kPair) {
+        if (maps.pair_s_ahead && last == mine + kKeySplit) {
+            [&] {
+                pair_s_ahead_tiles<K>(slot0, mine, last, qb, rescale, s, s_next, o_acc, bars, wait_turn, issue_qk,
+                                      issue_qk_into, pass_turn, trace, release, softmax, convert_p, issue_pv,
+                                      rescale_o);
+            }();
+            pair_done = true;
+        }
+    }
+    if (!pair_done) {
+        if (!s_carried) {
+            wait_turn();
+            issue_qk(slot0 + mine);
+            pass_turn(false);
+        }
+        s_carried = false;
+        if constexpr (T::kOBufs > 0 && !kCarryS) retire_o_store();  // the previous tile's store of O
+        [&] { first_key_tile<K>(slot0, mine, last, qb, rescale, s, bars, trace, release, softmax, convert_p); }();
+        [&] {
+            key_tiles_middle<K, kCarryS>(slot0, mine, seen_end, last, qb, rescale, s, o_acc, bars, wait_turn,
+                                         issue_qk, issue_pv, pass_turn, trace, release, softmax, convert_p,
+                                         rescale_o);
+        }();
+        // kCarryS: the tile's last section (this one: non-causal tiles have no masked
+        // sections) issues the next tile's first S = Q K^T; its Q is waited for before
+        // the turn is taken.
+        const bool carry = kCarryS && !last_tile;
+        const int next_qb = (qb + 1) % T::kQBufs;
+        if (carry) wait_barrier(&bars.q_full[next_qb], (q_loads / T::kQBufs) & 1);
+        // The previous tile's store of O (issued a section or more ago): before this tile's
+        // epilogue waits for its buffer, whether or not a next tile follows.
+        if constexpr (T::kOBufs > 0 && kCarryS) retire_o_store();
+        auto issue_next_qk = [&] {
+            q_base = q_rows + next_qb * T::kQBytes;  // (this tile's S GEMMs are all issued)
+            issue_qk(slot0 + end);                    // the next tile's first key tile
+        };
+        [&] {
+            last_key_tile<K, kCarryS>(slot0, mine, last, half_tile, seen_end, end, carry, last_tile, o_acc, bars,
+                                      wait_turn, issue_next_qk, issue_pv, pass_turn, trace, release);
+        }();
+        [&] { skip_key_tiles<K>(slot0, seen_end, end, last_tile, bars, wait_turn, pass_turn, release); }();
+        return carry;
+    }  // !pair_done
+    return false;
+}
+
+// What a consumer warpgroup carries from one tile to the next: the K/V ring slots consumed
+// (kv_iter: stage and phase, as in the producer), the Q buffers consumed (q_loads: buffer phase)
+// and whether the next tile's first S = Q K^T is already issued (s_carried, kCarryS).
+struct ConsumerCounters {
+    int kv_iter, q_loads;
+    bool s_carried;
+};
+
+// A consumer warpgroup's work on one tile with key tiles [first, end) (up to its epilogue): the
+// tile's first ping-pong turn opened (local == 0), its Q waited for (unless carried in) and, at
+// kQInRegs, loaded into registers, then its key tiles (run_key_tiles). `last_tile`: no tile
+// follows in this CTA (a split CTA has one tile; a persistent CTA's tiles all have key tiles).
+// Takes and returns the counters by value, and the kernel captures them by value: taken by
+// reference, they changed the kernel's SASS. (The steps are fwd_kernel's lambdas.)
+template <class K, class Trace, class LoadQFrags, class Release, class WaitTurn, class IssueQk, class IssueQkInto, class IssuePv,
+          class PassTurn, class Softmax, class ConvertP, class RescaleO, class RetireOStore>
+__device__ __forceinline__ ConsumerCounters consume_tile(int first, int end, int key_part, int wg_row0, int seqlen_q,
+                                                         const fc_params &p, int local, int consumer, bool last_tile,
+                                                         ConsumerCounters c, int &tile_slot0, int &qb, uint32_t &q_base,
+                                                         uint32_t q_rows, float (&rescale)[2], float (&s)[K::kNTiles * 4],
+                                                         float (&s_next)[K::kNTiles * 4], float (&o_acc)[K::kDTiles * 4],
+                                                         typename K::Bars &bars, const FwdMaps &maps, Trace &trace,
+                                                         LoadQFrags &load_q_frags, Release &release, WaitTurn &wait_turn,
+                                                         IssueQk &issue_qk, IssueQkInto &issue_qk_into, IssuePv &issue_pv,
+                                                         PassTurn &pass_turn, Softmax &softmax, ConvertP &convert_p,
+                                                         RescaleO &rescale_o, RetireOStore &retire_o_store) {
+    using T = typename K::T;
+    constexpr int kHeadDim = K::kHeadDim, kBlockN = K::kBlockN, kW = K::kW;
+    constexpr bool kCausal = K::kCausal, kPingPong = K::kPingPong, kHalfTiles = K::kHalfTiles, kCarryS = K::kCarryS;
+    const int slot0 = c.kv_iter - first;
+    tile_slot0 = slot0;
+    const int mine = first + key_part;
+    const int seen_end = [&] { return key_tiles_seen<K>(first, end, wg_row0, seqlen_q, p); }();
+    // half_tile (key_tiles_seen): the diagonal tile whose keys 64..127 this warpgroup's rows never see, or -1.
+    const int half_tile =
+        kHalfTiles && wg_row0 % kBlockN == 0 && wg_row0 / kBlockN == seen_end - 1 ? seen_end - 1 : -1;
+    if (kPingPong && local == 0 && consumer == kW - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+    trace(1, end - first);
+    if (!c.s_carried) {
+        qb = c.q_loads % T::kQBufs;
+        q_base = q_rows + qb * T::kQBytes;
+        wait_barrier(&bars.q_full[qb], (c.q_loads++ / T::kQBufs) & 1);
+    }
+    trace(2, 0);
+    if constexpr (kQInRegs<kHeadDim, kCausal>) {  // (no kCarryS, no kPair at D=128)
+        load_q_frags();
+        release(&bars.q_empty[qb]);
+    }
+    if (mine >= end) {
+        release(&bars.q_empty[qb]);  // kPair with a single key tile: nothing for this one
+    } else {
+        // carried: the next tile's first S = Q K^T is issued, from the next Q buffer (kCarryS).
+        // (q_loads captured by value: by reference, it changed the SASS.)
+        const bool carried = [&, q_loads = c.q_loads] {
+            return run_key_tiles<K, kCarryS>(slot0, mine, seen_end, half_tile, end, last_tile, qb, q_loads, c.s_carried,
+                                             q_base, q_rows, rescale, s, s_next, o_acc, bars, maps, wait_turn, issue_qk,
+                                             issue_qk_into, issue_pv, pass_turn, trace, release, softmax, convert_p,
+                                             rescale_o, retire_o_store);
+        }();
+        if (carried) {
+            qb = (qb + 1) % T::kQBufs;
+            ++c.q_loads;
+            c.s_carried = true;
+        }
+    }
+    c.kv_iter = slot0 + end;
+    return c;
 }
 
 }  // namespace sm90

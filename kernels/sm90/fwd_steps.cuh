@@ -37,7 +37,23 @@ struct FwdKernelShape {
     static constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of O
     static constexpr int kW = T::kConsumerWarpgroups;
     static constexpr int kKeySplit = T::kKeySplit;
-    // Warpgroups that share rows split the keys instead of taking turns (kPair).
+    // Ping-pong between the consumer warpgroups (measured against free-running consumers, same
+    // run: D=128 non-causal 4k 613 vs 569 TFLOP/s, D=64 474 vs 388; docs/experiments/first-versions.md, v4): each
+    // issues its GEMMs only in its turn (wait_turn / pass_turn in fwd_kernel), so the others'
+    // softmax runs while its GEMMs hold the tensor cores. Turns go round a ring through named
+    // barriers 1..W (256 threads: the waiting and the passing warpgroup), and the ring runs on
+    // across tiles: every warpgroup has the same number of GEMM sections in a tile (one per key
+    // tile, plus one), so after the last warpgroup's final P V of a tile, consumer 0 starts the
+    // next tile's S = Q K^T while the others still write their output (before, the ring restarted
+    // per tile and every tile's epilogues ran with the tensor cores idle). Measured (H100, fp16,
+    // two passes each, ratio to cuDNN in the same run): D=128 S=512 0.79 -> 0.86, 1k 0.88 -> 0.92,
+    // causal 512 0.84 -> 0.90; D=64 causal 512 0.82 -> 0.87, 1k 0.84 -> 0.91; S >= 4k within the
+    // run's spread; geomean over 49 shapes 0.949 / 0.946 -> 0.956 / 0.959. The last consumer
+    // starts the ring at the CTA's first tile (every tile of a persistent CTA has key tiles; a
+    // split CTA has one tile, which may have none, and then starts no ring), and skips its pass
+    // after the final section of the CTA's last tile, so no arrival is left over.
+    // A single consumer warpgroup (kTiny) has no one to take turns with; a pair (kPair) reads
+    // different key tiles and runs free: warpgroups that share rows split the keys instead.
     static constexpr bool kPingPong = kW > 1 && kKeySplit == 1;
     // Causal, 128-key tiles, one warpgroup per row group: a warpgroup whose 64 rows start a key
     // tile sees only that tile's first 64 keys, so its P V on that tile runs on those 64 keys
@@ -47,6 +63,18 @@ struct FwdKernelShape {
     // A warpgroup with no live row skips its key tiles (seen_end in the key loop). Only where the
     // loop has no carried S (kCarryS issues the next tile's S in the section it assumes is last).
     static constexpr bool kSkipDeadRows = kHeadDim == 128 && !kCausal;
+    // kCarryS: a tile's last GEMM section also issues the next tile's first S = Q K^T (its Q is
+    // in the other buffer), so the tensor cores take the next warpgroup's GEMMs and then this
+    // one's next S without waiting for its epilogue and tile boundary; s_carried (fwd_kernel) says
+    // the current tile's first S is already done, from Q buffer qb.
+    // Measured (H100, fp16, 3 interleaved passes, ratio to cuDNN): D=64 non-causal 1k 1.009-1.018
+    // -> 1.025-1.034, 2k 1.065-1.079 -> 1.083-1.104, 512 unchanged. Non-causal D=64 LONG only:
+    // D=64 SHORT causal lost 5% with it (512 1.034 -> 0.981), and at D=128 ptxas serialised the
+    // GEMMs (C7515). Non-causal tiles have no masked sections (seen_end == end).
+    static constexpr bool kCarryS = kPingPong && T::kQBufs == 2 && kHeadDim == 64 && kW == 3 && !kCausal;
+    static_assert(!(kSkipDeadRows && kCarryS), "a skipping warpgroup's last section is not the tile's last");
+    static_assert(!kQInRegs<kHeadDim, kCausal> || (!kCarryS && kKeySplit == 1),
+                  "Q in registers frees its buffer at the tile's start: not with a carried S or a pair");
     using Bars = Barriers<T::kQBufs, kStages, T::kOBufs>;
 };
 

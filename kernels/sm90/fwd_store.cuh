@@ -1,7 +1,7 @@
 // sm90/fwd_store.cuh - the Hopper forward's epilogue steps, as fwd_kernel (sm90/fwd_kernel.cuh)
 // calls them: the two cluster-split merges (the read-merge of the peers' partials, the push-merge),
 // the grid split's workspace store, the LSE store, the attention-sink fold, and O's two stores
-// (staged for TMA, or 16-byte stores from registers).
+// (staged for TMA: stage_o, issue_o_store, store_o_staged; or 16-byte stores from registers).
 #pragma once
 
 #include "common/fast_div.cuh"
@@ -268,6 +268,34 @@ __device__ __forceinline__ void push_merge_split(float (&o_acc)[K::kDTiles * 4],
         }
         inv_sum[h] = total > 0.f ? 1.f / total : 0.f;  // the epilogue below writes the merged row
         lse_log2[h] = mx + __log2f(total);
+    }
+}
+
+// The TMA-store epilogue of one tile (maps.o_tma, no split): once the staging buffer's previous
+// store has read it, this warpgroup's normalised O goes into it and one thread stores the block with
+// TMA; o_store_pending tells that thread's retire_o_store (fwd_kernel) to free the buffer later.
+// `c`: issue_o_store's coordinates, declared in the kernel (here, a local array changed the SASS).
+template <class K>
+__device__ __forceinline__ void store_o_staged(int32_t (&c)[4], float (&o_acc)[K::kDTiles * 4], float (&inv_sum)[2],
+                                               bool &o_store_pending, const FwdMaps &maps, typename K::Bars &bars,
+                                               unsigned char *smem_o, int o_buf, int local, int consumer, int warp_in_wg,
+                                               int lane, int wg_row0, const Tile &tile) {
+    using T = typename K::T;
+    constexpr int kW = K::kW;
+    // Normalised O goes into this warpgroup's staging buffer with stmatrix, laid out
+    // as TMA reads it (64-column panels, 128-byte swizzle: 16-byte chunk c of row r at
+    // c ^ (r % 8), conflict-free for the 8 rows a matrix stores), then one thread
+    // stores the 64-row block with TMA, which clips the rows past Sq. The threads move
+    // on at once: no STG queue to drain before the next tile's GEMMs.
+    const int uses = T::kOBufs == 1 ? local * kW + consumer : local;  // earlier uses of the buffer
+    if (uses > 0) wait_barrier(&bars.o_free[o_buf], (uses - 1) & 1);
+    const uint32_t stage = smem_addr(smem_o) + o_buf * T::kOStageBytes;
+    [&] { stage_o<K>(o_acc, inv_sum, stage, warp_in_wg, lane); }();
+    ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to TMA
+    asm volatile("bar.sync %0, 128;\n" ::"r"(kW + 3 + consumer) : "memory");
+    if (threadIdx.x % 128 == 0) {
+        [&] { issue_o_store<K>(c, maps, smem_o, o_buf, wg_row0, tile); }();
+        o_store_pending = true;
     }
 }
 
