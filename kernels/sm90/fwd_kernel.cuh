@@ -371,14 +371,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // ---- epilogue: normalise, write O from registers (Q's buffer is already refilling) ----
         trace(9, 0);
         float inv_sum[2];
-        [&] { sum_rows<K>(row_sum, inv_sum); }();
-        if constexpr (kKeySplit > 1) [&] { merge_pair<K>(o_acc, row_max, row_sum, inv_sum, smem_v, key_part, scale_log2, trace); }();
         // Rows this CTA writes (all, unless a pushed split leaves some to a peer) and their LSE.
         bool finalise[2] = {true, true};
         float lse_log2[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) lse_log2[h] = row_max[h] * scale_log2 + __log2f(row_sum[h]);
-        [&] { apply_sink(inv_sum, lse_log2, tile.head, p); }();
+        finish_rows<K>(o_acc, row_max, row_sum, inv_sum, lse_log2, smem_v, key_part, scale_log2, tile.head, p, trace);
         if (T::kPushMerge && cluster_size() > 1) {  // (a split CTA has one tile: one merge)
             // (The slots, the cluster's shape and the scratch arrays: see push_merge_split.)
             using SS = SplitSlots<kHeadDim, kBlockM>;
@@ -407,19 +403,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             }();
             continue;
         }
-        [&] { store_lse(lse_log2, finalise, row0, seqlen_q, lane, key_part, tile, p); }();
-        if constexpr (T::kOBufs > 0) {
-            if (maps.o_tma && cluster_size() == 1) {  // (split CTAs finish their rows below)
-                int32_t c[4];  // (store_o_staged's scratch, declared here: see there)
-                store_o_staged<K>(c, o_acc, inv_sum, o_store_pending, maps, bars, smem_o, o_buf, local, consumer, warp_in_wg, lane,
-                                  wg_row0, tile);
-                trace(10, 0);
-                continue;
-            }
-        }
-        // (w: declared here, not in store_o_16b; a local array there changed the kernel's SASS.)
+        int32_t c[4];   // (store_rows's scratch, declared here: see there)
         uint32_t w[4];
-        [&] { store_o_16b<K>(w, o_acc, inv_sum, finalise, row0, seqlen_q, key_part, lane, tile, p); }();
+        store_rows<K>(c, w, o_acc, inv_sum, lse_log2, finalise, o_store_pending, maps, bars, smem_o, o_buf, local, consumer,
+                      warp_in_wg, lane, wg_row0, row0, seqlen_q, key_part, tile, p, trace);
     }
     trace(12, 0);
     // The last store of O must have read the staging buffer before the CTA's shared memory goes
