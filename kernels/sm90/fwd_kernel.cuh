@@ -92,9 +92,28 @@ namespace sm90 {
 // SM's clock into g_trace, kTracePerWg entries per (CTA of the first kTraceCtas, warpgroup), each
 // event << 56 | argument << 48 | clock. tools/sm90_trace.py reads it through fc_sm90_trace_hdim*_*
 // and prints where the cycles go between events.
+// Trace events (names as in tools/sm90_trace.py): 1 tile start (argument: its key tiles), 2 Q
+// landed, 3 / 4 GEMM turn waited for / taken, 5 GEMMs issued, 6 S ready, 8 P V done, 11 softmax
+// done, 7 P converted, 9 / 10 epilogue start / end, 12 CTA done; kPair's merge: 13 partial left,
+// 14 both met, 15 merged. Off, `trace` is an empty lambda.
 constexpr int kTracePerWg = 4096, kTraceCtas = 160;
 #if FLASHCORE_SM90_TRACE
 __device__ unsigned long long g_trace[kTraceCtas * 4 * kTracePerWg];
+
+// A consumer warpgroup's trace: trace(event, argument).
+struct TraceLog {
+    int warpgroup;
+    int n = 0;  // events so far
+    __device__ void operator()(int ev, int arg) {
+        if (threadIdx.x % 128 == 0 && n < kTracePerWg && blockIdx.x < kTraceCtas) {
+            const unsigned long long c = clock64();
+            g_trace[(blockIdx.x * 4 + warpgroup) * kTracePerWg + n] =
+                (static_cast<unsigned long long>(ev) << 56) | (static_cast<unsigned long long>(arg & 0xff) << 48) |
+                (c & ((1ull << 48) - 1));
+        }
+        ++n;
+    }
+};
 #endif
 
 // kBand: a general band (fc_band_bounds in c_src/flashcore.h: a sliding window, or causal aligned
@@ -215,21 +234,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const uint32_t v_base = smem_addr(smem_v);
     const float scale_log2 = (kSoftcap ? p.softcap : p.scale) * 1.4426950408889634f;
     [[maybe_unused]] const float softcap_in = kSoftcap ? p.scale / p.softcap : 0.f;  // x -> tanh(x * this)
-    // Trace events (FLASHCORE_SM90_TRACE; names as in tools/sm90_trace.py): 1 tile start (argument:
-    // its key tiles), 2 Q landed, 3 / 4 GEMM turn waited for / taken, 5 GEMMs issued, 6 S ready,
-    // 8 P V done, 11 softmax done, 7 P converted, 9 / 10 epilogue start / end, 12 CTA done; kPair's
-    // merge: 13 partial left, 14 both met, 15 merged.
 #if FLASHCORE_SM90_TRACE
-    int trace_n = 0;
-    auto trace = [&](int ev, int n) {
-        if (threadIdx.x % 128 == 0 && trace_n < kTracePerWg && blockIdx.x < kTraceCtas) {
-            const unsigned long long c = clock64();
-            g_trace[(blockIdx.x * 4 + warpgroup) * kTracePerWg + trace_n] =
-                (static_cast<unsigned long long>(ev) << 56) | (static_cast<unsigned long long>(n & 0xff) << 48) |
-                (c & ((1ull << 48) - 1));
-        }
-        ++trace_n;
-    };
+    TraceLog trace{warpgroup};
 #else
     auto trace = [](int, int) {};
 #endif
@@ -245,21 +251,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // kQInRegs: this warpgroup's rows of Q as wgmma A fragments, one per 16-column k-step.
     uint32_t q_frag[kQInRegs<kHeadDim, kCausal> ? kHeadDim / 16 : 1][4];
 
-    // kQInRegs: Q's fragments from the current buffer (q_base). ldmatrix.x4 gives a warp the
-    // m16k16 A fragment of its 16 rows, the register layout wgmma takes: lanes 0-7 address rows
-    // 0-7 of the first 8 columns, 8-15 rows 8-15, 16-31 the same rows' next 8 columns. The
-    // buffer is 128-byte swizzled (as TMA wrote it): 16-byte chunk c of row r sits at c ^ (r % 8).
-    auto load_q_frags = [&] {
-        if constexpr (kQInRegs<kHeadDim, kCausal>) {
-            const int row = warp_in_wg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                const int chunk = (kk % 4) * 2 + (lane >> 4);
-                const uint32_t addr = q_base + (kk / 4) * T::kQPanelBytes + row * 128 + ((chunk ^ (row & 7)) << 4);
-                ldmatrix_x4(q_frag[kk], addr);
-            }
-        }
-    };
+    auto load_q_frags = [&] { load_q_fragments<K>(q_frag, q_base, warp_in_wg, lane); };  // kQInRegs (see there)
     // S = Q K^T for ring slot i into `acc` (s, or kPair's s_next), asynchronous.
     auto issue_qk_into = [&](float (&acc)[kNTiles * 4], int i) { issue_s_gemm<K>(acc, i, bars, q_base, k_base, q_frag); };
     auto issue_qk = [&](int i) { issue_qk_into(s, i); };
@@ -290,21 +282,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
                 asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
     };
 
-    // The TMA-store epilogue (below): the thread that issued this warpgroup's last store of O
-    // lets the next user of the staging buffer in once the store has read it. It checks only
-    // after issuing its next S = Q K^T (by then the read is long done), so no thread of the
-    // epilogue waits on its own store. With one buffer the warpgroups take it in ring order,
-    // the order of their epilogues.
+    // The buffer of this warpgroup's last TMA store of O freed once the store has read it (see there).
     const int o_buf = T::kOBufs == 1 ? 0 : consumer;
     bool o_store_pending = false;
-    auto retire_o_store = [&] {
-        if (o_store_pending) {
-            ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{});
-            ptx::mbarrier_arrive(&bars.o_free[o_buf]);
-            o_store_pending = false;
-        }
-        __syncwarp();
-    };
+    auto retire_o_store = [&] { release_o_staging<K>(o_store_pending, bars, o_buf); };
 
     // (The three counters in this order: in another, since load_tiles moved out, ptxas got the
     // loop's registers in another order and the SASS changed.)

@@ -104,6 +104,26 @@ __device__ __forceinline__ void convert_to_p(uint32_t (&p_frag)[kKSteps][4], con
     }
 }
 
+// kQInRegs: Q's fragments from the current buffer (q_base). ldmatrix.x4 gives a warp the
+// m16k16 A fragment of its 16 rows, the register layout wgmma takes: lanes 0-7 address rows
+// 0-7 of the first 8 columns, 8-15 rows 8-15, 16-31 the same rows' next 8 columns. The
+// buffer is 128-byte swizzled (as TMA wrote it): 16-byte chunk c of row r sits at c ^ (r % 8).
+template <class K>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&q_frag)[kQInRegs<K::kHeadDim, K::kCausal> ? K::kHeadDim / 16 : 1][4],
+                                                 uint32_t q_base, int warp_in_wg, int lane) {
+    using T = typename K::T;
+    constexpr int kHeadDim = K::kHeadDim;
+    if constexpr (kQInRegs<kHeadDim, K::kCausal>) {
+        const int row = warp_in_wg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const int chunk = (kk % 4) * 2 + (lane >> 4);
+            const uint32_t addr = q_base + (kk / 4) * T::kQPanelBytes + row * 128 + ((chunk ^ (row & 7)) << 4);
+            ldmatrix_x4(q_frag[kk], addr);
+        }
+    }
+}
+
 // S = Q K^T for ring slot i into `acc` (s, or kPair's s_next), asynchronous.
 template <class K>
 __device__ __forceinline__ void issue_s_gemm(float (&acc)[K::kNTiles * 4], int i, typename K::Bars &bars, uint32_t q_base,

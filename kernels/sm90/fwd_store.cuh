@@ -339,5 +339,19 @@ __device__ __forceinline__ void store_rows(int32_t (&c)[4], uint32_t (&w)[4], fl
     [&] { store_o_16b<K>(w, o_acc, inv_sum, finalise, row0, seqlen_q, key_part, lane, tile, p); }();
 }
 
+// The TMA-store epilogue (store_o_staged): the thread that issued this warpgroup's last store of O
+// lets the next user of the staging buffer in once the store has read it. It checks only after
+// issuing its next S = Q K^T (by then the read is long done), so no thread of the epilogue waits on
+// its own store. With one buffer the warpgroups take it in ring order, the order of their epilogues.
+template <class K>
+__device__ __forceinline__ void release_o_staging(bool &o_store_pending, typename K::Bars &bars, int o_buf) {
+    if (o_store_pending) {
+        ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{});
+        ptx::mbarrier_arrive(&bars.o_free[o_buf]);
+        o_store_pending = false;
+    }
+    __syncwarp();
+}
+
 }  // namespace sm90
 }  // namespace flashcore
