@@ -64,13 +64,13 @@
 #include "common/sm80_ptx.cuh"
 #include "common/split_combine.cuh"  // partial_rows (kGridSplit)
 #include "common/wgmma_generated.cuh"
-#include "dispatch.h"  // fc_band_key_tiles
 #include "flashcore.h"
 #include "sm90/fwd_epilogue.cuh"
 #include "sm90/fwd_split.cuh"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/fwd_loop.cuh"
 #include "sm90/fwd_producer.cuh"
+#include "sm90/fwd_schedule.cuh"
 #include "sm90/fwd_steps.cuh"
 #include "sm90/fwd_store.cuh"
 #include "sm90/ptx.cuh"
@@ -156,44 +156,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
     const int n_tiles = m_blocks * heads_q * static_cast<int>(p.batch);
     const FastDiv &m_blocks_div = maps.m_blocks_div, &heads_q_div = maps.heads_q_div;  // for decode_tile
-    struct KeyRange {
-        int first, end;
-    };
-    // Key tiles [first, end) a query block needs: with causal masking, none past its last row;
-    // with a band, those between its first row's lower edge and its last row's upper edge.
-    auto block_keys = [&](int m_block) {
-        if constexpr (kBand) {
-            int64_t first, end;
-            fc_band_key_tiles(m_block * kBlockM, min((m_block + 1) * kBlockM, seqlen_q), p.band_lo_, p.band_hi_,
-                              seqlen_k, kBlockN, &first, &end);
-            return KeyRange{static_cast<int>(first), static_cast<int>(end)};
-        }
-        int n = (seqlen_k + kBlockN - 1) / kBlockN;
-        if (kCausal) n = min(n, (min((m_block + 1) * kBlockM, seqlen_q) - 1) / kBlockN + 1);
-        return KeyRange{0, n};
-    };
-    // KV split (launch_fwd): this CTA's rank among the `splits` CTAs that share its tile takes
-    // key tiles [first, end) of its query block; without a split, all of them. A range may be
-    // empty (more splits than key tiles, e.g. the first causal blocks). The sharing CTAs are a
-    // cluster, or, in the grid split for decoding (p.num_splits_ > 1, launch_fwd_config), the
-    // grid's consecutive CTAs: in both, CTA x's rank is x mod splits.
-    // (Read from the special registers and parameters where used, so they hold no register
-    // through the loop.)
+    // The tile schedule (sm90/fwd_schedule.cuh), the producer's and the consumers' alike.
+    auto block_keys = [&](int m_block) { return block_key_tiles<K>(m_block, seqlen_q, seqlen_k, p); };
+    auto kv_splits = [&] { return kv_split_count<K>(p); };
+    auto key_range = [&](int m_block) { return split_key_range<K>(m_block, block_keys, kv_splits, p); };
     constexpr bool kGridSplitHere = kGridSplit<kHeadDim, kCausal, kShape>;
-    // kPair never splits, and says so at compile time: the split's divisions in key_range and
-    // snake_tile had stayed in its code after the grid wait, on the path to its first loads
-    // (H100, fp16, CUDA graph: B=1 H=8 512 x 512 5.46-5.53 -> 5.18-5.24 us per call, causal
-    // 5.26-5.34 -> 5.19-5.25, GQA 32:8 128 x 512 5.48-5.51 -> 5.16-5.19).
-    auto kv_splits = [&] {
-        return kShape == kPair ? 1 : (kGridSplitHere && p.num_splits_ > 1 ? p.num_splits_ : cluster_size());
-    };
-    auto key_range = [&](int m_block) {
-        const KeyRange all = block_keys(m_block);
-        const int n = all.end - all.first, splits = kv_splits();
-        if (splits == 1) return all;
-        const int rank = kGridSplitHere && p.num_splits_ > 1 ? static_cast<int>(blockIdx.x) % splits : cluster_rank();
-        return KeyRange{all.first + n * rank / splits, all.first + n * (rank + 1) / splits};
-    };
 
     // Broadcast from lane 0, so the compiler knows it is warp-uniform and keeps what derives from
     // it (the shared-memory descriptors) in uniform registers.
