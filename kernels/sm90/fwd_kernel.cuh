@@ -222,9 +222,6 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // S = Q K^T for ring slot i into `acc` (s, or kPair's s_next), asynchronous.
     auto issue_qk_into = [&](float (&acc)[kNTiles * 4], int i) { issue_s_gemm<K>(acc, i, bars, q_base, k_base, q_frag); };
     auto issue_qk = [&](int i) { issue_qk_into(s, i); };
-    // `half`: P's keys 64..127 are all zero (half_tile in the key loop), so only the first 64 keys.
-    // `overwrite`: the tile's first P V, which writes O instead of adding to it (kCarryS: O is not
-    // zeroed at the tile's start, see there).
     auto issue_pv = [&](int i, bool half, bool overwrite) {  // O += P V for ring slot i, asynchronous
         issue_pv_gemm<K>(o_acc, i, half, overwrite, bars, v_base, p_frag);
     };
@@ -254,18 +251,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     bool o_store_pending = false;
     auto retire_o_store = [&] { release_o_staging<K>(o_store_pending, bars, o_buf); };
 
-    // (The three counters in this order: in another, since load_tiles moved out, ptxas got the
-    // loop's registers in another order and the SASS changed.)
+    // (The three counters declared in this order: in any other, the loop's PTX registers came out
+    // in another order and the SASS changed.)
     int local = 0;
     int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
     int kv_iter = 0;  // K/V tiles consumed so far: ring stage and phase, as in the producer
-    // t_next: the tile after this one, found once per tile (the loop steps to it, and the last
-    // GEMM section of the CTA's last tile is told by it). With snake_tile's and key_range's
-    // divisions skipped when there is no split, measured against main (H100, fp16, two A/B runs
-    // of 3 interleaved passes, ratio to cuDNN): D=64 non-causal 512 0.98 -> 0.995, causal 512
-    // 0.925 -> 0.94, 1k 0.937 -> 0.952; D=128 non-causal 512 1.006 -> 1.021, causal 1k 1.10 ->
-    // 1.12; but D=64 causal 2k 1.005 -> 0.996 and 4k 1.065 -> 1.05. The divisions skipped
-    // without t_next (the same loop step as before) lost to both: D=64 non-causal 1k 0.995.
+    // t_next: the tile after this one, found once per tile (see snake_tile).
     constexpr bool kCarryS = K::kCarryS;
     bool s_carried = false;
     int qb = 0;  // the current tile's Q buffer

@@ -159,7 +159,9 @@ __device__ __forceinline__ void issue_s_gemm(float (&acc)[K::kNTiles * 4], int i
     wgmma_commit();
 }
 
-// O += P V for ring slot i, asynchronous (`half`, `overwrite`: see issue_pv in fwd_kernel).
+// O += P V for ring slot i, asynchronous. `half`: P's keys 64..127 are all zero (half_tile in the
+// key loop), so only the first 64 keys. `overwrite`: the tile's first P V, which writes O instead of
+// adding to it (kCarryS: O is not zeroed at the tile's start, see fwd_kernel).
 template <class K>
 __device__ __forceinline__ void issue_pv_gemm(float (&o_acc)[K::kDTiles * 4], int i, bool half, bool overwrite,
                                               typename K::Bars &bars, uint32_t v_base,
