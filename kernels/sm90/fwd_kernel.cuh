@@ -133,8 +133,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     using K = FwdKernelShape<Elem, kHeadDim, kCausal, kShape, kBand, kSoftcap>;  // (its constants: see there)
     using T = typename K::T;
     constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
-    constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles, kW = K::kW, kKeySplit = K::kKeySplit;
-    constexpr bool kPingPong = K::kPingPong;
+    constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles, kKeySplit = K::kKeySplit;
     static_assert(!(kPvWaitInSoftmax<kHeadDim> && kLazyRescale<kHeadDim>),
                   "the softmax rescales O unconditionally where it waits for P V: not with lazy rescaling");
 
@@ -234,17 +233,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     auto convert_p = [&](auto live_tag) { convert_to_p<Elem, decltype(live_tag)::value>(p_frag, s); };
 
     // GEMM turns round the consumer warpgroups (K::kPingPong, see there).
-    auto wait_turn = [&] {
-        trace(3, 0);
-        if constexpr (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
-        trace(4, 0);
-    };
-    auto pass_turn = [&](bool last_section) {
-        trace(5, 0);
-        if constexpr (kPingPong)
-            if (!(consumer == kW - 1 && last_section))
-                asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
-    };
+    auto wait_turn = [&] { wait_gemm_turn<K>(consumer, trace); };
+    auto pass_turn = [&](bool last_section) { pass_gemm_turn<K>(consumer, last_section, trace); };
 
     // The buffer of this warpgroup's last TMA store of O freed once the store has read it (see there).
     const int o_buf = T::kOBufs == 1 ? 0 : consumer;
@@ -257,7 +247,6 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
     int kv_iter = 0;  // K/V tiles consumed so far: ring stage and phase, as in the producer
     // t_next: the tile after this one, found once per tile (see snake_tile).
-    constexpr bool kCarryS = K::kCarryS;
     bool s_carried = false;
     int qb = 0;  // the current tile's Q buffer
     [[maybe_unused]] int tile_slot0 = 0;  // the current tile's key tile 0's ring slot (kMasked's softmax)
@@ -271,24 +260,12 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // The online softmax of key tile n (online_softmax). kMasked: key tile n's mask rows sit
         // in its ring slot's stage (tile_slot0 + n, set below), landed with its V tile.
         auto softmax = [&](int n, float (&rescale)[2], bool pv_pending, auto &&finish_pv) -> bool {
-            [[maybe_unused]] const unsigned char *mask_row = nullptr;
-            if constexpr (K::kMaskTiles) {
-                const int slot = tile_slot0 + n, stage = slot % kStages;
-                wait_barrier(&bars.v_full[stage], (slot / kStages) & 1);
-                mask_row = smem_mask + stage * T::kMaskTileBytes + (row_group * 64 + warp_in_wg * 16 + row_in_warp) * kBlockN;
-            }
+            const unsigned char *mask_row = mask_row_of<K>(tile_slot0 + n, bars, smem_mask, row_group, warp_in_wg, row_in_warp);
             return online_softmax<K>(n, rescale, pv_pending, finish_pv, s, row_max, row_sum, o_acc, p_frag, p, seqlen_k,
                                      wg_row0, row0, col_in_tile, scale_log2, softcap_in, mask_row);
         };
 
-        // kCarryS: the tile's first P V overwrites O instead (scale-d 0), so no plain instruction
-        // writes O's registers between two tiles' GEMMs; only a CTA with no key tiles (a split's
-        // empty range, which runs no P V) zeroes it.
-        if (!kCarryS || keys.first >= keys.end)
-#pragma unroll
-            for (int i = 0; i < kDTiles * 4; ++i) o_acc[i] = 0.f;
-        row_max[0] = row_max[1] = -INFINITY;
-        row_sum[0] = row_sum[1] = 0.f;
+        start_rows<K>(o_acc, row_max, row_sum, keys.first >= keys.end);
         float rescale[2];
         // The whole CTA agrees on the range: an empty one loads and runs nothing. Key tile n
         // sits in ring slot `slot0 + n` (slots count every tile this CTA has consumed).

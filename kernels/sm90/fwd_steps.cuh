@@ -1,7 +1,8 @@
 // sm90/fwd_steps.cuh - a Hopper forward consumer's work on one key tile, as fwd_kernel
-// (sm90/fwd_kernel.cuh) calls it: the kernel's compile-time shape (FwdKernelShape), the S = Q K^T
-// and O += P V wgmma issues, the online softmax (masking, row max, exponentials, sums), the rescale
-// of O's rows, S to P fragments, and the pair configuration's merge of its two warpgroups.
+// (sm90/fwd_kernel.cuh) calls it: the kernel's compile-time shape (FwdKernelShape), the ping-pong's
+// GEMM turns, a tile's rows reset, the S = Q K^T and O += P V wgmma issues (with Q's fragments at
+// kQInRegs), the online softmax (masking, row max, exponentials, sums; kMasked's mask rows), the
+// rescale of O's rows, S to P fragments, and the pair configuration's merge of its two warpgroups.
 #pragma once
 
 #include "common/fast_div.cuh"
@@ -77,6 +78,54 @@ struct FwdKernelShape {
                   "Q in registers frees its buffer at the tile's start: not with a carried S or a pair");
     using Bars = Barriers<T::kQBufs, kStages, T::kOBufs>;
 };
+
+// The ping-pong's GEMM turns (kPingPong): wait for this warpgroup's turn, and pass it on to the
+// next warpgroup (`last_section`: the CTA's last tile's last section, after which the last
+// consumer passes nothing, so that no arrival is left over). Without ping-pong only the trace.
+template <class K, class Trace>
+__device__ __forceinline__ void wait_gemm_turn(int consumer, Trace &trace) {
+    trace(3, 0);
+    if constexpr (K::kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
+    trace(4, 0);
+}
+template <class K, class Trace>
+__device__ __forceinline__ void pass_gemm_turn(int consumer, bool last_section, Trace &trace) {
+    constexpr int kW = K::kW;
+    trace(5, 0);
+    if constexpr (K::kPingPong)
+        if (!(consumer == kW - 1 && last_section))
+            asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
+}
+
+// A tile's rows start empty: O zero, row max -inf, row sum 0. kCarryS: the tile's first P V
+// overwrites O instead (scale-d 0), so no plain instruction writes O's registers between two
+// tiles' GEMMs; only a CTA with no key tiles (`no_keys`: a split's empty range, which runs no
+// P V) zeroes it.
+template <class K>
+__device__ __forceinline__ void start_rows(float (&o_acc)[K::kDTiles * 4], float (&row_max)[2], float (&row_sum)[2],
+                                           bool no_keys) {
+    if (!K::kCarryS || no_keys)
+#pragma unroll
+        for (int i = 0; i < K::kDTiles * 4; ++i) o_acc[i] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+}
+
+// kMasked: this thread's first mask row for the key tile in ring slot `slot`, once its stage has
+// landed (the mask tile rides the V tile's barrier); otherwise null.
+template <class K>
+__device__ __forceinline__ const unsigned char *mask_row_of(int slot, typename K::Bars &bars, unsigned char *smem_mask,
+                                                           int row_group, int warp_in_wg, int row_in_warp) {
+    using T = typename K::T;
+    constexpr int kStages = K::kStages, kBlockN = K::kBlockN;
+    [[maybe_unused]] const unsigned char *mask_row = nullptr;
+    if constexpr (K::kMaskTiles) {
+        const int stage = slot % kStages;
+        wait_barrier(&bars.v_full[stage], (slot / kStages) & 1);
+        mask_row = smem_mask + stage * T::kMaskTileBytes + (row_group * 64 + warp_in_wg * 16 + row_in_warp) * kBlockN;
+    }
+    return mask_row;
+}
 
 // O's rows times their rescale factors (rescale[h]: the thread's row h).
 template <int kN>
