@@ -1,6 +1,9 @@
 // sm90/fwd_kernel.cuh - the Hopper (sm_90a) fused attention forward kernel (fwd_kernel): TMA +
 // wgmma + warp specialization. Its types and switches are in sm90/fwd_traits.cuh, the split-KV
-// merge in sm90/fwd_split.cuh, its launch in sm90/fwd_launch.cuh.
+// merge in sm90/fwd_split.cuh, its launch in sm90/fwd_launch.cuh. fwd_kernel is the story of a CTA;
+// its parts: the tile schedule (sm90/fwd_schedule.cuh), the barriers and the producer's loads
+// (sm90/fwd_producer.cuh), a consumer's key loop (sm90/fwd_loop.cuh), the steps on one key tile
+// (sm90/fwd_steps.cuh) and the epilogue (sm90/fwd_store.cuh).
 //
 // What it computes: the same as fwd_sm80.cuh, O = softmax(scale * Q K^T [causal]) V and the
 // natural-log LSE, for one (batch, query head) and a block of kBlockM = 64 x (consumer
@@ -58,6 +61,7 @@
 //     D=128 causal a K/V stage and D=256 16 keys per tile (FwdConfig); measured in
 //     docs/experiments/sessions-10-16.md (twelfth session).
 //   * Lazy rescaling at D=256 (kLazyRescale): O is rescaled only when a row's max grew by more
+//     than 2^8 since its exponent base was set.
 #pragma once
 
 #include "common/fast_div.cuh"
@@ -246,10 +250,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     int local = 0;
     int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
     int kv_iter = 0;  // K/V tiles consumed so far: ring stage and phase, as in the producer
-    // t_next: the tile after this one, found once per tile (see snake_tile).
     bool s_carried = false;
     int qb = 0;  // the current tile's Q buffer
     [[maybe_unused]] int tile_slot0 = 0;  // the current tile's key tile 0's ring slot (kMasked's softmax)
+    // t_next: the tile after this one, found once per tile (see snake_tile).
     for (int t = snake_tile(0, n_tiles, kv_splits()), t_next; t < n_tiles; t = t_next, ++local) {
         t_next = snake_tile(local + 1, n_tiles, kv_splits());
         const Tile tile = decode_tile(t, m_blocks_div, heads_q_div);
@@ -258,7 +262,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;    // this thread's first row
 
         // The online softmax of key tile n (online_softmax). kMasked: key tile n's mask rows sit
-        // in its ring slot's stage (tile_slot0 + n, set below), landed with its V tile.
+        // in its ring slot's stage (tile_slot0 + n; consume_tile sets tile_slot0), landed with its V tile.
         auto softmax = [&](int n, float (&rescale)[2], bool pv_pending, auto &&finish_pv) -> bool {
             const unsigned char *mask_row = mask_row_of<K>(tile_slot0 + n, bars, smem_mask, row_group, warp_in_wg, row_in_warp);
             return online_softmax<K>(n, rescale, pv_pending, finish_pv, s, row_max, row_sum, o_acc, p_frag, p, seqlen_k,
@@ -267,10 +271,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
 
         start_rows<K>(o_acc, row_max, row_sum, keys.first >= keys.end);
         float rescale[2];
-        // The whole CTA agrees on the range: an empty one loads and runs nothing. Key tile n
-        // sits in ring slot `slot0 + n` (slots count every tile this CTA has consumed).
-        // kPair: this warpgroup runs key tiles mine, mine + 2, ... of [first, end) (the other one
-        // of its row group the rest); otherwise every key tile (kKeySplit = 1).
+        // The whole CTA agrees on the range: an empty one loads and runs nothing.
         if (keys.first < keys.end) {
             // (Captured by value where the kernel's own code used them directly: see consume_tile.)
             const ConsumerCounters next = [&, local, t_next, n_tiles, keys, kv_iter, q_loads, s_carried] {
