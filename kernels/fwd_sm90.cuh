@@ -6,9 +6,11 @@
 //   fwd_split.cuh     split-KV across a cluster: SplitPartials, cluster_* / st_async,
 //                     partial_weight, finish_split_rows
 //   fwd_epilogue.cuh  epilogue store helpers: quad_transpose, stmatrix_x4
+//   fwd_schedule.cuh  the tile schedule: a block's key tiles, the KV split's count and share
+//   fwd_producer.cuh  the load pipeline: barrier set-up, the producer's loop (Q, K, V, mask tiles)
 //   fwd_steps.cuh     a consumer's work on one key tile: GEMM issues, online softmax, pair merge
-//   fwd_loop.cuh      the key loop's sections (first, middle, last, skipped tiles)
-//   fwd_store.cuh     the epilogue's steps: split merges, LSE, sinks, O stores
+//   fwd_loop.cuh      the key loop: consume_tile and its sections (first, middle, last, skipped)
+//   fwd_store.cuh     the epilogue's steps: finish_rows (split merges, sinks), store_rows (LSE, O)
 //   fwd_kernel.cuh    fwd_kernel, which calls them (and the FLASHCORE_SM90_TRACE buffer, g_trace)
 //   fwd_launch.cuh    host side: paired_grid, launch_config, launch_fwd_config, launch_fwd, the
 //                     static_asserts against c_src/launch_rules.h, FLASHCORE_DEFINE_SM90_FWD

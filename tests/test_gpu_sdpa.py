@@ -606,7 +606,7 @@ def test_sm90_d64_configurations(causal, sq, sk, short, monkeypatch):
 def test_sm90_pair_lead_load(b, hq, hkv, sq, sk, causal, dtype, layout, monkeypatch):
     """On grids of at most half the SMs, a pair CTA whose key tiles all fit its ring loads K0
     alone, waits for it, then the other tiles in the order its warpgroups need them (the producer
-    in kernels/sm90/fwd_kernel.cuh, maps.pair_lead_load). The result must match the reference (on
+    in kernels/sm90/fwd_producer.cuh, maps.pair_lead_load). The result must match the reference (on
     poisoned outputs), twice over, bit for bit. (The comparison with the interleaved order on the
     same grid went with its switch, FLASHCORE_SM90_PAIR_ORDER, retired: docs/TUNING.md; larger
     grids run the interleaved order: test_sm90_d64_configurations' pair cases.)"""

@@ -1,6 +1,9 @@
 // sm90/fwd_kernel.cuh - the Hopper (sm_90a) fused attention forward kernel (fwd_kernel): TMA +
 // wgmma + warp specialization. Its types and switches are in sm90/fwd_traits.cuh, the split-KV
-// merge in sm90/fwd_split.cuh, its launch in sm90/fwd_launch.cuh.
+// merge in sm90/fwd_split.cuh, its launch in sm90/fwd_launch.cuh. fwd_kernel is the story of a CTA;
+// its parts: the tile schedule (sm90/fwd_schedule.cuh), the barriers and the producer's loads
+// (sm90/fwd_producer.cuh), a consumer's key loop (sm90/fwd_loop.cuh), the steps on one key tile
+// (sm90/fwd_steps.cuh) and the epilogue (sm90/fwd_store.cuh).
 //
 // What it computes: the same as fwd_sm80.cuh, O = softmax(scale * Q K^T [causal]) V and the
 // natural-log LSE, for one (batch, query head) and a block of kBlockM = 64 x (consumer
@@ -58,19 +61,20 @@
 //     D=128 causal a K/V stage and D=256 16 keys per tile (FwdConfig); measured in
 //     docs/experiments/sessions-10-16.md (twelfth session).
 //   * Lazy rescaling at D=256 (kLazyRescale): O is rescaled only when a row's max grew by more
+//     than 2^8 since its exponent base was set.
 #pragma once
 
 #include "common/fast_div.cuh"
 #include "common/sm80_ptx.cuh"
 #include "common/split_combine.cuh"  // partial_rows (kGridSplit)
 #include "common/wgmma_generated.cuh"
-#include "launch_rules.h"  // fc_band_key_tiles
 #include "flashcore.h"
 #include "sm90/fwd_epilogue.cuh"
 #include "sm90/fwd_split.cuh"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/fwd_loop.cuh"
 #include "sm90/fwd_producer.cuh"
+#include "sm90/fwd_schedule.cuh"
 #include "sm90/fwd_steps.cuh"
 #include "sm90/fwd_store.cuh"
 #include "sm90/ptx.cuh"
@@ -92,9 +96,28 @@ namespace sm90 {
 // SM's clock into g_trace, kTracePerWg entries per (CTA of the first kTraceCtas, warpgroup), each
 // event << 56 | argument << 48 | clock. tools/sm90_trace.py reads it through fc_sm90_trace_hdim*_*
 // and prints where the cycles go between events.
+// Trace events (names as in tools/sm90_trace.py): 1 tile start (argument: its key tiles), 2 Q
+// landed, 3 / 4 GEMM turn waited for / taken, 5 GEMMs issued, 6 S ready, 8 P V done, 11 softmax
+// done, 7 P converted, 9 / 10 epilogue start / end, 12 CTA done; kPair's merge: 13 partial left,
+// 14 both met, 15 merged. Off, `trace` is an empty lambda.
 constexpr int kTracePerWg = 4096, kTraceCtas = 160;
 #if FLASHCORE_SM90_TRACE
 __device__ unsigned long long g_trace[kTraceCtas * 4 * kTracePerWg];
+
+// A consumer warpgroup's trace: trace(event, argument).
+struct TraceLog {
+    int warpgroup;
+    int n = 0;  // events so far
+    __device__ void operator()(int ev, int arg) {
+        if (threadIdx.x % 128 == 0 && n < kTracePerWg && blockIdx.x < kTraceCtas) {
+            const unsigned long long c = clock64();
+            g_trace[(blockIdx.x * 4 + warpgroup) * kTracePerWg + n] =
+                (static_cast<unsigned long long>(ev) << 56) | (static_cast<unsigned long long>(arg & 0xff) << 48) |
+                (c & ((1ull << 48) - 1));
+        }
+        ++n;
+    }
+};
 #endif
 
 // kBand: a general band (fc_band_bounds in c_src/flashcore.h: a sliding window, or causal aligned
@@ -114,8 +137,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     using K = FwdKernelShape<Elem, kHeadDim, kCausal, kShape, kBand, kSoftcap>;  // (its constants: see there)
     using T = typename K::T;
     constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
-    constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles, kW = K::kW, kKeySplit = K::kKeySplit;
-    constexpr bool kPingPong = K::kPingPong;
+    constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles, kKeySplit = K::kKeySplit;
     static_assert(!(kPvWaitInSoftmax<kHeadDim> && kLazyRescale<kHeadDim>),
                   "the softmax rescales O unconditionally where it waits for P V: not with lazy rescaling");
 
@@ -137,44 +159,11 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
     const int n_tiles = m_blocks * heads_q * static_cast<int>(p.batch);
     const FastDiv &m_blocks_div = maps.m_blocks_div, &heads_q_div = maps.heads_q_div;  // for decode_tile
-    struct KeyRange {
-        int first, end;
-    };
-    // Key tiles [first, end) a query block needs: with causal masking, none past its last row;
-    // with a band, those between its first row's lower edge and its last row's upper edge.
-    auto block_keys = [&](int m_block) {
-        if constexpr (kBand) {
-            int64_t first, end;
-            fc_band_key_tiles(m_block * kBlockM, min((m_block + 1) * kBlockM, seqlen_q), p.band_lo_, p.band_hi_,
-                              seqlen_k, kBlockN, &first, &end);
-            return KeyRange{static_cast<int>(first), static_cast<int>(end)};
-        }
-        int n = (seqlen_k + kBlockN - 1) / kBlockN;
-        if (kCausal) n = min(n, (min((m_block + 1) * kBlockM, seqlen_q) - 1) / kBlockN + 1);
-        return KeyRange{0, n};
-    };
-    // KV split (launch_fwd): this CTA's rank among the `splits` CTAs that share its tile takes
-    // key tiles [first, end) of its query block; without a split, all of them. A range may be
-    // empty (more splits than key tiles, e.g. the first causal blocks). The sharing CTAs are a
-    // cluster, or, in the grid split for decoding (p.num_splits_ > 1, launch_fwd_config), the
-    // grid's consecutive CTAs: in both, CTA x's rank is x mod splits.
-    // (Read from the special registers and parameters where used, so they hold no register
-    // through the loop.)
+    // The tile schedule (sm90/fwd_schedule.cuh), the producer's and the consumers' alike.
+    auto block_keys = [&](int m_block) { return block_key_tiles<K>(m_block, seqlen_q, seqlen_k, p); };
+    auto kv_splits = [&] { return kv_split_count<K>(p); };
+    auto key_range = [&](int m_block) { return split_key_range<K>(m_block, block_keys, kv_splits, p); };
     constexpr bool kGridSplitHere = kGridSplit<kHeadDim, kCausal, kShape>;
-    // kPair never splits, and says so at compile time: the split's divisions in key_range and
-    // snake_tile had stayed in its code after the grid wait, on the path to its first loads
-    // (H100, fp16, CUDA graph: B=1 H=8 512 x 512 5.46-5.53 -> 5.18-5.24 us per call, causal
-    // 5.26-5.34 -> 5.19-5.25, GQA 32:8 128 x 512 5.48-5.51 -> 5.16-5.19).
-    auto kv_splits = [&] {
-        return kShape == kPair ? 1 : (kGridSplitHere && p.num_splits_ > 1 ? p.num_splits_ : cluster_size());
-    };
-    auto key_range = [&](int m_block) {
-        const KeyRange all = block_keys(m_block);
-        const int n = all.end - all.first, splits = kv_splits();
-        if (splits == 1) return all;
-        const int rank = kGridSplitHere && p.num_splits_ > 1 ? static_cast<int>(blockIdx.x) % splits : cluster_rank();
-        return KeyRange{all.first + n * rank / splits, all.first + n * (rank + 1) / splits};
-    };
 
     // Broadcast from lane 0, so the compiler knows it is warp-uniform and keeps what derives from
     // it (the shared-memory descriptors) in uniform registers.
@@ -215,21 +204,8 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const uint32_t v_base = smem_addr(smem_v);
     const float scale_log2 = (kSoftcap ? p.softcap : p.scale) * 1.4426950408889634f;
     [[maybe_unused]] const float softcap_in = kSoftcap ? p.scale / p.softcap : 0.f;  // x -> tanh(x * this)
-    // Trace events (FLASHCORE_SM90_TRACE; names as in tools/sm90_trace.py): 1 tile start (argument:
-    // its key tiles), 2 Q landed, 3 / 4 GEMM turn waited for / taken, 5 GEMMs issued, 6 S ready,
-    // 8 P V done, 11 softmax done, 7 P converted, 9 / 10 epilogue start / end, 12 CTA done; kPair's
-    // merge: 13 partial left, 14 both met, 15 merged.
 #if FLASHCORE_SM90_TRACE
-    int trace_n = 0;
-    auto trace = [&](int ev, int n) {
-        if (threadIdx.x % 128 == 0 && trace_n < kTracePerWg && blockIdx.x < kTraceCtas) {
-            const unsigned long long c = clock64();
-            g_trace[(blockIdx.x * 4 + warpgroup) * kTracePerWg + trace_n] =
-                (static_cast<unsigned long long>(ev) << 56) | (static_cast<unsigned long long>(n & 0xff) << 48) |
-                (c & ((1ull << 48) - 1));
-        }
-        ++trace_n;
-    };
+    TraceLog trace{warpgroup};
 #else
     auto trace = [](int, int) {};
 #endif
@@ -245,27 +221,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // kQInRegs: this warpgroup's rows of Q as wgmma A fragments, one per 16-column k-step.
     uint32_t q_frag[kQInRegs<kHeadDim, kCausal> ? kHeadDim / 16 : 1][4];
 
-    // kQInRegs: Q's fragments from the current buffer (q_base). ldmatrix.x4 gives a warp the
-    // m16k16 A fragment of its 16 rows, the register layout wgmma takes: lanes 0-7 address rows
-    // 0-7 of the first 8 columns, 8-15 rows 8-15, 16-31 the same rows' next 8 columns. The
-    // buffer is 128-byte swizzled (as TMA wrote it): 16-byte chunk c of row r sits at c ^ (r % 8).
-    auto load_q_frags = [&] {
-        if constexpr (kQInRegs<kHeadDim, kCausal>) {
-            const int row = warp_in_wg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                const int chunk = (kk % 4) * 2 + (lane >> 4);
-                const uint32_t addr = q_base + (kk / 4) * T::kQPanelBytes + row * 128 + ((chunk ^ (row & 7)) << 4);
-                ldmatrix_x4(q_frag[kk], addr);
-            }
-        }
-    };
+    auto load_q_frags = [&] { load_q_fragments<K>(q_frag, q_base, warp_in_wg, lane); };  // kQInRegs (see there)
     // S = Q K^T for ring slot i into `acc` (s, or kPair's s_next), asynchronous.
     auto issue_qk_into = [&](float (&acc)[kNTiles * 4], int i) { issue_s_gemm<K>(acc, i, bars, q_base, k_base, q_frag); };
     auto issue_qk = [&](int i) { issue_qk_into(s, i); };
-    // `half`: P's keys 64..127 are all zero (half_tile in the key loop), so only the first 64 keys.
-    // `overwrite`: the tile's first P V, which writes O instead of adding to it (kCarryS: O is not
-    // zeroed at the tile's start, see there).
     auto issue_pv = [&](int i, bool half, bool overwrite) {  // O += P V for ring slot i, asynchronous
         issue_pv_gemm<K>(o_acc, i, half, overwrite, bars, v_base, p_frag);
     };
@@ -278,50 +237,23 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     auto convert_p = [&](auto live_tag) { convert_to_p<Elem, decltype(live_tag)::value>(p_frag, s); };
 
     // GEMM turns round the consumer warpgroups (K::kPingPong, see there).
-    auto wait_turn = [&] {
-        trace(3, 0);
-        if constexpr (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
-        trace(4, 0);
-    };
-    auto pass_turn = [&](bool last_section) {
-        trace(5, 0);
-        if constexpr (kPingPong)
-            if (!(consumer == kW - 1 && last_section))
-                asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
-    };
+    auto wait_turn = [&] { wait_gemm_turn<K>(consumer, trace); };
+    auto pass_turn = [&](bool last_section) { pass_gemm_turn<K>(consumer, last_section, trace); };
 
-    // The TMA-store epilogue (below): the thread that issued this warpgroup's last store of O
-    // lets the next user of the staging buffer in once the store has read it. It checks only
-    // after issuing its next S = Q K^T (by then the read is long done), so no thread of the
-    // epilogue waits on its own store. With one buffer the warpgroups take it in ring order,
-    // the order of their epilogues.
+    // The buffer of this warpgroup's last TMA store of O freed once the store has read it (see there).
     const int o_buf = T::kOBufs == 1 ? 0 : consumer;
     bool o_store_pending = false;
-    auto retire_o_store = [&] {
-        if (o_store_pending) {
-            ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{});
-            ptx::mbarrier_arrive(&bars.o_free[o_buf]);
-            o_store_pending = false;
-        }
-        __syncwarp();
-    };
+    auto retire_o_store = [&] { release_o_staging<K>(o_store_pending, bars, o_buf); };
 
-    // (The three counters in this order: in another, since load_tiles moved out, ptxas got the
-    // loop's registers in another order and the SASS changed.)
+    // (The three counters declared in this order: in any other, the loop's PTX registers came out
+    // in another order and the SASS changed.)
     int local = 0;
     int q_loads = 0;  // Q tiles consumed: Q buffer phase, as in the producer
     int kv_iter = 0;  // K/V tiles consumed so far: ring stage and phase, as in the producer
-    // t_next: the tile after this one, found once per tile (the loop steps to it, and the last
-    // GEMM section of the CTA's last tile is told by it). With snake_tile's and key_range's
-    // divisions skipped when there is no split, measured against main (H100, fp16, two A/B runs
-    // of 3 interleaved passes, ratio to cuDNN): D=64 non-causal 512 0.98 -> 0.995, causal 512
-    // 0.925 -> 0.94, 1k 0.937 -> 0.952; D=128 non-causal 512 1.006 -> 1.021, causal 1k 1.10 ->
-    // 1.12; but D=64 causal 2k 1.005 -> 0.996 and 4k 1.065 -> 1.05. The divisions skipped
-    // without t_next (the same loop step as before) lost to both: D=64 non-causal 1k 0.995.
-    constexpr bool kCarryS = K::kCarryS;
     bool s_carried = false;
     int qb = 0;  // the current tile's Q buffer
     [[maybe_unused]] int tile_slot0 = 0;  // the current tile's key tile 0's ring slot (kMasked's softmax)
+    // t_next: the tile after this one, found once per tile (see snake_tile).
     for (int t = snake_tile(0, n_tiles, kv_splits()), t_next; t < n_tiles; t = t_next, ++local) {
         t_next = snake_tile(local + 1, n_tiles, kv_splits());
         const Tile tile = decode_tile(t, m_blocks_div, heads_q_div);
@@ -330,31 +262,16 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;    // this thread's first row
 
         // The online softmax of key tile n (online_softmax). kMasked: key tile n's mask rows sit
-        // in its ring slot's stage (tile_slot0 + n, set below), landed with its V tile.
+        // in its ring slot's stage (tile_slot0 + n; consume_tile sets tile_slot0), landed with its V tile.
         auto softmax = [&](int n, float (&rescale)[2], bool pv_pending, auto &&finish_pv) -> bool {
-            [[maybe_unused]] const unsigned char *mask_row = nullptr;
-            if constexpr (K::kMaskTiles) {
-                const int slot = tile_slot0 + n, stage = slot % kStages;
-                wait_barrier(&bars.v_full[stage], (slot / kStages) & 1);
-                mask_row = smem_mask + stage * T::kMaskTileBytes + (row_group * 64 + warp_in_wg * 16 + row_in_warp) * kBlockN;
-            }
+            const unsigned char *mask_row = mask_row_of<K>(tile_slot0 + n, bars, smem_mask, row_group, warp_in_wg, row_in_warp);
             return online_softmax<K>(n, rescale, pv_pending, finish_pv, s, row_max, row_sum, o_acc, p_frag, p, seqlen_k,
                                      wg_row0, row0, col_in_tile, scale_log2, softcap_in, mask_row);
         };
 
-        // kCarryS: the tile's first P V overwrites O instead (scale-d 0), so no plain instruction
-        // writes O's registers between two tiles' GEMMs; only a CTA with no key tiles (a split's
-        // empty range, which runs no P V) zeroes it.
-        if (!kCarryS || keys.first >= keys.end)
-#pragma unroll
-            for (int i = 0; i < kDTiles * 4; ++i) o_acc[i] = 0.f;
-        row_max[0] = row_max[1] = -INFINITY;
-        row_sum[0] = row_sum[1] = 0.f;
+        start_rows<K>(o_acc, row_max, row_sum, keys.first >= keys.end);
         float rescale[2];
-        // The whole CTA agrees on the range: an empty one loads and runs nothing. Key tile n
-        // sits in ring slot `slot0 + n` (slots count every tile this CTA has consumed).
-        // kPair: this warpgroup runs key tiles mine, mine + 2, ... of [first, end) (the other one
-        // of its row group the rest); otherwise every key tile (kKeySplit = 1).
+        // The whole CTA agrees on the range: an empty one loads and runs nothing.
         if (keys.first < keys.end) {
             // (Captured by value where the kernel's own code used them directly: see consume_tile.)
             const ConsumerCounters next = [&, local, t_next, n_tiles, keys, kv_iter, q_loads, s_carried] {
@@ -371,14 +288,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // ---- epilogue: normalise, write O from registers (Q's buffer is already refilling) ----
         trace(9, 0);
         float inv_sum[2];
-        [&] { sum_rows<K>(row_sum, inv_sum); }();
-        if constexpr (kKeySplit > 1) [&] { merge_pair<K>(o_acc, row_max, row_sum, inv_sum, smem_v, key_part, scale_log2, trace); }();
         // Rows this CTA writes (all, unless a pushed split leaves some to a peer) and their LSE.
         bool finalise[2] = {true, true};
         float lse_log2[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) lse_log2[h] = row_max[h] * scale_log2 + __log2f(row_sum[h]);
-        [&] { apply_sink(inv_sum, lse_log2, tile.head, p); }();
+        finish_rows<K>(o_acc, row_max, row_sum, inv_sum, lse_log2, smem_v, key_part, scale_log2, tile.head, p, trace);
         if (T::kPushMerge && cluster_size() > 1) {  // (a split CTA has one tile: one merge)
             // (The slots, the cluster's shape and the scratch arrays: see push_merge_split.)
             using SS = SplitSlots<kHeadDim, kBlockM>;
@@ -407,19 +320,10 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
             }();
             continue;
         }
-        [&] { store_lse(lse_log2, finalise, row0, seqlen_q, lane, key_part, tile, p); }();
-        if constexpr (T::kOBufs > 0) {
-            if (maps.o_tma && cluster_size() == 1) {  // (split CTAs finish their rows below)
-                int32_t c[4];  // (store_o_staged's scratch, declared here: see there)
-                store_o_staged<K>(c, o_acc, inv_sum, o_store_pending, maps, bars, smem_o, o_buf, local, consumer, warp_in_wg, lane,
-                                  wg_row0, tile);
-                trace(10, 0);
-                continue;
-            }
-        }
-        // (w: declared here, not in store_o_16b; a local array there changed the kernel's SASS.)
+        int32_t c[4];   // (store_rows's scratch, declared here: see there)
         uint32_t w[4];
-        [&] { store_o_16b<K>(w, o_acc, inv_sum, finalise, row0, seqlen_q, key_part, lane, tile, p); }();
+        store_rows<K>(c, w, o_acc, inv_sum, lse_log2, finalise, o_store_pending, maps, bars, smem_o, o_buf, local, consumer,
+                      warp_in_wg, lane, wg_row0, row0, seqlen_q, key_part, tile, p, trace);
     }
     trace(12, 0);
     // The last store of O must have read the staging buffer before the CTA's shared memory goes

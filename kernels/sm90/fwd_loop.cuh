@@ -311,8 +311,11 @@ struct ConsumerCounters {
 
 // A consumer warpgroup's work on one tile with key tiles [first, end) (up to its epilogue): the
 // tile's first ping-pong turn opened (local == 0), its Q waited for (unless carried in) and, at
-// kQInRegs, loaded into registers, then its key tiles (run_key_tiles). `last_tile`: no tile
-// follows in this CTA (a split CTA has one tile; a persistent CTA's tiles all have key tiles).
+// kQInRegs, loaded into registers, then its key tiles (run_key_tiles). Key tile n sits in ring slot
+// `slot0 + n` (slots count every tile this CTA has consumed). kPair: this warpgroup runs key tiles
+// mine, mine + 2, ... of [first, end) (the other one of its row group the rest); otherwise every
+// key tile (kKeySplit = 1). `last_tile`: no tile follows in this CTA (a split CTA has one tile; a
+// persistent CTA's tiles all have key tiles).
 // Takes and returns the counters by value, and the kernel captures them by value: taken by
 // reference, they changed the kernel's SASS. (The steps are fwd_kernel's lambdas.)
 template <class K, class Trace, class LoadQFrags, class Release, class WaitTurn, class IssueQk, class IssueQkInto, class IssuePv,

@@ -1,7 +1,8 @@
 // sm90/fwd_steps.cuh - a Hopper forward consumer's work on one key tile, as fwd_kernel
-// (sm90/fwd_kernel.cuh) calls it: the kernel's compile-time shape (FwdKernelShape), the S = Q K^T
-// and O += P V wgmma issues, the online softmax (masking, row max, exponentials, sums), the rescale
-// of O's rows, S to P fragments, and the pair configuration's merge of its two warpgroups.
+// (sm90/fwd_kernel.cuh) calls it: the kernel's compile-time shape (FwdKernelShape), the ping-pong's
+// GEMM turns, a tile's rows reset, the S = Q K^T and O += P V wgmma issues (with Q's fragments at
+// kQInRegs), the online softmax (masking, row max, exponentials, sums; kMasked's mask rows), the
+// rescale of O's rows, S to P fragments, and the pair configuration's merge of its two warpgroups.
 #pragma once
 
 #include "common/fast_div.cuh"
@@ -78,6 +79,54 @@ struct FwdKernelShape {
     using Bars = Barriers<T::kQBufs, kStages, T::kOBufs>;
 };
 
+// The ping-pong's GEMM turns (kPingPong): wait for this warpgroup's turn, and pass it on to the
+// next warpgroup (`last_section`: the CTA's last tile's last section, after which the last
+// consumer passes nothing, so that no arrival is left over). Without ping-pong only the trace.
+template <class K, class Trace>
+__device__ __forceinline__ void wait_gemm_turn(int consumer, Trace &trace) {
+    trace(3, 0);
+    if constexpr (K::kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
+    trace(4, 0);
+}
+template <class K, class Trace>
+__device__ __forceinline__ void pass_gemm_turn(int consumer, bool last_section, Trace &trace) {
+    constexpr int kW = K::kW;
+    trace(5, 0);
+    if constexpr (K::kPingPong)
+        if (!(consumer == kW - 1 && last_section))
+            asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kW) : "memory");
+}
+
+// A tile's rows start empty: O zero, row max -inf, row sum 0. kCarryS: the tile's first P V
+// overwrites O instead (scale-d 0), so no plain instruction writes O's registers between two
+// tiles' GEMMs; only a CTA with no key tiles (`no_keys`: a split's empty range, which runs no
+// P V) zeroes it.
+template <class K>
+__device__ __forceinline__ void start_rows(float (&o_acc)[K::kDTiles * 4], float (&row_max)[2], float (&row_sum)[2],
+                                           bool no_keys) {
+    if (!K::kCarryS || no_keys)
+#pragma unroll
+        for (int i = 0; i < K::kDTiles * 4; ++i) o_acc[i] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+}
+
+// kMasked: this thread's first mask row for the key tile in ring slot `slot`, once its stage has
+// landed (the mask tile rides the V tile's barrier); otherwise null.
+template <class K>
+__device__ __forceinline__ const unsigned char *mask_row_of(int slot, typename K::Bars &bars, unsigned char *smem_mask,
+                                                           int row_group, int warp_in_wg, int row_in_warp) {
+    using T = typename K::T;
+    constexpr int kStages = K::kStages, kBlockN = K::kBlockN;
+    [[maybe_unused]] const unsigned char *mask_row = nullptr;
+    if constexpr (K::kMaskTiles) {
+        const int stage = slot % kStages;
+        wait_barrier(&bars.v_full[stage], (slot / kStages) & 1);
+        mask_row = smem_mask + stage * T::kMaskTileBytes + (row_group * 64 + warp_in_wg * 16 + row_in_warp) * kBlockN;
+    }
+    return mask_row;
+}
+
 // O's rows times their rescale factors (rescale[h]: the thread's row h).
 template <int kN>
 __device__ __forceinline__ void rescale_rows(float (&o_acc)[kN], const float (&rescale)[2]) {
@@ -101,6 +150,26 @@ __device__ __forceinline__ void convert_to_p(uint32_t (&p_frag)[kKSteps][4], con
         p_frag[kk][1] = pack2<Elem>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
         p_frag[kk][2] = pack2<Elem>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
         p_frag[kk][3] = pack2<Elem>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+    }
+}
+
+// kQInRegs: Q's fragments from the current buffer (q_base). ldmatrix.x4 gives a warp the
+// m16k16 A fragment of its 16 rows, the register layout wgmma takes: lanes 0-7 address rows
+// 0-7 of the first 8 columns, 8-15 rows 8-15, 16-31 the same rows' next 8 columns. The
+// buffer is 128-byte swizzled (as TMA wrote it): 16-byte chunk c of row r sits at c ^ (r % 8).
+template <class K>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&q_frag)[kQInRegs<K::kHeadDim, K::kCausal> ? K::kHeadDim / 16 : 1][4],
+                                                 uint32_t q_base, int warp_in_wg, int lane) {
+    using T = typename K::T;
+    constexpr int kHeadDim = K::kHeadDim;
+    if constexpr (kQInRegs<kHeadDim, K::kCausal>) {
+        const int row = warp_in_wg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const int chunk = (kk % 4) * 2 + (lane >> 4);
+            const uint32_t addr = q_base + (kk / 4) * T::kQPanelBytes + row * 128 + ((chunk ^ (row & 7)) << 4);
+            ldmatrix_x4(q_frag[kk], addr);
+        }
     }
 }
 
@@ -139,7 +208,9 @@ __device__ __forceinline__ void issue_s_gemm(float (&acc)[K::kNTiles * 4], int i
     wgmma_commit();
 }
 
-// O += P V for ring slot i, asynchronous (`half`, `overwrite`: see issue_pv in fwd_kernel).
+// O += P V for ring slot i, asynchronous. `half`: P's keys 64..127 are all zero (half_tile in the
+// key loop), so only the first 64 keys. `overwrite`: the tile's first P V, which writes O instead of
+// adding to it (kCarryS: O is not zeroed at the tile's start, see fwd_kernel).
 template <class K>
 __device__ __forceinline__ void issue_pv_gemm(float (&o_acc)[K::kDTiles * 4], int i, bool half, bool overwrite,
                                               typename K::Bars &bars, uint32_t v_base,

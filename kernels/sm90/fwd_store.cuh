@@ -1,7 +1,8 @@
-// sm90/fwd_store.cuh - the Hopper forward's epilogue steps, as fwd_kernel (sm90/fwd_kernel.cuh)
-// calls them: the two cluster-split merges (the read-merge of the peers' partials, the push-merge),
-// the grid split's workspace store, the LSE store, the attention-sink fold, and O's two stores
-// (staged for TMA: stage_o, issue_o_store, store_o_staged; or 16-byte stores from registers).
+// sm90/fwd_store.cuh - the Hopper forward's epilogue, as fwd_kernel (sm90/fwd_kernel.cuh) runs it:
+// the rows' statistics (finish_rows: sums, the pair's merge, LSE, the attention-sink fold), the
+// two cluster-split merges (the read-merge of the peers' partials, the push-merge), the grid
+// split's workspace store, and the tile's outputs (store_rows: the LSE store, then O staged for TMA,
+// store_o_staged, or in 16-byte stores from registers, store_o_16b).
 #pragma once
 
 #include "common/fast_div.cuh"
@@ -13,6 +14,7 @@
 #include "sm90/fwd_split.cuh"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/ptx.cuh"
+#include "sm90/fwd_loop.cuh"  // sum_rows
 #include "sm90/fwd_steps.cuh"
 
 #include <cuda.h>
@@ -297,6 +299,58 @@ __device__ __forceinline__ void store_o_staged(int32_t (&c)[4], float (&o_acc)[K
         [&] { issue_o_store<K>(c, maps, smem_o, o_buf, wg_row0, tile); }();
         o_store_pending = true;
     }
+}
+
+// The tile's row statistics once its key loop is done: the rows' sums (sum_rows) and, kPair, the
+// two warpgroups' partials merged (merge_pair); inv_sum, the LSE in base 2 (lse_log2) and the
+// attention sink's share (apply_sink).
+template <class K, class Trace>
+__device__ __forceinline__ void finish_rows(float (&o_acc)[K::kDTiles * 4], float (&row_max)[2], float (&row_sum)[2],
+                                            float (&inv_sum)[2], float (&lse_log2)[2], unsigned char *smem_v, int key_part,
+                                            float scale_log2, int head, const fc_params &p, Trace &trace) {
+    constexpr int kKeySplit = K::kKeySplit;
+    [&] { sum_rows<K>(row_sum, inv_sum); }();
+    if constexpr (kKeySplit > 1) [&] { merge_pair<K>(o_acc, row_max, row_sum, inv_sum, smem_v, key_part, scale_log2, trace); }();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) lse_log2[h] = row_max[h] * scale_log2 + __log2f(row_sum[h]);
+    [&] { apply_sink(inv_sum, lse_log2, head, p); }();
+}
+
+// The tile's outputs once its rows are final (no split, or this CTA's rows of a pushed split): their
+// LSE, then O normalised, staged for a TMA store (store_o_staged) or written with 16-byte stores
+// from registers (store_o_16b). `c`, `w`: the two stores' scratch arrays, declared in the kernel (as
+// local arrays of the stores they changed the kernel's SASS).
+template <class K, class Trace>
+__device__ __forceinline__ void store_rows(int32_t (&c)[4], uint32_t (&w)[4], float (&o_acc)[K::kDTiles * 4], float (&inv_sum)[2],
+                                           float (&lse_log2)[2], bool (&finalise)[2], bool &o_store_pending, const FwdMaps &maps,
+                                           typename K::Bars &bars, unsigned char *smem_o, int o_buf, int local, int consumer,
+                                           int warp_in_wg, int lane, int wg_row0, int row0, int seqlen_q, int key_part,
+                                           const Tile &tile, const fc_params &p, Trace &trace) {
+    using T = typename K::T;
+    [&] { store_lse(lse_log2, finalise, row0, seqlen_q, lane, key_part, tile, p); }();
+    if constexpr (T::kOBufs > 0) {
+        if (maps.o_tma && cluster_size() == 1) {  // (split CTAs write their rows from registers)
+            store_o_staged<K>(c, o_acc, inv_sum, o_store_pending, maps, bars, smem_o, o_buf, local, consumer, warp_in_wg, lane,
+                              wg_row0, tile);
+            trace(10, 0);
+            return;
+        }
+    }
+    [&] { store_o_16b<K>(w, o_acc, inv_sum, finalise, row0, seqlen_q, key_part, lane, tile, p); }();
+}
+
+// The TMA-store epilogue (store_o_staged): the thread that issued this warpgroup's last store of O
+// lets the next user of the staging buffer in once the store has read it. It checks only after
+// issuing its next S = Q K^T (by then the read is long done), so no thread of the epilogue waits on
+// its own store. With one buffer the warpgroups take it in ring order, the order of their epilogues.
+template <class K>
+__device__ __forceinline__ void release_o_staging(bool &o_store_pending, typename K::Bars &bars, int o_buf) {
+    if (o_store_pending) {
+        ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{});
+        ptx::mbarrier_arrive(&bars.o_free[o_buf]);
+        o_store_pending = false;
+    }
+    __syncwarp();
 }
 
 }  // namespace sm90
