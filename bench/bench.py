@@ -4,8 +4,10 @@
 What it measures
   The forward time of scaled-dot-product attention, per call, for these implementations,
   all in one process on the same inputs:
-    flashcore       torch.ops.flashcore.sdpa with FLASHCORE_FAMILY=auto
-    flashcore-sm80  torch.ops.flashcore.sdpa with FLASHCORE_FAMILY=sm80 (forced family)
+    flashcore       flashcore.sdpa with FLASHCORE_FAMILY=auto: torch.ops.flashcore.sdpa's
+                    kernels; a call without gradients goes through its twin without an
+                    Autograd kernel, flashcore::_sdpa_inference (flashcore/_entry.py)
+    flashcore-sm80  the same with FLASHCORE_FAMILY=sm80 (forced family)
     cudnn / flash / efficient
                     F.scaled_dot_product_attention inside
                     torch.nn.attention.sdpa_kernel(CUDNN_ATTENTION / FLASH_ATTENTION /
@@ -389,7 +391,10 @@ class Impl:
     def fn(self, q, k, v, s, mask=None):
         gqa = s.Hq != s.Hkv
         if self.name.startswith("flashcore"):
-            op = torch.ops.flashcore.sdpa
+            # The Python entry point users call (flashcore.sdpa, patch(), the HF integration):
+            # torch.ops.flashcore.sdpa's kernels, through _sdpa_inference when the call records
+            # no gradient (flashcore/_entry.py).
+            op = self.fc.sdpa
             if gqa:
                 return lambda: op(q, k, v, mask, 0.0, s.causal, enable_gqa=True)
             return lambda: op(q, k, v, mask, 0.0, s.causal)

@@ -79,7 +79,9 @@ class PathRecorder:
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
-                if func is torch.ops.flashcore.sdpa.default:
+                # (inference calls reach sdpa's twin without an Autograd kernel: _entry.py)
+                if func in (torch.ops.flashcore.sdpa.default,
+                            torch.ops.flashcore._sdpa_inference.default):
                     self.paths.append(flashcore.explain(*args, **kwargs))
                 return func(*args, **kwargs)
 

@@ -43,6 +43,56 @@ def test_schema_matches_aten():
     assert str(ours).split("(", 1)[1] == str(theirs).split("(", 1)[1]
 
 
+INFERENCE = torch.ops.flashcore._sdpa_inference.default
+
+
+def test_inference_op_schema_is_sdpas():
+    # The twin that inference calls reach (flashcore/_entry.py) must take exactly sdpa's arguments.
+    assert str(INFERENCE._schema).split("(", 1)[1] == str(OP._schema).split("(", 1)[1]
+
+
+def _top_ops(fn):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from op_recorder import OpRecorder
+    with OpRecorder() as rec:
+        out = fn()
+    return out, [op for op in rec.ops if op in (OP, INFERENCE)]
+
+
+@pytest.mark.parametrize("entry", ["flashcore.sdpa", "patched F.sdpa"])
+def test_entry_points_route_by_gradient(entry):
+    """Calls that record a gradient go to sdpa (its Autograd kernel, the training route); all
+    others to _sdpa_inference, with the same result bit for bit; gradients still flow."""
+    from flashcore.integrations.patch import scaled_dot_product_attention as patched
+    call = flashcore.sdpa if entry == "flashcore.sdpa" else patched
+    q, k, v = rand(2, 4, 17, 32), rand(2, 2, 23, 32), rand(2, 2, 23, 32)
+    expected = OP(q, k, v, enable_gqa=True, scale=0.3)
+    out, ops = _top_ops(lambda: call(q, k, v, enable_gqa=True, scale=0.3))
+    assert ops == [INFERENCE] and torch.equal(out, expected)
+    qg = q.clone().requires_grad_()
+    with torch.no_grad():
+        out, ops = _top_ops(lambda: call(qg, k, v, enable_gqa=True, scale=0.3))
+    assert ops == [INFERENCE] and not out.requires_grad and torch.equal(out, expected)
+    out, ops = _top_ops(lambda: call(qg, k, v, enable_gqa=True, scale=0.3))
+    assert INFERENCE not in ops and out.requires_grad
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    out.sum().backward()
+    qr = q.clone().requires_grad_()
+    F.scaled_dot_product_attention(qr, k, v, enable_gqa=True, scale=0.3).sum().backward()
+    torch.testing.assert_close(qg.grad, qr.grad)
+
+
+def test_inference_entry_compiles_fullgraph():
+    torch._dynamo.reset()
+    q, k, v = rand(1, 4, 9, 16), rand(1, 4, 9, 16), rand(1, 4, 9, 16)
+    fn = torch.compile(lambda a, b, c: flashcore.sdpa(a, b, c, is_causal=True), fullgraph=True,
+                       backend="aot_eager")
+    with torch.no_grad():
+        assert torch.equal(fn(q, k, v), OP(q, k, v, None, 0.0, True))
+    torch.library.opcheck(INFERENCE, (q, k, v), dict(is_causal=True))
+    torch._dynamo.reset()
+
+
 # flashcore.attention's band, after SDPA's arguments in explain and sdpa_fwd (keyword-only).
 BAND_ARGS = ["window_left", "window_right", "bottom_right"]
 

@@ -21,6 +21,13 @@ from op_recorder import OpRecorder  # noqa: E402
 
 ORIGINAL = torch._C._nn.scaled_dot_product_attention
 FC_SDPA = torch.ops.flashcore.sdpa.default
+# A call that records no gradient reaches the op's twin without an Autograd kernel (_entry.py).
+FC_SDPA_OPS = (FC_SDPA, torch.ops.flashcore._sdpa_inference.default)
+
+
+def fc_calls(rec) -> int:
+    """FlashCore SDPA calls the recorder saw, through either op."""
+    return sum(rec.count(op) for op in FC_SDPA_OPS)
 
 
 def has_fake() -> bool:
@@ -146,7 +153,7 @@ def test_same_result_as_torch_through_the_op(name):
     expected = ORIGINAL(*args, **kwargs)
     with flashcore.patched(), OpRecorder() as rec:
         out = F.scaled_dot_product_attention(*args, **kwargs)
-    assert rec.count(FC_SDPA) == 1, rec.ops
+    assert fc_calls(rec) == 1, rec.ops
     assert out.shape == expected.shape and out.dtype == expected.dtype
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
@@ -177,7 +184,7 @@ def test_meta_tensors_go_to_torch():
     with flashcore.patched(), OpRecorder() as rec:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert out.device.type == "meta" and out.shape == (2, 4, 16, 32)
-    assert rec.count(FC_SDPA) == 0
+    assert fc_calls(rec) == 0
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
@@ -290,7 +297,7 @@ def test_gpu_patched_runs_a_kernel(dtype):
     expected = ORIGINAL(q, k, v, is_causal=True, enable_gqa=True)
     with flashcore.patched(), OpRecorder() as rec:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    assert rec.count(FC_SDPA) == 1
+    assert fc_calls(rec) == 1
     if torch.cuda.get_device_capability() in ((8, 9), (9, 0)):
         assert why.startswith("kernel"), why
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)

@@ -668,6 +668,14 @@ STABLE_TORCH_LIBRARY(flashcore, m) {
   m.def("sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
         "bool enable_gqa=False) -> Tensor");
+  // sdpa for calls that record no gradient: the same kernels, but no Autograd kernel, so the
+  // dispatcher goes straight to them instead of through sdpa's Python one (about 7 us of host
+  // time per call on the H100's host, docs/experiments/forward-masks.md). Private: the Python
+  // entry points (flashcore.sdpa, patch(), the transformers integration) call it only when
+  // nothing requires grad or grad mode is off (python/flashcore/_entry.py).
+  m.def("_sdpa_inference(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+        "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
+        "bool enable_gqa=False) -> Tensor");
   m.def("explain(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
         "bool enable_gqa=False, int window_left=-1, int window_right=-1, "
@@ -686,11 +694,13 @@ STABLE_TORCH_LIBRARY(flashcore, m) {
 // No Meta kernel: the fake is registered from Python (torch.library.register_fake).
 STABLE_TORCH_LIBRARY_IMPL(flashcore, CUDA, m) {
   m.impl("sdpa", TORCH_BOX(&sdpa));
+  m.impl("_sdpa_inference", TORCH_BOX(&sdpa));
   m.impl("sdpa_fwd", TORCH_BOX(&sdpa_fwd));
   m.impl("sdpa_fwd_sinks", TORCH_BOX(&sdpa_fwd_sinks));
 }
 STABLE_TORCH_LIBRARY_IMPL(flashcore, CPU, m) {
   m.impl("sdpa", TORCH_BOX(&sdpa));
+  m.impl("_sdpa_inference", TORCH_BOX(&sdpa));
   m.impl("sdpa_fwd", TORCH_BOX(&sdpa_fwd));
   m.impl("sdpa_fwd_sinks", TORCH_BOX(&sdpa_fwd_sinks));
 }

@@ -143,12 +143,14 @@ if FALLBACK_ONLY:
 else:
     # Fakes (torch.compile), the backward op and autograd for the ops just loaded.
     from . import _ops  # noqa: E402,F401
+from . import _entry  # noqa: E402  (after the ops it calls are registered)
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
          enable_gqa=False):
-    """Same arguments and result as ``torch.nn.functional.scaled_dot_product_attention``."""
-    return torch.ops.flashcore.sdpa(query, key, value, attn_mask, dropout_p, is_causal,
-                                    scale=scale, enable_gqa=enable_gqa)
+    """Same arguments and result as ``torch.nn.functional.scaled_dot_product_attention``
+    (``torch.ops.flashcore.sdpa``'s; a call that records no gradient skips its Python Autograd
+    kernel: _entry.py)."""
+    return _entry.sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def _built_for(head_dim: int, dtype: torch.dtype) -> bool:

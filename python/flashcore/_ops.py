@@ -6,6 +6,10 @@ Ops in the ``flashcore`` namespace:
   enable_gqa=False) -> Tensor`` (C++, aten's exact schema). Its Autograd kernel (here) sends
   calls that need gradients to ``sdpa_fwd`` (dropout_p > 0: to aten's differentiable SDPA, which
   owns the dropout RNG); calls without gradients go straight to the C++ kernels.
+* ``_sdpa_inference(<sdpa's arguments>) -> Tensor`` (C++): sdpa's kernels without an Autograd
+  kernel, for calls that record no gradient; private: flashcore.sdpa, patch() and the
+  transformers integration route such calls to it (_entry.py), sparing sdpa's Python Autograd
+  kernel.
 * ``sdpa_fwd(<sdpa's arguments>) -> (Tensor out, Tensor lse)`` (C++): the forward that also
   returns the log-sum-exp autograd saves. ``register_autograd`` gives it its backward.
 * ``sdpa_bwd(grad_out, q, k, v, out, lse, grad_lse, attn_mask, is_causal, scale, enable_gqa,
@@ -109,6 +113,11 @@ def _sdpa_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
                enable_gqa=False):
     _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return new_output(query, _out_shape(query, key, value, enable_gqa))
+
+
+# sdpa for calls that record no gradient (python/flashcore/_entry.py): same kernels, same fake, no
+# Autograd kernel.
+torch.library.register_fake("flashcore::_sdpa_inference", _sdpa_fake, lib=_lib)
 
 
 @torch.library.register_fake("flashcore::sdpa_fwd", lib=_lib)

@@ -58,8 +58,10 @@ def available() -> bool:
 
 
 def _ops():
+    """FlashCore's ops with ring handlers: sdpa_fwd, sdpa (and its twin for calls that record no
+    gradient, _sdpa_inference: flashcore/_entry.py), sdpa_bwd."""
     return (torch.ops.flashcore.sdpa_fwd.default, torch.ops.flashcore.sdpa.default,
-            torch.ops.flashcore.sdpa_bwd.default)
+            torch.ops.flashcore._sdpa_inference.default, torch.ops.flashcore.sdpa_bwd.default)
 
 
 def enabled() -> bool:
@@ -74,9 +76,10 @@ def enable() -> None:
         raise RuntimeError("flashcore.integrations.context_parallel: this torch has no context "
                            "parallelism internals to hook into (torch.distributed.tensor."
                            "experimental._context_parallel)")
-    fwd, sdpa, bwd = _ops()
+    fwd, sdpa, inference, bwd = _ops()
     cp.custom_ops[fwd] = _sdpa_fwd_handler
     cp.custom_ops[sdpa] = _sdpa_handler
+    cp.custom_ops[inference] = _sdpa_handler
     cp.custom_ops[bwd] = _sdpa_bwd_handler
 
 

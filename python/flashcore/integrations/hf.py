@@ -248,8 +248,8 @@ def flashcore_attention_forward(
         attn_output = flashcore.attention(query, key, value, attention_mask, is_causal,
                                           scale=scaling, enable_gqa=enable_gqa, **variants)
     else:
-        attn_output = torch.ops.flashcore.sdpa(
-            query, key, value, attention_mask, 0.0, is_causal, scale=scaling, enable_gqa=enable_gqa)
+        attn_output = flashcore._entry.sdpa(query, key, value, attention_mask, 0.0, is_causal,
+                                            scaling, enable_gqa)
     return attn_output.transpose(1, 2).contiguous(), None
 
 

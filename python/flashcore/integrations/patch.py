@@ -12,7 +12,9 @@ and ``patched()`` restores whatever state it found (so nested blocks are fine).
 What is routed where:
 
 - plain (non-subclass, non-nested) tensors on CPU or CUDA go to ``torch.ops.flashcore.sdpa``,
-  which runs a FlashCore kernel where one covers the call and PyTorch's own SDPA otherwise;
+  which runs a FlashCore kernel where one covers the call and PyTorch's own SDPA otherwise
+  (a call that records no gradient to its twin without an Autograd kernel,
+  ``flashcore::_sdpa_inference``: ``flashcore._entry``);
 - DTensors sharded along the sequence go to the op too where FlashCore's context-parallel
   handlers are enabled (``flashcore.integrations.context_parallel``);
 - everything the op cannot take goes to PyTorch's original function unchanged: nested
@@ -36,6 +38,8 @@ import threading
 
 import torch
 import torch.nn.functional as F
+
+from .. import _entry
 
 __all__ = ["patch", "unpatch", "patched", "is_patched", "scaled_dot_product_attention"]
 
@@ -79,11 +83,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         not torch.overrides.has_torch_function(tensors)
         and not (query.is_nested or key.is_nested or value.is_nested)
         and query.device.type in _DEVICES
-        and (_OP_AUTOGRAD or not (torch.is_grad_enabled() and (
-            query.requires_grad or key.requires_grad or value.requires_grad
-            or (attn_mask is not None and attn_mask.requires_grad))))
+        and (_OP_AUTOGRAD or not _entry.records_grad(query, key, value, attn_mask))
     )
-    if use_op or _context_parallel_takes(query, key, value, attn_mask):
+    if use_op:
+        return _entry.sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if _context_parallel_takes(query, key, value, attn_mask):  # (the ring's handlers are sdpa's)
         return torch.ops.flashcore.sdpa(query, key, value, attn_mask, dropout_p, is_causal,
                                         scale=scale, enable_gqa=enable_gqa)
     return _ORIGINAL(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,

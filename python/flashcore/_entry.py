@@ -1,0 +1,43 @@
+"""The Python entry points' call into the op: ``flashcore.sdpa``, ``flashcore.patch()``'s
+``scaled_dot_product_attention`` and the transformers integration all call ``sdpa`` here.
+
+A call that records a gradient (grad mode on and an input that requires grad) goes to
+``torch.ops.flashcore.sdpa``, whose Autograd kernel (``_ops._sdpa_autograd``) picks the training
+route. Any other call, every inference call included, goes to ``flashcore::_sdpa_inference``:
+the same C++ kernels under an op with no Autograd kernel, so the dispatcher does not stop in
+Python on the way (sdpa's Autograd kernel is a Python function: about 7 us of host time per
+call on the H100's host, more than a decoding kernel's GPU time;
+docs/experiments/forward-masks.md, "Thirty-second session").
+
+The check is one Python expression, which torch.compile traces (it guards on grad mode and on
+the inputs' requires_grad, as for any function). Without the compiled library (FALLBACK_ONLY)
+there is no ``_sdpa_inference``, and every call goes to ``torch.ops.flashcore.sdpa``.
+"""
+import torch
+
+__all__ = ["sdpa"]
+
+try:
+    _INFERENCE = torch.ops.flashcore._sdpa_inference.default
+except (AttributeError, RuntimeError):  # the package runs without its compiled library
+    _INFERENCE = None
+
+
+def records_grad(query, key, value, attn_mask=None) -> bool:
+    """Whether autograd records this call: grad mode on and an input that requires grad."""
+    return torch.is_grad_enabled() and (
+        query.requires_grad or key.requires_grad or value.requires_grad
+        or (attn_mask is not None and attn_mask.requires_grad))
+
+
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+         enable_gqa=False):
+    """torch.ops.flashcore.sdpa's result, through _sdpa_inference where nothing records a
+    gradient (keyword arguments passed only when not at their defaults: each costs host time)."""
+    if _INFERENCE is None or records_grad(query, key, value, attn_mask):
+        return torch.ops.flashcore.sdpa(query, key, value, attn_mask, dropout_p, is_causal,
+                                        scale=scale, enable_gqa=enable_gqa)
+    if scale is None and not enable_gqa:
+        return _INFERENCE(query, key, value, attn_mask, dropout_p, is_causal)
+    return _INFERENCE(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                      enable_gqa=enable_gqa)
