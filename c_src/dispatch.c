@@ -100,9 +100,11 @@ static const kernel_entry *find_kernel(fc_family family, const fc_params *p) {
  * Hopper forward reads bool masks whose tiles TMA can bring (fc_mask_tiles_fit_), alongside
  * each V tile, at D=64 and 128, in its non-causal configuration (kMasked in
  * kernels/sm90/fwd_traits.cuh): no causal flag, band, softcap or sinks with it. The decode
- * kernel's GQA row packing has no mask path. */
+ * kernels read any mask element by element beside their scores (kMasked in
+ * kernels/decode_sm80.cuh), without the causal flag (PyTorch never passes both). */
 static int family_takes_mask(fc_family family, const fc_params *p) {
     if (p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80) return 1;
+    if (family == FC_FAMILY_DECODE) return !p->causal;
     return family == FC_FAMILY_SM90 && (p->head_dim == 64 || p->head_dim == 128) && !p->causal &&
            p->band_ != FC_BAND_GENERAL_ && p->softcap == 0.0f && p->sinks == NULL && fc_mask_tiles_fit_(p);
 }

@@ -50,10 +50,12 @@ typedef enum fc_family {
 } fc_family;
 
 /* Kinds of attention mask, a (B, Hq, Sq, Sk) view through mask_stride_* (any strides, 0 for
- * a broadcast dim, no alignment requirement). The forward runs masks in the sm80 family only:
- * under AUTO a masked call goes there on Hopper too; forcing FC_FAMILY_SM90 or FC_FAMILY_DECODE
- * with a mask gives FC_UNSUPPORTED_MASK (the backward: see fc_bwd_params). A mask may be combined with `causal` (PyTorch forbids that; here
- * both apply). */
+ * a broadcast dim, no alignment requirement). Which forward family takes which mask
+ * (dispatch.c, family_takes_mask): the sm80 family any; the decode kernels any, without
+ * `causal`; the sm90 family bool masks whose tiles TMA can read (D = 64 / 128, no causal, band,
+ * softcap or sinks). A forced family that does not take the call's mask gives
+ * FC_UNSUPPORTED_MASK (the backward: see fc_bwd_params). A mask may be combined with `causal`
+ * (PyTorch forbids that; here both apply). */
 typedef enum fc_mask_kind {
     FC_MASK_NONE = 0,
     FC_MASK_BOOL = 1,     /* uint8/bool, nonzero = attend */
@@ -82,7 +84,7 @@ typedef enum fc_status {
     FC_ERR_OFFSET_OVERFLOW,      /* an element offset (q, k, v, out, lse or mask) exceeds what the kernels index (2^31-1) */
     FC_UNSUPPORTED_DTYPE,        /* valid dtype, but no kernel for it (fp32) */
     FC_UNSUPPORTED_HEAD_DIM,     /* no kernel for this head_dim */
-    FC_UNSUPPORTED_MASK,         /* a mask with a family that has none (sm90, decode; or AUTO where only they have the head dim) */
+    FC_UNSUPPORTED_MASK,         /* a mask the (forced) family does not take (family_takes_mask, dispatch.c) */
     FC_UNSUPPORTED_ARCH,         /* no kernel family for this compute capability */
     FC_UNSUPPORTED_FAMILY,       /* the forced family is not built or cannot run on this device */
     FC_UNSUPPORTED_LAYOUT,       /* the forced family cannot take these strides or this scale (sm90: broadcast dim, scale <= 0) */

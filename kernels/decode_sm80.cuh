@@ -19,6 +19,9 @@
 //     row (one warp per row), then O += P V with each thread owning one or two head-dim columns.
 //   * Q is staged once as fp32 with scale * log2(e) folded in, so scores are base-2 logits and
 //     any scale (negative too) works; masking (keys past Sk, causal) is applied after.
+//   * kMasked (not with kCausal) adds attn_mask's value per score (fc_params mask_kind: a bool
+//     mask's -inf where it is false, an additive mask's value), read from global memory element
+//     by element: one query row's mask is Sk values, a small fraction of the K and V it goes with.
 //   * kCausal runs any band the library resolved (fc_params band_lo_ / band_hi_: top-left or
 //     bottom-right causal, a sliding window; fc_band_bounds in flashcore.h): row r sees keys
 //     r + band_lo_ .. r + band_hi_, and only the keys from the first row's first to the last
@@ -83,7 +86,23 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-template <typename Elem, int kHeadDim, bool kCausal>
+// kMasked: where CTA row (query head h, query s) of `batch` finds its mask values, as bytes.
+template <typename Elem>
+__device__ __forceinline__ const unsigned char *row_mask_of(const fc_params &p, int batch, int h, int s) {
+    const int64_t elem_bytes = p.mask_kind == FC_MASK_BOOL ? 1 : static_cast<int64_t>(sizeof(Elem));
+    return static_cast<const unsigned char *>(p.mask) +
+           (batch * p.mask_stride_b + h * p.mask_stride_h + s * p.mask_stride_q) * elem_bytes;
+}
+
+// kMasked: what the mask adds to the base-2 logit of `key` in the row whose values start at
+// row_mask: -inf where a bool mask is false (else 0), an additive mask's value times log2(e).
+template <typename Elem>
+__device__ __forceinline__ float mask_logit2(const fc_params &p, const unsigned char *row_mask, int key) {
+    if (p.mask_kind == FC_MASK_BOOL) return row_mask[key * p.mask_stride_k] != 0 ? 0.f : -INFINITY;
+    return to_float(reinterpret_cast<const Elem *>(row_mask)[key * p.mask_stride_k]) * 1.4426950408889634f;
+}
+
+template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
 __global__ void __launch_bounds__(kThreads)
 decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_lse) {
     using T = DecodeTraits<kHeadDim>;
@@ -195,7 +214,13 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
                     const int band_offset = key - r % seqlen_q;  // key - query
                     const bool masked =
                         key >= seqlen_k || (kCausal && (band_offset < p.band_lo_ || band_offset > p.band_hi_));
-                    p_s[r * kChunk + j] = masked ? -INFINITY : acc[i];
+                    float x = masked ? -INFINITY : acc[i];
+                    if constexpr (kMasked) {
+                        if (!masked)
+                            x += mask_logit2<Elem>(
+                                p, row_mask_of<Elem>(p, batch, head_kv * group + r / seqlen_q, r % seqlen_q), key);
+                    }
+                    p_s[r * kChunk + j] = x;
                 }
             }
         }
@@ -340,7 +365,7 @@ __device__ __forceinline__ void cp_async_16_l2_256(uint32_t dst_smem, const void
                  "l"(src_gmem), "r"(src_bytes));
 }
 
-template <typename Elem, int kHeadDim, bool kCausal>
+template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
 __global__ void __launch_bounds__(MmaDecodeTraits<kHeadDim>::kThreads)
 decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partial_lse) {
     using T = MmaDecodeTraits<kHeadDim>;
@@ -434,6 +459,16 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
         row_query[half] = r < rows ? r % seqlen_q : seqlen_k;
     }
 
+    // kMasked: where this lane's two rows find their mask values (none for rows past `rows`).
+    [[maybe_unused]] const unsigned char *row_mask[2] = {nullptr, nullptr};
+    if constexpr (kMasked) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = quad_row + 8 * half;
+            if (r < rows) row_mask[half] = row_mask_of<Elem>(p, batch, head_kv * group + r / seqlen_q, r % seqlen_q);
+        }
+    }
+
     const float scale_log2 = p.scale * 1.4426950408889634f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // sum: this lane's part
     float o[kHeadDim / 8][4];
@@ -478,6 +513,9 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
                                                                        key - row_query[half] > p.band_hi_));
                     float &x = sc[nt][half * 2 + e];
                     x = masked ? -INFINITY : x * scale_log2;
+                    if constexpr (kMasked) {
+                        if (!masked && row_mask[half] != nullptr) x += mask_logit2<Elem>(p, row_mask[half], key);
+                    }
                     mx = fmaxf(mx, x);
                 }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
@@ -605,32 +643,32 @@ cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc
                               static_cast<const float *>(partial_o), static_cast<const float *>(partial_lse));
 }
 
-template <typename Elem, int kHeadDim, bool kCausal>
+template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
 cudaError_t launch_decode_rows(const fc_params &p, const DeviceInfo &dev, cudaStream_t stream) {
     static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
-    auto kernel = decode_kernel<Elem, kHeadDim, kCausal>;
+    auto kernel = decode_kernel<Elem, kHeadDim, kCausal, kMasked>;
     const int smem = DecodeTraits<kHeadDim>::kSmemBytes;
     const cudaError_t err = allow_smem(kernel, smem, &configured_devices, dev.device);
     return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, kThreads, smem, p, dev, stream);
 }
 
-template <typename Elem, int kHeadDim, bool kCausal>
+template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
 cudaError_t launch_decode_mma(const fc_params &p, const DeviceInfo &dev, cudaStream_t stream) {
     static unsigned long long configured_devices = 0;
-    auto kernel = decode_mma_kernel<Elem, kHeadDim, kCausal>;
+    auto kernel = decode_mma_kernel<Elem, kHeadDim, kCausal, kMasked>;
     using T = MmaDecodeTraits<kHeadDim>;
     const cudaError_t err = allow_smem(kernel, T::kSmemBytes, &configured_devices, dev.device);
     return err != cudaSuccess ? err
                               : launch_split_kv<Elem, kHeadDim>(kernel, T::kThreads, T::kSmemBytes, p, dev, stream);
 }
 
-template <typename Elem, int kHeadDim, bool kCausal>
+template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
 cudaError_t launch_decode(const fc_params &p, cudaStream_t stream) {
     DeviceInfo dev = {};  // one query per call (cached in flashcore.c after the first)
     if (fc_device_info_(&dev.device, &dev.major, nullptr, &dev.sms) != FC_OK) return fc_last_cuda_error();
     const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_q;  // <= kMaxRows (fc_dispatch)
-    if (rows <= FC_DECODE_MMA_ROWS) return launch_decode_mma<Elem, kHeadDim, kCausal>(p, dev, stream);
-    return launch_decode_rows<Elem, kHeadDim, kCausal>(p, dev, stream);
+    if (rows <= FC_DECODE_MMA_ROWS) return launch_decode_mma<Elem, kHeadDim, kCausal, kMasked>(p, dev, stream);
+    return launch_decode_rows<Elem, kHeadDim, kCausal, kMasked>(p, dev, stream);
 }
 
 }  // namespace decode
@@ -639,6 +677,9 @@ cudaError_t launch_decode(const fc_params &p, cudaStream_t stream) {
 #define FLASHCORE_DEFINE_DECODE(HDIM, DTYPE_NAME, ELEM)                                          \
     extern "C" cudaError_t fc_decode_hdim##HDIM##_##DTYPE_NAME(const fc_params *p,             \
                                                                cudaStream_t stream) {          \
-        return p->causal ? flashcore::decode::launch_decode<ELEM, HDIM, true>(*p, stream)       \
-                         : flashcore::decode::launch_decode<ELEM, HDIM, false>(*p, stream);     \
+        /* (a mask runs without causal: fc_dispatch, family_takes_mask) */                     \
+        if (p->mask_kind != FC_MASK_NONE)                                                       \
+            return flashcore::decode::launch_decode<ELEM, HDIM, false, true>(*p, stream);       \
+        return p->causal ? flashcore::decode::launch_decode<ELEM, HDIM, true, false>(*p, stream) \
+                         : flashcore::decode::launch_decode<ELEM, HDIM, false, false>(*p, stream); \
     }

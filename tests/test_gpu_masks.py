@@ -182,9 +182,19 @@ def goes_to_pytorch(q, k, mask, is_causal=False, lse=False):
             or _mask_strides(q, k, mask)[2] == 0)
 
 
+def decode_takes(q, k, is_causal=False):
+    """The decode kernels' rule for a masked call (c_src/dispatch.c, family_takes_mask and the
+    decode family's shapes): at most 16 query rows and 32 rows per KV head (query heads per KV
+    head x Sq), D = 64 or 128, any mask, not causal."""
+    sq, d, group = q.shape[2], q.shape[3], q.shape[1] // k.shape[1]
+    return not is_causal and sq <= 16 and group * sq <= 32 and d in (64, 128)
+
+
 def hopper_route(family, q, k, mask, is_causal=False, lse=False):
     """Where sdpa (lse=False) or sdpa_fwd (lse=True) runs a masked call on this card:
-    "sm90", "sm80" or "pytorch"."""
+    "decode", "sm90", "sm80" or "pytorch"."""
+    if KERNEL_CARD and family == "auto" and decode_takes(q, k, is_causal):
+        return "decode"
     if HOPPER and family != "sm80" and (sm90_takes_mask(q, mask, is_causal) or
                                         sm90_takes_copy(q, k, mask, is_causal)):
         return "sm90"
@@ -291,6 +301,17 @@ def _cases():
     for D in (64, 128):
         cases.append(Case("bool", "b1qk", 127, 528, bf16, D, Hkv=2, ratio=4))
         cases.append(Case("bool", "bhqk", 333, 256, fp16, D, B=1, Hkv=1, ratio=8))
+    # Decode-sized calls (the decode kernels: kMasked in kernels/decode_sm80.cuh): 1-16 query
+    # rows, GQA packing up to 16 rows per KV head (tensor-core kernel) and 17-32 (CUDA-core
+    # kernel), a cache long enough to be split, one key; key padding as HuggingFace's (B, 1, Sq, Sk)
+    # and per-head masks; a sliced and a transposed mask.
+    for kind in ("bool", "additive"):
+        for sq, sk, ratio, D, dt in ((1, 4097, 8, 128, bf16), (4, 1000, 8, 64, fp16), (16, 300, 2, 128, fp16),
+                                     (3, 17, 4, 64, bf16), (1, 1, 1, 128, fp16), (1, 8192, 32, 128, fp16)):
+            cases.append(Case(kind, "b1qk", sq, sk, dt, D, Hkv=2, ratio=ratio))
+            cases.append(Case(kind, "bhqk", sq, sk, dt, D, B=1, Hkv=1, ratio=ratio))
+        for layout in ("slice", "transposed"):
+            cases.append(Case(kind, "b1qk", 4, 1000, fp16, 128, layout, Hkv=2, ratio=4))
     # Head dims 32, 80, 96 and 256 (their own tile shapes: 64 x 64, D=256 64 x 32).
     for D in (32, 80, 96, 256):
         for kind, shape, (sq, sk), dt in (("bool", "b1qk", (17, 1000), fp16),
@@ -318,7 +339,7 @@ def _check(c, family, mask, q, k, v, kw):
         want = f"kernel {route}"
         assert path.startswith(want), f"expected {want}, explain() says {path!r}"
         if HOPPER and family == "auto" and route == "sm80":
-            assert "only in the sm80" in path, path  # says why the sm90 family did not run
+            assert "takes this attention mask" in path, path  # says why the sm90 family did not run
     poison_allocator(out_shape, q.dtype)
     out = torch.ops.flashcore.sdpa(q, k, v, mask, 0.0, False, **kw)
     torch.cuda.synchronize()
@@ -437,9 +458,10 @@ def test_forced_sm90_with_mask_raises(monkeypatch):
     for q1, mask in ((q, torch.zeros(64, 64, dtype=torch.float16, device=DEVICE)),
                      (q[:, :, :1], torch.ones(1, 64, dtype=torch.bool, device=DEVICE))):
         assert hopper_route("sm90", q1, k, mask) != "sm90"
-        assert "only in the sm80" in flashcore.explain(q1, k, v, attn_mask=mask)
+        assert "takes this attention mask" in flashcore.explain(q1, k, v, attn_mask=mask)
         with pytest.raises(RuntimeError, match="FLASHCORE_FAMILY=sm90 forces a kernel family that "
-                                               "cannot run this call: this attention mask runs only in the sm80"):
+                                               "cannot run this call: no kernel family here takes "
+                                               "this attention mask"):
             flashcore.sdpa(q1, k, v, attn_mask=mask)
     # A bool one whose 100-byte rows TMA cannot read runs on the op's copy of it.
     mask = (torch.rand(64, 100, device=DEVICE) > 0.3)[:, :64]

@@ -305,7 +305,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   const int major = dev.major, minor = dev.minor;
   fc_status s = fc_sdpa_plan(&d.p, major, minor, dev.sm_count, &d.plan);
   if (d.p.mask_kind == FC_MASK_BOOL && (d.family == FC_FAMILY_AUTO || d.family == FC_FAMILY_SM90) &&
-      (s != FC_OK || d.plan.family != FC_FAMILY_SM90)) {
+      (s != FC_OK || d.plan.family == FC_FAMILY_SM80)) {  // (the decode kernels read any mask)
     plan_mask_copy(d, *mask, dev);
     if (d.mask_copy.planned) s = FC_OK;
   }

@@ -775,6 +775,11 @@ int main(void) {
         {1, 4, 2, 67, 99, 64, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_QK_PADDED},
         {1, 2, 2, 33, 70, 64, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
         {1, 2, 2, 3, 50, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},       /* decode-sized */
+        /* the decode kernels' masks (kMasked): 32 rows per KV head (the CUDA-core kernel) and
+         * GQA 4 over split keys, misaligned rows, keys strided */
+        {2, 8, 1, 4, 3000, 128, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_BHQK},
+        {1, 8, 2, 1, 5000, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_TRANSPOSED},
+        {2, 4, 4, 2, 777, 128, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_QK_PADDED},
         {1, 2, 2, 150, 150, 64, 1, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK}, /* causal + mask (C API) */
         /* head dims 32, 80, 96 (sm80 family only, on Hopper too) and 256 (sm90 under AUTO on
          * Hopper, sm80 forced or on Ada): ragged tiles, GQA, causal, a mask */

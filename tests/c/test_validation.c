@@ -141,6 +141,7 @@ static void m_mask_tiles_keys_strided_force_sm90(fc_params *p) { m_mask_tiles_fo
 static void m_mask_tiles_rows_broadcast_force_sm90(fc_params *p) { m_mask_tiles_force_sm90(p); p->mask_stride_q = 0; }
 static void m_mask_tiles_decode_shape(fc_params *p) { m_mask_tiles(p); p->seqlen_q = 4; }
 static void m_mask_tiles_force_decode(fc_params *p) { m_mask_tiles_decode_shape(p); p->family = FC_FAMILY_DECODE; }
+static void m_mask_causal_force_decode(fc_params *p) { m_mask_force_decode(p); p->causal = 1; }
 static void m_mask_tiles_broadcast_kv(fc_params *p) { m_mask_tiles(p); p->k_stride_b = 0; p->v_stride_b = 0; }
 /* An LSE output, as a training forward asks for: fp32 (B, Hq, Sq), strides from
  * fc_params_set_contiguous_strides. On Hopper AUTO runs a mask that only the sm80 family takes
@@ -245,7 +246,7 @@ static const validation_case kCases[] = {
     {"head_dim 32, forced decode, Sq = 4", m_head_dim_32_force_decode, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_FAMILY},
     /* Masks run in the sm80 family; on Hopper the sm90 family takes bool masks whose tiles TMA
      * can bring (D=64 / 128, no causal, band, softcap or sinks: the m_mask_tiles rows below);
-     * the decode family has none. Under AUTO on Hopper the sm80 family runs the others for calls
+     * the decode family takes any mask without causal (the decode-sized rows). Under AUTO on Hopper the sm80 family runs the others for calls
      * that want the LSE (the "lse" rows; without it: the "no lse" rows further down). */
     {"additive (Sq, Sk) mask, lse", m_mask_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"bool (B, H, Sq, Sk) mask, lse", m_bool_mask_bhqk_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
@@ -261,8 +262,8 @@ static const validation_case kCases[] = {
     {"mask, Sq 1, huge unused row stride, lse", m_mask_size1_huge_strides_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask, forced sm90", m_mask_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask, forced sm80", m_mask_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
-    {"mask, forced decode, Sq = 4", m_mask_force_decode, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
-    {"mask, decode-sized call, lse (auto: sm80)", m_mask_decode_shape_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask, forced decode, Sq = 4", m_mask_force_decode, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"mask, decode-sized call, lse (auto: decode)", m_mask_decode_shape_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask, K/V broadcast over batch, lse", m_mask_broadcast_kv_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"bool (B, H, Sq, Sk) mask, 304-byte rows", m_mask_tiles, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask tiles, forced sm90", m_mask_tiles_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
@@ -286,7 +287,8 @@ static const validation_case kCases[] = {
     {"mask, key stride 2, forced sm90", m_mask_tiles_keys_strided_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask, rows broadcast, forced sm90", m_mask_tiles_rows_broadcast_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, decode-sized call (auto: sm90)", m_mask_tiles_decode_shape, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
-    {"mask tiles, forced decode, Sq = 4", m_mask_tiles_force_decode, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, forced decode, Sq = 4", m_mask_tiles_force_decode, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"mask, causal, forced decode, Sq = 4", m_mask_causal_force_decode, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, K/V broadcast, lse (auto: sm80)", m_mask_tiles_broadcast_kv_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     /* AUTO on Hopper for a call that wants no LSE (inference): a mask that only the sm80 family
      * takes goes to PyTorch's SDPA, faster there (FC_UNSUPPORTED_SLOWER_MASK): at D=64 / 128 every
@@ -299,8 +301,8 @@ static const validation_case kCases[] = {
     {"bool mask, odd address, transposed, no lse", m_mask_odd_layout, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
     {"additive mask, 2-byte address, odd rows, no lse", m_mask_odd_additive, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
     {"bool mask broadcast on every dim, no lse", m_mask_all_broadcast, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
-    {"mask, Sq 1, huge unused row stride, no lse", m_mask_size1_huge_strides, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
-    {"mask, decode-sized call, no lse", m_mask_decode_shape, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
+    {"mask, Sq 1, huge unused row stride, no lse (decode)", m_mask_size1_huge_strides, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask, decode-sized call, no lse (decode)", m_mask_decode_shape, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask, K/V broadcast over batch, no lse", m_mask_broadcast_kv, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
     {"mask tiles, K/V broadcast, no lse", m_mask_tiles_broadcast_kv, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
     {"bool (B, H, Sq, Sk) mask, D=64, no lse", m_mask_d64, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
@@ -666,8 +668,8 @@ int main(void) {
     }
 
     /* On Hopper, AUTO runs a masked call in the sm90 family where it takes the mask (a bool mask
-     * in TMA-sized tiles, D=64 / 128, no causal, band, softcap or sinks; decode-sized calls too:
-     * the decode kernel has no mask path), else in the sm80 family: at D=64 / 128 for calls that
+     * in TMA-sized tiles, D=64 / 128, no causal, band, softcap or sinks), decode-sized calls in
+     * the decode kernels (any mask, no causal), else in the sm80 family: at D=64 / 128 for calls that
      * want the LSE or have a causal flag, softcap (or a band or sinks, which no family takes with
      * a mask); others it leaves to PyTorch's SDPA (none: FC_UNSUPPORTED_SLOWER_MASK). */
     if (hopper_built && fc_test_left_out(valid_params().head_dim, FC_DTYPE_FP16)) {
@@ -681,7 +683,7 @@ int main(void) {
             {"masked call on sm_90 (auto), tiles", m_mask_tiles, FC_FAMILY_SM90},
             {"mask tiles, forced sm90", m_mask_tiles_force_sm90, FC_FAMILY_SM90},
             {"mask tiles, broadcast (B, H), forced", m_mask_tiles_broadcast_force_sm90, FC_FAMILY_SM90},
-            {"mask tiles, decode-sized call (auto)", m_mask_tiles_decode_shape, FC_FAMILY_SM90},
+            {"mask tiles, decode-sized call (auto)", m_mask_tiles_decode_shape, FC_FAMILY_DECODE},
             {"mask tiles, causal (auto)", m_mask_tiles_causal, FC_FAMILY_SM80},
             {"mask tiles, softcap (auto)", m_mask_tiles_softcap, FC_FAMILY_SM80},
             {"mask tiles, K/V broadcast, lse (auto)", m_mask_tiles_broadcast_kv_lse, FC_FAMILY_SM80},

@@ -16,12 +16,13 @@
  *     largest offset inside one (batch, head) slice fits the kernels' 32-bit index, the largest
  *     offset of every tensor fits int64, the grid fits CUDA's limits;
  *   * every struct the support query accepts has a kernel (dtype, head dim, arch, a mask in the
- *     sm80 family, or in sm90 only as sm90_takes_mask states it: a bool mask whose tiles TMA can
- *     bring, at D=64 / 128, without causal, band, softcap or sinks; a general band (window,
+ *     sm80 family, in the decode family without causal, or in sm90 only as sm90_takes_mask
+ *     states it: a bool mask whose tiles TMA can bring, at D=64 / 128, without causal, band,
+ *     softcap or sinks; a general band (window,
  *     bottom-right causal) only in the sm90 and decode families, without a mask; sinks only in
  *     sm90; a softcap only in sm90 without a mask or in sm80; the family's own layout rules),
  *     AUTO prefers the decode kernel, then the sm90 family, where they can take the struct (a
- *     masked call: sm90 where it takes the mask, else sm80), a masked call that the sm90 family
+ *     masked call: decode where it takes the call, else sm90 where it takes the mask, else sm80), a masked call that the sm90 family
  *     takes is never declined on sm_90 (AUTO or forced sm90; check_mask_rule walks a grid of
  *     masked calls once per run, as the fuzzer seldom builds a mask the sm90 family takes), and
  *     AUTO on sm_90 declines a masked call as FC_UNSUPPORTED_SLOWER_MASK exactly where
@@ -266,10 +267,11 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
     }
     if (family == FC_FAMILY_DECODE) REQUIRE(decode_takes(p));
     REQUIRE(p->head_dim == head_dim && p->dtype == dtype);
-    /* A mask: the sm80 family, or the sm90 one where it takes it (a slice's mask pointer moves by
-     * whole 16-byte multiples of head and batch strides, so a slice takes it too). */
+    /* A mask: the sm80 family, the decode one without causal, or the sm90 one where it takes it (a
+     * slice's mask pointer moves by whole 16-byte multiples of head and batch strides, so a
+     * slice takes it too). */
     REQUIRE(p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80 ||
-            (family == FC_FAMILY_SM90 && sm90_takes_mask(p)));
+            (family == FC_FAMILY_DECODE && !p->causal) || (family == FC_FAMILY_SM90 && sm90_takes_mask(p)));
     REQUIRE(p->family == FC_FAMILY_AUTO || p->family == family);
     accepted_is_consistent(p);
     int bm = 0, bn = 0;
@@ -511,7 +513,7 @@ static int decode_takes(const fc_params *p) {
  * AUTO's speed rule for masked calls on Hopper (FC_UNSUPPORTED_SLOWER_MASK; flashcore.h, and
  * the measurements in docs/experiments/forward-masks.md), re-stated from what the status
  * promises: on an sm_90 device, under AUTO, a masked call that only the sm80 family would run
- * (the decode kernel has no mask path, and the sm90 family did not take it: its mask rule and
+ * (the decode kernel did not take it: decode_takes_masked, and the sm90 family did not take it: its mask rule and
  * its layout rule above) is left to PyTorch's SDPA when
  *   - SDPA itself can express the call: no causal flag and no general band as the library
  *     resolves them (fc_resolve_band_: a window over every key is no band, bottom-right causal
@@ -526,12 +528,21 @@ static int decode_takes(const fc_params *p) {
  */
 static int sm80_head_dim(int64_t d) { return d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
 
+/* A masked call the decode kernels run under AUTO: their shapes and head dims, no causal (as
+ * resolved), band, softcap or sinks. */
+static int decode_takes_masked(const fc_params *p) {
+    const fc_params r = resolved_of(p);
+    return decode_takes(p) && (p->head_dim == 64 || p->head_dim == 128) && !r.causal &&
+           r.band_ != FC_BAND_GENERAL_ && r.softcap == 0.0f && r.sinks == NULL;
+}
+
 static int auto_leaves_mask_to_sdpa(const fc_params *p, int cc) {
     if (p->family != FC_FAMILY_AUTO || cc != 90 || p->mask_kind == FC_MASK_NONE || p->lse != NULL) return 0;
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16) return 0;
     if (!sm80_head_dim(p->head_dim)) return 0;
     const fc_params r = resolved_of(p);
     if (r.causal || r.band_ == FC_BAND_GENERAL_ || r.softcap != 0.0f || r.sinks != NULL) return 0;
+    if (decode_takes_masked(p)) return 0; /* the decode kernels run it */
     if (sm90_takes_mask(p) && sm90_takes(p)) return 0; /* the sm90 family runs it */
     return p->mask_kind == FC_MASK_ADDITIVE || p->head_dim == 64 || p->head_dim == 128 ||
            p->mask_stride_q == 0 || p->seqlen_q == 1;
@@ -541,9 +552,10 @@ static int auto_leaves_mask_to_sdpa(const fc_params *p, int cc) {
 static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     accepted_is_consistent(p);
     REQUIRE(p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16);
-    /* A mask: the sm80 family, or the sm90 family where it takes it; never the decode family. */
+    /* A mask: the sm80 family, the decode family without causal, or the sm90 family where it
+     * takes it. */
     REQUIRE(p->mask_kind == FC_MASK_NONE || fam == FC_FAMILY_SM80 ||
-            (fam == FC_FAMILY_SM90 && sm90_takes_mask(p)));
+            (fam == FC_FAMILY_DECODE && !resolved_of(p).causal) || (fam == FC_FAMILY_SM90 && sm90_takes_mask(p)));
     /* sm80: 32, 64, 80, 96, 128, 256; sm90: 64, 128, 256; decode: 64, 128. */
     const int64_t d = p->head_dim;
     REQUIRE(d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256);
@@ -561,13 +573,16 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     if (fam == FC_FAMILY_SM90) REQUIRE(cc == 90 && sm90_takes(p));
     else if (fam == FC_FAMILY_DECODE) REQUIRE(decode_takes(p) && (d == 64 || d == 128));
     else REQUIRE(fam == FC_FAMILY_SM80);
-    /* AUTO with a mask: the decode kernel has no mask path; the sm90 family runs the call on
-     * sm_90 wherever it takes both the layout and the mask, and the sm80 family every other one
+    /* AUTO with a mask: the decode kernels run the calls they take (decode_takes_masked); the
+     * sm90 family runs the call on sm_90 wherever it takes both the layout and the mask, and the
+     * sm80 family every other one
      * (the sm80-only head dims included: the speed rule below is for unmasked calls) but those
      * the masked speed rule leaves to PyTorch's SDPA (auto_leaves_mask_to_sdpa: never supported). */
     if (p->mask_kind != FC_MASK_NONE) {
         const int sm90_masked = cc == 90 && sm90_takes(p) && sm90_takes_mask(p);
-        if (p->family == FC_FAMILY_AUTO) REQUIRE(fam == (sm90_masked ? FC_FAMILY_SM90 : FC_FAMILY_SM80));
+        if (p->family == FC_FAMILY_AUTO)
+            REQUIRE(fam == (decode_takes_masked(p) ? FC_FAMILY_DECODE
+                                                   : sm90_masked ? FC_FAMILY_SM90 : FC_FAMILY_SM80));
         REQUIRE(!auto_leaves_mask_to_sdpa(p, cc));
         return;
     }
@@ -1079,10 +1094,11 @@ static void check_struct(const fc_params *p, int device) {
             if (p->family == FC_FAMILY_SM90) REQUIRE(!sm90_takes_mask(p) || !sm90_takes(p));
         }
         /* A masked call the sm90 family takes (mask and layout) runs there on sm_90, under AUTO
-         * and forced alike (its D=64 / 128 kernels are built here: ci/fuzz.sh). */
+         * (unless the decode kernels take it first) and forced alike (its D=64 / 128 kernels are
+         * built here: ci/fuzz.sh). */
         if (s == FC_OK && cc == 90 && p->mask_kind != FC_MASK_NONE && sm90_takes_mask(p) && sm90_takes(p) &&
             (p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16) &&
-            (p->family == FC_FAMILY_AUTO || p->family == FC_FAMILY_SM90))
+            (p->family == FC_FAMILY_SM90 || (p->family == FC_FAMILY_AUTO && !decode_takes_masked(p))))
             REQUIRE(sup == FC_OK && fam == FC_FAMILY_SM90);
     }
 
@@ -1601,8 +1617,8 @@ static void check_mask_rule(void) {
                          * sm90 family does not run (its mask rule, or a layout it cannot take: K/V
                          * broadcast, a negative scale) is left to PyTorch's SDPA at D=64 / 128, and at
                          * the other head dims when its mask is additive, broadcast over the query rows
-                         * or it has one query row; never
-                         * with a causal flag or a band (as resolved), a softcap or sinks, never with an
+                         * or it has one query row (unless the decode kernels take it: up to 16
+                         * rows, no causal, band, softcap or sinks); never with a causal flag or a band (as resolved), a softcap or sinks, never with an
                          * LSE, on sm_89 or for a forced family. Every other AUTO call here runs. */
                         const int cc = kDeviceCC[device];
                         const fc_status sup = fc_sdpa_support(p, cc / 10, cc % 10);
@@ -1611,15 +1627,18 @@ static void check_mask_rule(void) {
                                                    change != kMaskSoftcap && change != kMaskSinks;
                         const int sm90_runs = takes && change != kMaskKvBroadcast && change != kMaskNegativeScale;
                         const int wide = kDims[d] == 64 || kDims[d] == 128;
+                        const int decode_runs = decode_takes_masked(p) && change != kMaskSoftcap &&
+                                                change != kMaskSinks;
                         const int declined = kFamilies[f] == FC_FAMILY_AUTO && cc == 90 && !with_lse &&
-                                             sdpa_expresses && !sm90_runs &&
+                                             sdpa_expresses && !sm90_runs && !decode_runs &&
                                              (wide || change == kMaskRowsBroadcast || p->seqlen_q == 1 ||
                                               p->mask_kind == FC_MASK_ADDITIVE);
                         REQUIRE((sup == FC_UNSUPPORTED_SLOWER_MASK) == declined);
                         if (kFamilies[f] == FC_FAMILY_AUTO && sdpa_expresses && !declined)
                             REQUIRE(sup == FC_OK &&
                                     fc_sdpa_family(p, cc / 10, cc % 10) ==
-                                        (cc == 90 && sm90_runs ? FC_FAMILY_SM90 : FC_FAMILY_SM80));
+                                        (decode_runs ? FC_FAMILY_DECODE
+                                                     : cc == 90 && sm90_runs ? FC_FAMILY_SM90 : FC_FAMILY_SM80));
                         /* The same call wanting the LSE runs in the sm80 family; so does it forced there. */
                         if (declined) {
                             fc_params twin = *p;
