@@ -48,7 +48,8 @@ CASES = [  # (form, B, Hq, Hkv, Sq, Sk)
     ("keys", 16, None, None, 1000, 1000), ("keys", 4, None, None, 4000, 4000),
     ("keys", 4, None, None, 4096, 4096),
     ("decode", 8, 32, 8, 1, 1000), ("decode", 8, 32, 8, 1, 4000), ("decode", 32, 32, 8, 1, 4000),
-    ("decode", 8, 32, 8, 1, 4096), ("chunk", 4, 32, 8, 128, 4000),
+    ("decode", 8, 32, 8, 1, 4096), ("decode", 1, 32, 8, 1, 32768), ("decode", 32, 32, 32, 1, 2000),
+    ("chunk", 4, 32, 8, 128, 4000),
 ]
 
 
@@ -57,6 +58,7 @@ def main():
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--forms", default="hf,keys,decode,chunk", help="which forms of CASES to run")
     ap.add_argument("--json")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -66,6 +68,8 @@ def main():
     rows = []
     for D in (int(d) for d in args.dims.split(",")):
         for form, B, Hq, Hkv, Sq, Sk in CASES:
+            if form not in args.forms.split(","):
+                continue
             Hq = Hq or 2048 // D
             Hkv = Hkv or Hq
             q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dtype)
