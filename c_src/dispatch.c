@@ -249,6 +249,17 @@ static int sm90_reads_decode_faster(const fc_params *p, int cc_major, int cc_min
     return pairs * p->seqlen_k >= FC_DECODE_SM90_SPLIT_MIN_KEY_ROWS && sm90_decode_block_per_pair(p);
 }
 
+/* On Hopper, under AUTO, the decode kernels leave an additive mask to PyTorch's SDPA when no LSE
+ * is wanted: PyTorch ran one-row calls with an additive mask at 1.07-1.37x the decode kernels'
+ * time (its backend for additive masks reads them faster than the kernels' element-by-element
+ * loads), while with a bool mask the kernels ran 1.10-1.61x faster than PyTorch's
+ * (docs/experiments/forward-masks.md, thirty-second session). */
+static int decode_masked_slower_than_fallback(fc_family family, const fc_params *p, int cc_major, int cc_minor) {
+    return family == FC_FAMILY_DECODE && cc_major == 9 && cc_minor == 0 && p->mask_kind == FC_MASK_ADDITIVE &&
+           p->lse == NULL && family_takes_mask(family, p) && p->band_ != FC_BAND_GENERAL_ && p->softcap == 0.0f &&
+           p->sinks == NULL;
+}
+
 fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_launch_fn *launch,
                       fc_family *family) {
     fc_params resolved = *user;
@@ -278,7 +289,8 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
             continue;
         }
         if (e != NULL && p->family == FC_FAMILY_AUTO && family_takes_layout(f, p) &&
-            sm80_masked_slower_than_fallback(f, p, cc_major, cc_minor)) {
+            (sm80_masked_slower_than_fallback(f, p, cc_major, cc_minor) ||
+             decode_masked_slower_than_fallback(f, p, cc_major, cc_minor))) {
             declined_mask_as_slower = 1;
             continue;
         }

@@ -51,7 +51,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_UNSUPPORTED_SINKS] = "attention sinks run only in the sm90 family's forward (head dims 64, 128, 256, without a mask); no kernel here takes this call",
     [FC_ERR_BAD_SOFTCAP] = "softcap must be 0 (none) or a finite value > 0",
     [FC_UNSUPPORTED_SOFTCAP] = "a logit softcap runs in the sm90 family without a mask (forward: head dims 64, 128, 256; backward: 64, 128) and in the sm80-class forward (with or without a mask); no kernel here takes this call",
-    [FC_UNSUPPORTED_SLOWER_MASK] = "on sm_90 this attention mask runs only in the sm80-class family, and PyTorch's own SDPA runs such calls faster (an additive mask; at head dims 64 and 128 every mask the sm90 family cannot take; at other head dims a bool mask broadcast over the query rows, or one query row); calls that want the LSE (training) still run it; force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
+    [FC_UNSUPPORTED_SLOWER_MASK] = "on sm_90 PyTorch's own SDPA runs such calls faster than the kernels that take this attention mask (the decode kernels: an additive mask; the sm80-class family: an additive mask; at head dims 64 and 128 every mask the sm90 family cannot take; at other head dims a bool mask broadcast over the query rows, or one query row); calls that want the LSE (training) still run it; force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
     [FC_UNSUPPORTED_SLOWER] = "on sm_90 only the sm80-class family has this head dim, and PyTorch's own SDPA (cuDNN) runs it faster (about 1.7x, bench/NOTES.md); force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
 };
 

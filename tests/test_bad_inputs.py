@@ -48,6 +48,10 @@ HAVE_CUDA = torch.cuda.is_available()
 REQUIRE_GPU = os.environ.get("FLASHCORE_REQUIRE_GPU") == "1"
 # The sm80 kernel family is built for sm_89 and sm_90; elsewhere every call falls back.
 KERNEL_CARD = HAVE_CUDA and torch.cuda.get_device_capability() in ((8, 9), (9, 0))
+# On Hopper an additive mask goes to PyTorch's SDPA (FC_UNSUPPORTED_SLOWER_MASK), at 16 query
+# rows (the decode kernels' calls) as at more.
+ADDITIVE_MASK_PATH = ("PyTorch's own SDPA runs such calls faster"
+                      if HAVE_CUDA and torch.cuda.get_device_capability() == (9, 0) else "kernel")
 ATEN_MESSAGES = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13)
 LOWP = (torch.float16, torch.bfloat16)
 # Two correct low-precision implementations differ by a few output ulps (|out| <~ 3 here).
@@ -407,9 +411,8 @@ def _cases():
     # ---- NaN / Inf, masks, scale --------------------------------------------------------------------
     c += _nan_inf_cases()
     c += [
-        # These masked calls (16 query rows) run in the decode kernels, additive masks included
-        # (which PyTorch's SDPA runs for calls with more rows on Hopper); fully masked rows are
-        # zeros there as in PyTorch (its safe softmax), not NaN.
+        # These masked calls (16 query rows) run in the decode kernels (additive masks on Hopper:
+        # PyTorch's SDPA); fully masked rows are zeros there as in PyTorch (its safe softmax), not NaN.
         Case("mask_fully_masked_rows_bool",
              lambda e: (e.qkv(q=(2, 4, 16, 64), k=(2, 4, 24, 64)),
                         dict(attn_mask=_mask_rows_off(e, 16, 24, (0, 5, 15), "bool"))),
@@ -417,7 +420,7 @@ def _cases():
         Case("mask_fully_masked_rows_additive",
              lambda e: (e.qkv(q=(2, 4, 16, 64), k=(2, 4, 24, 64)),
                         dict(attn_mask=_mask_rows_off(e, 16, 24, (0, 5, 15), "additive"))),
-             path="kernel"),
+             path=ADDITIVE_MASK_PATH),
         Case("mask_everything_masked",
              lambda e: (e.qkv(q=(2, 4, 16, 64), k=(2, 4, 24, 64)),
                         dict(attn_mask=torch.zeros(16, 24, dtype=torch.bool, device=e.device))),
@@ -433,7 +436,7 @@ def _cases():
              lambda e: (e.qkv(q=(2, 4, 16, 64), k=(2, 4, 24, 64)),
                         dict(attn_mask=torch.zeros(16, 24).index_fill_(
                             0, torch.tensor([1, 7]), torch.finfo(e.dtype).min).to(e.device, e.dtype))),
-             path="kernel"),
+             path=ADDITIVE_MASK_PATH),
     ]
     c += _scale_cases()
     return c

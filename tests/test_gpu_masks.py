@@ -194,7 +194,9 @@ def hopper_route(family, q, k, mask, is_causal=False, lse=False):
     """Where sdpa (lse=False) or sdpa_fwd (lse=True) runs a masked call on this card:
     "decode", "sm90", "sm80" or "pytorch"."""
     if KERNEL_CARD and family == "auto" and decode_takes(q, k, is_causal):
-        return "decode"
+        # (on Hopper an additive mask without the LSE goes to PyTorch: dispatch.c,
+        # decode_masked_slower_than_fallback)
+        return "pytorch" if HOPPER and mask.dtype != torch.bool and not lse else "decode"
     if HOPPER and family != "sm80" and (sm90_takes_mask(q, mask, is_causal) or
                                         sm90_takes_copy(q, k, mask, is_causal)):
         return "sm90"

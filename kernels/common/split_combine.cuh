@@ -87,11 +87,13 @@ combine_kernel(const fc_params p, int splits, const float *partial_o, const floa
     // One 8-byte store per lane (out is 16-byte aligned and its strides are multiples of 8
     // elements: fc_params_validate).
     Elem *out = static_cast<Elem *>(p.out) + batch * p.o_stride_b + h * p.o_stride_h + s * p.o_stride_s + 4 * lane;
+    // A row no split saw a key of (a mask that leaves it none): zeros and LSE -inf, not 0 / 0.
+    const float inv = total > 0.f ? 1.f / total : 0.f;
     *reinterpret_cast<uint2 *>(out) =
-        make_uint2(pack2<Elem>(acc.x / total, acc.y / total), pack2<Elem>(acc.z / total, acc.w / total));
+        make_uint2(pack2<Elem>(acc.x * inv, acc.y * inv), pack2<Elem>(acc.z * inv, acc.w * inv));
     if (lane == 0 && p.lse != nullptr)
         p.lse[batch * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] =
-            (base + __log2f(total)) * 0.6931471805599453f;
+            total > 0.f ? (base + __log2f(total)) * 0.6931471805599453f : -INFINITY;
 }
 
 }  // namespace flashcore

@@ -386,10 +386,13 @@ static int run_case(const test_case *tc, fc_family family, const test_band *band
         CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
         fc_params no_lse = p;
         no_lse.lse = NULL;
-        const int sm80_runs_it = fc_sdpa_family(&p, major, minor) == FC_FAMILY_SM80;
-        const int declined = major == 9 && minor == 0 && sm80_runs_it && !p.causal &&
-                             (p.mask_kind == FC_MASK_ADDITIVE || D == 64 || D == 128 || p.mask_stride_q == 0 ||
-                              p.seqlen_q == 1);
+        const fc_family runs_it = fc_sdpa_family(&p, major, minor);
+        /* (the decode kernels leave only additive masks to PyTorch) */
+        const int declined = major == 9 && minor == 0 && !p.causal &&
+                             ((runs_it == FC_FAMILY_SM80 &&
+                               (p.mask_kind == FC_MASK_ADDITIVE || D == 64 || D == 128 || p.mask_stride_q == 0 ||
+                                p.seqlen_q == 1)) ||
+                              (runs_it == FC_FAMILY_DECODE && p.mask_kind == FC_MASK_ADDITIVE));
         const fc_status want = declined ? FC_UNSUPPORTED_SLOWER_MASK : FC_OK;
         int64_t no_lse_bytes = 0;
         const fc_status got = fc_sdpa_workspace_size(&no_lse, &no_lse_bytes);

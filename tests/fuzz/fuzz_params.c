@@ -542,7 +542,8 @@ static int auto_leaves_mask_to_sdpa(const fc_params *p, int cc) {
     if (!sm80_head_dim(p->head_dim)) return 0;
     const fc_params r = resolved_of(p);
     if (r.causal || r.band_ == FC_BAND_GENERAL_ || r.softcap != 0.0f || r.sinks != NULL) return 0;
-    if (decode_takes_masked(p)) return 0; /* the decode kernels run it */
+    /* the decode kernels run it, bool masks only: an additive one they leave to PyTorch too */
+    if (decode_takes_masked(p) && p->mask_kind != FC_MASK_ADDITIVE) return 0;
     if (sm90_takes_mask(p) && sm90_takes(p)) return 0; /* the sm90 family runs it */
     return p->mask_kind == FC_MASK_ADDITIVE || p->head_dim == 64 || p->head_dim == 128 ||
            p->mask_stride_q == 0 || p->seqlen_q == 1;
@@ -1628,7 +1629,9 @@ static void check_mask_rule(void) {
                         const int sm90_runs = takes && change != kMaskKvBroadcast && change != kMaskNegativeScale;
                         const int wide = kDims[d] == 64 || kDims[d] == 128;
                         const int decode_runs = decode_takes_masked(p) && change != kMaskSoftcap &&
-                                                change != kMaskSinks;
+                                                change != kMaskSinks &&
+                                                !(cc == 90 && !with_lse && p->mask_kind == FC_MASK_ADDITIVE &&
+                                                  kFamilies[f] == FC_FAMILY_AUTO);
                         const int declined = kFamilies[f] == FC_FAMILY_AUTO && cc == 90 && !with_lse &&
                                              sdpa_expresses && !sm90_runs && !decode_runs &&
                                              (wide || change == kMaskRowsBroadcast || p->seqlen_q == 1 ||
@@ -1639,11 +1642,14 @@ static void check_mask_rule(void) {
                                     fc_sdpa_family(p, cc / 10, cc % 10) ==
                                         (decode_runs ? FC_FAMILY_DECODE
                                                      : cc == 90 && sm90_runs ? FC_FAMILY_SM90 : FC_FAMILY_SM80));
-                        /* The same call wanting the LSE runs in the sm80 family; so does it forced there. */
+                        /* The same call wanting the LSE runs in the sm80 family (the decode kernels where
+                         * they take it); forced there, in the sm80 family. */
                         if (declined) {
                             fc_params twin = *p;
                             twin.lse = (float *)(uintptr_t)0x7f0000500000ull;
-                            REQUIRE(fc_sdpa_support(&twin, 9, 0) == FC_OK && fc_sdpa_family(&twin, 9, 0) == FC_FAMILY_SM80);
+                            REQUIRE(fc_sdpa_support(&twin, 9, 0) == FC_OK &&
+                                    fc_sdpa_family(&twin, 9, 0) ==
+                                        (decode_takes_masked(p) ? FC_FAMILY_DECODE : FC_FAMILY_SM80));
                             twin.lse = NULL;
                             twin.family = FC_FAMILY_SM80;
                             REQUIRE(fc_sdpa_support(&twin, 9, 0) == FC_OK && fc_sdpa_family(&twin, 9, 0) == FC_FAMILY_SM80);
