@@ -49,7 +49,8 @@
  * and fc_sdpa_bwd ask through fc_device_info_) and the launchers dispatch.c and bwd.c name
  * (forward: sm80, sm90, decode; backward: sm80 and sm90, D 64/128, fp16/bf16: they check the
  * struct, record the call and return cudaSuccess without touching memory). ci/fuzz.sh defines
- * the FC_HAVE_* / FC_BUILT_* macros of the default CMake build, so no hook in c_src is needed;
+ * the FC_HAVE_* / FC_BUILT_* macros of the default CMake build (cmake/kernel_list.cmake's, with
+ * the kernel list), so no hook in c_src is needed;
  * the backward's expectations follow the FC_HAVE_SM{80,90}_BWD_* macros it passes (kBwdBuilt).
  * Build and run: bash ci/fuzz.sh (400000 inputs from a fixed seed; FUZZ_SEED=0 FUZZ_SECONDS=n
  * for a random seed and n seconds).
