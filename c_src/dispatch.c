@@ -203,15 +203,16 @@ static int sm80_masked_slower_than_fallback(fc_family family, const fc_params *p
 /* Packing makes a group's query heads the rows of one slice, q_stride_h apart. The packed call
  * must pass the same checks as any call (fc_params_validate: its slices must stay inside the
  * kernels' int offsets, which huge head strides or millions of heads break) and suit the Hopper
- * family's tensor maps; otherwise it runs unpacked, with the same result. */
+ * family's tensor maps; otherwise it runs unpacked, with the same result. The caller's struct
+ * passed validation already, so only the checks packing can change run on the packed one
+ * (fc_packed_rows_valid_), not a second validation. */
 int fc_decode_packs_for_sm90(const fc_params *p) {
     /* (Sinks and masks are per query head, which packing turns into rows.) */
     if (p->seqlen_q != 1 || p->causal || p->heads_q <= p->heads_kv || p->sinks != NULL || p->mask_kind != FC_MASK_NONE)
         return 0;
     fc_params packed = *p;
     fc_pack_decode_gqa(&packed);
-    packed.band_ = packed.band_lo_ = packed.band_hi_ = 0; /* (validated as a caller's struct) */
-    return fc_params_validate(&packed) == FC_OK && family_takes_layout(FC_FAMILY_SM90, &packed);
+    return fc_packed_rows_valid_(&packed) && family_takes_layout(FC_FAMILY_SM90, &packed);
 }
 
 void fc_pack_decode_gqa(fc_params *p) {
@@ -231,22 +232,31 @@ void fc_pack_decode_gqa(fc_params *p) {
     if (p->band_ == FC_BAND_NONE_) p->band_lo_ = (int)(1 - group);
 }
 
-/* Whether the Hopper family runs this one-row call as one block per (batch, KV head) pair: its
- * query heads' rows packed (fc_decode_packs_for_sm90), or one head per KV head. */
-static int sm90_decode_block_per_pair(const fc_params *p) {
-    if (p->seqlen_q != 1 || p->causal || p->mask_kind != FC_MASK_NONE) return 0;
-    const int64_t group = p->heads_q / p->heads_kv;
-    return group == 1 || (group <= 64 && fc_decode_packs_for_sm90(p));
+/* fc_decode_packs_for_sm90 for the call being decided, worked out the first time a rule asks
+ * (*packs < 0 until then): it builds and checks a packed copy, which a call should do once, and
+ * most calls never need the answer (only one-row GQA calls that reach the rules below). */
+static int packs_once(const fc_params *p, int *packs) {
+    if (*packs < 0) *packs = fc_decode_packs_for_sm90(p);
+    return *packs;
 }
 
-static int sm90_reads_decode_faster(const fc_params *p, int cc_major, int cc_minor) {
+/* Whether the Hopper family runs this one-row call as one block per (batch, KV head) pair: its
+ * query heads' rows packed (fc_decode_packs_for_sm90, through packs_once), or one head per KV
+ * head. */
+static int sm90_decode_block_per_pair(const fc_params *p, int *packs) {
+    if (p->seqlen_q != 1 || p->causal || p->mask_kind != FC_MASK_NONE) return 0;
+    const int64_t group = p->heads_q / p->heads_kv;
+    return group == 1 || (group <= 64 && packs_once(p, packs));
+}
+
+static int sm90_reads_decode_faster(const fc_params *p, int cc_major, int cc_minor, int *packs) {
     if (p->seqlen_q != 1 || p->causal || p->head_dim != 128 || p->mask_kind != FC_MASK_NONE) return 0;
     if (!fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor) || find_kernel(FC_FAMILY_SM90, p) == NULL ||
         !family_takes_layout(FC_FAMILY_SM90, p))
         return 0;
     const int64_t pairs = p->batch * p->heads_kv;
     if (pairs >= FC_DECODE_SM90_MIN_PAIRS) return pairs * p->seqlen_k >= FC_DECODE_SM90_MIN_KEY_ROWS;
-    return pairs * p->seqlen_k >= FC_DECODE_SM90_SPLIT_MIN_KEY_ROWS && sm90_decode_block_per_pair(p);
+    return pairs * p->seqlen_k >= FC_DECODE_SM90_SPLIT_MIN_KEY_ROWS && sm90_decode_block_per_pair(p, packs);
 }
 
 /* On Hopper, under AUTO, the decode kernels leave an additive mask to PyTorch's SDPA when no LSE
@@ -261,10 +271,11 @@ static int decode_masked_slower_than_fallback(fc_family family, const fc_params 
 }
 
 fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_launch_fn *launch,
-                      fc_family *family) {
+                      fc_family *family, int *packs) {
     fc_params resolved = *user;
     fc_resolve_band_(&resolved);
     const fc_params *p = &resolved;
+    int packs_known = -1; /* fc_decode_packs_for_sm90(p), once asked (packs_once) */
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
 
     /* Families in order of preference; a forced family is the only candidate. The decode
@@ -281,7 +292,8 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
         const fc_family f = p->family == FC_FAMILY_AUTO ? preference[i] : p->family;
         if (!fc_family_runs_on_(f, cc_major, cc_minor)) continue;
         any_family_runs = 1;
-        if (f == FC_FAMILY_DECODE && p->family == FC_FAMILY_AUTO && sm90_reads_decode_faster(p, cc_major, cc_minor))
+        if (f == FC_FAMILY_DECODE && p->family == FC_FAMILY_AUTO &&
+            sm90_reads_decode_faster(p, cc_major, cc_minor, &packs_known))
             continue;
         const kernel_entry *e = find_kernel(f, p);
         if (e != NULL && p->family == FC_FAMILY_AUTO && sm80_slower_than_fallback(f, p, cc_major, cc_minor)) {
@@ -309,6 +321,7 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
         if (e != NULL && family_takes_layout(f, p) && family_takes_mask(f, p)) {
             if (launch != NULL) *launch = e->launch;
             if (family != NULL) *family = f;
+            if (packs != NULL) *packs = f == FC_FAMILY_SM90 && packs_once(p, &packs_known);
             return FC_OK;
         }
     }
@@ -344,11 +357,13 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
  */
 #define FC_SM90_DECODE_MIN_KEYS_PER_SPLIT 512
 
-int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced) {
+int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced, int packs) {
     const int64_t pairs = p->batch * p->heads_kv;
-    /* (The packing check validates a packed copy: last, after the cheap tests.) */
+    /* (The packing is the caller's answer, fc_dispatch's: not asked again here.) */
+    int packs_known = packs != 0;
     /* (Sinks are added in the unsplit epilogue only.) */
-    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || p->sinks != NULL || !sm90_decode_block_per_pair(p))
+    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || p->sinks != NULL ||
+        !sm90_decode_block_per_pair(p, &packs_known))
         return 1;
     int64_t splits = forced > 0 ? forced : (sm_count > 0 ? sm_count : 1) / pairs;
     if (forced <= 0 && splits > p->seqlen_k / FC_SM90_DECODE_MIN_KEYS_PER_SPLIT)

@@ -19,17 +19,23 @@ typedef cudaError_t (*fc_launch_fn)(const fc_params *p, cudaStream_t stream);
 
 /*
  * Pick the launcher for validated params on a device of compute capability cc_major.cc_minor.
- * Returns FC_OK and sets *launch (and *family, if not NULL), or the FC_UNSUPPORTED_* reason.
+ * Returns FC_OK and sets *launch, *family and *packs (each if not NULL), or the FC_UNSUPPORTED_*
+ * reason. *packs: whether the chosen family runs the call with its GQA rows packed (the Hopper
+ * family and fc_decode_packs_for_sm90; the plan then applies fc_pack_decode_gqa). That check
+ * builds and checks a packed copy, so a call works it out once, here, where the choice of family
+ * may already have needed it, and the plan takes the answer from here instead of asking again.
  */
 fc_status fc_dispatch(const fc_params *p, int cc_major, int cc_minor, fc_launch_fn *launch,
-                      fc_family *family);
+                      fc_family *family, int *packs);
 
-/* The Hopper family's grid split for one-row decoding over few pairs (1: none); see dispatch.c. */
-int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced);
+/* The Hopper family's grid split for one-row decoding over few pairs (1: none); see dispatch.c.
+ * `packs`: fc_decode_packs_for_sm90(p), as fc_dispatch answered it for the call. */
+int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced, int packs);
 /* A GQA call of one query row without a causal mask, run in the Hopper family, goes as one block
  * of `group` rows per KV head (fc_pack_decode_gqa rewrites sizes and strides to that equivalent
  * call: K/V are then read once per KV head), unless a packed slice would pass the kernels' int
- * offsets. See sm90_reads_decode_faster in dispatch.c. */
+ * offsets. See sm90_reads_decode_faster in dispatch.c. For validated (resolved) params; the
+ * library asks it at most once per call, through fc_dispatch. */
 int fc_decode_packs_for_sm90(const fc_params *p);
 void fc_pack_decode_gqa(fc_params *p);
 
@@ -44,6 +50,9 @@ void fc_resolve_band_(fc_params *p);
  * (B, H, S, D) operand as fc_params_validate applies them. */
 fc_status fc_check_operand_(const int64_t size[4], const int64_t stride[4], const void *base,
                             int64_t elem_bytes);
+/* Defined in flashcore.c, for fc_decode_packs_for_sm90: would validation, having accepted a
+ * struct, accept `packed`, its fc_pack_decode_gqa equivalent? (The checks packing can change.) */
+int fc_packed_rows_valid_(const fc_params *packed);
 /* Defined in flashcore.c: how many times fc_params_validate ran on this thread (the tests count
  * one validation per planned call; exported for them, not part of the API). */
 unsigned long long fc_validations_on_thread_(void);

@@ -19,6 +19,8 @@
  * larger batches and head counts as several launches over slices of at most that many. */
 #define FC_MAX_SLICE_OFFSET INT32_MAX
 #define FC_MAX_GRID_YZ 65535
+/* Kernels round lengths up to whole tiles (at most 256 rows) in int arithmetic. */
+#define FC_MAX_SEQLEN (INT32_MAX - 256)
 
 static _Thread_local cudaError_t last_cuda_error = cudaSuccess;
 
@@ -135,6 +137,22 @@ static fc_status check_offsets(const operand *t, const void *base, int64_t elem_
 
 static int aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
 
+/* q, out and the LSE as operands of the checks above (validation's, and the packed rows'). */
+static operand q_operand(const fc_params *p) {
+    const operand t = {{p->batch, p->heads_q, p->seqlen_q, p->head_dim},
+                       {p->q_stride_b, p->q_stride_h, p->q_stride_s, p->q_stride_d}};
+    return t;
+}
+static operand o_operand(const fc_params *p) {
+    const operand t = {{p->batch, p->heads_q, p->seqlen_q, p->head_dim},
+                       {p->o_stride_b, p->o_stride_h, p->o_stride_s, p->o_stride_d}};
+    return t;
+}
+static operand lse_operand(const fc_params *p) {
+    const operand t = {{p->batch, p->heads_q, p->seqlen_q, 1}, {p->lse_stride_b, p->lse_stride_h, p->lse_stride_s, 1}};
+    return t;
+}
+
 /* Validations on this thread, for the tests that check a call validates its struct once. */
 static _Thread_local unsigned long long validations_on_thread;
 FC_API unsigned long long fc_validations_on_thread_(void) { return validations_on_thread; }
@@ -166,14 +184,12 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
     if (p->band_ != 0 || p->band_lo_ != 0 || p->band_hi_ != 0) return FC_ERR_BAD_WINDOW;
 
     const operand ops[4] = {
-        {{p->batch, p->heads_q, p->seqlen_q, p->head_dim},
-         {p->q_stride_b, p->q_stride_h, p->q_stride_s, p->q_stride_d}},
+        q_operand(p),
         {{p->batch, p->heads_kv, p->seqlen_k, p->head_dim},
          {p->k_stride_b, p->k_stride_h, p->k_stride_s, p->k_stride_d}},
         {{p->batch, p->heads_kv, p->seqlen_k, p->head_dim},
          {p->v_stride_b, p->v_stride_h, p->v_stride_s, p->v_stride_d}},
-        {{p->batch, p->heads_q, p->seqlen_q, p->head_dim},
-         {p->o_stride_b, p->o_stride_h, p->o_stride_s, p->o_stride_d}},
+        o_operand(p),
     };
     const int64_t elem = element_bytes(p->dtype);
     for (int i = 0; i < 4; ++i) {
@@ -197,8 +213,7 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
         if (s != FC_OK) return s;
     }
     if (p->lse != NULL) {
-        const operand lse = {{p->batch, p->heads_q, p->seqlen_q, 1},
-                             {p->lse_stride_b, p->lse_stride_h, p->lse_stride_s, 1}};
+        const operand lse = lse_operand(p);
         const fc_status s = check_offsets(&lse, p->lse, 4);
         if (s != FC_OK) return s;
     }
@@ -211,8 +226,7 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
         const fc_status s = check_offsets(&mask, p->mask, p->mask_kind == FC_MASK_BOOL ? 1 : elem);
         if (s != FC_OK) return s;
     }
-    /* Kernels round lengths up to whole tiles (at most 256 rows) in int arithmetic. */
-    if (p->seqlen_q > INT32_MAX - 256 || p->seqlen_k > INT32_MAX - 256) return FC_ERR_OFFSET_OVERFLOW;
+    if (p->seqlen_q > FC_MAX_SEQLEN || p->seqlen_k > FC_MAX_SEQLEN) return FC_ERR_OFFSET_OVERFLOW;
     /* The persistent kernels number their (64-row query block, head, batch) tiles in an int. */
     int64_t slices = 0, tiles = 0;
     if (__builtin_mul_overflow(p->heads_q, p->batch, &slices) ||
@@ -221,16 +235,35 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
     return FC_OK;
 }
 
+/* Given params fc_params_validate accepted, would it accept `packed`, their fc_pack_decode_gqa
+ * equivalent? Packing changes only what validation sees of one (batch, head) slice of q, out and
+ * the LSE (a GQA group's rows, q_stride_h apart, become one slice's sequence) and seqlen_q (the
+ * group): the strides stay 16-byte multiples (the head stride was checked, and so are its
+ * multiples), each tensor's largest offset is the same element as before, and the tile count
+ * does not grow. So only those checks run again: the decode route (fc_decode_packs_for_sm90)
+ * then costs no second validation per call. tests/fuzz/fuzz_params.c holds the answer equal to
+ * validating the packed copy whole. */
+int fc_packed_rows_valid_(const fc_params *packed) {
+    const int64_t elem = element_bytes(packed->dtype);
+    const operand q = q_operand(packed), o = o_operand(packed);
+    if (check_offsets(&q, packed->q, elem) != FC_OK || check_offsets(&o, packed->out, elem) != FC_OK) return 0;
+    if (packed->lse != NULL) {
+        const operand lse = lse_operand(packed);
+        if (check_offsets(&lse, packed->lse, 4) != FC_OK) return 0;
+    }
+    return packed->seqlen_q <= FC_MAX_SEQLEN;
+}
+
 FC_API fc_status fc_sdpa_support(const fc_params *p, int cc_major, int cc_minor) {
     const fc_status s = fc_params_validate(p);
     if (s != FC_OK) return s;
-    return fc_dispatch(p, cc_major, cc_minor, NULL, NULL);
+    return fc_dispatch(p, cc_major, cc_minor, NULL, NULL, NULL);
 }
 
 FC_API fc_family fc_sdpa_family(const fc_params *p, int cc_major, int cc_minor) {
     fc_family family = FC_FAMILY_AUTO;
     if (fc_params_validate(p) != FC_OK) return FC_FAMILY_AUTO;
-    if (fc_dispatch(p, cc_major, cc_minor, NULL, &family) != FC_OK) return FC_FAMILY_AUTO;
+    if (fc_dispatch(p, cc_major, cc_minor, NULL, &family, NULL) != FC_OK) return FC_FAMILY_AUTO;
     return family;
 }
 
@@ -286,20 +319,21 @@ FC_API fc_status fc_sdpa_plan(const fc_params *user, int cc_major, int cc_minor,
     fc_resolve_band_(&run);
     fc_launch_fn launch = NULL;
     fc_family family = FC_FAMILY_AUTO;
-    s = fc_dispatch(&run, cc_major, cc_minor, &launch, &family);
+    /* packs: whether a one-row GQA call runs in the Hopper family as one block of the group's
+     * rows per KV head. The dispatch decides it once for the call (the choice of family may
+     * already have asked), and everything below takes its answer. */
+    int packs = 0;
+    s = fc_dispatch(&run, cc_major, cc_minor, &launch, &family, &packs);
     if (s != FC_OK) return s;
     /* FLASHCORE_DECODE_SPLITS forces the split count (for A/B timing and the tests). More splits
      * than 32-key chunks leave some CTAs an empty range, which the kernel and the merge handle
      * (as with causal ranges past Sq). */
-    int splits = 1, packs = 0;
+    int splits = 1;
     if (family == FC_FAMILY_DECODE) {
         splits = cfg->decode_splits > 0 ? cfg->decode_splits : fc_decode_splits(&run, sm_count);
     } else if (family == FC_FAMILY_SM90) {
-        /* Whether a one-row GQA call runs as one block of the group's rows per KV head (decided
-         * here once, as it validates a packed copy). */
-        packs = fc_decode_packs_for_sm90(&run);
         /* One-row decoding over few pairs: the grid split, merged like the decode path's. */
-        splits = fc_sm90_decode_splits(&run, sm_count, cfg->decode_splits);
+        splits = fc_sm90_decode_splits(&run, sm_count, cfg->decode_splits, packs);
     }
     if (splits > 1) plan->workspace_bytes = fc_decode_workspace_bytes(&run, splits);
     if (packs) fc_pack_decode_gqa(&run);

@@ -20,11 +20,11 @@
 # landing, and kept in make_seeds.py as reproducers. (libFuzzer is not bit-for-bit repeatable even
 # so: a few choices depend on timing; two runs of the same seed differ by a few corpus entries.)
 #
-# Needs clang with libFuzzer and the CUDA headers (cuda_runtime_api.h, from the CUDA toolkit
-# the build uses). Installs clang with apt-get if it is missing (about 110 MB, saying so;
-# FUZZ_INSTALL=0 skips instead). Where either cannot be had, it prints one line starting
-# "SKIP fuzz:" saying what did not run and what it needs, and exits 0 (ci/test.sh repeats
-# that line at the end of its run).
+# Needs clang with libFuzzer, cmake (for the kernel list, cmake/kernel_list.cmake) and the CUDA
+# headers (cuda_runtime_api.h, from the CUDA toolkit the build uses). Installs clang with apt-get
+# if it is missing (about 110 MB, saying so; FUZZ_INSTALL=0 skips instead). Where any cannot be
+# had, it prints one line starting "SKIP fuzz:" saying what did not run and what it needs, and
+# exits 0 (ci/test.sh repeats that line at the end of its run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -41,7 +41,7 @@ fi
 STRICT=${FUZZ_STRICT:-1}
 OUT=build/fuzz
 echo "== fuzz: libFuzzer over fc_params_validate / fc_sdpa_support / fc_sdpa_bwd_* (${WHAT}, strict=${STRICT})"
-echo "fuzz: needs clang with libFuzzer (-fsanitize=fuzzer) and the CUDA toolkit's headers"
+echo "fuzz: needs clang with libFuzzer (-fsanitize=fuzzer), cmake and the CUDA toolkit's headers"
 SKIPPED="the libFuzzer pass over the C layer's validation and dispatch (${WHAT}) and its known-bug reproducers"
 
 CC_FUZZ=${CC_FUZZ:-clang}
@@ -85,44 +85,27 @@ if [ -z "$CUDA_INC" ]; then
   exit 0
 fi
 
+if ! command -v cmake >/dev/null 2>&1; then
+  echo "SKIP fuzz: cmake not found (it writes the kernel list, cmake/kernel_list.cmake); not run: $SKIPPED"
+  exit 0
+fi
+
 # A fixed seed starts from the seeds alone (an empty corpus), as on a fresh clone; a random
 # seed keeps growing the corpus of earlier exploring runs.
 if [ "$SEED" = 0 ]; then CORPUS="$OUT/corpus"; else CORPUS="$OUT/corpus-seed$SEED"; rm -rf "$CORPUS"; fi
 mkdir -p "$CORPUS" "$OUT/artifacts"
 # Every kernel of the default build in the dispatch tables (forward and backward), both archs
 # built: the launchers themselves are the stubs in fuzz_params.c. The tables come from
-# kernel_list.h, which CMake writes for a real build; written here for the same kernels.
+# kernel_list.h and the FC_HAVE_* / FC_BUILT_* defines, which cmake/kernel_list.cmake writes for
+# a real build; run here in script mode (no compiler, no configure) for the default build's
+# kernels, so the list exists once.
 mkdir -p "$OUT/generated"
-{
-  for dt in fp16 bf16; do
-    DT=$(echo "$dt" | tr a-z A-Z)
-    for hd in 32 64 80 96 128 256; do echo "FC_FWD_KERNEL(SM80, sm80_fwd, $hd, $dt, $DT)"; done
-    for hd in 64 128 256; do echo "FC_FWD_KERNEL(SM90, sm90_fwd, $hd, $dt, $DT)"; done
-    for hd in 64 128; do
-      echo "FC_FWD_KERNEL(DECODE, decode, $hd, $dt, $DT)"
-      echo "FC_BWD_KERNEL(SM80, sm80_bwd, $hd, $dt, $DT)"
-      echo "FC_BWD_KERNEL(SM90, sm90_bwd, $hd, $dt, $DT)"
-    done
-  done
-} > "$OUT/generated/kernel_list.h"
+cmake -DFLASHCORE_CUDA_ARCHS="89;90a" -DFLASHCORE_KERNEL_LIST_FILE="$OUT/generated/kernel_list.h" \
+  -DFLASHCORE_KERNEL_DEFS_FILE="$OUT/generated/kernel_defs.rsp" -P cmake/kernel_list.cmake
 "$CC_FUZZ" -std=c11 -g -O1 -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -Wall -Wextra -Werror=implicit-function-declaration \
-  -DFC_FUZZ_STRICT="$STRICT" \
-  -DFC_HAVE_SM80_HDIM64_fp16=1 -DFC_HAVE_SM80_HDIM64_bf16=1 \
-  -DFC_HAVE_SM80_HDIM128_fp16=1 -DFC_HAVE_SM80_HDIM128_bf16=1 \
-  -DFC_HAVE_SM80_HDIM32_fp16=1 -DFC_HAVE_SM80_HDIM32_bf16=1 \
-  -DFC_HAVE_SM80_HDIM80_fp16=1 -DFC_HAVE_SM80_HDIM80_bf16=1 \
-  -DFC_HAVE_SM80_HDIM96_fp16=1 -DFC_HAVE_SM80_HDIM96_bf16=1 \
-  -DFC_HAVE_SM80_HDIM256_fp16=1 -DFC_HAVE_SM80_HDIM256_bf16=1 \
-  -DFC_HAVE_SM90_HDIM64_fp16=1 -DFC_HAVE_SM90_HDIM64_bf16=1 \
-  -DFC_HAVE_SM90_HDIM128_fp16=1 -DFC_HAVE_SM90_HDIM128_bf16=1 \
-  -DFC_HAVE_SM90_HDIM256_fp16=1 -DFC_HAVE_SM90_HDIM256_bf16=1 -DFC_HAVE_DECODE_HDIM64_fp16=1 \
-  -DFC_HAVE_SM80_BWD_HDIM64_fp16=1 -DFC_HAVE_SM80_BWD_HDIM64_bf16=1 \
-  -DFC_HAVE_SM80_BWD_HDIM128_fp16=1 -DFC_HAVE_SM80_BWD_HDIM128_bf16=1 \
-  -DFC_HAVE_SM90_BWD_HDIM64_fp16=1 -DFC_HAVE_SM90_BWD_HDIM64_bf16=1 \
-  -DFC_HAVE_SM90_BWD_HDIM128_fp16=1 -DFC_HAVE_SM90_BWD_HDIM128_bf16=1 \
-  -DFC_BUILT_SM89=1 -DFC_BUILT_SM90=1 \
+  -DFC_FUZZ_STRICT="$STRICT" @"$OUT/generated/kernel_defs.rsp" \
   -Ic_src -I"$OUT/generated" -I"$CUDA_INC" \
   tests/fuzz/fuzz_params.c c_src/flashcore.c c_src/dispatch.c c_src/launch_rules.c c_src/bwd.c c_src/config.c -lm -o "$OUT/fuzz_params"
 

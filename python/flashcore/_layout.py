@@ -4,7 +4,9 @@ new_output / in_output_layout in torch_op/flashcore_op.cpp).
 A 4-D output (B, H, S, D) lies in storage ordered (B, S, H, D), as aten's fused CUDA backends
 return it: a caller's usual next step, ``out.transpose(1, 2).reshape(B, S, H * D)``, is then a
 view instead of a copy, and a call sent to aten keeps aten's output without copying it. Other
-ranks are contiguous. The fakes promise exactly these strides, so every path must give them.
+ranks are contiguous, and so is sdpa_fwd's LSE (B, H, S). The fakes promise exactly these
+strides, so every path must give them; the stride helpers below are the one place the Python side
+spells them out.
 """
 import torch
 
@@ -15,6 +17,17 @@ def output_strides(shape):
     specialise the graph to one length."""
     b, h, s, d = (torch.sym_max(n, 1) for n in shape)
     return (s * h * d, d, h * d, 1)
+
+
+def contiguous_strides(sizes):
+    """Row-major strides of `sizes` as torch.empty gives them (an empty dim counts as 1): the
+    LSE's layout, and every output of a rank other than 4. Plain ints: the stand-ins that read it
+    (_ops._explain_bwd_ahead) are real tensors of size hints, never symbolic."""
+    strides, step = [], 1
+    for n in reversed(sizes):
+        strides.append(step)
+        step *= max(n, 1)
+    return strides[::-1]
 
 
 def new_output(like: torch.Tensor, shape) -> torch.Tensor:

@@ -50,7 +50,7 @@ import torch
 
 from . import _band
 from . import _reason_code  # reasons.h, through libflashcore_op.so (flashcore/__init__.py)
-from ._layout import in_output_layout, new_output, output_strides
+from ._layout import contiguous_strides, in_output_layout, new_output, output_strides
 from ._scale import sdpa_scale
 
 _lib = torch.library.Library("flashcore", "FRAGMENT")  # kept alive: owns the registrations
@@ -656,14 +656,6 @@ def _stand_in(sizes, strides, dtype, device, misalign=0):
     return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, sizes, strides)
 
 
-def _contiguous_strides(sizes):
-    strides, step = [], 1
-    for n in reversed(sizes):
-        strides.append(step)
-        step *= max(n, 1)
-    return strides[::-1]
-
-
 def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gqa,
                        deterministic, mask_layout=None) -> Tuple[int, int]:
     """(reason, family) from explain_bwd for a call whose forward has not run yet: stand-ins with
@@ -683,7 +675,7 @@ def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gq
             return _REASON_SHAPES, 0
         out = _stand_in(out_sizes, output_strides(out_sizes), q.dtype, q.device)
         lse_sizes = out_sizes[:-1]
-        lse = _stand_in(lse_sizes, _contiguous_strides(lse_sizes), _lse_dtype(q.dtype), q.device)
+        lse = _stand_in(lse_sizes, contiguous_strides(lse_sizes), _lse_dtype(q.dtype), q.device)
         mask = None if mask_layout is None else _stand_in(*mask_layout)
         family, reason = _EXPLAIN_BWD(out, q, k, v, out, lse, None, is_causal, scale, enable_gqa,
                                       deterministic, mask)  # grad_out: out's layout

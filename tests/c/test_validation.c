@@ -423,6 +423,74 @@ static const bwd_case kBwdCases[] = {
     {"bwd empty", b_empty, FC_UNSUPPORTED_EMPTY, FC_UNSUPPORTED_EMPTY},
 };
 
+/* A plan validates the caller's struct once (the op layer plans each call once): fc_sdpa_plan
+ * on 132 SMs, counting fc_params_validate's runs on this thread. */
+static void check_plan_validates_once(const char *label, const fc_params *p, int cc_major, int cc_minor,
+                                      fc_fwd_plan *plan) {
+    const unsigned long long before = fc_validations_on_thread_();
+    fc_sdpa_plan(p, cc_major, cc_minor, 132, plan);
+    const unsigned long long runs = fc_validations_on_thread_() - before;
+    if (runs != 1) {
+        fprintf(stderr, "FAIL %-40s %llu validations, want 1\n", label, runs);
+        ++failures;
+    } else {
+        printf("ok   %-40s 1 validation\n", label);
+    }
+}
+
+/* A one-row GQA decode call: B=1, Hq=32, Hkv=8, Sq=1, D=128, fp16, contiguous. */
+static fc_params gqa_decode_params(int64_t seqlen_k) {
+    fc_params p = valid_params();
+    p.batch = 1;
+    p.heads_q = 32;
+    p.heads_kv = 8;
+    p.seqlen_q = 1;
+    p.seqlen_k = seqlen_k;
+    fc_params_set_contiguous_strides(&p);
+    return p;
+}
+
+/* One-row GQA decoding on sm_90 asks whether its query heads pack into one block per KV head
+ * (fc_decode_packs_for_sm90), which validates a packed copy: the choice of family, the packing
+ * and the grid split all need that answer, and the call works it out once. */
+static void check_plan_gqa_decode(void) {
+    fc_fwd_plan plan;
+    if (fc_test_left_out(128, FC_DTYPE_FP16)) {
+        printf("skip plan: one-row GQA decode (this build left D=128 fp16 out)\n");
+        return;
+    }
+    /* Sk=1024: the decode kernel under AUTO (the Hopper family reads only long caches faster). */
+    fc_params p = gqa_decode_params(1024);
+    const int hopper = fc_sdpa_support(&p, 9, 0) == FC_OK;
+    const int cc_major = hopper ? 9 : 8, cc_minor = hopper ? 0 : 9;
+    check_plan_validates_once("plan: GQA decode, auto", &p, cc_major, cc_minor, &plan);
+    CHECK_FAMILY("plan: GQA decode, auto, family", plan.family, FC_FAMILY_DECODE);
+    if (!hopper) {
+        printf("skip plan: one-row GQA decode in the sm90 family (not built)\n");
+        return;
+    }
+    /* The same call forced into the Hopper family: packed (4 rows per KV head) and split over the
+     * grid (8 pairs on 132 SMs: 2 ranges of 512 keys). */
+    p.family = FC_FAMILY_SM90;
+    check_plan_validates_once("plan: GQA decode, forced sm90", &p, 9, 0, &plan);
+    CHECK_FAMILY("plan: GQA decode, forced sm90, family", plan.family, FC_FAMILY_SM90);
+    if (plan.params.heads_q != 8 || plan.params.seqlen_q != 4 || plan.splits != 2) {
+        fprintf(stderr, "FAIL plan: GQA decode, forced sm90: heads_q %lld seqlen_q %lld splits %d, want 8 4 2\n",
+                (long long)plan.params.heads_q, (long long)plan.params.seqlen_q, plan.splits);
+        ++failures;
+    }
+    /* A long cache under AUTO: 8 pairs x 128k keys reach the Hopper family, whose choice over
+     * the decode kernel already needs the packing (sm90_reads_decode_faster in dispatch.c). */
+    p = gqa_decode_params((int64_t)1 << 17);
+    check_plan_validates_once("plan: GQA decode 128k, auto", &p, 9, 0, &plan);
+    CHECK_FAMILY("plan: GQA decode 128k, auto, family", plan.family, FC_FAMILY_SM90);
+    if (plan.params.heads_q != 8 || plan.params.seqlen_q != 4 || plan.splits != 16) {
+        fprintf(stderr, "FAIL plan: GQA decode 128k, auto: heads_q %lld seqlen_q %lld splits %d, want 8 4 16\n",
+                (long long)plan.params.heads_q, (long long)plan.params.seqlen_q, plan.splits);
+        ++failures;
+    }
+}
+
 /* fc_sdpa_plan and fc_sdpa_fwd_planned's argument checks (nothing launches here: every case
  * is refused before the launch). */
 static void check_plan(void) {
@@ -430,13 +498,8 @@ static void check_plan(void) {
     fc_fwd_plan plan;
     const int hopper = fc_sdpa_support(&p, 9, 0) == FC_OK;
     const int cc_major = hopper ? 9 : 8, cc_minor = hopper ? 0 : 9;
-    /* A plan validates the caller's struct once (the op layer plans each call once). */
-    const unsigned long long before = fc_validations_on_thread_();
-    fc_sdpa_plan(&p, cc_major, cc_minor, 132, &plan);
-    if (fc_validations_on_thread_() - before != 1) {
-        fprintf(stderr, "FAIL plan: %llu validations, want 1\n", fc_validations_on_thread_() - before);
-        ++failures;
-    }
+    check_plan_validates_once("plan: valid call, validations", &p, cc_major, cc_minor, &plan);
+    check_plan_gqa_decode();
     CHECK_STATUS("plan: valid call", fc_sdpa_plan(&p, cc_major, cc_minor, 132, &plan),
                  fc_sdpa_support(&p, cc_major, cc_minor));
     CHECK_FAMILY("plan: family", plan.family, fc_sdpa_family(&p, cc_major, cc_minor));

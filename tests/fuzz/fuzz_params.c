@@ -50,7 +50,8 @@
  * and fc_sdpa_bwd ask through fc_device_info_) and the launchers dispatch.c and bwd.c name
  * (forward: sm80, sm90, decode; backward: sm80 and sm90, D 64/128, fp16/bf16: they check the
  * struct, record the call and return cudaSuccess without touching memory). ci/fuzz.sh defines
- * the FC_HAVE_* / FC_BUILT_* macros of the default CMake build, so no hook in c_src is needed;
+ * the FC_HAVE_* / FC_BUILT_* macros of the default CMake build (cmake/kernel_list.cmake's, with
+ * the kernel list), so no hook in c_src is needed;
  * the backward's expectations follow the FC_HAVE_SM{80,90}_BWD_* macros it passes (kBwdBuilt).
  * Build and run: bash ci/fuzz.sh (400000 inputs from a fixed seed; FUZZ_SEED=0 FUZZ_SECONDS=n
  * for a random seed and n seconds).
@@ -213,6 +214,19 @@ static fc_params resolved_of(const fc_params *p) {
     fc_params r = *p;
     fc_resolve_band_(&r);
     return r;
+}
+
+/* fc_decode_packs_for_sm90 by its first rule: the packed copy validated whole (as a caller's
+ * struct) and taken by the Hopper family's layout rule. The library re-checks only what packing
+ * changes (fc_packed_rows_valid_, so that a call validates once); the two agree on every
+ * validated struct (check_struct, check_decode_packing). */
+static int packs_by_validation(const fc_params *r) {
+    if (r->seqlen_q != 1 || r->causal || r->heads_q <= r->heads_kv || r->sinks != NULL || r->mask_kind != FC_MASK_NONE)
+        return 0;
+    fc_params packed = *r;
+    fc_pack_decode_gqa(&packed);
+    packed.band_ = packed.band_lo_ = packed.band_hi_ = 0;
+    return fc_params_validate(&packed) == FC_OK && sm90_takes(&packed);
 }
 
 static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_dtype dtype) {
@@ -1046,6 +1060,10 @@ static void check_struct(const fc_params *p, int device) {
     REQUIRE(fc_status_string(s) != NULL && fc_status_string(s)[0] != '\0');
     REQUIRE(fc_params_validate(p) == s);
     if (s == FC_OK) accepted_is_consistent(p);
+    if (s == FC_OK) {
+        const fc_params r = resolved_of(p);
+        REQUIRE(fc_decode_packs_for_sm90(&r) == packs_by_validation(&r));
+    }
 
     for (size_t i = 0; i < sizeof kQueryCC / sizeof kQueryCC[0]; ++i) {
         const int cc = kQueryCC[i];
@@ -1059,10 +1077,13 @@ static void check_struct(const fc_params *p, int device) {
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         if (sup == FC_OK) supported_is_runnable(p, cc, fam);
         /* The plan (fc_sdpa_plan) answers as the support query and names the same family; a
-         * failed plan launches nothing. */
+         * failed plan launches nothing. It validates the caller's struct once, whatever the
+         * call (the decode route's packing check included: dispatch.c). */
         {
             fc_fwd_plan plan;
+            const unsigned long long validations = fc_validations_on_thread_();
             REQUIRE(fc_sdpa_plan(p, cc / 10, cc % 10, 132, &plan) == sup);
+            REQUIRE(fc_validations_on_thread_() - validations == 1);
             REQUIRE(plan.family == fam && plan.splits >= 1 && plan.workspace_bytes >= 0);
             REQUIRE((plan.launch_ != NULL) == (sup == FC_OK));
             REQUIRE((plan.workspace_bytes > 0) == (plan.splits > 1));
@@ -1108,7 +1129,9 @@ static void check_struct(const fc_params *p, int device) {
     g_expected_launch = p;
     g_launches = 0;
     const int cc = kDeviceCC[(unsigned)device % 8u];
+    const unsigned long long validations = fc_validations_on_thread_();
     const fc_status f = fc_sdpa_fwd(p, (cudaStream_t)0);
+    REQUIRE(fc_validations_on_thread_() - validations == 1); /* (its plan's, or beside a failed device query) */
     REQUIRE(f == fc_sdpa_support(p, cc / 10, cc % 10));
     /* A packed one-row GQA call launches with heads_kv query heads (fc_pack_decode_gqa). */
     const fc_params r = resolved_of(p);
@@ -1336,7 +1359,7 @@ static void check_split_heuristic(void) {
                  * SM at most, ranges of at least 512 keys, only under 64 pairs, and a split
                  * whenever half the SMs are idle and the keys allow two ranges. */
                 p.heads_q = p.heads_kv;
-                const int grid_splits = fc_sm90_decode_splits(&p, kSms[j], 0);
+                const int grid_splits = fc_sm90_decode_splits(&p, kSms[j], 0, fc_decode_packs_for_sm90(&p));
                 REQUIRE(grid_splits >= 1 && grid_splits <= 64);
                 if (grid_splits > 1) {
                     REQUIRE(ctas < 64 && ctas * grid_splits <= (int64_t)sms);
@@ -1496,6 +1519,7 @@ static void check_decode_packing(void) {
                 p.q_stride_s = p.o_stride_s = kStrides[st][2];
                 p.lse_stride_b = 3 * p.heads_q, p.lse_stride_h = 3, p.lse_stride_s = 1;
                 REQUIRE(fc_decode_packs_for_sm90(&p) == (group > 1));
+                REQUIRE(fc_decode_packs_for_sm90(&p) == packs_by_validation(&p));
                 fc_params packed = p;
                 fc_pack_decode_gqa(&packed);
                 REQUIRE(packed.heads_q == heads_kv && packed.heads_kv == heads_kv && packed.seqlen_q == group);
@@ -1528,10 +1552,10 @@ static void check_decode_packing(void) {
         int64_t *stride_h = which == 0 ? &p.q_stride_h : which == 1 ? &p.o_stride_h : &p.lse_stride_h;
         *stride_h = widest;
         REQUIRE(fc_params_validate(&p) == FC_OK);
-        REQUIRE(fc_decode_packs_for_sm90(&p));
+        REQUIRE(fc_decode_packs_for_sm90(&p) && packs_by_validation(&p));
         *stride_h = widest + step;
         REQUIRE(fc_params_validate(&p) == FC_OK);
-        REQUIRE(!fc_decode_packs_for_sm90(&p));
+        REQUIRE(!fc_decode_packs_for_sm90(&p) && !packs_by_validation(&p));
     }
 }
 
