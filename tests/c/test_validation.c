@@ -425,6 +425,16 @@ static const bwd_case kBwdCases[] = {
 
 /* A plan validates the caller's struct once (the op layer plans each call once): fc_sdpa_plan
  * on 132 SMs, counting fc_params_validate's runs on this thread. */
+/* A one-row 32:8 GQA plan in the Hopper family: launched packed (8 heads of 4 rows) over
+ * `splits` key ranges. */
+static void check_packed_plan(const char *label, const fc_fwd_plan *plan, int splits) {
+    if (plan->params.heads_q != 8 || plan->params.seqlen_q != 4 || plan->splits != splits) {
+        fprintf(stderr, "FAIL %s: heads_q %lld seqlen_q %lld splits %d, want 8 4 %d\n", label,
+                (long long)plan->params.heads_q, (long long)plan->params.seqlen_q, plan->splits, splits);
+        ++failures;
+    }
+}
+
 static void check_plan_validates_once(const char *label, const fc_params *p, int cc_major, int cc_minor,
                                       fc_fwd_plan *plan) {
     const unsigned long long before = fc_validations_on_thread_();
@@ -474,21 +484,13 @@ static void check_plan_gqa_decode(void) {
     p.family = FC_FAMILY_SM90;
     check_plan_validates_once("plan: GQA decode, forced sm90", &p, 9, 0, &plan);
     CHECK_FAMILY("plan: GQA decode, forced sm90, family", plan.family, FC_FAMILY_SM90);
-    if (plan.params.heads_q != 8 || plan.params.seqlen_q != 4 || plan.splits != 2) {
-        fprintf(stderr, "FAIL plan: GQA decode, forced sm90: heads_q %lld seqlen_q %lld splits %d, want 8 4 2\n",
-                (long long)plan.params.heads_q, (long long)plan.params.seqlen_q, plan.splits);
-        ++failures;
-    }
+    check_packed_plan("plan: GQA decode, forced sm90", &plan, 2);
     /* A long cache under AUTO: 8 pairs x 128k keys reach the Hopper family, whose choice over
      * the decode kernel already needs the packing (sm90_reads_decode_faster in dispatch.c). */
     p = gqa_decode_params((int64_t)1 << 17);
     check_plan_validates_once("plan: GQA decode 128k, auto", &p, 9, 0, &plan);
     CHECK_FAMILY("plan: GQA decode 128k, auto, family", plan.family, FC_FAMILY_SM90);
-    if (plan.params.heads_q != 8 || plan.params.seqlen_q != 4 || plan.splits != 16) {
-        fprintf(stderr, "FAIL plan: GQA decode 128k, auto: heads_q %lld seqlen_q %lld splits %d, want 8 4 16\n",
-                (long long)plan.params.heads_q, (long long)plan.params.seqlen_q, plan.splits);
-        ++failures;
-    }
+    check_packed_plan("plan: GQA decode 128k, auto", &plan, 16);
 }
 
 /* fc_sdpa_plan and fc_sdpa_fwd_planned's argument checks (nothing launches here: every case
