@@ -28,18 +28,23 @@ struct MaskTile {
     static constexpr int kStageBytes = kMask == kNoMask ? 0 : kBlockM * kPitch;
 };
 
-// How the CTA copies its mask tiles, decided once per CTA from the mask's address and row
-// stride (the kernel must take any mask PyTorch can describe, not only 16-byte aligned ones):
-// keys contiguous (stride 1, or one key) and the rows' start addresses all multiples of 16, 8
-// or 4 bytes -> cp.async chunks of that size (HuggingFace's (B, 1, Sq, Sk) bool mask with Sk a
-// multiple of 16 takes 16; Sk = 1000 gives 8); anything else (transposed, stride-0 keys,
-// odd addresses) -> element by element through registers (0), correct but slower.
+// How the CTA copies its mask tiles, decided once per CTA from the mask's address, row stride
+// and row length (the kernel must take any mask PyTorch can describe, not only 16-byte aligned
+// ones): keys contiguous (stride 1, or one key) and the rows' start addresses and byte lengths
+// all multiples of 16, 8 or 4 bytes -> cp.async chunks of that size (HuggingFace's
+// (B, 1, Sq, Sk) bool mask with Sk a multiple of 16 takes 16; Sk = 1000 gives 8); anything
+// else (transposed, stride-0 keys, odd addresses or lengths) -> element by element through
+// registers (0), correct but slower. The row length counts because a chunk must not straddle
+// the last key: cp.async's src-size keeps the hardware from reading past it, but
+// compute-sanitizer's memcheck checks the copy's full size, and a mask that ends a few bytes
+// after its last key would then be reported as read out of bounds.
 __device__ __forceinline__ int mask_chunk_bytes(const void *slice, int64_t stride_q,
                                                 int64_t stride_k, int seqlen_q, int seqlen_k,
                                                 int elem_bytes) {
     if (stride_k != 1 && seqlen_k > 1) return 0;
     const uint64_t bits = reinterpret_cast<uintptr_t>(slice) |
-                          static_cast<uint64_t>(seqlen_q > 1 ? stride_q * elem_bytes : 0);
+                          static_cast<uint64_t>(seqlen_q > 1 ? stride_q * elem_bytes : 0) |
+                          static_cast<uint64_t>(seqlen_k) * static_cast<uint64_t>(elem_bytes);
     if ((bits & 15) == 0) return 16;
     if ((bits & 7) == 0) return 8;
     if ((bits & 3) == 0) return 4;
@@ -69,7 +74,8 @@ __device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
 
 // Copy the mask tile of query rows [m_start, m_start + kRows) and keys [n_start, n_start +
 // kBlockN) into `smem` (pitch kPitch) in kChunk-byte cp.async copies. Rows past Sq and keys
-// past Sk are zero-filled without being read (a chunk that straddles Sk reads only up to it).
+// past Sk are zero-filled without being read (mask_chunk_bytes picks a kChunk that divides a
+// row's bytes, so a chunk is either wholly before Sk or wholly after it).
 // `slice` is this (batch, head)'s mask; offsets inside it fit in int (checked by the C layer).
 // kOneAddress (the kLeanRegs kernels; as load_rows): where the chunks split into whole rounds
 // of rows, a thread copies the same chunk of rows row0, row0 + kRowStep, ...: one shared
