@@ -44,6 +44,7 @@
 #include "flashcore.h"
 #include "launch_rules.h"
 #include "runtime.h"
+#include "sm80/fwd_steps.cuh"
 #include "sm80/fwd_traits.cuh"
 #include "sm80/tile.cuh"
 #include "sm80/mask_tile.cuh"
@@ -65,23 +66,15 @@ template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kNarrow = f
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>::kThreads,
                                 FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>::kMinBlocksPerSm)
 fwd_kernel(const fc_params p) {
-    using T = FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>;
-    using M = MaskTile<kMask, T::kBlockM, T::kBlockN>;
-    using MaskBits = typename std::conditional<kMask == kBoolMask, uint8_t, uint16_t>::type;
-    constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kChunks = T::kChunks;
-    constexpr int kPitchChunks = T::kPitchChunks, kPitch = T::kPitch;
-    constexpr int kAtoms = T::kMAtoms, kWarpRows = T::kWarpRows;
-    // An additive mask can hold huge finite values (HuggingFace fills with finfo(dtype).min,
-    // -3.4e38 in bf16); times log2(e) they would overflow to -inf and a row masked only by them
-    // would read as fully masked (zeros) where PyTorch averages V. So with an additive mask the
-    // scores stay in natural-log units and log2(e) is applied after subtracting the row max.
-    // kSoftcap: natural units too, so that the cap is one constant (scale / softcap) in a register
-    // and softcap itself a kernel-parameter operand (the masked D=96 kernels spilled with two).
-    constexpr bool kNatural = kMask == kAddMask || kSoftcap;
+    using K = FwdShape<Elem, kHeadDim, kCausal, kMask, kNarrow, kSoftcap>;
+    using T = typename K::T;
+    using M = typename K::M;
+    using MaskBits = typename K::MaskBits;
+    constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kChunks = K::kChunks;
+    constexpr int kPitchChunks = K::kPitchChunks, kPitch = K::kPitch;
+    constexpr int kAtoms = K::kAtoms, kWarpRows = K::kWarpRows;
+    constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles;
     const bool causal = kCausal || (kMask != kNoMask && p.causal != 0);
-    constexpr int kKSteps = kHeadDim / 16;   // k-steps of QK^T
-    constexpr int kNTiles = kBlockN / 8;     // n-tiles of S per m-atom
-    constexpr int kDTiles = kHeadDim / 8;    // n-tiles of O per m-atom
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Elem *smem_q = reinterpret_cast<Elem *>(smem_raw);      // [kBlockM][kPitch]
@@ -139,7 +132,6 @@ fwd_kernel(const fc_params p) {
     // of the second. m-atoms, key groups and V rows step by 16 rows: immediate offsets. kLeanRegs
     // walks V's chunk pairs from these (ChunkPairWalk), kWalkQK Q's and K's too; the others hold
     // four per operand.
-    constexpr int kRowBytes = kPitch * 2;
     const uint32_t q_base = smem_addr(smem_q + swizzled<kPitchChunks>(warp_row0 + (lane & 15), lane >> 4));
     const uint32_t k_base = smem_addr(smem_k + swizzled<kPitchChunks>((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1));
     const uint32_t v_base = smem_addr(smem_v + swizzled<kPitchChunks>(lane & 15, lane >> 4));
@@ -218,10 +210,9 @@ fwd_kernel(const fc_params p) {
     for (int a = 0; a < kAtoms; ++a)
 #pragma unroll
         for (int h = 0; h < 2; ++h) row_max[a][h] = -INFINITY, row_sum[a][h] = 0.f;
-    constexpr float kLog2e = 1.4426950408889634f;
     // Scores are multiplied by this: into base-2 units, or natural units (kNatural). kSoftcap:
     // the score becomes softcap tanh(x score_mul), natural units.
-    const float score_mul = kSoftcap ? p.scale / p.softcap : kNatural ? p.scale : p.scale * kLog2e;
+    const float score_mul = kSoftcap ? p.scale / p.softcap : K::kNatural ? p.scale : p.scale * K::kLog2e;
 
     // Single-buffered K and V (FlashAttention-2's schedule): V(n) loads while S(n) = Q K(n) is
     // multiplied, K(n+1) while softmax(n) and P V(n) run. Two barriers per tile, each both a
@@ -237,96 +228,15 @@ fwd_kernel(const fc_params p) {
         const bool active = !causal || n_start <= m_start + warp_row0 + kWarpRows - 1;
         float s[kAtoms][kNTiles][4];
         if (active) {
-            // ---- S = Q K^T for this warp's 32 rows x kBlockN keys. Q's A fragments are re-read
-            //      from shared memory per k-step (registers hold O and S; FlashAttention-2 too):
-            //      matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15). Each K fragment feeds both
-            //      m-atoms. ----
-#pragma unroll
-            for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[a][j][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < kKSteps; ++kk) {
-                uint32_t qf[kAtoms][4];
-#pragma unroll
-                for (int a = 0; a < kAtoms; ++a)
-                    ldmatrix_x4(qf[a], q_addr(kk) + a * 16 * kRowBytes);
-#pragma unroll
-                for (int np = 0; np < kNTiles / 2; ++np) {
-                    // B fragments of K for n-tiles 2np, 2np+1: (keys 0-7 | 8-15) x (d 0-7 | 8-15).
-                    uint32_t kf[4];
-                    ldmatrix_x4(kf, k_addr(kk) + np * 16 * kRowBytes);
-#pragma unroll
-                    for (int a = 0; a < kAtoms; ++a) {
-                        mma_16816_pair<Elem>(s[a][2 * np], s[a][2 * np + 1], qf[a], kf);
-                    }
-                }
-            }
-            q_addr.rewind();
-            k_addr.rewind();
-
-            // ---- scale (kSoftcap: and cap), then mask (after scaling: a negative scale must not
-            //      turn -inf into +inf). The attn_mask comes first, so the causal/ragged -inf has
-            //      the last word. ----
-#pragma unroll
-            for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        if constexpr (kSoftcap) s[a][j][e] = fast_tanh(s[a][j][e] * score_mul) * p.softcap;
-                        else s[a][j][e] *= score_mul;
-                    }
-            if constexpr (kMask != kNoMask) {
-                // This thread's values sit at rows (row_in_atom, +8) of each atom and columns
-                // (8j + col_in_tile, +1): one 2-value load per (row, n-tile), from one shared
-                // address per thread plus immediates.
-                const uint32_t mask_base = smem_addr(smem_mask + (warp_row0 + row_in_atom) * M::kPitch +
-                                                     col_in_tile * M::kElemBytes);
-#pragma unroll
-                for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                        for (int j = 0; j < kNTiles; ++j) {
-                            const uint32_t at = mask_base + (a * 16 + 8 * h) * M::kPitch + j * 8 * M::kElemBytes;
-                            if constexpr (kMask == kBoolMask) {
-                                const uint32_t two = ld_shared_u16(at);
-                                if ((two & 0xffu) == 0) s[a][j][2 * h] = -INFINITY;
-                                if ((two >> 8) == 0) s[a][j][2 * h + 1] = -INFINITY;
-                            } else {
-                                const float2 add = unpack2<Elem>(ld_shared_u32(at));
-                                s[a][j][2 * h] += add.x;
-                                s[a][j][2 * h + 1] += add.y;
-                            }
-                        }
-                    }
-            }
-            const bool ragged = n_start + kBlockN > seqlen_k;
-            const bool crosses_diagonal = causal && n_start + kBlockN - 1 > m_start + warp_row0;
-            if (ragged || crosses_diagonal) {
-                // Columns n_start + col_in_tile + c, c = j * 8 + (e & 1) a compile-time constant:
-                // row (a, h) keeps those with c < valid[a][h] (keys before seqlen_k and, causal,
-                // up to the row itself), one compare with an immediate per element.
-                int valid[kAtoms][2];
-#pragma unroll
-                for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int row = m_start + warp_row0 + a * 16 + row_in_atom + h * 8;
-                        const int key_end = causal ? min(seqlen_k, row + 1) : seqlen_k;
-                        valid[a][h] = key_end - n_start - col_in_tile;
-                    }
-#pragma unroll
-                for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                    for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            if (j * 8 + (e & 1) >= valid[a][e >> 1]) s[a][j][e] = -INFINITY;
-            }
+            uint32_t qf[kAtoms][4], kf[4];
+            qk_gemm<K>(s, qf, kf, q_addr, k_addr);
+            // Scale (kSoftcap: and cap), then mask (after scaling: a negative scale must not turn
+            // -inf into +inf). The attn_mask comes first, so the causal/ragged -inf has the last
+            // word.
+            scale_scores<K>(s, score_mul, p);
+            apply_mask_tile<K>(s, smem_mask, warp_row0, row_in_atom, col_in_tile);
+            int valid[kAtoms][2];
+            mask_edges<K>(s, valid, causal, n_start, m_start, seqlen_k, warp_row0, row_in_atom, col_in_tile);
         }
 
         cp_async_wait<0>();
@@ -337,77 +247,10 @@ fwd_kernel(const fc_params p) {
         }
 
         if (active) {
-            // ---- online softmax: new row max, rescale O and the running sum ----
-            // Base-2 units: exp2(x). Natural units: exp2(x * log2(e)), x max-subtracted.
-            const float units = kNatural ? kLog2e : 1.f;
             float mx[kAtoms][2];
-            bool rebase_row = false;
-#pragma unroll
-            for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float m = row_max[a][h];
-#pragma unroll
-                    for (int j = 0; j < kNTiles; ++j)
-                        m = fmaxf(m, fmaxf(s[a][j][2 * h], s[a][j][2 * h + 1]));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
-                    mx[a][h] = m;
-                    rebase_row |= must_rebase(m, row_max[a][h], units);
-                }
-            // Lazy rescaling (must_rebase; only where kLazyRescale): the warp's rows keep their
-            // bases unless one of them must move. One vote per warp and tile.
-            const bool rebase = !kLazyRescale<kHeadDim, kCausal> || __any_sync(0xffffffff, rebase_row);
-#pragma unroll
-            for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    if (!rebase) mx[a][h] = row_max[a][h];
-                    // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
-                    const float base = mx[a][h] == -INFINITY ? 0.f : mx[a][h];
-                    const float rescale = fast_exp2((row_max[a][h] - base) * units);
-                    row_max[a][h] = mx[a][h];
-                    float sum = 0.f;
-#pragma unroll
-                    for (int j = 0; j < kNTiles; ++j) {
-                        s[a][j][2 * h] = fast_exp2((s[a][j][2 * h] - base) * units);
-                        s[a][j][2 * h + 1] = fast_exp2((s[a][j][2 * h + 1] - base) * units);
-                        sum += s[a][j][2 * h] + s[a][j][2 * h + 1];
-                    }
-                    row_sum[a][h] = row_sum[a][h] * rescale + sum;
-                    if (rebase) {
-#pragma unroll
-                        for (int d = 0; d < kDTiles; ++d) {
-                            o_acc[a][d][2 * h] *= rescale;
-                            o_acc[a][d][2 * h + 1] *= rescale;
-                        }
-                    }
-                }
-
-            // ---- O += P V: P's accumulator layout is the A-fragment layout of a 16x16 k-step;
-            //      each V fragment feeds both m-atoms ----
-#pragma unroll
-            for (int kk = 0; kk < kBlockN / 16; ++kk) {
-                uint32_t pf[kAtoms][4];
-#pragma unroll
-                for (int a = 0; a < kAtoms; ++a) {
-                    pf[a][0] = pack2<Elem>(s[a][2 * kk][0], s[a][2 * kk][1]);
-                    pf[a][1] = pack2<Elem>(s[a][2 * kk][2], s[a][2 * kk][3]);
-                    pf[a][2] = pack2<Elem>(s[a][2 * kk + 1][0], s[a][2 * kk + 1][1]);
-                    pf[a][3] = pack2<Elem>(s[a][2 * kk + 1][2], s[a][2 * kk + 1][3]);
-                }
-#pragma unroll
-                for (int dp = 0; dp < kDTiles / 2; ++dp) {
-                    // Transposed B fragments of V: (keys 0-7 | 8-15) x (d 0-7 | 8-15).
-                    uint32_t vf[4];
-                    ldmatrix_x4_trans(vf, v_addr(dp) + kk * 16 * kRowBytes);
-#pragma unroll
-                    for (int a = 0; a < kAtoms; ++a) {
-                        mma_16816_pair<Elem>(o_acc[a][2 * dp], o_acc[a][2 * dp + 1], pf[a], vf);
-                    }
-                }
-                v_addr.rewind();
-            }
+            online_softmax<K>(s, mx, row_max, row_sum, o_acc);
+            uint32_t pf[kAtoms][4], vf[4];
+            pv_gemm<K>(o_acc, s, pf, vf, v_addr);
         }
     }
     cp_async_wait<0>();  // with no key tiles at all (Sk = 0) the prologue's copies are still in flight
@@ -436,7 +279,7 @@ fwd_kernel(const fc_params p) {
                 if (row < seqlen_q) {
                     // Natural log: (max in base-2 units + log2(sum)) * ln(2), or max in natural
                     // units + log2(sum) * ln(2). Fully masked rows: -inf + -inf = -inf.
-                    const float lse = kNatural ? row_max[a][h] + __log2f(row_sum[a][h]) * 0.6931471805599453f
+                    const float lse = K::kNatural ? row_max[a][h] + __log2f(row_sum[a][h]) * 0.6931471805599453f
                                                : (row_max[a][h] + __log2f(row_sum[a][h])) * 0.6931471805599453f;
                     p.lse[batch * p.lse_stride_b + head_q * p.lse_stride_h + row * p.lse_stride_s] = lse;
                 }

@@ -2,8 +2,14 @@
 // tiles per head dim (FwdTraits: m-atoms per warp, query and key rows per tile, shared-memory
 // pitch and bytes, which kernels keep their addresses in few registers), the narrow shapes Ada
 // runs (kNarrow), and where O is rescaled lazily (kLazyRescale). Why each shape, and what the
-// others measured, is written beside it.
+// others measured, is written beside it. FwdShape gathers one kernel instantiation's constants
+// for the parts of fwd_kernel (sm80/fwd_steps.cuh and the others).
 #pragma once
+
+#include "sm80/mask_tile.cuh"  // MaskTile, kNoMask, kBoolMask, kAddMask
+
+#include <stdint.h>
+#include <type_traits>
 
 namespace flashcore {
 namespace sm80 {
@@ -160,6 +166,34 @@ struct FwdTraits {
     static_assert(kHeadDim % 16 == 0, "k-steps of 16 and V fragments in pairs of 8 columns");
     static_assert(kSmemBytes % 16 == 0, "the mask tile after the slots: 16-byte aligned");
     static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block (99 KB)");
+};
+
+// One fwd_kernel instantiation's compile-time shape, shared by its parts. kCausal: the causal
+// variant without a mask (with one, causality is a run-time flag); kSoftcap: the logit softcap.
+template <typename Elem_, int kHeadDim_, bool kCausal_, int kMask_, bool kNarrow_, bool kSoftcap_>
+struct FwdShape {
+    using Elem = Elem_;
+    using T = FwdTraits<kHeadDim_, kMask_ != kNoMask, kNarrow_>;
+    using M = MaskTile<kMask_, T::kBlockM, T::kBlockN>;
+    // The mask's raw values: bool bytes, or an additive mask's 16-bit bits of Elem.
+    using MaskBits = typename std::conditional<kMask_ == kBoolMask, uint8_t, uint16_t>::type;
+    static constexpr int kHeadDim = kHeadDim_, kMask = kMask_;
+    static constexpr bool kCausal = kCausal_, kNarrow = kNarrow_, kSoftcap = kSoftcap_;
+    static constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kChunks = T::kChunks;
+    static constexpr int kPitchChunks = T::kPitchChunks, kPitch = T::kPitch;
+    static constexpr int kAtoms = T::kMAtoms, kWarpRows = T::kWarpRows;
+    // An additive mask can hold huge finite values (HuggingFace fills with finfo(dtype).min,
+    // -3.4e38 in bf16); times log2(e) they would overflow to -inf and a row masked only by them
+    // would read as fully masked (zeros) where PyTorch averages V. So with an additive mask the
+    // scores stay in natural-log units and log2(e) is applied after subtracting the row max.
+    // kSoftcap: natural units too, so that the cap is one constant (scale / softcap) in a register
+    // and softcap itself a kernel-parameter operand (the masked D=96 kernels spilled with two).
+    static constexpr bool kNatural = kMask_ == kAddMask || kSoftcap_;
+    static constexpr int kKSteps = kHeadDim_ / 16;  // k-steps of QK^T
+    static constexpr int kNTiles = kBlockN / 8;     // n-tiles of S per m-atom
+    static constexpr int kDTiles = kHeadDim_ / 8;   // n-tiles of O per m-atom
+    static constexpr int kRowBytes = kPitch * 2;    // a shared Q / K / V row (ldmatrix steps)
+    static constexpr float kLog2e = 1.4426950408889634f;
 };
 
 }  // namespace sm80
