@@ -45,6 +45,7 @@
 #include "launch_rules.h"
 #include "runtime.h"
 #include "sm80/fwd_steps.cuh"
+#include "sm80/fwd_store.cuh"
 #include "sm80/fwd_traits.cuh"
 #include "sm80/tile.cuh"
 #include "sm80/mask_tile.cuh"
@@ -255,66 +256,12 @@ fwd_kernel(const fc_params p) {
     }
     cp_async_wait<0>();  // with no key tiles at all (Sk = 0) the prologue's copies are still in flight
 
-    // ---- epilogue: finish the row sums, normalise, write O (and LSE) ----
+    // Epilogue: finish the row sums, write LSE, normalise O and write it (staged through the Q
+    // tile, which only this warp's own rows of are reused).
     float inv_sum[kAtoms][2];
-#pragma unroll
-    for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float sum = row_sum[a][h];
-            sum += __shfl_xor_sync(0xffffffff, sum, 1);
-            sum += __shfl_xor_sync(0xffffffff, sum, 2);
-            row_sum[a][h] = sum;
-            // A row whose every key is masked has sum 0: PyTorch returns zeros there (its safe
-            // softmax), not 0/0. Only masked variants can have such rows by design; the others
-            // keep 1/sum, so NaN/Inf inputs propagate exactly as before.
-            inv_sum[a][h] = (kMask != kNoMask && sum == 0.f) ? 0.f : 1.f / sum;
-        }
-    if (p.lse != nullptr && (lane % 4) == 0) {
-#pragma unroll
-        for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = m_start + warp_row0 + a * 16 + row_in_atom + 8 * h;
-                if (row < seqlen_q) {
-                    // Natural log: (max in base-2 units + log2(sum)) * ln(2), or max in natural
-                    // units + log2(sum) * ln(2). Fully masked rows: -inf + -inf = -inf.
-                    const float lse = K::kNatural ? row_max[a][h] + __log2f(row_sum[a][h]) * 0.6931471805599453f
-                                               : (row_max[a][h] + __log2f(row_sum[a][h])) * 0.6931471805599453f;
-                    p.lse[batch * p.lse_stride_b + head_q * p.lse_stride_h + row * p.lse_stride_s] = lse;
-                }
-            }
-    }
-
-    // Stage this warp's 32 rows in its own rows of the Q tile (only this warp ever read them, and
-    // its last ldmatrix of them fed the mma whose results are stored here), then write 16-byte
-    // chunks to global memory.
-    Elem *stage_o = smem_q;
-#pragma unroll
-    for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-        for (int d = 0; d < kDTiles; ++d)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = warp_row0 + a * 16 + row_in_atom + 8 * h;
-                const uint32_t packed = pack2<Elem>(o_acc[a][d][2 * h] * inv_sum[a][h],
-                                                    o_acc[a][d][2 * h + 1] * inv_sum[a][h]);
-                *reinterpret_cast<uint32_t *>(stage_o + swizzled<kPitchChunks>(r, d) + col_in_tile) = packed;
-            }
-    __syncwarp();
-    Elem *out = static_cast<Elem *>(p.out) + batch * p.o_stride_b + head_q * p.o_stride_h;
-    const int o_stride = static_cast<int>(p.o_stride_s);
-#pragma unroll
-    for (int it = 0; it < kWarpRows * kChunks / 32; ++it) {
-        const int item = lane + it * 32;
-        const int r = warp_row0 + item / kChunks;
-        const int chunk = item % kChunks;
-        const int row = m_start + r;
-        if (row < seqlen_q) {
-            const uint4 val = *reinterpret_cast<const uint4 *>(stage_o + swizzled<kPitchChunks>(r, chunk));
-            *reinterpret_cast<uint4 *>(out + static_cast<int64_t>(row) * o_stride + chunk * 8) = val;
-        }
-    }
+    finish_rows<K>(row_sum, inv_sum);
+    store_lse<K>(p, row_max, row_sum, batch, head_q, m_start, seqlen_q, lane, warp_row0, row_in_atom);
+    store_o<K>(p, o_acc, inv_sum, smem_q, batch, head_q, m_start, seqlen_q, lane, warp_row0, row_in_atom, col_in_tile);
 }
 
 // Host side: configure shared memory once per (kernel, device), then launch on `stream`.
