@@ -44,6 +44,7 @@
 #include "flashcore.h"
 #include "launch_rules.h"
 #include "runtime.h"
+#include "sm80/fwd_loads.cuh"
 #include "sm80/fwd_steps.cuh"
 #include "sm80/fwd_store.cuh"
 #include "sm80/fwd_traits.cuh"
@@ -139,59 +140,19 @@ fwd_kernel(const fc_params p) {
     ChunkPairWalk<T::kWalkQK> q_addr(q_base), k_addr(k_base);
     ChunkPairWalk<T::kLeanRegs> v_addr(v_base);
 
-    // The K and V slices (and the mask's) for the loads in the main loop. kLeanRegs: read back
-    // from shared memory per tile (written here, first read after the loop's first barrier; a
-    // load cannot move across a barrier, so they hold no registers in between). Others: held.
-    struct Slices {
-        const Elem *k, *v;
-        const MaskBits *mask;
-        int mask_stride_q, mask_stride_k, mask_chunk;
-    };
-    static_assert(!T::kLeanRegs || sizeof(Slices) <= T::kSlotBytes || (kMask == kNoMask && 2 * sizeof(void *) <= T::kSlotBytes),
-                  "the slots hold the slices");
-    Slices *slices = reinterpret_cast<Slices *>(smem_v + kBlockN * kPitch);
-    if constexpr (T::kLeanRegs) {
-        if (threadIdx.x == 0) {
-            slices->k = k, slices->v = v;
-            if constexpr (kMask != kNoMask) {
-                slices->mask = mask, slices->mask_stride_q = mask_stride_q;
-                slices->mask_stride_k = mask_stride_k, slices->mask_chunk = mask_chunk;
-            }
-        }
-    }
-    auto v_slice = [&]() {
-        if constexpr (T::kLeanRegs) return slices->v; else return v;
-    };
-    // K tile n (and its mask tile) / V tile n into their single buffers; rows past Sk zero-filled.
-    // kFromSlots: the K and mask slices from the shared slots (kLeanRegs, in the main loop).
+    // The K and V slices (and the mask's) for the key loop's loads: held, or (kLeanRegs) read
+    // back per tile from the shared slots after the tiles.
+    const KvSlices<K> held = {k, v, mask, mask_stride_q, mask_stride_k, mask_chunk};
+    KvSlices<K> *slots = reinterpret_cast<KvSlices<K> *>(smem_v + kBlockN * kPitch);
+    store_slots<K>(slots, held);
+    // K tile n (and its mask tile) / V tile n into their single buffers. kFromSlots: the K and
+    // mask slices from the shared slots (kLeanRegs, in the main loop).
     auto load_k = [&](auto from_slots, int n_start) {
-        constexpr bool kFromSlots = decltype(from_slots)::value;
-        load_rows<T::kLeanRegs, Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_k, kFromSlots ? slices->k : k, n_start, k_stride,
-                                                                     min(kBlockN, seqlen_k - n_start));
-        if constexpr (kMask != kNoMask) {
-            constexpr int kP = M::kPitch, kTh = T::kThreads;
-            constexpr bool kOne = T::kLeanRegs;
-            const MaskBits *ms = kFromSlots ? slices->mask : mask;
-            const int sq = kFromSlots ? slices->mask_stride_q : mask_stride_q;
-            switch (kFromSlots ? slices->mask_chunk : mask_chunk) {  // the same for the whole CTA: no divergence
-            case 16:
-                load_mask_chunks<kOne, 16, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
-                break;
-            case 8:
-                load_mask_chunks<kOne, 8, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
-                break;
-            case 4:
-                load_mask_chunks<kOne, 4, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
-                break;
-            default:
-                load_mask_elements<kOne, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, kFromSlots ? slices->mask_stride_k : mask_stride_k,
-                                                                        m_start, n_start, seqlen_q, seqlen_k);
-            }
-        }
+        load_k_tile<K>(smem_k, smem_mask, decltype(from_slots)::value ? *slots : held, k_stride, n_start, m_start,
+                       seqlen_q, seqlen_k);
     };
     auto load_v = [&](int n_start) {
-        load_rows<T::kLeanRegs, Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_v, v_slice(), n_start, v_stride,
-                                                                     min(kBlockN, seqlen_k - n_start));
+        load_v_tile<K>(smem_v, T::kLeanRegs ? slots->v : held.v, v_stride, n_start, seqlen_k);
     };
 
     load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_q, q, q_stride, seqlen_q - m_start);
