@@ -45,6 +45,7 @@
 #include "launch_rules.h"
 #include "runtime.h"
 #include "sm80/fwd_loads.cuh"
+#include "sm80/fwd_prologue.cuh"
 #include "sm80/fwd_steps.cuh"
 #include "sm80/fwd_store.cuh"
 #include "sm80/fwd_traits.cuh"
@@ -85,77 +86,45 @@ fwd_kernel(const fc_params p) {
     // After the tiles: kLeanRegs' K/V slice pointers (T::kSlotBytes), then the mask tile.
     unsigned char *smem_mask = smem_raw + T::kSmemBytes;
 
-    const int seqlen_q = static_cast<int>(p.seqlen_q);
-    const int seqlen_k = static_cast<int>(p.seqlen_k);
-    // blockIdx.x is the query block, so the CTAs in flight at once are mostly the blocks of
-    // one (batch, head) and share its K/V in L2; y is the head, z the batch.
-    const int head_q = blockIdx.y;
-    const int batch = blockIdx.z;
-    const int head_kv = head_q / static_cast<int>(p.heads_q / p.heads_kv);
-    const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
-    const int m_start = m_block * kBlockM;
+    const FwdBlock blk = fwd_block<K>(p);           // which query rows of which (batch, head)
+    const FwdSlices<K> g = fwd_slices<K>(p, blk);  // where they and their K, V, mask lie
+    const int n_end = keys_needed<K>(blk, causal);  // keys [0, n_end)
 
-    // 64-bit (batch, head) bases; offsets inside one (batch, head) slice fit in 32 bits
-    // (checked by fc_params_validate).
-    const Elem *q = static_cast<const Elem *>(p.q) + batch * p.q_stride_b + head_q * p.q_stride_h +
-                    static_cast<int64_t>(m_start) * p.q_stride_s;
-    const Elem *k = static_cast<const Elem *>(p.k) + batch * p.k_stride_b + head_kv * p.k_stride_h;
-    const Elem *v = static_cast<const Elem *>(p.v) + batch * p.v_stride_b + head_kv * p.v_stride_h;
-    const int q_stride = static_cast<int>(p.q_stride_s);
-    const int k_stride = static_cast<int>(p.k_stride_s);
-    const int v_stride = static_cast<int>(p.v_stride_s);
-
-    // This (batch, query head)'s mask slice, and how its tiles are copied.
-    const MaskBits *mask = nullptr;
-    int mask_stride_q = 0, mask_stride_k = 0, mask_chunk = 0;
-    if constexpr (kMask != kNoMask) {
-        mask = static_cast<const MaskBits *>(p.mask) + batch * p.mask_stride_b + head_q * p.mask_stride_h;
-        mask_stride_q = static_cast<int>(p.mask_stride_q);
-        mask_stride_k = static_cast<int>(p.mask_stride_k);
-        mask_chunk = mask_chunk_bytes(mask, p.mask_stride_q, p.mask_stride_k, seqlen_q, seqlen_k,
-                                      M::kElemBytes);
-    }
-    // Keys this query block needs, [0, n_end): with causal masking, none past its last row. The
-    // loop runs over the tiles that start before n_end (the same tiles as counting them, one
-    // register fewer: seqlen_k is n_end when not causal).
-    const int last_row = min(m_start + kBlockM, seqlen_q) - 1;
-    const int n_end = causal ? min(seqlen_k, last_row + 1) : seqlen_k;
-
+    // This thread's mma fragment coordinates (FragCoords).
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int warp_row0 = warp * kWarpRows;  // this warp's rows: [warp_row0, warp_row0 + 32)
-    // mma fragment coordinates: in m-atom a, this lane holds rows (lane/4) and (lane/4 + 8) of
-    // the atom's 16, and columns 2*(lane%4), +1 of every 8-wide n-tile.
+    const int warp_row0 = warp * kWarpRows;
     const int row_in_atom = lane / 4;
     const int col_in_tile = 2 * (lane % 4);
+    const FragCoords at = {lane, warp_row0, row_in_atom, col_in_tile};
+
     // ldmatrix row addresses, chunk pair 0 (see chunk_pair_addr). Q (A operand) and V (B
     // operand, transposed): lanes 0-15 give rows 0-15 of the first chunk, 16-31 of the second.
     // K (B operand): lanes 0-7 / 16-23 give key rows 0-7 / 8-15 of the first chunk, 8-15 / 24-31
     // of the second. m-atoms, key groups and V rows step by 16 rows: immediate offsets. kLeanRegs
     // walks V's chunk pairs from these (ChunkPairWalk), kWalkQK Q's and K's too; the others hold
     // four per operand.
-    const uint32_t q_base = smem_addr(smem_q + swizzled<kPitchChunks>(warp_row0 + (lane & 15), lane >> 4));
-    const uint32_t k_base = smem_addr(smem_k + swizzled<kPitchChunks>((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1));
-    const uint32_t v_base = smem_addr(smem_v + swizzled<kPitchChunks>(lane & 15, lane >> 4));
+    const uint32_t q_base = smem_addr(smem_q + swizzled<kPitchChunks>(at.warp_row0 + (at.lane & 15), at.lane >> 4));
+    const uint32_t k_base = smem_addr(smem_k + swizzled<kPitchChunks>((at.lane & 7) + (at.lane >> 4) * 8, (at.lane >> 3) & 1));
+    const uint32_t v_base = smem_addr(smem_v + swizzled<kPitchChunks>(at.lane & 15, at.lane >> 4));
     ChunkPairWalk<T::kWalkQK> q_addr(q_base), k_addr(k_base);
     ChunkPairWalk<T::kLeanRegs> v_addr(v_base);
 
     // The K and V slices (and the mask's) for the key loop's loads: held, or (kLeanRegs) read
     // back per tile from the shared slots after the tiles.
-    const KvSlices<K> held = {k, v, mask, mask_stride_q, mask_stride_k, mask_chunk};
     KvSlices<K> *slots = reinterpret_cast<KvSlices<K> *>(smem_v + kBlockN * kPitch);
-    store_slots<K>(slots, held);
+    store_slots<K>(slots, g.kv);
     // K tile n (and its mask tile) / V tile n into their single buffers. kFromSlots: the K and
     // mask slices from the shared slots (kLeanRegs, in the main loop).
     auto load_k = [&](auto from_slots, int n_start) {
-        load_k_tile<K>(smem_k, smem_mask, decltype(from_slots)::value ? *slots : held, k_stride, n_start, m_start,
-                       seqlen_q, seqlen_k);
+        load_k_tile<K>(smem_k, smem_mask, decltype(from_slots)::value ? *slots : g.kv, g.k_stride, n_start, blk.m_start,
+                       blk.seqlen_q, blk.seqlen_k);
     };
     auto load_v = [&](int n_start) {
-        load_v_tile<K>(smem_v, T::kLeanRegs ? slots->v : held.v, v_stride, n_start, seqlen_k);
+        load_v_tile<K>(smem_v, T::kLeanRegs ? slots->v : g.kv.v, g.v_stride, n_start, blk.seqlen_k);
     };
 
-    load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_q, q, q_stride, seqlen_q - m_start);
+    load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_q, g.q, g.q_stride, blk.seqlen_q - blk.m_start);
     load_k(std::false_type(), 0);
     cp_async_commit();
 
@@ -166,7 +135,7 @@ fwd_kernel(const fc_params p) {
         for (int i = 0; i < kDTiles; ++i)
 #pragma unroll
             for (int j = 0; j < 4; ++j) o_acc[a][i][j] = 0.f;
-    // Running max (base-2, scaled) and partial row sums for rows row_in_atom, +8 of each atom.
+    // Running max (base-2, scaled) and partial row sums for rows at.row_in_atom, +8 of each atom.
     float row_max[kAtoms][2], row_sum[kAtoms][2];
 #pragma unroll
     for (int a = 0; a < kAtoms; ++a)
@@ -187,7 +156,7 @@ fwd_kernel(const fc_params p) {
 
         // With causal masking, a warp whose last row is left of this tile's first key would
         // only add exact zeros: it skips the tile's math (the barriers stay CTA-wide).
-        const bool active = !causal || n_start <= m_start + warp_row0 + kWarpRows - 1;
+        const bool active = !causal || n_start <= blk.m_start + at.warp_row0 + kWarpRows - 1;
         float s[kAtoms][kNTiles][4];
         if (active) {
             uint32_t qf[kAtoms][4], kf[4];
@@ -196,9 +165,9 @@ fwd_kernel(const fc_params p) {
             // -inf into +inf). The attn_mask comes first, so the causal/ragged -inf has the last
             // word.
             scale_scores<K>(s, score_mul, p);
-            apply_mask_tile<K>(s, smem_mask, warp_row0, row_in_atom, col_in_tile);
+            apply_mask_tile<K>(s, smem_mask, at.warp_row0, at.row_in_atom, at.col_in_tile);
             int valid[kAtoms][2];
-            mask_edges<K>(s, valid, causal, n_start, m_start, seqlen_k, warp_row0, row_in_atom, col_in_tile);
+            mask_edges<K>(s, valid, causal, n_start, blk.m_start, blk.seqlen_k, at.warp_row0, at.row_in_atom, at.col_in_tile);
         }
 
         cp_async_wait<0>();
@@ -221,8 +190,8 @@ fwd_kernel(const fc_params p) {
     // tile, which only this warp's own rows of are reused).
     float inv_sum[kAtoms][2];
     finish_rows<K>(row_sum, inv_sum);
-    store_lse<K>(p, row_max, row_sum, batch, head_q, m_start, seqlen_q, lane, warp_row0, row_in_atom);
-    store_o<K>(p, o_acc, inv_sum, smem_q, batch, head_q, m_start, seqlen_q, lane, warp_row0, row_in_atom, col_in_tile);
+    store_lse<K>(p, row_max, row_sum, blk.batch, blk.head_q, blk.m_start, blk.seqlen_q, at.lane, at.warp_row0, at.row_in_atom);
+    store_o<K>(p, o_acc, inv_sum, smem_q, blk.batch, blk.head_q, blk.m_start, blk.seqlen_q, at.lane, at.warp_row0, at.row_in_atom, at.col_in_tile);
 }
 
 // Host side: configure shared memory once per (kernel, device), then launch on `stream`.
