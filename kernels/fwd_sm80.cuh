@@ -117,8 +117,7 @@ fwd_kernel(const fc_params p) {
     // K tile n (and its mask tile) / V tile n into their single buffers. kFromSlots: the K and
     // mask slices from the shared slots (kLeanRegs, in the main loop).
     auto load_k = [&](auto from_slots, int n_start) {
-        load_k_tile<K>(smem_k, smem_mask, decltype(from_slots)::value ? *slots : g.kv, g.k_stride, n_start, blk.m_start,
-                       blk.seqlen_q, blk.seqlen_k);
+        load_k_tile<K>(smem_k, smem_mask, decltype(from_slots)::value ? *slots : g.kv, g.k_stride, n_start, blk);
     };
     auto load_v = [&](int n_start) {
         load_v_tile<K>(smem_v, T::kLeanRegs ? slots->v : g.kv.v, g.v_stride, n_start, blk.seqlen_k);
@@ -128,19 +127,10 @@ fwd_kernel(const fc_params p) {
     load_k(std::false_type(), 0);
     cp_async_commit();
 
-    float o_acc[kAtoms][kDTiles][4];
-#pragma unroll
-    for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-        for (int i = 0; i < kDTiles; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) o_acc[a][i][j] = 0.f;
-    // Running max (base-2, scaled) and partial row sums for rows at.row_in_atom, +8 of each atom.
-    float row_max[kAtoms][2], row_sum[kAtoms][2];
-#pragma unroll
-    for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) row_max[a][h] = -INFINITY, row_sum[a][h] = 0.f;
+    // This thread's part of O, and the running max (in the scores' units) and partial sum of its
+    // rows row_in_atom, +8 of each m-atom.
+    float o_acc[kAtoms][kDTiles][4], row_max[kAtoms][2], row_sum[kAtoms][2];
+    start_rows<K>(o_acc, row_max, row_sum);
     // Scores are multiplied by this: into base-2 units, or natural units (kNatural). kSoftcap:
     // the score becomes softcap tanh(x score_mul), natural units.
     const float score_mul = kSoftcap ? p.scale / p.softcap : K::kNatural ? p.scale : p.scale * K::kLog2e;
@@ -165,9 +155,9 @@ fwd_kernel(const fc_params p) {
             // -inf into +inf). The attn_mask comes first, so the causal/ragged -inf has the last
             // word.
             scale_scores<K>(s, score_mul, p);
-            apply_mask_tile<K>(s, smem_mask, at.warp_row0, at.row_in_atom, at.col_in_tile);
+            apply_mask_tile<K>(s, smem_mask, at);
             int valid[kAtoms][2];
-            mask_edges<K>(s, valid, causal, n_start, blk.m_start, blk.seqlen_k, at.warp_row0, at.row_in_atom, at.col_in_tile);
+            mask_edges<K>(s, valid, causal, n_start, blk, at);
         }
 
         cp_async_wait<0>();
@@ -190,8 +180,8 @@ fwd_kernel(const fc_params p) {
     // tile, which only this warp's own rows of are reused).
     float inv_sum[kAtoms][2];
     finish_rows<K>(row_sum, inv_sum);
-    store_lse<K>(p, row_max, row_sum, blk.batch, blk.head_q, blk.m_start, blk.seqlen_q, at.lane, at.warp_row0, at.row_in_atom);
-    store_o<K>(p, o_acc, inv_sum, smem_q, blk.batch, blk.head_q, blk.m_start, blk.seqlen_q, at.lane, at.warp_row0, at.row_in_atom, at.col_in_tile);
+    store_lse<K>(p, row_max, row_sum, blk, at);
+    store_o<K>(p, o_acc, inv_sum, smem_q, blk, at);
 }
 
 // Host side: configure shared memory once per (kernel, device), then launch on `stream`.

@@ -1,12 +1,13 @@
 // sm80/fwd_loads.cuh - how the sm80-class forward (fwd_sm80.cuh) gets its K and V tiles (and the
 // attn_mask's tiles) into shared memory: the (batch, head) slices they are copied from
-// (KvSlices), kept by the lean-register kernels in shared slots rather than in registers
-// (store_slots), and the copies of one tile (load_k_tile with its mask tile, load_v_tile),
+// (KvSlices, sm80/fwd_prologue.cuh) kept by the lean-register kernels in shared slots rather than
+// in registers (store_slots), and the copies of one tile (load_k_tile with its mask tile, load_v_tile),
 // rows past seqlen_k zero-filled. The row copies themselves are sm80/tile.cuh's load_tile and
 // sm80/row_copy.cuh's load_rows; the mask copies sm80/mask_tile.cuh's.
 #pragma once
 
 #include "common/sm80_ptx.cuh"
+#include "sm80/fwd_prologue.cuh"  // FwdBlock, KvSlices
 #include "sm80/fwd_traits.cuh"
 #include "sm80/mask_tile.cuh"  // load_mask_chunks, load_mask_elements
 #include "sm80/row_copy.cuh"   // load_rows
@@ -15,19 +16,6 @@
 
 namespace flashcore {
 namespace sm80 {
-
-// This (batch, head)'s K and V slices and the mask's (its row strides, and how its tiles are
-// copied: mask_chunk_bytes), from which the key loop's loads copy. The kLeanRegs kernels read
-// them back from shared slots after the tiles (FwdTraits::kSlotBytes) per tile: written before
-// the loop, first read after its first barrier (a load cannot move across a barrier), so they
-// hold no registers in between. The others hold them. Without a mask only k and v are used
-// (the unmasked slots hold 16 bytes).
-template <class K>
-struct KvSlices {
-    const typename K::Elem *k, *v;
-    const typename K::MaskBits *mask;
-    int mask_stride_q, mask_stride_k, mask_chunk;
-};
 
 // kLeanRegs: thread 0 writes the slices into the shared slots (nothing otherwise).
 template <class K>
@@ -53,12 +41,12 @@ __device__ __forceinline__ void store_slots(KvSlices<K> *slots, const KvSlices<K
 // field is read where it is used, so slot reads stay next to their use.
 template <class K>
 __device__ __forceinline__ void load_k_tile(typename K::Elem *smem_k, unsigned char *smem_mask, const KvSlices<K> &from,
-                                            int k_stride, int n_start, int m_start, int seqlen_q, int seqlen_k) {
+                                            int k_stride, int n_start, const FwdBlock &blk) {
     using T = typename K::T;
     using MaskBits = typename K::MaskBits;
     constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN;
     load_rows<T::kLeanRegs, typename K::Elem, kBlockN, K::kChunks, T::kThreads, K::kPitchChunks>(
-        smem_k, from.k, n_start, k_stride, min(kBlockN, seqlen_k - n_start));
+        smem_k, from.k, n_start, k_stride, min(kBlockN, blk.seqlen_k - n_start));
     if constexpr (K::kMask != kNoMask) {
         constexpr int kP = K::M::kPitch, kTh = T::kThreads;
         constexpr bool kOne = T::kLeanRegs;
@@ -66,17 +54,17 @@ __device__ __forceinline__ void load_k_tile(typename K::Elem *smem_k, unsigned c
         const int sq = from.mask_stride_q;
         switch (from.mask_chunk) {
         case 16:
-            load_mask_chunks<kOne, 16, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
+            load_mask_chunks<kOne, 16, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, blk.m_start, n_start, blk.seqlen_q, blk.seqlen_k);
             break;
         case 8:
-            load_mask_chunks<kOne, 8, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
+            load_mask_chunks<kOne, 8, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, blk.m_start, n_start, blk.seqlen_q, blk.seqlen_k);
             break;
         case 4:
-            load_mask_chunks<kOne, 4, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
+            load_mask_chunks<kOne, 4, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, blk.m_start, n_start, blk.seqlen_q, blk.seqlen_k);
             break;
         default:
-            load_mask_elements<kOne, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, from.mask_stride_k, m_start,
-                                                                        n_start, seqlen_q, seqlen_k);
+            load_mask_elements<kOne, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, from.mask_stride_k, blk.m_start,
+                                                                        n_start, blk.seqlen_q, blk.seqlen_k);
         }
     }
 }

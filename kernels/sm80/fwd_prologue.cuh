@@ -6,7 +6,6 @@
 #pragma once
 
 #include "flashcore.h"  // fc_params
-#include "sm80/fwd_loads.cuh"  // KvSlices
 #include "sm80/fwd_traits.cuh"
 #include "sm80/mask_tile.cuh"  // mask_chunk_bytes
 
@@ -36,6 +35,19 @@ __device__ __forceinline__ FwdBlock fwd_block(const fc_params &p) {
     b.m_start = m_block * K::kBlockM;
     return b;
 }
+
+// This (batch, head)'s K and V slices and the mask's (its row strides, and how its tiles are
+// copied: mask_chunk_bytes), from which the key loop's loads copy. The kLeanRegs kernels read
+// them back from shared slots after the tiles (FwdTraits::kSlotBytes) per tile: written before
+// the loop, first read after its first barrier (a load cannot move across a barrier), so they
+// hold no registers in between. The others hold them. Without a mask only k and v are used
+// (the unmasked slots hold 16 bytes).
+template <class K>
+struct KvSlices {
+    const typename K::Elem *k, *v;
+    const typename K::MaskBits *mask;
+    int mask_stride_q, mask_stride_k, mask_chunk;
+};
 
 // Where the CTA's data lies in global memory: the block's first Q row, the (batch, head)'s K and
 // V slices and with a mask the (batch, query head)'s mask slice and how its tiles are copied

@@ -1,13 +1,13 @@
 // sm80/fwd_steps.cuh - one warp's work on one K/V tile in the sm80-class forward, in the order
-// fwd_kernel (fwd_sm80.cuh) runs it: S = Q K^T (qk_gemm), the scores scaled and capped
-// (scale_scores), the attn_mask's tile applied (apply_mask_tile), the keys past the end or past
-// the diagonal masked (mask_edges), the online softmax (online_softmax: row max, O's rescale,
-// exponentials and row sums) and O += P V (pv_gemm).
+// fwd_kernel (fwd_sm80.cuh) runs it, after the rows' start (start_rows): S = Q K^T (qk_gemm),
+// the scores scaled and capped (scale_scores), the attn_mask's tile applied (apply_mask_tile),
+// the keys past the end or past the diagonal masked (mask_edges), the online softmax
+// (online_softmax: row max, O's rescale, exponentials and row sums) and O += P V (pv_gemm).
 //
-// Fragment layout (mma.sync m16n8k16): in m-atom a this lane holds rows row_in_atom and
-// row_in_atom + 8 of the atom's 16, and columns col_in_tile, +1 of every 8-wide n-tile; element
-// e of an accumulator tile is row (e >> 1) * 8, column e & 1 of that. The warp's rows are
-// [warp_row0, warp_row0 + kWarpRows) of the block.
+// Fragment layout (mma.sync m16n8k16; FragCoords): in m-atom a this lane holds rows row_in_atom
+// and row_in_atom + 8 of the atom's 16, and columns col_in_tile, +1 of every 8-wide n-tile;
+// element e of an accumulator tile is row (e >> 1) * 8, column e & 1 of that. The warp's rows
+// are [warp_row0, warp_row0 + kWarpRows) of the block.
 //
 // Scratch arrays: a step's local arrays (fragments, per-row values) are the caller's, declared in
 // fwd_kernel where the step once was and passed in. Declared in here, they changed the kernels'
@@ -17,6 +17,7 @@
 
 #include "common/sm80_ptx.cuh"
 #include "flashcore.h"  // fc_params
+#include "sm80/fwd_prologue.cuh"  // FwdBlock, FragCoords
 #include "sm80/fwd_traits.cuh"
 #include "sm80/mask_tile.cuh"
 #include "sm80/row_copy.cuh"  // ChunkPairWalk
@@ -26,6 +27,22 @@
 
 namespace flashcore {
 namespace sm80 {
+
+// The rows' state before the first key tile: O zero, max -inf, sum zero.
+template <class K>
+__device__ __forceinline__ void start_rows(float (&o_acc)[K::kAtoms][K::kDTiles][4], float (&row_max)[K::kAtoms][2],
+                                           float (&row_sum)[K::kAtoms][2]) {
+#pragma unroll
+    for (int a = 0; a < K::kAtoms; ++a)
+#pragma unroll
+        for (int i = 0; i < K::kDTiles; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) o_acc[a][i][j] = 0.f;
+#pragma unroll
+    for (int a = 0; a < K::kAtoms; ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) row_max[a][h] = -INFINITY, row_sum[a][h] = 0.f;
+}
 
 // S = Q K^T for this warp's rows x kBlockN keys. Q's A fragments are re-read from shared memory
 // per k-step (registers hold O and S; FlashAttention-2 too): matrices (rows 0-7 | 8-15) x
@@ -80,14 +97,14 @@ __device__ __forceinline__ void scale_scores(float (&s)[K::kAtoms][K::kNTiles][4
 // mask's zeros become -inf, an additive mask's values are added. Nothing without a mask.
 template <class K>
 __device__ __forceinline__ void apply_mask_tile(float (&s)[K::kAtoms][K::kNTiles][4], unsigned char *smem_mask,
-                                                int warp_row0, int row_in_atom, int col_in_tile) {
+                                                const FragCoords &at) {
     using M = typename K::M;
     if constexpr (K::kMask != kNoMask) {
         // This thread's values sit at rows (row_in_atom, +8) of each atom and columns
         // (8j + col_in_tile, +1): one 2-value load per (row, n-tile), from one shared
         // address per thread plus immediates.
-        const uint32_t mask_base = smem_addr(smem_mask + (warp_row0 + row_in_atom) * M::kPitch +
-                                             col_in_tile * M::kElemBytes);
+        const uint32_t mask_base = smem_addr(smem_mask + (at.warp_row0 + at.row_in_atom) * M::kPitch +
+                                             at.col_in_tile * M::kElemBytes);
 #pragma unroll
         for (int a = 0; a < K::kAtoms; ++a)
 #pragma unroll
@@ -115,9 +132,10 @@ __device__ __forceinline__ void apply_mask_tile(float (&s)[K::kAtoms][K::kNTiles
 // row's count of keys to keep (scratch; see the note above).
 template <class K>
 __device__ __forceinline__ void mask_edges(float (&s)[K::kAtoms][K::kNTiles][4], int (&valid)[K::kAtoms][2], bool causal,
-                                           int n_start, int m_start, int seqlen_k, int warp_row0, int row_in_atom,
-                                           int col_in_tile) {
+                                           int n_start, const FwdBlock &blk, const FragCoords &at) {
     constexpr int kAtoms = K::kAtoms, kBlockN = K::kBlockN;
+    const int m_start = blk.m_start, seqlen_k = blk.seqlen_k;
+    const int warp_row0 = at.warp_row0, row_in_atom = at.row_in_atom, col_in_tile = at.col_in_tile;
     const bool ragged = n_start + kBlockN > seqlen_k;
     const bool crosses_diagonal = causal && n_start + kBlockN - 1 > m_start + warp_row0;
     if (ragged || crosses_diagonal) {

@@ -6,6 +6,7 @@
 
 #include "common/sm80_ptx.cuh"
 #include "flashcore.h"  // fc_params
+#include "sm80/fwd_prologue.cuh"  // FwdBlock, FragCoords
 #include "sm80/fwd_traits.cuh"
 #include "sm80/tile.cuh"  // swizzled
 
@@ -36,20 +37,19 @@ __device__ __forceinline__ void finish_rows(float (&row_sum)[K::kAtoms][2], floa
 // from the quad's first lane.
 template <class K>
 __device__ __forceinline__ void store_lse(const fc_params &p, const float (&row_max)[K::kAtoms][2],
-                                          const float (&row_sum)[K::kAtoms][2], int batch, int head_q, int m_start,
-                                          int seqlen_q, int lane, int warp_row0, int row_in_atom) {
-    if (p.lse != nullptr && (lane % 4) == 0) {
+                                          const float (&row_sum)[K::kAtoms][2], const FwdBlock &blk, const FragCoords &at) {
+    if (p.lse != nullptr && (at.lane % 4) == 0) {
 #pragma unroll
         for (int a = 0; a < K::kAtoms; ++a)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int row = m_start + warp_row0 + a * 16 + row_in_atom + 8 * h;
-                if (row < seqlen_q) {
+                const int row = blk.m_start + at.warp_row0 + a * 16 + at.row_in_atom + 8 * h;
+                if (row < blk.seqlen_q) {
                     // Natural log: (max in base-2 units + log2(sum)) * ln(2), or max in natural
                     // units + log2(sum) * ln(2). Fully masked rows: -inf + -inf = -inf.
                     const float lse = K::kNatural ? row_max[a][h] + __log2f(row_sum[a][h]) * 0.6931471805599453f
                                                   : (row_max[a][h] + __log2f(row_sum[a][h])) * 0.6931471805599453f;
-                    p.lse[batch * p.lse_stride_b + head_q * p.lse_stride_h + row * p.lse_stride_s] = lse;
+                    p.lse[blk.batch * p.lse_stride_b + blk.head_q * p.lse_stride_h + row * p.lse_stride_s] = lse;
                 }
             }
     }
@@ -61,9 +61,8 @@ __device__ __forceinline__ void store_lse(const fc_params &p, const float (&row_
 // here. Then each lane writes 16-byte chunks to global memory.
 template <class K>
 __device__ __forceinline__ void store_o(const fc_params &p, const float (&o_acc)[K::kAtoms][K::kDTiles][4],
-                                        const float (&inv_sum)[K::kAtoms][2], typename K::Elem *stage_o, int batch,
-                                        int head_q, int m_start, int seqlen_q, int lane, int warp_row0, int row_in_atom,
-                                        int col_in_tile) {
+                                        const float (&inv_sum)[K::kAtoms][2], typename K::Elem *stage_o,
+                                        const FwdBlock &blk, const FragCoords &at) {
     using Elem = typename K::Elem;
     constexpr int kChunks = K::kChunks, kPitchChunks = K::kPitchChunks;
 #pragma unroll
@@ -72,21 +71,21 @@ __device__ __forceinline__ void store_o(const fc_params &p, const float (&o_acc)
         for (int d = 0; d < K::kDTiles; ++d)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int r = warp_row0 + a * 16 + row_in_atom + 8 * h;
+                const int r = at.warp_row0 + a * 16 + at.row_in_atom + 8 * h;
                 const uint32_t packed = pack2<Elem>(o_acc[a][d][2 * h] * inv_sum[a][h],
                                                     o_acc[a][d][2 * h + 1] * inv_sum[a][h]);
-                *reinterpret_cast<uint32_t *>(stage_o + swizzled<kPitchChunks>(r, d) + col_in_tile) = packed;
+                *reinterpret_cast<uint32_t *>(stage_o + swizzled<kPitchChunks>(r, d) + at.col_in_tile) = packed;
             }
     __syncwarp();
-    Elem *out = static_cast<Elem *>(p.out) + batch * p.o_stride_b + head_q * p.o_stride_h;
+    Elem *out = static_cast<Elem *>(p.out) + blk.batch * p.o_stride_b + blk.head_q * p.o_stride_h;
     const int o_stride = static_cast<int>(p.o_stride_s);
 #pragma unroll
     for (int it = 0; it < K::kWarpRows * kChunks / 32; ++it) {
-        const int item = lane + it * 32;
-        const int r = warp_row0 + item / kChunks;
+        const int item = at.lane + it * 32;
+        const int r = at.warp_row0 + item / kChunks;
         const int chunk = item % kChunks;
-        const int row = m_start + r;
-        if (row < seqlen_q) {
+        const int row = blk.m_start + r;
+        if (row < blk.seqlen_q) {
             const uint4 val = *reinterpret_cast<const uint4 *>(stage_o + swizzled<kPitchChunks>(r, chunk));
             *reinterpret_cast<uint4 *>(out + static_cast<int64_t>(row) * o_stride + chunk * 8) = val;
         }
