@@ -34,6 +34,21 @@
 //   * Epilogue: O is normalised, packed to 16 bits, staged through the (now idle) Q tile in
 //     shared memory and written with 16-byte stores; rows past Sq are not written.
 //
+// Where each part lives (fwd_kernel below reads as the CTA's steps; issue 33):
+//   * sm80/fwd_traits.cuh: the tile shapes per head dim and why (FwdTraits, kLazyRescale), and
+//     one instantiation's constants (FwdShape).
+//   * sm80/fwd_prologue.cuh: the CTA's query block (FwdBlock), where its data lies (FwdSlices,
+//     KvSlices), the keys it needs (keys_needed), the lane's fragment coordinates (FragCoords).
+//   * sm80/fwd_loads.cuh: the K/V tile copies with the mask's (load_k_tile, load_v_tile) and
+//     the kLeanRegs kernels' slices in shared slots (store_slots).
+//   * sm80/fwd_steps.cuh: one key tile (qk_gemm, scale_scores, apply_mask_tile, mask_edges,
+//     online_softmax, pv_gemm) and the rows' start (start_rows).
+//   * sm80/fwd_store.cuh: the epilogue (finish_rows, store_lse, store_o).
+//   * sm80/tile.cuh, sm80/row_copy.cuh, sm80/mask_tile.cuh: swizzled tiles and their copies,
+//     chunk-pair addresses, the mask tile and its copies.
+//   * This file: fwd_kernel and the host side (launch_fwd_tiles, takes_narrow_tiles,
+//     launch_fwd, launch_fwd_kind, FLASHCORE_DEFINE_SM80_FWD).
+//
 // Run it through the C API (c_src/flashcore.h, fc_sdpa_fwd); tests/ and bench/ force this
 // family on Hopper with FLASHCORE_FAMILY=sm80. Instantiated once per (head dim, dtype) in
 // kernels/fwd_sm80_hdim*_*.cu.
@@ -71,8 +86,6 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>
 fwd_kernel(const fc_params p) {
     using K = FwdShape<Elem, kHeadDim, kCausal, kMask, kNarrow, kSoftcap>;
     using T = typename K::T;
-    using M = typename K::M;
-    using MaskBits = typename K::MaskBits;
     constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kChunks = K::kChunks;
     constexpr int kPitchChunks = K::kPitchChunks, kPitch = K::kPitch;
     constexpr int kAtoms = K::kAtoms, kWarpRows = K::kWarpRows;
@@ -90,7 +103,7 @@ fwd_kernel(const fc_params p) {
     const FwdSlices<K> g = fwd_slices<K>(p, blk);  // where they and their K, V, mask lie
     const int n_end = keys_needed<K>(blk, causal);  // keys [0, n_end)
 
-    // This thread's mma fragment coordinates (FragCoords).
+    // This thread's mma fragment coordinates (FragCoords: why they are computed here).
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int warp_row0 = warp * kWarpRows;
@@ -110,12 +123,12 @@ fwd_kernel(const fc_params p) {
     ChunkPairWalk<T::kWalkQK> q_addr(q_base), k_addr(k_base);
     ChunkPairWalk<T::kLeanRegs> v_addr(v_base);
 
-    // The K and V slices (and the mask's) for the key loop's loads: held, or (kLeanRegs) read
-    // back per tile from the shared slots after the tiles.
+    // The K and V slices (and the mask's) for the key loop's loads: held in registers, or
+    // (kLeanRegs) read back per tile from the shared slots after the tiles (KvSlices).
     KvSlices<K> *slots = reinterpret_cast<KvSlices<K> *>(smem_v + kBlockN * kPitch);
     store_slots<K>(slots, g.kv);
     // K tile n (and its mask tile) / V tile n into their single buffers. kFromSlots: the K and
-    // mask slices from the shared slots (kLeanRegs, in the main loop).
+    // mask slices from the shared slots (kLeanRegs, in the key loop).
     auto load_k = [&](auto from_slots, int n_start) {
         load_k_tile<K>(smem_k, smem_mask, decltype(from_slots)::value ? *slots : g.kv, g.k_stride, n_start, blk);
     };

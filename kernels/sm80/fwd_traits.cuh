@@ -141,13 +141,14 @@ struct FwdTraits {
     // 160 accumulators, D=64 128, beside the mask tile's addressing), keep their addresses
     // in as few registers as they can, for a few more instructions per tile: V's ldmatrix
     // addresses walked along the d-steps (ChunkPairWalk) instead of one register per step
-    // modulo 4, the K/V slice pointers read back from shared memory per tile (`slices` in
-    // fwd_kernel) instead of held, and K/V tiles (and mask tiles) copied with one shared address
-    // per thread (load_rows, load_mask_chunks / load_mask_elements). D=128 also walks Q's and K's
-    // addresses along its 8 k-steps (kWalkQK). Each is needed: without the V walk, the Q/K walks
-    // or the shared pointers, D=128 spilled 32-40 bytes (non-causal, sm_90a); without the V walk,
-    // the shared pointers or load_rows, D=64 spilled 32-144 bytes (non-causal), and with the Q/K
-    // walks as well 44-48 bytes (non-causal, sm_90a), so D=64 leaves them out.
+    // modulo 4, the K/V slice pointers read back from shared memory per tile (KvSlices'
+    // shared slots, sm80/fwd_loads.cuh) instead of held, and K/V tiles (and mask tiles)
+    // copied with one shared address per thread (load_rows, load_mask_chunks /
+    // load_mask_elements). D=128 also walks Q's and K's addresses along its 8 k-steps
+    // (kWalkQK). Each is needed: without the V walk, the Q/K walks or the shared pointers,
+    // D=128 spilled 32-40 bytes (non-causal, sm_90a); without the V walk, the shared pointers
+    // or load_rows, D=64 spilled 32-144 bytes (non-causal), and with the Q/K walks as well
+    // 44-48 bytes (non-causal, sm_90a), so D=64 leaves them out.
     // The two-atom masked D=80 / D=96 kernels take kLeanRegs too (without it they spilled
     // 16-444 bytes); load_rows has no one-address path for their 10 / 12 chunks per row, so
     // there it is the V walk, the shared slots and the mask copies' one address, and at D=96
@@ -156,7 +157,7 @@ struct FwdTraits {
                                       (kHeadDim == 64 || kHeadDim == 128 || kTwoAtomMask);
     static constexpr bool kWalkQK = kLeanRegs && (kHeadDim == 128 || (kTwoAtomMask && kHeadDim == 96));
     // Elements: Q tile + one K tile + one V tile (single-buffered: V(n) loads under S(n), K(n+1)
-    // under softmax(n) and PV(n); see the main loop).
+    // under softmax(n) and PV(n); see fwd_kernel's key loop).
     static constexpr int kSmemElems = kBlockM * kPitch + 2 * kBlockN * kPitch;
     // kLeanRegs: the K and V slice pointers (and a mask's pointer, strides and copy mode), after
     // the tiles (16 / 48 bytes: a mask tile after them stays 16-byte aligned for cp.async).
