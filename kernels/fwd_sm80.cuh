@@ -34,6 +34,21 @@
 //   * Epilogue: O is normalised, packed to 16 bits, staged through the (now idle) Q tile in
 //     shared memory and written with 16-byte stores; rows past Sq are not written.
 //
+// Where each part lives (fwd_kernel below reads as the CTA's steps; issue 33):
+//   * sm80/fwd_traits.cuh: the tile shapes per head dim and why (FwdTraits, kLazyRescale), and
+//     one instantiation's constants (FwdShape).
+//   * sm80/fwd_prologue.cuh: the CTA's query block (FwdBlock), where its data lies (FwdSlices,
+//     KvSlices), the keys it needs (keys_needed), the lane's fragment coordinates (FragCoords).
+//   * sm80/fwd_loads.cuh: the K/V tile copies with the mask's (load_k_tile, load_v_tile) and
+//     the kLeanRegs kernels' slices in shared slots (store_slots).
+//   * sm80/fwd_steps.cuh: one key tile (qk_gemm, scale_scores, apply_mask_tile, mask_edges,
+//     online_softmax, pv_gemm) and the rows' start (start_rows).
+//   * sm80/fwd_store.cuh: the epilogue (finish_rows, store_lse, store_o).
+//   * sm80/tile.cuh, sm80/row_copy.cuh, sm80/mask_tile.cuh: swizzled tiles and their copies,
+//     chunk-pair addresses, the mask tile and its copies.
+//   * This file: fwd_kernel and the host side (launch_fwd_tiles, takes_narrow_tiles,
+//     launch_fwd, launch_fwd_kind, FLASHCORE_DEFINE_SM80_FWD).
+//
 // Run it through the C API (c_src/flashcore.h, fc_sdpa_fwd); tests/ and bench/ force this
 // family on Hopper with FLASHCORE_FAMILY=sm80. Instantiated once per (head dim, dtype) in
 // kernels/fwd_sm80_hdim*_*.cu.
@@ -44,6 +59,11 @@
 #include "flashcore.h"
 #include "launch_rules.h"
 #include "runtime.h"
+#include "sm80/fwd_loads.cuh"
+#include "sm80/fwd_prologue.cuh"
+#include "sm80/fwd_steps.cuh"
+#include "sm80/fwd_store.cuh"
+#include "sm80/fwd_traits.cuh"
 #include "sm80/tile.cuh"
 #include "sm80/mask_tile.cuh"
 #include "sm80/row_copy.cuh"
@@ -56,161 +76,6 @@
 namespace flashcore {
 namespace sm80 {
 
-// Tile shape per head dim. Unmasked: 4 warps, 128 query rows per CTA, so each warp owns 32 rows
-// (two 16-row m-atoms) and every K/V fragment it loads from shared memory feeds two mma instead of
-// one (half the ldmatrix traffic per FLOP of 16 rows per warp, as FlashAttention-2). Q is re-read
-// from shared memory per k-step: registers hold O (D=64: 64, D=128: 128 fp32) and S (128 / 64
-// on Hopper). Key tiles:
-//   * D=64: 128 keys on Hopper, FlashAttention-2's 128x128 (S 128 + O 64 fp32, the same 192
-//     accumulators as D=128's 128x64); forced sm80 on the H100 it measured 0.86-1.17 ->
-//     0.95-1.32x flash, +8-11% non-causal (docs/experiments/sessions-10-16.md). It fits 255 registers only with
-//     FwdTraits::kLeanRegs (without it: 12-148 bytes of spill stores; 144-1000 in an earlier
-//     attempt). Ada keeps 128x64 (FwdTraits' kNarrow).
-//   * D=128: 64 keys on Hopper, FlashAttention-2's 128x64 there: against 128x32 tiles, 20% fewer
-//     ldmatrix per key (Q re-read per 64 keys, not 32) and half the O rescales and row-max
-//     shuffles; forced sm80 on the H100 it measured 0.86-1.02 -> 0.95-1.13x flash
-//     (docs/experiments/sessions-10-16.md, thirteenth session). It fits 255 registers only with FwdTraits::kLeanRegs
-//     and load_rows' one shared address per thread (before them: 20-144 bytes of spill stores).
-//     Its 64 KB of shared memory would leave one CTA per SM on sm_89 (100 KB per SM), so Ada
-//     keeps 128x32 (48 KB, two CTAs; FwdTraits' kNarrow).
-//   * Masked D=64 / D=128 (a mask tile rides with K; FwdTraits' kTwoAtomMask): on Hopper two
-//     m-atoms per warp like the unmasked kernels, D=64 128x64 and D=128 128x32; on the H100
-//     with HuggingFace's padded causal bool mask: 0.80 -> 1.02x cuDNN at D=64 4k, 0.83-0.86 ->
-//     0.90-0.92 at D=128 (docs/experiments/sessions-10-16.md). Both need FwdTraits::kLeanRegs (with the mask's pointer, strides and copy mode in
-//     the shared slots too) and the mask copies' one address per thread (load_mask_chunks /
-//     load_mask_elements): before those, two atoms spilled 40-370 bytes. D=128 128x64 (192 fp32
-//     accumulators, as the unmasked 128x64) still spilled 4-108 bytes (255 registers) with
-//     them, whichever of the mask copies, the mask reads or the run-time causal flag was taken
-//     out, so D=128 takes 32-key tiles (160 accumulators). Ada keeps one m-atom, 64x64 (kNarrow;
-//     launch_fwd, takes_narrow_tiles).
-//   * Masked D=80 / D=96 (Phi-2's and Phi-3-mini's heads): two m-atoms on Hopper the same way,
-//     D=80 128x64 (O 80 + S 64 fp32) and D=96 128x64 (O 96 + S 64: D=128 128x32's 160
-//     accumulators), with kLeanRegs (as far as it applies: load_rows has no one-address path for
-//     10 / 12 chunks per row) and, at D=96, the Q/K address walks (kWalkQK). Without kLeanRegs
-//     they spilled (D=80 128x64: 120-444 bytes; D=96 128x32: 16-32 bytes, additive); D=96 128x64
-//     spilled 4-24 bytes with kLeanRegs alone. On the H100 with HuggingFace's padded bool mask
-//     (B=4 H=32 S=2048, three passes, cuDNN time / ours): D=80 1.01-1.04 -> 1.31-1.32, D=96
-//     0.90-0.92 -> 1.12-1.15 (128x32 tiles: 0.97-0.99); 2.3-2.5x -> 2.8-3.2x PyTorch's
-//     `efficient`. Ada keeps the one-atom 64x64 shape (kNarrow), as for D=64 / D=128. Shared
-//     memory per CTA: D=80 74 KB (bool) / 82 KB (additive), D=96 72 / 80 KB; two CTAs per SM on
-//     Hopper. D=32 and D=256 keep one m-atom everywhere.
-// ptxas (sm_90a / sm_89): D=64 255 registers (128x64: 225-237), D=128 255 (128x32: 248-255),
-// masked two-atom D=64 207-215, D=128 230-236, D=80 239-241, D=96 250-255, masked one-atom 182-255;
-// no spills, no stack.
-// Measured (H100 80GB HBM3, forced sm80, fp16, 16k-token sweeps; flash = PyTorch's FlashAttention-2
-// in the same run; docs/experiments/first-versions.md, 2026-11-26):
-//   * v1, 4 warps x 16 rows (BM=64, BN=64), Q in registers, 2-stage K/V ring: D=64 nc 4k 244 vs
-//     flash 308; D=128 nc 4k 265 vs 326; causal D=64 237 vs 284, D=128 252 vs 304.
-//   * v2 (this shape; D=64 with 128x64, D=128 with 128x32 tiles): D=64 nc 4k 297 vs 303, D=128
-//     nc 4k 321 vs 349, causal D=64 251 vs 287, D=128 266 vs 312 (0.85-0.98x at 4k; 1.0x at
-//     D=64 nc 1k and D=128 nc 16k). A GPU profile of D=128 nc against flash (128x64): 20% more ldmatrix, twice the
-//     rescales and row-max shuffles, ~9% slower; hence the 64-key tiles above.
-// Measured and lost:
-//   * The scale folded into the exponent's FFMA (exp2(s * c - max * c), max over raw scores) with
-//     a per-row branch to the exact form for huge scores (the sm90 family's fix): with the fold
-//     switched on vs off in one run, D=64 +1-7%, D=128 -1-3%; but both builds ran 10-15% below v2
-//     on every shape (D=128 nc 4k 277-279 vs 321, flash unchanged at 349-352). The per-row branch
-//     (4 per tile, splitting the softmax into separate blocks) is the suspect; not verified.
-//   * load_tile with one running source pointer per thread (fewer live registers): no gain.
-//   * D=128 with 64-key tiles and the old addressing: spills 20-144 bytes (255 registers) in the
-//     unmasked variants; no gain measured. (Now without spills; see above.)
-//   * 8 warps / 128 query rows of 16 rows per warp for D=128 (one CTA of 8 warps per SM instead of
-//     two of 4): non-causal 4k 222 vs 263 TFLOP/s, causal 196 vs 248.
-//   * K and V in separate cp.async groups on the v1 2-stage ring: D=64 nc 4k 236 vs 248.
-// Other head dims (issue 3; shapes chosen by the register budget, not yet timed on a GPU):
-//   * Rows of D=32 / 80 / 96 are not whole 128-byte groups, so shared rows are padded to a multiple
-//     of 64 elements (kPitch): the same swizzle and ldmatrix addressing as D=64/128, no bank
-//     conflicts, no extra global traffic; the cost is shared memory (D=80/96 take D=128's tiles).
-//   * D=32: 128 x 128 (O is 32 fp32, so S can be 128 keys wide: half the barriers per key of a
-//     64-key tile, and 2 k-steps per tile is little work to hide them behind; FlashAttention-2's
-//     choice too). 235-240 registers, no spills.
-//   * D=80: 128 x 64 like D=64 (O 80 + S 64 fp32): 239-246 registers.
-//   * D=96: 128 x 32 (O 96 + S 32): 215-229 registers. 128 x 64 also compiled without spills
-//     but at 255 registers on both archs (O 96 + S 64; before load_rows); the candidate to time
-//     first.
-//   * D=256: 64 x 32, one m-atom per warp (O alone is 128 fp32 per atom): 242-255 registers,
-//     64 KB of shared memory (one CTA per SM on sm_89). 64 x 64 (96 KB) also compiles without
-//     spills at 255 registers; on Hopper the sm90 family runs D=256 anyway unless forced.
-//   * Masked: 64 x 64 for D=32 (156-220 registers) and for D=64/80/96/128 on Ada (D=80/96:
-//     203-251), 64 x 32 for D=256 (255 registers;
-//     a 64-key tile would not fit 99 KB beside its mask tile).
-// Lazy rescaling of O (must_rebase, common/sm80_ptx.cuh) in fwd_kernel's online softmax: only
-// in the causal D=128 kernel, where it measured a gain. Forced sm80 on the H100 (fp16, 2 passes
-// of each build in one run, ratio to cuDNN): causal D=128 +2-4% at S=512-1k, +7-8% at 2k, +3-14%
-// at 4k-16k. Non-causal D=128 lost 2% at 512-1k and 7-10% on the GQA chunk rows (Sq=128/512
-// against Sk=4k/8k); D=64 lost 1-6% (the warp vote costs about what the rescale of 32 columns
-// saves); D=256 spilled (255 registers).
-template <int kHeadDim, bool kCausal>
-constexpr bool kLazyRescale = kHeadDim == 128 && kCausal;
-
-// kNarrow: the D=64 and D=128 unmasked kernels on their narrower key tiles, as before the wide
-// ones (above), for sm_89. D=128 128x32: 128x64's 64 KB of shared memory would leave one CTA per
-// SM there (100 KB per SM), where the 48 KB of 128x32 leave two, and FlashAttention-2 also keeps
-// 128x32 on sm8x. D=64 128x64: both shapes leave two CTAs per SM there (128x128: 48 KB);
-// Ada keeps the shape it had. Neither head dim's shapes were compared on an Ada card.
-// launch_fwd takes the narrow tiles below compute capability 9, or anywhere with
-// FLASHCORE_SM80_TILES=narrow (config.h; how the tests run them on Hopper); =wide takes the
-// wide ones anywhere (launch_fwd, takes_narrow_tiles).
-template <int kHeadDim, bool kMasked = false, bool kNarrow = false>
-struct FwdTraits {
-    static constexpr int kWarps = 4;
-    // kTwoAtomMask: the D=64 / 80 / 96 / 128 masked variants on two m-atoms per warp, 128-row
-    // tiles (kNarrow = false); with kNarrow they keep the one-atom 64x64 shape (Ada; see
-    // launch_fwd).
-    static constexpr bool kTwoAtomMask = kMasked && !kNarrow && kHeadDim != 32 && kHeadDim != 256;
-    // 16-row m-atoms per warp: two (each K/V fragment feeds two mma), except the other masked
-    // variants and D=256, whose O accumulators (128 fp32 per atom) leave no room for a second atom.
-    static constexpr int kMAtoms = (kMasked && !kTwoAtomMask) || kHeadDim == 256 ? 1 : 2;
-    static constexpr int kWarpRows = 16 * kMAtoms;
-    static constexpr int kBlockM = kWarpRows * kWarps;  // query rows per CTA
-    // Key rows per K/V tile (see the tile-shape comment above for why each).
-    static constexpr int kBlockN = kHeadDim == 256             ? 32
-                                   : kMasked                   ? (kTwoAtomMask && kHeadDim == 128 ? 32 : 64)
-                                   : kHeadDim == 32            ? 128
-                                   : kHeadDim == 64            ? (kNarrow ? 64 : 128)
-                                   : kHeadDim == 128           ? (kNarrow ? 32 : 64)
-                                   : kHeadDim == 96            ? 32
-                                                               : 64;  // D=80
-    static constexpr int kThreads = 32 * kWarps;
-    static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of data per row
-    // Shared-memory row pitch in chunks: rounded up to a multiple of 8 (128 bytes), so the
-    // (row % 8) XOR swizzle and chunk_pair_addr's 128-byte steps hold for any D; D=32 / 80 / 96
-    // leave chunks [kChunks, kPitchChunks) of each row unused (never loaded, never read).
-    static constexpr int kPitchChunks = (kChunks + 7) / 8 * 8;
-    static constexpr int kPitch = kPitchChunks * 8;  // elements
-    static constexpr int kMinBlocksPerSm = 2;
-    // The wide kernels, unmasked D=64 128x128 and D=128 128x64 (192 fp32 accumulators, O + S, of
-    // the 255 registers two CTAs per SM leave) and the two-atom masked ones (kTwoAtomMask: D=128
-    // 160 accumulators, D=64 128, beside the mask tile's addressing), keep their addresses
-    // in as few registers as they can, for a few more instructions per tile: V's ldmatrix
-    // addresses walked along the d-steps (ChunkPairWalk) instead of one register per step
-    // modulo 4, the K/V slice pointers read back from shared memory per tile (`slices` in
-    // fwd_kernel) instead of held, and K/V tiles (and mask tiles) copied with one shared address
-    // per thread (load_rows, load_mask_chunks / load_mask_elements). D=128 also walks Q's and K's
-    // addresses along its 8 k-steps (kWalkQK). Each is needed: without the V walk, the Q/K walks
-    // or the shared pointers, D=128 spilled 32-40 bytes (non-causal, sm_90a); without the V walk,
-    // the shared pointers or load_rows, D=64 spilled 32-144 bytes (non-causal), and with the Q/K
-    // walks as well 44-48 bytes (non-causal, sm_90a), so D=64 leaves them out.
-    // The two-atom masked D=80 / D=96 kernels take kLeanRegs too (without it they spilled
-    // 16-444 bytes); load_rows has no one-address path for their 10 / 12 chunks per row, so
-    // there it is the V walk, the shared slots and the mask copies' one address, and at D=96
-    // (128x64) the Q/K walks as well.
-    static constexpr bool kLeanRegs = (!kMasked || kTwoAtomMask) && !kNarrow &&
-                                      (kHeadDim == 64 || kHeadDim == 128 || kTwoAtomMask);
-    static constexpr bool kWalkQK = kLeanRegs && (kHeadDim == 128 || (kTwoAtomMask && kHeadDim == 96));
-    // Elements: Q tile + one K tile + one V tile (single-buffered: V(n) loads under S(n), K(n+1)
-    // under softmax(n) and PV(n); see the main loop).
-    static constexpr int kSmemElems = kBlockM * kPitch + 2 * kBlockN * kPitch;
-    // kLeanRegs: the K and V slice pointers (and a mask's pointer, strides and copy mode), after
-    // the tiles (16 / 48 bytes: a mask tile after them stays 16-byte aligned for cp.async).
-    static constexpr int kSlotBytes = kLeanRegs ? (kMasked ? 48 : 16) : 0;
-    // Bytes: the tiles, then the slots; a mask tile follows (launch_fwd adds it).
-    static constexpr int kSmemBytes = kSmemElems * 2 + kSlotBytes;
-    static_assert(kHeadDim % 16 == 0, "k-steps of 16 and V fragments in pairs of 8 columns");
-    static_assert(kSmemBytes % 16 == 0, "the mask tile after the slots: 16-byte aligned");
-    static_assert(kSmemBytes <= 99 * 1024, "must fit an sm_89 block (99 KB)");
-};
-
 // kCausal: the causal variant without a mask. With a mask (kMask != kNoMask) the causal flag is
 // read at run time instead (one instantiation per mask kind: PyTorch never sends a mask with
 // is_causal, C callers may). kSoftcap: the logit softcap (fc_params.softcap): each scaled score
@@ -219,23 +84,13 @@ template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kNarrow = f
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>::kThreads,
                                 FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>::kMinBlocksPerSm)
 fwd_kernel(const fc_params p) {
-    using T = FwdTraits<kHeadDim, kMask != kNoMask, kNarrow>;
-    using M = MaskTile<kMask, T::kBlockM, T::kBlockN>;
-    using MaskBits = typename std::conditional<kMask == kBoolMask, uint8_t, uint16_t>::type;
-    constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kChunks = T::kChunks;
-    constexpr int kPitchChunks = T::kPitchChunks, kPitch = T::kPitch;
-    constexpr int kAtoms = T::kMAtoms, kWarpRows = T::kWarpRows;
-    // An additive mask can hold huge finite values (HuggingFace fills with finfo(dtype).min,
-    // -3.4e38 in bf16); times log2(e) they would overflow to -inf and a row masked only by them
-    // would read as fully masked (zeros) where PyTorch averages V. So with an additive mask the
-    // scores stay in natural-log units and log2(e) is applied after subtracting the row max.
-    // kSoftcap: natural units too, so that the cap is one constant (scale / softcap) in a register
-    // and softcap itself a kernel-parameter operand (the masked D=96 kernels spilled with two).
-    constexpr bool kNatural = kMask == kAddMask || kSoftcap;
+    using K = FwdShape<Elem, kHeadDim, kCausal, kMask, kNarrow, kSoftcap>;
+    using T = typename K::T;
+    constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kChunks = K::kChunks;
+    constexpr int kPitchChunks = K::kPitchChunks, kPitch = K::kPitch;
+    constexpr int kAtoms = K::kAtoms, kWarpRows = K::kWarpRows;
+    constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles;
     const bool causal = kCausal || (kMask != kNoMask && p.causal != 0);
-    constexpr int kKSteps = kHeadDim / 16;   // k-steps of QK^T
-    constexpr int kNTiles = kBlockN / 8;     // n-tiles of S per m-atom
-    constexpr int kDTiles = kHeadDim / 8;    // n-tiles of O per m-atom
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Elem *smem_q = reinterpret_cast<Elem *>(smem_raw);      // [kBlockM][kPitch]
@@ -244,138 +99,54 @@ fwd_kernel(const fc_params p) {
     // After the tiles: kLeanRegs' K/V slice pointers (T::kSlotBytes), then the mask tile.
     unsigned char *smem_mask = smem_raw + T::kSmemBytes;
 
-    const int seqlen_q = static_cast<int>(p.seqlen_q);
-    const int seqlen_k = static_cast<int>(p.seqlen_k);
-    // blockIdx.x is the query block, so the CTAs in flight at once are mostly the blocks of
-    // one (batch, head) and share its K/V in L2; y is the head, z the batch.
-    const int head_q = blockIdx.y;
-    const int batch = blockIdx.z;
-    const int head_kv = head_q / static_cast<int>(p.heads_q / p.heads_kv);
-    const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
-    const int m_start = m_block * kBlockM;
+    const FwdBlock blk = fwd_block<K>(p);           // which query rows of which (batch, head)
+    const FwdSlices<K> g = fwd_slices<K>(p, blk);  // where they and their K, V, mask lie
+    const int n_end = keys_needed<K>(blk, causal);  // keys [0, n_end)
 
-    // 64-bit (batch, head) bases; offsets inside one (batch, head) slice fit in 32 bits
-    // (checked by fc_params_validate).
-    const Elem *q = static_cast<const Elem *>(p.q) + batch * p.q_stride_b + head_q * p.q_stride_h +
-                    static_cast<int64_t>(m_start) * p.q_stride_s;
-    const Elem *k = static_cast<const Elem *>(p.k) + batch * p.k_stride_b + head_kv * p.k_stride_h;
-    const Elem *v = static_cast<const Elem *>(p.v) + batch * p.v_stride_b + head_kv * p.v_stride_h;
-    const int q_stride = static_cast<int>(p.q_stride_s);
-    const int k_stride = static_cast<int>(p.k_stride_s);
-    const int v_stride = static_cast<int>(p.v_stride_s);
-
-    // This (batch, query head)'s mask slice, and how its tiles are copied.
-    const MaskBits *mask = nullptr;
-    int mask_stride_q = 0, mask_stride_k = 0, mask_chunk = 0;
-    if constexpr (kMask != kNoMask) {
-        mask = static_cast<const MaskBits *>(p.mask) + batch * p.mask_stride_b + head_q * p.mask_stride_h;
-        mask_stride_q = static_cast<int>(p.mask_stride_q);
-        mask_stride_k = static_cast<int>(p.mask_stride_k);
-        mask_chunk = mask_chunk_bytes(mask, p.mask_stride_q, p.mask_stride_k, seqlen_q, seqlen_k,
-                                      M::kElemBytes);
-    }
-    // Keys this query block needs, [0, n_end): with causal masking, none past its last row. The
-    // loop runs over the tiles that start before n_end (the same tiles as counting them, one
-    // register fewer: seqlen_k is n_end when not causal).
-    const int last_row = min(m_start + kBlockM, seqlen_q) - 1;
-    const int n_end = causal ? min(seqlen_k, last_row + 1) : seqlen_k;
-
+    // This thread's mma fragment coordinates (FragCoords: why they are computed here).
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int warp_row0 = warp * kWarpRows;  // this warp's rows: [warp_row0, warp_row0 + 32)
-    // mma fragment coordinates: in m-atom a, this lane holds rows (lane/4) and (lane/4 + 8) of
-    // the atom's 16, and columns 2*(lane%4), +1 of every 8-wide n-tile.
+    const int warp_row0 = warp * kWarpRows;
     const int row_in_atom = lane / 4;
     const int col_in_tile = 2 * (lane % 4);
+    const FragCoords at = {lane, warp_row0, row_in_atom, col_in_tile};
+
     // ldmatrix row addresses, chunk pair 0 (see chunk_pair_addr). Q (A operand) and V (B
     // operand, transposed): lanes 0-15 give rows 0-15 of the first chunk, 16-31 of the second.
     // K (B operand): lanes 0-7 / 16-23 give key rows 0-7 / 8-15 of the first chunk, 8-15 / 24-31
     // of the second. m-atoms, key groups and V rows step by 16 rows: immediate offsets. kLeanRegs
     // walks V's chunk pairs from these (ChunkPairWalk), kWalkQK Q's and K's too; the others hold
     // four per operand.
-    constexpr int kRowBytes = kPitch * 2;
-    const uint32_t q_base = smem_addr(smem_q + swizzled<kPitchChunks>(warp_row0 + (lane & 15), lane >> 4));
-    const uint32_t k_base = smem_addr(smem_k + swizzled<kPitchChunks>((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1));
-    const uint32_t v_base = smem_addr(smem_v + swizzled<kPitchChunks>(lane & 15, lane >> 4));
+    const uint32_t q_base = smem_addr(smem_q + swizzled<kPitchChunks>(at.warp_row0 + (at.lane & 15), at.lane >> 4));
+    const uint32_t k_base = smem_addr(smem_k + swizzled<kPitchChunks>((at.lane & 7) + (at.lane >> 4) * 8, (at.lane >> 3) & 1));
+    const uint32_t v_base = smem_addr(smem_v + swizzled<kPitchChunks>(at.lane & 15, at.lane >> 4));
     ChunkPairWalk<T::kWalkQK> q_addr(q_base), k_addr(k_base);
     ChunkPairWalk<T::kLeanRegs> v_addr(v_base);
 
-    // The K and V slices (and the mask's) for the loads in the main loop. kLeanRegs: read back
-    // from shared memory per tile (written here, first read after the loop's first barrier; a
-    // load cannot move across a barrier, so they hold no registers in between). Others: held.
-    struct Slices {
-        const Elem *k, *v;
-        const MaskBits *mask;
-        int mask_stride_q, mask_stride_k, mask_chunk;
-    };
-    static_assert(!T::kLeanRegs || sizeof(Slices) <= T::kSlotBytes || (kMask == kNoMask && 2 * sizeof(void *) <= T::kSlotBytes),
-                  "the slots hold the slices");
-    Slices *slices = reinterpret_cast<Slices *>(smem_v + kBlockN * kPitch);
-    if constexpr (T::kLeanRegs) {
-        if (threadIdx.x == 0) {
-            slices->k = k, slices->v = v;
-            if constexpr (kMask != kNoMask) {
-                slices->mask = mask, slices->mask_stride_q = mask_stride_q;
-                slices->mask_stride_k = mask_stride_k, slices->mask_chunk = mask_chunk;
-            }
-        }
-    }
-    auto v_slice = [&]() {
-        if constexpr (T::kLeanRegs) return slices->v; else return v;
-    };
-    // K tile n (and its mask tile) / V tile n into their single buffers; rows past Sk zero-filled.
-    // kFromSlots: the K and mask slices from the shared slots (kLeanRegs, in the main loop).
+    // The K and V slices (and the mask's) for the key loop's loads: held in registers, or
+    // (kLeanRegs) read back per tile from the shared slots after the tiles (KvSlices).
+    KvSlices<K> *slots = reinterpret_cast<KvSlices<K> *>(smem_v + kBlockN * kPitch);
+    store_slots<K>(slots, g.kv);
+    // K tile n (and its mask tile) / V tile n into their single buffers. kFromSlots: the K and
+    // mask slices from the shared slots (kLeanRegs, in the key loop).
     auto load_k = [&](auto from_slots, int n_start) {
-        constexpr bool kFromSlots = decltype(from_slots)::value;
-        load_rows<T::kLeanRegs, Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_k, kFromSlots ? slices->k : k, n_start, k_stride,
-                                                                     min(kBlockN, seqlen_k - n_start));
-        if constexpr (kMask != kNoMask) {
-            constexpr int kP = M::kPitch, kTh = T::kThreads;
-            constexpr bool kOne = T::kLeanRegs;
-            const MaskBits *ms = kFromSlots ? slices->mask : mask;
-            const int sq = kFromSlots ? slices->mask_stride_q : mask_stride_q;
-            switch (kFromSlots ? slices->mask_chunk : mask_chunk) {  // the same for the whole CTA: no divergence
-            case 16:
-                load_mask_chunks<kOne, 16, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
-                break;
-            case 8:
-                load_mask_chunks<kOne, 8, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
-                break;
-            case 4:
-                load_mask_chunks<kOne, 4, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, m_start, n_start, seqlen_q, seqlen_k);
-                break;
-            default:
-                load_mask_elements<kOne, MaskBits, kBlockM, kBlockN, kP, kTh>(smem_mask, ms, sq, kFromSlots ? slices->mask_stride_k : mask_stride_k,
-                                                                        m_start, n_start, seqlen_q, seqlen_k);
-            }
-        }
+        load_k_tile<K>(smem_k, smem_mask, decltype(from_slots)::value ? *slots : g.kv, g.k_stride, n_start, blk);
     };
     auto load_v = [&](int n_start) {
-        load_rows<T::kLeanRegs, Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_v, v_slice(), n_start, v_stride,
-                                                                     min(kBlockN, seqlen_k - n_start));
+        load_v_tile<K>(smem_v, T::kLeanRegs ? slots->v : g.kv.v, g.v_stride, n_start, blk.seqlen_k);
     };
 
-    load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_q, q, q_stride, seqlen_q - m_start);
+    load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_q, g.q, g.q_stride, blk.seqlen_q - blk.m_start);
     load_k(std::false_type(), 0);
     cp_async_commit();
 
-    float o_acc[kAtoms][kDTiles][4];
-#pragma unroll
-    for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-        for (int i = 0; i < kDTiles; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) o_acc[a][i][j] = 0.f;
-    // Running max (base-2, scaled) and partial row sums for rows row_in_atom, +8 of each atom.
-    float row_max[kAtoms][2], row_sum[kAtoms][2];
-#pragma unroll
-    for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) row_max[a][h] = -INFINITY, row_sum[a][h] = 0.f;
-    constexpr float kLog2e = 1.4426950408889634f;
+    // This thread's part of O, and the running max (in the scores' units) and partial sum of its
+    // rows row_in_atom, +8 of each m-atom.
+    float o_acc[kAtoms][kDTiles][4], row_max[kAtoms][2], row_sum[kAtoms][2];
+    start_rows<K>(o_acc, row_max, row_sum);
     // Scores are multiplied by this: into base-2 units, or natural units (kNatural). kSoftcap:
     // the score becomes softcap tanh(x score_mul), natural units.
-    const float score_mul = kSoftcap ? p.scale / p.softcap : kNatural ? p.scale : p.scale * kLog2e;
+    const float score_mul = kSoftcap ? p.scale / p.softcap : K::kNatural ? p.scale : p.scale * K::kLog2e;
 
     // Single-buffered K and V (FlashAttention-2's schedule): V(n) loads while S(n) = Q K(n) is
     // multiplied, K(n+1) while softmax(n) and P V(n) run. Two barriers per tile, each both a
@@ -388,99 +159,18 @@ fwd_kernel(const fc_params p) {
 
         // With causal masking, a warp whose last row is left of this tile's first key would
         // only add exact zeros: it skips the tile's math (the barriers stay CTA-wide).
-        const bool active = !causal || n_start <= m_start + warp_row0 + kWarpRows - 1;
+        const bool active = !causal || n_start <= blk.m_start + at.warp_row0 + kWarpRows - 1;
         float s[kAtoms][kNTiles][4];
         if (active) {
-            // ---- S = Q K^T for this warp's 32 rows x kBlockN keys. Q's A fragments are re-read
-            //      from shared memory per k-step (registers hold O and S; FlashAttention-2 too):
-            //      matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15). Each K fragment feeds both
-            //      m-atoms. ----
-#pragma unroll
-            for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[a][j][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < kKSteps; ++kk) {
-                uint32_t qf[kAtoms][4];
-#pragma unroll
-                for (int a = 0; a < kAtoms; ++a)
-                    ldmatrix_x4(qf[a], q_addr(kk) + a * 16 * kRowBytes);
-#pragma unroll
-                for (int np = 0; np < kNTiles / 2; ++np) {
-                    // B fragments of K for n-tiles 2np, 2np+1: (keys 0-7 | 8-15) x (d 0-7 | 8-15).
-                    uint32_t kf[4];
-                    ldmatrix_x4(kf, k_addr(kk) + np * 16 * kRowBytes);
-#pragma unroll
-                    for (int a = 0; a < kAtoms; ++a) {
-                        mma_16816_pair<Elem>(s[a][2 * np], s[a][2 * np + 1], qf[a], kf);
-                    }
-                }
-            }
-            q_addr.rewind();
-            k_addr.rewind();
-
-            // ---- scale (kSoftcap: and cap), then mask (after scaling: a negative scale must not
-            //      turn -inf into +inf). The attn_mask comes first, so the causal/ragged -inf has
-            //      the last word. ----
-#pragma unroll
-            for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        if constexpr (kSoftcap) s[a][j][e] = fast_tanh(s[a][j][e] * score_mul) * p.softcap;
-                        else s[a][j][e] *= score_mul;
-                    }
-            if constexpr (kMask != kNoMask) {
-                // This thread's values sit at rows (row_in_atom, +8) of each atom and columns
-                // (8j + col_in_tile, +1): one 2-value load per (row, n-tile), from one shared
-                // address per thread plus immediates.
-                const uint32_t mask_base = smem_addr(smem_mask + (warp_row0 + row_in_atom) * M::kPitch +
-                                                     col_in_tile * M::kElemBytes);
-#pragma unroll
-                for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                        for (int j = 0; j < kNTiles; ++j) {
-                            const uint32_t at = mask_base + (a * 16 + 8 * h) * M::kPitch + j * 8 * M::kElemBytes;
-                            if constexpr (kMask == kBoolMask) {
-                                const uint32_t two = ld_shared_u16(at);
-                                if ((two & 0xffu) == 0) s[a][j][2 * h] = -INFINITY;
-                                if ((two >> 8) == 0) s[a][j][2 * h + 1] = -INFINITY;
-                            } else {
-                                const float2 add = unpack2<Elem>(ld_shared_u32(at));
-                                s[a][j][2 * h] += add.x;
-                                s[a][j][2 * h + 1] += add.y;
-                            }
-                        }
-                    }
-            }
-            const bool ragged = n_start + kBlockN > seqlen_k;
-            const bool crosses_diagonal = causal && n_start + kBlockN - 1 > m_start + warp_row0;
-            if (ragged || crosses_diagonal) {
-                // Columns n_start + col_in_tile + c, c = j * 8 + (e & 1) a compile-time constant:
-                // row (a, h) keeps those with c < valid[a][h] (keys before seqlen_k and, causal,
-                // up to the row itself), one compare with an immediate per element.
-                int valid[kAtoms][2];
-#pragma unroll
-                for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int row = m_start + warp_row0 + a * 16 + row_in_atom + h * 8;
-                        const int key_end = causal ? min(seqlen_k, row + 1) : seqlen_k;
-                        valid[a][h] = key_end - n_start - col_in_tile;
-                    }
-#pragma unroll
-                for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                    for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            if (j * 8 + (e & 1) >= valid[a][e >> 1]) s[a][j][e] = -INFINITY;
-            }
+            uint32_t qf[kAtoms][4], kf[4];
+            qk_gemm<K>(s, qf, kf, q_addr, k_addr);
+            // Scale (kSoftcap: and cap), then mask (after scaling: a negative scale must not turn
+            // -inf into +inf). The attn_mask comes first, so the causal/ragged -inf has the last
+            // word.
+            scale_scores<K>(s, score_mul, p);
+            apply_mask_tile<K>(s, smem_mask, at);
+            int valid[kAtoms][2];
+            mask_edges<K>(s, valid, causal, n_start, blk, at);
         }
 
         cp_async_wait<0>();
@@ -491,141 +181,20 @@ fwd_kernel(const fc_params p) {
         }
 
         if (active) {
-            // ---- online softmax: new row max, rescale O and the running sum ----
-            // Base-2 units: exp2(x). Natural units: exp2(x * log2(e)), x max-subtracted.
-            const float units = kNatural ? kLog2e : 1.f;
             float mx[kAtoms][2];
-            bool rebase_row = false;
-#pragma unroll
-            for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float m = row_max[a][h];
-#pragma unroll
-                    for (int j = 0; j < kNTiles; ++j)
-                        m = fmaxf(m, fmaxf(s[a][j][2 * h], s[a][j][2 * h + 1]));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
-                    mx[a][h] = m;
-                    rebase_row |= must_rebase(m, row_max[a][h], units);
-                }
-            // Lazy rescaling (must_rebase; only where kLazyRescale): the warp's rows keep their
-            // bases unless one of them must move. One vote per warp and tile.
-            const bool rebase = !kLazyRescale<kHeadDim, kCausal> || __any_sync(0xffffffff, rebase_row);
-#pragma unroll
-            for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    if (!rebase) mx[a][h] = row_max[a][h];
-                    // A row that has seen only masked keys keeps max -inf; exponentiate against 0.
-                    const float base = mx[a][h] == -INFINITY ? 0.f : mx[a][h];
-                    const float rescale = fast_exp2((row_max[a][h] - base) * units);
-                    row_max[a][h] = mx[a][h];
-                    float sum = 0.f;
-#pragma unroll
-                    for (int j = 0; j < kNTiles; ++j) {
-                        s[a][j][2 * h] = fast_exp2((s[a][j][2 * h] - base) * units);
-                        s[a][j][2 * h + 1] = fast_exp2((s[a][j][2 * h + 1] - base) * units);
-                        sum += s[a][j][2 * h] + s[a][j][2 * h + 1];
-                    }
-                    row_sum[a][h] = row_sum[a][h] * rescale + sum;
-                    if (rebase) {
-#pragma unroll
-                        for (int d = 0; d < kDTiles; ++d) {
-                            o_acc[a][d][2 * h] *= rescale;
-                            o_acc[a][d][2 * h + 1] *= rescale;
-                        }
-                    }
-                }
-
-            // ---- O += P V: P's accumulator layout is the A-fragment layout of a 16x16 k-step;
-            //      each V fragment feeds both m-atoms ----
-#pragma unroll
-            for (int kk = 0; kk < kBlockN / 16; ++kk) {
-                uint32_t pf[kAtoms][4];
-#pragma unroll
-                for (int a = 0; a < kAtoms; ++a) {
-                    pf[a][0] = pack2<Elem>(s[a][2 * kk][0], s[a][2 * kk][1]);
-                    pf[a][1] = pack2<Elem>(s[a][2 * kk][2], s[a][2 * kk][3]);
-                    pf[a][2] = pack2<Elem>(s[a][2 * kk + 1][0], s[a][2 * kk + 1][1]);
-                    pf[a][3] = pack2<Elem>(s[a][2 * kk + 1][2], s[a][2 * kk + 1][3]);
-                }
-#pragma unroll
-                for (int dp = 0; dp < kDTiles / 2; ++dp) {
-                    // Transposed B fragments of V: (keys 0-7 | 8-15) x (d 0-7 | 8-15).
-                    uint32_t vf[4];
-                    ldmatrix_x4_trans(vf, v_addr(dp) + kk * 16 * kRowBytes);
-#pragma unroll
-                    for (int a = 0; a < kAtoms; ++a) {
-                        mma_16816_pair<Elem>(o_acc[a][2 * dp], o_acc[a][2 * dp + 1], pf[a], vf);
-                    }
-                }
-                v_addr.rewind();
-            }
+            online_softmax<K>(s, mx, row_max, row_sum, o_acc);
+            uint32_t pf[kAtoms][4], vf[4];
+            pv_gemm<K>(o_acc, s, pf, vf, v_addr);
         }
     }
     cp_async_wait<0>();  // with no key tiles at all (Sk = 0) the prologue's copies are still in flight
 
-    // ---- epilogue: finish the row sums, normalise, write O (and LSE) ----
+    // Epilogue: finish the row sums, write LSE, normalise O and write it (staged through the Q
+    // tile, which only this warp's own rows of are reused).
     float inv_sum[kAtoms][2];
-#pragma unroll
-    for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float sum = row_sum[a][h];
-            sum += __shfl_xor_sync(0xffffffff, sum, 1);
-            sum += __shfl_xor_sync(0xffffffff, sum, 2);
-            row_sum[a][h] = sum;
-            // A row whose every key is masked has sum 0: PyTorch returns zeros there (its safe
-            // softmax), not 0/0. Only masked variants can have such rows by design; the others
-            // keep 1/sum, so NaN/Inf inputs propagate exactly as before.
-            inv_sum[a][h] = (kMask != kNoMask && sum == 0.f) ? 0.f : 1.f / sum;
-        }
-    if (p.lse != nullptr && (lane % 4) == 0) {
-#pragma unroll
-        for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = m_start + warp_row0 + a * 16 + row_in_atom + 8 * h;
-                if (row < seqlen_q) {
-                    // Natural log: (max in base-2 units + log2(sum)) * ln(2), or max in natural
-                    // units + log2(sum) * ln(2). Fully masked rows: -inf + -inf = -inf.
-                    const float lse = kNatural ? row_max[a][h] + __log2f(row_sum[a][h]) * 0.6931471805599453f
-                                               : (row_max[a][h] + __log2f(row_sum[a][h])) * 0.6931471805599453f;
-                    p.lse[batch * p.lse_stride_b + head_q * p.lse_stride_h + row * p.lse_stride_s] = lse;
-                }
-            }
-    }
-
-    // Stage this warp's 32 rows in its own rows of the Q tile (only this warp ever read them, and
-    // its last ldmatrix of them fed the mma whose results are stored here), then write 16-byte
-    // chunks to global memory.
-    Elem *stage_o = smem_q;
-#pragma unroll
-    for (int a = 0; a < kAtoms; ++a)
-#pragma unroll
-        for (int d = 0; d < kDTiles; ++d)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = warp_row0 + a * 16 + row_in_atom + 8 * h;
-                const uint32_t packed = pack2<Elem>(o_acc[a][d][2 * h] * inv_sum[a][h],
-                                                    o_acc[a][d][2 * h + 1] * inv_sum[a][h]);
-                *reinterpret_cast<uint32_t *>(stage_o + swizzled<kPitchChunks>(r, d) + col_in_tile) = packed;
-            }
-    __syncwarp();
-    Elem *out = static_cast<Elem *>(p.out) + batch * p.o_stride_b + head_q * p.o_stride_h;
-    const int o_stride = static_cast<int>(p.o_stride_s);
-#pragma unroll
-    for (int it = 0; it < kWarpRows * kChunks / 32; ++it) {
-        const int item = lane + it * 32;
-        const int r = warp_row0 + item / kChunks;
-        const int chunk = item % kChunks;
-        const int row = m_start + r;
-        if (row < seqlen_q) {
-            const uint4 val = *reinterpret_cast<const uint4 *>(stage_o + swizzled<kPitchChunks>(r, chunk));
-            *reinterpret_cast<uint4 *>(out + static_cast<int64_t>(row) * o_stride + chunk * 8) = val;
-        }
-    }
+    finish_rows<K>(row_sum, inv_sum);
+    store_lse<K>(p, row_max, row_sum, blk, at);
+    store_o<K>(p, o_acc, inv_sum, smem_q, blk, at);
 }
 
 // Host side: configure shared memory once per (kernel, device), then launch on `stream`.

@@ -507,7 +507,7 @@ def test_mask_in_cuda_graph(family, S):
                                            (96, 1000, 1000, torch.float16), (96, 257, 77, torch.bfloat16),
                                            (80, 333, 1001, torch.float16), (80, 127, 129, torch.bfloat16)])
 def test_sm80_mask_tile_shapes(D, Sq, Sk, dtype, causal, kind, rows, monkeypatch):
-    """The D=64 / 80 / 96 / 128 masked kernels have two tile shapes (kernels/fwd_sm80.cuh,
+    """The D=64 / 80 / 96 / 128 masked kernels have two tile shapes (kernels/sm80/fwd_traits.cuh,
     FwdTraits' kTwoAtomMask / kNarrow): 64 query rows per CTA (one m-atom per warp, 64x64) and 128
     (two m-atoms: D=64 / 80 / 96 128x64, D=128 128x32); Hopper takes 128, Ada 64,
     FLASHCORE_SM80_TILES=narrow / wide either anywhere. Each matches the reference with a bool

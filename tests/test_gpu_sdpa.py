@@ -308,7 +308,7 @@ SM80_TILE_SHAPES = [(64, "64", True), (64, "128", False), (128, "32", True), (12
     (3, 6, 3, 200, 77, True, torch.bfloat16), (1, 2, 2, 4097, 4097, False, torch.float16),
     (2, 4, 1, 17, 1, False, torch.float16)])
 def test_sm80_tile_shapes(b, hq, hkv, sq, sk, causal, dtype, d, keys, narrow, monkeypatch):
-    """The sm80 family's D=64 and D=128 kernels have two tile shapes each (kernels/fwd_sm80.cuh,
+    """The sm80 family's D=64 and D=128 kernels have two tile shapes each (kernels/sm80/fwd_traits.cuh,
     FwdTraits' kNarrow): D=64 128x128 and D=128 128x64 on Hopper, 128x64 and 128x32 below compute
     capability 9 (Ada); FLASHCORE_SM80_TILES=narrow / wide picks Ada's or Hopper's anywhere. Each
     matches the reference at odd lengths, Sq != Sk, GQA and causal, and the variable does pick

@@ -2,7 +2,7 @@
 // cp.async (global -> shared without registers), ldmatrix (shared -> mma fragments),
 // mma.sync m16n8k16 with fp32 accumulators, and fp32 <-> 16-bit packing.
 // Each wrapper is one instruction; the fragment layouts they assume are written out in
-// kernels/fwd_sm80.cuh where they are used.
+// kernels/sm80/fwd_steps.cuh (the forward's) where they are used.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -52,7 +52,7 @@ __device__ __forceinline__ int mask_chunk_bytes(const void *slice, int64_t strid
 }
 
 // threadIdx.x read afresh at each call: the compiler cannot hoist what is computed from it out
-// of the main loop (where each of load_k's four mask paths would hold its own per-thread
+// of the main loop (where each of load_k_tile's four mask paths would hold its own per-thread
 // addresses in registers across the loop).
 __device__ __forceinline__ int fresh_tid() {
     int t;
