@@ -18,13 +18,14 @@
 
 #define FC_API __attribute__((visibility("default")))
 
-typedef cudaError_t (*fc_bwd_launch_fn)(const fc_bwd_params *p, cudaStream_t stream);
+/* A backward launcher: the call's params and the device it runs on (found once per call, here). */
+typedef cudaError_t (*fc_bwd_launch_fn)(const fc_bwd_params *p, const fc_device_facts *dev, cudaStream_t stream);
 
 /* The backward launchers this build compiles (kernel_list.h, written by CMake): declared here,
  * then listed in kBwdKernels. */
 #define FC_FWD_KERNEL(family, prefix, hd, dt, DT) /* (dispatch.c's table) */
 #define FC_BWD_KERNEL(family, prefix, hd, dt, DT) \
-    cudaError_t fc_##prefix##_hdim##hd##_##dt(const fc_bwd_params *p, cudaStream_t stream);
+    cudaError_t fc_##prefix##_hdim##hd##_##dt(const fc_bwd_params *p, const fc_device_facts *dev, cudaStream_t stream);
 #include "kernel_list.h"
 #undef FC_BWD_KERNEL
 
@@ -225,15 +226,15 @@ FC_API fc_status fc_sdpa_bwd(const fc_bwd_params *p, cudaStream_t stream) {
     fc_config_read(); /* the call's overrides (config.h), read once here for its launcher */
     fc_status s = fc_bwd_params_validate(p);
     if (s != FC_OK) return s;
-    int major = 0, minor = 0;
-    if ((s = fc_device_info_(NULL, &major, &minor, NULL)) != FC_OK) return s;
+    fc_device_facts dev;
+    if ((s = fc_device_facts_(&dev)) != FC_OK) return s;
     const bwd_entry *entry = NULL;
-    if ((s = bwd_dispatch(p, major, minor, &entry)) != FC_OK) return s;
+    if ((s = bwd_dispatch(p, dev.major, dev.minor, &entry)) != FC_OK) return s;
     if (p->workspace == NULL || p->workspace_bytes < bwd_workspace_bytes(&p->fwd, entry->family))
         return FC_ERR_BAD_WORKSPACE;
     fc_bwd_params run = *p;
     fc_resolve_band_(&run.fwd);
-    const cudaError_t err = entry->launch(&run, stream);
+    const cudaError_t err = entry->launch(&run, &dev, stream);
     fc_set_last_cuda_error_(err);
     return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }

@@ -13,7 +13,7 @@
 /* The launchers this build compiles (kernel_list.h, written by CMake from its list of kernel
  * files): declared here, then listed in kKernels. */
 #define FC_FWD_KERNEL(family, prefix, hd, dt, DT) \
-    cudaError_t fc_##prefix##_hdim##hd##_##dt(const fc_params *p, cudaStream_t stream);
+    cudaError_t fc_##prefix##_hdim##hd##_##dt(const fc_params *p, const fc_device_facts *dev, cudaStream_t stream);
 #define FC_BWD_KERNEL(family, prefix, hd, dt, DT) /* (bwd.c's table) */
 #include "kernel_list.h"
 #undef FC_FWD_KERNEL

@@ -14,8 +14,9 @@
 extern "C" {
 #endif
 
-/* Every kernel instantiation exposes one launcher of this type (kernels/fwd_*_hdim*_*.cu). */
-typedef cudaError_t (*fc_launch_fn)(const fc_params *p, cudaStream_t stream);
+/* Every kernel instantiation exposes one launcher of this type (kernels/fwd_*_hdim*_*.cu): the
+ * call's params as planned, and the device it runs on, as the C layer found it for the call. */
+typedef cudaError_t (*fc_launch_fn)(const fc_params *p, const fc_device_facts *dev, cudaStream_t stream);
 
 /*
  * Pick the launcher for validated params on a device of compute capability cc_major.cc_minor.

@@ -367,8 +367,9 @@ FC_API fc_status fc_sdpa_workspace_size(const fc_params *p, int64_t *bytes) {
 
 /* One launch over batches [b0, b0 + nb) and query heads [h0, h0 + nh), whose key/value heads
  * are [hk0, hk0 + nkv): the same struct with sizes and base pointers moved. */
-static fc_status launch_slice(const fc_params *p, fc_launch_fn launch, cudaStream_t stream, int64_t b0,
-                              int64_t nb, int64_t h0, int64_t nh, int64_t hk0, int64_t nkv) {
+static fc_status launch_slice(const fc_params *p, fc_launch_fn launch, const fc_device_facts *dev,
+                              cudaStream_t stream, int64_t b0, int64_t nb, int64_t h0, int64_t nh, int64_t hk0,
+                              int64_t nkv) {
     const int64_t elem = element_bytes(p->dtype);
     const int64_t mask_elem = p->mask_kind == FC_MASK_BOOL ? 1 : elem;
     fc_params slice = *p;
@@ -383,7 +384,7 @@ static fc_status launch_slice(const fc_params *p, fc_launch_fn launch, cudaStrea
     if (p->sinks != NULL) slice.sinks = p->sinks + h0;
     if (p->mask_kind != FC_MASK_NONE)
         slice.mask = (const char *)p->mask + (b0 * p->mask_stride_b + h0 * p->mask_stride_h) * mask_elem;
-    const cudaError_t err = launch(&slice, stream);
+    const cudaError_t err = launch(&slice, dev, stream);
     last_cuda_error = err;
     return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
@@ -402,6 +403,10 @@ FC_API fc_status fc_sdpa_fwd_planned(const fc_fwd_plan *plan, void *out, float *
     if (!aligned16(out) || (plan->params.lse != NULL && ((uintptr_t)lse & 3u) != 0)) return FC_ERR_POINTER_ALIGNMENT;
     if (workspace_bytes < 0 || (workspace != NULL && !aligned16(workspace))) return FC_ERR_BAD_WORKSPACE;
     const fc_launch_fn launch = (fc_launch_fn)plan->launch_;
+    /* The device, once for the call's launches (the one planned for: flashcore.h's contract). */
+    fc_device_facts dev;
+    const fc_status device = fc_device_facts_(&dev);
+    if (device != FC_OK) return device;
     fc_params run = plan->params;
     run.out = out;
     if (run.lse != NULL) run.lse = lse;
@@ -411,7 +416,7 @@ FC_API fc_status fc_sdpa_fwd_planned(const fc_fwd_plan *plan, void *out, float *
     const int64_t bytes = plan->workspace_bytes;
     run.num_splits_ = (bytes > 0 && workspace != NULL && workspace_bytes >= bytes) ? plan->splits : 1;
     if (run.batch <= FC_MAX_GRID_YZ && run.heads_q <= FC_MAX_GRID_YZ) {
-        const cudaError_t err = launch(&run, stream);
+        const cudaError_t err = launch(&run, &dev, stream);
         last_cuda_error = err;
         return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;
     }
@@ -428,14 +433,14 @@ FC_API fc_status fc_sdpa_fwd_planned(const fc_fwd_plan *plan, void *out, float *
             const int64_t step = run.heads_q <= FC_MAX_GRID_YZ ? run.heads_q : FC_MAX_GRID_YZ / group * group;
             for (int64_t h0 = 0; h0 < run.heads_q; h0 += step) {
                 const int64_t nh = run.heads_q - h0 < step ? run.heads_q - h0 : step;
-                if (launch_slice(&run, launch, stream, b0, nb, h0, nh, h0 / group, nh / group) != FC_OK)
+                if (launch_slice(&run, launch, &dev, stream, b0, nb, h0, nh, h0 / group, nh / group) != FC_OK)
                     return FC_ERR_CUDA;
             }
         } else {
             for (int64_t hk = 0; hk < run.heads_kv; ++hk)
                 for (int64_t off = 0; off < group; off += FC_MAX_GRID_YZ) {
                     const int64_t nh = group - off < FC_MAX_GRID_YZ ? group - off : FC_MAX_GRID_YZ;
-                    if (launch_slice(&run, launch, stream, b0, nb, hk * group + off, nh, hk, 1) != FC_OK)
+                    if (launch_slice(&run, launch, &dev, stream, b0, nb, hk * group + off, nh, hk, 1) != FC_OK)
                         return FC_ERR_CUDA;
                 }
         }
@@ -481,6 +486,10 @@ void fc_resolve_band_(fc_params *p) {
 
 fc_status fc_device_info_(int *device, int *major, int *minor, int *sms) {
     return device_info(device, major, minor, sms);
+}
+
+fc_status fc_device_facts_(fc_device_facts *dev) {
+    return device_info(&dev->device, &dev->major, &dev->minor, &dev->sms);
 }
 
 void fc_set_last_cuda_error_(cudaError_t err) { last_cuda_error = err; }

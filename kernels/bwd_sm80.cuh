@@ -43,6 +43,7 @@
 #include "common/launch.h"
 #include "common/sm80_ptx.cuh"
 #include "flashcore.h"
+#include "runtime.h"  // fc_device_facts
 #include "sm80/tile.cuh"  // swizzled(), load_tile()
 
 #include <cuda_runtime.h>
@@ -515,16 +516,14 @@ dkdv_kernel(const fc_bwd_params p) {
 
 // Validated params (c_src/bwd.c): the three kernels on `stream`, no allocation, no sync.
 template <typename Elem, int kHeadDim, bool kCausal>
-cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
+cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     using T = BwdTraits<kHeadDim>;
     auto dq = dq_kernel<Elem, kHeadDim, kCausal>;
     auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal>;
     static unsigned long long dq_configured = 0, dkdv_configured = 0;
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
-    if ((err = allow_smem(dq, T::kDqSmemBytes, &dq_configured, device)) != cudaSuccess) return err;
-    if ((err = allow_smem(dkdv, T::kKvSmemBytes, &dkdv_configured, device)) != cudaSuccess) return err;
+    cudaError_t err = cudaSuccess;
+    if ((err = allow_smem(dq, T::kDqSmemBytes, &dq_configured, dev.device)) != cudaSuccess) return err;
+    if ((err = allow_smem(dkdv, T::kKvSmemBytes, &dkdv_configured, dev.device)) != cudaSuccess) return err;
 
     const unsigned hq = static_cast<unsigned>(p.fwd.heads_q), b = static_cast<unsigned>(p.fwd.batch);
     constexpr int kDeltaRows = 128 / (kHeadDim / 8);
@@ -546,10 +545,10 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
 }  // namespace flashcore
 
 // Defines the C entry point of one (head dim, dtype) instantiation, e.g.
-//   cudaError_t fc_sm80_bwd_hdim64_fp16(const fc_bwd_params *p, cudaStream_t stream);
+//   cudaError_t fc_sm80_bwd_hdim64_fp16(const fc_bwd_params *p, const fc_device_facts *dev, cudaStream_t stream);
 #define FLASHCORE_DEFINE_SM80_BWD(HDIM, DTYPE_NAME, ELEM)                                       \
-    extern "C" cudaError_t fc_sm80_bwd_hdim##HDIM##_##DTYPE_NAME(const fc_bwd_params *p,      \
-                                                                 cudaStream_t stream) {       \
-        return p->fwd.causal ? flashcore::sm80_bwd::launch_bwd<ELEM, HDIM, true>(*p, stream)   \
-                             : flashcore::sm80_bwd::launch_bwd<ELEM, HDIM, false>(*p, stream); \
+    extern "C" cudaError_t fc_sm80_bwd_hdim##HDIM##_##DTYPE_NAME(                              \
+        const fc_bwd_params *p, const fc_device_facts *dev, cudaStream_t stream) {             \
+        return p->fwd.causal ? flashcore::sm80_bwd::launch_bwd<ELEM, HDIM, true>(*p, *dev, stream)   \
+                             : flashcore::sm80_bwd::launch_bwd<ELEM, HDIM, false>(*p, *dev, stream); \
     }

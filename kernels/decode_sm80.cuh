@@ -609,14 +609,9 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
     }
 }
 
-// The current device as launch_decode reads it once per call.
-struct DeviceInfo {
-    int device, major, sms;
-};
-
 // Launch `kernel` over (splits, Hkv, B), then the combine pass when the keys were split.
 template <typename Elem, int kHeadDim, typename Kernel>
-cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc_params &p, const DeviceInfo &dev,
+cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc_params &p, const fc_device_facts &dev,
                             cudaStream_t stream) {
     const int splits = p.num_splits_ > 1 ? p.num_splits_ : 1;
     float *partial_o = static_cast<float *>(p.workspace);
@@ -644,7 +639,7 @@ cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc
 }
 
 template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
-cudaError_t launch_decode_rows(const fc_params &p, const DeviceInfo &dev, cudaStream_t stream) {
+cudaError_t launch_decode_rows(const fc_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
     auto kernel = decode_kernel<Elem, kHeadDim, kCausal, kMasked>;
     const int smem = DecodeTraits<kHeadDim>::kSmemBytes;
@@ -653,7 +648,7 @@ cudaError_t launch_decode_rows(const fc_params &p, const DeviceInfo &dev, cudaSt
 }
 
 template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
-cudaError_t launch_decode_mma(const fc_params &p, const DeviceInfo &dev, cudaStream_t stream) {
+cudaError_t launch_decode_mma(const fc_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     static unsigned long long configured_devices = 0;
     auto kernel = decode_mma_kernel<Elem, kHeadDim, kCausal, kMasked>;
     using T = MmaDecodeTraits<kHeadDim>;
@@ -663,9 +658,7 @@ cudaError_t launch_decode_mma(const fc_params &p, const DeviceInfo &dev, cudaStr
 }
 
 template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
-cudaError_t launch_decode(const fc_params &p, cudaStream_t stream) {
-    DeviceInfo dev = {};  // one query per call (cached in flashcore.c after the first)
-    if (fc_device_info_(&dev.device, &dev.major, nullptr, &dev.sms) != FC_OK) return fc_last_cuda_error();
+cudaError_t launch_decode(const fc_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_q;  // <= kMaxRows (fc_dispatch)
     if (rows <= FC_DECODE_MMA_ROWS) return launch_decode_mma<Elem, kHeadDim, kCausal, kMasked>(p, dev, stream);
     return launch_decode_rows<Elem, kHeadDim, kCausal, kMasked>(p, dev, stream);
@@ -675,11 +668,11 @@ cudaError_t launch_decode(const fc_params &p, cudaStream_t stream) {
 }  // namespace flashcore
 
 #define FLASHCORE_DEFINE_DECODE(HDIM, DTYPE_NAME, ELEM)                                          \
-    extern "C" cudaError_t fc_decode_hdim##HDIM##_##DTYPE_NAME(const fc_params *p,             \
-                                                               cudaStream_t stream) {          \
+    extern "C" cudaError_t fc_decode_hdim##HDIM##_##DTYPE_NAME(                                \
+        const fc_params *p, const fc_device_facts *dev, cudaStream_t stream) {                 \
         /* (a mask runs without causal: fc_dispatch, family_takes_mask) */                     \
         if (p->mask_kind != FC_MASK_NONE)                                                       \
-            return flashcore::decode::launch_decode<ELEM, HDIM, false, true>(*p, stream);       \
-        return p->causal ? flashcore::decode::launch_decode<ELEM, HDIM, true, false>(*p, stream) \
-                         : flashcore::decode::launch_decode<ELEM, HDIM, false, false>(*p, stream); \
+            return flashcore::decode::launch_decode<ELEM, HDIM, false, true>(*p, *dev, stream); \
+        return p->causal ? flashcore::decode::launch_decode<ELEM, HDIM, true, false>(*p, *dev, stream) \
+                         : flashcore::decode::launch_decode<ELEM, HDIM, false, false>(*p, *dev, stream); \
     }

@@ -222,7 +222,7 @@ cudaError_t launch_fwd_tiles(const fc_params &p, cudaStream_t stream, int device
 // Whether a kernel with two tile shapes (FwdTraits' kNarrow) takes its narrow one:
 // FLASHCORE_SM80_TILES=narrow / wide (config.h) picks one anywhere (the tests run Ada's shapes
 // on Hopper so); else the narrow shape below compute capability 9 (Ada; see kNarrow and
-// kTwoAtomMask for why). `major` comes from the library's cached device query.
+// kTwoAtomMask for why). `major`: the device's, as the C layer found it for the call.
 inline bool takes_narrow_tiles(int major) {
     const int tiles = fc_config_get()->sm80_tiles;
     return tiles == FC_SM80_TILES_BY_DEVICE ? major < 9 : tiles == FC_SM80_TILES_NARROW;
@@ -232,9 +232,8 @@ inline bool takes_narrow_tiles(int major) {
 // tiles of 64 / 128 and 32 / 64; the masked D=64 / 80 / 96 / 128 on one or two m-atoms: 64 / 128
 // query rows per CTA). The others have one.
 template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kSoftcap = false>
-cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
-    int device = 0, major = 0;
-    if (fc_device_info_(&device, &major, nullptr, nullptr) != FC_OK) return fc_last_cuda_error();
+cudaError_t launch_fwd(const fc_params &p, const fc_device_facts &dev, cudaStream_t stream) {
+    const int device = dev.device, major = dev.major;
     constexpr bool kMasked = kMask != kNoMask;
     using Narrow = FwdTraits<kHeadDim, kMasked, true>;
     using Wide = FwdTraits<kHeadDim, kMasked, false>;
@@ -259,13 +258,13 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
 
 // The variant for the call's mask kind and causal flag.
 template <typename Elem, int kHeadDim, bool kSoftcap>
-cudaError_t launch_fwd_kind(const fc_params &p, cudaStream_t stream) {
+cudaError_t launch_fwd_kind(const fc_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     switch (p.mask_kind) {
-    case FC_MASK_BOOL: return launch_fwd<Elem, kHeadDim, false, kBoolMask, kSoftcap>(p, stream);
-    case FC_MASK_ADDITIVE: return launch_fwd<Elem, kHeadDim, false, kAddMask, kSoftcap>(p, stream);
+    case FC_MASK_BOOL: return launch_fwd<Elem, kHeadDim, false, kBoolMask, kSoftcap>(p, dev, stream);
+    case FC_MASK_ADDITIVE: return launch_fwd<Elem, kHeadDim, false, kAddMask, kSoftcap>(p, dev, stream);
     default:
-        return p.causal ? launch_fwd<Elem, kHeadDim, true, kNoMask, kSoftcap>(p, stream)
-                        : launch_fwd<Elem, kHeadDim, false, kNoMask, kSoftcap>(p, stream);
+        return p.causal ? launch_fwd<Elem, kHeadDim, true, kNoMask, kSoftcap>(p, dev, stream)
+                        : launch_fwd<Elem, kHeadDim, false, kNoMask, kSoftcap>(p, dev, stream);
     }
 }
 
@@ -273,11 +272,11 @@ cudaError_t launch_fwd_kind(const fc_params &p, cudaStream_t stream) {
 }  // namespace flashcore
 
 // Defines the C entry point of one (head dim, dtype) instantiation, e.g.
-//   cudaError_t fc_sm80_fwd_hdim64_fp16(const fc_params *p, cudaStream_t stream);
+//   cudaError_t fc_sm80_fwd_hdim64_fp16(const fc_params *p, const fc_device_facts *dev, cudaStream_t stream);
 #define FLASHCORE_DEFINE_SM80_FWD(HDIM, DTYPE_NAME, ELEM)                                       \
-    extern "C" cudaError_t fc_sm80_fwd_hdim##HDIM##_##DTYPE_NAME(const fc_params *p,          \
-                                                                 cudaStream_t stream) {       \
+    extern "C" cudaError_t fc_sm80_fwd_hdim##HDIM##_##DTYPE_NAME(                              \
+        const fc_params *p, const fc_device_facts *dev, cudaStream_t stream) {                 \
         using namespace flashcore::sm80;                                                      \
-        return p->softcap != 0.0f ? launch_fwd_kind<ELEM, HDIM, true>(*p, stream)             \
-                                  : launch_fwd_kind<ELEM, HDIM, false>(*p, stream);           \
+        return p->softcap != 0.0f ? launch_fwd_kind<ELEM, HDIM, true>(*p, *dev, stream)       \
+                                  : launch_fwd_kind<ELEM, HDIM, false>(*p, *dev, stream);     \
     }

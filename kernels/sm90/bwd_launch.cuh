@@ -27,16 +27,14 @@ namespace flashcore {
 namespace sm90_bwd {
 
 template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false, bool kSoftcap = false>
-cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
+cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     using T = BwdTraits<kHeadDim, kMask == kMaskBoolTiles>;
     const fc_params &f = p.fwd;
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
+    cudaError_t err = cudaSuccess;
 
     auto kernel = bwd_kernel<Elem, kHeadDim, kCausal, kMask, kBand, kSoftcap>;
     static unsigned long long configured = 0;
-    if ((err = allow_smem(kernel, T::kSmemBytes, &configured, device)) != cudaSuccess) return err;
+    if ((err = allow_smem(kernel, T::kSmemBytes, &configured, dev.device)) != cudaSuccess) return err;
 
     BwdMaps maps;
     const CUtensorMapDataType dtype =
@@ -76,9 +74,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, cudaStream_t stream) {
 
     const int64_t tiles = (f.seqlen_k + T::kBlockN - 1) / T::kBlockN * f.heads_kv * f.batch;
     if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;  // c_src/bwd.c sends such calls elsewhere
-    int sms = 0;
-    if (fc_device_info_(nullptr, nullptr, nullptr, &sms) != FC_OK) return cudaErrorInvalidDevice;
-    const dim3 grid(static_cast<unsigned>(fc_sm90_bwd_grid(tiles, sms)));
+    const dim3 grid(static_cast<unsigned>(fc_sm90_bwd_grid(tiles, dev.sms)));
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
@@ -95,21 +91,21 @@ inline bool mask_tiles_fit(const fc_params &f) { return fc_mask_tiles_fit_(&f) !
 // fc_resolve_band_ in c_src/bwd.c; it comes with causal set), or one of the mask kinds (c_src/bwd.c sends masked
 // causal or banded calls elsewhere: PyTorch's SDPA never makes them).
 template <typename Elem, int kHeadDim>
-cudaError_t launch_bwd_variant(const fc_bwd_params &p, cudaStream_t stream) {
+cudaError_t launch_bwd_variant(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     if (p.fwd.band_ == FC_BAND_GENERAL_)
-        return p.fwd.softcap != 0.f ? launch_bwd<Elem, kHeadDim, true, kMaskNone, true, true>(p, stream)
-                                    : launch_bwd<Elem, kHeadDim, true, kMaskNone, true>(p, stream);
+        return p.fwd.softcap != 0.f ? launch_bwd<Elem, kHeadDim, true, kMaskNone, true, true>(p, dev, stream)
+                                    : launch_bwd<Elem, kHeadDim, true, kMaskNone, true>(p, dev, stream);
     if (p.fwd.softcap != 0.f)  // (no mask: c_src/bwd.c)
-        return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, kMaskNone, false, true>(p, stream)
-                            : launch_bwd<Elem, kHeadDim, false, kMaskNone, false, true>(p, stream);
+        return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, kMaskNone, false, true>(p, dev, stream)
+                            : launch_bwd<Elem, kHeadDim, false, kMaskNone, false, true>(p, dev, stream);
     switch (p.fwd.mask_kind) {
     case FC_MASK_BOOL:
-        return mask_tiles_fit(p.fwd) ? launch_bwd<Elem, kHeadDim, false, kMaskBoolTiles>(p, stream)
-                                     : launch_bwd<Elem, kHeadDim, false, kMaskBool>(p, stream);
-    case FC_MASK_ADDITIVE: return launch_bwd<Elem, kHeadDim, false, kMaskAdditive>(p, stream);
+        return mask_tiles_fit(p.fwd) ? launch_bwd<Elem, kHeadDim, false, kMaskBoolTiles>(p, dev, stream)
+                                     : launch_bwd<Elem, kHeadDim, false, kMaskBool>(p, dev, stream);
+    case FC_MASK_ADDITIVE: return launch_bwd<Elem, kHeadDim, false, kMaskAdditive>(p, dev, stream);
     default:
-        return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, kMaskNone>(p, stream)
-                            : launch_bwd<Elem, kHeadDim, false, kMaskNone>(p, stream);
+        return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, kMaskNone>(p, dev, stream)
+                            : launch_bwd<Elem, kHeadDim, false, kMaskNone>(p, dev, stream);
     }
 }
 
@@ -117,9 +113,9 @@ cudaError_t launch_bwd_variant(const fc_bwd_params &p, cudaStream_t stream) {
 }  // namespace flashcore
 
 // Defines the C entry point of one (head dim, dtype) instantiation, e.g.
-//   cudaError_t fc_sm90_bwd_hdim64_fp16(const fc_bwd_params *p, cudaStream_t stream);
+//   cudaError_t fc_sm90_bwd_hdim64_fp16(const fc_bwd_params *p, const fc_device_facts *dev, cudaStream_t stream);
 #define FLASHCORE_DEFINE_SM90_BWD(HDIM, DTYPE_NAME, ELEM)                                  \
-    extern "C" cudaError_t fc_sm90_bwd_hdim##HDIM##_##DTYPE_NAME(const fc_bwd_params *p, \
-                                                                 cudaStream_t stream) {  \
-        return flashcore::sm90_bwd::launch_bwd_variant<ELEM, HDIM>(*p, stream);          \
+    extern "C" cudaError_t fc_sm90_bwd_hdim##HDIM##_##DTYPE_NAME(                         \
+        const fc_bwd_params *p, const fc_device_facts *dev, cudaStream_t stream) {        \
+        return flashcore::sm90_bwd::launch_bwd_variant<ELEM, HDIM>(*p, *dev, stream);     \
     }

@@ -255,9 +255,8 @@ static_assert(d64_blocks_match<false>() && d64_blocks_match<true>(), "fc_sm90_d6
 // A general band (p.band_ == FC_BAND_GENERAL_, c_src/launch_rules.h) runs in the causal LONG
 // configuration of each head dim (kBand); a softcap (kSoftcap) the LONG one of its kind.
 template <typename Elem, int kHeadDim, bool kCausal>
-cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
-    int device = 0, sms = 0;
-    if (fc_device_info_(&device, nullptr, nullptr, &sms) != FC_OK) return fc_last_cuda_error();
+cudaError_t launch_fwd(const fc_params &p, const fc_device_facts &dev, cudaStream_t stream) {
+    const int device = dev.device, sms = dev.sms;
     if constexpr (kCausal)
         if (p.band_ == FC_BAND_GENERAL_)
             return p.softcap != 0.f ? launch_fwd_config<Elem, kHeadDim, true, kLong, true, true>(p, stream, device, sms)
@@ -301,9 +300,9 @@ cudaError_t launch_fwd(const fc_params &p, cudaStream_t stream) {
 #define FLASHCORE_SM90_TRACE_COPY(HDIM, DTYPE_NAME)
 #endif
 #define FLASHCORE_DEFINE_SM90_FWD(HDIM, DTYPE_NAME, ELEM)                                       \
-    extern "C" cudaError_t fc_sm90_fwd_hdim##HDIM##_##DTYPE_NAME(const fc_params *p,          \
-                                                                 cudaStream_t stream) {       \
-        return p->causal ? flashcore::sm90::launch_fwd<ELEM, HDIM, true>(*p, stream)           \
-                         : flashcore::sm90::launch_fwd<ELEM, HDIM, false>(*p, stream);         \
+    extern "C" cudaError_t fc_sm90_fwd_hdim##HDIM##_##DTYPE_NAME(                              \
+        const fc_params *p, const fc_device_facts *dev, cudaStream_t stream) {                 \
+        return p->causal ? flashcore::sm90::launch_fwd<ELEM, HDIM, true>(*p, *dev, stream)     \
+                         : flashcore::sm90::launch_fwd<ELEM, HDIM, false>(*p, *dev, stream);   \
     }                                                                                          \
     FLASHCORE_SM90_TRACE_COPY(HDIM, DTYPE_NAME)

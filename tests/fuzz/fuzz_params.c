@@ -49,7 +49,8 @@
  * cudaDeviceGetAttribute: device d reports the compute capability kDeviceCC[d % N]; fc_sdpa_fwd
  * and fc_sdpa_bwd ask through fc_device_info_) and the launchers dispatch.c and bwd.c name
  * (forward: sm80, sm90, decode; backward: sm80 and sm90, D 64/128, fp16/bf16: they check the
- * struct, record the call and return cudaSuccess without touching memory). ci/fuzz.sh defines
+ * struct and the device facts they are handed, record the call and return cudaSuccess without
+ * touching memory). ci/fuzz.sh defines
  * the FC_HAVE_* / FC_BUILT_* macros of the default CMake build (cmake/kernel_list.cmake's, with
  * the kernel list), so no hook in c_src is needed;
  * the backward's expectations follow the FC_HAVE_SM{80,90}_BWD_* macros it passes (kBwdBuilt).
@@ -176,6 +177,14 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 
 static const fc_params *g_expected_launch; /* the struct fc_sdpa_fwd was given */
 static int g_launches;
+
+/* Every launcher is handed the current device as the stand-ins above describe it. */
+static void check_device_facts(const fc_device_facts *dev) {
+    REQUIRE(dev != NULL);
+    REQUIRE(dev->device == g_device);
+    REQUIRE(dev->major * 10 + dev->minor == kDeviceCC[(unsigned)g_device % 8u]);
+    REQUIRE(dev->sms == 132);
+}
 
 static void accepted_is_consistent(const fc_params *p);
 
@@ -329,8 +338,10 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
 }
 
 #define FC_FUZZ_LAUNCHER(FAM, fam, HD, NAME, DT)                                               \
-    cudaError_t fc_##fam##_fwd_hdim##HD##_##NAME(const fc_params *p, cudaStream_t stream) {    \
+    cudaError_t fc_##fam##_fwd_hdim##HD##_##NAME(const fc_params *p, const fc_device_facts *dev, \
+                                                 cudaStream_t stream) {                        \
         (void)stream;                                                                          \
+        check_device_facts(dev);                                                               \
         check_launch(p, FAM, HD, DT);                                                          \
         return cudaSuccess;                                                                    \
     }
@@ -354,8 +365,10 @@ FC_FUZZ_LAUNCHER(FC_FAMILY_SM90, sm90, 256, fp16, FC_DTYPE_FP16)
 FC_FUZZ_LAUNCHER(FC_FAMILY_SM90, sm90, 256, bf16, FC_DTYPE_BF16)
 
 #define FC_FUZZ_DECODE_LAUNCHER(HD, NAME, DT)                                                  \
-    cudaError_t fc_decode_hdim##HD##_##NAME(const fc_params *p, cudaStream_t stream) {        \
+    cudaError_t fc_decode_hdim##HD##_##NAME(const fc_params *p, const fc_device_facts *dev,   \
+                                            cudaStream_t stream) {                             \
         (void)stream;                                                                          \
+        check_device_facts(dev);                                                               \
         check_launch(p, FC_FAMILY_DECODE, HD, DT);                                             \
         return cudaSuccess;                                                                    \
     }
@@ -373,8 +386,10 @@ static fc_family g_bwd_launched_family;
 static void check_bwd_launch(const fc_bwd_params *p, fc_family family, int head_dim, fc_dtype dtype);
 
 #define FC_FUZZ_BWD_LAUNCHER(FAM, fam, HD, NAME, DT)                                           \
-    cudaError_t fc_##fam##_bwd_hdim##HD##_##NAME(const fc_bwd_params *p, cudaStream_t stream) { \
+    cudaError_t fc_##fam##_bwd_hdim##HD##_##NAME(const fc_bwd_params *p, const fc_device_facts *dev, \
+                                                 cudaStream_t stream) {                        \
         (void)stream;                                                                          \
+        check_device_facts(dev);                                                               \
         check_bwd_launch(p, FAM, HD, DT);                                                      \
         return cudaSuccess;                                                                    \
     }
