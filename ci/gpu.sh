@@ -7,6 +7,9 @@
 # Every GPU step runs under `timeout`, so a hung kernel costs minutes, not the whole lease.
 # Usage: bash ci/gpu.sh [--no-bench] [--quick-bench] [pytest -k expression]
 # PYTEST_FILES="tests/a.py tests/b.py" runs only those files; BENCH_ARGS adds bench.py options.
+# WHEEL=dist/flashcore-*.whl tests a prebuilt wheel (ci/build_wheel.sh) instead of a build: no
+# build, C tests or sanitizers; the wheel is installed (pip --target, no dependencies) and the
+# tests and the bench import it, not the working tree.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -35,6 +38,16 @@ step "machine"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/machine.txt"
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/machine.txt"
 
+if [ -n "${WHEEL:-}" ]; then
+  step "installing $WHEEL (no build)"
+  SITE=${TMPDIR:-/tmp}/flashcore-wheel-site  # (not under $OUT: the library is ~90 MB)
+  rm -rf "$SITE"
+  "$PY" -m pip install -q --no-deps --no-index --target "$SITE" $WHEEL || { echo "WHEEL INSTALL FAILED"; exit 1; }
+  # tests/conftest.py imports the working tree's package where a build left libraries in it.
+  rm -f python/flashcore/libflashcore*.so
+  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+  (cd /tmp && "$PY" -c "import flashcore, torch; print('flashcore from', flashcore.__file__); q = torch.zeros(1, 1, 8, 64, device='cuda', dtype=torch.bfloat16); print('explain:', flashcore.explain(q, q, q))") || status=1
+else  # the build, the SASS counts, the C tests and the sanitizers, up to the matching fi
 step "build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v "$PY")" \
   > "$OUT/build.log" 2>&1 && cmake --build build >> "$OUT/build.log" 2>&1
@@ -60,9 +73,10 @@ for tool in memcheck racecheck synccheck initcheck; do
   if [ $rc -ne 0 ]; then echo "SANITIZER $tool FAILED (rc $rc)"; status=1; fi
 done
 cat "$OUT"/sanitizer_*.log > "$OUT/sanitizer.log"; rm -f "$OUT"/sanitizer_*.log
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 step "pytest"
-export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 # One pytest process per file: a crash (a signal inside a library) then costs one file's
 # results, not the rest of the suite's.
 : > "$OUT/pytest.log"
