@@ -46,12 +46,13 @@ if [ -n "${WHEEL:-}" ]; then
   # tests/conftest.py imports the working tree's package where a build left libraries in it.
   rm -f python/flashcore/libflashcore*.so
   export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-  (cd /tmp && "$PY" -c "import flashcore, torch; print('flashcore from', flashcore.__file__); q = torch.zeros(1, 1, 8, 64, device='cuda', dtype=torch.bfloat16); print('explain:', flashcore.explain(q, q, q))") || status=1
+  (cd /tmp && "$PY" -c "import flashcore, torch; import flashcore._build_config as b; print('flashcore from', flashcore.__file__, 'built with', getattr(b, 'TOOLCHAIN', '?')); q = torch.zeros(1, 1, 8, 64, device='cuda', dtype=torch.bfloat16); print('explain:', flashcore.explain(q, q, q))") || status=1
 else  # the build, the SASS counts, the C tests and the sanitizers, up to the matching fi
 step "build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v "$PY")" \
   > "$OUT/build.log" 2>&1 && cmake --build build >> "$OUT/build.log" 2>&1
 if [ $? -ne 0 ]; then tail -n 40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; fi
+grep TOOLCHAIN python/flashcore/_build_config.py | tee -a "$OUT/machine.txt"
 grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -n 12
 
 step "SASS: tensor-core and async-copy instructions per kernel"

@@ -32,7 +32,16 @@ def pytest_report_header(config):
     spec = importlib.util.find_spec("flashcore")
     where = os.path.dirname(spec.origin) if spec and spec.origin else "not importable"
     kind = "working tree" if _IN_TREE_BUILD else "installed copy"
-    return f"flashcore under test: {where} ({kind})"
+    built = ""
+    if spec and spec.origin:  # the compilers the build recorded (CMakeLists.txt, _build_config.py)
+        path = os.path.join(where, "_build_config.py")
+        if os.path.exists(path):
+            record_spec = importlib.util.spec_from_file_location("_flashcore_build_record", path)
+            record = importlib.util.module_from_spec(record_spec)
+            record_spec.loader.exec_module(record)
+            if getattr(record, "TOOLCHAIN", None):
+                built = ", built with " + ", ".join(record.TOOLCHAIN)
+    return f"flashcore under test: {where} ({kind}{built})"
 
 
 # Skip reasons that mean "this machine lacks the GPU the test needs": gpu_gate.py's module
