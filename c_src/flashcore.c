@@ -484,10 +484,6 @@ void fc_resolve_band_(fc_params *p) {
     p->band_hi_ = kind < 0 ? 0 : (int)hi;
 }
 
-fc_status fc_device_info_(int *device, int *major, int *minor, int *sms) {
-    return device_info(device, major, minor, sms);
-}
-
 fc_status fc_device_facts_(fc_device_facts *dev) {
     return device_info(&dev->device, &dev->major, &dev->minor, &dev->sms);
 }

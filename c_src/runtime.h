@@ -1,6 +1,6 @@
 /*
  * runtime.h - internal: what the C layer asks of the CUDA runtime (defined in flashcore.c): the
- * current device, its compute capability and SM count (cached; any output may be NULL), and
+ * current device, its compute capability and SM count (cached), and
  * where a launcher leaves the CUDA error behind an FC_ERR_CUDA (fc_last_cuda_error, flashcore.h,
  * returns it). The C layer asks once per call and hands the answer to the kernel's launcher as
  * fc_device_facts: launchers never query the device themselves.
@@ -14,8 +14,6 @@
 extern "C" {
 #endif
 
-fc_status fc_device_info_(int *device, int *major, int *minor, int *sms);
-
 /* The device a call launches on, as the C layer found it for the call (fc_sdpa_fwd_planned,
  * fc_sdpa_bwd): every launcher takes it with the call's params. */
 typedef struct fc_device_facts {
@@ -23,7 +21,7 @@ typedef struct fc_device_facts {
     int major, minor; /* its compute capability */
     int sms;          /* its SM count (grid sizes, split heuristics) */
 } fc_device_facts;
-/* fc_device_info_ into one struct. */
+/* The current device's facts (cached per device after the first call). */
 fc_status fc_device_facts_(fc_device_facts *dev);
 void fc_set_last_cuda_error_(cudaError_t err);
 

@@ -47,7 +47,7 @@
  * Built from c_src/flashcore.c + c_src/dispatch.c + c_src/bwd.c only (no CUDA code, no GPU):
  * this file provides the CUDA runtime calls flashcore.c makes (cudaGetDevice,
  * cudaDeviceGetAttribute: device d reports the compute capability kDeviceCC[d % N]; fc_sdpa_fwd
- * and fc_sdpa_bwd ask through fc_device_info_) and the launchers dispatch.c and bwd.c name
+ * and fc_sdpa_bwd ask through fc_device_facts_) and the launchers dispatch.c and bwd.c name
  * (forward: sm80, sm90, decode; backward: sm80 and sm90, D 64/128, fp16/bf16: they check the
  * struct and the device facts they are handed, record the call and return cudaSuccess without
  * touching memory). ci/fuzz.sh defines
