@@ -18,7 +18,8 @@
 # left out fall back to PyTorch):
 #   FLASHCORE_HEAD_DIMS=64 FLASHCORE_DTYPES=fp16 bash ci/build_wheel.sh
 # Environment: FLASHCORE_CUDA_ARCHS (default "89;90a"), FLASHCORE_HEAD_DIMS, FLASHCORE_DTYPES
-# (default: all), WHEEL_DIR (default dist), WHEEL_INSTALL_CHECK=0 to skip the install check.
+# (default: all), WHEEL_DIR (default dist), WHEEL_INSTALL_CHECK=0 to skip the install check,
+# WHEEL_REUSE_OBJECTS=1 to keep an earlier build's objects (not for a wheel you ship).
 # The CMake build goes to build/wheel (FLASHCORE_BUILD_DIR), apart from ./build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,10 +34,17 @@ export FLASHCORE_BUILD_TESTS=OFF  # the C tests are not shipped
 export FLASHCORE_BUILD_DIR=${FLASHCORE_BUILD_DIR:-build/wheel}
 WHEEL_DIR=${WHEEL_DIR:-dist}
 STAGE=build/wheel-stage
-# A fresh CMake configure (objects are reused): options left unset must take CMakeLists.txt's
-# defaults, not what an earlier trimmed build left in the cache. setuptools' staging folder
-# too, so nothing of an earlier build is packaged.
-rm -f "$FLASHCORE_BUILD_DIR/CMakeCache.txt"
+# A release artifact is built from nothing: the build folder goes (cache and objects), and
+# setuptools' staging folder with it, so nothing of an earlier build is packaged. Reused objects
+# once shipped a stale kernel object (its recorded header dependencies lost by an interrupted
+# build, so Ninja saw it as up to date) whose launcher read an older fc_params: the wheel's
+# sm90 bf16 D=256 calls crashed in host code (docs/experiments/README.md, issue 36).
+# WHEEL_REUSE_OBJECTS=1 keeps the objects (only the CMake cache goes) for quick local tries.
+if [ "${WHEEL_REUSE_OBJECTS:-0}" = 1 ]; then
+  rm -f "$FLASHCORE_BUILD_DIR/CMakeCache.txt"
+else
+  rm -rf "$FLASHCORE_BUILD_DIR"
+fi
 rm -rf "$STAGE" build/lib*/flashcore
 mkdir -p "$STAGE" "$FLASHCORE_BUILD_DIR"
 echo "== building the wheel (archs ${FLASHCORE_CUDA_ARCHS}, head dims ${FLASHCORE_HEAD_DIMS:-all}, dtypes ${FLASHCORE_DTYPES:-all}); log: $STAGE/build.log"
