@@ -2,8 +2,8 @@
  * test_paged_gpu.c - the decode kernels on a paged KV cache (fc_params.block_table), from plain C.
  *
  * Each case builds a KV cache for B batch items on the host, scatters it into pools of pages in a
- * shuffled order (unused pages and the rows past an item's keys hold large values, so a read of the
- * wrong page or row shows), and runs one paged call with seqused_k. It checks:
+ * shuffled order (unused pages and the rows past an item's seqused_k hold large values, so a read
+ * of the wrong page or row shows), and runs one paged call with seqused_k. It checks:
  *   * against a float64 reference computed from the same (rounded) 16-bit inputs;
  *   * against the contiguous decode of the same cache, gathered on the host into a (1, Hkv, n, D)
  *     tensor per batch item (fc_sdpa_fwd, no pages);
@@ -250,6 +250,9 @@ static void run_case(const char *label, const paged_case *pc) {
                     const int64_t li = (((int64_t)lb * c.Hkv + hk) * c.Sk + t) * c.D + d;
                     c.k[li] = load16(pc->dtype, k16);
                     c.v[li] = load16(pc->dtype, v16);
+                    /* Rows past an item's seqused_k keep the large values (a read past it shows;
+                     * items sharing pages, the 65535+ case, have their keys everywhere). */
+                    if (distinct && t >= pc->used[lb]) continue;
                     const int32_t page = order[(int64_t)lb * c.pages_per_seq + t / c.page_size];
                     const int64_t pi = ((int64_t)page * c.page_size + t % c.page_size) * row + (int64_t)hk * c.D + d;
                     c.kpool[pi] = k16;
