@@ -167,6 +167,9 @@ static fc_status bwd_dispatch(const fc_bwd_params *user, int cc_major, int cc_mi
     fc_resolve_band_(&resolved.fwd);
     const fc_bwd_params *p = &resolved;
     const fc_params *f = &p->fwd;
+    /* No backward kernel reads a paged KV cache (fc_params.block_table): the forward's decode
+     * kernels alone do. */
+    if (f->block_table != NULL) return FC_UNSUPPORTED_PAGED;
     if (f->dtype != FC_DTYPE_FP16 && f->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
     const bwd_entry *found = NULL;
     fc_status s;

@@ -130,6 +130,16 @@ static int family_takes_band(fc_family family, const fc_params *p) {
            ((family == FC_FAMILY_SM90 || family == FC_FAMILY_DECODE) && p->mask_kind == FC_MASK_NONE);
 }
 
+/* A paged KV cache (fc_params.block_table): only the decode kernels read pages (kPaged in
+ * kernels/decode_sm80.cuh: each 16-key step's row addresses through the block table), and only in
+ * their plain configuration: a decode-shaped call without causal, a band or a mask. Every other
+ * family, and a paged call no decode kernel shape takes, declines it (FC_UNSUPPORTED_PAGED). */
+static int family_takes_paged(fc_family family, const fc_params *p) {
+    if (p->block_table == NULL) return 1;
+    return family == FC_FAMILY_DECODE && family_takes_layout(family, p) && !p->causal && p->band_ != FC_BAND_GENERAL_ &&
+           p->mask_kind == FC_MASK_NONE;
+}
+
 /* Would a family other than sm80 that runs here have a kernel for this call without its mask? */
 static int unmasked_kernel_elsewhere(const fc_params *p, int cc_major, int cc_minor) {
     const fc_family others[] = {FC_FAMILY_DECODE, FC_FAMILY_SM90};
@@ -207,8 +217,10 @@ static int sm80_masked_slower_than_fallback(fc_family family, const fc_params *p
  * passed validation already, so only the checks packing can change run on the packed one
  * (fc_packed_rows_valid_), not a second validation. */
 int fc_decode_packs_for_sm90(const fc_params *p) {
-    /* (Sinks and masks are per query head, which packing turns into rows.) */
-    if (p->seqlen_q != 1 || p->causal || p->heads_q <= p->heads_kv || p->sinks != NULL || p->mask_kind != FC_MASK_NONE)
+    /* (Sinks and masks are per query head, which packing turns into rows; the Hopper family reads
+     * no pages.) */
+    if (p->seqlen_q != 1 || p->causal || p->heads_q <= p->heads_kv || p->sinks != NULL || p->mask_kind != FC_MASK_NONE ||
+        p->block_table != NULL)
         return 0;
     fc_params packed = *p;
     fc_pack_decode_gqa(&packed);
@@ -250,7 +262,9 @@ static int sm90_decode_block_per_pair(const fc_params *p, int *packs) {
 }
 
 static int sm90_reads_decode_faster(const fc_params *p, int cc_major, int cc_minor, int *packs) {
-    if (p->seqlen_q != 1 || p->causal || p->head_dim != 128 || p->mask_kind != FC_MASK_NONE) return 0;
+    /* (A paged call stays in the decode kernels: the Hopper family reads no pages.) */
+    if (p->seqlen_q != 1 || p->causal || p->head_dim != 128 || p->mask_kind != FC_MASK_NONE || p->block_table != NULL)
+        return 0;
     if (!fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor) || find_kernel(FC_FAMILY_SM90, p) == NULL ||
         !family_takes_layout(FC_FAMILY_SM90, p))
         return 0;
@@ -266,7 +280,7 @@ static int sm90_reads_decode_faster(const fc_params *p, int cc_major, int cc_min
  * (docs/experiments/forward-masks.md, thirty-second session). */
 static int decode_masked_slower_than_fallback(fc_family family, const fc_params *p, int cc_major, int cc_minor) {
     return family == FC_FAMILY_DECODE && cc_major == 9 && cc_minor == 0 && p->mask_kind == FC_MASK_ADDITIVE &&
-           p->lse == NULL && family_takes_mask(family, p) && p->band_ != FC_BAND_GENERAL_ && p->softcap == 0.0f &&
+           p->block_table == NULL && p->lse == NULL && family_takes_mask(family, p) && p->band_ != FC_BAND_GENERAL_ && p->softcap == 0.0f &&
            p->sinks == NULL;
 }
 
@@ -288,10 +302,16 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
     int declined_for_band = 0;
     int declined_for_sinks = 0;
     int declined_for_softcap = 0;
+    int declined_for_pages = 0;
     for (size_t i = 0; i < n_candidates; ++i) {
         const fc_family f = p->family == FC_FAMILY_AUTO ? preference[i] : p->family;
         if (!fc_family_runs_on_(f, cc_major, cc_minor)) continue;
         any_family_runs = 1;
+        /* (First: a paged call is declined for its pages before any speed or layout rule.) */
+        if (!family_takes_paged(f, p)) {
+            declined_for_pages = 1;
+            continue;
+        }
         if (f == FC_FAMILY_DECODE && p->family == FC_FAMILY_AUTO &&
             sm90_reads_decode_faster(p, cc_major, cc_minor, &packs_known))
             continue;
@@ -327,6 +347,11 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
     }
     if (!any_family_runs)
         return p->family == FC_FAMILY_AUTO ? FC_UNSUPPORTED_ARCH : FC_UNSUPPORTED_FAMILY;
+    /* A paged call no family took for its pages; the decode family, which reads them, may have
+     * declined it for a head dim, sinks or a softcap (the statuses below) instead. */
+    if (declined_for_pages && !(p->family == FC_FAMILY_AUTO && family_takes_paged(FC_FAMILY_DECODE, p) &&
+                                fc_family_runs_on_(FC_FAMILY_DECODE, cc_major, cc_minor)))
+        return FC_UNSUPPORTED_PAGED;
     if (declined_as_slower) return FC_UNSUPPORTED_SLOWER;
     if (declined_mask_as_slower) return FC_UNSUPPORTED_SLOWER_MASK;
     if (declined_for_band) return FC_UNSUPPORTED_BAND;

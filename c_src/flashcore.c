@@ -54,6 +54,8 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_ERR_BAD_SOFTCAP] = "softcap must be 0 (none) or a finite value > 0",
     [FC_UNSUPPORTED_SOFTCAP] = "a logit softcap runs in the sm90 family without a mask (forward: head dims 64, 128, 256; backward: 64, 128) and in the sm80-class forward (with or without a mask); no kernel here takes this call",
     [FC_UNSUPPORTED_SLOWER_MASK] = "on sm_90 PyTorch's own SDPA runs such calls faster than the kernels that take this attention mask (the decode kernels: an additive mask; the sm80-class family: an additive mask; at head dims 64 and 128 every mask the sm90 family cannot take; at other head dims a bool mask broadcast over the query rows, or one query row); calls that want the LSE (training) still run it; force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
+    [FC_ERR_BAD_PAGES] = "inconsistent paged KV arguments: with block_table set, page_size must be a positive multiple of 16, pages_per_seq >= 1 with pages_per_seq * page_size >= seqlen_k, num_pages in [1, 2^31 - 1], block_table_stride >= pages_per_seq (batch > 1) and the table's extent addressable; without block_table, pages_per_seq, page_size, num_pages, block_table_stride and seqused_k must all be 0 / NULL",
+    [FC_UNSUPPORTED_PAGED] = "no kernel here takes this paged call: only the decode family reads a paged KV cache (forward, at most 16 query rows and 32 rows per KV head, head dims 64 and 128, without is_causal, a band, a mask, softcap or sinks); the backward takes no paged call",
     [FC_UNSUPPORTED_SLOWER] = "on sm_90 only the sm80-class family has this head dim, and PyTorch's own SDPA (cuDNN) runs it faster (about 1.7x, bench/NOTES.md); force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
 };
 
@@ -153,6 +155,41 @@ static operand lse_operand(const fc_params *p) {
     return t;
 }
 
+/* The paged KV fields (flashcore.h, fc_params.block_table): all zero without a table, else
+ * consistent. The table's contents live on the device and are never read here (the kernels clamp
+ * its entries into [0, num_pages)). */
+static fc_status check_pages(const fc_params *p) {
+    if (p->block_table == NULL)
+        return p->pages_per_seq != 0 || p->page_size != 0 || p->num_pages != 0 || p->block_table_stride != 0 ||
+                       p->seqused_k != NULL
+                   ? FC_ERR_BAD_PAGES
+                   : FC_OK;
+    if (p->page_size <= 0 || p->page_size % 16 != 0 || p->pages_per_seq <= 0) return FC_ERR_BAD_PAGES;
+    if (p->num_pages <= 0 || p->num_pages > INT32_MAX) return FC_ERR_BAD_PAGES;
+    if ((int64_t)p->pages_per_seq * p->page_size < p->seqlen_k) return FC_ERR_BAD_PAGES;
+    if (p->batch > 1 && p->block_table_stride < p->pages_per_seq) return FC_ERR_BAD_PAGES;
+    if (p->block_table_stride < 0) return FC_ERR_BAD_PAGES;
+    /* The table's last entry read, (batch - 1) * stride + pages_per_seq - 1, and its byte address. */
+    int64_t last = 0, bytes = 0;
+    if (__builtin_mul_overflow(p->batch - 1, p->block_table_stride, &last) ||
+        __builtin_add_overflow(last, (int64_t)p->pages_per_seq, &last) || __builtin_mul_overflow(last, (int64_t)4, &bytes) ||
+        (uint64_t)bytes > UINTPTR_MAX - (uintptr_t)p->block_table)
+        return FC_ERR_BAD_PAGES;
+    if (p->seqused_k != NULL && (__builtin_mul_overflow(p->batch, (int64_t)4, &bytes) ||
+                                 (uint64_t)bytes > UINTPTR_MAX - (uintptr_t)p->seqused_k))
+        return FC_ERR_BAD_PAGES;
+    return FC_OK;
+}
+
+/* k or v as an operand of the checks above: (B, Hkv, Sk, D), or for a paged call the pool
+ * (num_pages, Hkv, page_size, D) with the page stride in the batch stride's place. */
+static operand kv_operand(const fc_params *p, int64_t sb, int64_t sh, int64_t ss, int64_t sd) {
+    const int paged = p->block_table != NULL;
+    const operand t = {{paged ? p->num_pages : p->batch, p->heads_kv, paged ? p->page_size : p->seqlen_k, p->head_dim},
+                       {sb, sh, ss, sd}};
+    return t;
+}
+
 /* Validations on this thread, for the tests that check a call validates its struct once. */
 static _Thread_local unsigned long long validations_on_thread;
 FC_API unsigned long long fc_validations_on_thread_(void) { return validations_on_thread; }
@@ -182,13 +219,14 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
     if (!(p->softcap >= 0.0f && isfinite(p->softcap))) return FC_ERR_BAD_SOFTCAP;
     /* The library's own fields (fc_resolve_band_) come from callers as 0. */
     if (p->band_ != 0 || p->band_lo_ != 0 || p->band_hi_ != 0) return FC_ERR_BAD_WINDOW;
+    const fc_status pages = check_pages(p);
+    if (pages != FC_OK) return pages;
+    if (((uintptr_t)p->block_table & 3u) != 0 || ((uintptr_t)p->seqused_k & 3u) != 0) return FC_ERR_POINTER_ALIGNMENT;
 
     const operand ops[4] = {
         q_operand(p),
-        {{p->batch, p->heads_kv, p->seqlen_k, p->head_dim},
-         {p->k_stride_b, p->k_stride_h, p->k_stride_s, p->k_stride_d}},
-        {{p->batch, p->heads_kv, p->seqlen_k, p->head_dim},
-         {p->v_stride_b, p->v_stride_h, p->v_stride_s, p->v_stride_d}},
+        kv_operand(p, p->k_stride_b, p->k_stride_h, p->k_stride_s, p->k_stride_d),
+        kv_operand(p, p->v_stride_b, p->v_stride_h, p->v_stride_s, p->v_stride_d),
         o_operand(p),
     };
     const int64_t elem = element_bytes(p->dtype);
@@ -377,8 +415,13 @@ static fc_status launch_slice(const fc_params *p, fc_launch_fn launch, const fc_
     slice.heads_q = nh;
     slice.heads_kv = nkv;
     slice.q = (const char *)p->q + (b0 * p->q_stride_b + h0 * p->q_stride_h) * elem;
-    slice.k = (const char *)p->k + (b0 * p->k_stride_b + hk0 * p->k_stride_h) * elem;
-    slice.v = (const char *)p->v + (b0 * p->v_stride_b + hk0 * p->v_stride_h) * elem;
+    /* A paged call's K/V pools are shared by every batch item: its batch items move through the
+     * block table's rows and seqused_k instead (a batch stride here is the page stride). */
+    const int64_t kv_b0 = p->block_table != NULL ? 0 : b0;
+    slice.k = (const char *)p->k + (kv_b0 * p->k_stride_b + hk0 * p->k_stride_h) * elem;
+    slice.v = (const char *)p->v + (kv_b0 * p->v_stride_b + hk0 * p->v_stride_h) * elem;
+    if (p->block_table != NULL) slice.block_table = p->block_table + b0 * p->block_table_stride;
+    if (p->seqused_k != NULL) slice.seqused_k = p->seqused_k + b0;
     slice.out = (char *)p->out + (b0 * p->o_stride_b + h0 * p->o_stride_h) * elem;
     if (p->lse != NULL) slice.lse = p->lse + b0 * p->lse_stride_b + h0 * p->lse_stride_h;
     if (p->sinks != NULL) slice.sinks = p->sinks + h0;

@@ -96,6 +96,8 @@ typedef enum fc_status {
     FC_ERR_BAD_SOFTCAP,          /* softcap negative, NaN or infinite */
     FC_UNSUPPORTED_SOFTCAP,      /* a logit softcap with a family that has none (forward: sm90 without a mask, sm80; backward: sm90 without a mask) */
     FC_UNSUPPORTED_SLOWER_MASK,  /* AUTO on sm_90, an attn_mask only the sm80 family takes, no LSE wanted: PyTorch's SDPA is faster (dispatch.c) */
+    FC_ERR_BAD_PAGES,            /* paged KV arguments inconsistent (see fc_params.block_table) */
+    FC_UNSUPPORTED_PAGED,        /* a valid paged call no kernel takes (only the decode family reads pages: no causal, band, mask; no backward) */
     FC_STATUS_COUNT_             /* number of statuses; not a status */
 } fc_status;
 
@@ -167,6 +169,31 @@ typedef struct fc_params {
      * default) = none; otherwise finite and > 0 (else FC_ERR_BAD_SOFTCAP). The sm90 family alone
      * takes it (forward and backward, without a mask; elsewhere FC_UNSUPPORTED_SOFTCAP). */
     float softcap;
+
+    /* (Appended after softcap: earlier fields keep their offsets.) */
+    /* Paged KV cache (PyTorch's varlen_attn / FlashAttention's block_table). NULL (the default)
+     * means not paged: k and v are (B, Hkv, Sk, D) as above, and every field below must be 0.
+     * Non-NULL: k and v are pools of pages, (num_pages, page_size, Hkv, D) in any strides whose
+     * last dim is contiguous, described by the k/v stride fields read as k_stride_b = the page
+     * stride, k_stride_s = the row stride within a page, k_stride_h = the head stride (v alike).
+     * Key token t of batch item b is row t % page_size of page
+     * block_table[b * block_table_stride + t / page_size] (an int32 device array the host never
+     * reads). Batch item b has min(seqlen_k, seqused_k[b]) keys (seqused_k NULL: seqlen_k each;
+     * a negative entry counts as 0); an item with no key gives zeros and LSE -inf, as a fully
+     * masked row. Requirements (else FC_ERR_BAD_PAGES): page_size a positive multiple of 16,
+     * pages_per_seq >= 1 with pages_per_seq * page_size >= seqlen_k, num_pages in [1, 2^31 - 1],
+     * block_table_stride >= pages_per_seq (when batch > 1), the table's extent addressable; the
+     * table and seqused_k 4-byte aligned (else FC_ERR_POINTER_ALIGNMENT). The kernels clamp
+     * every page index into [0, num_pages): a bad table entry gives wrong rows, never an
+     * out-of-bounds read. Only the decode family runs paged calls (Sq <= 16, (Hq / Hkv) * Sq <= 32,
+     * D 64 / 128, no causal, band, mask, softcap or sinks); every other paged call gives
+     * FC_UNSUPPORTED_PAGED, the backward included. */
+    const int32_t *block_table;   /* (B, >= pages_per_seq) int32, rows block_table_stride apart */
+    int64_t block_table_stride;   /* elements between batch items' rows of the table */
+    int32_t pages_per_seq;        /* table entries read per batch item (ceil(seqlen_k / page_size) suffices) */
+    int32_t page_size;            /* keys per page: a multiple of 16 */
+    int64_t num_pages;            /* pages in the pools k and v (the clamp's bound) */
+    const int32_t *seqused_k;     /* optional (B,) int32 device array: keys used per batch item */
 } fc_params;
 
 /* Zero every field, then set scale = 0 (caller must set it), family = AUTO, mask NONE. */

@@ -131,10 +131,10 @@ if [ "$STRICT" = 1 ]; then
   [ "$found" = 0 ] || { echo "fuzz (strict): known bugs reproduce (logs in $OUT/)"; exit 1; }
 fi
 
-# -max_len covers the raw modes (the whole fc_params, 328 bytes; the whole fc_bwd_params, 544
-# bytes after two mode bytes) and the longest structured inputs.
+# -max_len covers the raw modes (the whole fc_params, 416 bytes since the paged KV fields; the
+# whole fc_bwd_params, 632 bytes after two mode bytes) and the longest structured inputs.
 "$OUT/fuzz_params" "$CORPUS" "$OUT/seeds" \
-  -seed="$SEED" "${BUDGET[@]}" -max_len=560 -timeout=10 -rss_limit_mb=2048 \
+  -seed="$SEED" "${BUDGET[@]}" -max_len=660 -timeout=10 -rss_limit_mb=2048 \
   -artifact_prefix="$OUT/artifacts/" -print_final_stats=1 > "$OUT/fuzz.log" 2>&1 || {
   tail -n 40 "$OUT/fuzz.log"
   echo "fuzz: FINDING (input saved under $OUT/artifacts/, full log $OUT/fuzz.log)" >&2

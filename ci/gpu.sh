@@ -66,13 +66,18 @@ step "C tests"
 ctest --test-dir build --output-on-failure --timeout 120 2>&1 | tee "$OUT/ctest.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-step "compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on the C API test"
+step "compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on the C API test; memcheck on the paged test"
 for tool in memcheck racecheck synccheck initcheck; do
   timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 build/tests/c/test_c_api_gpu > "$OUT/sanitizer_$tool.log" 2>&1
   rc=$?
   tail -n 3 "$OUT/sanitizer_$tool.log"
   if [ $rc -ne 0 ]; then echo "SANITIZER $tool FAILED (rc $rc)"; status=1; fi
 done
+# The paged decode test's out-of-range block tables must read nothing outside the pools.
+timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/c/test_paged_gpu > "$OUT/sanitizer_paged_memcheck.log" 2>&1
+rc=$?
+tail -n 3 "$OUT/sanitizer_paged_memcheck.log"
+if [ $rc -ne 0 ] && [ $rc -ne 77 ]; then echo "SANITIZER memcheck (paged) FAILED (rc $rc)"; status=1; fi
 cat "$OUT"/sanitizer_*.log > "$OUT/sanitizer.log"; rm -f "$OUT"/sanitizer_*.log
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 fi

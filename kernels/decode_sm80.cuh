@@ -26,6 +26,12 @@
 //     bottom-right causal, a sliding window; fc_band_bounds in flashcore.h): row r sees keys
 //     r + band_lo_ .. r + band_hi_, and only the keys from the first row's first to the last
 //     row's last are read (a window over a long cache reads the window).
+//   * kPaged (not with kCausal or kMasked: fc_dispatch, family_takes_paged) reads a paged KV
+//     cache (fc_params.block_table): K/V rows come from pages through the block table
+//     (common/key_rows.cuh, page indices clamped into the pools), and batch item b has
+//     min(seqlen_k, seqused_k[b]) keys (keys_of); the split ranges are cut from that count, and
+//     an item with no key writes zeros and LSE -inf (as a fully masked row). Pages hold a
+//     multiple of 16 keys (validation), so a 16-key step never straddles two pages.
 //
 // Calls with at most 16 rows per CTA (MHA decoding, GQA up to 16:1, short speculative steps) run
 // decode_mma_kernel below instead: tensor cores and four independent warps (see its comment).
@@ -35,6 +41,7 @@
 // chunk to fit sm_89's 99 KB); run through the C API (fc_sdpa_fwd picks it for small Sq).
 #pragma once
 
+#include "common/key_rows.cuh"
 #include "common/launch.h"
 #include "common/sm80_ptx.cuh"
 #include "common/split_combine.cuh"
@@ -102,9 +109,21 @@ __device__ __forceinline__ float mask_logit2(const fc_params &p, const unsigned 
     return to_float(reinterpret_cast<const Elem *>(row_mask)[key * p.mask_stride_k]) * 1.4426950408889634f;
 }
 
-template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
+// The keys batch item `batch` has: seqlen_k, or with kPaged min(seqlen_k, seqused_k[batch])
+// (a negative entry counts as 0). Read after wait_for_prior_grids (a global load).
+template <bool kPaged>
+__device__ __forceinline__ int keys_of(const fc_params &p, int batch) {
+    const int seqlen_k = static_cast<int>(p.seqlen_k);
+    if constexpr (kPaged) {
+        if (p.seqused_k != nullptr) return min(seqlen_k, max(0, __ldg(p.seqused_k + batch)));
+    }
+    return seqlen_k;
+}
+
+template <typename Elem, int kHeadDim, bool kCausal, bool kMasked, bool kPaged>
 __global__ void __launch_bounds__(kThreads)
 decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_lse) {
+    static_assert(!(kPaged && (kCausal || kMasked)), "paged calls run without causal or a mask");
     using T = DecodeTraits<kHeadDim>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float *q_s = reinterpret_cast<float *>(smem_raw);               // [kMaxRows][D]
@@ -116,7 +135,7 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
     allow_dependent_grids();
 
     const int split = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
-    const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
+    const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = keys_of<kPaged>(p, batch);
     const int group = static_cast<int>(p.heads_q / p.heads_kv);
     const int rows = group * seqlen_q;  // row r = (head_kv * group + r / Sq, query r % Sq)
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -132,18 +151,31 @@ decode_kernel(const fc_params p, int splits, float *partial_o, float *partial_ls
     const int chunk_begin = band_begin + split * per_split;
     const int chunk_end = min(band_end, chunk_begin + per_split);
 
-    const Elem *k = static_cast<const Elem *>(p.k) + batch * p.k_stride_b + head_kv * p.k_stride_h;
-    const Elem *v = static_cast<const Elem *>(p.v) + batch * p.v_stride_b + head_kv * p.v_stride_h;
+    // (kPaged: k and v are the pools' head bases; a key's page comes from the block table.)
+    const int64_t kv_batch = kPaged ? 0 : batch;
+    const Elem *k = static_cast<const Elem *>(p.k) + kv_batch * p.k_stride_b + head_kv * p.k_stride_h;
+    const Elem *v = static_cast<const Elem *>(p.v) + kv_batch * p.v_stride_b + head_kv * p.v_stride_h;
+    [[maybe_unused]] KeyRows pages;
+    if constexpr (kPaged) pages = KeyRows(p.block_table, p.block_table_stride, batch, p.page_size, p.num_pages);
     auto load_chunk = [&](int c, int stage) {
         const int key0 = c * kChunk;
         for (int item = tid; item < kChunk * T::kChunks; item += kThreads) {
             const int row = item / T::kChunks, col = item % T::kChunks;
             const bool valid = key0 + row < seqlen_k;
-            const int64_t key = valid ? key0 + row : 0;
-            cp_async_16(smem_addr(k_s + (stage * kChunk + row) * T::kRowElems + col * 8),
-                        k + key * p.k_stride_s + col * 8, valid);
-            cp_async_16(smem_addr(v_s + (stage * kChunk + row) * T::kRowElems + col * 8),
-                        v + key * p.v_stride_s + col * 8, valid);
+            if constexpr (kPaged) {
+                // (A 32-key chunk may span two pages: each row looks its page up.)
+                const KeyRows::Slot at = pages.at(valid ? key0 + row : 0);
+                cp_async_16(smem_addr(k_s + (stage * kChunk + row) * T::kRowElems + col * 8),
+                            k + at.page * p.k_stride_b + at.row * p.k_stride_s + col * 8, valid);
+                cp_async_16(smem_addr(v_s + (stage * kChunk + row) * T::kRowElems + col * 8),
+                            v + at.page * p.v_stride_b + at.row * p.v_stride_s + col * 8, valid);
+            } else {
+                const int64_t key = valid ? key0 + row : 0;
+                cp_async_16(smem_addr(k_s + (stage * kChunk + row) * T::kRowElems + col * 8),
+                            k + key * p.k_stride_s + col * 8, valid);
+                cp_async_16(smem_addr(v_s + (stage * kChunk + row) * T::kRowElems + col * 8),
+                            v + key * p.v_stride_s + col * 8, valid);
+            }
         }
     };
     if (chunk_begin < chunk_end) load_chunk(chunk_begin, 0);
@@ -365,16 +397,17 @@ __device__ __forceinline__ void cp_async_16_l2_256(uint32_t dst_smem, const void
                  "l"(src_gmem), "r"(src_bytes));
 }
 
-template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
+template <typename Elem, int kHeadDim, bool kCausal, bool kMasked, bool kPaged>
 __global__ void __launch_bounds__(MmaDecodeTraits<kHeadDim>::kThreads)
 decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partial_lse) {
     using T = MmaDecodeTraits<kHeadDim>;
+    static_assert(!(kPaged && (kCausal || kMasked)), "paged calls run without causal or a mask");
     constexpr int kSteps16 = kHeadDim / 16;  // k-steps of S = Q K^T, and 16-column pairs of O
     extern __shared__ __align__(16) unsigned char smem_raw[];
     wait_for_prior_grids();  // fc_use_pdl: no global memory before the previous grid is done
     allow_dependent_grids();
     const int split = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
-    const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
+    const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = keys_of<kPaged>(p, batch);
     const int group = static_cast<int>(p.heads_q / p.heads_kv);
     const int rows = group * seqlen_q;  // <= 16; row r = (head_kv * group + r / Sq, query r % Sq)
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -394,8 +427,12 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
     const int n_steps = key_end > key_begin ? (key_end - key_begin + T::kStepKeys - 1) / T::kStepKeys : 0;
 
     Elem *ring = reinterpret_cast<Elem *>(smem_raw) + warp * T::kStages * T::kStageElems;
-    const Elem *k = static_cast<const Elem *>(p.k) + batch * p.k_stride_b + head_kv * p.k_stride_h;
-    const Elem *v = static_cast<const Elem *>(p.v) + batch * p.v_stride_b + head_kv * p.v_stride_h;
+    // (kPaged: k and v are the pools' head bases; a step's page comes from the block table.)
+    const int64_t kv_batch = kPaged ? 0 : batch;
+    const Elem *k = static_cast<const Elem *>(p.k) + kv_batch * p.k_stride_b + head_kv * p.k_stride_h;
+    const Elem *v = static_cast<const Elem *>(p.v) + kv_batch * p.v_stride_b + head_kv * p.v_stride_h;
+    [[maybe_unused]] KeyRows pages;
+    if constexpr (kPaged) pages = KeyRows(p.block_table, p.block_table_stride, batch, p.page_size, p.num_pages);
     // A lane copies the same 16-byte column of every kRowsPerPass-th row: its column and first
     // row are fixed, so each copy only steps two pointers (a per-copy 64-bit address from the
     // item index took ~30 instructions per 16-byte copy).
@@ -408,8 +445,18 @@ decode_mma_kernel(const fc_params p, int splits, float *partial_o, float *partia
         const uint32_t k_dst = smem_addr(ring + stage * T::kStageElems + lane_row * T::kRowElems + lane_col);
         const uint32_t v_dst = k_dst + T::kStepKeys * T::kRowElems * 2;
         const int key = key_begin + step * T::kStepKeys + lane_row;
-        const Elem *k_src = k + key * p.k_stride_s + lane_col;
-        const Elem *v_src = v + key * p.v_stride_s + lane_col;
+        const Elem *k_src, *v_src;
+        if constexpr (kPaged) {
+            // The step's 16 keys lie in one page: key_begin is a multiple of kChunk (no band
+            // with pages) and pages hold multiples of 16 keys. The step's first key is below
+            // key_end, so its table entry is this item's.
+            const KeyRows::Slot at = pages.at(key_begin + step * T::kStepKeys);
+            k_src = k + at.page * p.k_stride_b + (at.row + lane_row) * p.k_stride_s + lane_col;
+            v_src = v + at.page * p.v_stride_b + (at.row + lane_row) * p.v_stride_s + lane_col;
+        } else {
+            k_src = k + key * p.k_stride_s + lane_col;
+            v_src = v + key * p.v_stride_s + lane_col;
+        }
 #pragma unroll
         for (int pass = 0; pass < T::kStepKeys / kRowsPerPass; ++pass) {
             const bool valid = key + pass * kRowsPerPass < key_end;  // else zero-filled
@@ -638,30 +685,30 @@ cudaError_t launch_split_kv(Kernel kernel, int threads, int smem_bytes, const fc
                               static_cast<const float *>(partial_o), static_cast<const float *>(partial_lse));
 }
 
-template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
+template <typename Elem, int kHeadDim, bool kCausal, bool kMasked, bool kPaged>
 cudaError_t launch_decode_rows(const fc_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     static unsigned long long configured_devices = 0;  // cudaFuncSetAttribute is per device
-    auto kernel = decode_kernel<Elem, kHeadDim, kCausal, kMasked>;
+    auto kernel = decode_kernel<Elem, kHeadDim, kCausal, kMasked, kPaged>;
     const int smem = DecodeTraits<kHeadDim>::kSmemBytes;
     const cudaError_t err = allow_smem(kernel, smem, &configured_devices, dev.device);
     return err != cudaSuccess ? err : launch_split_kv<Elem, kHeadDim>(kernel, kThreads, smem, p, dev, stream);
 }
 
-template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
+template <typename Elem, int kHeadDim, bool kCausal, bool kMasked, bool kPaged>
 cudaError_t launch_decode_mma(const fc_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     static unsigned long long configured_devices = 0;
-    auto kernel = decode_mma_kernel<Elem, kHeadDim, kCausal, kMasked>;
+    auto kernel = decode_mma_kernel<Elem, kHeadDim, kCausal, kMasked, kPaged>;
     using T = MmaDecodeTraits<kHeadDim>;
     const cudaError_t err = allow_smem(kernel, T::kSmemBytes, &configured_devices, dev.device);
     return err != cudaSuccess ? err
                               : launch_split_kv<Elem, kHeadDim>(kernel, T::kThreads, T::kSmemBytes, p, dev, stream);
 }
 
-template <typename Elem, int kHeadDim, bool kCausal, bool kMasked>
+template <typename Elem, int kHeadDim, bool kCausal, bool kMasked, bool kPaged>
 cudaError_t launch_decode(const fc_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_q;  // <= kMaxRows (fc_dispatch)
-    if (rows <= FC_DECODE_MMA_ROWS) return launch_decode_mma<Elem, kHeadDim, kCausal, kMasked>(p, dev, stream);
-    return launch_decode_rows<Elem, kHeadDim, kCausal, kMasked>(p, dev, stream);
+    if (rows <= FC_DECODE_MMA_ROWS) return launch_decode_mma<Elem, kHeadDim, kCausal, kMasked, kPaged>(p, dev, stream);
+    return launch_decode_rows<Elem, kHeadDim, kCausal, kMasked, kPaged>(p, dev, stream);
 }
 
 }  // namespace decode
@@ -670,9 +717,12 @@ cudaError_t launch_decode(const fc_params &p, const fc_device_facts &dev, cudaSt
 #define FLASHCORE_DEFINE_DECODE(HDIM, DTYPE_NAME, ELEM)                                          \
     extern "C" cudaError_t fc_decode_hdim##HDIM##_##DTYPE_NAME(                                \
         const fc_params *p, const fc_device_facts *dev, cudaStream_t stream) {                 \
-        /* (a mask runs without causal: fc_dispatch, family_takes_mask) */                     \
+        /* (pages and a mask run without causal, and not together: fc_dispatch,              \
+         * family_takes_paged and family_takes_mask) */                                         \
+        if (p->block_table != nullptr)                                                          \
+            return flashcore::decode::launch_decode<ELEM, HDIM, false, false, true>(*p, *dev, stream); \
         if (p->mask_kind != FC_MASK_NONE)                                                       \
-            return flashcore::decode::launch_decode<ELEM, HDIM, false, true>(*p, *dev, stream); \
-        return p->causal ? flashcore::decode::launch_decode<ELEM, HDIM, true, false>(*p, *dev, stream) \
-                         : flashcore::decode::launch_decode<ELEM, HDIM, false, false>(*p, *dev, stream); \
+            return flashcore::decode::launch_decode<ELEM, HDIM, false, true, false>(*p, *dev, stream); \
+        return p->causal ? flashcore::decode::launch_decode<ELEM, HDIM, true, false, false>(*p, *dev, stream) \
+                         : flashcore::decode::launch_decode<ELEM, HDIM, false, false, false>(*p, *dev, stream); \
     }

@@ -12,6 +12,7 @@ kernels per sequence, and equality with torch.nn.attention.varlen.varlen_attn, w
 backend needs CUDA) skip without a CUDA device.
 """
 import math
+import re
 
 import pytest
 import torch
@@ -731,3 +732,200 @@ def test_cuda_window_goes_to_the_kernels_as_a_band():
     # no window, or plain causal with Sq == Sk: SDPA's own call
     assert fc_varlen._band_or_mask(q4, k4, v4, -1, -1, 0.125, False)[2] == ()
     assert fc_varlen._band_or_mask(k4, k4, v4, -1, 0, 0.125, False)[:2] == (True, None)
+
+
+# ---- the fused paged decode (torch.ops.flashcore._paged_decode, one launch) ----------------------
+
+PAGED_DECODE = getattr(torch.ops.flashcore, "_paged_decode", None)
+needs_paged_op = pytest.mark.skipif(PAGED_DECODE is None,
+                                    reason="this op library has no flashcore::_paged_decode")
+
+
+def decode_batch(used, page_size, hq=8, hkv=2, d=64, dtype=torch.float16, device="cpu", seed=4):
+    """One query row per sequence against a paged cache: (q, pool_k, pool_v, table, seqused_k,
+    and the unpaged k, v, key lengths) for reference()."""
+    n = len(used)
+    q, k, v = packed([1] * n, used, hq=hq, hkv=hkv, d=d, seed=seed)
+    pool_k, pool_v, table, used_t = paged(k, v, used, page_size, seed=seed)
+    dev = lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+    return (dev(q), dev(pool_k), dev(pool_v), dev(table), dev(used_t)), (q.to(dtype), k.to(dtype),
+                                                                         v.to(dtype))
+
+
+def run_paged(q, pool_k, pool_v, table, used_t, used, **kw):
+    return varlen_attn(q, pool_k, pool_v, offsets([1] * len(used), q.device), None, 1,
+                       max(used, default=0), seqused_k=used_t, block_table=table, **kw)
+
+
+@needs_paged_op
+def test_paged_decode_op_fake():
+    """The fake (Meta kernel): out (N, Hq, D) in q's dtype, LSE (Hq, N) float32."""
+    q = torch.empty(5, 8, 64, dtype=torch.bfloat16, device="meta")
+    pages = torch.empty(10, 16, 2, 64, dtype=torch.bfloat16, device="meta")
+    table = torch.empty(5, 3, dtype=torch.int32, device="meta")
+    used = torch.empty(5, dtype=torch.int32, device="meta")
+    out, lse = PAGED_DECODE(q, pages, pages, table, used, 0.125)
+    assert out.shape == (5, 8, 64) and out.dtype == torch.bfloat16
+    assert lse.shape == (8, 5) and lse.dtype == torch.float32
+
+
+@needs_paged_op
+@pytest.mark.parametrize("change,message", [
+    (dict(q=torch.zeros(5, 8, 64, 1, dtype=torch.float16)), "q must be 3-D"),
+    (dict(q=torch.zeros(5, 8, 64)), "q must be float16 or bfloat16"),
+    (dict(key_pages=torch.zeros(10, 16, 2, 32, dtype=torch.float16)), "key_pages's head dim"),
+    (dict(value_pages=torch.zeros(10, 16, 2, 64, dtype=torch.bfloat16)), "value_pages must have q's dtype"),
+    (dict(key_pages=torch.zeros(10, 24, 2, 64, dtype=torch.float16),
+          value_pages=torch.zeros(10, 24, 2, 64, dtype=torch.float16)), "multiple of 16"),
+    (dict(key_pages=torch.zeros(10, 16, 3, 64, dtype=torch.float16),
+          value_pages=torch.zeros(10, 16, 3, 64, dtype=torch.float16)), "multiple of key_pages'"),
+    (dict(block_table=torch.zeros(5, 3)), "block_table must be a 2-D int32"),
+    (dict(block_table=torch.zeros(4, 3, dtype=torch.int32)), "one row per query"),
+    (dict(seqused_k=torch.zeros(4, dtype=torch.int32)), "seqused_k must be a 1-D int32"),
+    (dict(scale=float("nan")), "scale must be finite"),
+    ({}, "must be a CUDA tensor"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_paged_decode_op_argument_errors(change, message):
+    """The op's checks name the argument (on CPU: the same checks, then "CUDA only")."""
+    args = dict(q=torch.zeros(5, 8, 64, dtype=torch.float16),
+                key_pages=torch.zeros(10, 16, 2, 64, dtype=torch.float16),
+                value_pages=torch.zeros(10, 16, 2, 64, dtype=torch.float16),
+                block_table=torch.zeros(5, 3, dtype=torch.int32),
+                seqused_k=torch.zeros(5, dtype=torch.int32), scale=0.125)
+    args.update(change)
+    with pytest.raises(RuntimeError, match=message):
+        PAGED_DECODE(*args.values())
+
+
+@needs_paged_op
+def test_paged_decode_declines():
+    """What the fused path leaves to the per-sequence loop; metadata only, so checked on CPU
+    (where the last reason is "not on CUDA")."""
+    used = [5, 0, 17]
+    (q, pk, pv, table, used_t), _ = decode_batch(used, 16)
+    seqs = varlen_mod._plan(q, pk, offsets([1, 1, 1]), None, 1, 17, used_t, table, with_pages=False)
+    declines = lambda **kw: varlen_mod._paged_decode_declines(
+        kw.get("q", q), kw.get("k", pk), kw.get("v", pv), used_t, kw.get("table", table),
+        kw.get("seqs", seqs), kw.get("left", -1))
+    assert declines() == "not on CUDA"
+    assert declines(table=None).startswith("not paged")
+    assert declines(q=q.float(), k=pk.float(), v=pv.float()).startswith("dtype")
+    assert declines(q=q[..., :32], k=pk[..., :32], v=pv[..., :32]).startswith("head dim")
+    assert declines(v=pv[..., :32]).startswith("head dim")
+    (q8, pk8, pv8, table8, used8), _ = decode_batch(used, 8)
+    assert declines(k=pk8, v=pv8).startswith("page size")
+    assert declines(left=4) == "a left window"
+    (q66, pk66, pv66, _, _), _ = decode_batch(used, 16, hq=66, hkv=2)
+    assert declines(q=q66, k=pk66, v=pv66).startswith("more than 32")
+    two_rows = varlen_mod._plan(torch.zeros(4, 8, 64, dtype=torch.float16), pk, offsets([1, 2, 1]),
+                                None, 2, 17, used_t, table, with_pages=False)
+    assert declines(q=torch.zeros(4, 8, 64, dtype=torch.float16), seqs=two_rows) == \
+        "not one query row per sequence"
+
+
+@needs_paged_op
+def test_paged_decode_cpu_keeps_the_loop():
+    """On CPU the call keeps the per-sequence loop (the op is CUDA only), same results."""
+    used = [5, 0, 17, 33]
+    (q, pk, pv, table, used_t), (q64, k, v) = decode_batch(used, 16, dtype=torch.float32)
+    with OpRecorder() as rec:
+        out, lse = run_paged(q, pk, pv, table, used_t, used, enable_gqa=True, return_aux=LSE)
+    assert PAGED_DECODE.default not in rec.ops
+    ref, ref_lse = reference(q64, k, v, [1] * 4, used)
+    close(out, ref)
+    close(lse, ref_lse)
+
+
+def _launched_decode(kernels):
+    """The decode kernels among launched (name, grid) pairs, and whether each read pages (the
+    fifth template argument, kPaged)."""
+    found = []
+    for name, _ in kernels:
+        flat = name.replace(" ", "")
+        m = re.search(r"decode::decode_(?:mma_)?kernel<([^<>]*)>", flat)
+        if m:
+            found.append(m.group(1).split(",")[-1] in ("true", "(bool)1"))
+    return found
+
+
+@cuda_only
+@needs_paged_op
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2), (32, 4), (32, 1)])
+def test_cuda_paged_decode_matches_reference(dtype, d, page_size, hq, hkv):
+    used = [1, 0, 17, 127, 1000, 0, 300, 64]
+    (q, pk, pv, table, used_t), (q64, k, v) = decode_batch(used, page_size, hq=hq, hkv=hkv, d=d,
+                                                            dtype=dtype, device="cuda")
+    out, lse = run_paged(q, pk, pv, table, used_t, used, enable_gqa=hq != hkv,
+                         window_size=(-1, 0), return_aux=LSE)
+    ref, ref_lse = reference(q64.cuda(), k.cuda(), v.cuda(), [1] * len(used), used)
+    assert (out.double() - ref).abs().max().item() <= (2e-2 if dtype == torch.bfloat16 else 4e-3)
+    close(lse, ref_lse, atol=2e-3, rtol=2e-3)
+    assert torch.isposinf(lse[:, 1]).all() and torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@cuda_only
+@needs_paged_op
+def test_cuda_paged_decode_is_one_launch():
+    """A paged decode step is one call of the fused op and one decode kernel reading pages (plus
+    its split merge), whatever the number of sequences; the per-sequence loop is not run."""
+    from kernel_trace import launched_kernels
+    counts = []
+    for n in (3, 24):
+        used = [40 + 97 * i % 700 for i in range(n)]  # no empty sequence: no LSE fix-up launch
+        (q, pk, pv, table, used_t), _ = decode_batch(used, 16, hq=16, hkv=2, d=128,
+                                                     dtype=torch.bfloat16, device="cuda")
+        call = lambda: run_paged(q, pk, pv, table, used_t, used, enable_gqa=True)
+        with OpRecorder() as rec:
+            call()
+        assert rec.count(torch.ops.flashcore.varlen_attn.default) == 1
+        kernels = launched_kernels(call)
+        decode = _launched_decode(kernels)
+        assert decode == [True], kernels
+        others = [name for name, _ in kernels if "decode_" not in name and "combine_kernel" not in name]
+        assert others == [], others
+        assert len(kernels) <= 2, kernels
+        counts.append(len(kernels))
+    assert counts[0] == counts[1] or max(counts) <= 2
+
+
+@cuda_only
+@needs_paged_op
+def test_cuda_paged_decode_declined_calls_loop():
+    """Calls the fused path declines run the per-sequence loop (no kPaged kernel), still right."""
+    from kernel_trace import launched_kernels
+    used = [5, 17, 40]
+    (q, pk, pv, table, used_t), (q64, k, v) = decode_batch(used, 16, d=64, dtype=torch.float16,
+                                                            device="cuda")
+    for kw, qs in ((dict(window_size=(8, 0)), [1, 1, 1]),):
+        call = lambda: run_paged(q, pk, pv, table, used_t, used, enable_gqa=True, **kw)
+        assert True not in _launched_decode(launched_kernels(call))
+        ref, _ = reference(q64.cuda(), k.cuda(), v.cuda(), qs, used, (8, 0))
+        assert (call().double() - ref).abs().max().item() <= 4e-3
+    # page size 8: not a multiple of 16
+    (q8, pk8, pv8, table8, used8), (q64, k, v) = decode_batch(used, 8, d=64, dtype=torch.float16,
+                                                              device="cuda")
+    call = lambda: run_paged(q8, pk8, pv8, table8, used8, used, enable_gqa=True)
+    assert True not in _launched_decode(launched_kernels(call))
+    ref, _ = reference(q64.cuda(), k.cuda(), v.cuda(), [1, 1, 1], used)
+    assert (call().double() - ref).abs().max().item() <= 4e-3
+
+
+@cuda_only
+@needs_paged_op
+def test_cuda_paged_decode_gradients_and_compile():
+    """The fused forward's LSE feeds the per-sequence backward (+inf for empty sequences), and the
+    call compiles as one opaque op."""
+    used = [9, 0, 33]
+    (q, pk, pv, table, used_t), (q64, k, v) = decode_batch(used, 16, d=64, dtype=torch.bfloat16,
+                                                            device="cuda")
+    q, pk, pv = (t.detach().requires_grad_() for t in (q, pk, pv))
+    out, lse = run_paged(q, pk, pv, table, used_t, used, enable_gqa=True, return_aux=LSE)
+    assert torch.isposinf(lse[:, 1]).all()
+    out.float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all() and torch.equal(q.grad[1], torch.zeros_like(q.grad[1]))
+    compiled = torch.compile(lambda *a: run_paged(*a, used, enable_gqa=True), fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, pk, pv, table, used_t), out.detach())

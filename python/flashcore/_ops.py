@@ -207,6 +207,20 @@ def _sdpa_bwd_kernel_fake(grad_out, query, key, value, out, lse, grad_lse, is_ca
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
+# flashcore::_paged_decode (torch_op/paged_op.cpp; flashcore.varlen_attn's fused paged decode):
+# out (N, Hq, D) contiguous in q's dtype, LSE (Hq, N) float32. (Absent from an op library built
+# before it: then varlen_attn never calls it.)
+if hasattr(torch.ops.flashcore, "_paged_decode"):
+    @torch.library.register_fake("flashcore::_paged_decode", lib=_lib)
+    def _paged_decode_fake(q, key_pages, value_pages, block_table, seqused_k, scale):
+        torch._check(q.dim() == 3, lambda: "flashcore._paged_decode: q must be 3-D (N, Hq, D)")
+        torch._check(key_pages.dim() == 4 and value_pages.dim() == 4, lambda: (
+            "flashcore._paged_decode: key_pages and value_pages must be 4-D "
+            "(num_pages, page_size, Hkv, D)"))
+        return (q.new_empty(q.shape),
+                q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
 @torch.library.register_fake("flashcore::explain_bwd", lib=_lib)
 def _explain_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
                       enable_gqa, deterministic=False, attn_mask=None, window_left=-1,

@@ -5,7 +5,16 @@ sequences packed along dim 0 of query (T_q, H_q, D) and key / value (T_k, H_kv, 
 being rows ``cu_seq_q[i]:cu_seq_q[i+1]`` of query and ``cu_seq_k[i]:cu_seq_k[i+1]`` of key and
 value. Nothing is padded.
 
-Not fused yet (issue 35, first increment): the op loops over the sequences on the host and runs
+Fused for paged decoding (issue 35): a CUDA call with ``block_table`` and ``seqused_k`` where
+every sequence has one query row (``cu_seq_q`` is 0, 1, ..., N and query has N rows), fp16 or
+bf16, head dim 64 or 128 (value's too), pages of a multiple of 16 tokens, at most 32 query heads
+per KV head, no left window (a one-row sequence's bottom-right window of any right side, causal
+included, sees all its keys), runs as one launch of the decode kernels
+(``torch.ops.flashcore._paged_decode``, torch_op/paged_op.cpp; _fused_paged_decode below). The
+offsets, seqused_k and the block table are still read and checked on the host first (the errors
+below), so the call still syncs once. Its backward is the per-sequence one.
+
+Otherwise the op loops over the sequences on the host and runs
 FlashCore's SDPA op (``torch.ops.flashcore.sdpa_fwd``, its backward ``sdpa_bwd``) once per
 sequence on (1, H, S, D) views, so each sequence gets a FlashCore kernel on a GPU where one covers
 it (PyTorch's SDPA otherwise, e.g. on CPU). A window or a causal Sq != Sk sequence goes to the
@@ -69,6 +78,12 @@ try:
     _EXPLAIN = torch.ops.flashcore.explain.default
 except AttributeError:
     _SDPA_FWD = _SDPA_BWD = _EXPLAIN = None
+# The fused paged decode (torch_op/paged_op.cpp); absent without the compiled library, or with an
+# op library built before it.
+try:
+    _PAGED_DECODE = torch.ops.flashcore._paged_decode.default
+except AttributeError:
+    _PAGED_DECODE = None
 
 _NAME = "flashcore.varlen_attn"
 
@@ -192,8 +207,10 @@ def _check_offsets(name, offsets, total, total_name):
         _fail(f"{name} ends at {offsets[-1]}, past {total_name} ({total} rows)")
 
 
-def _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table):
-    """One _Seq per sequence, after checking the offsets' values (read on the host)."""
+def _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table, with_pages=True):
+    """One _Seq per sequence, after checking the offsets' values (read on the host). with_pages
+    False leaves _Seq.pages None (the fused paged decode reads the table itself: no per-sequence
+    copies of its rows, which would each be a launch)."""
     cu_q = cu_seq_q.tolist()
     _check_offsets("cu_seq_q", cu_q, query.shape[0], "query")
     n = len(cu_q) - 1
@@ -226,7 +243,7 @@ def _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table):
                 _fail(f"block_table[{i}] refers to page {bad[0]}, out of range for key/value's "
                       f"{num_pages} pages")
             seqs.append(_Seq(cu_q[i], cu_q[i + 1] - cu_q[i], used[i], 0,
-                             block_table[i, :need].long()))
+                             block_table[i, :need].long() if with_pages else None))
     longest_q = max((s.sq for s in seqs), default=0)
     longest_k = max((s.sk for s in seqs), default=0)
     if longest_q > max_q:
@@ -235,6 +252,12 @@ def _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table):
         _fail(f"max_k={max_k} is less than the longest key sequence "
               f"({'seqused_k' if seqused_k is not None else 'cu_seq_k'}: {longest_k})")
     return seqs
+
+
+def _with_pages(seqs, block_table, page_size):
+    """seqs (planned with_pages=False) with each sequence's page indices, as _plan gives them."""
+    return [s._replace(pages=block_table[i, :(-(-s.sk // page_size) if page_size > 0 else 0)].long())
+            for i, s in enumerate(seqs)]
 
 
 def _keys(t, s: _Seq):
@@ -328,6 +351,69 @@ def _math_bwd(dout, q, k, v, out, glse, mask, is_causal, scale, gqa):
     return dq, dk, dv
 
 
+# ---- the fused paged decode ------------------------------------------------------------------------
+
+_FUSED_DTYPES = (torch.float16, torch.bfloat16)
+_FUSED_HEAD_DIMS = (64, 128)
+_FUSED_MAX_GROUP = 32  # query heads per KV head: the decode kernels' rows per CTA (one query each)
+
+
+def _rows_aligned(t):
+    """Last dim contiguous, 16-byte base and strides (the C layer's rules; dims of size 1 aside)."""
+    if t.stride(-1) != 1 or t.data_ptr() % 16 != 0:
+        return False
+    per16 = 16 // t.element_size()
+    return all(t.stride(i) % per16 == 0 for i in range(t.dim() - 1) if t.shape[i] > 1)
+
+
+def _paged_decode_declines(query, key, value, seqused_k, block_table, seqs, window_left):
+    """Why _fused_paged_decode does not take this call, or None when it does. Metadata and the
+    host plan only (seqs from _plan; window_left as _window normalized it)."""
+    if block_table is None or seqused_k is None:
+        return "not paged (no block_table and seqused_k)"
+    if _PAGED_DECODE is None:
+        return "the op library has no _paged_decode"
+    if query.dtype not in _FUSED_DTYPES:
+        return f"dtype {query.dtype} (the decode kernels: float16, bfloat16)"
+    if query.shape[-1] not in _FUSED_HEAD_DIMS or value.shape[-1] != query.shape[-1]:
+        return "head dim (the decode kernels: 64 and 128, value's equal to query's)"
+    if key.shape[1] % 16 != 0:
+        return f"page size {key.shape[1]} (the decode kernels: a multiple of 16)"
+    if window_left >= 0:
+        return "a left window"
+    if key.shape[2] == 0 or query.shape[1] // key.shape[2] > _FUSED_MAX_GROUP:
+        return f"more than {_FUSED_MAX_GROUP} query heads per KV head"
+    if query.shape[0] != len(seqs) or any(s.sq != 1 for s in seqs):
+        return "not one query row per sequence"
+    if not query.is_cuda:  # (late: the reasons above can be checked on any device)
+        return "not on CUDA"
+    if not all(_rows_aligned(t) for t in (query, key, value)):
+        return "a layout the kernels do not read (last dim strided, or not 16-byte aligned)"
+    if (block_table.shape[1] > 1 and block_table.stride(1) != 1) or (
+            seqused_k.shape[0] > 1 and seqused_k.stride(0) != 1):
+        return "block_table's rows or seqused_k not contiguous"
+    return None
+
+
+def _fused_paged_decode(query, key, value, seqused_k, block_table, seqs, scale):
+    """(out (N, H_q, D), lse (H_q, N)) of a call _paged_decode_declines takes: one launch of the
+    decode kernels over the pages (flashcore::_paged_decode). Sequences with no key: zeros and
+    LSE +inf (varlen's convention; the kernel gives SDPA's -inf)."""
+    longest = max((s.sk for s in seqs), default=0)
+    page_size = key.shape[1]
+    width = -(-longest // page_size)
+    if width == 0:  # no key anywhere
+        return (query.new_zeros((query.shape[0], query.shape[1], value.shape[-1])),
+                torch.full((query.shape[1], query.shape[0]), float("inf"), dtype=torch.float32,
+                           device=query.device))
+    # Only the table's first `width` columns can be read (a view: the split heuristic then sees
+    # the longest sequence, not the table's width).
+    out, lse = _PAGED_DECODE(query, key, value, block_table[:, :width], seqused_k, scale)
+    if any(s.sk == 0 for s in seqs):
+        lse = lse.masked_fill_(lse == float("-inf"), float("inf"))
+    return out, lse
+
+
 # ---- the ops -------------------------------------------------------------------------------------
 
 @torch.library.custom_op("flashcore::varlen_attn", mutates_args=())
@@ -336,10 +422,16 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window_left: int, window_right: int, scale: Optional[float], enable_gqa: bool,
                seqused_k: Optional[torch.Tensor], block_table: Optional[torch.Tensor]
                ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out (T_q, H_q, D_v), lse (H_q, T_q)): per sequence, FlashCore's SDPA forward."""
-    seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
+    """(out (T_q, H_q, D_v), lse (H_q, T_q)): per sequence, FlashCore's SDPA forward; paged
+    decoding in one launch (_fused_paged_decode)."""
     left, right = _window(window_left, window_right, max_k)
     sc = sdpa_scale(scale, query.shape[-1])
+    seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table,
+                 with_pages=False)
+    if _paged_decode_declines(query, key, value, seqused_k, block_table, seqs, left) is None:
+        return _fused_paged_decode(query, key, value, seqused_k, block_table, seqs, sc)
+    if block_table is not None:  # the loop reads each sequence's pages
+        seqs = _with_pages(seqs, block_table, key.shape[1])
     total, hq = query.shape[0], query.shape[1]
     out = query.new_zeros((total, hq, value.shape[-1]))
     lse = torch.full((hq, total), float("inf"), dtype=_lse_dtype(query.dtype),

@@ -197,6 +197,63 @@ static void m_force_sm90_broadcast(fc_params *p) { p->family = FC_FAMILY_SM90; p
 static void m_lse_misaligned(fc_params *p) { p->lse = (float *)0x60002; }
 static void m_size1_odd_stride(fc_params *p) { p->seqlen_q = 1; p->q_stride_s = 3; p->o_stride_s = 5; }
 static void m_broadcast_kv(fc_params *p) { p->k_stride_b = 0; p->v_stride_b = 0; }
+
+/* A paged KV cache (fc_params.block_table): one query row per batch item against pools of
+ * 64 pages of 16 keys, (num_pages, page_size, Hkv, D) contiguous; 19 table entries per item
+ * (19 * 16 >= Sk = 300), the table's rows 19 apart; seqused_k set. Only the decode family reads
+ * pages (FC_UNSUPPORTED_PAGED elsewhere); bad page arguments are FC_ERR_BAD_PAGES. */
+static void m_paged(fc_params *p) {
+    p->seqlen_q = 1;
+    fc_params_set_contiguous_strides(p);
+    p->block_table = (const int32_t *)0x60000;
+    p->seqused_k = (const int32_t *)0x61000;
+    p->page_size = 16;
+    p->pages_per_seq = 19;
+    p->block_table_stride = 19;
+    p->num_pages = 64;
+    p->k_stride_d = p->v_stride_d = 1;
+    p->k_stride_h = p->v_stride_h = p->head_dim;
+    p->k_stride_s = p->v_stride_s = p->heads_kv * p->head_dim;
+    p->k_stride_b = p->v_stride_b = 16 * p->heads_kv * p->head_dim;
+}
+static void m_paged_no_seqused(fc_params *p) { m_paged(p); p->seqused_k = NULL; }
+static void m_paged_page_64(fc_params *p) { m_paged(p); p->page_size = 64; p->pages_per_seq = 5; p->block_table_stride = 8; p->k_stride_b = p->v_stride_b = 64 * p->heads_kv * p->head_dim; }
+static void m_paged_page_8(fc_params *p) { m_paged(p); p->page_size = 8; p->pages_per_seq = 38; p->block_table_stride = 38; }
+static void m_paged_page_24(fc_params *p) { m_paged(p); p->page_size = 24; }
+static void m_paged_page_0(fc_params *p) { m_paged(p); p->page_size = 0; }
+static void m_paged_page_negative(fc_params *p) { m_paged(p); p->page_size = -16; }
+static void m_paged_too_few_pages(fc_params *p) { m_paged(p); p->pages_per_seq = 18; }
+static void m_paged_no_pages_per_seq(fc_params *p) { m_paged(p); p->pages_per_seq = 0; }
+static void m_paged_num_pages_0(fc_params *p) { m_paged(p); p->num_pages = 0; }
+static void m_paged_num_pages_huge(fc_params *p) { m_paged(p); p->num_pages = (int64_t)INT32_MAX + 1; p->k_stride_b = p->v_stride_b = 8; }
+static void m_paged_narrow_stride(fc_params *p) { m_paged(p); p->block_table_stride = 18; }
+static void m_paged_negative_stride(fc_params *p) { m_paged(p); p->batch = 1; p->block_table_stride = -1; }
+static void m_paged_batch1_stride0(fc_params *p) { m_paged(p); p->batch = 1; p->block_table_stride = 0; }
+static void m_paged_stride_overflow(fc_params *p) { m_paged(p); p->block_table_stride = INT64_MAX / 2; }
+static void m_paged_table_wraps(fc_params *p) { m_paged(p); p->block_table = (const int32_t *)(uintptr_t)0xfffffffffffffff0ull; }
+static void m_paged_seqused_wraps(fc_params *p) { m_paged(p); p->seqused_k = (const int32_t *)(uintptr_t)0xfffffffffffffffcull; }
+static void m_pages_without_table(fc_params *p) { p->page_size = 16; }
+static void m_table_stride_without_table(fc_params *p) { p->block_table_stride = 19; }
+static void m_seqused_without_table(fc_params *p) { p->seqused_k = (const int32_t *)0x61000; }
+static void m_paged_table_misaligned(fc_params *p) { m_paged(p); p->block_table = (const int32_t *)0x60002; }
+static void m_paged_seqused_misaligned(fc_params *p) { m_paged(p); p->seqused_k = (const int32_t *)0x61001; }
+static void m_paged_page_stride_unaligned(fc_params *p) { m_paged(p); p->k_stride_b = 4100; }
+static void m_paged_page_slice_overflow(fc_params *p) { m_paged(p); p->k_stride_s = (int64_t)1 << 28; p->k_stride_b = (int64_t)1 << 33; }
+static void m_paged_pool_overflow(fc_params *p) { m_paged(p); p->v_stride_b = (int64_t)1 << 58; }
+static void m_paged_prefill(fc_params *p) { m_paged(p); p->seqlen_q = 100; fc_params pc = *p; fc_params_set_contiguous_strides(&pc); p->q_stride_b = pc.q_stride_b; p->q_stride_h = pc.q_stride_h; p->o_stride_b = pc.o_stride_b; p->o_stride_h = pc.o_stride_h; p->lse_stride_b = pc.lse_stride_b; p->lse_stride_h = pc.lse_stride_h; }
+static void m_paged_causal(fc_params *p) { m_paged(p); p->causal = 1; }
+static void m_paged_window(fc_params *p) { m_paged(p); p->windowed = 1; p->window_left = 10; p->window_right = -1; p->alignment = FC_ALIGN_BOTTOM_RIGHT; }
+static void m_paged_mask(fc_params *p) { m_paged(p); p->mask_kind = FC_MASK_BOOL; p->mask = (const void *)0x50000; p->mask_stride_k = 1; }
+static void m_paged_force_sm90(fc_params *p) { m_paged(p); p->family = FC_FAMILY_SM90; }
+static void m_paged_force_sm80(fc_params *p) { m_paged(p); p->family = FC_FAMILY_SM80; }
+static void m_paged_force_decode(fc_params *p) { m_paged(p); p->family = FC_FAMILY_DECODE; }
+static void m_paged_force_decode_prefill(fc_params *p) { m_paged_prefill(p); p->family = FC_FAMILY_DECODE; }
+static void m_paged_d96(fc_params *p) { p->head_dim = 96; fc_params_set_contiguous_strides(p); m_paged(p); }
+static void m_paged_d64(fc_params *p) { p->head_dim = 64; fc_params_set_contiguous_strides(p); m_paged(p); }
+static void m_paged_sinks(fc_params *p) { m_paged(p); p->sinks = (const float *)0x62000; }
+static void m_paged_softcap(fc_params *p) { m_paged(p); p->softcap = 30.0f; }
+static void m_paged_gqa_rows32(fc_params *p) { m_paged(p); p->heads_q = 16; p->seqlen_q = 4; p->q_stride_s = p->o_stride_s = p->head_dim; p->q_stride_h = p->o_stride_h = 4 * p->head_dim; p->q_stride_b = p->o_stride_b = 16 * 4 * p->head_dim; }
+static void m_paged_gqa_rows64(fc_params *p) { m_paged_gqa_rows32(p); p->seqlen_q = 8; p->q_stride_h = p->o_stride_h = 8 * p->head_dim; p->q_stride_b = p->o_stride_b = 16 * 8 * p->head_dim; }
 /* 70000 batches: past CUDA's grid z, which the forward handles by launching in slices. */
 static void m_batch_past_grid(fc_params *p) { p->batch = 70000; p->k_stride_b = 0; p->v_stride_b = 0; p->q_stride_b = 0; }
 
@@ -339,6 +396,46 @@ static const validation_case kCases[] = {
     {"negative scale (auto: sm80 family)", m_negative_scale, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"seqlen_q 1 with odd stride", m_size1_odd_stride, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"K/V broadcast over batch", m_broadcast_kv, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    /* Paged KV (m_paged): the decode family only. */
+    {"paged decode", m_paged, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"paged decode, no seqused_k", m_paged_no_seqused, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"paged decode, 64-key pages", m_paged_page_64, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"paged decode, D=64", m_paged_d64, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"paged decode, batch 1, table stride 0", m_paged_batch1_stride0, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"paged decode, 32 rows per KV head", m_paged_gqa_rows32, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"paged, forced decode", m_paged_force_decode, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"paged, page_size 8", m_paged_page_8, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, page_size 24", m_paged_page_24, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, page_size 0", m_paged_page_0, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, page_size -16", m_paged_page_negative, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, pages_per_seq * page_size < Sk", m_paged_too_few_pages, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, pages_per_seq 0", m_paged_no_pages_per_seq, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, num_pages 0", m_paged_num_pages_0, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, num_pages 2^31", m_paged_num_pages_huge, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, table stride < pages_per_seq", m_paged_narrow_stride, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, table stride negative", m_paged_negative_stride, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, table extent overflows", m_paged_stride_overflow, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, table wraps the address space", m_paged_table_wraps, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, seqused_k wraps the address space", m_paged_seqused_wraps, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"page_size without block_table", m_pages_without_table, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"table stride without block_table", m_table_stride_without_table, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"seqused_k without block_table", m_seqused_without_table, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
+    {"paged, block_table 2-byte aligned", m_paged_table_misaligned, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT},
+    {"paged, seqused_k 1-byte aligned", m_paged_seqused_misaligned, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT},
+    {"paged, page stride not 16-byte multiple", m_paged_page_stride_unaligned, FC_ERR_STRIDE_ALIGNMENT, FC_ERR_STRIDE_ALIGNMENT, FC_ERR_STRIDE_ALIGNMENT},
+    {"paged, page slice offset past 2^31", m_paged_page_slice_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"paged, pool offset past 2^64 bytes", m_paged_pool_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"paged, Sq = 100 (not decode-shaped)", m_paged_prefill, FC_OK, FC_UNSUPPORTED_PAGED, FC_UNSUPPORTED_ARCH},
+    {"paged, 64 rows per KV head", m_paged_gqa_rows64, FC_OK, FC_UNSUPPORTED_PAGED, FC_UNSUPPORTED_ARCH},
+    {"paged, causal", m_paged_causal, FC_OK, FC_UNSUPPORTED_PAGED, FC_UNSUPPORTED_ARCH},
+    {"paged, window", m_paged_window, FC_OK, FC_UNSUPPORTED_PAGED, FC_UNSUPPORTED_ARCH},
+    {"paged, mask", m_paged_mask, FC_OK, FC_UNSUPPORTED_PAGED, FC_UNSUPPORTED_ARCH},
+    {"paged, forced sm90", m_paged_force_sm90, FC_OK, FC_UNSUPPORTED_PAGED, FC_UNSUPPORTED_FAMILY},
+    {"paged, forced sm80", m_paged_force_sm80, FC_OK, FC_UNSUPPORTED_PAGED, FC_UNSUPPORTED_FAMILY},
+    {"paged, Sq = 100, forced decode", m_paged_force_decode_prefill, FC_OK, FC_UNSUPPORTED_PAGED, FC_UNSUPPORTED_FAMILY},
+    {"paged, D=96 (no decode kernel)", m_paged_d96, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_ARCH},
+    {"paged, sinks", m_paged_sinks, FC_OK, FC_UNSUPPORTED_SINKS, FC_UNSUPPORTED_ARCH},
+    {"paged, softcap", m_paged_softcap, FC_OK, FC_UNSUPPORTED_SOFTCAP, FC_UNSUPPORTED_ARCH},
 };
 
 /* ---- the backward's struct (fc_bwd_params_validate / fc_sdpa_bwd_support) ---- */
@@ -387,6 +484,15 @@ static void b_deterministic(fc_bwd_params *b) { b->deterministic = 1; }
 static void b_dout_broadcast_heads(fc_bwd_params *b) { b->do_stride_h = 0; }
 static void b_force_sm90_broadcast(fc_bwd_params *b) { b_force_sm90(b); b_dout_broadcast_heads(b); }
 static void b_empty(fc_bwd_params *b) { b->fwd.seqlen_k = 0; }
+/* A paged forward (m_paged's pages; dk/dv keep their (B, Hkv, Sk, D) layout): no backward kernel. */
+static void b_paged(fc_bwd_params *b) {
+    b->fwd.block_table = (const int32_t *)0x60000;
+    b->fwd.page_size = 16;
+    b->fwd.pages_per_seq = (int32_t)((b->fwd.seqlen_k + 15) / 16);
+    b->fwd.block_table_stride = b->fwd.pages_per_seq;
+    b->fwd.num_pages = 8;
+}
+static void b_paged_bad(fc_bwd_params *b) { b_paged(b); b->fwd.page_size = 12; }
 
 typedef struct bwd_case {
     const char *label;
@@ -421,6 +527,8 @@ static const bwd_case kBwdCases[] = {
     {"bwd dout broadcast over heads", b_dout_broadcast_heads, FC_OK, FC_OK},
     {"bwd forced sm90, dout broadcast", b_force_sm90_broadcast, FC_OK, FC_UNSUPPORTED_LAYOUT},
     {"bwd empty", b_empty, FC_UNSUPPORTED_EMPTY, FC_UNSUPPORTED_EMPTY},
+    {"bwd paged forward", b_paged, FC_OK, FC_UNSUPPORTED_PAGED},
+    {"bwd paged forward, page_size 12", b_paged_bad, FC_ERR_BAD_PAGES, FC_ERR_BAD_PAGES},
 };
 
 /* A plan validates the caller's struct once (the op layer plans each call once): fc_sdpa_plan
@@ -765,6 +873,26 @@ int main(void) {
             kMasked[i].mutate(&p);
             CHECK_FAMILY(kMasked[i].label, fc_sdpa_family(&p, 9, 0), kMasked[i].want);
         }
+    }
+
+    /* A paged one-row call over many pairs and a long cache stays in the decode kernels (the
+     * unpaged one goes to the Hopper family there: sm90_reads_decode_faster). */
+    if (hopper_built && !fc_test_left_out(128, FC_DTYPE_FP16)) {
+        fc_params p = valid_params();
+        p.batch = 64;
+        p.heads_q = p.heads_kv = 8;
+        p.seqlen_k = 8192;
+        m_paged(&p);
+        p.pages_per_seq = 8192 / 16;
+        p.block_table_stride = p.pages_per_seq;
+        p.num_pages = 64 * 512;
+        CHECK_FAMILY("paged, 64 x 8 pairs x 8192 keys (sm_90)", fc_sdpa_family(&p, 9, 0), FC_FAMILY_DECODE);
+        p.block_table = NULL;
+        p.seqused_k = NULL;
+        p.page_size = p.pages_per_seq = 0;
+        p.block_table_stride = p.num_pages = 0;
+        fc_params_set_contiguous_strides(&p);
+        CHECK_FAMILY("same call unpaged (sm_90)", fc_sdpa_family(&p, 9, 0), FC_FAMILY_SM90);
     }
 
     CHECK_STATUS("NULL params: validate", fc_params_validate(NULL), FC_ERR_NULL_PARAMS);

@@ -33,6 +33,13 @@
  *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct (as the library
  *     resolves its band, fc_resolve_band_); the launcher
  *     stubs re-check what that family's kernel computes in int (tile counts, block bounds);
+ *   * paged KV calls (fc_params.block_table): validation accepts only consistent page fields
+ *     (page_size a positive multiple of 16, pages_per_seq * page_size >= seqlen_k, num_pages in
+ *     [1, 2^31 - 1], the table's stride and extent, K/V as (num_pages, Hkv, page_size, D) pools,
+ *     all page fields zero without a table); only the decode family runs them (decode-shaped, no
+ *     causal, band or mask), AUTO never moves them to the Hopper family, a slice past 65535
+ *     batches moves the table and seqused_k (not K/V), the backward declines them
+ *     (FC_UNSUPPORTED_PAGED), and a paged call the decode kernels take runs there;
  *   * the canonical layout (fc_params_set_contiguous_strides on sane sizes) is never rejected
  *     for a layout reason (no false rejections);
  *   * backward inputs (an fc_bwd_params, itself in a heap block of exactly its size): the same
@@ -215,6 +222,7 @@ static void tile_shape(fc_family family, int head_dim, int causal, int *block_m,
 static int sm90_takes(const fc_params *p);
 static int sm90_takes_mask(const fc_params *p);
 static int decode_takes(const fc_params *p);
+static i128 elem_bytes(fc_dtype dtype);
 
 /* The struct as the library sees it once it has resolved the band (dispatch.h,
  * fc_resolve_band_): causal as the kernels run it, band_ saying whether the band is general
@@ -230,7 +238,8 @@ static fc_params resolved_of(const fc_params *p) {
  * changes (fc_packed_rows_valid_, so that a call validates once); the two agree on every
  * validated struct (check_struct, check_decode_packing). */
 static int packs_by_validation(const fc_params *r) {
-    if (r->seqlen_q != 1 || r->causal || r->heads_q <= r->heads_kv || r->sinks != NULL || r->mask_kind != FC_MASK_NONE)
+    if (r->seqlen_q != 1 || r->causal || r->heads_q <= r->heads_kv || r->sinks != NULL || r->mask_kind != FC_MASK_NONE ||
+        r->block_table != NULL)
         return 0;
     fc_params packed = *r;
     fc_pack_decode_gqa(&packed);
@@ -258,6 +267,7 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
     }
     if (e->batch <= 65535 && e->heads_q <= 65535) {
         REQUIRE(memcmp(p, e, offsetof(fc_params, num_splits_)) == 0);
+        REQUIRE(p->block_table == e->block_table && p->seqused_k == e->seqused_k);
     } else {
         fc_params same = *p;
         same.batch = e->batch;
@@ -272,7 +282,26 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
                 (p->heads_kv == 1 && e->heads_q / e->heads_kv > 65535));
         REQUIRE((const char *)p->q >= (const char *)e->q && (const char *)p->k >= (const char *)e->k);
         REQUIRE((const char *)p->v >= (const char *)e->v && (char *)p->out >= (char *)e->out);
+        /* Paged: the pools are every batch item's (K/V move by KV heads only); the slice's items
+         * are table rows and seqused_k entries b0.. of the caller's. */
+        REQUIRE((p->block_table == NULL) == (e->block_table == NULL) && (p->seqused_k == NULL) == (e->seqused_k == NULL));
+        if (e->block_table != NULL) {
+            const i128 elem = elem_bytes(e->dtype);
+            const i128 dk = (i128)((const char *)p->k - (const char *)e->k), dv = (i128)((const char *)p->v - (const char *)e->v);
+            REQUIRE(e->k_stride_h == 0 || dk % (e->k_stride_h * elem) == 0);
+            REQUIRE(dk <= ((i128)e->heads_kv - 1) * e->k_stride_h * elem && dv <= ((i128)e->heads_kv - 1) * e->v_stride_h * elem);
+            const i128 rows = (i128)(p->block_table - e->block_table);
+            REQUIRE(rows >= 0 && rows <= ((i128)e->batch - 1) * e->block_table_stride);
+            if (e->seqused_k != NULL) {
+                const i128 b0 = (i128)(p->seqused_k - e->seqused_k);
+                REQUIRE(b0 >= 0 && b0 + p->batch <= e->batch && rows == b0 * e->block_table_stride);
+            }
+        }
     }
+    REQUIRE(p->pages_per_seq == e->pages_per_seq && p->page_size == e->page_size && p->num_pages == e->num_pages &&
+            p->block_table_stride == e->block_table_stride);
+    /* Only the decode kernels read pages, in their plain configuration. */
+    if (p->block_table != NULL) REQUIRE(family == FC_FAMILY_DECODE && !p->causal && p->mask_kind == FC_MASK_NONE);
     REQUIRE(p->num_splits_ >= 1 && p->num_splits_ <= 64);
     if (p->num_splits_ > 1) REQUIRE((family == FC_FAMILY_DECODE || family == FC_FAMILY_SM90) && p->workspace != NULL);
     /* Split-KV promises (c_src/dispatch.c): one wave of 132 SMs x 3 CTAs at most, and every key
@@ -449,17 +478,38 @@ static void accepted_is_consistent(const fc_params *p) {
     REQUIRE(p->mask_kind == FC_MASK_NONE || p->mask != NULL);
     REQUIRE(isfinite(p->scale));
     const i128 elem = elem_bytes(p->dtype);
+    /* K and V: (B, Hkv, Sk, D), or paged the pools (num_pages, Hkv, page_size, D), the batch
+     * stride being the page stride. */
+    const int paged = p->block_table != NULL;
+    const i128 kv_items = paged ? (i128)p->num_pages : (i128)p->batch;
+    const i128 kv_rows = paged ? (i128)p->page_size : (i128)p->seqlen_k;
     const view4 ops[4] = {
         {p->q, {p->batch, p->heads_q, p->seqlen_q, p->head_dim},
          {p->q_stride_b, p->q_stride_h, p->q_stride_s, p->q_stride_d}},
-        {p->k, {p->batch, p->heads_kv, p->seqlen_k, p->head_dim},
+        {p->k, {kv_items, p->heads_kv, kv_rows, p->head_dim},
          {p->k_stride_b, p->k_stride_h, p->k_stride_s, p->k_stride_d}},
-        {p->v, {p->batch, p->heads_kv, p->seqlen_k, p->head_dim},
+        {p->v, {kv_items, p->heads_kv, kv_rows, p->head_dim},
          {p->v_stride_b, p->v_stride_h, p->v_stride_s, p->v_stride_d}},
         {p->out, {p->batch, p->heads_q, p->seqlen_q, p->head_dim},
          {p->o_stride_b, p->o_stride_h, p->o_stride_s, p->o_stride_d}},
     };
     for (int i = 0; i < 4; ++i) check_operand(&ops[i], elem);
+    if (paged) {
+        /* The decode kernels: key t at page table[t / page_size] (clamped below num_pages, an
+         * int), row t % page_size; pages hold whole 16-key steps; every key has a table entry;
+         * the table's entries read (int32) and seqused_k's are addressable. */
+        REQUIRE(p->page_size > 0 && p->page_size % 16 == 0 && p->pages_per_seq >= 1);
+        REQUIRE(p->num_pages >= 1 && p->num_pages <= INT32_MAX);
+        REQUIRE((i128)p->pages_per_seq * p->page_size >= p->seqlen_k);
+        REQUIRE(p->block_table_stride >= 0 && (p->batch == 1 || p->block_table_stride >= p->pages_per_seq));
+        REQUIRE(((uintptr_t)p->block_table & 3u) == 0 && ((uintptr_t)p->seqused_k & 3u) == 0);
+        const i128 last = ((i128)p->batch - 1) * p->block_table_stride + p->pages_per_seq - 1;
+        REQUIRE((i128)(uintptr_t)p->block_table + last * 4 + 3 <= (i128)UINTPTR_MAX);
+        if (p->seqused_k != NULL) REQUIRE((i128)(uintptr_t)p->seqused_k + (i128)p->batch * 4 - 1 <= (i128)UINTPTR_MAX);
+    } else {
+        REQUIRE(p->pages_per_seq == 0 && p->page_size == 0 && p->num_pages == 0 && p->block_table_stride == 0 &&
+                p->seqused_k == NULL);
+    }
     if (p->lse != NULL) {
         REQUIRE(((uintptr_t)p->lse & 3u) == 0);
         REQUIRE(p->lse_stride_b >= 0 && p->lse_stride_h >= 0 && p->lse_stride_s >= 0);
@@ -567,6 +617,7 @@ static int decode_takes_masked(const fc_params *p) {
 
 static int auto_leaves_mask_to_sdpa(const fc_params *p, int cc) {
     if (p->family != FC_FAMILY_AUTO || cc != 90 || p->mask_kind == FC_MASK_NONE || p->lse != NULL) return 0;
+    if (p->block_table != NULL) return 0; /* (FC_UNSUPPORTED_PAGED first) */
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16) return 0;
     if (!sm80_head_dim(p->head_dim)) return 0;
     const fc_params r = resolved_of(p);
@@ -603,6 +654,9 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     if (fam == FC_FAMILY_SM90) REQUIRE(cc == 90 && sm90_takes(p));
     else if (fam == FC_FAMILY_DECODE) REQUIRE(decode_takes(p) && (d == 64 || d == 128));
     else REQUIRE(fam == FC_FAMILY_SM80);
+    /* Pages: the decode family, decode-shaped, without causal, a band or a mask. */
+    if (p->block_table != NULL)
+        REQUIRE(fam == FC_FAMILY_DECODE && !r.causal && r.band_ != FC_BAND_GENERAL_ && p->mask_kind == FC_MASK_NONE);
     /* AUTO with a mask: the decode kernels run the calls they take (decode_takes_masked); the
      * sm90 family runs the call on sm_90 wherever it takes both the layout and the mask, and the
      * sm80 family every other one
@@ -625,10 +679,10 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
      * key rows, or, over fewer pairs whose query heads pack into one block each, 2^20. */
     const int64_t pairs = p->batch * p->heads_kv, key_rows = pairs * p->seqlen_k;
     const int one_block_per_pair = p->heads_q == p->heads_kv || fc_decode_packs_for_sm90(&r);
-    const int decode_to_sm90 = cc == 90 && sm90_takes(p) && d == 128 && p->seqlen_q == 1 && !r.causal &&
+    const int decode_to_sm90 = cc == 90 && sm90_takes(p) && d == 128 && p->seqlen_q == 1 && !r.causal && p->block_table == NULL &&
                                (pairs >= 64 ? key_rows >= (1 << 18) : key_rows >= (1 << 20) && one_block_per_pair);
     if (p->family == FC_FAMILY_AUTO && decode) REQUIRE(fam == (decode_to_sm90 ? FC_FAMILY_SM90 : FC_FAMILY_DECODE));
-    if (p->family == FC_FAMILY_AUTO && !decode && sm90) REQUIRE(fam == FC_FAMILY_SM90);
+    if (p->family == FC_FAMILY_AUTO && !decode && sm90 && p->block_table == NULL) REQUIRE(fam == FC_FAMILY_SM90);
     /* The sm80-only dims run in the sm80 family under AUTO, and never unmasked on Hopper (there
      * AUTO declines them: PyTorch's cuDNN path is faster). */
     if (p->family == FC_FAMILY_AUTO && (d == 32 || d == 80 || d == 96)) REQUIRE(fam == FC_FAMILY_SM80 && cc == 89);
@@ -975,6 +1029,41 @@ static void decode_structured(reader *r, fc_params *p) {
     if (variant & 16) p->alignment = (fc_alignment)(int)take_i64(r);
     if (variant & 32) p->sinks = (const float *)take_pointer(r, 0x7f0000700000u);
     if (variant & 64) p->softcap = take_scale(r);  /* (0, negative, NaN, inf, huge, tiny, any bits) */
+    /* Paged KV (appended after softcap; read last again): bit 0 a block table (pointer, maybe
+     * NULL or misaligned), bits 1-4 page_size / pages_per_seq / table stride / num_pages from
+     * take_i64 (else consistent: 16 << (0..4) keys a page, enough pages, a small stride margin,
+     * 1 + a byte pages), bit 5 seqused_k, bit 6 K and V as contiguous (num_pages, page_size,
+     * Hkv, D) pools; without bit 0, bit 7 sets a stray page field (FC_ERR_BAD_PAGES). */
+    const uint8_t paging = take_u8(r);
+    if (paging & 1) {
+        p->block_table = (const int32_t *)take_pointer(r, 0x7f0000800000u);
+        p->page_size = (paging & 2) ? (int32_t)take_i64(r) : (int32_t)(16 << (take_u8(r) % 5));
+        if (paging & 4) {
+            p->pages_per_seq = (int32_t)take_i64(r);
+        } else {
+            const int64_t need = p->page_size > 0 && p->seqlen_k >= 0 && p->seqlen_k < INT32_MAX
+                                     ? (p->seqlen_k + p->page_size - 1) / p->page_size : 1;
+            p->pages_per_seq = (int32_t)(need + (int64_t)(take_u8(r) % 3) - 1);
+        }
+        p->block_table_stride = (paging & 8) ? take_i64(r) : (int64_t)p->pages_per_seq + (int64_t)(take_u8(r) % 4);
+        p->num_pages = (paging & 16) ? take_i64(r) : 1 + (int64_t)take_u8(r);
+        if (paging & 32) p->seqused_k = (const int32_t *)take_pointer(r, 0x7f0000900000u);
+        if (paging & 64) {
+            const uint64_t uD = (uint64_t)p->head_dim, uH = (uint64_t)p->heads_kv, uP = (uint64_t)(int64_t)p->page_size;
+            p->k_stride_d = p->v_stride_d = 1;
+            p->k_stride_h = p->v_stride_h = (int64_t)uD;
+            p->k_stride_s = p->v_stride_s = (int64_t)(uH * uD);
+            p->k_stride_b = p->v_stride_b = (int64_t)(uP * uH * uD);
+        }
+    } else if (paging & 0x80) {
+        switch (take_u8(r) % 5) {
+        case 0: p->page_size = 16; break;
+        case 1: p->pages_per_seq = 1; break;
+        case 2: p->num_pages = 1; break;
+        case 3: p->block_table_stride = 1; break;
+        default: p->seqused_k = (const int32_t *)take_pointer(r, 0x7f0000900000u); break;
+        }
+    }
 }
 
 /* Saturating i128 -> int64 (workspace sizes derived from a need). */
@@ -1070,7 +1159,7 @@ static void check_struct(const fc_params *p, int device) {
     const fc_status s = fc_params_validate(p);
     REQUIRE((int)s >= 0 && s < FC_STATUS_COUNT_ && s != FC_ERR_CUDA && s != FC_ERR_NULL_PARAMS);
     /* validation gives no FC_UNSUPPORTED_* but EMPTY (statuses added later sit at the end) */
-    REQUIRE(s < FC_UNSUPPORTED_DTYPE || s == FC_ERR_BAD_WINDOW || s == FC_ERR_BAD_SOFTCAP);
+    REQUIRE(s < FC_UNSUPPORTED_DTYPE || s == FC_ERR_BAD_WINDOW || s == FC_ERR_BAD_SOFTCAP || s == FC_ERR_BAD_PAGES);
     if (s == FC_OK) REQUIRE(p->softcap >= 0.0f && isfinite(p->softcap));
     REQUIRE(fc_status_string(s) != NULL && fc_status_string(s)[0] != '\0');
     REQUIRE(fc_params_validate(p) == s);
@@ -1088,7 +1177,7 @@ static void check_struct(const fc_params *p, int device) {
         if (s != FC_OK) REQUIRE(sup == s);
         else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA) ||
                      sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SINKS || sup == FC_UNSUPPORTED_SOFTCAP ||
-                     sup == FC_UNSUPPORTED_SLOWER_MASK);
+                     sup == FC_UNSUPPORTED_SLOWER_MASK || sup == FC_UNSUPPORTED_PAGED);
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         if (sup == FC_OK) supported_is_runnable(p, cc, fam);
         /* The plan (fc_sdpa_plan) answers as the support query and names the same family; a
@@ -1109,6 +1198,15 @@ static void check_struct(const fc_params *p, int device) {
         if (sup == FC_UNSUPPORTED_BAND) REQUIRE(resolved_of(p).band_ == FC_BAND_GENERAL_);
         if (sup == FC_UNSUPPORTED_SINKS) REQUIRE(p->sinks != NULL);
         if (sup == FC_UNSUPPORTED_SOFTCAP) REQUIRE(p->softcap != 0.0f);
+        if (sup == FC_UNSUPPORTED_PAGED) REQUIRE(p->block_table != NULL);
+        if (sup == FC_ERR_BAD_PAGES) REQUIRE(s == FC_ERR_BAD_PAGES);
+        /* A paged call the decode kernels take (decode-shaped, D 64 / 128, fp16 / bf16, no causal,
+         * band, mask, sinks or softcap) runs there on sm_89 and sm_90, AUTO or forced decode. */
+        if (s == FC_OK && p->block_table != NULL && (cc == 89 || cc == 90) && decode_takes(p) &&
+            (p->head_dim == 64 || p->head_dim == 128) && (p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16) &&
+            !resolved_of(p).causal && p->mask_kind == FC_MASK_NONE && p->sinks == NULL && p->softcap == 0.0f &&
+            (p->family == FC_FAMILY_AUTO || p->family == FC_FAMILY_DECODE))
+            REQUIRE(sup == FC_OK && fam == FC_FAMILY_DECODE);
         /* Declined only for a reason that holds: the layout reason only for a forced sm90. */
         /* The speed reason only for AUTO on Hopper, unmasked, a head dim sm90 lacks. */
         if (sup == FC_UNSUPPORTED_SLOWER)
@@ -1134,6 +1232,7 @@ static void check_struct(const fc_params *p, int device) {
          * (unless the decode kernels take it first) and forced alike (its D=64 / 128 kernels are
          * built here: ci/fuzz.sh). */
         if (s == FC_OK && cc == 90 && p->mask_kind != FC_MASK_NONE && sm90_takes_mask(p) && sm90_takes(p) &&
+            p->block_table == NULL &&
             (p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16) &&
             (p->family == FC_FAMILY_SM90 || (p->family == FC_FAMILY_AUTO && !decode_takes_masked(p))))
             REQUIRE(sup == FC_OK && fam == FC_FAMILY_SM90);
@@ -1223,7 +1322,8 @@ static void check_bwd(const fc_bwd_params *b, int device) {
     memcpy(&before, b, sizeof before);
 
     const fc_status v = fc_bwd_params_validate(b);
-    REQUIRE((int)v >= 0 && (v < FC_UNSUPPORTED_DTYPE || v == FC_ERR_BAD_WINDOW || v == FC_ERR_BAD_SOFTCAP) &&
+    REQUIRE((int)v >= 0 &&
+            (v < FC_UNSUPPORTED_DTYPE || v == FC_ERR_BAD_WINDOW || v == FC_ERR_BAD_SOFTCAP || v == FC_ERR_BAD_PAGES) &&
             v != FC_ERR_NULL_PARAMS);
     REQUIRE(fc_status_string(v) != NULL && fc_status_string(v)[0] != '\0');
     REQUIRE(fc_bwd_params_validate(b) == v);
@@ -1261,7 +1361,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         /* support == FC_OK implies validate == FC_OK; family AUTO iff unsupported, else SM80 / SM90 */
         if (v != FC_OK) REQUIRE(sup == v);
         else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA) ||
-                     sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SOFTCAP);
+                     sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SOFTCAP || sup == FC_UNSUPPORTED_PAGED);
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         REQUIRE(fam == FC_FAMILY_AUTO || fam == FC_FAMILY_SM80 || fam == FC_FAMILY_SM90);
         if (v != FC_OK) continue;
@@ -1276,10 +1376,13 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         const int general = rf.band_ == FC_BAND_GENERAL_;
         /* (a softcap: the sm90 family, no mask) */
         const int softcap = f->softcap != 0.0f;
-        const int sm80 = dtype_ok && f->mask_kind == FC_MASK_NONE && !general && !softcap &&
+        /* (a paged forward: no backward kernel reads pages, whatever else holds) */
+        const int paged = f->block_table != NULL;
+        const int sm80 = dtype_ok && f->mask_kind == FC_MASK_NONE && !general && !softcap && !paged &&
                          bwd_family_possible(b, FC_FAMILY_SM80, cc);
-        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && !softcap)) &&
+        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && !softcap)) && !paged &&
                          bwd_family_possible(b, FC_FAMILY_SM90, cc);
+        REQUIRE((sup == FC_UNSUPPORTED_PAGED) == paged);
         if (f->family == FC_FAMILY_AUTO) {
             const fc_family want = sm90 && !b->deterministic ? FC_FAMILY_SM90 : sm80 ? FC_FAMILY_SM80 : FC_FAMILY_AUTO;
             REQUIRE(fam == want);

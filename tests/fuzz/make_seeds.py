@@ -40,7 +40,7 @@ def structured(device=0, **fields):
 
 
 def forward_fields(B=2, Hkv=2, group=1, Sq=100, Sk=300, D=64, layouts=(0, 0, 0, 0), ptr_sel=(0, 0, 0, 0),
-                   scale_sel=0, causal=0, dtype=0, family=0, mask_kind=0, lse=False):
+                   scale_sel=0, causal=0, dtype=0, family=0, mask_kind=0, lse=False, paging=b""):
     """decode_structured()'s bytes (structured() and backward() add the mode and device bytes)."""
     out = size(B) + size(Hkv) + bytes([group - 1]) + size(Sq) + size(Sk)
     out += {64: b"\x00", 128: b"\x80"}.get(D) or (b"\xe0" + size(D))
@@ -59,6 +59,23 @@ def forward_fields(B=2, Hkv=2, group=1, Sq=100, Sk=300, D=64, layouts=(0, 0, 0, 
         out += b"\x00"  # mask pointer: aligned
     if lse:
         out += b"\x00\x00"  # lse pointer aligned, contiguous strides
+    if paging:
+        out += b"\x00" + paging  # no window / alignment / sinks / softcap, then the paging bytes
+    return out
+
+
+def pages(page_shift=0, need_delta=0, stride_margin=0, num_pages=64, table_sel=0, seqused=True, pools=True,
+          raw_page_size=None):
+    """decode_structured()'s paging bytes: a block table (pointer selector table_sel), pages of
+    16 << page_shift keys (or raw_page_size through take_i64), pages_per_seq = what seqlen_k needs
+    + need_delta (-1..1), the table's stride pages_per_seq + stride_margin, num_pages (1..256),
+    seqused_k, K/V as contiguous (num_pages, page_size, Hkv, D) pools."""
+    flags = 1 | (2 if raw_page_size is not None else 0) | (32 if seqused else 0) | (64 if pools else 0)
+    out = bytes([flags, table_sel])
+    out += raw_i64(raw_page_size) if raw_page_size is not None else bytes([page_shift])
+    out += bytes([need_delta + 1, stride_margin, num_pages - 1])
+    if seqused:
+        out += b"\x00"
     return out
 
 
@@ -75,6 +92,9 @@ def backward(device=1, deterministic=0, keep_null_lse=False, grads=(None, None, 
     flags = (1 if keep_null_lse else 0) | (2 if deterministic else 0) | (8 if dlse else 0) | (ws << 5)
     if dlse_strides is not None:
         flags |= 16
+    # (The forward's trailing variant and paging bytes come first: without them decode_structured
+    # read the flags as its variant byte, and everything after one byte early.)
+    fields.setdefault("paging", b"\x00")
     out = bytes([6, 0]) + forward_fields(**fields) + bytes([flags])
     for lay in grads:
         if lay is None:
@@ -190,6 +210,27 @@ SEEDS = {
         B=1024, Sq=64, Sk=2**27 - 128,
         layouts=(0, layout(5, strides=(16, 8, 8, 1)), layout(5, strides=(16, 8, 8, 1)), 0)),
     "bwd_raw_empty": b"\x06\x01",
+    # Paged KV (fc_params.block_table): decode-shaped calls run in the decode kernels (AUTO and
+    # forced decode, sm_89 and sm_90, never the Hopper family); the rest FC_UNSUPPORTED_PAGED or
+    # FC_ERR_BAD_PAGES.
+    "paged_decode": structured(B=4, Hkv=2, group=4, Sq=1, Sk=1000, D=128, paging=pages(), device=1),
+    "paged_decode_sm89_page_256_bf16_d64": structured(B=3, Hkv=4, group=2, Sq=1, Sk=700, D=64, dtype=1,
+                                                      paging=pages(page_shift=4, stride_margin=3)),
+    "paged_decode_rows_32": structured(B=2, Hkv=1, group=8, Sq=4, Sk=129, D=128, paging=pages(), device=1),
+    "paged_decode_forced_decode_no_seqused": structured(B=2, Sq=2, Sk=64, family=3, paging=pages(seqused=False), device=1),
+    "paged_decode_long_cache_stays_decode": structured(B=64, Hkv=8, Sq=1, Sk=8192, D=128, paging=pages(num_pages=256), device=1),
+    "paged_decode_batch_65536_in_slices": structured(B=65536, Hkv=1, Sq=1, Sk=32, layouts=(2, 0, 0, 2),
+                                                     paging=pages(), device=1),
+    "paged_reject_page_size_24": structured(Sq=1, paging=pages(raw_page_size=24), device=1),
+    "paged_reject_too_few_pages": structured(Sq=1, paging=pages(need_delta=-1), device=1),
+    "paged_reject_null_table": structured(Sq=1, paging=pages(table_sel=0xFE), device=1),
+    "paged_reject_misaligned_table": structured(Sq=1, paging=pages(table_sel=0xC2), device=1),
+    "paged_reject_stray_page_size": structured(Sq=1, paging=b"\x80\x00", device=1),
+    "paged_unsupported_prefill": structured(Sq=100, paging=pages(), device=1),
+    "paged_unsupported_causal": structured(Sq=4, causal=1, paging=pages(), device=1),
+    "paged_unsupported_forced_sm80": structured(Sq=1, family=1, paging=pages(), device=1),
+    "paged_unsupported_mask": structured(Sq=1, mask_kind=1, paging=pages(), device=1),
+    "bwd_paged_unsupported": backward(Sq=1, paging=pages()),
 }
 
 # Inputs that once broke a property checked with FC_FUZZ_STRICT=1 (see fuzz_params.c's header),
