@@ -803,10 +803,9 @@ def test_paged_decode_declines():
     (where the last reason is "not on CUDA")."""
     used = [5, 0, 17]
     (q, pk, pv, table, used_t), _ = decode_batch(used, 16)
-    seqs = varlen_mod._plan(q, pk, offsets([1, 1, 1]), None, 1, 17, used_t, table, with_pages=False)
     declines = lambda **kw: varlen_mod._paged_decode_declines(
         kw.get("q", q), kw.get("k", pk), kw.get("v", pv), used_t, kw.get("table", table),
-        kw.get("seqs", seqs), kw.get("left", -1))
+        kw.get("max_q", 1), kw.get("left", -1))
     assert declines() == "not on CUDA"
     assert declines(table=None).startswith("not paged")
     assert declines(q=q.float(), k=pk.float(), v=pv.float()).startswith("dtype")
@@ -817,10 +816,38 @@ def test_paged_decode_declines():
     assert declines(left=4) == "a left window"
     (q66, pk66, pv66, _, _), _ = decode_batch(used, 16, hq=66, hkv=2)
     assert declines(q=q66, k=pk66, v=pv66).startswith("more than 32")
-    two_rows = varlen_mod._plan(torch.zeros(4, 8, 64, dtype=torch.float16), pk, offsets([1, 2, 1]),
-                                None, 2, 17, used_t, table, with_pages=False)
-    assert declines(q=torch.zeros(4, 8, 64, dtype=torch.float16), seqs=two_rows) == \
-        "not one query row per sequence"
+    assert declines(max_q=2).startswith("not one query row per sequence")
+    assert declines(q=torch.zeros(4, 8, 64, dtype=torch.float16)).startswith(
+        "not one query row per sequence")
+
+
+@needs_paged_op
+def test_paged_decode_plan_reads_values_once():
+    """The fused path's plan from the values (vectorized, one read): the table width the kernel
+    needs and whether a sequence is empty; None for values it does not take, which then go to
+    _plan (the error naming the argument, or the loop). Runs on CPU tensors too."""
+    used = [5, 0, 17]
+    (q, pk, pv, table, used_t), _ = decode_batch(used, 16)
+    plan = lambda cu=offsets([1, 1, 1]), cu_k=None, max_k=17, u=used_t, t=table: \
+        varlen_mod._paged_decode_plan(q, pk, cu, cu_k, max_k, u, t)
+    assert plan() == varlen_mod._PagedPlan(width=2, any_empty=True)
+    (q3, pk3, _, table3, used3), _ = decode_batch([5, 3, 17], 16)
+    assert varlen_mod._paged_decode_plan(q3, pk3, offsets([1, 1, 1]), None, 17, used3, table3) \
+        == varlen_mod._PagedPlan(width=2, any_empty=False)
+    assert plan(cu=torch.tensor([0, 1, 1, 3], dtype=torch.int32)) is None   # not one row each
+    assert plan(cu=torch.tensor([1, 2, 3, 4], dtype=torch.int32)) is None   # not from 0
+    assert plan(cu_k=torch.tensor([0, 5, 4, 9], dtype=torch.int32)) is None  # decreasing
+    assert plan(max_k=16) is None                                           # 17 > max_k
+    assert plan(u=torch.tensor([5, -1, 17], dtype=torch.int32)) is None     # negative
+    assert plan(u=torch.tensor([5, 0, 16 * table.shape[1] + 1], dtype=torch.int32), max_k=10**6) is None
+    bad = table.clone()
+    bad[2, 1] = pk.shape[0]  # a page sequence 2 reads, past the pools
+    assert plan(t=bad) is None
+    with pytest.raises(ValueError, match=r"block_table\[2\] refers to page"):
+        run_paged(q, pk, pv, bad, used_t, used, enable_gqa=True)
+    unread = table.clone()
+    unread[0, 1] = -7  # sequence 0 (5 keys) reads one page: the entry after it is never read
+    assert plan(t=unread) == varlen_mod._PagedPlan(width=2, any_empty=True)
 
 
 @needs_paged_op
@@ -889,6 +916,37 @@ def test_cuda_paged_decode_is_one_launch():
         assert len(kernels) <= 2, kernels
         counts.append(len(kernels))
     assert counts[0] == counts[1] or max(counts) <= 2
+
+
+@cuda_only
+@needs_paged_op
+def test_cuda_paged_decode_in_cuda_graph():
+    """A paged decode step captures in a CUDA graph (nothing is read on the host then) and its
+    replays read the buffers' current values: same results as eager calls."""
+    used = [40, 0, 300, 17]
+    (q, pk, pv, table, used_t), _ = decode_batch(used, 64, hq=16, hkv=2, d=128,
+                                                 dtype=torch.bfloat16, device="cuda")
+    cu_q = offsets([1] * len(used), q.device)
+    call = lambda: varlen_attn(q, pk, pv, cu_q, None, 1, 512, seqused_k=used_t,
+                               block_table=table, enable_gqa=True, return_aux=LSE)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # warm-up outside the capture, as torch.cuda.graph asks
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for step in range(2):
+        if step:  # the next decode step: new query rows, one more key for sequence 2
+            q.copy_(torch.randn_like(q))
+            used_t.copy_(torch.tensor([40, 0, 301, 17], dtype=torch.int32))
+        graph.replay()
+        eager_out, eager_lse = call()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, eager_out, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(lse, eager_lse, atol=1e-3, rtol=1e-3)
+        assert torch.isposinf(lse[:, 1]).all()
 
 
 @cuda_only

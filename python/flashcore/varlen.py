@@ -10,9 +10,12 @@ every sequence has one query row (``cu_seq_q`` is 0, 1, ..., N and query has N r
 bf16, head dim 64 or 128 (value's too), pages of a multiple of 16 tokens, at most 32 query heads
 per KV head, no left window (a one-row sequence's bottom-right window of any right side, causal
 included, sees all its keys), runs as one launch of the decode kernels
-(``torch.ops.flashcore._paged_decode``, torch_op/paged_op.cpp; _fused_paged_decode below). The
-offsets, seqused_k and the block table are still read and checked on the host first (the errors
-below), so the call still syncs once. Its backward is the per-sequence one.
+(``torch.ops.flashcore._paged_decode``, torch_op/paged_op.cpp; _fused_paged_decode below),
+``max_q`` being 1. The offsets, seqused_k and the block table are checked first on the host, read
+with one wait for the device (where a value is wrong, the errors below); under CUDA graph capture,
+where nothing can be read, they are not checked: the kernels clamp every page index into the
+pools and read at most the table's width, so a bad value gives wrong rows, never a read outside
+the tensors. Its backward is the per-sequence one.
 
 Otherwise the op loops over the sequences on the host and runs
 FlashCore's SDPA op (``torch.ops.flashcore.sdpa_fwd``, its backward ``sdpa_bwd``) once per
@@ -366,9 +369,9 @@ def _rows_aligned(t):
     return all(t.stride(i) % per16 == 0 for i in range(t.dim() - 1) if t.shape[i] > 1)
 
 
-def _paged_decode_declines(query, key, value, seqused_k, block_table, seqs, window_left):
-    """Why _fused_paged_decode does not take this call, or None when it does. Metadata and the
-    host plan only (seqs from _plan; window_left as _window normalized it)."""
+def _paged_decode_declines(query, key, value, seqused_k, block_table, max_q, window_left):
+    """Why _fused_paged_decode does not take this call, or None when it may (then
+    _paged_decode_plan reads the values). Metadata only (window_left as _window normalized it)."""
     if block_table is None or seqused_k is None:
         return "not paged (no block_table and seqused_k)"
     if _PAGED_DECODE is None:
@@ -383,8 +386,8 @@ def _paged_decode_declines(query, key, value, seqused_k, block_table, seqs, wind
         return "a left window"
     if key.shape[2] == 0 or query.shape[1] // key.shape[2] > _FUSED_MAX_GROUP:
         return f"more than {_FUSED_MAX_GROUP} query heads per KV head"
-    if query.shape[0] != len(seqs) or any(s.sq != 1 for s in seqs):
-        return "not one query row per sequence"
+    if max_q != 1 or query.shape[0] != block_table.shape[0]:
+        return "not one query row per sequence (max_q != 1, or query's rows != block_table's)"
     if not query.is_cuda:  # (late: the reasons above can be checked on any device)
         return "not on CUDA"
     if not all(_rows_aligned(t) for t in (query, key, value)):
@@ -395,21 +398,67 @@ def _paged_decode_declines(query, key, value, seqused_k, block_table, seqs, wind
     return None
 
 
-def _fused_paged_decode(query, key, value, seqused_k, block_table, seqs, scale):
-    """(out (N, H_q, D), lse (H_q, N)) of a call _paged_decode_declines takes: one launch of the
-    decode kernels over the pages (flashcore::_paged_decode). Sequences with no key: zeros and
-    LSE +inf (varlen's convention; the kernel gives SDPA's -inf)."""
-    longest = max((s.sk for s in seqs), default=0)
-    page_size = key.shape[1]
-    width = -(-longest // page_size)
-    if width == 0:  # no key anywhere
+class _PagedPlan(NamedTuple):
+    width: int        # table columns the kernel may read (ceil(longest / page_size))
+    any_empty: bool   # some sequence has no key (its LSE turns from -inf to +inf)
+
+
+def _host_values(tensors):
+    """The tensors' values on the host after one wait: copies queued on the current stream into
+    pinned memory, then one synchronize (not one sync per tensor, as .tolist() would)."""
+    if not tensors[0].is_cuda:
+        return [t.cpu() for t in tensors]
+    outs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+    for o, t in zip(outs, tensors):
+        o.copy_(t, non_blocking=True)
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return outs
+
+
+def _paged_decode_plan(query, key, cu_seq_q, cu_seq_k, max_k, seqused_k, block_table):
+    """The fused paged decode's plan when the values allow it (each sequence one query row,
+    cu_seq_k sane if given, 0 <= seqused_k <= max_k, enough table columns, the pages each sequence
+    reads inside the pools), or None: the caller then runs _plan, which raises the error that
+    names the argument or plans the per-sequence loop. One wait for the device, in vectorized
+    CPU ops (_plan's per-element Python loop and three reads cost ~0.2-1 ms a call).
+    Under CUDA graph capture nothing can be read: the values are not checked (the kernels clamp
+    every page index into the pools and read at most the table's width of pages, so a bad value
+    gives wrong rows, never a read outside the tensors), and the width comes from max_k."""
+    page_size, num_pages = key.shape[1], key.shape[0]
+    table_width = block_table.shape[1]
+    if query.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _PagedPlan(min(table_width, -(-max_k // page_size)), True)
+    tensors = [cu_seq_q, seqused_k, block_table] + ([] if cu_seq_k is None else [cu_seq_k])
+    cu_q, used, table, *cu_k = (t.to(torch.int64) for t in _host_values(tensors))
+    n = used.shape[0]
+    if cu_q[0] != 0 or not torch.equal(cu_q[1:] - cu_q[:-1], torch.ones(n, dtype=torch.int64)):
+        return None
+    if cu_k and (cu_k[0][0] != 0 or bool((cu_k[0][1:] < cu_k[0][:-1]).any())):
+        return None
+    if n and (bool((used < 0).any()) or int(used.max()) > max_k):
+        return None
+    pages_needed = (used + page_size - 1) // page_size
+    if bool((pages_needed > table_width).any()):
+        return None
+    read = torch.arange(table_width).unsqueeze(0) < pages_needed.unsqueeze(1)
+    if bool((read & ((table < 0) | (table >= num_pages))).any()):
+        return None
+    return _PagedPlan(int(pages_needed.max()) if n else 0, bool((used == 0).any()))
+
+
+def _fused_paged_decode(query, key, value, seqused_k, block_table, plan, scale):
+    """(out (N, H_q, D), lse (H_q, N)) of a call _paged_decode_declines takes, planned by
+    _paged_decode_plan: one launch of the decode kernels over the pages
+    (flashcore::_paged_decode). Sequences with no key: zeros and LSE +inf (varlen's convention;
+    the kernel gives SDPA's -inf)."""
+    if plan.width == 0:  # no key anywhere
         return (query.new_zeros((query.shape[0], query.shape[1], value.shape[-1])),
                 torch.full((query.shape[1], query.shape[0]), float("inf"), dtype=torch.float32,
                            device=query.device))
     # Only the table's first `width` columns can be read (a view: the split heuristic then sees
     # the longest sequence, not the table's width).
-    out, lse = _PAGED_DECODE(query, key, value, block_table[:, :width], seqused_k, scale)
-    if any(s.sk == 0 for s in seqs):
+    out, lse = _PAGED_DECODE(query, key, value, block_table[:, :plan.width], seqused_k, scale)
+    if plan.any_empty:
         lse = lse.masked_fill_(lse == float("-inf"), float("inf"))
     return out, lse
 
@@ -426,10 +475,12 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     decoding in one launch (_fused_paged_decode)."""
     left, right = _window(window_left, window_right, max_k)
     sc = sdpa_scale(scale, query.shape[-1])
+    if _paged_decode_declines(query, key, value, seqused_k, block_table, max_q, left) is None:
+        plan = _paged_decode_plan(query, key, cu_seq_q, cu_seq_k, max_k, seqused_k, block_table)
+        if plan is not None:
+            return _fused_paged_decode(query, key, value, seqused_k, block_table, plan, sc)
     seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table,
                  with_pages=False)
-    if _paged_decode_declines(query, key, value, seqused_k, block_table, seqs, left) is None:
-        return _fused_paged_decode(query, key, value, seqused_k, block_table, seqs, sc)
     if block_table is not None:  # the loop reads each sequence's pages
         seqs = _with_pages(seqs, block_table, key.shape[1])
     total, hq = query.shape[0], query.shape[1]
