@@ -26,65 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CUDA_OK(call)                                                                             \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "test_helpers.h"
 
 static int failures = 0;
-
-/* ---- 16-bit storage: round a float to fp16 / bf16 (nearest even) and back ---- */
-static uint16_t to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-static float from_bf16(uint16_t h) {
-    const uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-static uint16_t to_fp16(float f) {
-    /* Inputs here are normal numbers well inside fp16's range, or 0. */
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    const int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
-    if (exp <= 0) return (uint16_t)sign;
-    uint32_t mant = x & 0x7fffffu;
-    uint32_t h = sign | ((uint32_t)exp << 10) | (mant >> 13);
-    const uint32_t rem = mant & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-    return (uint16_t)h;
-}
-static float from_fp16(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    uint32_t x;
-    if (exp == 0) {
-        if (mant == 0) {
-            x = sign;
-        } else { /* subnormal */
-            float f = ldexpf((float)mant, -24);
-            return sign ? -f : f;
-        }
-    } else if (exp == 31) {
-        x = sign | 0x7f800000u | (mant << 13);
-    } else {
-        x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-static uint16_t store16(fc_dtype dt, float f) { return dt == FC_DTYPE_BF16 ? to_bf16(f) : to_fp16(f); }
-static float load16(fc_dtype dt, uint16_t h) { return dt == FC_DTYPE_BF16 ? from_bf16(h) : from_fp16(h); }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rng(void) {
@@ -217,11 +161,11 @@ static void run_case(const char *label, const paged_case *pc) {
     c.table = malloc(sizeof(int32_t) * (size_t)c.B * c.table_stride);
     c.used = malloc(sizeof(int32_t) * (size_t)c.B);
     for (size_t i = 0; i < q_elems; ++i) {
-        c.q16[i] = store16(pc->dtype, uniform());
-        c.q[i] = load16(pc->dtype, c.q16[i]);
+        c.q16[i] = from_float(uniform(), pc->dtype);
+        c.q[i] = to_float(c.q16[i], pc->dtype);
     }
     /* Pools: everything 60 first (wrong pages / rows would show), then the items' keys. */
-    const uint16_t big = store16(pc->dtype, 60.0f);
+    const uint16_t big = from_float(60.0f, pc->dtype);
     for (size_t i = 0; i < pool_elems; ++i) c.kpool[i] = c.vpool[i] = big;
     int32_t *order = malloc(sizeof(int32_t) * (size_t)c.num_pages);
     for (int64_t i = 0; i < c.num_pages; ++i) order[i] = (int32_t)i;
@@ -246,10 +190,10 @@ static void run_case(const char *label, const paged_case *pc) {
         for (int hk = 0; hk < c.Hkv; ++hk)
             for (int t = 0; t < c.Sk; ++t)
                 for (int d = 0; d < c.D; ++d) {
-                    const uint16_t k16 = store16(pc->dtype, uniform()), v16 = store16(pc->dtype, uniform());
+                    const uint16_t k16 = from_float(uniform(), pc->dtype), v16 = from_float(uniform(), pc->dtype);
                     const int64_t li = (((int64_t)lb * c.Hkv + hk) * c.Sk + t) * c.D + d;
-                    c.k[li] = load16(pc->dtype, k16);
-                    c.v[li] = load16(pc->dtype, v16);
+                    c.k[li] = to_float(k16, pc->dtype);
+                    c.v[li] = to_float(v16, pc->dtype);
                     /* Rows past an item's seqused_k keep the large values (a read past it shows;
                      * items sharing pages, the 65535+ case, have their keys everywhere). */
                     if (distinct && t >= pc->used[lb]) continue;
@@ -323,8 +267,8 @@ static void run_case(const char *label, const paged_case *pc) {
                 for (int t = 0; t < n; ++t)
                     for (int d = 0; d < c.D; ++d) {
                         const int64_t li = (((int64_t)lb * c.Hkv + hk) * c.Sk + t) * c.D + d;
-                        kc[((int64_t)hk * n + t) * c.D + d] = store16(pc->dtype, c.k[li]);
-                        vc[((int64_t)hk * n + t) * c.D + d] = store16(pc->dtype, c.v[li]);
+                        kc[((int64_t)hk * n + t) * c.D + d] = from_float(c.k[li], pc->dtype);
+                        vc[((int64_t)hk * n + t) * c.D + d] = from_float(c.v[li], pc->dtype);
                     }
             fc_params cp;
             fc_params_init(&cp);
@@ -360,7 +304,7 @@ static void run_case(const char *label, const paged_case *pc) {
                 const size_t rc = (size_t)h * c.Sq + sq;
                 if (pc->bad_table) { /* wrong rows, but finite ones, and every element written */
                     for (int d = 0; d < c.D; ++d)
-                        if (!isfinite(load16(pc->dtype, out[r * c.D + d]))) ++bad;
+                        if (!isfinite(to_float(out[r * c.D + d], pc->dtype))) ++bad;
                     continue;
                 }
                 if (!close_to(lse[r], want_lse, tol, tol)) {
@@ -370,7 +314,7 @@ static void run_case(const char *label, const paged_case *pc) {
                 }
                 if (have_contig && !close_to(lse[r], lse_contig[rc], tol, tol)) ++bad_contig;
                 for (int d = 0; d < c.D; ++d) {
-                    const double got = load16(pc->dtype, out[r * c.D + d]);
+                    const double got = to_float(out[r * c.D + d], pc->dtype);
                     if (n == 0 ? got != 0.0 : !close_to(got, ref[d], tol, 4 * tol)) {
                         if (bad++ < 3)
                             fprintf(stderr, "  %s: item %d (used %d) head %d row %d col %d: %g, want %g\n", label, b,
@@ -378,7 +322,7 @@ static void run_case(const char *label, const paged_case *pc) {
                         break;
                     }
                     if (have_contig &&
-                        !close_to(got, load16(pc->dtype, out_contig[rc * c.D + d]), tol, 4 * tol))
+                        !close_to(got, to_float(out_contig[rc * c.D + d], pc->dtype), tol, 4 * tol))
                         ++bad_contig;
                 }
             }
