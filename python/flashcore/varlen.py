@@ -403,47 +403,47 @@ class _PagedPlan(NamedTuple):
     any_empty: bool   # some sequence has no key (its LSE turns from -inf to +inf)
 
 
-def _host_values(tensors):
-    """The tensors' values on the host after one wait: copies queued on the current stream into
-    pinned memory, then one synchronize (not one sync per tensor, as .tolist() would)."""
-    if not tensors[0].is_cuda:
-        return [t.cpu() for t in tensors]
-    outs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
-    for o, t in zip(outs, tensors):
-        o.copy_(t, non_blocking=True)
-    torch.cuda.current_stream(tensors[0].device).synchronize()
-    return outs
-
-
 def _paged_decode_plan(query, key, cu_seq_q, cu_seq_k, max_k, seqused_k, block_table):
     """The fused paged decode's plan when the values allow it (each sequence one query row,
     cu_seq_k sane if given, 0 <= seqused_k <= max_k, enough table columns, the pages each sequence
     reads inside the pools), or None: the caller then runs _plan, which raises the error that
-    names the argument or plans the per-sequence loop. One wait for the device, in vectorized
-    CPU ops (_plan's per-element Python loop and three reads cost ~0.2-1 ms a call).
+    names the argument or plans the per-sequence loop. The values come to the host by copies
+    (one wait for the device); the table is checked by its min and max where every entry is a
+    page, entry by entry (vectorized) where some are not (unused entries padded with -1).
     Under CUDA graph capture nothing can be read: the values are not checked (the kernels clamp
     every page index into the pools and read at most the table's width of pages, so a bad value
     gives wrong rows, never a read outside the tensors), and the width comes from max_k."""
     page_size, num_pages = key.shape[1], key.shape[0]
-    table_width = block_table.shape[1]
+    n, width = block_table.shape
     if query.is_cuda and torch.cuda.is_current_stream_capturing():
-        return _PagedPlan(min(table_width, -(-max_k // page_size)), True)
-    tensors = [cu_seq_q, seqused_k, block_table] + ([] if cu_seq_k is None else [cu_seq_k])
-    cu_q, used, table, *cu_k = (t.to(torch.int64) for t in _host_values(tensors))
-    n = used.shape[0]
-    if cu_q[0] != 0 or not torch.equal(cu_q[1:] - cu_q[:-1], torch.ones(n, dtype=torch.int64)):
+        return _PagedPlan(min(width, -(-max_k // page_size)), True)
+    if cu_seq_q.shape[0] != n + 1 or seqused_k.shape[0] != n:
         return None
-    if cu_k and (cu_k[0][0] != 0 or bool((cu_k[0][1:] < cu_k[0][:-1]).any())):
+    # Copies, not a kernel (a torch.cat would be a launch beside the decode kernel's): the first
+    # waits for the device, the others find it idle.
+    cu_q, used = cu_seq_q.cpu().tolist(), seqused_k.cpu().tolist()
+    table = block_table.cpu()
+    cu_k = [] if cu_seq_k is None else cu_seq_k.cpu().tolist()
+    if cu_q != list(range(n + 1)):
         return None
-    if n and (bool((used < 0).any()) or int(used.max()) > max_k):
+    if cu_k and (cu_k[0] != 0 or any(b < a for a, b in zip(cu_k, cu_k[1:]))):
         return None
-    pages_needed = (used + page_size - 1) // page_size
-    if bool((pages_needed > table_width).any()):
+    if n == 0:
+        return _PagedPlan(0, False)
+    if min(used) < 0 or max(used) > max_k:
         return None
-    read = torch.arange(table_width).unsqueeze(0) < pages_needed.unsqueeze(1)
-    if bool((read & ((table < 0) | (table >= num_pages))).any()):
+    pages = [-(-u // page_size) for u in used]
+    longest = max(pages)
+    if longest > width:
         return None
-    return _PagedPlan(int(pages_needed.max()) if n else 0, bool((used == 0).any()))
+    if longest:
+        lo, hi = torch.aminmax(table[:, :longest])
+        if lo < 0 or hi >= num_pages:  # only entries a sequence reads must be pages (-1 pads rows)
+            read = torch.arange(longest).unsqueeze(0) < torch.tensor(pages).unsqueeze(1)
+            bad = (table[:, :longest] < 0) | (table[:, :longest] >= num_pages)
+            if bool((bad & read).any()):
+                return None
+    return _PagedPlan(longest, 0 in used)
 
 
 def _fused_paged_decode(query, key, value, seqused_k, block_table, plan, scale):
