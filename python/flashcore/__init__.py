@@ -143,6 +143,7 @@ if FALLBACK_ONLY:
 else:
     # Fakes (torch.compile), the backward op and autograd for the ops just loaded.
     from . import _ops  # noqa: E402,F401
+from . import _causal_bias  # noqa: E402
 from . import _entry  # noqa: E402  (after the ops it calls are registered)
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -179,7 +180,11 @@ def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
     run where PyTorch's SDPA is faster, e.g. an additive one; ``lse=True`` answers for the
     forward that also returns the LSE, which still runs it). Raises for the same bad
     inputs ``sdpa`` raises for (an install without FlashCore's library checks nothing: ``"fallback: <why>"``
-    for every call)."""
+    for every call). A CausalBias ``attn_mask`` (``causal_upper_left`` / ``causal_lower_right``)
+    is answered for the call it stands for (_causal_bias.py)."""
+    if not band and _causal_bias.is_causal_bias(attn_mask):
+        return _causal_bias.explain_causal_bias(_explain_words, query, key, value, attn_mask,
+                                                dropout_p, is_causal, scale, enable_gqa)
     return _explain_words(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                           **band)
 

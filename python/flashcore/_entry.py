@@ -15,6 +15,8 @@ there is no ``_sdpa_inference``, and every call goes to ``torch.ops.flashcore.sd
 """
 import torch
 
+from ._causal_bias import is_causal_bias, sdpa_with_causal_bias
+
 __all__ = ["sdpa"]
 
 try:
@@ -33,7 +35,11 @@ def records_grad(query, key, value, attn_mask=None) -> bool:
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
          enable_gqa=False):
     """torch.ops.flashcore.sdpa's result, through _sdpa_inference where nothing records a
-    gradient (keyword arguments passed only when not at their defaults: each costs host time)."""
+    gradient (keyword arguments passed only when not at their defaults: each costs host time).
+    A CausalBias attn_mask is not a mask to read: _causal_bias turns it into the call it means."""
+    if attn_mask is not None and type(attn_mask) is not torch.Tensor and is_causal_bias(attn_mask):
+        return sdpa_with_causal_bias(sdpa, query, key, value, attn_mask, dropout_p, is_causal,
+                                     scale, enable_gqa)
     if _INFERENCE is None or records_grad(query, key, value, attn_mask):
         return torch.ops.flashcore.sdpa(query, key, value, attn_mask, dropout_p, is_causal,
                                         scale=scale, enable_gqa=enable_gqa)

@@ -49,6 +49,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from . import _band
+from ._causal_bias import CAUSAL_BIAS_IN_OP, is_causal_bias
 from . import _reason_code  # reasons.h, through libflashcore_op.so (flashcore/__init__.py)
 from ._layout import contiguous_strides, in_output_layout, new_output, output_strides
 from ._scale import sdpa_scale
@@ -701,7 +702,9 @@ def _sdpa_autograd(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_
     """flashcore::sdpa's Autograd kernel: with gradients, sdpa = sdpa_fwd(...)[0], so autograd
     saves the LSE, unless the training route sends the call to aten (dropout, or FlashCore's
     backward slower than PyTorch's here: see TRAINING_TABLE); without gradients, the C++ kernels
-    run directly (no LSE computed)."""
+    run directly (no LSE computed). A CausalBias attn_mask is refused (_causal_bias.py)."""
+    if attn_mask is not None and type(attn_mask) is not torch.Tensor and is_causal_bias(attn_mask):
+        raise ValueError(CAUSAL_BIAS_IN_OP)
     if torch.is_grad_enabled() and torch._C._any_requires_grad(query, key, value, attn_mask):
         if dropout_p > 0.0 or _training_goes_to_aten(query, key, value, attn_mask, is_causal,
                                                      scale, enable_gqa):

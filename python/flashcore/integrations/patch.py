@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _entry
+from .._causal_bias import is_causal_bias, sdpa_with_causal_bias
 
 __all__ = ["patch", "unpatch", "patched", "is_patched", "scaled_dot_product_attention"]
 
@@ -78,6 +79,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  is_causal=False, *, scale=None, enable_gqa=False):
     """``torch.nn.functional.scaled_dot_product_attention`` computed by FlashCore where it can
     be; see the module docstring for what goes to PyTorch's original function."""
+    if attn_mask is not None and type(attn_mask) is not torch.Tensor and is_causal_bias(attn_mask):
+        # PyTorch's CausalBias intercepts only the function named F.scaled_dot_product_attention,
+        # which is this one now: the bias becomes the call it stands for here (_causal_bias.py),
+        # whose top-left case comes back through this function without a mask.
+        return sdpa_with_causal_bias(_call_self, query, key, value, attn_mask, dropout_p,
+                                     is_causal, scale, enable_gqa)
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     use_op = (
         not torch.overrides.has_torch_function(tensors)
@@ -92,6 +99,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                         scale=scale, enable_gqa=enable_gqa)
     return _ORIGINAL(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                      enable_gqa=enable_gqa)
+
+
+def _call_self(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                        scale=scale, enable_gqa=enable_gqa)
 
 
 scaled_dot_product_attention.__flashcore_patch__ = True
