@@ -2,7 +2,7 @@
 # The one script for a GPU machine: build (sm_89 + sm_90a), C tests, the full pytest suite,
 # compute-sanitizer on the C API test (small and ragged shapes), a SASS check, and the bench.
 # Everything it reports lands in $OUT (default ./gpu-out): build.log, ctest.log, pytest.log,
-# sanitizer.log, sass.txt, bench.log, bench.json.
+# sanitizer.log, sass.txt, bench.log, bench.json, paged.json.
 #
 # Every GPU step runs under `timeout`, so a hung kernel costs minutes, not the whole lease.
 # Usage: bash ci/gpu.sh [--no-bench] [--quick-bench] [pytest -k expression]
@@ -99,6 +99,9 @@ if [ "$BENCH" != none ]; then
   step "bench ($BENCH)"
   extra=""; [ "$BENCH" = quick ] && extra="--quick"
   PYTHONUNBUFFERED=1 timeout 400 "$PY" bench/bench.py $extra ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  step "paged decoding bench"
+  PYTHONUNBUFFERED=1 timeout 120 "$PY" bench/bench_paged.py $extra --json "$OUT/paged.json" 2>&1 | tee -a "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
