@@ -38,13 +38,11 @@
 namespace {
 
 using flashcore_op::fail;
+using flashcore_op::stride_or_0;
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 constexpr const char* kOp = "flashcore._paged_decode";
-
-// A size-1 dim's stride is never stepped over: 0, so it trips no alignment check.
-int64_t stride_of(const Tensor& t, int64_t dim) { return t.size(dim) == 1 ? 0 : t.stride(dim); }
 
 void check_arguments(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& table,
                      const Tensor& used, double scale) {
@@ -114,13 +112,13 @@ std::tuple<Tensor, Tensor> paged_decode(Tensor q, Tensor key_pages, Tensor value
   p.seqlen_q = 1;
   p.seqlen_k = width * page_size;  // each sequence: min(this, seqused_k[i]) keys
   p.head_dim = d;
-  p.q_stride_b = stride_of(q, 0), p.q_stride_h = stride_of(q, 1), p.q_stride_s = 0, p.q_stride_d = stride_of(q, 2);
+  p.q_stride_b = stride_or_0(q, 0), p.q_stride_h = stride_or_0(q, 1), p.q_stride_s = 0, p.q_stride_d = stride_or_0(q, 2);
   p.o_stride_b = hq * d, p.o_stride_h = d, p.o_stride_s = 0, p.o_stride_d = 1;
   // (num_pages, page_size, Hkv, D): the page stride in the batch stride's place (flashcore.h).
-  p.k_stride_b = stride_of(key_pages, 0), p.k_stride_s = stride_of(key_pages, 1);
-  p.k_stride_h = stride_of(key_pages, 2), p.k_stride_d = stride_of(key_pages, 3);
-  p.v_stride_b = stride_of(value_pages, 0), p.v_stride_s = stride_of(value_pages, 1);
-  p.v_stride_h = stride_of(value_pages, 2), p.v_stride_d = stride_of(value_pages, 3);
+  p.k_stride_b = stride_or_0(key_pages, 0), p.k_stride_s = stride_or_0(key_pages, 1);
+  p.k_stride_h = stride_or_0(key_pages, 2), p.k_stride_d = stride_or_0(key_pages, 3);
+  p.v_stride_b = stride_or_0(value_pages, 0), p.v_stride_s = stride_or_0(value_pages, 1);
+  p.v_stride_h = stride_or_0(value_pages, 2), p.v_stride_d = stride_or_0(value_pages, 3);
   p.lse_stride_b = 1, p.lse_stride_h = n, p.lse_stride_s = 0;
   p.scale = static_cast<float>(scale);
   p.dtype = q.scalar_type() == ScalarType::Half ? FC_DTYPE_FP16 : FC_DTYPE_BF16;

@@ -210,10 +210,8 @@ def _check_offsets(name, offsets, total, total_name):
         _fail(f"{name} ends at {offsets[-1]}, past {total_name} ({total} rows)")
 
 
-def _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table, with_pages=True):
-    """One _Seq per sequence, after checking the offsets' values (read on the host). with_pages
-    False leaves _Seq.pages None (the fused paged decode reads the table itself: no per-sequence
-    copies of its rows, which would each be a launch)."""
+def _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table):
+    """One _Seq per sequence, after checking the offsets' values (read on the host)."""
     cu_q = cu_seq_q.tolist()
     _check_offsets("cu_seq_q", cu_q, query.shape[0], "query")
     n = len(cu_q) - 1
@@ -246,7 +244,7 @@ def _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table, 
                 _fail(f"block_table[{i}] refers to page {bad[0]}, out of range for key/value's "
                       f"{num_pages} pages")
             seqs.append(_Seq(cu_q[i], cu_q[i + 1] - cu_q[i], used[i], 0,
-                             block_table[i, :need].long() if with_pages else None))
+                             block_table[i, :need].long()))
     longest_q = max((s.sq for s in seqs), default=0)
     longest_k = max((s.sk for s in seqs), default=0)
     if longest_q > max_q:
@@ -255,12 +253,6 @@ def _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table, 
         _fail(f"max_k={max_k} is less than the longest key sequence "
               f"({'seqused_k' if seqused_k is not None else 'cu_seq_k'}: {longest_k})")
     return seqs
-
-
-def _with_pages(seqs, block_table, page_size):
-    """seqs (planned with_pages=False) with each sequence's page indices, as _plan gives them."""
-    return [s._replace(pages=block_table[i, :(-(-s.sk // page_size) if page_size > 0 else 0)].long())
-            for i, s in enumerate(seqs)]
 
 
 def _keys(t, s: _Seq):
@@ -479,10 +471,7 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         plan = _paged_decode_plan(query, key, cu_seq_q, cu_seq_k, max_k, seqused_k, block_table)
         if plan is not None:
             return _fused_paged_decode(query, key, value, seqused_k, block_table, plan, sc)
-    seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table,
-                 with_pages=False)
-    if block_table is not None:  # the loop reads each sequence's pages
-        seqs = _with_pages(seqs, block_table, key.shape[1])
+    seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
     total, hq = query.shape[0], query.shape[1]
     out = query.new_zeros((total, hq, value.shape[-1]))
     lse = torch.full((hq, total), float("inf"), dtype=_lse_dtype(query.dtype),
