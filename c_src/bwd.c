@@ -170,6 +170,8 @@ static fc_status bwd_dispatch(const fc_bwd_params *user, int cc_major, int cc_mi
     /* No backward kernel reads a paged KV cache (fc_params.block_table): the forward's decode
      * kernels alone do. */
     if (f->block_table != NULL) return FC_UNSUPPORTED_PAGED;
+    /* Nor packed sequences (fc_params.cu_seq_q): the Hopper forward alone runs them. */
+    if (f->cu_seq_q != NULL) return FC_UNSUPPORTED_VARLEN;
     if (f->dtype != FC_DTYPE_FP16 && f->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
     const bwd_entry *found = NULL;
     fc_status s;

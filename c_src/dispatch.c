@@ -79,10 +79,14 @@ static int family_takes_layout(fc_family family, const fc_params *p) {
         return p->seqlen_q <= FC_DECODE_MAX_SEQLEN_Q &&
                (p->heads_q / p->heads_kv) * p->seqlen_q <= FC_DECODE_MAX_ROWS;
     if (family != FC_FAMILY_SM90) return 1;
+    /* (A packed call's tensors are one batch item of total_q / total_k rows.) */
+    const int packed = p->cu_seq_q != NULL;
+    const int64_t batch = packed ? 1 : p->batch, rows_q = packed ? p->total_q : p->seqlen_q,
+                  rows_k = packed ? p->total_k : p->seqlen_k;
     return p->scale > 0.0f &&
-           stepped_strides_nonzero(p->seqlen_q, p->q_stride_s, p->heads_q, p->q_stride_h, p->batch, p->q_stride_b) &&
-           stepped_strides_nonzero(p->seqlen_k, p->k_stride_s, p->heads_kv, p->k_stride_h, p->batch, p->k_stride_b) &&
-           stepped_strides_nonzero(p->seqlen_k, p->v_stride_s, p->heads_kv, p->v_stride_h, p->batch, p->v_stride_b);
+           stepped_strides_nonzero(rows_q, p->q_stride_s, p->heads_q, p->q_stride_h, batch, p->q_stride_b) &&
+           stepped_strides_nonzero(rows_k, p->k_stride_s, p->heads_kv, p->k_stride_h, batch, p->k_stride_b) &&
+           stepped_strides_nonzero(rows_k, p->v_stride_s, p->heads_kv, p->v_stride_h, batch, p->v_stride_b);
 }
 
 /* For c_src/bwd.c: the Hopper family's layout requirements (above) for a params struct. */
@@ -138,6 +142,16 @@ static int family_takes_paged(fc_family family, const fc_params *p) {
     if (p->block_table == NULL) return 1;
     return family == FC_FAMILY_DECODE && family_takes_layout(family, p) && !p->causal && p->band_ != FC_BAND_GENERAL_ &&
            p->mask_kind == FC_MASK_NONE;
+}
+
+/* Packed variable-length sequences (fc_params.cu_seq_q): only the Hopper forward runs them
+ * (kVarlen in kernels/sm90/fwd_kernel.cuh: its tiles from a list of the sequences' query blocks),
+ * in its plain configurations: top-left causal or none, no mask, softcap, sinks or pages. (A
+ * window or bottom-right causal was declined in validation, before the band is resolved.) */
+static int family_takes_varlen(fc_family family, const fc_params *p) {
+    if (p->cu_seq_q == NULL) return 1;
+    return family == FC_FAMILY_SM90 && family_takes_layout(family, p) && p->band_ != FC_BAND_GENERAL_ &&
+           p->mask_kind == FC_MASK_NONE && p->softcap == 0.0f && p->sinks == NULL && p->block_table == NULL;
 }
 
 /* Would a family other than sm80 that runs here have a kernel for this call without its mask? */
@@ -220,7 +234,7 @@ int fc_decode_packs_for_sm90(const fc_params *p) {
     /* (Sinks and masks are per query head, which packing turns into rows; the Hopper family reads
      * no pages.) */
     if (p->seqlen_q != 1 || p->causal || p->heads_q <= p->heads_kv || p->sinks != NULL || p->mask_kind != FC_MASK_NONE ||
-        p->block_table != NULL)
+        p->block_table != NULL || p->cu_seq_q != NULL)
         return 0;
     fc_params packed = *p;
     fc_pack_decode_gqa(&packed);
@@ -263,7 +277,8 @@ static int sm90_decode_block_per_pair(const fc_params *p, int *packs) {
 
 static int sm90_reads_decode_faster(const fc_params *p, int cc_major, int cc_minor, int *packs) {
     /* (A paged call stays in the decode kernels: the Hopper family reads no pages.) */
-    if (p->seqlen_q != 1 || p->causal || p->head_dim != 128 || p->mask_kind != FC_MASK_NONE || p->block_table != NULL)
+    if (p->seqlen_q != 1 || p->causal || p->head_dim != 128 || p->mask_kind != FC_MASK_NONE || p->block_table != NULL ||
+        p->cu_seq_q != NULL)
         return 0;
     if (!fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor) || find_kernel(FC_FAMILY_SM90, p) == NULL ||
         !family_takes_layout(FC_FAMILY_SM90, p))
@@ -303,6 +318,7 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
     int declined_for_sinks = 0;
     int declined_for_softcap = 0;
     int declined_for_pages = 0;
+    int declined_for_varlen = 0;
     for (size_t i = 0; i < n_candidates; ++i) {
         const fc_family f = p->family == FC_FAMILY_AUTO ? preference[i] : p->family;
         if (!fc_family_runs_on_(f, cc_major, cc_minor)) continue;
@@ -310,6 +326,10 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
         /* (First: a paged call is declined for its pages before any speed or layout rule.) */
         if (!family_takes_paged(f, p)) {
             declined_for_pages = 1;
+            continue;
+        }
+        if (!family_takes_varlen(f, p)) {
+            declined_for_varlen = 1;
             continue;
         }
         if (f == FC_FAMILY_DECODE && p->family == FC_FAMILY_AUTO &&
@@ -352,6 +372,11 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
     if (declined_for_pages && !(p->family == FC_FAMILY_AUTO && family_takes_paged(FC_FAMILY_DECODE, p) &&
                                 fc_family_runs_on_(FC_FAMILY_DECODE, cc_major, cc_minor)))
         return FC_UNSUPPORTED_PAGED;
+    /* A packed call no family took for its packing; the sm90 family, which reads it, may have
+     * declined it for a head dim (FC_UNSUPPORTED_HEAD_DIM below) instead. */
+    if (declined_for_varlen && !(family_takes_varlen(FC_FAMILY_SM90, p) && fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor) &&
+                                 (p->family == FC_FAMILY_AUTO || p->family == FC_FAMILY_SM90)))
+        return FC_UNSUPPORTED_VARLEN;
     if (declined_as_slower) return FC_UNSUPPORTED_SLOWER;
     if (declined_mask_as_slower) return FC_UNSUPPORTED_SLOWER_MASK;
     if (declined_for_band) return FC_UNSUPPORTED_BAND;
@@ -387,7 +412,7 @@ int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced, int pack
     /* (The packing is the caller's answer, fc_dispatch's: not asked again here.) */
     int packs_known = packs != 0;
     /* (Sinks are added in the unsplit epilogue only.) */
-    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || p->sinks != NULL ||
+    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || p->sinks != NULL || p->cu_seq_q != NULL ||
         !sm90_decode_block_per_pair(p, &packs_known))
         return 1;
     int64_t splits = forced > 0 ? forced : (sm_count > 0 ? sm_count : 1) / pairs;

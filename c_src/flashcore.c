@@ -56,6 +56,8 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_UNSUPPORTED_SLOWER_MASK] = "on sm_90 PyTorch's own SDPA runs such calls faster than the kernels that take this attention mask (the decode kernels: an additive mask; the sm80-class family: an additive mask; at head dims 64 and 128 every mask the sm90 family cannot take; at other head dims a bool mask broadcast over the query rows, or one query row); calls that want the LSE (training) still run it; force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
     [FC_ERR_BAD_PAGES] = "inconsistent paged KV arguments: with block_table set, page_size must be a positive multiple of 16, pages_per_seq >= 1 with pages_per_seq * page_size >= seqlen_k, num_pages in [1, 2^31 - 1], block_table_stride >= pages_per_seq (batch > 1) and the table's extent addressable; without block_table, pages_per_seq, page_size, num_pages, block_table_stride and seqused_k must all be 0 / NULL",
     [FC_UNSUPPORTED_PAGED] = "no kernel here takes this paged call: only the decode family reads a paged KV cache (forward, at most 16 query rows and 32 rows per KV head, head dims 64 and 128, without is_causal, a band, a mask, softcap or sinks); the backward takes no paged call",
+    [FC_ERR_BAD_VARLEN] = "packed variable-length arguments are inconsistent: cu_seq_q and cu_seq_k must both be set (4-byte aligned), total_q and total_k at least 1, every batch stride 0 (see fc_params.cu_seq_q)",
+    [FC_UNSUPPORTED_VARLEN] = "no kernel here takes this packed variable-length call: only the sm90 forward runs them (fp16/bf16, head dims 64, 128 and 256, top-left causal or none, without a window, mask, softcap, sinks or pages); the backward takes no packed call",
     [FC_UNSUPPORTED_SLOWER] = "on sm_90 only the sm80-class family has this head dim, and PyTorch's own SDPA (cuDNN) runs it faster (about 1.7x, bench/NOTES.md); force family sm80 (FLASHCORE_FAMILY=sm80) to run it anyway",
 };
 
@@ -140,18 +142,21 @@ static fc_status check_offsets(const operand *t, const void *base, int64_t elem_
 static int aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
 
 /* q, out and the LSE as operands of the checks above (validation's, and the packed rows'). */
+/* A packed call (fc_params.cu_seq_q) has one "batch item" of total_q rows. */
+static int64_t q_batch(const fc_params *p) { return p->cu_seq_q != NULL ? 1 : p->batch; }
+static int64_t q_rows(const fc_params *p) { return p->cu_seq_q != NULL ? p->total_q : p->seqlen_q; }
 static operand q_operand(const fc_params *p) {
-    const operand t = {{p->batch, p->heads_q, p->seqlen_q, p->head_dim},
+    const operand t = {{q_batch(p), p->heads_q, q_rows(p), p->head_dim},
                        {p->q_stride_b, p->q_stride_h, p->q_stride_s, p->q_stride_d}};
     return t;
 }
 static operand o_operand(const fc_params *p) {
-    const operand t = {{p->batch, p->heads_q, p->seqlen_q, p->head_dim},
+    const operand t = {{q_batch(p), p->heads_q, q_rows(p), p->head_dim},
                        {p->o_stride_b, p->o_stride_h, p->o_stride_s, p->o_stride_d}};
     return t;
 }
 static operand lse_operand(const fc_params *p) {
-    const operand t = {{p->batch, p->heads_q, p->seqlen_q, 1}, {p->lse_stride_b, p->lse_stride_h, p->lse_stride_s, 1}};
+    const operand t = {{q_batch(p), p->heads_q, q_rows(p), 1}, {p->lse_stride_b, p->lse_stride_h, p->lse_stride_s, 1}};
     return t;
 }
 
@@ -184,10 +189,34 @@ static fc_status check_pages(const fc_params *p) {
 /* k or v as an operand of the checks above: (B, Hkv, Sk, D), or for a paged call the pool
  * (num_pages, Hkv, page_size, D) with the page stride in the batch stride's place. */
 static operand kv_operand(const fc_params *p, int64_t sb, int64_t sh, int64_t ss, int64_t sd) {
-    const int paged = p->block_table != NULL;
-    const operand t = {{paged ? p->num_pages : p->batch, p->heads_kv, paged ? p->page_size : p->seqlen_k, p->head_dim},
+    const int paged = p->block_table != NULL, packed = p->cu_seq_q != NULL;
+    const operand t = {{paged ? p->num_pages : packed ? 1 : p->batch, p->heads_kv,
+                        paged ? p->page_size : packed ? p->total_k : p->seqlen_k, p->head_dim},
                        {sb, sh, ss, sd}};
     return t;
+}
+
+/* The packed variable-length fields (flashcore.h, fc_params.cu_seq_q): all zero when not
+ * packed, else both offset arrays and both totals, and no batch stride (the batch's sequences
+ * are rows). The arrays live on the device and are never read here (the kernels clamp every
+ * offset into [0, total]). */
+static fc_status check_varlen(const fc_params *p) {
+    if (p->cu_seq_q == NULL)
+        return p->cu_seq_k != NULL || p->total_q != 0 || p->total_k != 0 ? FC_ERR_BAD_VARLEN : FC_OK;
+    if (p->cu_seq_k == NULL || p->total_q < 1 || p->total_k < 1) return FC_ERR_BAD_VARLEN;
+    /* (The kernels' causal is top-left within each sequence; a window or a bottom-right diagonal
+     * would be per sequence, which none runs: declined before the band is resolved.) */
+    if (p->windowed || (p->causal && p->alignment != FC_ALIGN_TOP_LEFT)) return FC_UNSUPPORTED_VARLEN;
+    if (p->q_stride_b != 0 || p->k_stride_b != 0 || p->v_stride_b != 0 || p->o_stride_b != 0 ||
+        (p->lse != NULL && p->lse_stride_b != 0))
+        return FC_ERR_BAD_VARLEN;
+    if (((uintptr_t)p->cu_seq_q & 3u) != 0 || ((uintptr_t)p->cu_seq_k & 3u) != 0) return FC_ERR_POINTER_ALIGNMENT;
+    if (p->total_q > FC_MAX_SEQLEN || p->total_k > FC_MAX_SEQLEN || p->batch >= INT32_MAX) return FC_ERR_OFFSET_OVERFLOW;
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(p->batch + 1, (int64_t)4, &bytes) ||
+        (uint64_t)bytes > UINTPTR_MAX - (uintptr_t)p->cu_seq_q || (uint64_t)bytes > UINTPTR_MAX - (uintptr_t)p->cu_seq_k)
+        return FC_ERR_BAD_VARLEN;
+    return FC_OK;
 }
 
 /* Validations on this thread, for the tests that check a call validates its struct once. */
@@ -221,6 +250,8 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
     if (p->band_ != 0 || p->band_lo_ != 0 || p->band_hi_ != 0) return FC_ERR_BAD_WINDOW;
     const fc_status pages = check_pages(p);
     if (pages != FC_OK) return pages;
+    const fc_status packed = check_varlen(p);
+    if (packed != FC_OK) return packed;
     if (((uintptr_t)p->block_table & 3u) != 0 || ((uintptr_t)p->seqused_k & 3u) != 0) return FC_ERR_POINTER_ALIGNMENT;
 
     const operand ops[4] = {
@@ -269,6 +300,10 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
     int64_t slices = 0, tiles = 0;
     if (__builtin_mul_overflow(p->heads_q, p->batch, &slices) ||
         __builtin_mul_overflow((p->seqlen_q + 63) / 64, slices, &tiles) || tiles > INT32_MAX)
+        return FC_ERR_OFFSET_OVERFLOW;
+    /* A packed call's tiles: at most (total_q / 64 + batch) query blocks per head. */
+    if (p->cu_seq_q != NULL && (__builtin_mul_overflow((p->total_q + 63) / 64 + p->batch, p->heads_q, &tiles) ||
+                                tiles > INT32_MAX))
         return FC_ERR_OFFSET_OVERFLOW;
     return FC_OK;
 }
@@ -374,6 +409,7 @@ FC_API fc_status fc_sdpa_plan(const fc_params *user, int cc_major, int cc_minor,
         splits = fc_sm90_decode_splits(&run, sm_count, cfg->decode_splits, packs);
     }
     if (splits > 1) plan->workspace_bytes = fc_decode_workspace_bytes(&run, splits);
+    if (run.cu_seq_q != NULL) plan->workspace_bytes = fc_varlen_workspace_bytes(&run);
     if (packs) fc_pack_decode_gqa(&run);
     plan->params = run;
     plan->family = family;
@@ -458,7 +494,10 @@ FC_API fc_status fc_sdpa_fwd_planned(const fc_fwd_plan *plan, void *out, float *
     /* Without enough workspace the decode path runs unsplit: slower on a small batch, same result. */
     const int64_t bytes = plan->workspace_bytes;
     run.num_splits_ = (bytes > 0 && workspace != NULL && workspace_bytes >= bytes) ? plan->splits : 1;
-    if (run.batch <= FC_MAX_GRID_YZ && run.heads_q <= FC_MAX_GRID_YZ) {
+    /* A packed call builds its list of query blocks in the workspace: it cannot run without. */
+    if (run.cu_seq_q != NULL && (workspace == NULL || workspace_bytes < bytes)) return FC_ERR_BAD_WORKSPACE;
+    /* (A packed call's grid is one persistent row of CTAs, whatever its batch and heads.) */
+    if (run.cu_seq_q != NULL || (run.batch <= FC_MAX_GRID_YZ && run.heads_q <= FC_MAX_GRID_YZ)) {
         const cudaError_t err = launch(&run, &dev, stream);
         last_cuda_error = err;
         return err == cudaSuccess ? FC_OK : FC_ERR_CUDA;

@@ -98,6 +98,8 @@ typedef enum fc_status {
     FC_UNSUPPORTED_SLOWER_MASK,  /* AUTO on sm_90, an attn_mask only the sm80 family takes, no LSE wanted: PyTorch's SDPA is faster (dispatch.c) */
     FC_ERR_BAD_PAGES,            /* paged KV arguments inconsistent (see fc_params.block_table) */
     FC_UNSUPPORTED_PAGED,        /* a valid paged call no kernel takes (only the decode family reads pages: no causal, band, mask; no backward) */
+    FC_ERR_BAD_VARLEN,           /* packed variable-length arguments inconsistent (see fc_params.cu_seq_q) */
+    FC_UNSUPPORTED_VARLEN,       /* a valid packed call no kernel takes (only the sm90 forward: no window, mask, softcap, sinks or pages; no backward) */
     FC_STATUS_COUNT_             /* number of statuses; not a status */
 } fc_status;
 
@@ -194,6 +196,29 @@ typedef struct fc_params {
     int32_t page_size;            /* keys per page: a multiple of 16 */
     int64_t num_pages;            /* pages in the pools k and v (the clamp's bound) */
     const int32_t *seqused_k;     /* optional (B,) int32 device array: keys used per batch item */
+
+    /* (Appended after the paged fields: earlier fields keep their offsets.) */
+    /* Packed variable-length sequences (PyTorch's varlen_attn, FlashAttention's cu_seqlens). NULL
+     * cu_seq_q (the default) means not packed, and cu_seq_k, total_q and total_k must be 0.
+     * Non-NULL: the batch's `batch` sequences lie end to end along the rows of q, out and the
+     * LSE (total_q rows) and of k and v (total_k rows): sequence b's queries are rows
+     * cu_seq_q[b] .. cu_seq_q[b + 1] - 1 and its keys rows cu_seq_k[b] .. cu_seq_k[b + 1] - 1
+     * (int32 device arrays of batch + 1 entries the host never reads). Row r of q is at
+     * q + r * q_stride_s + h * q_stride_h (k, v, out alike); the LSE, when wanted, is (Hq,
+     * total_q) through lse_stride_h and lse_stride_s; every batch stride must be 0. seqlen_q
+     * and seqlen_k bound the sequences' lengths (max_q, max_k; the kernels do not rely on them).
+     * `causal` is top-left within each sequence (query i sees keys 0 .. i: the same as PyTorch's
+     * bottom-right varlen causal where a sequence has as many queries as keys). A sequence with
+     * queries and no key gives zeros and LSE -inf. Requirements (else FC_ERR_BAD_VARLEN): both
+     * arrays, total_q and total_k >= 1, batch strides 0. The kernels clamp every offset into
+     * [0, total]: wrong offsets give wrong rows, never an access outside the tensors. The call
+     * needs its workspace (fc_sdpa_workspace_size; else FC_ERR_BAD_WORKSPACE): the list of the
+     * sequences' query blocks, built on the device. Only the sm90 forward runs packed calls
+     * (fp16/bf16, D 64/128/256, no window or bottom-right band, mask, softcap, sinks or pages);
+     * every other one gives FC_UNSUPPORTED_VARLEN, the backward included. */
+    const int32_t *cu_seq_q;
+    const int32_t *cu_seq_k;
+    int64_t total_q, total_k;
 } fc_params;
 
 /* Zero every field, then set scale = 0 (caller must set it), family = AUTO, mask NONE. */

@@ -65,6 +65,10 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits) {
     return (o_bytes + lse_bytes + 15) / 16 * 16;
 }
 
+int64_t fc_varlen_workspace_bytes(const fc_params *p) {
+    return FC_VARLEN_HEADER_BYTES + fc_varlen_block_capacity(p->total_q, p->batch) * FC_VARLEN_ENTRY_BYTES;
+}
+
 /*
  * Split-KV for the Hopper family's small grids (kernels/sm90/fwd_split.cuh, finish_split_rows). A
  * tile's CTA runs its key tiles one after another, so a grid of a few dozen tiles (B=1 H=8

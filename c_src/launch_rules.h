@@ -44,6 +44,21 @@ int fc_decode_splits(const fc_params *p, int sm_count);
 int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
 
 /*
+ * Packed variable-length calls (fc_params.cu_seq_q) in the Hopper forward: a first kernel lists
+ * every sequence's query blocks of FC_VARLEN_BLOCK_ROWS rows in the workspace (kernels/sm90/
+ * varlen_blocks.cuh), the forward's persistent CTAs take (head, block) tiles from that list.
+ * The workspace: a 16-byte header (the list's length), then FC_VARLEN_ENTRY_BYTES per entry,
+ * room for total_q / rows + batch entries (each sequence's last block may be partial).
+ */
+#define FC_VARLEN_BLOCK_ROWS 128
+#define FC_VARLEN_ENTRY_BYTES 32
+#define FC_VARLEN_HEADER_BYTES 16
+FC_HOST_DEVICE static inline int64_t fc_varlen_block_capacity(int64_t total_q, int64_t batch) {
+    return (total_q + FC_VARLEN_BLOCK_ROWS - 1) / FC_VARLEN_BLOCK_ROWS + batch;
+}
+int64_t fc_varlen_workspace_bytes(const fc_params *p);
+
+/*
  * Split-KV for the Hopper family's small grids: into how many key ranges (one cluster of CTAs
  * per tile) to cut each of `tiles` (query block, head, batch) tiles of up to `key_tiles` key
  * tiles, with at least `min_key_tiles_per_split` key tiles per range, given wave_ctas[s] = the

@@ -850,14 +850,27 @@ def test_paged_decode_plan_reads_values_once():
     assert plan(t=unread) == varlen_mod._PagedPlan(width=2, any_empty=True)
 
 
+def count_calls(monkeypatch, name):
+    """A list that grows by one at each call of varlen's module-level op `name` (_PAGED_DECODE,
+    _VARLEN_FWD): the op runs inside varlen_attn's custom op, below what OpRecorder sees."""
+    calls, real = [], getattr(varlen_mod, name)
+
+    def counted(*args):
+        calls.append(name)
+        return real(*args)
+
+    monkeypatch.setattr(varlen_mod, name, counted)
+    return calls
+
+
 @needs_paged_op
-def test_paged_decode_cpu_keeps_the_loop():
+def test_paged_decode_cpu_keeps_the_loop(monkeypatch):
     """On CPU the call keeps the per-sequence loop (the op is CUDA only), same results."""
     used = [5, 0, 17, 33]
     (q, pk, pv, table, used_t), (q64, k, v) = decode_batch(used, 16, dtype=torch.float32)
-    with OpRecorder() as rec:
-        out, lse = run_paged(q, pk, pv, table, used_t, used, enable_gqa=True, return_aux=LSE)
-    assert PAGED_DECODE.default not in rec.ops
+    calls = count_calls(monkeypatch, "_PAGED_DECODE")
+    out, lse = run_paged(q, pk, pv, table, used_t, used, enable_gqa=True, return_aux=LSE)
+    assert calls == []
     ref, ref_lse = reference(q64, k, v, [1] * 4, used)
     close(out, ref)
     close(lse, ref_lse)
@@ -987,3 +1000,121 @@ def test_cuda_paged_decode_gradients_and_compile():
     compiled = torch.compile(lambda *a: run_paged(*a, used, enable_gqa=True), fullgraph=True)
     with torch.no_grad():
         torch.testing.assert_close(compiled(q, pk, pv, table, used_t), out.detach())
+
+
+# ---- the fused packed forward (torch.ops.flashcore._varlen_fwd: the Hopper forward, one launch) --
+
+VARLEN_FWD = getattr(torch.ops.flashcore, "_varlen_fwd", None)
+needs_varlen_op = pytest.mark.skipif(VARLEN_FWD is None,
+                                     reason="this op library has no flashcore::_varlen_fwd")
+
+
+def _hopper():
+    return HAVE_CUDA and torch.cuda.get_device_capability() == (9, 0)
+
+
+hopper_only = pytest.mark.skipif(not _hopper(), reason="the packed forward is the sm_90 family's")
+
+PACKED_LAYOUTS = {  # name: (query lengths, key lengths)
+    "many-short": ([1, 2, 3, 5, 8, 13, 17, 1, 127, 128, 129, 0, 255, 64, 31], None),
+    "one-long-many-short": ([1000] + [1, 7, 3] * 20 + [4097], None),
+    "all-equal": ([256] * 9, None),
+    "sq-ne-sk": ([3, 130, 1, 77, 0, 300], [5, 2, 600, 77, 9, 1]),
+    "no-key": ([5, 70, 3], [0, 130, 0]),
+}
+
+
+@needs_varlen_op
+@hopper_only
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", list(PACKED_LAYOUTS))
+def test_cuda_packed_forward_is_one_launch(layout, causal, dtype, d, monkeypatch):
+    """Against the float64 reference with the low-precision yardstick; rows past the last
+    sequence (extra_q) zero with LSE +inf; the op's outputs poisoned first through the allocator
+    (a row the kernel leaves unwritten would keep a NaN)."""
+    q_lens, k_lens = PACKED_LAYOUTS[layout]
+    k_lens = q_lens if k_lens is None else k_lens
+    window = (-1, 0) if causal else (-1, -1)
+    hq, hkv = (8, 2) if d != 256 else (4, 4)
+    q, k, v = packed(q_lens, k_lens, hq=hq, hkv=hkv, d=d, dtype=dtype, device="cuda", extra_q=3,
+                     seed=len(q_lens) + d)
+    fused = not causal or all(a in (0, b) for a, b in zip(q_lens, k_lens))
+    torch.empty(4 << 20, device="cuda").fill_(float("nan"))  # poison what the op will allocate
+    calls = count_calls(monkeypatch, "_VARLEN_FWD")
+    out, lse = run(q, k, v, q_lens, k_lens, window_size=window, enable_gqa=hq != hkv, return_aux=LSE)
+    assert len(calls) == int(fused)
+    ref, ref_lse = reference(q, k, v, q_lens, k_lens, window)
+    tol = 2 * _low_precision_yardstick(q, k, v, q_lens, k_lens, window) + 1e-3
+    assert not out.isnan().any()
+    assert (out.double() - ref).abs().max().item() <= tol
+    close(lse, ref_lse, atol=2e-3, rtol=2e-3)
+
+
+@needs_varlen_op
+@hopper_only
+def test_cuda_packed_forward_strided_views_and_gradients(monkeypatch):
+    """q, k, v as views of one (T, 3, H, D) buffer (strided rows); gradients through the
+    per-sequence backward against the float64 reference."""
+    q_lens = [130, 1, 64, 0, 257]
+    t, h, d = sum(q_lens), 4, 128
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(t, 3, h, d, generator=g).to("cuda", torch.bfloat16).requires_grad_()
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    wo = torch.randn(t, h, d, generator=g).to("cuda", torch.bfloat16)
+    wl = torch.zeros(h, t, device="cuda")
+    calls = count_calls(monkeypatch, "_VARLEN_FWD")
+    out, lse = run(q, k, v, q_lens, q_lens, window_size=(-1, 0), return_aux=LSE)
+    assert len(calls) == 1
+    ref, ref_lse = reference(q.detach(), k.detach(), v.detach(), q_lens, q_lens, (-1, 0))
+    assert (out.double() - ref).abs().max().item() <= 2e-2
+    close(lse, ref_lse, atol=2e-3, rtol=2e-3)
+
+    def ours(q, k, v):
+        return run(q, k, v, q_lens, q_lens, window_size=(-1, 0), return_aux=LSE)
+
+    def refd(q, k, v):
+        return reference(q, k, v, q_lens, q_lens, (-1, 0))
+
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    for got, want in zip(grads(ours, *leaves, wo, wl), grads(refd, *leaves, wo, wl)):
+        assert (got.double() - want).abs().max().item() <= 2e-2 * max(want.abs().max().item(), 1.0)
+
+
+@needs_varlen_op
+@hopper_only
+def test_cuda_packed_forward_compiles():
+    q_lens = [100, 3, 200]
+    q, k, v = packed(q_lens, hq=8, hkv=8, d=64, dtype=torch.float16, device="cuda")
+    cu = offsets(q_lens, "cuda")
+    f = torch.compile(lambda q, k, v: varlen_attn(q, k, v, cu, cu, 200, 200, window_size=(-1, 0)),
+                      fullgraph=True)
+    close(f(q, k, v), reference(q, k, v, q_lens, q_lens, (-1, 0))[0], atol=1e-2, rtol=1e-2)
+
+
+def test_packed_forward_declines():
+    """The metadata rule (_varlen_fwd_declines) on CPU tensors: each reason named."""
+    q, k, v = packed([4], hq=2, hkv=2, d=64, dtype=torch.float16)
+    declines = lambda **kw: varlen_mod._varlen_fwd_declines(
+        kw.get("q", q), k, kw.get("v", v), kw.get("cu_seq_k", offsets([4])), kw.get("used"),
+        kw.get("table"), kw.get("left", -1), kw.get("right", -1), kw.get("scale", 0.125))
+    if varlen_mod._VARLEN_FWD is None:
+        assert declines() == "the op library has no _varlen_fwd"
+        return
+    assert "not on CUDA" in declines()
+    assert "paged" in declines(used=torch.tensor([4], dtype=I32))
+    assert "window" in declines(left=2, right=0)
+    assert "window" in declines(right=3)
+    assert "head dim" in declines(q=q[..., :32], v=v[..., :32])
+    assert "dtype" in declines(q=q.float())
+    assert "scale" in declines(scale=-1.0)
+
+
+def test_packed_forward_takes_by_values():
+    S = varlen_mod._Seq
+    same = [S(0, 4, 4, 0, None), S(4, 0, 3, 4, None)]
+    assert varlen_mod._varlen_fwd_takes(same, causal=True)
+    assert not varlen_mod._varlen_fwd_takes([S(0, 4, 5, 0, None)], causal=True)
+    assert varlen_mod._varlen_fwd_takes([S(0, 4, 5, 0, None)], causal=False)
+    assert not varlen_mod._varlen_fwd_takes([S(0, 0, 5, 0, None)], causal=False)

@@ -78,6 +78,7 @@
 #include "sm90/fwd_steps.cuh"
 #include "sm90/fwd_store.cuh"
 #include "sm90/ptx.cuh"
+#include "sm90/varlen_blocks.cuh"
 
 #include <cuda.h>
 #include <cuda/ptx>
@@ -130,11 +131,19 @@ struct TraceLog {
 // before the masking, and the exponent's scale becomes softcap (not p.scale), so every later
 // step (max, exp2, LSE, merges) reads scores in those units unchanged. It runs in the LONG
 // configuration of the call's kind (causal or not, or kBand for a general band).
-template <typename Elem, int kHeadDim, bool kCausal, int kShape, bool kBand = false, bool kSoftcap = false>
+//
+// kVarlen: packed variable-length sequences (fc_params.cu_seq_q): the tiles come from the list of
+// the sequences' query blocks (sm90/varlen_blocks.cuh), each with its sequence's lengths (SeqSpan)
+// where a dense call has the call's; loads start at the sequence's rows of the one-batch tensor
+// maps, and O goes out in 16-byte stores (a TMA store of a block would clip at the tensor's end,
+// not the sequence's). No split, pair, mask, band or softcap with it (c_src/dispatch.c).
+template <typename Elem, int kHeadDim, bool kCausal, int kShape, bool kBand = false, bool kSoftcap = false,
+          bool kVarlen = false>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kCausal, kShape>::kThreads, 1)
 fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     static_assert(!kBand || kCausal, "a band runs in the causal configurations");
-    using K = FwdKernelShape<Elem, kHeadDim, kCausal, kShape, kBand, kSoftcap>;  // (its constants: see there)
+    static_assert(!kVarlen || (!kBand && !kSoftcap && kShape != kPair && kShape != kMasked), "packed: plain configurations");
+    using K = FwdKernelShape<Elem, kHeadDim, kCausal, kShape, kBand, kSoftcap, kVarlen>;  // (its constants: see there)
     using T = typename K::T;
     constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
     constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles, kKeySplit = K::kKeySplit;
@@ -157,12 +166,21 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     const int seqlen_k = static_cast<int>(p.seqlen_k);
     const int heads_q = static_cast<int>(p.heads_q);
     const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
-    const int n_tiles = m_blocks * heads_q * static_cast<int>(p.batch);
+    // kVarlen: the listed blocks (written by the kernel before this one, which this launch follows
+    // in stream order without programmatic dependent launch: readable from the start).
+    const int varlen_blocks = kVarlen ? varlen_block_count(p) : 0;
+    const int n_tiles = kVarlen ? varlen_blocks * heads_q : m_blocks * heads_q * static_cast<int>(p.batch);
     const FastDiv &m_blocks_div = maps.m_blocks_div, &heads_q_div = maps.heads_q_div;  // for decode_tile
-    // The tile schedule (sm90/fwd_schedule.cuh), the producer's and the consumers' alike.
-    auto block_keys = [&](int m_block) { return block_key_tiles<K>(m_block, seqlen_q, seqlen_k, p); };
+    // The tile schedule (sm90/fwd_schedule.cuh), the producer's and the consumers' alike: tile t
+    // and its sequence (the call's lengths, or a packed sequence's), its key tiles.
+    auto tile_of = [&](int t, SeqSpan &seq) -> Tile {
+        if constexpr (kVarlen) return varlen_tile(t, varlen_blocks, p, seq);
+        seq = SeqSpan{seqlen_q, 0, seqlen_k};
+        return decode_tile(t, m_blocks_div, heads_q_div);
+    };
+    auto block_keys = [&](int m_block, const SeqSpan &seq) { return block_key_tiles<K>(m_block, seq.sq, seq.sk, p); };
     auto kv_splits = [&] { return kv_split_count<K>(p); };
-    auto key_range = [&](int m_block) { return split_key_range<K>(m_block, block_keys, kv_splits, p); };
+    auto key_range = [&](int m_block, const SeqSpan &seq) { return split_key_range<K>(m_block, seq, block_keys, kv_splits, p); };
     constexpr bool kGridSplitHere = kGridSplit<kHeadDim, kCausal, kShape>;
 
     // Broadcast from lane 0, so the compiler knows it is warp-uniform and keeps what derives from
@@ -185,8 +203,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x != 0) return;
         int32_t c[4];  // (load_tiles's scratch, declared here: see there)
-        load_tiles<K>(c, maps, p, bars, smem_q, smem_k, smem_v, smem_mask, n_tiles, m_blocks_div, heads_q_div,
-                      kv_splits, key_range);
+        load_tiles<K>(c, maps, p, bars, smem_q, smem_k, smem_v, smem_mask, n_tiles, tile_of, kv_splits, key_range);
         return;
     }
 
@@ -256,8 +273,9 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // t_next: the tile after this one, found once per tile (see snake_tile).
     for (int t = snake_tile(0, n_tiles, kv_splits()), t_next; t < n_tiles; t = t_next, ++local) {
         t_next = snake_tile(local + 1, n_tiles, kv_splits());
-        const Tile tile = decode_tile(t, m_blocks_div, heads_q_div);
-        const KeyRange keys = key_range(tile.m_block);  // key tiles [first, end) of this CTA
+        SeqSpan seq;
+        const Tile tile = tile_of(t, seq);
+        const KeyRange keys = key_range(tile.m_block, seq);  // key tiles [first, end) of this CTA
         const int wg_row0 = tile.m_block * kBlockM + row_group * 64;  // first query row of this WG
         const int row0 = wg_row0 + warp_in_wg * 16 + row_in_warp;    // this thread's first row
 
@@ -265,7 +283,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         // in its ring slot's stage (tile_slot0 + n; consume_tile sets tile_slot0), landed with its V tile.
         auto softmax = [&](int n, float (&rescale)[2], bool pv_pending, auto &&finish_pv) -> bool {
             const unsigned char *mask_row = mask_row_of<K>(tile_slot0 + n, bars, smem_mask, row_group, warp_in_wg, row_in_warp);
-            return online_softmax<K>(n, rescale, pv_pending, finish_pv, s, row_max, row_sum, o_acc, p_frag, p, seqlen_k,
+            return online_softmax<K>(n, rescale, pv_pending, finish_pv, s, row_max, row_sum, o_acc, p_frag, p, seq.sk,
                                      wg_row0, row0, col_in_tile, scale_log2, softcap_in, mask_row);
         };
 
@@ -275,7 +293,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         if (keys.first < keys.end) {
             // (Captured by value where the kernel's own code used them directly: see consume_tile.)
             const ConsumerCounters next = [&, local, t_next, n_tiles, keys, kv_iter, q_loads, s_carried] {
-                return consume_tile<K>(keys.first, keys.end, key_part, wg_row0, seqlen_q, p, local, consumer, t_next >= n_tiles,
+                return consume_tile<K>(keys.first, keys.end, key_part, wg_row0, seq.sq, p, local, consumer, t_next >= n_tiles,
                                        ConsumerCounters{kv_iter, q_loads, s_carried}, tile_slot0, qb, q_base, q_rows, rescale,
                                        s, s_next, o_acc, bars, maps, trace, load_q_frags, release, wait_turn, issue_qk,
                                        issue_qk_into, issue_pv, pass_turn, softmax, convert_p, rescale_o, retire_o_store);
@@ -323,7 +341,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         int32_t c[4];   // (store_rows's scratch, declared here: see there)
         uint32_t w[4];
         store_rows<K>(c, w, o_acc, inv_sum, lse_log2, finalise, o_store_pending, maps, bars, smem_o, o_buf, local, consumer,
-                      warp_in_wg, lane, wg_row0, row0, seqlen_q, key_part, tile, p, trace);
+                      warp_in_wg, lane, wg_row0, row0, seq.sq, key_part, tile, p, trace);
     }
     trace(12, 0);
     // The last store of O must have read the staging buffer before the CTA's shared memory goes

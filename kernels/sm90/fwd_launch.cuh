@@ -19,6 +19,7 @@
 #include "sm90/fwd_split.cuh"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/tensor_map.h"
+#include "sm90/varlen_blocks.cuh"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -236,6 +237,52 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
     return cudaLaunchKernelEx(&cfg, kernel, maps, p);
 }
 
+// A packed variable-length call (fc_params.cu_seq_q; kVarlen in sm90/fwd_kernel.cuh): the list of the
+// sequences' query blocks first (varlen_blocks_kernel, into the workspace), then the forward as a
+// persistent grid over (head, block) tiles, in stream order (no programmatic dependent launch: its
+// CTAs read the list's length at their start). The tensor maps hold all rows as one batch item;
+// out and the LSE get their row strides as batch strides, since a tile's batch is its sequence's
+// first row (varlen_tile). D=64 takes its SHORT configuration (128-row blocks, as the list's).
+template <typename Elem, int kHeadDim, bool kCausal, int kShape>
+cudaError_t launch_varlen_config(const fc_params &p, cudaStream_t stream, int device, int sms) {
+    using T = FwdTraits<kHeadDim, kCausal, kShape>;
+    static_assert(T::kBlockM == FC_VARLEN_BLOCK_ROWS, "the block list's rows are the configuration's");
+    const CUtensorMapDataType dtype =
+        p.dtype == FC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    FwdMaps maps = {};
+    cudaError_t err = make_tensor_map(&maps.q, &maps.q_order, p.q, dtype, p.total_q, p.heads_q, 1, p.head_dim,
+                                      p.q_stride_s, p.q_stride_h, 0, T::kBlockM);
+    if (err == cudaSuccess)
+        err = make_tensor_map(&maps.k, &maps.k_order, p.k, dtype, p.total_k, p.heads_kv, 1, p.head_dim, p.k_stride_s,
+                              p.k_stride_h, 0, T::kBlockN);
+    if (err == cudaSuccess)
+        err = make_tensor_map(&maps.v, &maps.v_order, p.v, dtype, p.total_k, p.heads_kv, 1, p.head_dim, p.v_stride_s,
+                              p.v_stride_h, 0, T::kBlockN);
+    if (err != cudaSuccess) return err;
+    maps.o_tma = 0;
+    maps.heads_q_div = FastDiv(static_cast<int>(p.heads_q));
+    maps.group_div = FastDiv(static_cast<int>(p.heads_q / p.heads_kv));
+    fc_params run = p;
+    run.o_stride_b = p.o_stride_s;
+    run.lse_stride_b = p.lse_stride_s;
+
+    auto kernel = fwd_kernel<Elem, kHeadDim, kCausal, kShape, false, false, true>;
+    static int configured[64];
+    if (device >= 64 || !__atomic_load_n(&configured[device], __ATOMIC_ACQUIRE)) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+        if (err != cudaSuccess) return err;
+        if (device < 64) __atomic_store_n(&configured[device], 1, __ATOMIC_RELEASE);
+    }
+    varlen_blocks_kernel<Elem><<<1, kVarlenListThreads, 0, stream>>>(run);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    const int64_t most_tiles = fc_varlen_block_capacity(p.total_q, p.batch) * p.heads_q;
+    const int64_t grid = most_tiles < sms ? most_tiles : sms;
+    cudaLaunchAttribute attrs[2];
+    const cudaLaunchConfig_t cfg = launch_config(grid, 0, false, T::kThreads, T::kSmemBytes, stream, attrs);
+    return cudaLaunchKernelEx(&cfg, kernel, maps, run);
+}
+
 // D=64's configuration: fc_sm90_d64_config (c_src/launch_rules.c), with the rules and their
 // measurements. FLASHCORE_SM90_SHORT=0 / 1 / 2 / 3 (config.h) forces long / short / tiny / pair
 // (A/B runs and the tests).
@@ -257,6 +304,8 @@ static_assert(d64_blocks_match<false>() && d64_blocks_match<true>(), "fc_sm90_d6
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const fc_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     const int device = dev.device, sms = dev.sms;
+    if (p.cu_seq_q != nullptr)
+        return launch_varlen_config<Elem, kHeadDim, kCausal, kHeadDim == 64 ? kShort : kLong>(p, stream, device, sms);
     if constexpr (kCausal)
         if (p.band_ == FC_BAND_GENERAL_)
             return p.softcap != 0.f ? launch_fwd_config<Elem, kHeadDim, true, kLong, true, true>(p, stream, device, sms)

@@ -11,6 +11,7 @@
 #include "sm90/fwd_steps.cuh"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/ptx.cuh"
+#include "sm90/varlen_blocks.cuh"  // SeqSpan
 
 #include <cuda.h>
 #include <cuda/ptx>
@@ -23,21 +24,25 @@ namespace sm90 {
 // (snake_tile; kv_splits() and key_range(m_block) are fwd_kernel's, so both sides agree on the
 // schedule). `c`: the coordinates' scratch array, declared in the kernel (as a local array of
 // this function it changed the kernel's SASS).
-template <class K, class KvSplits, class KeyRangeOf>
+// tile_of(t, seq): tile t and its sequence's lengths (fwd_kernel's decode, dense or packed).
+// A packed call's tensor maps have one batch item of every sequence's rows: its tiles' rows start
+// at their sequence's first row (Tile::batch for queries, SeqSpan::k0 for keys) at batch 0.
+template <class K, class KvSplits, class KeyRangeOf, class TileOf>
 __device__ __forceinline__ void load_tiles(int32_t (&c)[4], const FwdMaps &maps, const fc_params &p,
                                            typename K::Bars &bars, unsigned char *smem_q, unsigned char *smem_k,
                                            unsigned char *smem_v, unsigned char *smem_mask, int n_tiles,
-                                           const FastDiv &m_blocks_div, const FastDiv &heads_q_div,
-                                           KvSplits &kv_splits, KeyRangeOf &key_range) {
+                                           TileOf &tile_of, KvSplits &kv_splits, KeyRangeOf &key_range) {
     using T = typename K::T;
     constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages, kShape = K::kShape;
     int kv_iter = 0;  // K/V tiles loaded so far by this CTA: ring stage and phase
     int q_loads = 0;  // Q tiles loaded so far by this CTA: Q buffer phase
     int local = 0;    // tiles taken by this CTA
     for (int t = snake_tile(0, n_tiles, kv_splits()); t < n_tiles; t = snake_tile(++local, n_tiles, kv_splits())) {
-        const Tile tile = decode_tile(t, m_blocks_div, heads_q_div);
+        SeqSpan seq;
+        const Tile tile = tile_of(t, seq);
         const int head_kv = maps.group_div.div(tile.head);
-        const auto keys = key_range(tile.m_block);
+        const auto keys = key_range(tile.m_block, seq);
+        const int q_row0 = K::kVarlen ? tile.batch : 0, batch = K::kVarlen ? 0 : tile.batch;
         if (keys.first == keys.end) continue;  // nothing to load (the consumers skip it too)
         // The Q buffer frees once every consumer warp has issued its last S = Q K^T.
         const int qb = q_loads % T::kQBufs;
@@ -45,7 +50,7 @@ __device__ __forceinline__ void load_tiles(int32_t (&c)[4], const FwdMaps &maps,
         ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars.q_full[qb],
                                        T::kQBytes);
         for (int panel = 0; panel < T::kPanels; ++panel) {
-            set_coords(c, maps.q_order, panel * 64, tile.m_block * kBlockM, tile.head, tile.batch);
+            set_coords(c, maps.q_order, panel * 64, q_row0 + tile.m_block * kBlockM, tile.head, batch);
             tma_load(smem_q + qb * T::kQBytes + panel * T::kQPanelBytes, &maps.q, c, &bars.q_full[qb]);
         }
         if constexpr (kShape == kPair) {
@@ -97,7 +102,7 @@ __device__ __forceinline__ void load_tiles(int32_t (&c)[4], const FwdMaps &maps,
             ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
                                            &bars.k_full[stage], T::kKVTileBytes);
             for (int panel = 0; panel < T::kPanels; ++panel) {
-                set_coords(c, maps.k_order, panel * 64, n * kBlockN, head_kv, tile.batch);
+                set_coords(c, maps.k_order, panel * 64, seq.k0 + n * kBlockN, head_kv, batch);
                 tma_load(smem_k + stage * T::kKVTileBytes + panel * T::kKVPanelBytes, &maps.k, c,
                          &bars.k_full[stage]);
             }
@@ -105,7 +110,7 @@ __device__ __forceinline__ void load_tiles(int32_t (&c)[4], const FwdMaps &maps,
             ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
                                            &bars.v_full[stage], T::kKVTileBytes + T::kMaskTileBytes);
             for (int panel = 0; panel < T::kPanels; ++panel) {
-                set_coords(c, maps.v_order, panel * 64, n * kBlockN, head_kv, tile.batch);
+                set_coords(c, maps.v_order, panel * 64, seq.k0 + n * kBlockN, head_kv, batch);
                 tma_load(smem_v + stage * T::kKVTileBytes + panel * T::kKVPanelBytes, &maps.v, c,
                          &bars.v_full[stage]);
             }

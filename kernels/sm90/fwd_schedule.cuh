@@ -9,6 +9,7 @@
 #include "flashcore.h"
 #include "sm90/fwd_split.cuh"  // cluster_size, cluster_rank
 #include "sm90/fwd_traits.cuh"
+#include "sm90/varlen_blocks.cuh"  // SeqSpan
 
 #include <stdint.h>
 
@@ -53,12 +54,13 @@ __device__ __forceinline__ int kv_split_count(const fc_params &p) {
     return K::kShape == kPair ? 1 : (kGridSplitHere && p.num_splits_ > 1 ? p.num_splits_ : cluster_size());
 }
 
-// This CTA's share of a query block's key tiles (block_keys(m_block), split kv_splits() ways).
+// This CTA's share of a query block's key tiles (block_keys(m_block, seq), split kv_splits() ways).
+// `seq`: the block's sequence (its lengths: the call's, or a packed sequence's, SeqSpan).
 template <class K, class BlockKeys, class KvSplits>
-__device__ __forceinline__ KeyRange split_key_range(int m_block, BlockKeys &block_keys, KvSplits &kv_splits,
-                                                    const fc_params &p) {
+__device__ __forceinline__ KeyRange split_key_range(int m_block, const SeqSpan &seq, BlockKeys &block_keys,
+                                                    KvSplits &kv_splits, const fc_params &p) {
     constexpr bool kGridSplitHere = kGridSplit<K::kHeadDim, K::kCausal, K::kShape>;
-    const KeyRange all = block_keys(m_block);
+    const KeyRange all = block_keys(m_block, seq);
     const int n = all.end - all.first, splits = kv_splits();
     if (splits == 1) return all;
     const int rank = kGridSplitHere && p.num_splits_ > 1 ? static_cast<int>(blockIdx.x) % splits : cluster_rank();

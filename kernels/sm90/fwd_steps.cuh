@@ -25,12 +25,13 @@ namespace flashcore {
 namespace sm90 {
 
 // The kernel's compile-time shape, shared by the steps below.
-template <typename Elem_, int kHeadDim_, bool kCausal_, int kShape_, bool kBand_, bool kSoftcap_>
+// kVarlen: packed variable-length sequences (fc_params.cu_seq_q; sm90/varlen_blocks.cuh).
+template <typename Elem_, int kHeadDim_, bool kCausal_, int kShape_, bool kBand_, bool kSoftcap_, bool kVarlen_ = false>
 struct FwdKernelShape {
     using Elem = Elem_;
     using T = FwdTraits<kHeadDim_, kCausal_, kShape_>;
     static constexpr int kHeadDim = kHeadDim_, kShape = kShape_;
-    static constexpr bool kCausal = kCausal_, kBand = kBand_, kSoftcap = kSoftcap_;
+    static constexpr bool kCausal = kCausal_, kBand = kBand_, kSoftcap = kSoftcap_, kVarlen = kVarlen_;
     // A bool attn_mask in tiles beside the V tiles (kMasked, sm90/fwd_traits.cuh).
     static constexpr bool kMaskTiles = kShape_ == kMasked;
     static constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;

@@ -328,7 +328,7 @@ __device__ __forceinline__ void store_rows(int32_t (&c)[4], uint32_t (&w)[4], fl
                                            const Tile &tile, const fc_params &p, Trace &trace) {
     using T = typename K::T;
     [&] { store_lse(lse_log2, finalise, row0, seqlen_q, lane, key_part, tile, p); }();
-    if constexpr (T::kOBufs > 0) {
+    if constexpr (T::kOBufs > 0 && !K::kVarlen) {  // (packed: a block's TMA store would clip at the tensor's end)
         if (maps.o_tma && cluster_size() == 1) {  // (split CTAs write their rows from registers)
             store_o_staged<K>(c, o_acc, inv_sum, o_store_pending, maps, bars, smem_o, o_buf, local, consumer, warp_in_wg, lane,
                               wg_row0, tile);

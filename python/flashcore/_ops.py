@@ -222,6 +222,18 @@ if hasattr(torch.ops.flashcore, "_paged_decode"):
                 q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
 
+# flashcore::_varlen_fwd (torch_op/varlen_op.cpp; flashcore.varlen_attn's fused packed forward):
+# out (T_q, Hq, D) contiguous in q's dtype, LSE (Hq, T_q) float32. (Absent from an op library
+# built before it: then varlen_attn never calls it.)
+if hasattr(torch.ops.flashcore, "_varlen_fwd"):
+    @torch.library.register_fake("flashcore::_varlen_fwd", lib=_lib)
+    def _varlen_fwd_fake(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale):
+        torch._check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3,
+                     lambda: "flashcore._varlen_fwd: q, k and v must be 3-D (rows, heads, head dim)")
+        return (q.new_empty(q.shape),
+                q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
 @torch.library.register_fake("flashcore::explain_bwd", lib=_lib)
 def _explain_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
                       enable_gqa, deterministic=False, attn_mask=None, window_left=-1,

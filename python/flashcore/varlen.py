@@ -17,6 +17,15 @@ where nothing can be read, they are not checked: the kernels clamp every page in
 pools and read at most the table's width, so a bad value gives wrong rows, never a read outside
 the tensors. Its backward is the per-sequence one.
 
+Fused on Hopper for packed sequences: a CUDA call on an sm_90 GPU with ``cu_seq_k`` (no
+``seqused_k`` or ``block_table``), fp16 or bf16, head dim 64, 128 or 256 (value's too), no window
+or causal (``window_size=(-1, 0)``, where every sequence has as many queries as keys, or none),
+16-byte aligned rows, runs as one launch of the Hopper forward over every sequence
+(``torch.ops.flashcore._varlen_fwd``, torch_op/varlen_op.cpp; _fused_varlen_fwd below): a first
+kernel lists the sequences' 128-row query blocks, the forward's persistent CTAs take them. The
+offsets are read on the host first (the checks below; one wait for the device). Its backward is
+the per-sequence one.
+
 Otherwise the op loops over the sequences on the host and runs
 FlashCore's SDPA op (``torch.ops.flashcore.sdpa_fwd``, its backward ``sdpa_bwd``) once per
 sequence on (1, H, S, D) views, so each sequence gets a FlashCore kernel on a GPU where one covers
@@ -24,7 +33,7 @@ it (PyTorch's SDPA otherwise, e.g. on CPU). A window or a causal Sq != Sk sequen
 kernels as its band (bottom-right aligned) where one takes it (explain says so; the Hopper
 family, the decode kernels), else as one bool mask. Correct, but not fast for many short
 sequences: one launch per sequence, and the offsets are read on the host (a device sync per
-call). A fused varlen kernel is the next step.
+call). Fused kernels for the backward, windows, seqused_k and the sm80-class family are next.
 
 Semantics, following PyTorch's varlen_attn (its flash-attention backend) point by point:
 
@@ -87,6 +96,11 @@ try:
     _PAGED_DECODE = torch.ops.flashcore._paged_decode.default
 except AttributeError:
     _PAGED_DECODE = None
+# The fused packed forward (torch_op/varlen_op.cpp); absent as _PAGED_DECODE can be.
+try:
+    _VARLEN_FWD = torch.ops.flashcore._varlen_fwd.default
+except AttributeError:
+    _VARLEN_FWD = None
 
 _NAME = "flashcore.varlen_attn"
 
@@ -455,6 +469,68 @@ def _fused_paged_decode(query, key, value, seqused_k, block_table, plan, scale):
     return out, lse
 
 
+# The Hopper forward's head dims (the fused packed forward runs there alone).
+_VARLEN_HEAD_DIMS = (64, 128, 256)
+_CAPABILITY = {}
+
+
+def _is_hopper(device) -> bool:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITY[index] == (9, 0)
+
+
+def _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, scale):
+    """Why _fused_varlen_fwd does not take this call, or None when it may (the offsets' values
+    then decide: _varlen_fwd_takes). Metadata only (left and right as _window normalized them)."""
+    if _VARLEN_FWD is None:
+        return "the op library has no _varlen_fwd"
+    if block_table is not None or seqused_k is not None or cu_seq_k is None:
+        return "paged key/value or seqused_k (the packed forward reads cu_seq_k's rows)"
+    if query.dtype not in _FUSED_DTYPES:
+        return f"dtype {query.dtype} (the Hopper forward: float16, bfloat16)"
+    if query.shape[-1] not in _VARLEN_HEAD_DIMS or value.shape[-1] != query.shape[-1]:
+        return "head dim (the Hopper forward: 64, 128 and 256, value's equal to query's)"
+    if left >= 0 or right not in (-1, 0):
+        return "a window (the packed forward: none, or causal)"
+    if not scale > 0:
+        return "a scale <= 0"
+    if query.shape[0] == 0 or key.shape[0] == 0 or cu_seq_k.shape[0] < 2:
+        return "no rows"
+    if not query.is_cuda:  # (late: the reasons above can be checked on any device)
+        return "not on CUDA"
+    if not _is_hopper(query.device):
+        return "not a Hopper GPU (the packed forward is the sm_90 family's)"
+    if not all(_rows_aligned(t) for t in (query, key, value)):
+        return "a layout the kernels do not read (last dim strided, or not 16-byte aligned)"
+    return None
+
+
+def _varlen_fwd_takes(seqs, causal) -> bool:
+    """The values' part of the rule: the kernel's causal is top-left in each sequence, which is
+    varlen_attn's bottom-right only where a sequence has as many queries as keys."""
+    return any(s.sq for s in seqs) and (not causal or all(s.sq in (0, s.sk) for s in seqs))
+
+
+def _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, seqs, causal, scale):
+    """(out (T_q, H_q, D), lse (H_q, T_q)) of a call _varlen_fwd_declines and _varlen_fwd_takes
+    let through: one launch of the Hopper forward over every sequence
+    (flashcore::_varlen_fwd). Rows past the last sequence and sequences with no key: zeros and
+    LSE +inf (varlen's convention; the kernel gives SDPA's -inf and leaves the tail unwritten)."""
+    longest_q = max(s.sq for s in seqs)
+    longest_k = max(max(s.sk for s in seqs), 1)
+    out, lse = _VARLEN_FWD(query, key, value, cu_seq_q.contiguous(), cu_seq_k.contiguous(), longest_q,
+                           longest_k, causal, scale)
+    end = seqs[-1].q0 + seqs[-1].sq
+    if end < query.shape[0]:
+        out[end:] = 0
+        lse[:, end:] = float("inf")
+    if any(s.sq and not s.sk for s in seqs):
+        lse = lse.masked_fill_(lse == float("-inf"), float("inf"))
+    return out, lse
+
+
 # ---- the ops -------------------------------------------------------------------------------------
 
 @torch.library.custom_op("flashcore::varlen_attn", mutates_args=())
@@ -464,7 +540,8 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                seqused_k: Optional[torch.Tensor], block_table: Optional[torch.Tensor]
                ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out (T_q, H_q, D_v), lse (H_q, T_q)): per sequence, FlashCore's SDPA forward; paged
-    decoding in one launch (_fused_paged_decode)."""
+    decoding in one launch (_fused_paged_decode), and on Hopper every sequence in one launch
+    (_fused_varlen_fwd)."""
     left, right = _window(window_left, window_right, max_k)
     sc = sdpa_scale(scale, query.shape[-1])
     if _paged_decode_declines(query, key, value, seqused_k, block_table, max_q, left) is None:
@@ -472,6 +549,10 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         if plan is not None:
             return _fused_paged_decode(query, key, value, seqused_k, block_table, plan, sc)
     seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
+    causal = left < 0 and right == 0
+    if (_varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, sc) is None
+            and _varlen_fwd_takes(seqs, causal)):
+        return _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, seqs, causal, sc)
     total, hq = query.shape[0], query.shape[1]
     out = query.new_zeros((total, hq, value.shape[-1]))
     lse = torch.full((hq, total), float("inf"), dtype=_lse_dtype(query.dtype),

@@ -257,6 +257,44 @@ static void m_paged_gqa_rows64(fc_params *p) { m_paged_gqa_rows32(p); p->seqlen_
 /* 70000 batches: past CUDA's grid z, which the forward handles by launching in slices. */
 static void m_batch_past_grid(fc_params *p) { p->batch = 70000; p->k_stride_b = 0; p->v_stride_b = 0; p->q_stride_b = 0; }
 
+/* Packed variable-length sequences (fc_params.cu_seq_q): 3 sequences of at most 100 queries and
+ * 300 keys packed into 250 query rows and 700 key rows, (rows, heads, D) contiguous, no batch
+ * stride. Only the sm90 forward runs them (FC_UNSUPPORTED_VARLEN elsewhere); inconsistent
+ * fields are FC_ERR_BAD_VARLEN; a window or bottom-right causal is declined in validation. */
+static void m_varlen(fc_params *p) {
+    p->batch = 3;
+    p->cu_seq_q = (const int32_t *)0x62000;
+    p->cu_seq_k = (const int32_t *)0x63000;
+    p->total_q = 250;
+    p->total_k = 700;
+    p->q_stride_b = p->k_stride_b = p->v_stride_b = p->o_stride_b = 0;
+    p->q_stride_s = p->o_stride_s = p->heads_q * p->head_dim;
+    p->q_stride_h = p->o_stride_h = p->head_dim;
+    p->k_stride_s = p->v_stride_s = p->heads_kv * p->head_dim;
+    p->k_stride_h = p->v_stride_h = p->head_dim;
+}
+static void m_varlen_causal(fc_params *p) { m_varlen(p); p->causal = 1; }
+static void m_varlen_lse(fc_params *p) { m_varlen(p); p->lse = (float *)0x64000; p->lse_stride_b = 0; p->lse_stride_h = 250; p->lse_stride_s = 1; }
+static void m_varlen_lse_batch_stride(fc_params *p) { m_varlen_lse(p); p->lse_stride_b = 2000; }
+static void m_varlen_d64(fc_params *p) { p->head_dim = 64; m_varlen(p); }
+static void m_varlen_d256(fc_params *p) { p->head_dim = 256; m_varlen(p); }
+static void m_varlen_d96(fc_params *p) { p->head_dim = 96; m_varlen(p); }
+static void m_varlen_no_cu_k(fc_params *p) { m_varlen(p); p->cu_seq_k = NULL; }
+static void m_cu_k_without_cu_q(fc_params *p) { p->cu_seq_k = (const int32_t *)0x63000; }
+static void m_total_without_cu_q(fc_params *p) { p->total_q = 250; }
+static void m_varlen_total_k_0(fc_params *p) { m_varlen(p); p->total_k = 0; }
+static void m_varlen_batch_stride(fc_params *p) { m_varlen(p); p->q_stride_b = 1024; }
+static void m_varlen_cu_misaligned(fc_params *p) { m_varlen(p); p->cu_seq_q = (const int32_t *)0x62002; }
+static void m_varlen_window(fc_params *p) { m_varlen(p); p->windowed = 1; p->window_left = 16; p->window_right = 0; }
+static void m_varlen_bottom_right(fc_params *p) { m_varlen(p); p->causal = 1; p->alignment = FC_ALIGN_BOTTOM_RIGHT; }
+static void m_varlen_mask(fc_params *p) { m_varlen(p); p->mask_kind = FC_MASK_BOOL; p->mask = (const void *)0x50000; p->mask_stride_k = 1; }
+static void m_varlen_softcap(fc_params *p) { m_varlen(p); p->softcap = 30.0f; }
+static void m_varlen_sinks(fc_params *p) { m_varlen(p); p->sinks = (const float *)0x58000; }
+static void m_varlen_force_sm80(fc_params *p) { m_varlen(p); p->family = FC_FAMILY_SM80; }
+static void m_varlen_force_sm90(fc_params *p) { m_varlen(p); p->family = FC_FAMILY_SM90; }
+static void m_varlen_one_row(fc_params *p) { m_varlen(p); p->seqlen_q = 1; p->total_q = 3; }
+static void m_varlen_rows_overflow(fc_params *p) { m_varlen(p); p->q_stride_s = (int64_t)1 << 24; }
+
 typedef struct validation_case {
     const char *label;
     mutate_fn mutate;
@@ -436,6 +474,29 @@ static const validation_case kCases[] = {
     {"paged, D=96 (no decode kernel)", m_paged_d96, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_ARCH},
     {"paged, sinks", m_paged_sinks, FC_OK, FC_UNSUPPORTED_SINKS, FC_UNSUPPORTED_ARCH},
     {"paged, softcap", m_paged_softcap, FC_OK, FC_UNSUPPORTED_SOFTCAP, FC_UNSUPPORTED_ARCH},
+    /* Packed sequences (m_varlen): the sm90 forward only. */
+    {"varlen", m_varlen, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"varlen, causal", m_varlen_causal, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"varlen, LSE (H, T)", m_varlen_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"varlen, D=64", m_varlen_d64, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"varlen, D=256", m_varlen_d256, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"varlen, one query row each (no decode route)", m_varlen_one_row, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"varlen, forced sm90", m_varlen_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"varlen, D=96 (no sm90 kernel)", m_varlen_d96, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_ARCH},
+    {"varlen, bool mask", m_varlen_mask, FC_OK, FC_UNSUPPORTED_VARLEN, FC_UNSUPPORTED_ARCH},
+    {"varlen, softcap", m_varlen_softcap, FC_OK, FC_UNSUPPORTED_VARLEN, FC_UNSUPPORTED_ARCH},
+    {"varlen, sinks", m_varlen_sinks, FC_OK, FC_UNSUPPORTED_VARLEN, FC_UNSUPPORTED_ARCH},
+    {"varlen, forced sm80", m_varlen_force_sm80, FC_OK, FC_UNSUPPORTED_VARLEN, FC_UNSUPPORTED_FAMILY},
+    {"varlen, window", m_varlen_window, FC_UNSUPPORTED_VARLEN, FC_UNSUPPORTED_VARLEN, FC_UNSUPPORTED_VARLEN},
+    {"varlen, bottom-right causal", m_varlen_bottom_right, FC_UNSUPPORTED_VARLEN, FC_UNSUPPORTED_VARLEN, FC_UNSUPPORTED_VARLEN},
+    {"varlen, no cu_seq_k", m_varlen_no_cu_k, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN},
+    {"cu_seq_k without cu_seq_q", m_cu_k_without_cu_q, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN},
+    {"total_q without cu_seq_q", m_total_without_cu_q, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN},
+    {"varlen, total_k 0", m_varlen_total_k_0, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN},
+    {"varlen, q batch stride", m_varlen_batch_stride, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN},
+    {"varlen, LSE batch stride", m_varlen_lse_batch_stride, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN, FC_ERR_BAD_VARLEN},
+    {"varlen, cu_seq_q 2-byte aligned", m_varlen_cu_misaligned, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT, FC_ERR_POINTER_ALIGNMENT},
+    {"varlen, row offsets past 2^31", m_varlen_rows_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
 };
 
 /* ---- the backward's struct (fc_bwd_params_validate / fc_sdpa_bwd_support) ---- */

@@ -1827,6 +1827,8 @@ static void check_bwd_input(reader *r) {
     case 1:
         memset(b, 0, sizeof *b);
         memcpy(b, r->data + r->pos, left < sizeof *b ? left : sizeof *b);
+        b->fwd.cu_seq_q = b->fwd.cu_seq_k = NULL; /* (not modelled yet: see LLVMFuzzerTestOneInput) */
+        b->fwd.total_q = b->fwd.total_k = 0;
         break;
     case 3: {
         fc_bwd_params_init(b);
@@ -1856,6 +1858,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         memset(p, 0, sizeof *p);
         memcpy(p, data + r.pos, size - r.pos < sizeof *p ? size - r.pos : sizeof *p);
         r.pos = size;
+        /* The packed variable-length fields (fc_params.cu_seq_q) are not in this harness's model
+         * yet (its consistency checks read the dense layout): cleared here, so the raw bytes still
+         * reach every other field; tests/c/test_validation.c covers their validation. */
+        p->cu_seq_q = p->cu_seq_k = NULL;
+        p->total_q = p->total_k = 0;
         check_struct(p, mode >> 2);
         break;
     case 1:

@@ -1,0 +1,149 @@
+// sm90/varlen_blocks.cuh - packed variable-length sequences (fc_params.cu_seq_q, c_src/flashcore.h)
+// in the Hopper forward: the list of every sequence's query blocks that the forward's persistent
+// CTAs take their tiles from (kVarlen in sm90/fwd_kernel.cuh).
+//
+// The host never reads the offsets, so it cannot count the blocks. A first kernel
+// (varlen_blocks_kernel, one CTA) reads cu_seq_q / cu_seq_k and writes into the workspace the
+// number of blocks, then one entry per block: its sequence's first query row, query count,
+// first key row and key count, and the block's index within the sequence. Each sequence's blocks
+// are listed last-first, so under causal masking a sequence's longest blocks start first. The
+// forward's tile t is (query head t / blocks, entry t % blocks): consecutive tiles share a head
+// and mostly a sequence, so the CTAs in flight at once read the same K/V from L2.
+//
+// Offsets are clamped into [0, total_q] and [0, total_k] (a sequence ends no earlier than it
+// starts), and the list stops at the workspace's capacity (fc_varlen_block_capacity, which
+// monotone offsets never exceed): offsets that are wrong give wrong rows, never an access outside
+// the tensors or the workspace. A sequence with queries but no key gets no block: this kernel
+// writes its rows' output (zeros) and LSE (-inf) itself, so every tile of the forward has key
+// tiles (its GEMM-turn ring, started by each CTA's first tile, relies on that).
+#pragma once
+
+#include "flashcore.h"
+#include "launch_rules.h"  // FC_VARLEN_*
+#include "sm90/fwd_traits.cuh"  // Tile
+
+#include <math.h>
+#include <stdint.h>
+
+namespace flashcore {
+namespace sm90 {
+
+// One query block of one sequence (FC_VARLEN_ENTRY_BYTES, two 16-byte loads).
+struct alignas(16) VarlenBlock {
+    int m_block;  // the block's index within its sequence (rows m_block * FC_VARLEN_BLOCK_ROWS ...)
+    int q0;       // the sequence's first row of q / out / the LSE
+    int sq;       // its queries
+    int k0;       // its first row of k / v
+    int sk;       // its keys (>= 1)
+    int unused[3];
+};
+static_assert(sizeof(VarlenBlock) == FC_VARLEN_ENTRY_BYTES, "launch_rules.h sizes the workspace from this");
+
+// The workspace: the header (the entry count, padded to FC_VARLEN_HEADER_BYTES), then the entries.
+struct VarlenList {
+    int count;
+    int unused[3];
+    __device__ const VarlenBlock *blocks() const { return reinterpret_cast<const VarlenBlock *>(this + 1); }
+    __device__ VarlenBlock *blocks() { return reinterpret_cast<VarlenBlock *>(this + 1); }
+};
+static_assert(sizeof(VarlenList) == FC_VARLEN_HEADER_BYTES, "launch_rules.h sizes the workspace from this");
+
+// What the forward needs of a tile's sequence beyond Tile (sm90/fwd_traits.cuh): its query and key
+// counts and its first key row. (Its first query row travels as Tile::batch: see varlen_tile.)
+struct SeqSpan {
+    int sq, k0, sk;
+};
+
+// Sequence b's rows, clamped into the tensors: [*q0, *q0 + *sq) of q and [*k0, *k0 + *sk) of k.
+__device__ __forceinline__ void varlen_rows(const fc_params &p, int b, int *q0, int *sq, int *k0, int *sk) {
+    const int total_q = static_cast<int>(p.total_q), total_k = static_cast<int>(p.total_k);
+    const int qa = min(max(p.cu_seq_q[b], 0), total_q), qb = min(max(p.cu_seq_q[b + 1], qa), total_q);
+    const int ka = min(max(p.cu_seq_k[b], 0), total_k), kb = min(max(p.cu_seq_k[b + 1], ka), total_k);
+    *q0 = qa, *sq = qb - qa, *k0 = ka, *sk = kb - ka;
+}
+
+constexpr int kVarlenListThreads = 1024;
+
+// An exclusive prefix sum over the CTA's threads (kVarlenListThreads); *total gets the sum.
+__device__ __forceinline__ int block_exclusive_sum(int x, int *total) {
+    __shared__ int warp_sums[kVarlenListThreads / 32];
+    __shared__ int sum;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int inclusive = x;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+        const int y = __shfl_up_sync(0xffffffff, inclusive, d);
+        if (lane >= d) inclusive += y;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    if (warp == 0) {  // the warps' sums, scanned in place (exclusive)
+        const int w = warp_sums[lane];
+        int w_inclusive = w;
+#pragma unroll
+        for (int d = 1; d < 32; d *= 2) {
+            const int y = __shfl_up_sync(0xffffffff, w_inclusive, d);
+            if (lane >= d) w_inclusive += y;
+        }
+        warp_sums[lane] = w_inclusive - w;
+        if (lane == 31) sum = w_inclusive;
+    }
+    __syncthreads();
+    const int exclusive = warp_sums[warp] + inclusive - x;
+    *total = sum;
+    __syncthreads();  // (the next call reuses warp_sums and sum)
+    return exclusive;
+}
+
+// One CTA of kVarlenListThreads: the list of query blocks (see the top of this file), and the
+// output of sequences that have queries but no key.
+template <typename Elem>
+__global__ void __launch_bounds__(kVarlenListThreads) varlen_blocks_kernel(const fc_params p) {
+    VarlenList *list = static_cast<VarlenList *>(p.workspace);
+    const int capacity = static_cast<int>(fc_varlen_block_capacity(p.total_q, p.batch));
+    const int batch = static_cast<int>(p.batch);
+    int listed = 0;  // entries before this chunk of sequences
+    for (int chunk = 0; chunk < batch; chunk += kVarlenListThreads) {
+        const int b = chunk + static_cast<int>(threadIdx.x);
+        int q0 = 0, sq = 0, k0 = 0, sk = 0;
+        if (b < batch) varlen_rows(p, b, &q0, &sq, &k0, &sk);
+        const int blocks = sk > 0 ? (sq + FC_VARLEN_BLOCK_ROWS - 1) / FC_VARLEN_BLOCK_ROWS : 0;
+        int chunk_blocks = 0;
+        const int first = listed + block_exclusive_sum(blocks, &chunk_blocks);
+        for (int i = 0; i < blocks && first + i < capacity; ++i) {
+            VarlenBlock e = {};
+            e.m_block = blocks - 1 - i;
+            e.q0 = q0, e.sq = sq, e.k0 = k0, e.sk = sk;
+            list->blocks()[first + i] = e;
+        }
+        if (sq > 0 && sk == 0) {  // no key: zeros, LSE -inf (as a fully masked row)
+            Elem *out = static_cast<Elem *>(p.out);
+            for (int r = q0; r < q0 + sq; ++r)
+                for (int h = 0; h < p.heads_q; ++h) {
+                    for (int d = 0; d < p.head_dim; ++d) out[r * p.o_stride_s + h * p.o_stride_h + d] = Elem(0.f);
+                    if (p.lse != nullptr) p.lse[h * p.lse_stride_h + r * p.lse_stride_s] = -INFINITY;
+                }
+        }
+        listed += chunk_blocks;
+    }
+    if (threadIdx.x == 0) list->count = min(listed, capacity);
+}
+
+// The forward's tile t of a packed call with `blocks` list entries: query head t / blocks of the
+// entry t % blocks. Tile::batch carries the sequence's first query row: the launcher sets the
+// batch strides of out and the LSE to their row strides, so the epilogue's dense addressing
+// (batch * batch stride + row * row stride) lands on the packed rows unchanged.
+__device__ __forceinline__ Tile varlen_tile(int t, int blocks, const fc_params &p, SeqSpan &seq) {
+    const int head = t / blocks;
+    const VarlenBlock e = static_cast<const VarlenList *>(p.workspace)->blocks()[t - head * blocks];
+    seq = SeqSpan{e.sq, e.k0, e.sk};
+    return Tile{e.m_block, head, e.q0};
+}
+
+// The number of listed blocks (the forward's tiles: every query head over each of them).
+__device__ __forceinline__ int varlen_block_count(const fc_params &p) {
+    return static_cast<const VarlenList *>(p.workspace)->count;
+}
+
+}  // namespace sm90
+}  // namespace flashcore
