@@ -1111,10 +1111,77 @@ def test_packed_forward_declines():
     assert "scale" in declines(scale=-1.0)
 
 
-def test_packed_forward_takes_by_values():
-    S = varlen_mod._Seq
-    same = [S(0, 4, 4, 0, None), S(4, 0, 3, 4, None)]
-    assert varlen_mod._varlen_fwd_takes(same, causal=True)
-    assert not varlen_mod._varlen_fwd_takes([S(0, 4, 5, 0, None)], causal=True)
-    assert varlen_mod._varlen_fwd_takes([S(0, 4, 5, 0, None)], causal=False)
-    assert not varlen_mod._varlen_fwd_takes([S(0, 0, 5, 0, None)], causal=False)
+@pytest.mark.parametrize("q_lens,k_lens,causal,want", [
+    ([4, 0], [4, 3], True, (4, 4, 4, False)),
+    ([4, 0], [4, 3], False, (4, 4, 4, False)),
+    ([4], [5], True, None),  # causal with Sq != Sk: the loop (bottom-right)
+    ([4], [5], False, (4, 5, 4, False)),
+    ([0, 0], [5, 1], False, None),  # no query at all
+    ([3, 2], [0, 6], False, (3, 6, 5, True)),  # a sequence with no key
+], ids=str)
+def test_packed_forward_plan(q_lens, k_lens, causal, want):
+    """_varlen_fwd_plan on CPU offsets: what it takes, and None where the values send the call
+    to _plan (which raises for bad offsets: checked there by test_bad_arguments)."""
+    q, k, _ = packed(q_lens, k_lens, extra_q=1)
+    plan = varlen_mod._varlen_fwd_plan(q, k, offsets(q_lens), offsets(k_lens), 8, 8, causal)
+    assert (None if plan is None else tuple(plan)) == want
+
+
+@pytest.mark.parametrize("cu_q,cu_k,max_q,max_k", [
+    ([1, 4], [0, 4], 8, 8),  # not from 0
+    ([0, 4, 3], [0, 4, 8], 8, 8),  # decreasing
+    ([0, 40], [0, 4], 64, 8),  # past query's rows
+    ([0, 4], [0, 4], 3, 8),  # max_q below the longest
+    ([0, 4], [0, 4], 8, 3),
+], ids=str)
+def test_packed_forward_plan_leaves_bad_offsets_to_plan(cu_q, cu_k, max_q, max_k):
+    q, k, _ = packed([4], [8], extra_q=2)
+    as_t = lambda xs: torch.tensor(xs, dtype=I32)
+    assert varlen_mod._varlen_fwd_plan(q, k, as_t(cu_q), as_t(cu_k), max_q, max_k, False) is None
+
+
+# ---- training calls to PyTorch's varlen_attn (_training_goes_to_torch) -------------------------
+
+def test_training_route_stays_on_cpu():
+    q, k, v = (t.requires_grad_() for t in packed([4], hq=2, hkv=2, d=64, dtype=torch.float16))
+    assert not varlen_mod._training_goes_to_torch(q, k, v, None, None, (-1, 0), False, None, None)
+
+
+@cuda_only
+@needs_torch_varlen
+@pytest.mark.parametrize("forced", [False, True], ids=["auto", "FLASHCORE_TRAINING=flashcore"])
+def test_cuda_training_goes_to_pytorch_varlen(forced, monkeypatch):
+    """A causal training call without the LSE runs in PyTorch's varlen_attn (FlashCore's varlen
+    backward is a per-sequence loop, slower); FLASHCORE_TRAINING=flashcore keeps it here, and an
+    LSE request too. Gradients against the float64 reference either way."""
+    if forced:
+        monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")
+    torch_calls, real = [], varlen_mod._TORCH_ORIGINAL
+
+    def counted(*args, **kw):
+        torch_calls.append(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(varlen_mod, "_TORCH_ORIGINAL", counted)
+    q_lens = [130, 1, 64, 257]
+    q, k, v = packed(q_lens, hq=8, hkv=8, d=64, dtype=torch.bfloat16, device="cuda")
+    g = torch.Generator().manual_seed(3)
+    wo = torch.randn(q.shape, generator=g).to("cuda", torch.bfloat16)
+
+    def ours(q, k, v):
+        return run(q, k, v, q_lens, q_lens, window_size=(-1, 0)), None
+
+    def ref(q, k, v):
+        return reference(q, k, v, q_lens, q_lens, (-1, 0))[0], None
+
+    def grads_out(fn):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        out, _ = fn(*leaves)
+        return torch.autograd.grad(out, leaves, wo.to(out.dtype))
+
+    for got, want in zip(grads_out(ours), grads_out(ref)):
+        assert (got.double() - want).abs().max().item() <= 2e-2 * max(want.abs().max().item(), 1.0)
+    assert len(torch_calls) == (0 if forced else 1)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    run(*leaves, q_lens, q_lens, window_size=(-1, 0), return_aux=LSE)  # the LSE: ours
+    assert len(torch_calls) == (0 if forced else 1)

@@ -24,7 +24,8 @@ or causal (``window_size=(-1, 0)``, where every sequence has as many queries as 
 (``torch.ops.flashcore._varlen_fwd``, torch_op/varlen_op.cpp; _fused_varlen_fwd below): a first
 kernel lists the sequences' 128-row query blocks, the forward's persistent CTAs take them. The
 offsets are read on the host first (the checks below; one wait for the device). Its backward is
-the per-sequence one.
+the per-sequence one; so a training call that PyTorch's varlen_attn takes runs there instead,
+both passes (_training_goes_to_torch; FLASHCORE_TRAINING=flashcore keeps it here).
 
 Otherwise the op loops over the sequences on the host and runs
 FlashCore's SDPA op (``torch.ops.flashcore.sdpa_fwd``, its backward ``sdpa_bwd``) once per
@@ -67,6 +68,7 @@ opaque node. Arguments are checked where they are given (shapes and dtypes in th
 the offsets' values in the op, which reads them): a ``ValueError`` naming the argument.
 """
 import math
+import operator
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -483,7 +485,7 @@ def _is_hopper(device) -> bool:
 
 def _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, scale):
     """Why _fused_varlen_fwd does not take this call, or None when it may (the offsets' values
-    then decide: _varlen_fwd_takes). Metadata only (left and right as _window normalized them)."""
+    then decide: _varlen_fwd_plan). Metadata only (left and right as _window normalized them)."""
     if _VARLEN_FWD is None:
         return "the op library has no _varlen_fwd"
     if block_table is not None or seqused_k is not None or cu_seq_k is None:
@@ -507,26 +509,48 @@ def _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, le
     return None
 
 
-def _varlen_fwd_takes(seqs, causal) -> bool:
-    """The values' part of the rule: the kernel's causal is top-left in each sequence, which is
-    varlen_attn's bottom-right only where a sequence has as many queries as keys."""
-    return any(s.sq for s in seqs) and (not causal or all(s.sq in (0, s.sk) for s in seqs))
+class _VarlenPlan(NamedTuple):
+    longest_q: int   # the longest query / key sequence (the C layer's seqlen_q / seqlen_k)
+    longest_k: int
+    end: int         # cu_seq_q[-1]: rows from here on belong to no sequence
+    any_no_key: bool  # a sequence with queries and no key (its LSE turns from -inf to +inf)
 
 
-def _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, seqs, causal, scale):
-    """(out (T_q, H_q, D), lse (H_q, T_q)) of a call _varlen_fwd_declines and _varlen_fwd_takes
-    let through: one launch of the Hopper forward over every sequence
+def _varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal):
+    """The fused packed forward's plan when the offsets' values allow it, or None: the caller
+    then runs _plan, which raises the error naming the argument, or plans the per-sequence loop.
+    Allowed: offsets from 0, non-decreasing, ending within query / key; lengths within max_q /
+    max_k; some query; causal only where each sequence has as many queries as keys (the kernel's
+    causal is top-left in each sequence, varlen_attn's bottom-right). The values come to the
+    host as lists (one wait for the device) and are checked mostly by C loops (map, min, max,
+    list equality): _plan's Python loop took ~0.7 ms for 897 sequences on the CPU machine."""
+    cu_q, cu_k = cu_seq_q.tolist(), cu_seq_k.tolist()
+    if len(cu_q) < 2 or len(cu_k) != len(cu_q) or cu_q[0] != 0 or cu_k[0] != 0:
+        return None
+    sq = list(map(operator.sub, cu_q[1:], cu_q[:-1]))  # (map and the min / max: C loops)
+    sk = list(map(operator.sub, cu_k[1:], cu_k[:-1]))
+    if min(sq) < 0 or min(sk) < 0 or cu_q[-1] > query.shape[0] or cu_k[-1] > key.shape[0]:
+        return None
+    longest_q, longest_k = max(sq), max(sk)
+    if longest_q > max_q or longest_k > max_k or longest_q == 0:
+        return None
+    if causal and sq != sk and not all(a == 0 or a == b for a, b in zip(sq, sk)):
+        return None
+    any_no_key = 0 in sk and any(a > 0 and b == 0 for a, b in zip(sq, sk))
+    return _VarlenPlan(longest_q, max(longest_k, 1), cu_q[-1], any_no_key)
+
+
+def _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, plan, causal, scale):
+    """(out (T_q, H_q, D), lse (H_q, T_q)) of a call _varlen_fwd_declines lets through and
+    _varlen_fwd_plan planned: one launch of the Hopper forward over every sequence
     (flashcore::_varlen_fwd). Rows past the last sequence and sequences with no key: zeros and
     LSE +inf (varlen's convention; the kernel gives SDPA's -inf and leaves the tail unwritten)."""
-    longest_q = max(s.sq for s in seqs)
-    longest_k = max(max(s.sk for s in seqs), 1)
-    out, lse = _VARLEN_FWD(query, key, value, cu_seq_q.contiguous(), cu_seq_k.contiguous(), longest_q,
-                           longest_k, causal, scale)
-    end = seqs[-1].q0 + seqs[-1].sq
-    if end < query.shape[0]:
-        out[end:] = 0
-        lse[:, end:] = float("inf")
-    if any(s.sq and not s.sk for s in seqs):
+    out, lse = _VARLEN_FWD(query, key, value, cu_seq_q.contiguous(), cu_seq_k.contiguous(), plan.longest_q,
+                           plan.longest_k, causal, scale)
+    if plan.end < query.shape[0]:
+        out[plan.end:] = 0
+        lse[:, plan.end:] = float("inf")
+    if plan.any_no_key:
         lse = lse.masked_fill_(lse == float("-inf"), float("inf"))
     return out, lse
 
@@ -548,11 +572,12 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         plan = _paged_decode_plan(query, key, cu_seq_q, cu_seq_k, max_k, seqused_k, block_table)
         if plan is not None:
             return _fused_paged_decode(query, key, value, seqused_k, block_table, plan, sc)
-    seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
     causal = left < 0 and right == 0
-    if (_varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, sc) is None
-            and _varlen_fwd_takes(seqs, causal)):
-        return _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, seqs, causal, sc)
+    if _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, sc) is None:
+        plan = _varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal)
+        if plan is not None:
+            return _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, plan, causal, sc)
+    seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
     total, hq = query.shape[0], query.shape[1]
     out = query.new_zeros((total, hq, value.shape[-1]))
     lse = torch.full((hq, total), float("inf"), dtype=_lse_dtype(query.dtype),
@@ -697,11 +722,17 @@ def varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
     Returns ``out`` (T_q, H_q, D_v) in query's dtype, or ``(out, lse)``.
 
-    Not fused yet: one FlashCore SDPA call per sequence (a host loop), so many short sequences
-    are slow; a fused varlen kernel is planned.
+    Fused on Hopper for the forward (see the module docstring); otherwise one FlashCore SDPA
+    call per sequence (a host loop). A training call (gradients wanted) that PyTorch's
+    varlen_attn takes runs there, both passes (_training_goes_to_torch: FlashCore's varlen
+    backward is still the loop); ``FLASHCORE_TRAINING=flashcore`` keeps it here.
     """
     _check_arguments(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux, scale,
                      window_size, enable_gqa, seqused_k, block_table, num_splits)
+    if _training_goes_to_torch(query, key, value, return_aux, scale, window_size, enable_gqa,
+                               seqused_k, block_table):
+        return _torch_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
+                             window_size, enable_gqa)
     out, lse = _varlen_op(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
                           int(window_size[0]), int(window_size[1]),
                           None if scale is None else float(scale), bool(enable_gqa), seqused_k,
@@ -733,6 +764,57 @@ def _torch_parameters():
 
 
 _TORCH_POSITIONAL = _torch_parameters()
+_TORCH_NAMES = frozenset()
+if _TORCH_ORIGINAL is not None:
+    import inspect as _inspect
+    _TORCH_NAMES = frozenset(_inspect.signature(_TORCH_ORIGINAL).parameters)
+
+
+def _training_goes_to_torch(query, key, value, return_aux, scale, window_size, enable_gqa,
+                            seqused_k, block_table) -> bool:
+    """Whether a training call (autograd on, an input that requires grad) runs in PyTorch's
+    varlen_attn, both passes. FlashCore's varlen backward is a loop over the sequences: forward +
+    backward at 0.06-1.16x PyTorch's on an H200 (docs/USAGE.md), so the principle "never slower
+    than PyTorch's default" sends such calls there wherever PyTorch's function takes them: CUDA,
+    fp16/bf16, head dims up to 256 (multiples of 8, value's equal to query's), no seqused_k or
+    block_table, no LSE asked (PyTorch's backward drops the LSE's gradient, FlashCore's keeps it),
+    and only the window / GQA / scale arguments its release knows. FLASHCORE_TRAINING=flashcore
+    (or a forced FLASHCORE_FAMILY) keeps them on FlashCore, as for SDPA (flashcore._ops)."""
+    if _TORCH_ORIGINAL is None or not torch.is_grad_enabled():
+        return False
+    if not any(t.requires_grad for t in (query, key, value)):
+        return False
+    if not query.is_cuda or query.dtype not in _FUSED_DTYPES:
+        return False
+    d = query.shape[-1]
+    if d > 256 or d % 8 != 0 or value.shape[-1] != d:
+        return False
+    if seqused_k is not None or block_table is not None or (return_aux is not None and return_aux.lse):
+        return False
+    window = tuple(window_size)
+    if window != (-1, -1) and "window_size" not in _TORCH_NAMES and not (
+            window == (-1, 0) and "is_causal" in _TORCH_NAMES):
+        return False
+    if query.shape[1] != key.shape[-2] and "enable_gqa" not in _TORCH_NAMES:
+        return False
+    if scale is not None and "scale" not in _TORCH_NAMES:
+        return False
+    from . import _ops  # (imported here: _ops imports this module's package)
+    return _ops._training_mode()[0] != "flashcore"
+
+
+def _torch_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size,
+                  enable_gqa):
+    """PyTorch's varlen_attn on a call _training_goes_to_torch sends there (its output only)."""
+    kw = {}
+    window = tuple(window_size)
+    if window != (-1, -1):
+        kw.update({"window_size": window} if "window_size" in _TORCH_NAMES else {"is_causal": True})
+    if enable_gqa and "enable_gqa" in _TORCH_NAMES:
+        kw["enable_gqa"] = True
+    if scale is not None:
+        kw["scale"] = scale
+    return _TORCH_ORIGINAL(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kw)
 _OUR_KEYWORDS = frozenset(("return_aux", "scale", "window_size", "enable_gqa", "seqused_k",
                            "block_table", "num_splits"))
 
