@@ -778,7 +778,9 @@ def _training_goes_to_torch(query, key, value, return_aux, scale, window_size, e
     than PyTorch's default" sends such calls there wherever PyTorch's function takes them: CUDA,
     fp16/bf16, head dims up to 256 (multiples of 8, value's equal to query's), no seqused_k or
     block_table, no LSE asked (PyTorch's backward drops the LSE's gradient, FlashCore's keeps it),
-    and only the window / GQA / scale arguments its release knows. FLASHCORE_TRAINING=flashcore
+    and only the window and scale arguments its release knows. (GQA: releases without
+    enable_gqa, torch 2.11 among them, take Hq a multiple of Hkv as it is: measured by
+    bench/bench_varlen.py's torch-varlen rows.) FLASHCORE_TRAINING=flashcore
     (or a forced FLASHCORE_FAMILY) keeps them on FlashCore, as for SDPA (flashcore._ops)."""
     if _TORCH_ORIGINAL is None or not torch.is_grad_enabled():
         return False
@@ -794,8 +796,6 @@ def _training_goes_to_torch(query, key, value, return_aux, scale, window_size, e
     window = tuple(window_size)
     if window != (-1, -1) and "window_size" not in _TORCH_NAMES and not (
             window == (-1, 0) and "is_causal" in _TORCH_NAMES):
-        return False
-    if query.shape[1] != key.shape[-2] and "enable_gqa" not in _TORCH_NAMES:
         return False
     if scale is not None and "scale" not in _TORCH_NAMES:
         return False
