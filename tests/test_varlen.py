@@ -1185,3 +1185,43 @@ def test_cuda_training_goes_to_pytorch_varlen(forced, monkeypatch):
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     run(*leaves, q_lens, q_lens, window_size=(-1, 0), return_aux=LSE)  # the LSE: ours
     assert len(torch_calls) == (0 if forced else 1)
+
+
+# ---- explain_varlen ------------------------------------------------------------------------------
+
+def test_explain_varlen_on_cpu():
+    q_lens = [4, 3]
+    q, k, v = packed(q_lens, hq=2, hkv=2, d=64, dtype=torch.float16)
+    cu = offsets(q_lens)
+    words = flashcore.explain_varlen(q, k, v, cu, cu, 4, 4, window_size=(-1, 0))
+    expected = ("per-sequence loop: not on CUDA" if varlen_mod._VARLEN_FWD is not None
+                else "per-sequence loop: the op library has no _varlen_fwd")
+    assert words == expected
+    grads = [t.requires_grad_() for t in (q, k, v)]
+    assert flashcore.explain_varlen(*grads, cu, cu, 4, 4).endswith("; backward: per-sequence loop")
+    with pytest.raises(ValueError, match="cu_seq_k may be None only with block_table"):
+        flashcore.explain_varlen(q, k, v, cu, None, 4, 4)
+
+
+@cuda_only
+@needs_varlen_op
+def test_cuda_explain_varlen():
+    """explain_varlen names the path the call then takes (on Hopper: fused; elsewhere the loop),
+    and the training route."""
+    q_lens = [100, 3, 200]
+    q, k, v = packed(q_lens, hq=8, hkv=2, d=128, dtype=torch.bfloat16, device="cuda")
+    cu = offsets(q_lens, "cuda")
+    words = flashcore.explain_varlen(q, k, v, cu, cu, 200, 200, window_size=(-1, 0), enable_gqa=True)
+    if _hopper():
+        assert words == "fused packed forward (one launch of the sm90 forward)"
+    else:
+        assert words.startswith("per-sequence loop: not a Hopper GPU")
+    cu_k = offsets([101, 3, 200], "cuda")
+    k2, v2 = (torch.cat((t, t[:1])) for t in (k, v))
+    words = flashcore.explain_varlen(q, k2, v2, cu, cu_k, 200, 201, window_size=(-1, 0), enable_gqa=True)
+    if _hopper():  # causal with Sq != Sk in a sequence: the loop (bottom-right)
+        assert words.startswith("per-sequence loop: the offsets' values")
+    grads = [t.detach().requires_grad_() for t in (q, k, v)]
+    words = flashcore.explain_varlen(*grads, cu, cu, 200, 200, window_size=(-1, 0), enable_gqa=True)
+    if varlen_mod._TORCH_ORIGINAL is not None:
+        assert words.startswith("torch varlen_attn: a training call")

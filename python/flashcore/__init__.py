@@ -309,5 +309,5 @@ from .attention import attention, explain_attention  # noqa: E402
 
 __all__ += ["attention", "explain_attention"]
 
-# Packed variable-length sequences, PyTorch's varlen API (per sequence for now: varlen.py).
-from .varlen import varlen_attn  # noqa: E402,F401
+# Packed variable-length sequences, PyTorch's varlen API and which path a call takes (varlen.py).
+from .varlen import explain_varlen, varlen_attn  # noqa: E402,F401

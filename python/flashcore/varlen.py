@@ -75,7 +75,7 @@ import torch
 
 from ._scale import sdpa_scale
 
-__all__ = ["varlen_attn", "AuxRequest"]
+__all__ = ["varlen_attn", "explain_varlen", "AuxRequest"]
 
 try:  # PyTorch's own request type where it has one, so either can be passed
     from torch.nn.attention.varlen import AuxRequest
@@ -740,6 +740,48 @@ def varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if return_aux is not None and return_aux.lse:
         return out, lse
     return out
+
+
+def explain_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   cu_seq_q: torch.Tensor, cu_seq_k: Optional[torch.Tensor], max_q: int, max_k: int,
+                   *, return_aux: Optional[AuxRequest] = None, scale: Optional[float] = None,
+                   window_size: Tuple[int, int] = (-1, -1), enable_gqa: bool = False,
+                   seqused_k: Optional[torch.Tensor] = None,
+                   block_table: Optional[torch.Tensor] = None, num_splits: Optional[int] = None) -> str:
+    """Which path :func:`varlen_attn` takes for these arguments (the same ones), in words:
+
+    * ``"torch varlen_attn: ..."``: a training call PyTorch's function takes (both passes there);
+    * ``"fused paged decode ..."`` / ``"fused packed forward ..."``: one launch of the decode
+      kernels / of the Hopper forward;
+    * ``"per-sequence loop: <why>"``: one FlashCore SDPA call per sequence.
+
+    For a call whose inputs require grad (with autograd on) that stays on FlashCore, the answer
+    ends with ``"; backward: per-sequence loop"``. Reads the offsets as varlen_attn does (one wait
+    for the device) and raises for the same bad arguments."""
+    _check_arguments(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux, scale,
+                     window_size, enable_gqa, seqused_k, block_table, num_splits)
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if _training_goes_to_torch(query, key, value, return_aux, scale, window_size, enable_gqa,
+                               seqused_k, block_table):
+        return ("torch varlen_attn: a training call, and FlashCore's varlen backward is a "
+                "per-sequence loop (FLASHCORE_TRAINING=flashcore keeps it here)")
+    backward = "; backward: per-sequence loop" if training else ""
+    left, right = _window(int(window_size[0]), int(window_size[1]), max_k)
+    sc = sdpa_scale(None if scale is None else float(scale), query.shape[-1])
+    why = _paged_decode_declines(query, key, value, seqused_k, block_table, max_q, left)
+    if why is None:
+        if _paged_decode_plan(query, key, cu_seq_q, cu_seq_k, max_k, seqused_k, block_table) is not None:
+            return "fused paged decode (one launch of the decode kernels)" + backward
+        why = "the offsets, seqused_k or block_table's values (not one query row per sequence, or pages out of range)"
+    if block_table is None:
+        why = _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, sc)
+        if why is None:
+            causal = left < 0 and right == 0
+            if _varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal) is not None:
+                return "fused packed forward (one launch of the sm90 forward)" + backward
+            why = ("the offsets' values (causal with a sequence of more or fewer queries than keys, "
+                   "no query at all, or offsets the checks reject)")
+    return f"per-sequence loop: {why}" + backward
 
 
 # ---- torch.nn.attention.varlen.varlen_attn routed here by flashcore.patch() ----------------------
