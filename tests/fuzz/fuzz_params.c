@@ -40,6 +40,13 @@
  *     causal, band or mask), AUTO never moves them to the Hopper family, a slice past 65535
  *     batches moves the table and seqused_k (not K/V), the backward declines them
  *     (FC_UNSUPPORTED_PAGED), and a paged call the decode kernels take runs there;
+ *   * packed variable-length calls (fc_params.cu_seq_q): validation accepts only consistent
+ *     packed fields (both offset arrays, aligned and addressable, totals >= 1, no batch stride,
+ *     q / out / the LSE as one item of total_q rows and K / V of total_k; a window or
+ *     bottom-right causal is FC_UNSUPPORTED_VARLEN); only the sm90 forward runs them, never
+ *     split or sliced, the plan sizing the list of query blocks (fc_varlen_workspace_bytes), and
+ *     fc_sdpa_fwd gives FC_ERR_BAD_WORKSPACE without it; a packed call the sm90 family takes runs
+ *     there on sm_90 (the backward harness leaves the fields zero: no packed model there yet);
  *   * the canonical layout (fc_params_set_contiguous_strides on sane sizes) is never rejected
  *     for a layout reason (no false rejections);
  *   * backward inputs (an fc_bwd_params, itself in a heap block of exactly its size): the same
@@ -239,7 +246,7 @@ static fc_params resolved_of(const fc_params *p) {
  * validated struct (check_struct, check_decode_packing). */
 static int packs_by_validation(const fc_params *r) {
     if (r->seqlen_q != 1 || r->causal || r->heads_q <= r->heads_kv || r->sinks != NULL || r->mask_kind != FC_MASK_NONE ||
-        r->block_table != NULL)
+        r->block_table != NULL || r->cu_seq_q != NULL)
         return 0;
     fc_params packed = *r;
     fc_pack_decode_gqa(&packed);
@@ -265,8 +272,10 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
         fc_pack_decode_gqa(&packed);
         e = &packed;
     }
-    if (e->batch <= 65535 && e->heads_q <= 65535) {
+    if (e->cu_seq_q != NULL || (e->batch <= 65535 && e->heads_q <= 65535)) {  /* (packed: one 1-D grid) */
         REQUIRE(memcmp(p, e, offsetof(fc_params, num_splits_)) == 0);
+        REQUIRE(p->cu_seq_q == e->cu_seq_q && p->cu_seq_k == e->cu_seq_k && p->total_q == e->total_q &&
+                p->total_k == e->total_k);
         REQUIRE(p->block_table == e->block_table && p->seqused_k == e->seqused_k);
     } else {
         fc_params same = *p;
@@ -303,6 +312,10 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
     /* Only the decode kernels read pages, in their plain configuration. */
     if (p->block_table != NULL) REQUIRE(family == FC_FAMILY_DECODE && !p->causal && p->mask_kind == FC_MASK_NONE);
     REQUIRE(p->num_splits_ >= 1 && p->num_splits_ <= 64);
+    /* Packed: the sm90 forward, unsplit, with the workspace its list needs. */
+    if (p->cu_seq_q != NULL)
+        REQUIRE(family == FC_FAMILY_SM90 && p->num_splits_ == 1 && p->workspace != NULL &&
+                p->workspace_bytes >= fc_varlen_workspace_bytes(p) && p->mask_kind == FC_MASK_NONE);
     if (p->num_splits_ > 1) REQUIRE((family == FC_FAMILY_DECODE || family == FC_FAMILY_SM90) && p->workspace != NULL);
     /* Split-KV promises (c_src/dispatch.c): one wave of 132 SMs x 3 CTAs at most, and every key
      * range at least 2 chunks of 32 keys; the Hopper family's grid split (one-row D=128 calls
@@ -331,7 +344,7 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
     const i128 m_blocks = ((i128)p->seqlen_q + bm - 1) / bm;
     /* sm80: grid (m_blocks, heads_q, batch); sm90: m_blocks * heads_q * batch tiles in an int. */
     REQUIRE(m_blocks >= 1 && m_blocks <= INT32_MAX);
-    REQUIRE(p->heads_q <= 65535 && p->batch <= 65535);
+    REQUIRE(p->cu_seq_q != NULL || (p->heads_q <= 65535 && p->batch <= 65535));
     if (family == FC_FAMILY_SM90) {
         REQUIRE(sm90_takes(p));
         REQUIRE(m_blocks * p->heads_q * p->batch <= INT32_MAX);
@@ -343,8 +356,9 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
         const int64_t strides[9] = {p->q_stride_s, p->q_stride_h, p->q_stride_b, p->k_stride_s,
                                     p->k_stride_h, p->k_stride_b, p->v_stride_s, p->v_stride_h,
                                     p->v_stride_b};
-        const int64_t sizes[9] = {p->seqlen_q, p->heads_q, p->batch, p->seqlen_k, p->heads_kv,
-                                  p->batch, p->seqlen_k, p->heads_kv, p->batch};
+        const int packed = p->cu_seq_q != NULL;
+        const int64_t b = packed ? 1 : p->batch, rq = packed ? p->total_q : p->seqlen_q, rk = packed ? p->total_k : p->seqlen_k;
+        const int64_t sizes[9] = {rq, p->heads_q, b, rk, p->heads_kv, b, rk, p->heads_kv, b};
         for (int i = 0; i < 9; ++i)
             if (sizes[i] > 1) REQUIRE((i128)strides[i] * 2 < ((i128)1 << 40));
         /* E for the mask's map (kMasked, bytes): a stepped-over head or batch dim (size > 1,
@@ -480,19 +494,37 @@ static void accepted_is_consistent(const fc_params *p) {
     const i128 elem = elem_bytes(p->dtype);
     /* K and V: (B, Hkv, Sk, D), or paged the pools (num_pages, Hkv, page_size, D), the batch
      * stride being the page stride. */
-    const int paged = p->block_table != NULL;
-    const i128 kv_items = paged ? (i128)p->num_pages : (i128)p->batch;
-    const i128 kv_rows = paged ? (i128)p->page_size : (i128)p->seqlen_k;
+    /* Packed (fc_params.cu_seq_q): q, out and the LSE one item of total_q rows, K and V one of
+     * total_k rows. */
+    const int paged = p->block_table != NULL, packed = p->cu_seq_q != NULL;
+    const i128 kv_items = paged ? (i128)p->num_pages : packed ? 1 : (i128)p->batch;
+    const i128 kv_rows = paged ? (i128)p->page_size : packed ? (i128)p->total_k : (i128)p->seqlen_k;
+    const i128 q_items = packed ? 1 : (i128)p->batch, q_rows = packed ? (i128)p->total_q : (i128)p->seqlen_q;
     const view4 ops[4] = {
-        {p->q, {p->batch, p->heads_q, p->seqlen_q, p->head_dim},
+        {p->q, {q_items, p->heads_q, q_rows, p->head_dim},
          {p->q_stride_b, p->q_stride_h, p->q_stride_s, p->q_stride_d}},
         {p->k, {kv_items, p->heads_kv, kv_rows, p->head_dim},
          {p->k_stride_b, p->k_stride_h, p->k_stride_s, p->k_stride_d}},
         {p->v, {kv_items, p->heads_kv, kv_rows, p->head_dim},
          {p->v_stride_b, p->v_stride_h, p->v_stride_s, p->v_stride_d}},
-        {p->out, {p->batch, p->heads_q, p->seqlen_q, p->head_dim},
+        {p->out, {q_items, p->heads_q, q_rows, p->head_dim},
          {p->o_stride_b, p->o_stride_h, p->o_stride_s, p->o_stride_d}},
     };
+    if (packed) {
+        /* Both offset arrays (batch + 1 int32 each, addressable), both totals, no batch stride;
+         * no window and no bottom-right diagonal (a per-sequence band runs nowhere). */
+        REQUIRE(p->cu_seq_k != NULL && ((uintptr_t)p->cu_seq_q & 3u) == 0 && ((uintptr_t)p->cu_seq_k & 3u) == 0);
+        REQUIRE(p->total_q >= 1 && p->total_k >= 1 && p->total_q <= INT32_MAX && p->total_k <= INT32_MAX);
+        REQUIRE(p->q_stride_b == 0 && p->k_stride_b == 0 && p->v_stride_b == 0 && p->o_stride_b == 0);
+        REQUIRE(p->lse == NULL || p->lse_stride_b == 0);
+        REQUIRE(!p->windowed && (!p->causal || p->alignment == FC_ALIGN_TOP_LEFT));
+        REQUIRE((i128)(uintptr_t)p->cu_seq_q + ((i128)p->batch + 1) * 4 - 1 <= (i128)UINTPTR_MAX);
+        REQUIRE((i128)(uintptr_t)p->cu_seq_k + ((i128)p->batch + 1) * 4 - 1 <= (i128)UINTPTR_MAX);
+        /* the forward's (head, listed block) tiles in an int */
+        REQUIRE((((i128)p->total_q + 63) / 64 + p->batch) * p->heads_q <= INT32_MAX);
+    } else {
+        REQUIRE(p->cu_seq_k == NULL && p->total_q == 0 && p->total_k == 0);
+    }
     for (int i = 0; i < 4; ++i) check_operand(&ops[i], elem);
     if (paged) {
         /* The decode kernels: key t at page table[t / page_size] (clamped below num_pages, an
@@ -513,9 +545,9 @@ static void accepted_is_consistent(const fc_params *p) {
     if (p->lse != NULL) {
         REQUIRE(((uintptr_t)p->lse & 3u) == 0);
         REQUIRE(p->lse_stride_b >= 0 && p->lse_stride_h >= 0 && p->lse_stride_s >= 0);
-        const i128 in_slice = ((i128)p->seqlen_q - 1) * p->lse_stride_s;
+        const i128 in_slice = (q_rows - 1) * p->lse_stride_s;
         REQUIRE(in_slice <= INT32_MAX);
-        const i128 tb = ((i128)p->batch - 1) * p->lse_stride_b;
+        const i128 tb = (q_items - 1) * p->lse_stride_b;
         const i128 th = ((i128)p->heads_q - 1) * p->lse_stride_h;
         REQUIRE(tb <= INT64_MAX && th <= INT64_MAX);
         const i128 last = tb + th + in_slice;
@@ -549,8 +581,10 @@ static void accepted_is_consistent(const fc_params *p) {
 /* The sm90 family's own rules (dispatch.c family_takes_layout), re-stated: TMA cannot describe
  * a stepped-over dim of stride 0, and the scale is folded into one FFMA only when positive. */
 static int sm90_takes(const fc_params *p) {
-    const int64_t s[9] = {p->seqlen_q, p->heads_q, p->batch, p->seqlen_k, p->heads_kv, p->batch,
-                          p->seqlen_k, p->heads_kv, p->batch};
+    /* (A packed call's tensors: one item of total_q / total_k rows.) */
+    const int packed = p->cu_seq_q != NULL;
+    const int64_t b = packed ? 1 : p->batch, rq = packed ? p->total_q : p->seqlen_q, rk = packed ? p->total_k : p->seqlen_k;
+    const int64_t s[9] = {rq, p->heads_q, b, rk, p->heads_kv, b, rk, p->heads_kv, b};
     const int64_t st[9] = {p->q_stride_s, p->q_stride_h, p->q_stride_b, p->k_stride_s,
                            p->k_stride_h, p->k_stride_b, p->v_stride_s, p->v_stride_h,
                            p->v_stride_b};
@@ -618,6 +652,7 @@ static int decode_takes_masked(const fc_params *p) {
 static int auto_leaves_mask_to_sdpa(const fc_params *p, int cc) {
     if (p->family != FC_FAMILY_AUTO || cc != 90 || p->mask_kind == FC_MASK_NONE || p->lse != NULL) return 0;
     if (p->block_table != NULL) return 0; /* (FC_UNSUPPORTED_PAGED first) */
+    if (p->cu_seq_q != NULL) return 0;    /* (FC_UNSUPPORTED_VARLEN first) */
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16) return 0;
     if (!sm80_head_dim(p->head_dim)) return 0;
     const fc_params r = resolved_of(p);
@@ -657,6 +692,13 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
     /* Pages: the decode family, decode-shaped, without causal, a band or a mask. */
     if (p->block_table != NULL)
         REQUIRE(fam == FC_FAMILY_DECODE && !r.causal && r.band_ != FC_BAND_GENERAL_ && p->mask_kind == FC_MASK_NONE);
+    /* Packed sequences: the sm90 forward alone, without a mask, softcap, sinks, pages or a general
+     * band (whatever AUTO would pick for the dense call of the same sizes). */
+    if (p->cu_seq_q != NULL) {
+        REQUIRE(fam == FC_FAMILY_SM90 && p->mask_kind == FC_MASK_NONE && p->softcap == 0.0f && p->sinks == NULL &&
+                p->block_table == NULL && r.band_ != FC_BAND_GENERAL_);
+        return;
+    }
     /* AUTO with a mask: the decode kernels run the calls they take (decode_takes_masked); the
      * sm90 family runs the call on sm_90 wherever it takes both the layout and the mask, and the
      * sm80 family every other one
@@ -1064,6 +1106,47 @@ static void decode_structured(reader *r, fc_params *p) {
         default: p->seqused_k = (const int32_t *)take_pointer(r, 0x7f0000900000u); break;
         }
     }
+    /* Packed sequences (fc_params.cu_seq_q; appended after the paging byte, read last again):
+     * bit 0 both offset arrays (pointers, maybe NULL or misaligned), bits 1-2 total_q / total_k
+     * from take_i64 (else small sizes), bit 3 keeps the layouts above (else the packed layout:
+     * (rows, heads, D) contiguous, batch strides 0, the LSE (Hq, total_q)), bit 4 a workspace
+     * (bit 5: any size, else what the plan needs); without bit 0, bit 7 sets a stray packed field
+     * (FC_ERR_BAD_VARLEN). */
+    const uint8_t packing = take_u8(r);
+    if (packing & 1) {
+        p->cu_seq_q = (const int32_t *)take_pointer(r, 0x7f0000a00000u);
+        p->cu_seq_k = (const int32_t *)take_pointer(r, 0x7f0000b00000u);
+        p->total_q = (packing & 2) ? take_i64(r) : take_size(r, 250);
+        p->total_k = (packing & 4) ? take_i64(r) : take_size(r, 700);
+        if (!(packing & 8)) {
+            const uint64_t uD = (uint64_t)p->head_dim;
+            p->q_stride_b = p->k_stride_b = p->v_stride_b = p->o_stride_b = 0;
+            p->q_stride_d = p->k_stride_d = p->v_stride_d = p->o_stride_d = 1;
+            p->q_stride_h = p->k_stride_h = p->v_stride_h = p->o_stride_h = (int64_t)uD;
+            p->q_stride_s = p->o_stride_s = (int64_t)((uint64_t)p->heads_q * uD);
+            p->k_stride_s = p->v_stride_s = (int64_t)((uint64_t)p->heads_kv * uD);
+            if (p->lse != NULL) p->lse_stride_b = 0, p->lse_stride_h = p->total_q, p->lse_stride_s = 1;
+        }
+        if (packing & 16) {
+            p->workspace = (void *)take_pointer(r, 0x7f0000c00000u);
+            p->workspace_bytes = (packing & 32) ? take_i64(r) : fc_varlen_workspace_bytes(p);
+        }
+    } else if (packing & 0x80) {
+        switch (take_u8(r) % 3) {
+        case 0: p->cu_seq_k = (const int32_t *)take_pointer(r, 0x7f0000b00000u); break;
+        case 1: p->total_q = 1; break;
+        default: p->total_k = take_i64(r); break;
+        }
+    }
+}
+
+/* The backward harness's structs leave the packed fields (and the forward's workspace, which
+ * decode_structured sets only for packed calls) zero: the backward's model has no packed calls
+ * yet (bwd_dispatch declines them, FC_UNSUPPORTED_VARLEN). */
+static void clear_packed(fc_params *p, int structured) {
+    if (structured && p->cu_seq_q != NULL) p->workspace = NULL, p->workspace_bytes = 0;
+    p->cu_seq_q = p->cu_seq_k = NULL;
+    p->total_q = p->total_k = 0;
 }
 
 /* Saturating i128 -> int64 (workspace sizes derived from a need). */
@@ -1094,6 +1177,7 @@ static void decode_bwd(reader *r, fc_bwd_params *b) {
     fc_bwd_params_init(b);
     fc_params *f = &b->fwd;
     decode_structured(r, f);
+    clear_packed(f, 1);
     const uint8_t flags = take_u8(r);
     b->deterministic = (flags >> 1) & 1;
     if (flags & 4) b->deterministic = (int)take_i64(r);
@@ -1159,7 +1243,8 @@ static void check_struct(const fc_params *p, int device) {
     const fc_status s = fc_params_validate(p);
     REQUIRE((int)s >= 0 && s < FC_STATUS_COUNT_ && s != FC_ERR_CUDA && s != FC_ERR_NULL_PARAMS);
     /* validation gives no FC_UNSUPPORTED_* but EMPTY (statuses added later sit at the end) */
-    REQUIRE(s < FC_UNSUPPORTED_DTYPE || s == FC_ERR_BAD_WINDOW || s == FC_ERR_BAD_SOFTCAP || s == FC_ERR_BAD_PAGES);
+    REQUIRE(s < FC_UNSUPPORTED_DTYPE || s == FC_ERR_BAD_WINDOW || s == FC_ERR_BAD_SOFTCAP || s == FC_ERR_BAD_PAGES ||
+            s == FC_ERR_BAD_VARLEN || (s == FC_UNSUPPORTED_VARLEN && p->cu_seq_q != NULL && (p->windowed || p->causal)));
     if (s == FC_OK) REQUIRE(p->softcap >= 0.0f && isfinite(p->softcap));
     REQUIRE(fc_status_string(s) != NULL && fc_status_string(s)[0] != '\0');
     REQUIRE(fc_params_validate(p) == s);
@@ -1177,7 +1262,7 @@ static void check_struct(const fc_params *p, int device) {
         if (s != FC_OK) REQUIRE(sup == s);
         else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA) ||
                      sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SINKS || sup == FC_UNSUPPORTED_SOFTCAP ||
-                     sup == FC_UNSUPPORTED_SLOWER_MASK || sup == FC_UNSUPPORTED_PAGED);
+                     sup == FC_UNSUPPORTED_SLOWER_MASK || sup == FC_UNSUPPORTED_PAGED || sup == FC_UNSUPPORTED_VARLEN);
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         if (sup == FC_OK) supported_is_runnable(p, cc, fam);
         /* The plan (fc_sdpa_plan) answers as the support query and names the same family; a
@@ -1190,7 +1275,10 @@ static void check_struct(const fc_params *p, int device) {
             REQUIRE(fc_validations_on_thread_() - validations == 1);
             REQUIRE(plan.family == fam && plan.splits >= 1 && plan.workspace_bytes >= 0);
             REQUIRE((plan.launch_ != NULL) == (sup == FC_OK));
-            REQUIRE((plan.workspace_bytes > 0) == (plan.splits > 1));
+            /* a workspace for splits, or a packed call's list of query blocks (never split) */
+            const int packed_plan = sup == FC_OK && p->cu_seq_q != NULL;
+            REQUIRE((plan.workspace_bytes > 0) == (plan.splits > 1 || packed_plan));
+            if (packed_plan) REQUIRE(plan.splits == 1 && plan.workspace_bytes == fc_varlen_workspace_bytes(p));
             if (sup != FC_OK)
                 REQUIRE(fc_sdpa_fwd_planned(&plan, (void *)(uintptr_t)0x7f0000400000ull, NULL, NULL, 0,
                                             (cudaStream_t)0) == FC_ERR_NULL_POINTER);
@@ -1199,10 +1287,19 @@ static void check_struct(const fc_params *p, int device) {
         if (sup == FC_UNSUPPORTED_SINKS) REQUIRE(p->sinks != NULL);
         if (sup == FC_UNSUPPORTED_SOFTCAP) REQUIRE(p->softcap != 0.0f);
         if (sup == FC_UNSUPPORTED_PAGED) REQUIRE(p->block_table != NULL);
+        if (sup == FC_UNSUPPORTED_VARLEN) REQUIRE(p->cu_seq_q != NULL);
+        /* A packed call the sm90 forward takes (fp16 / bf16, D 64 / 128 / 256, its layout, no
+         * mask, softcap, sinks or pages) runs there on sm_90, AUTO or forced sm90. */
+        if (s == FC_OK && p->cu_seq_q != NULL && cc == 90 && sm90_takes(p) &&
+            (p->head_dim == 64 || p->head_dim == 128 || p->head_dim == 256) &&
+            (p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16) && p->mask_kind == FC_MASK_NONE &&
+            p->softcap == 0.0f && p->sinks == NULL && p->block_table == NULL &&
+            (p->family == FC_FAMILY_AUTO || p->family == FC_FAMILY_SM90))
+            REQUIRE(sup == FC_OK && fam == FC_FAMILY_SM90);
         if (sup == FC_ERR_BAD_PAGES) REQUIRE(s == FC_ERR_BAD_PAGES);
         /* A paged call the decode kernels take (decode-shaped, D 64 / 128, fp16 / bf16, no causal,
          * band, mask, sinks or softcap) runs there on sm_89 and sm_90, AUTO or forced decode. */
-        if (s == FC_OK && p->block_table != NULL && (cc == 89 || cc == 90) && decode_takes(p) &&
+        if (s == FC_OK && p->block_table != NULL && p->cu_seq_q == NULL && (cc == 89 || cc == 90) && decode_takes(p) &&
             (p->head_dim == 64 || p->head_dim == 128) && (p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16) &&
             !resolved_of(p).causal && p->mask_kind == FC_MASK_NONE && p->sinks == NULL && p->softcap == 0.0f &&
             (p->family == FC_FAMILY_AUTO || p->family == FC_FAMILY_DECODE))
@@ -1232,7 +1329,7 @@ static void check_struct(const fc_params *p, int device) {
          * (unless the decode kernels take it first) and forced alike (its D=64 / 128 kernels are
          * built here: ci/fuzz.sh). */
         if (s == FC_OK && cc == 90 && p->mask_kind != FC_MASK_NONE && sm90_takes_mask(p) && sm90_takes(p) &&
-            p->block_table == NULL &&
+            p->block_table == NULL && p->cu_seq_q == NULL &&
             (p->dtype == FC_DTYPE_FP16 || p->dtype == FC_DTYPE_BF16) &&
             (p->family == FC_FAMILY_SM90 || (p->family == FC_FAMILY_AUTO && !decode_takes_masked(p))))
             REQUIRE(sup == FC_OK && fam == FC_FAMILY_SM90);
@@ -1246,13 +1343,17 @@ static void check_struct(const fc_params *p, int device) {
     const unsigned long long validations = fc_validations_on_thread_();
     const fc_status f = fc_sdpa_fwd(p, (cudaStream_t)0);
     REQUIRE(fc_validations_on_thread_() - validations == 1); /* (its plan's, or beside a failed device query) */
-    REQUIRE(f == fc_sdpa_support(p, cc / 10, cc % 10));
+    /* A packed call needs its workspace (the list of query blocks): without it, FC_ERR_BAD_WORKSPACE. */
+    const fc_status sup_here = fc_sdpa_support(p, cc / 10, cc % 10);
+    const int packed_short = sup_here == FC_OK && p->cu_seq_q != NULL &&
+                             (p->workspace == NULL || p->workspace_bytes < fc_varlen_workspace_bytes(p));
+    REQUIRE(f == (packed_short ? FC_ERR_BAD_WORKSPACE : sup_here));
     /* A packed one-row GQA call launches with heads_kv query heads (fc_pack_decode_gqa). */
     const fc_params r = resolved_of(p);
     const int packs = fc_sdpa_family(p, cc / 10, cc % 10) == FC_FAMILY_SM90 && fc_decode_packs_for_sm90(&r);
     const int64_t launched_heads = packs ? p->heads_kv : p->heads_q;
     if (f != FC_OK) REQUIRE(g_launches == 0);
-    else if (p->batch <= 65535 && launched_heads <= 65535) REQUIRE(g_launches == 1);
+    else if (p->cu_seq_q != NULL || (p->batch <= 65535 && launched_heads <= 65535)) REQUIRE(g_launches == 1);
     else REQUIRE(g_launches >= 2);
     REQUIRE(fc_last_cuda_error() == cudaSuccess);
 
@@ -1827,12 +1928,12 @@ static void check_bwd_input(reader *r) {
     case 1:
         memset(b, 0, sizeof *b);
         memcpy(b, r->data + r->pos, left < sizeof *b ? left : sizeof *b);
-        b->fwd.cu_seq_q = b->fwd.cu_seq_k = NULL; /* (not modelled yet: see LLVMFuzzerTestOneInput) */
-        b->fwd.total_q = b->fwd.total_k = 0;
+        clear_packed(&b->fwd, 0);
         break;
     case 3: {
         fc_bwd_params_init(b);
         decode_structured(r, &b->fwd);
+        clear_packed(&b->fwd, 1);
         const size_t rest = sizeof *b - sizeof b->fwd, n = r->size - r->pos;
         memcpy((char *)b + sizeof b->fwd, r->data + r->pos, n < rest ? n : rest);
         break;
@@ -1858,11 +1959,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         memset(p, 0, sizeof *p);
         memcpy(p, data + r.pos, size - r.pos < sizeof *p ? size - r.pos : sizeof *p);
         r.pos = size;
-        /* The packed variable-length fields (fc_params.cu_seq_q) are not in this harness's model
-         * yet (its consistency checks read the dense layout): cleared here, so the raw bytes still
-         * reach every other field; tests/c/test_validation.c covers their validation. */
-        p->cu_seq_q = p->cu_seq_k = NULL;
-        p->total_q = p->total_k = 0;
         check_struct(p, mode >> 2);
         break;
     case 1:

@@ -40,7 +40,7 @@ def structured(device=0, **fields):
 
 
 def forward_fields(B=2, Hkv=2, group=1, Sq=100, Sk=300, D=64, layouts=(0, 0, 0, 0), ptr_sel=(0, 0, 0, 0),
-                   scale_sel=0, causal=0, dtype=0, family=0, mask_kind=0, lse=False, paging=b""):
+                   scale_sel=0, causal=0, dtype=0, family=0, mask_kind=0, lse=False, paging=b"", packing=b""):
     """decode_structured()'s bytes (structured() and backward() add the mode and device bytes)."""
     out = size(B) + size(Hkv) + bytes([group - 1]) + size(Sq) + size(Sk)
     out += {64: b"\x00", 128: b"\x80"}.get(D) or (b"\xe0" + size(D))
@@ -59,8 +59,24 @@ def forward_fields(B=2, Hkv=2, group=1, Sq=100, Sk=300, D=64, layouts=(0, 0, 0, 
         out += b"\x00"  # mask pointer: aligned
     if lse:
         out += b"\x00\x00"  # lse pointer aligned, contiguous strides
-    if paging:
-        out += b"\x00" + paging  # no window / alignment / sinks / softcap, then the paging bytes
+    if paging or packing:
+        # no window / alignment / sinks / softcap, then the paging bytes and the packing bytes
+        # (a 0 byte each when absent: the mode's next byte must not be read as either)
+        out += b"\x00" + (paging or b"\x00") + (packing or b"\x00")
+    return out
+
+
+def packs(total_q=250, total_k=700, keep_layouts=False, workspace=True, any_workspace_bytes=None,
+          cu_sel=(0, 0)):
+    """decode_structured()'s packing bytes: both offset arrays (pointer selectors cu_sel), the
+    totals (small sizes), the packed layout unless keep_layouts, a workspace of what the plan
+    needs (or of any_workspace_bytes)."""
+    flags = 1 | (8 if keep_layouts else 0) | (16 if workspace else 0) | (32 if any_workspace_bytes is not None else 0)
+    out = bytes([flags]) + bytes(cu_sel) + size(total_q) + size(total_k)
+    if workspace:
+        out += b"\x00"  # workspace pointer: aligned
+        if any_workspace_bytes is not None:
+            out += raw_i64(any_workspace_bytes)
     return out
 
 
@@ -231,6 +247,23 @@ SEEDS = {
     "paged_unsupported_forced_sm80": structured(Sq=1, family=1, paging=pages(), device=1),
     "paged_unsupported_mask": structured(Sq=1, mask_kind=1, paging=pages(), device=1),
     "bwd_paged_unsupported": backward(Sq=1, paging=pages()),
+    # Packed sequences (fc_params.cu_seq_q): the sm90 forward only (AUTO and forced sm90 on
+    # sm_90; FC_UNSUPPORTED_VARLEN elsewhere and with a mask, pages or a forced sm80), never
+    # split or sliced, FC_ERR_BAD_WORKSPACE without its workspace.
+    "packed": structured(B=3, Hkv=2, group=4, Sq=100, Sk=300, D=128, packing=packs(), device=1),
+    "packed_causal_d64": structured(B=3, Sq=100, Sk=100, causal=1, packing=packs(total_k=250), device=1),
+    "packed_one_row_each": structured(B=5, Hkv=2, group=4, Sq=1, Sk=300, D=128, packing=packs(total_q=5), device=1),
+    "packed_batch_70000": structured(B=70000, Sq=4, Sk=4, packing=packs(total_q=5000, total_k=5000), device=1),
+    "packed_sm89": structured(B=3, packing=packs(), device=0),
+    "packed_forced_sm80": structured(B=3, family=1, packing=packs(), device=1),
+    "packed_mask": structured(B=3, mask_kind=1, packing=packs(), device=1),
+    "packed_no_workspace": structured(B=3, packing=packs(workspace=False), device=1),
+    "packed_small_workspace": structured(B=3, packing=packs(any_workspace_bytes=64), device=1),
+    "packed_dense_layouts": structured(B=3, packing=packs(keep_layouts=True), device=1),
+    "packed_null_cu_seq_k": structured(B=3, packing=packs(cu_sel=(0, 0xFE)), device=1),
+    "packed_misaligned_cu_seq_q": structured(B=3, packing=packs(cu_sel=(0xC2, 0)), device=1),
+    "packed_paged": structured(B=4, Hkv=2, group=4, Sq=1, Sk=1000, D=128, paging=pages(), packing=packs(), device=1),
+    "packed_stray_total": structured(B=3, packing=b"\x80\x01", device=1),
 }
 
 # Inputs that once broke a property checked with FC_FUZZ_STRICT=1 (see fuzz_params.c's header),
