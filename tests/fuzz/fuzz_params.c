@@ -46,7 +46,7 @@
  *     bottom-right causal is FC_UNSUPPORTED_VARLEN); only the sm90 forward runs them, never
  *     split or sliced, the plan sizing the list of query blocks (fc_varlen_workspace_bytes), and
  *     fc_sdpa_fwd gives FC_ERR_BAD_WORKSPACE without it; a packed call the sm90 family takes runs
- *     there on sm_90 (the backward harness leaves the fields zero: no packed model there yet);
+ *     there on sm_90; the backward declines every packed call (FC_UNSUPPORTED_VARLEN);
  *   * the canonical layout (fc_params_set_contiguous_strides on sane sizes) is never rejected
  *     for a layout reason (no false rejections);
  *   * backward inputs (an fc_bwd_params, itself in a heap block of exactly its size): the same
@@ -1140,15 +1140,6 @@ static void decode_structured(reader *r, fc_params *p) {
     }
 }
 
-/* The backward harness's structs leave the packed fields (and the forward's workspace, which
- * decode_structured sets only for packed calls) zero: the backward's model has no packed calls
- * yet (bwd_dispatch declines them, FC_UNSUPPORTED_VARLEN). */
-static void clear_packed(fc_params *p, int structured) {
-    if (structured && p->cu_seq_q != NULL) p->workspace = NULL, p->workspace_bytes = 0;
-    p->cu_seq_q = p->cu_seq_k = NULL;
-    p->total_q = p->total_k = 0;
-}
-
 /* Saturating i128 -> int64 (workspace sizes derived from a need). */
 static int64_t clamp_i64(i128 x) {
     return x > INT64_MAX ? INT64_MAX : x < INT64_MIN ? INT64_MIN : (int64_t)x;
@@ -1177,7 +1168,6 @@ static void decode_bwd(reader *r, fc_bwd_params *b) {
     fc_bwd_params_init(b);
     fc_params *f = &b->fwd;
     decode_structured(r, f);
-    clear_packed(f, 1);
     const uint8_t flags = take_u8(r);
     b->deterministic = (flags >> 1) & 1;
     if (flags & 4) b->deterministic = (int)take_i64(r);
@@ -1424,7 +1414,8 @@ static void check_bwd(const fc_bwd_params *b, int device) {
 
     const fc_status v = fc_bwd_params_validate(b);
     REQUIRE((int)v >= 0 &&
-            (v < FC_UNSUPPORTED_DTYPE || v == FC_ERR_BAD_WINDOW || v == FC_ERR_BAD_SOFTCAP || v == FC_ERR_BAD_PAGES) &&
+            (v < FC_UNSUPPORTED_DTYPE || v == FC_ERR_BAD_WINDOW || v == FC_ERR_BAD_SOFTCAP || v == FC_ERR_BAD_PAGES ||
+             v == FC_ERR_BAD_VARLEN || v == FC_UNSUPPORTED_VARLEN) &&
             v != FC_ERR_NULL_PARAMS);
     REQUIRE(fc_status_string(v) != NULL && fc_status_string(v)[0] != '\0');
     REQUIRE(fc_bwd_params_validate(b) == v);
@@ -1462,7 +1453,8 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         /* support == FC_OK implies validate == FC_OK; family AUTO iff unsupported, else SM80 / SM90 */
         if (v != FC_OK) REQUIRE(sup == v);
         else REQUIRE(sup == FC_OK || (sup >= FC_UNSUPPORTED_DTYPE && sup < FC_ERR_CUDA) ||
-                     sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SOFTCAP || sup == FC_UNSUPPORTED_PAGED);
+                     sup == FC_UNSUPPORTED_BAND || sup == FC_UNSUPPORTED_SOFTCAP || sup == FC_UNSUPPORTED_PAGED ||
+                     sup == FC_UNSUPPORTED_VARLEN);
         REQUIRE((sup == FC_OK) == (fam != FC_FAMILY_AUTO));
         REQUIRE(fam == FC_FAMILY_AUTO || fam == FC_FAMILY_SM80 || fam == FC_FAMILY_SM90);
         if (v != FC_OK) continue;
@@ -1477,13 +1469,15 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         const int general = rf.band_ == FC_BAND_GENERAL_;
         /* (a softcap: the sm90 family, no mask) */
         const int softcap = f->softcap != 0.0f;
-        /* (a paged forward: no backward kernel reads pages, whatever else holds) */
-        const int paged = f->block_table != NULL;
-        const int sm80 = dtype_ok && f->mask_kind == FC_MASK_NONE && !general && !softcap && !paged &&
+        /* (a paged forward: no backward kernel reads pages, whatever else holds; nor packed
+         * sequences, declined next) */
+        const int paged = f->block_table != NULL, packed = f->cu_seq_q != NULL;
+        const int sm80 = dtype_ok && f->mask_kind == FC_MASK_NONE && !general && !softcap && !paged && !packed &&
                          bwd_family_possible(b, FC_FAMILY_SM80, cc);
-        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && !softcap)) && !paged &&
+        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && !softcap)) && !paged && !packed &&
                          bwd_family_possible(b, FC_FAMILY_SM90, cc);
         REQUIRE((sup == FC_UNSUPPORTED_PAGED) == paged);
+        REQUIRE((sup == FC_UNSUPPORTED_VARLEN) == (packed && !paged));
         if (f->family == FC_FAMILY_AUTO) {
             const fc_family want = sm90 && !b->deterministic ? FC_FAMILY_SM90 : sm80 ? FC_FAMILY_SM80 : FC_FAMILY_AUTO;
             REQUIRE(fam == want);
@@ -1928,12 +1922,10 @@ static void check_bwd_input(reader *r) {
     case 1:
         memset(b, 0, sizeof *b);
         memcpy(b, r->data + r->pos, left < sizeof *b ? left : sizeof *b);
-        clear_packed(&b->fwd, 0);
         break;
     case 3: {
         fc_bwd_params_init(b);
         decode_structured(r, &b->fwd);
-        clear_packed(&b->fwd, 1);
         const size_t rest = sizeof *b - sizeof b->fwd, n = r->size - r->pos;
         memcpy((char *)b + sizeof b->fwd, r->data + r->pos, n < rest ? n : rest);
         break;

@@ -264,6 +264,7 @@ SEEDS = {
     "packed_misaligned_cu_seq_q": structured(B=3, packing=packs(cu_sel=(0xC2, 0)), device=1),
     "packed_paged": structured(B=4, Hkv=2, group=4, Sq=1, Sk=1000, D=128, paging=pages(), packing=packs(), device=1),
     "packed_stray_total": structured(B=3, packing=b"\x80\x01", device=1),
+    "bwd_packed_unsupported": backward(B=3, packing=packs()),
 }
 
 # Inputs that once broke a property checked with FC_FUZZ_STRICT=1 (see fuzz_params.c's header),
