@@ -56,7 +56,8 @@ Run
   torch_varlen (how causal was passed, or why skipped), args, elapsed_s, mixes (each mix's
   document lengths), rows}; each row: mix, tokens, docs, max_len, D, Hq, Hkv, causal, dtype,
   pass ("fwd" / "fwd+bwd"), impl, dense_S, ms, tflops, vs_torch_varlen, vs_dense, maxdiff,
-  status ("ok", "fallback", "WRONG ...", "skipped: <why>"), path (flashcore-dense: explain() /
+  status ("ok", "fallback", "WRONG ...", "skipped: <why>"), path (flashcore-varlen:
+  explain_varlen(); flashcore-dense: explain() /
   explain_training(); torch-varlen: how causal was passed).
 """
 import argparse
@@ -249,6 +250,19 @@ def dense_path(flashcore, q, k, v, gqa, pass_):
         return f"unknown ({first_line(e)})"
 
 
+def varlen_path(flashcore, q, k, v, cu_seq, max_len, gqa, pass_):
+    """What flashcore.explain_varlen says the packed call runs (fwd: without autograd, as it is
+    timed; fwd+bwd: a training call). Never raises; "" where this flashcore has no explain_varlen."""
+    explain = getattr(flashcore, "explain_varlen", None)
+    if explain is None:
+        return ""
+    try:
+        with torch.set_grad_enabled(pass_ != "fwd"):
+            return explain(q, k, v, cu_seq, cu_seq, max_len, max_len, window_size=(-1, 0), enable_gqa=gqa)
+    except Exception as e:  # a diagnostic: its failure must not stop the bench
+        return f"unknown ({first_line(e)})"
+
+
 # --------------------------------------------------------------------------- timing
 
 class Timer:
@@ -349,6 +363,8 @@ def run_mix(mix, lengths, d, hq, hkv, timer, torch_varlen, flashcore, device, se
                 row["path"] = tv_how
             elif impl == "flashcore-dense":
                 row["path"] = dense_path(flashcore, dq, dk, dv, gqa, pass_)
+            else:
+                row["path"] = varlen_path(flashcore, q, k, v, cu_seq, max_len, gqa, pass_)
             if isinstance(spec, str):
                 row["status"] = f"skipped: {spec}"
                 continue
@@ -408,7 +424,7 @@ def print_row(row):
           f"{fmt(row['ms'], '9.3f')} {fmt(row['tflops'], '8.1f')} "
           f"{fmt(row['vs_torch_varlen'], '8.3f')} {fmt(row['vs_dense'], '8.3f')} "
           f"{fmt(row['maxdiff'], '8.1e')}  {row['status']}"
-          + (f"  [{row['path']}]" if row["impl"] == "flashcore-dense" and row["path"] else ""),
+          + (f"  [{row['path']}]" if row["impl"] != "torch-varlen" and row["path"] else ""),
           flush=True)
 
 
