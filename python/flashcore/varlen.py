@@ -473,14 +473,9 @@ def _fused_paged_decode(query, key, value, seqused_k, block_table, plan, scale):
 
 # The Hopper forward's head dims (the fused packed forward runs there alone).
 _VARLEN_HEAD_DIMS = (64, 128, 256)
-_CAPABILITY = {}
-
-
 def _is_hopper(device) -> bool:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _CAPABILITY:
-        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
-    return _CAPABILITY[index] == (9, 0)
+    from . import _ops  # (imported here: _ops imports this module's package)
+    return _ops._device_capability(device) == (9, 0)
 
 
 def _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, scale):
@@ -796,20 +791,18 @@ if getattr(_TORCH_ORIGINAL, "__flashcore_patch__", False):  # module reloaded wh
 
 
 def _torch_parameters():
-    """(names of the original's positional parameters after max_k, e.g. ("is_causal",
-    "return_aux") in torch 2.9; () in 2.14), read once: releases differ in what they take."""
+    """(every parameter name of the original, the names of its positional parameters after
+    max_k, e.g. ("is_causal", "return_aux") in torch 2.9 and () in 2.14), read once: releases
+    differ in what they take."""
     import inspect
     if _TORCH_ORIGINAL is None:
-        return ()
-    params = list(inspect.signature(_TORCH_ORIGINAL).parameters.values())[7:]
-    return tuple(p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
+        return frozenset(), ()
+    params = list(inspect.signature(_TORCH_ORIGINAL).parameters.values())
+    return (frozenset(p.name for p in params),
+            tuple(p.name for p in params[7:] if p.kind == p.POSITIONAL_OR_KEYWORD))
 
 
-_TORCH_POSITIONAL = _torch_parameters()
-_TORCH_NAMES = frozenset()
-if _TORCH_ORIGINAL is not None:
-    import inspect as _inspect
-    _TORCH_NAMES = frozenset(_inspect.signature(_TORCH_ORIGINAL).parameters)
+_TORCH_NAMES, _TORCH_POSITIONAL = _torch_parameters()
 
 
 def _training_goes_to_torch(query, key, value, return_aux, scale, window_size, enable_gqa,
