@@ -70,7 +70,7 @@ int64_t fc_varlen_workspace_bytes(const fc_params *p) {
     if (p->total_q < 0 || p->batch < 0 || p->total_q > INT64_MAX - FC_VARLEN_BLOCK_ROWS) return INT64_MAX;
     int64_t entries = 0, bytes = 0;
     if (__builtin_add_overflow((p->total_q + FC_VARLEN_BLOCK_ROWS - 1) / FC_VARLEN_BLOCK_ROWS, p->batch, &entries) ||
-        __builtin_mul_overflow(entries, (int64_t)FC_VARLEN_ENTRY_BYTES, &bytes) ||
+        __builtin_mul_overflow(entries, (int64_t)(2 * FC_VARLEN_ENTRY_BYTES), &bytes) ||  /* two lists */
         __builtin_add_overflow(bytes, (int64_t)FC_VARLEN_HEADER_BYTES, &bytes))
         return INT64_MAX;
     return bytes;

@@ -46,8 +46,9 @@ int64_t fc_decode_workspace_bytes(const fc_params *p, int splits);
 /*
  * Packed variable-length calls (fc_params.cu_seq_q) in the Hopper forward: a first kernel lists
  * every sequence's query blocks of FC_VARLEN_BLOCK_ROWS rows in the workspace (kernels/sm90/
- * varlen_blocks.cuh), the forward's persistent CTAs take (head, block) tiles from that list.
- * The workspace: a 16-byte header (the list's length), then FC_VARLEN_ENTRY_BYTES per entry,
+ * varlen_blocks.cuh), sorted by work, the forward's persistent CTAs take (head, block) tiles
+ * from that list. The workspace: a 16-byte header (the list's length), then FC_VARLEN_ENTRY_BYTES
+ * per entry for two lists (the sorted one, then the scratch the kernel sorts from), each with
  * room for total_q / rows + batch entries (each sequence's last block may be partial).
  */
 #define FC_VARLEN_BLOCK_ROWS 128

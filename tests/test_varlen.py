@@ -1084,6 +1084,21 @@ def test_cuda_packed_forward_strided_views_and_gradients(monkeypatch):
 
 @needs_varlen_op
 @hopper_only
+def test_cuda_packed_forward_offsets_rewritten_in_place():
+    """The plan is cached per offsets tensor (_cached_varlen_fwd_plan): the same tensor, written
+    on the GPU between two calls, gives the second call's result for the new offsets."""
+    first, second = [200, 56, 1], [1, 128, 128]
+    q, k, v = packed(first, hq=4, hkv=4, d=128, dtype=torch.bfloat16, device="cuda", seed=3)
+    cu = offsets(first, "cuda")
+    for lens in (first, second, second):
+        cu.copy_(offsets(lens, "cuda"))
+        out = varlen_attn(q, k, v, cu, cu, 200, 200, window_size=(-1, 0))
+        ref = reference(q, k, v, lens, lens, (-1, 0))[0]
+        assert (out.double() - ref).abs().max().item() <= 2e-2, lens
+
+
+@needs_varlen_op
+@hopper_only
 def test_cuda_packed_forward_compiles():
     q_lens = [100, 3, 200]
     q, k, v = packed(q_lens, hq=8, hkv=8, d=64, dtype=torch.float16, device="cuda")
@@ -1138,6 +1153,41 @@ def test_packed_forward_plan_leaves_bad_offsets_to_plan(cu_q, cu_k, max_q, max_k
     q, k, _ = packed([4], [8], extra_q=2)
     as_t = lambda xs: torch.tensor(xs, dtype=I32)
     assert varlen_mod._varlen_fwd_plan(q, k, as_t(cu_q), as_t(cu_k), max_q, max_k, False) is None
+
+
+def test_packed_forward_plan_cache(monkeypatch):
+    """_cached_varlen_fwd_plan reads the offsets again exactly when a cached plan could be stale:
+    other offset tensors, offsets written in place, other sizes or bounds; never for inference
+    tensors (no version counter)."""
+    reads = []
+    real = varlen_mod._varlen_fwd_plan
+    monkeypatch.setattr(varlen_mod, "_varlen_fwd_plan", lambda *a: reads.append(1) or real(*a))
+    monkeypatch.setattr(varlen_mod, "_last_varlen_plan", None)
+    q, k, _ = packed([4, 3], [4, 3], extra_q=1)
+    cu = offsets([4, 3])
+
+    def plan(cu_q=cu, cu_k=cu, q_=q, max_q=8, causal=True):
+        before = len(reads)
+        got = varlen_mod._cached_varlen_fwd_plan(q_, k, cu_q, cu_k, max_q, 8, causal)
+        return got, len(reads) - before
+
+    first, n = plan()
+    assert n == 1 and tuple(first) == (4, 4, 7, False)
+    assert plan() == (first, 0)  # same tensors, unwritten: no read
+    assert plan(max_q=16)[1] == 1  # another bound
+    assert plan(causal=False)[1] == 1
+    assert plan(q_=q[:-1])[1] == 1  # another query size
+    assert plan()[1] == 1 and plan()[1] == 0
+    cu[1] = 4  # written in place (same values): read again
+    assert plan()[1] == 1 and plan()[1] == 0
+    other = offsets([4, 3])
+    assert plan(cu_q=other, cu_k=other)[1] == 1  # equal values, other tensors
+    cu[1] = 5  # a write that changes the plan
+    got, n = plan()
+    assert n == 1 and tuple(got) == (5, 5, 7, False)
+    with torch.inference_mode():
+        frozen = offsets([4, 3])
+    assert plan(cu_q=frozen, cu_k=frozen)[1] == 1 and plan(cu_q=frozen, cu_k=frozen)[1] == 1
 
 
 # ---- training calls to PyTorch's varlen_attn (_training_goes_to_torch) -------------------------

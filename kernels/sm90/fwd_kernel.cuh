@@ -174,7 +174,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // The tile schedule (sm90/fwd_schedule.cuh), the producer's and the consumers' alike: tile t
     // and its sequence (the call's lengths, or a packed sequence's), its key tiles.
     auto tile_of = [&](int t, SeqSpan &seq) -> Tile {
-        if constexpr (kVarlen) return varlen_tile(t, varlen_blocks, p, seq);
+        if constexpr (kVarlen) return varlen_tile(t, heads_q_div, p, seq);
         seq = SeqSpan{seqlen_q, 0, seqlen_k};
         return decode_tile(t, m_blocks_div, heads_q_div);
     };

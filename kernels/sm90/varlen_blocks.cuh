@@ -5,10 +5,18 @@
 // The host never reads the offsets, so it cannot count the blocks. A first kernel
 // (varlen_blocks_kernel, one CTA) reads cu_seq_q / cu_seq_k and writes into the workspace the
 // number of blocks, then one entry per block: its sequence's first query row, query count,
-// first key row and key count, and the block's index within the sequence. Each sequence's blocks
-// are listed last-first, so under causal masking a sequence's longest blocks start first. The
-// forward's tile t is (query head t / blocks, entry t % blocks): consecutive tiles share a head
-// and mostly a sequence, so the CTAs in flight at once read the same K/V from L2.
+// first key row and key count, and the block's index within the sequence.
+//
+// The list is sorted by each block's work (its key count, causal masking included), longest
+// first: packed blocks differ in work by up to the ratio of the longest sequence to the block,
+// and the forward's persistent grid hands tiles out in a fixed (snake) order, which only evens
+// out the CTAs' loads when the tiles come sorted. The forward's tile t is (entry t / heads, query
+// head t % heads): every head of one block is next to the others, so the heads of one KV group
+// (consecutive query heads) and the blocks in flight at once read the same keys from L2. The
+// sort is a counting sort over the work in 128-key units (kVarlenWorkBuckets buckets; longer
+// blocks share the last): the sequence-ordered list goes to the workspace's scratch half first.
+// (Within a bucket the order follows the atomics, so it may differ from call to call; each
+// tile's arithmetic does not depend on it.)
 //
 // Offsets are clamped into [0, total_q] and [0, total_k] (a sequence ends no earlier than it
 // starts), and the list stops at the workspace's capacity (fc_varlen_block_capacity, which
@@ -18,6 +26,7 @@
 // tiles (its GEMM-turn ring, started by each CTA's first tile, relies on that).
 #pragma once
 
+#include "common/fast_div.cuh"
 #include "flashcore.h"
 #include "launch_rules.h"  // FC_VARLEN_*
 #include "sm90/fwd_traits.cuh"  // Tile
@@ -39,12 +48,14 @@ struct alignas(16) VarlenBlock {
 };
 static_assert(sizeof(VarlenBlock) == FC_VARLEN_ENTRY_BYTES, "launch_rules.h sizes the workspace from this");
 
-// The workspace: the header (the entry count, padded to FC_VARLEN_HEADER_BYTES), then the entries.
+// The workspace: the header (the entry count, padded to FC_VARLEN_HEADER_BYTES), then the sorted
+// entries, then (capacity entries further) the scratch the unsorted list is written to first.
 struct VarlenList {
     int count;
     int unused[3];
     __device__ const VarlenBlock *blocks() const { return reinterpret_cast<const VarlenBlock *>(this + 1); }
     __device__ VarlenBlock *blocks() { return reinterpret_cast<VarlenBlock *>(this + 1); }
+    __device__ VarlenBlock *scratch(int capacity) { return blocks() + capacity; }
 };
 static_assert(sizeof(VarlenList) == FC_VARLEN_HEADER_BYTES, "launch_rules.h sizes the workspace from this");
 
@@ -63,6 +74,14 @@ __device__ __forceinline__ void varlen_rows(const fc_params &p, int b, int *q0, 
 }
 
 constexpr int kVarlenListThreads = 1024;
+constexpr int kVarlenWorkBuckets = kVarlenListThreads;  // (one per thread in the sort's scan)
+
+// A listed block's work in 128-key tiles (its bucket in the sort): top-left causal masking shows
+// block m at most (m + 1) * FC_VARLEN_BLOCK_ROWS keys.
+__device__ __forceinline__ int block_work(const VarlenBlock &e, bool causal) {
+    const int keys = causal ? min(e.sk, (e.m_block + 1) * FC_VARLEN_BLOCK_ROWS) : e.sk;
+    return min((keys + 127) / 128, kVarlenWorkBuckets - 1);
+}
 
 // An exclusive prefix sum over the CTA's threads (kVarlenListThreads); *total gets the sum.
 __device__ __forceinline__ int block_exclusive_sum(int x, int *total) {
@@ -95,14 +114,35 @@ __device__ __forceinline__ int block_exclusive_sum(int x, int *total) {
     return exclusive;
 }
 
+// Sorts the first `count` entries of `from` into `to` by block_work, largest first (a counting
+// sort; see the top of this file). Every thread of the CTA calls it.
+__device__ __forceinline__ void sort_by_work(const VarlenBlock *from, VarlenBlock *to, int count, bool causal) {
+    __shared__ int bucket_next[kVarlenWorkBuckets];  // counts, then each bucket's next free slot
+    bucket_next[threadIdx.x] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < count; i += kVarlenListThreads) atomicAdd(&bucket_next[block_work(from[i], causal)], 1);
+    __syncthreads();
+    // Largest work first: thread i scans bucket kVarlenWorkBuckets - 1 - i.
+    const int bucket = kVarlenWorkBuckets - 1 - static_cast<int>(threadIdx.x);
+    int unused_total;
+    const int first = block_exclusive_sum(bucket_next[bucket], &unused_total);
+    bucket_next[bucket] = first;  // (block_exclusive_sum's barriers: every count was read before)
+    __syncthreads();
+    for (int i = threadIdx.x; i < count; i += kVarlenListThreads) {
+        const VarlenBlock e = from[i];
+        to[atomicAdd(&bucket_next[block_work(e, causal)], 1)] = e;
+    }
+}
+
 // One CTA of kVarlenListThreads: the list of query blocks (see the top of this file), and the
 // output of sequences that have queries but no key.
 template <typename Elem>
 __global__ void __launch_bounds__(kVarlenListThreads) varlen_blocks_kernel(const fc_params p) {
     VarlenList *list = static_cast<VarlenList *>(p.workspace);
     const int capacity = static_cast<int>(fc_varlen_block_capacity(p.total_q, p.batch));
+    VarlenBlock *unsorted = list->scratch(capacity);
     const int batch = static_cast<int>(p.batch);
-    int listed = 0;  // entries before this chunk of sequences
+    int listed = 0;  // entries before this chunk of sequences (the same in every thread)
     for (int chunk = 0; chunk < batch; chunk += kVarlenListThreads) {
         const int b = chunk + static_cast<int>(threadIdx.x);
         int q0 = 0, sq = 0, k0 = 0, sk = 0;
@@ -112,9 +152,9 @@ __global__ void __launch_bounds__(kVarlenListThreads) varlen_blocks_kernel(const
         const int first = listed + block_exclusive_sum(blocks, &chunk_blocks);
         for (int i = 0; i < blocks && first + i < capacity; ++i) {
             VarlenBlock e = {};
-            e.m_block = blocks - 1 - i;
+            e.m_block = i;
             e.q0 = q0, e.sq = sq, e.k0 = k0, e.sk = sk;
-            list->blocks()[first + i] = e;
+            unsorted[first + i] = e;
         }
         if (sq > 0 && sk == 0) {  // no key: zeros, LSE -inf (as a fully masked row)
             Elem *out = static_cast<Elem *>(p.out);
@@ -126,18 +166,22 @@ __global__ void __launch_bounds__(kVarlenListThreads) varlen_blocks_kernel(const
         }
         listed += chunk_blocks;
     }
-    if (threadIdx.x == 0) list->count = min(listed, capacity);
+    const int count = min(listed, capacity);
+    __syncthreads();  // the unsorted list, written by every thread, read by any
+    sort_by_work(unsorted, list->blocks(), count, p.causal != 0);
+    if (threadIdx.x == 0) list->count = count;
 }
 
-// The forward's tile t of a packed call with `blocks` list entries: query head t / blocks of the
-// entry t % blocks. Tile::batch carries the sequence's first query row: the launcher sets the
-// batch strides of out and the LSE to their row strides, so the epilogue's dense addressing
-// (batch * batch stride + row * row stride) lands on the packed rows unchanged.
-__device__ __forceinline__ Tile varlen_tile(int t, int blocks, const fc_params &p, SeqSpan &seq) {
-    const int head = t / blocks;
-    const VarlenBlock e = static_cast<const VarlenList *>(p.workspace)->blocks()[t - head * blocks];
+// The forward's tile t of a packed call: query head t % heads of the entry t / heads (see the top
+// of this file; `heads`: fwd_kernel's divisor by the query heads). Tile::batch carries the
+// sequence's first query row: the launcher sets the batch strides of out and the LSE to their row
+// strides, so the epilogue's dense addressing (batch * batch stride + row * row stride) lands on
+// the packed rows unchanged.
+__device__ __forceinline__ Tile varlen_tile(int t, const FastDiv &heads, const fc_params &p, SeqSpan &seq) {
+    const int entry = heads.div(t);
+    const VarlenBlock e = static_cast<const VarlenList *>(p.workspace)->blocks()[entry];
     seq = SeqSpan{e.sq, e.k0, e.sk};
-    return Tile{e.m_block, head, e.q0};
+    return Tile{e.m_block, t - entry * static_cast<int>(heads.d), e.q0};
 }
 
 // The number of listed blocks (the forward's tiles: every query head over each of them).
