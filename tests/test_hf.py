@@ -1009,3 +1009,154 @@ def test_gpu_compile_llama():
         out = torch.compile(model, fullgraph=True)(input_ids=ids).logits
     within(out, ref_lp, ref_hi, atol=2e-2)
     torch._dynamo.reset()
+
+
+# ---- packed sequences (padding-free training): the tagged mask and flashcore.varlen_attn ----------
+
+from transformers.masking_utils import (and_masks, or_masks,  # noqa: E402
+                                        packed_sequence_mask_function)
+
+PACKED_DOCS = [(5, 1, 9, 7), (3, 19)]  # per batch row: document lengths (22 tokens each)
+
+
+def packed_position_ids(rows=PACKED_DOCS):
+    return torch.tensor([[p for n in docs for p in range(n)] for docs in rows])
+
+
+def packed_document_ids(rows=PACKED_DOCS):
+    return torch.tensor([[i for i, n in enumerate(docs) for _ in range(n)] for docs in rows])
+
+
+def packed_kw(ids, **over):
+    b, t = ids.shape
+    kw = dict(batch_size=b, q_length=t, kv_length=t, allow_is_causal_skip=False,  # (as transformers)
+              mask_function=and_masks(causal_mask_function, packed_sequence_mask_function(ids)))
+    kw.update(over)
+    return kw
+
+
+def test_packed_mask_is_transformers_mask_tagged_with_the_documents():
+    ids = packed_document_ids()
+    kw = packed_kw(ids)
+    out = fc_hf.flashcore_mask(**kw)
+    assert torch.equal(out, sdpa_mask(**kw))
+    docs = getattr(out, fc_hf._TAG)
+    # rows flattened: row 0's documents, then row 1's (22 tokens a row)
+    assert docs.cu_seq.tolist() == [0, 5, 6, 15, 22, 25, 44] and docs.max_len == 19
+    assert docs.cu_seq.dtype == torch.int32 and (docs.batch, docs.length) == (2, 22)
+
+
+@pytest.mark.parametrize("change", ["padding", "offset", "window", "or_mask", "and_order",
+                                    "float_ids", "kv_longer"])
+def test_packed_mask_other_forms_are_not_tagged(change):
+    """Only transformers' packed causal mask with no padding, no cache offset and no window gets the
+    tag; anything else is sdpa_mask's answer, untagged."""
+    ids = packed_document_ids()
+    wide = packed_document_ids([(5, 1, 9, 10), (3, 22)])  # 25 tokens: room for an offset of 3
+    fn = and_masks(causal_mask_function, packed_sequence_mask_function(ids))
+    kw = {
+        "padding": packed_kw(ids, attention_mask=torch.ones(2, 22, dtype=torch.long)),
+        "offset": packed_kw(wide, q_length=22, kv_length=22, q_offset=3, kv_offset=3),
+        "window": packed_kw(ids, local_size=4),
+        "or_mask": packed_kw(ids, mask_function=or_masks(fn, causal_mask_function)),
+        "and_order": packed_kw(ids, mask_function=and_masks(packed_sequence_mask_function(ids),
+                                                            causal_mask_function)),
+        "float_ids": packed_kw(ids, mask_function=and_masks(
+            causal_mask_function, packed_sequence_mask_function(ids.double()))),
+        "kv_longer": packed_kw(wide, q_length=22, kv_length=25),
+    }[change]
+    out = fc_hf.flashcore_mask(**kw)
+    assert out is None or not hasattr(out, fc_hf._TAG)
+
+
+def packed_logits_grad(model, impl, position_ids, ids, seed=7):
+    model.set_attn_implementation(impl)
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
+    g = torch.Generator().manual_seed(seed)
+    (out * torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.dtype)).sum().backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+    return out.detach(), grads.detach()
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_packed_batch_runs_varlen_and_matches_eager(name, monkeypatch):
+    """Two rows of packed documents (position_ids restarting, no attention mask, no cache: how
+    transformers trains padding-free): every layer's
+    attention goes through flashcore.varlen_attn with the documents' offsets, and the logits and
+    parameter gradients equal sdpa's (float64; eager's within its float32 softmax); a document's
+    logits equal the same document run alone (no attention across documents)."""
+    calls = []
+    real = flashcore.varlen_attn
+
+    def spy(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+        calls.append((cu_q.tolist(), max_q, kw["window_size"]))
+        return real(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+
+    monkeypatch.setattr(flashcore, "varlen_attn", spy)
+    model = build(name, dtype=torch.float64)
+    pos, ids = packed_position_ids(), ids_for(2, 22, seed=4)
+    ref, ref_g = packed_logits_grad(model, "eager", pos, ids)
+    sd, sd_g = packed_logits_grad(model, "sdpa", pos, ids)
+    calls.clear()
+    out, out_g = packed_logits_grad(model, "flashcore", pos, ids)
+    assert calls == [([0, 5, 6, 15, 22, 25, 44], 19, (-1, 0))] * model.config.num_hidden_layers
+    torch.testing.assert_close(out, sd, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(out_g, sd_g, rtol=1e-9, atol=1e-9)
+    # eager's softmax runs in float32 whatever the model's dtype: no farther from it than sdpa
+    for got, want, yardstick in ((out, ref, sd), (out_g, ref_g, sd_g)):
+        assert (got - want).abs().max() <= 1.01 * (yardstick - want).abs().max() + 1e-12
+    alone = logits(model, "flashcore", ids[1:, 3:])  # row 1's second document by itself
+    torch.testing.assert_close(out[1:, 3:], alone, rtol=1e-9, atol=1e-9)
+
+
+def test_packed_mask_without_tag_is_used_as_a_mask(monkeypatch):
+    """A model whose mask lost the tag (sliced, rebuilt) gets the mask's result: same logits."""
+    model = build("llama", dtype=torch.float64)
+    pos, ids = packed_position_ids(), ids_for(2, 22, seed=4)
+    tagged = logits(model, "flashcore", ids)
+    real_builder = fc_hf.flashcore_mask
+
+    def untagged(*args, **kwargs):
+        mask = real_builder(*args, **kwargs)
+        return None if mask is None else mask.clone()  # (a clone carries no Python attributes)
+
+    monkeypatch.setitem(AttentionMaskInterface._global_mapping, "flashcore", untagged)
+    model.set_attn_implementation("flashcore")
+    with torch.no_grad():
+        out_untagged = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    monkeypatch.setitem(AttentionMaskInterface._global_mapping, "flashcore", real_builder)
+    with torch.no_grad():
+        out_tagged = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    torch.testing.assert_close(out_untagged, out_tagged, rtol=1e-9, atol=1e-9)
+    assert not torch.allclose(out_tagged, tagged)  # (the documents did change the logits)
+
+
+@gpu
+def test_gpu_packed_batch_bf16(monkeypatch):
+    """On the GPU, bf16, D=128 (the Hopper packed forward for inference; training calls go to
+    PyTorch's varlen_attn): logits and gradients of a packed batch within twice bf16 sdpa's error
+    of float32 sdpa, every layer through flashcore.varlen_attn."""
+    calls = []
+    real = flashcore.varlen_attn
+    monkeypatch.setattr(flashcore, "varlen_attn",
+                        lambda *a, **kw: calls.append(a[3].shape) or real(*a, **kw))
+    kw = dict(head_dim=128, heads=8, kv_heads=2, layers=2)
+    rows = [(300, 1, 77, 134), (512,)]
+    pos = packed_position_ids(rows).cuda()
+    ids = ids_for(2, 512, seed=5, device="cuda")
+    hi = build("llama", dtype=torch.float32, device="cuda", **kw)
+    lp = build("llama", dtype=torch.bfloat16, device="cuda", **kw)
+    ref_hi, ref_hi_g = packed_logits_grad(hi, "sdpa", pos, ids)
+    ref_lp, ref_lp_g = packed_logits_grad(lp, "sdpa", pos, ids)
+    calls.clear()
+    out, out_g = packed_logits_grad(lp, "flashcore", pos, ids)
+    assert len(calls) == 2
+    within(out, ref_lp, ref_hi, atol=2e-2)
+    within(out_g, ref_lp_g, ref_hi_g, atol=2e-2)
+    with torch.no_grad():  # inference: the fused packed forward on Hopper
+        lp.set_attn_implementation("flashcore")
+        calls.clear()
+        inf = lp(input_ids=ids, position_ids=pos, use_cache=False).logits
+    assert len(calls) == 2
+    within(inf, ref_lp, ref_hi, atol=2e-2)

@@ -41,6 +41,15 @@ and sliding windows run by ``flashcore.attention``:
   chunked attention, torch.export, a padding mask under torch.compile, any mask under
   torch.compile before torch 2.14): the window is then in
   the mask, which is used as it is (``flashcore.sdpa`` with that mask);
+- packed sequences (padding-free training: ``DataCollatorWithFlattening``, one row holding several
+  documents whose ``position_ids`` restart at each, no attention mask, no cache): transformers
+  then builds a causal mask that also keeps each document to itself
+  (``and_masks(causal_mask_function, packed_sequence_mask_function(ids))``). :func:`flashcore_mask`
+  builds that mask as ``sdpa_mask`` does and tags it with the documents' offsets (read once per
+  forward); the attention function, given a mask with the tag and no window, softcap or sinks,
+  runs ``flashcore.varlen_attn`` over the documents (causal within each, no cross-document
+  attention, no masked work) instead of the dense masked call. A mask that lost the tag (a model
+  that slices or rebuilds it) is used as it is. Not under torch.compile (the mask is used there);
 - a logit softcap (``softcap``, Gemma 2) and attention sinks (``s_aux``, gpt-oss) go to
   ``flashcore.attention(..., softcap=, sinks=)`` with the same mask, causal flag and window as
   above (the Hopper kernels take both without a mask; with a mask the sm80-class kernel applies
@@ -160,6 +169,68 @@ def _band_does_the_mask(q_length, kv_length, q_offset, kv_offset, mask_function,
     return bool(padding_mask[:, first:kv_offset + kv_length].all())
 
 
+def _packed_sequence_ids(mask_function):
+    """transformers' per-token document ids (B, T) when ``mask_function`` is its causal mask of
+    packed sequences, ``and_masks(causal_mask_function, packed_sequence_mask_function(ids))`` (what
+    ``create_causal_mask`` builds when ``position_ids`` restart with no attention mask and no
+    cache), else None. Recognised by its parts, as :func:`_causal_window_of` does."""
+    if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask":
+        return None
+    cells = dict(zip(mask_function.__code__.co_freevars, mask_function.__closure__ or ()))
+    parts = cells["mask_functions"].cell_contents if "mask_functions" in cells else None
+    if not (isinstance(parts, tuple) and len(parts) == 2 and parts[0] is causal_mask_function):
+        return None
+    inner = parts[1]
+    if getattr(inner, "__qualname__", "") != "packed_sequence_mask_function.<locals>.inner_mask":
+        return None
+    cells = dict(zip(inner.__code__.co_freevars, inner.__closure__ or ()))
+    ids = cells["packed_sequence_mask"].cell_contents if "packed_sequence_mask" in cells else None
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        return None
+    return ids
+
+
+class _PackedDocuments:
+    """The documents of a packed batch as ``flashcore.varlen_attn`` takes them: rows of the
+    flattened (B * T) tokens, int32 offsets ``cu_seq`` (a document never spans two batch rows) and
+    the longest document. Attached to the mask :func:`flashcore_mask` builds (``_TAG``)."""
+
+    def __init__(self, ids: torch.Tensor):
+        batch, length = ids.shape
+        starts = torch.ones_like(ids, dtype=torch.bool)
+        starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        first = starts.reshape(-1).nonzero().flatten()
+        end = torch.tensor([batch * length], device=ids.device, dtype=first.dtype)
+        self.cu_seq = torch.cat([first, end]).to(torch.int32)
+        self.max_len = int(self.cu_seq.diff().max())  # (one read of the device per forward)
+        self.batch, self.length = batch, length
+
+    def takes(self, query, key) -> bool:
+        return (query.shape[0] == self.batch and query.shape[2] == self.length
+                and key.shape[2] == self.length and query.device == self.cu_seq.device)
+
+
+_TAG = "_flashcore_packed_documents"
+
+
+def _packed_documents_of(attention_mask):
+    """The documents :func:`flashcore_mask` tagged ``attention_mask`` with, or None (no tag, or
+    under torch.compile, where the mask itself is used)."""
+    if attention_mask is None or torch.compiler.is_compiling():
+        return None
+    return getattr(attention_mask, _TAG, None)
+
+
+def _packed_attention(query, key, value, docs, scaling, enable_gqa):
+    """Causal attention within each packed document: ``flashcore.varlen_attn`` on (B * T, H, D)
+    views of the (B, H, T, D) inputs; the output as (B, T, Hq, D)."""
+    b, hq, t, _ = query.shape
+    q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], x.shape[3]) for x in (query, key, value))
+    out = flashcore.varlen_attn(q, k, v, docs.cu_seq, docs.cu_seq, docs.max_len, docs.max_len,
+                                window_size=(-1, 0), scale=scaling, enable_gqa=enable_gqa)
+    return out.reshape(b, t, hq, value.shape[3])
+
+
 def flashcore_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                    mask_function=causal_mask_function, attention_mask=None, local_size=None,
                    allow_is_causal_skip=True, **kwargs):
@@ -170,9 +241,18 @@ def flashcore_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     if allow_is_causal_skip and _band_does_the_mask(q_length, kv_length, q_offset, kv_offset,
                                                     mask_function, attention_mask, local_size):
         return None
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+    mask = sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
                      mask_function=mask_function, attention_mask=attention_mask,
                      local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+    # Packed documents (see the module docstring): the mask, tagged with their offsets.
+    if (isinstance(mask, torch.Tensor) and attention_mask is None and local_size is None
+            and q_length == kv_length and not isinstance(q_offset, torch.Tensor)
+            and not isinstance(kv_offset, torch.Tensor) and q_offset == 0 and kv_offset == 0
+            and not torch.compiler.is_compiling() and not is_torchdynamo_exporting()):
+        ids = _packed_sequence_ids(mask_function)
+        if ids is not None and tuple(ids.shape) == (batch_size, q_length) and not is_tracing(ids):
+            setattr(mask, _TAG, _PackedDocuments(ids.to(mask.device)))
+    return mask
 
 
 def _window_band(query, key, sliding_window):
@@ -226,6 +306,10 @@ def flashcore_attention_forward(
     enable_gqa = query.shape[1] != key.shape[1]
     # (Gemma 2 passes softcap=None on models without one; gpt-oss's sinks are a parameter.)
     variants = dict(softcap=float(kwargs.get("softcap") or 0.0), sinks=kwargs.get("s_aux"))
+    docs = _packed_documents_of(attention_mask)
+    if (docs is not None and docs.takes(query, key) and sliding_window is None
+            and not variants["softcap"] and variants["sinks"] is None):
+        return _packed_attention(query, key, value, docs, scaling, enable_gqa), None
     if band:
         out = flashcore.attention(query, key, value, is_causal=True,
                                   causal_alignment="bottom_right",
