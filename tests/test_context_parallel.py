@@ -130,3 +130,61 @@ def test_enable_disable_are_symmetric():
     assert fc_cp.enabled()
     fc_cp.disable()
     assert not fc_cp.enabled()
+
+
+# ---- the HuggingFace integration's attention function under context parallelism --------------
+
+def _hf_worker(rank, world, port, results):
+    """transformers' "flashcore" attention function on sequence-sharded q, k, v inside
+    context_parallel (flashcore.patched(), FlashCore's ring handlers enabled), against the same
+    function on the whole sequence in one process. Without going through PyTorch's wrapped
+    F.scaled_dot_product_attention it would attend to each rank's shard alone."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+    from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
+
+    import flashcore.integrations.hf as fc_hf
+
+    class Causal(torch.nn.Module):  # what transformers' attention functions read of a layer
+        is_causal = True
+        num_key_value_groups = 2
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        q = torch.randn(1, 4, 64, 16, dtype=torch.float64)
+        k, v = (torch.randn(1, 2, 64, 16, dtype=torch.float64) for _ in range(2))
+        module = Causal()
+        before = dict(fc_cp.calls)
+        ref, _ = fc_hf.flashcore_attention_forward(module, q, k, v, None, scaling=0.25)
+        assert not fc_cp.active() and fc_cp.calls == before  # (no context: FlashCore's op)
+        mesh = init_device_mesh("cpu", (world,))
+        fc_cp.enable()
+        _cp_options.enable_load_balance = True
+        cq, ck, cv = (t.clone() for t in (q, k, v))
+        with flashcore.patched():
+            with context_parallel(mesh, buffers=[cq, ck, cv], buffer_seq_dims=[2, 2, 2]):
+                was_active = fc_cp.active()
+                out, _ = fc_hf.flashcore_attention_forward(module, cq, ck, cv, None, scaling=0.25)
+            full = context_parallel_unshard(mesh, [out], [1])[0]  # (B, S, H, D): S is dim 1
+        results[rank] = (was_active, fc_cp.active(), (full - ref).abs().max().item(),
+                         fc_cp.calls["sdpa"] - before["sdpa"])
+    finally:
+        fc_cp.disable()
+        dist.destroy_process_group()
+
+
+def test_hf_attention_function_goes_through_the_ring():
+    pytest.importorskip("transformers")
+    world = 2
+    results = mp.Manager().dict()
+    mp.spawn(_hf_worker, args=(world, _free_port(), results), nprocs=world, join=True)
+    for rank in range(world):
+        was_active, after, err, ring_calls = results[rank]
+        assert was_active and not after
+        assert ring_calls == 1  # FlashCore's ring handler ran the call
+        # (the ring merges in float32: rounding there; a rank attending its shard alone is off by ~1)
+        assert err < 1e-5, f"rank {rank}: max |sharded - one process| = {err}"

@@ -28,9 +28,11 @@ PyTorch APIs: ``available()`` says whether this torch has them.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
-__all__ = ["available", "enable", "disable", "enabled", "takes", "calls"]
+__all__ = ["available", "enable", "disable", "enabled", "active", "takes", "calls"]
 
 # How many times each handler ran in this process (tests read it to see the ring went through
 # FlashCore's ops, not PyTorch's).
@@ -55,6 +57,20 @@ def _cp_module():
 def available() -> bool:
     """Whether this torch has the context-parallel internals FlashCore hooks into."""
     return torch.distributed.is_available() and _cp_module() is not None
+
+
+def active() -> bool:
+    """Whether a ``context_parallel`` context (in its default, monkey-patching mode) has wrapped
+    ``torch.nn.functional.scaled_dot_product_attention`` right now. Code that computes attention
+    without calling that function (the HuggingFace integration's ``"flashcore"``) must then go
+    through it, or each rank would attend to its own shard only. Reads only modules already
+    imported (nothing imported, no context)."""
+    for name in ("torch.distributed.tensor.experimental._context_parallel._attention",
+                 "torch.distributed.tensor.experimental._attention"):
+        replaced = getattr(sys.modules.get(name), "_replaced_functions", None)
+        if replaced:
+            return torch.nn.functional.scaled_dot_product_attention in replaced
+    return False
 
 
 def _ops():

@@ -56,8 +56,12 @@ and sliding windows run by ``flashcore.attention``:
   the softcap and the sinks are applied to the output, see ``flashcore.attention``);
 - what the FlashCore kernels do not implement is handed to transformers' own
   ``sdpa_attention_forward`` unchanged: ``output_attentions=True``, ``position_bias``,
-  ``dropout > 0`` (training), and a window on a non-causal layer with no mask. Where the builder left a window's mask out, the delegated
-  call is given the band as its bool mask (transformers' function ignores ``sliding_window``).
+  ``dropout > 0`` (training), and a window on a non-causal layer with no mask. So is every call
+  while PyTorch's context parallelism is active (``context_parallel``: its ring is a wrapper of
+  ``F.scaled_dot_product_attention``, which that function calls; with ``flashcore.patch()`` and
+  ``flashcore.integrations.context_parallel.enable()`` each ring step runs FlashCore's kernels).
+  Where the builder left a window's mask out, the delegated call is given the band as its bool
+  mask (transformers' function ignores ``sliding_window``).
   Where the op itself cannot run a kernel (CPU, fp32, other head dims, float32 masks with 16-bit
   inputs), it falls back to PyTorch's SDPA with the same arguments.
 
@@ -91,6 +95,7 @@ from transformers.utils.import_utils import is_torchdynamo_exporting, is_tracing
 
 import flashcore
 from flashcore import _band
+from flashcore.integrations import context_parallel as _context_parallel
 
 __all__ = ["NAME", "SUPPORTED_TRANSFORMERS", "TESTED_TRANSFORMERS", "register",
            "flashcore_attention_forward", "flashcore_mask"]
@@ -294,6 +299,10 @@ def flashcore_attention_forward(
         kwargs.get("output_attentions", False)
         or kwargs.get("position_bias") is not None
         or dropout > 0.0
+        # PyTorch's context parallelism wraps F.scaled_dot_product_attention (its ring): through
+        # transformers' function, which calls it (FlashCore's kernels per ring step where
+        # flashcore.patch() and flashcore.integrations.context_parallel.enable() are in effect)
+        or _context_parallel.active()
         # a non-causal layer with a window and no mask (transformers materializes those masks)
         or (sliding_window is not None and attention_mask is None and not causal
             and kv_length > sliding_window)
