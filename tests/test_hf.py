@@ -1160,3 +1160,72 @@ def test_gpu_packed_batch_bf16(monkeypatch):
         inf = lp(input_ids=ids, position_ids=pos, use_cache=False).logits
     assert len(calls) == 2
     within(inf, ref_lp, ref_hi, atol=2e-2)
+
+
+# ---- "paged|flashcore": continuous batching --------------------------------------------------------
+
+def _cb_tokens(model, impl, inputs, n=8):
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    model.set_attn_implementation(impl)
+    gc = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    out = model.generate_batch(inputs=inputs, generation_config=gc,
+                               continuous_batching_config=ContinuousBatchingConfig(
+                                   num_blocks=64, max_batch_tokens=256))
+    return {k: v.generated_tokens for k, v in out.items()}
+
+
+@pytest.fixture
+def cb_on_cpu(monkeypatch):
+    """Continuous batching sizes its cache from the device's free memory, none on the CPU: give it
+    1 GiB (the GPU test does without)."""
+    from transformers.generation.continuous_batching.cache import PagedAttentionMemoryHandler
+    if not GPU:
+        monkeypatch.setattr(PagedAttentionMemoryHandler, "get_available_memory", lambda self: 1 << 30)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("impl", ["flashcore", "paged|flashcore"])
+def test_continuous_batching_matches_paged_sdpa(name, impl, cb_on_cpu, monkeypatch):
+    """generate_batch over requests of 5, 17 and 9 prompt tokens (Mistral's window of 12 cuts):
+    "flashcore" (switched to "paged|flashcore" by transformers) and "paged|flashcore" generate
+    paged|sdpa's greedy tokens, every attention call through flashcore.varlen_attn."""
+    calls = []
+    real = flashcore.varlen_attn
+    monkeypatch.setattr(flashcore, "varlen_attn", lambda *a, **kw: calls.append(kw["window_size"]) or real(*a, **kw))
+    model = build(name)
+    g = torch.Generator().manual_seed(1)
+    inputs = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (5, 17, 9)]
+    ref = _cb_tokens(model, "paged|sdpa", inputs)
+    assert not calls
+    got = _cb_tokens(model, impl, inputs)
+    assert got == ref
+    assert calls and len(calls) % model.config.num_hidden_layers == 0
+    window = getattr(model.config, "sliding_window", None)
+    assert set(calls) == {(window - 1, 0) if window else (-1, 0)}
+
+
+def test_paged_function_needs_the_cache():
+    q = torch.zeros(1, 4, 3, 16)
+    with pytest.raises(ValueError, match="paged attention cache"):
+        fc_hf.flashcore_paged_attention_forward(torch.nn.Module(), q, q, q, None)
+
+
+@gpu
+def test_gpu_continuous_batching_bf16(monkeypatch):
+    """On the GPU (bf16, D=128, GQA 8:2): "paged|flashcore" generates "paged|sdpa"'s greedy tokens
+    for each request, or diverges first where sdpa's own logits nearly tie."""
+    calls = []
+    real = flashcore.varlen_attn
+    monkeypatch.setattr(flashcore, "varlen_attn", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model = build("llama", dtype=torch.bfloat16, device="cuda", head_dim=128, heads=8, kv_heads=2)
+    g = torch.Generator().manual_seed(6)
+    inputs = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (40, 300, 129, 1)]
+    ref = _cb_tokens(model, "paged|sdpa", inputs, n=32)
+    got = _cb_tokens(model, "paged|flashcore", inputs, n=32)
+    assert calls
+    for rid, prompt in zip(sorted(ref), inputs):
+        if got[rid] != ref[rid]:
+            prompt_t = torch.tensor([prompt], device="cuda")
+            same_tokens_or_near_tie(model, torch.cat([prompt_t, torch.tensor([got[rid]], device="cuda")], 1),
+                                    torch.cat([prompt_t, torch.tensor([ref[rid]], device="cuda")], 1))

@@ -78,8 +78,14 @@ FlashAttention builds (gpt-oss) do not swap ``"flashcore"`` for one of those; ev
 transformers' function untouched. Other consequences of the substring check: with a static
 cache and an explicit ``CompileConfig(fullgraph=True)``, ``generate()`` downgrades to
 ``fullgraph=False`` (with a warning); models that list ``_compatible_flash_implementations``
-(gpt_oss, granite_swa, ...) replace ``"flashcore"`` by their flash implementation;
-``"paged|flashcore"`` (continuous batching) is not supported.
+(gpt_oss, granite_swa, ...) replace ``"flashcore"`` by their flash implementation.
+
+Continuous batching (``generate_batch``, the continuous-batching manager): :func:`register` also
+registers ``"paged|flashcore"`` (:func:`flashcore_paged_attention_forward`; transformers switches
+``"flashcore"`` to it by itself). It works as transformers' flash implementations do without
+their decode fast path (no block table): the cache's update and read-back, then
+``flashcore.varlen_attn`` over the requests (bottom-right causal, the layer's window). Not with
+attention sinks or a softcap (a clear error).
 """
 import functools
 import warnings
@@ -101,6 +107,7 @@ __all__ = ["NAME", "SUPPORTED_TRANSFORMERS", "TESTED_TRANSFORMERS", "register",
            "flashcore_attention_forward", "flashcore_mask"]
 
 NAME = "flashcore"
+PAGED_NAME = "paged|flashcore"  # continuous batching (flashcore_paged_attention_forward)
 SUPPORTED_TRANSFORMERS = ">=5.17,<6"
 TESTED_TRANSFORMERS = ("5.17.0", "5.18.0")
 _MIN, _MAX = Version("5.17"), Version("6")
@@ -346,6 +353,54 @@ def flashcore_attention_forward(
     return attn_output.transpose(1, 2).contiguous(), None
 
 
+@torch.compiler.disable  # (as transformers' paged functions: the cache update writes in place)
+def flashcore_paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    cache=None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | dict | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | dict | None = None,
+    block_table: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """``"paged|flashcore"``: continuous batching (``generate_batch``, the continuous-batching
+    manager). transformers packs the batch's new tokens of every request into one row of queries
+    and hands over the paged cache; as its flash implementations do, the new keys and values go
+    into the cache and each request's keys are read back (``cache.update`` with the read and write
+    indices), then ``flashcore.varlen_attn`` attends each request's queries to its keys, causal
+    aligned bottom-right (a request's last query sees its last key), with the layer's sliding
+    window. Returns (total queries, Hq, D)."""
+    if cache is None:
+        raise ValueError("`paged|flashcore` was called without a paged attention cache: it expects the packed "
+                         "inputs continuous batching prepares (use \"flashcore\" for a standard forward)")
+    if block_table is not None:  # (the decode fast path is the flash implementations' only)
+        raise NotImplementedError("`paged|flashcore` does not take a block table (continuous batching's decode "
+                                  "fast path): set ContinuousBatchingConfig(max_blocks_per_request=0)")
+    if kwargs.get("s_aux") is not None or kwargs.get("softcap"):
+        raise NotImplementedError("`paged|flashcore` does not take attention sinks or a logit softcap")
+    # (Mistral-style models pass the window as an argument; others set it on the layer.)
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    window_size = (window - 1, 0) if window else (-1, 0)
+    if isinstance(cu_seq_lens_k, dict):  # per layer type where the model mixes them
+        layer_type = "sliding_attention" if window else "full_attention"
+        cu_seq_lens_k, max_seqlen_k = cu_seq_lens_k[layer_type], max_seqlen_k[layer_type]
+    key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
+                              read_index=kwargs["read_index"], write_index=kwargs["write_index"])
+    q = query.transpose(1, 2).squeeze(0)  # (1, Hq, T, D) -> (T, Hq, D)
+    out = flashcore.varlen_attn(q, key, value, cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32),
+                                int(max_seqlen_q), int(max_seqlen_k), window_size=window_size,
+                                scale=scaling if scaling is not None else getattr(module, "scaling", None),
+                                enable_gqa=q.shape[1] != key.shape[1])
+    return out, None
+
+
 def _check_version() -> Version:
     version = Version(transformers.__version__)
     if version.major < 5:
@@ -410,6 +465,7 @@ def register() -> None:
     _check_version()
     _install_flash_name_shim()
     AttentionInterface.register(NAME, flashcore_attention_forward)
+    AttentionInterface.register(PAGED_NAME, flashcore_paged_attention_forward)
     AttentionMaskInterface.register(NAME, flashcore_mask)
 
 
