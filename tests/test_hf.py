@@ -1214,18 +1214,53 @@ def test_paged_function_needs_the_cache():
 @gpu
 def test_gpu_continuous_batching_bf16(monkeypatch):
     """On the GPU (bf16, D=128, GQA 8:2): "paged|flashcore" generates "paged|sdpa"'s greedy tokens
-    for each request, or diverges first where sdpa's own logits nearly tie."""
+    for each request, or diverges first where sdpa's own logits nearly tie; its decode steps run
+    in PyTorch's varlen_attn (_paged_goes_to_torch)."""
+    from flashcore import varlen as fc_varlen
     calls = []
-    real = flashcore.varlen_attn
-    monkeypatch.setattr(flashcore, "varlen_attn", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real, real_torch = flashcore.varlen_attn, fc_varlen._torch_varlen
+    monkeypatch.setattr(flashcore, "varlen_attn", lambda *a, **kw: calls.append("flashcore") or real(*a, **kw))
+    monkeypatch.setattr(fc_varlen, "_torch_varlen", lambda *a: calls.append("torch") or real_torch(*a))
     model = build("llama", dtype=torch.bfloat16, device="cuda", head_dim=128, heads=8, kv_heads=2)
     g = torch.Generator().manual_seed(6)
     inputs = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (40, 300, 129, 1)]
     ref = _cb_tokens(model, "paged|sdpa", inputs, n=32)
     got = _cb_tokens(model, "paged|flashcore", inputs, n=32)
-    assert calls
+    assert "torch" in calls  # the decode steps (FlashCore would loop over the requests)
     for rid, prompt in zip(sorted(ref), inputs):
         if got[rid] != ref[rid]:
             prompt_t = torch.tensor([prompt], device="cuda")
             same_tokens_or_near_tie(model, torch.cat([prompt_t, torch.tensor([got[rid]], device="cuda")], 1),
                                     torch.cat([prompt_t, torch.tensor([ref[rid]], device="cuda")], 1))
+
+
+def test_paged_steps_flashcore_would_loop_go_to_torch(monkeypatch):
+    """_paged_goes_to_torch's rule, on CPU tensors posing as CUDA ones (the decision only): a
+    prefill step of fresh requests (queries = keys each) stays on FlashCore's packed kernel; a
+    decode step (one query against many keys) or a chunked prefill, which FlashCore would loop
+    over, goes to PyTorch's varlen_attn; never where PyTorch's function does not take the call
+    or a family is forced."""
+    from flashcore import varlen as fc_varlen
+    monkeypatch.setattr(fc_varlen, "_varlen_fwd_declines", lambda *a: None)  # (as on Hopper)
+    monkeypatch.setattr(fc_varlen, "_torch_takes", lambda *a: True)
+    monkeypatch.delenv("FLASHCORE_FAMILY", raising=False)
+
+    class Cuda(torch.Tensor):  # is_cuda as the rule reads it; everything else a CPU tensor
+        @property
+        def is_cuda(self):
+            return True
+
+    def decide(q_lens, k_lens):
+        q = torch.zeros(sum(q_lens), 4, 16).as_subclass(Cuda)
+        k = torch.zeros(sum(k_lens), 2, 16)
+        cu = [torch.tensor([0] + torch.tensor(x).cumsum(0).tolist(), dtype=torch.int32) for x in (q_lens, k_lens)]
+        return fc_hf._paged_goes_to_torch(q, k, k, *cu, max(q_lens), max(k_lens), 0.25, (-1, 0))
+
+    assert not decide([5, 17, 9], [5, 17, 9])  # prefill of new requests: the packed kernel
+    assert decide([1, 1, 1], [6, 18, 10])  # decode
+    assert decide([4, 1], [20, 7])  # chunked prefill beside a decode
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
+    assert not decide([1, 1, 1], [6, 18, 10])
+    monkeypatch.delenv("FLASHCORE_FAMILY")
+    monkeypatch.setattr(fc_varlen, "_torch_takes", lambda *a: False)
+    assert not decide([1, 1, 1], [6, 18, 10])

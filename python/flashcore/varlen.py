@@ -798,22 +798,36 @@ def explain_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         return ("torch varlen_attn: a training call, and FlashCore's varlen backward is a "
                 "per-sequence loop (FLASHCORE_TRAINING=flashcore keeps it here)")
     backward = "; backward: per-sequence loop" if training else ""
+    kind, why = _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
+                              window_size, seqused_k, block_table)
+    if kind == "paged decode":
+        return "fused paged decode (one launch of the decode kernels)" + backward
+    if kind == "packed":
+        return "fused packed forward (one launch of the sm90 forward)" + backward
+    return f"per-sequence loop: {why}" + backward
+
+
+def _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size,
+                  seqused_k, block_table) -> Tuple[str, str]:
+    """(kind, why) of the forward _varlen_op runs for checked arguments: ("paged decode", ""),
+    ("packed", "") or ("loop", why the one-launch paths decline). Reads the offsets (the packed
+    plan through its cache), as _varlen_op does."""
     left, right = _window(int(window_size[0]), int(window_size[1]), max_k)
     sc = sdpa_scale(None if scale is None else float(scale), query.shape[-1])
     why = _paged_decode_declines(query, key, value, seqused_k, block_table, max_q, left)
     if why is None:
         if _paged_decode_plan(query, key, cu_seq_q, cu_seq_k, max_k, seqused_k, block_table) is not None:
-            return "fused paged decode (one launch of the decode kernels)" + backward
+            return "paged decode", ""
         why = "the offsets, seqused_k or block_table's values (not one query row per sequence, or pages out of range)"
     if block_table is None:
         why = _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, sc)
         if why is None:
             causal = left < 0 and right == 0
-            if _varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal) is not None:
-                return "fused packed forward (one launch of the sm90 forward)" + backward
+            if _cached_varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal) is not None:
+                return "packed", ""
             why = ("the offsets' values (causal with a sequence of more or fewer queries than keys, "
                    "no query at all, or offsets the checks reject)")
-    return f"per-sequence loop: {why}" + backward
+    return "loop", why
 
 
 # ---- torch.nn.attention.varlen.varlen_attn routed here by flashcore.patch() ----------------------
@@ -858,7 +872,15 @@ def _training_goes_to_torch(query, key, value, return_aux, scale, window_size, e
         return False
     if not any(t.requires_grad for t in (query, key, value)):
         return False
-    if not query.is_cuda or query.dtype not in _FUSED_DTYPES:
+    if not _torch_takes(query, value, return_aux, scale, window_size, seqused_k, block_table):
+        return False
+    from . import _ops  # (imported here: _ops imports this module's package)
+    return _ops._training_mode()[0] != "flashcore"
+
+
+def _torch_takes(query, value, return_aux, scale, window_size, seqused_k, block_table) -> bool:
+    """Whether this release's PyTorch varlen_attn takes the call (see _training_goes_to_torch)."""
+    if _TORCH_ORIGINAL is None or not query.is_cuda or query.dtype not in _FUSED_DTYPES:
         return False
     d = query.shape[-1]
     if d > 256 or d % 8 != 0 or value.shape[-1] != d:
@@ -871,8 +893,7 @@ def _training_goes_to_torch(query, key, value, return_aux, scale, window_size, e
         return False
     if scale is not None and "scale" not in _TORCH_NAMES:
         return False
-    from . import _ops  # (imported here: _ops imports this module's package)
-    return _ops._training_mode()[0] != "flashcore"
+    return True
 
 
 def _torch_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size,

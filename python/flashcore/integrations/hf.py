@@ -100,7 +100,8 @@ from transformers.masking_utils import (AttentionMaskInterface, causal_mask_func
 from transformers.utils.import_utils import is_torchdynamo_exporting, is_tracing
 
 import flashcore
-from flashcore import _band
+from flashcore import _band, _ops
+from flashcore import varlen as _varlen
 from flashcore.integrations import context_parallel as _context_parallel
 
 __all__ = ["NAME", "SUPPORTED_TRANSFORMERS", "TESTED_TRANSFORMERS", "register",
@@ -376,7 +377,9 @@ def flashcore_paged_attention_forward(
     into the cache and each request's keys are read back (``cache.update`` with the read and write
     indices), then ``flashcore.varlen_attn`` attends each request's queries to its keys, causal
     aligned bottom-right (a request's last query sees its last key), with the layer's sliding
-    window. Returns (total queries, Hq, D)."""
+    window; on CUDA, steps FlashCore would run as a loop over the requests (decode steps, chunked
+    prefill) go to PyTorch's varlen_attn instead (:func:`_paged_goes_to_torch`). Returns (total
+    queries, Hq, D)."""
     if cache is None:
         raise ValueError("`paged|flashcore` was called without a paged attention cache: it expects the packed "
                          "inputs continuous batching prepares (use \"flashcore\" for a standard forward)")
@@ -394,11 +397,26 @@ def flashcore_paged_attention_forward(
     key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
                               read_index=kwargs["read_index"], write_index=kwargs["write_index"])
     q = query.transpose(1, 2).squeeze(0)  # (1, Hq, T, D) -> (T, Hq, D)
-    out = flashcore.varlen_attn(q, key, value, cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32),
-                                int(max_seqlen_q), int(max_seqlen_k), window_size=window_size,
-                                scale=scaling if scaling is not None else getattr(module, "scaling", None),
-                                enable_gqa=q.shape[1] != key.shape[1])
-    return out, None
+    cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32)
+    max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    scale = scaling if scaling is not None else getattr(module, "scaling", None)
+    gqa = q.shape[1] != key.shape[1]
+    if _paged_goes_to_torch(q, key, value, cu_q, cu_k, max_q, max_k, scale, window_size):
+        return _varlen._torch_varlen(q, key, value, cu_q, cu_k, max_q, max_k, scale, window_size, gqa), None
+    return flashcore.varlen_attn(q, key, value, cu_q, cu_k, max_q, max_k, window_size=window_size,
+                                 scale=scale, enable_gqa=gqa), None
+
+
+def _paged_goes_to_torch(q, key, value, cu_q, cu_k, max_q, max_k, scale, window_size) -> bool:
+    """Whether a continuous-batching step runs in PyTorch's varlen_attn: where FlashCore would
+    loop over the requests (one SDPA call each: decode steps and chunked prefill, whose causal
+    diagonal is not the packed kernel's) and PyTorch's function, one launch, takes the call (on
+    CUDA). A forced FLASHCORE_FAMILY keeps FlashCore's kernels."""
+    if not q.is_cuda or _ops._forced_family() or not _varlen._torch_takes(
+            q, value, None, scale, window_size, None, None):
+        return False
+    kind, _ = _varlen._forward_path(q, key, value, cu_q, cu_k, max_q, max_k, scale, window_size, None, None)
+    return kind == "loop"
 
 
 def _check_version() -> Version:
