@@ -1,6 +1,7 @@
-"""bench/bench_hf_packed.py's plumbing on the CPU (--cpu-smoke: a tiny fp32 Llama): every row
-checked and timed, and the packed rows' loss equal to the padded batch's (the same documents and
-targets: the packed layouts attend within each document only)."""
+"""The HF benches' plumbing on the CPU (--cpu-smoke: a tiny fp32 Llama). bench_hf_packed.py: every
+row checked and timed, the packed rows' loss equal to the padded batch's (the same documents and
+targets: the packed layouts attend within each document only). bench_hf_cb.py: both
+implementations' greedy tokens equal."""
 import os
 import pathlib
 import re
@@ -35,3 +36,15 @@ def test_without_cuda_says_so():
     done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_hf_packed.py"), "--no-json"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0 and "nothing run" in done.stdout
+
+
+def test_continuous_batching_bench_cpu_smoke():
+    """bench/bench_hf_cb.py --cpu-smoke: both implementations run generate_batch and give the
+    same greedy tokens."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_hf_cb.py"), "--cpu-smoke",
+                           "--no-json"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("paged|")]
+    assert [r[0] for r in rows] == ["paged|sdpa", "paged|flashcore"]
+    assert all(float(r[4]) == 1.0 for r in rows), done.stdout  # same tokens for every request
