@@ -116,6 +116,25 @@ _MIN, _MAX = Version("5.17"), Version("6")
 DYNAMO_READS_CLOSURES = Version(torch.__version__.split("+")[0]) >= Version("2.14")
 
 
+_MISSING = object()
+
+
+def _closure_value(fn, qualname, name):
+    """The value the closure ``fn`` holds for ``name`` when ``fn`` is the function transformers'
+    ``qualname`` returns, else _MISSING. transformers' mask functions are closures of its mask
+    factories, recognised by their qualified names and the values they closed over."""
+    if getattr(fn, "__qualname__", "") != qualname:
+        return _MISSING
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    return cells[name].cell_contents if name in cells else _MISSING
+
+
+def _and_mask_parts(mask_function):
+    """The two mask functions ``and_masks(a, b)`` combined, or None."""
+    parts = _closure_value(mask_function, "and_masks.<locals>.and_mask", "mask_functions")
+    return parts if isinstance(parts, tuple) and len(parts) == 2 else None
+
+
 def _causal_window_of(mask_function, local_size):
     """W when ``mask_function`` is transformers' ``sliding_window_causal_mask_function(W)`` with
     W == ``local_size`` (what ``create_sliding_window_causal_mask`` passes), else None.
@@ -128,17 +147,12 @@ def _causal_window_of(mask_function, local_size):
     wrong window."""
     if not isinstance(local_size, int) or isinstance(local_size, bool) or local_size < 1:
         return None
-    if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask":
-        return None
-    cells = dict(zip(mask_function.__code__.co_freevars, mask_function.__closure__ or ()))
-    parts = cells["mask_functions"].cell_contents if "mask_functions" in cells else None
-    if not (isinstance(parts, tuple) and len(parts) == 2 and parts[1] is causal_mask_function):
+    parts = _and_mask_parts(mask_function)
+    if parts is None or parts[1] is not causal_mask_function:
         return None
     overlay = parts[0]
-    if getattr(overlay, "__qualname__", "") != "sliding_window_overlay.<locals>.inner_mask":
-        return None
-    cells = dict(zip(overlay.__code__.co_freevars, overlay.__closure__ or ()))
-    if "sliding_window" not in cells or cells["sliding_window"].cell_contents != local_size:
+    window = _closure_value(overlay, "sliding_window_overlay.<locals>.inner_mask", "sliding_window")
+    if window is _MISSING or window != local_size:
         return None
     # W keys, the query's own included: position q sees q - W + 1 .. q.
     w = local_size
@@ -187,17 +201,11 @@ def _packed_sequence_ids(mask_function):
     packed sequences, ``and_masks(causal_mask_function, packed_sequence_mask_function(ids))`` (what
     ``create_causal_mask`` builds when ``position_ids`` restart with no attention mask and no
     cache), else None. Recognised by its parts, as :func:`_causal_window_of` does."""
-    if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask":
+    parts = _and_mask_parts(mask_function)
+    if parts is None or parts[0] is not causal_mask_function:
         return None
-    cells = dict(zip(mask_function.__code__.co_freevars, mask_function.__closure__ or ()))
-    parts = cells["mask_functions"].cell_contents if "mask_functions" in cells else None
-    if not (isinstance(parts, tuple) and len(parts) == 2 and parts[0] is causal_mask_function):
-        return None
-    inner = parts[1]
-    if getattr(inner, "__qualname__", "") != "packed_sequence_mask_function.<locals>.inner_mask":
-        return None
-    cells = dict(zip(inner.__code__.co_freevars, inner.__closure__ or ()))
-    ids = cells["packed_sequence_mask"].cell_contents if "packed_sequence_mask" in cells else None
+    ids = _closure_value(parts[1], "packed_sequence_mask_function.<locals>.inner_mask",
+                         "packed_sequence_mask")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
         return None
     return ids
