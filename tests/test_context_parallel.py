@@ -34,10 +34,11 @@ def _free_port():
 
 # Where each case runs: (device, backend, dtype, (B, Hq, Hkv, S, D)). The CPU case checks the
 # registration and the ring's plumbing (FlashCore's CPU paths per step: sdpa_fwd through aten,
-# the Python backward); the GPU one, Llama-8B-like heads at 8k, FlashCore's kernels.
+# the Python backward); the GPU ones, Llama-8B-like heads at 8k and 64k, FlashCore's kernels.
 CASES = {
     "cpu": ("cpu", "gloo", torch.float64, (1, 4, 2, 64, 16)),
     "cuda": ("cuda", "nccl", torch.bfloat16, (1, 32, 8, 8192, 128)),
+    "cuda-64k": ("cuda", "nccl", torch.bfloat16, (1, 32, 8, 65536, 128)),
 }
 
 
@@ -117,11 +118,13 @@ def test_sharded_equals_single_process(causal):
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2
                          and torch.distributed.is_nccl_available()),
                     reason="needs 2 CUDA devices and NCCL (the nvidia-h100-x2 machine)")
+@pytest.mark.parametrize("case", ["cuda", "cuda-64k"], ids=["8k", "64k"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_two_gpus_sharded_equals_one_gpu(causal):
-    """Two GPUs (passed on 2x H200, 2026-11-28). bf16 results of two summation orders (one GPU,
-    and the ring's float32 merges): within bf16 rounding of the larger values."""
-    for rank, errors in enumerate(_run("cuda", causal)):
+def test_two_gpus_sharded_equals_one_gpu(causal, case):
+    """Two GPUs (8k passed on 2x H200, 2026-11-28; 64k written after). bf16 results of two
+    summation orders (one GPU, and the ring's float32 merges): within bf16 rounding of the larger
+    values."""
+    for rank, errors in enumerate(_run(case, causal)):
         assert max(e / max(1.0, m) for e, m in errors) < 2e-2, f"rank {rank}: {errors}"
 
 
