@@ -2,7 +2,6 @@
 row checked and timed, the packed rows' loss equal to the padded batch's (the same documents and
 targets: the packed layouts attend within each document only). bench_hf_cb.py: both
 implementations' greedy tokens equal."""
-import os
 import pathlib
 import re
 import subprocess
@@ -16,8 +15,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def test_cpu_smoke_rows_and_losses():
     done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_hf_packed.py"), "--cpu-smoke",
-                           "--no-json"], capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+                           "--no-json"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     table = done.stdout.split("status\n", 1)[1].strip().splitlines()
     assert len(table) == 4
@@ -42,8 +40,7 @@ def test_continuous_batching_bench_cpu_smoke():
     """bench/bench_hf_cb.py --cpu-smoke: both implementations run generate_batch and give the
     same greedy tokens."""
     done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_hf_cb.py"), "--cpu-smoke",
-                           "--no-json"], capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+                           "--no-json"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("paged|")]
     assert [r[0] for r in rows] == ["paged|sdpa", "paged|flashcore"]

@@ -1264,3 +1264,29 @@ def test_paged_steps_flashcore_would_loop_go_to_torch(monkeypatch):
     monkeypatch.delenv("FLASHCORE_FAMILY")
     monkeypatch.setattr(fc_varlen, "_torch_takes", lambda *a: False)
     assert not decide([1, 1, 1], [6, 18, 10])
+
+
+def test_imports_without_the_compiled_library(tmp_path):
+    """A CPU-only install (no compiled library) imports the integration (nothing in it needs the
+    op library at import), registers both names, and the paged route's rule answers without it."""
+    import shutil
+    import subprocess
+    package = os.path.dirname(flashcore.__file__)
+    shutil.copytree(package, tmp_path / "flashcore",
+                    ignore=shutil.ignore_patterns("*.so", "_build_config.py", "__pycache__"))
+    code = """
+import torch, flashcore
+import flashcore.integrations.hf as fc_hf
+from transformers import AttentionInterface
+assert flashcore.FALLBACK_ONLY
+assert "flashcore" in AttentionInterface._global_mapping and "paged|flashcore" in AttentionInterface._global_mapping
+q = torch.randn(6, 4, 8)
+k = torch.randn(6, 2, 8)
+cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+assert not fc_hf._paged_goes_to_torch(q, k, k, cu, cu, 4, 4, 0.3, (-1, 0))
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr

@@ -100,7 +100,7 @@ from transformers.masking_utils import (AttentionMaskInterface, causal_mask_func
 from transformers.utils.import_utils import is_torchdynamo_exporting, is_tracing
 
 import flashcore
-from flashcore import _band, _ops
+from flashcore import _band
 from flashcore import varlen as _varlen
 from flashcore.integrations import context_parallel as _context_parallel
 
@@ -420,8 +420,10 @@ def _paged_goes_to_torch(q, key, value, cu_q, cu_k, max_q, max_k, scale, window_
     loop over the requests (one SDPA call each: decode steps and chunked prefill, whose causal
     diagonal is not the packed kernel's) and PyTorch's function, one launch, takes the call (on
     CUDA). A forced FLASHCORE_FAMILY keeps FlashCore's kernels."""
-    if not q.is_cuda or _ops._forced_family() or not _varlen._torch_takes(
-            q, value, None, scale, window_size, None, None):
+    if not q.is_cuda or flashcore.FALLBACK_ONLY:
+        return False
+    from flashcore import _ops  # (needs the op library: not imported where there is none)
+    if _ops._forced_family() or not _varlen._torch_takes(q, value, None, scale, window_size, None, None):
         return False
     kind, _ = _varlen._forward_path(q, key, value, cu_q, cu_k, max_q, max_k, scale, window_size, None, None)
     return kind == "loop"
