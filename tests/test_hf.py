@@ -1290,3 +1290,30 @@ print("ok")
     r = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_given_offsets_attend_within_documents(name, monkeypatch):
+    """cu_seq_lens_q / cu_seq_lens_k / max_length_q / max_length_k passed outright (no
+    position_ids, so transformers builds no packed mask): "flashcore" attends within the documents
+    they mark, as transformers' flash implementations do: each document's logits equal the
+    document run alone (RoPE scores depend only on relative positions, up to its float32 tables)."""
+    calls = []
+    real = flashcore.varlen_attn
+    monkeypatch.setattr(flashcore, "varlen_attn", lambda *a, **kw: calls.append(a[3].tolist()) or real(*a, **kw))
+    model = build(name, dtype=torch.float64)
+    lengths = [7, 1, 12]
+    ids = ids_for(1, sum(lengths), seed=8)
+    cu = torch.tensor([0, 7, 8, 20], dtype=torch.int32)
+    model.set_attn_implementation("flashcore")
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                    max_length_q=12, max_length_k=12).logits
+    assert calls == [[0, 7, 8, 20]] * model.config.num_hidden_layers
+    across = logits(model, "flashcore", ids)  # no offsets: one causal sequence
+    for a, b in ((0, 7), (7, 8), (8, 20)):
+        alone = logits(model, "flashcore", ids[:, a:b])
+        # (RoPE's tables are float32: other absolute positions round differently, ~1e-7)
+        torch.testing.assert_close(out[:, a:b], alone, rtol=1e-5, atol=1e-5)
+        if a:
+            assert (across[:, a:b] - alone).abs().max() > 1e-3  # what attending across would give

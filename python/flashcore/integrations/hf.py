@@ -49,7 +49,10 @@ and sliding windows run by ``flashcore.attention``:
   forward); the attention function, given a mask with the tag and no window, softcap or sinks,
   runs ``flashcore.varlen_attn`` over the documents (causal within each, no cross-document
   attention, no masked work) instead of the dense masked call. A mask that lost the tag (a model
-  that slices or rebuilds it) is used as it is. Not under torch.compile (the mask is used there);
+  that slices or rebuilds it) is used as it is. Not under torch.compile (the mask is used there).
+  Offsets given outright (``cu_seq_lens_q`` / ``cu_seq_lens_k`` / ``max_length_q`` /
+  ``max_length_k``, as ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` passes them)
+  with no mask go to ``flashcore.varlen_attn`` as transformers' flash implementations take them;
 - a logit softcap (``softcap``, Gemma 2) and attention sinks (``s_aux``, gpt-oss) go to
   ``flashcore.attention(..., softcap=, sinks=)`` with the same mask, causal flag and window as
   above (the Hopper kernels take both without a mask; with a mask the sm80-class kernel applies
@@ -252,6 +255,16 @@ def _packed_attention(query, key, value, docs, scaling, enable_gqa):
     return out.reshape(b, t, hq, value.shape[3])
 
 
+def _given_documents_attention(query, key, value, cu_q, cu_k, max_q, max_k, scaling, enable_gqa):
+    """Causal attention (bottom-right, as flash_attn_varlen_func's) within the documents that
+    ``cu_seq_lens_q`` / ``cu_seq_lens_k`` mark in the flattened (B * T) tokens; (B, T, Hq, D)."""
+    b, hq, t, _ = query.shape
+    q, k, v = (x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3]) for x in (query, key, value))
+    out = flashcore.varlen_attn(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q),
+                                int(max_k), window_size=(-1, 0), scale=scaling, enable_gqa=enable_gqa)
+    return out.reshape(b, t, hq, value.shape[3])
+
+
 def flashcore_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                    mask_function=causal_mask_function, attention_mask=None, local_size=None,
                    allow_is_causal_skip=True, **kwargs):
@@ -331,10 +344,15 @@ def flashcore_attention_forward(
     enable_gqa = query.shape[1] != key.shape[1]
     # (Gemma 2 passes softcap=None on models without one; gpt-oss's sinks are a parameter.)
     variants = dict(softcap=float(kwargs.get("softcap") or 0.0), sinks=kwargs.get("s_aux"))
+    plain = sliding_window is None and not variants["softcap"] and variants["sinks"] is None
     docs = _packed_documents_of(attention_mask)
-    if (docs is not None and docs.takes(query, key) and sliding_window is None
-            and not variants["softcap"] and variants["sinks"] is None):
+    if docs is not None and docs.takes(query, key) and plain:
         return _packed_attention(query, key, value, docs, scaling, enable_gqa), None
+    # The offsets given outright (DataCollatorWithFlattening(return_flash_attn_kwargs=True)), no
+    # mask: the documents, as transformers' flash implementations take them.
+    given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
+    if attention_mask is None and causal and plain and all(x is not None for x in given):
+        return _given_documents_attention(query, key, value, *given, scaling, enable_gqa), None
     if band:
         out = flashcore.attention(query, key, value, is_causal=True,
                                   causal_alignment="bottom_right",
