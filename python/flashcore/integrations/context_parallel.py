@@ -59,12 +59,14 @@ def available() -> bool:
     return torch.distributed.is_available() and _cp_module() is not None
 
 
+@torch.compiler.assume_constant_result
 def active() -> bool:
     """Whether a ``context_parallel`` context (in its default, monkey-patching mode) has wrapped
     ``torch.nn.functional.scaled_dot_product_attention`` right now. Code that computes attention
     without calling that function (the HuggingFace integration's ``"flashcore"``) must then go
     through it, or each rank would attend to its own shard only. Reads only modules already
-    imported (nothing imported, no context)."""
+    imported (nothing imported, no context). Under torch.compile it runs once while tracing and
+    the graph keeps its answer (dynamo need not trace the module lookup)."""
     for name in ("torch.distributed.tensor.experimental._context_parallel._attention",
                  "torch.distributed.tensor.experimental._attention"):
         replaced = getattr(sys.modules.get(name), "_replaced_functions", None)
