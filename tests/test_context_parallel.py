@@ -117,7 +117,7 @@ def test_sharded_equals_single_process(causal):
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2
                          and torch.distributed.is_nccl_available()),
-                    reason="needs 2 CUDA devices and NCCL (the nvidia-h100-x2 machine)")
+                    reason="needs 2 CUDA devices and NCCL (a 2-GPU machine: nvidia-h200-x2, nvidia-h100-x2)")
 @pytest.mark.parametrize("case", ["cuda", "cuda-64k"], ids=["8k", "64k"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_two_gpus_sharded_equals_one_gpu(causal, case):
