@@ -245,23 +245,15 @@ def _packed_documents_of(attention_mask):
     return getattr(attention_mask, _TAG, None)
 
 
-def _packed_attention(query, key, value, docs, scaling, enable_gqa):
-    """Causal attention within each packed document: ``flashcore.varlen_attn`` on (B * T, H, D)
-    views of the (B, H, T, D) inputs; the output as (B, T, Hq, D)."""
-    b, hq, t, _ = query.shape
-    q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], x.shape[3]) for x in (query, key, value))
-    out = flashcore.varlen_attn(q, k, v, docs.cu_seq, docs.cu_seq, docs.max_len, docs.max_len,
-                                window_size=(-1, 0), scale=scaling, enable_gqa=enable_gqa)
-    return out.reshape(b, t, hq, value.shape[3])
-
-
-def _given_documents_attention(query, key, value, cu_q, cu_k, max_q, max_k, scaling, enable_gqa):
-    """Causal attention (bottom-right, as flash_attn_varlen_func's) within the documents that
-    ``cu_seq_lens_q`` / ``cu_seq_lens_k`` mark in the flattened (B * T) tokens; (B, T, Hq, D)."""
+def _documents_attention(query, key, value, cu_q, cu_k, max_q, max_k, scaling, enable_gqa):
+    """Causal attention within the documents that int32 offsets ``cu_q`` / ``cu_k`` mark in the
+    flattened (B * T) tokens (bottom-right, as flash_attn_varlen_func's; top-left where a
+    document has as many queries as keys): ``flashcore.varlen_attn`` on (B * T, H, D) views of the
+    (B, H, T, D) inputs; the output as (B, T, Hq, D)."""
     b, hq, t, _ = query.shape
     q, k, v = (x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3]) for x in (query, key, value))
-    out = flashcore.varlen_attn(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q),
-                                int(max_k), window_size=(-1, 0), scale=scaling, enable_gqa=enable_gqa)
+    out = flashcore.varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0),
+                                scale=scaling, enable_gqa=enable_gqa)
     return out.reshape(b, t, hq, value.shape[3])
 
 
@@ -347,12 +339,15 @@ def flashcore_attention_forward(
     plain = sliding_window is None and not variants["softcap"] and variants["sinks"] is None
     docs = _packed_documents_of(attention_mask)
     if docs is not None and docs.takes(query, key) and plain:
-        return _packed_attention(query, key, value, docs, scaling, enable_gqa), None
+        return _documents_attention(query, key, value, docs.cu_seq, docs.cu_seq, docs.max_len,
+                                    docs.max_len, scaling, enable_gqa), None
     # The offsets given outright (DataCollatorWithFlattening(return_flash_attn_kwargs=True)), no
     # mask: the documents, as transformers' flash implementations take them.
-    given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
-    if attention_mask is None and causal and plain and all(x is not None for x in given):
-        return _given_documents_attention(query, key, value, *given, scaling, enable_gqa), None
+    cu_q, cu_k, max_q, max_k = (kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k",
+                                                         "max_length_q", "max_length_k"))
+    if attention_mask is None and causal and plain and all(x is not None for x in (cu_q, cu_k, max_q, max_k)):
+        return _documents_attention(query, key, value, cu_q.to(torch.int32), cu_k.to(torch.int32),
+                                    int(max_q), int(max_k), scaling, enable_gqa), None
     if band:
         out = flashcore.attention(query, key, value, is_causal=True,
                                   causal_alignment="bottom_right",
