@@ -1275,3 +1275,29 @@ def test_cuda_explain_varlen():
     words = flashcore.explain_varlen(*grads, cu, cu, 200, 200, window_size=(-1, 0), enable_gqa=True)
     if varlen_mod._TORCH_ORIGINAL is not None:
         assert words.startswith("torch varlen_attn: a training call")
+
+
+def test_op_takes_the_path_explain_reports(monkeypatch):
+    """_varlen_op runs the one-launch path _forward_path names, with its plan (the fused op
+    stubbed, the Hopper checks passed, on CPU tensors): packed for causal sequences with as many
+    queries as keys, the loop for a decode-like call; explain_varlen reports the same."""
+    monkeypatch.setattr(varlen_mod, "_varlen_fwd_declines", lambda *a: None)
+    monkeypatch.setattr(varlen_mod, "_last_varlen_plan", None)
+    seen = []
+
+    def fused(q, k, v, cu_q, cu_k, plan, causal, scale):
+        seen.append((tuple(plan), causal))
+        return q.new_zeros(q.shape[0], q.shape[1], v.shape[-1]), q.new_zeros(q.shape[1], q.shape[0])
+
+    monkeypatch.setattr(varlen_mod, "_fused_varlen_fwd", fused)
+    q, k, v = packed([4, 3])
+    cu = offsets([4, 3])
+    varlen_mod._varlen_op(q, k, v, cu, cu, 4, 4, -1, 0, None, False, None, None)
+    assert seen == [((4, 4, 7, False), True)]
+    assert flashcore.explain_varlen(q, k, v, cu, cu, 4, 4, window_size=(-1, 0)).startswith("fused packed")
+    q1, k1, v1 = packed([1, 1], [4, 3])
+    cu_q, cu_k = offsets([1, 1]), offsets([4, 3])
+    out, _ = varlen_mod._varlen_op(q1, k1, v1, cu_q, cu_k, 1, 4, -1, 0, None, False, None, None)
+    assert len(seen) == 1  # the loop (causal with fewer queries than keys)
+    assert flashcore.explain_varlen(q1, k1, v1, cu_q, cu_k, 1, 4, window_size=(-1, 0)).startswith("per-sequence loop")
+    close(out, reference(q1, k1, v1, [1, 1], [4, 3], (-1, 0))[0], atol=1e-5, rtol=1e-5)

@@ -600,15 +600,12 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     (_fused_varlen_fwd)."""
     left, right = _window(window_left, window_right, max_k)
     sc = sdpa_scale(scale, query.shape[-1])
-    if _paged_decode_declines(query, key, value, seqused_k, block_table, max_q, left) is None:
-        plan = _paged_decode_plan(query, key, cu_seq_q, cu_seq_k, max_k, seqused_k, block_table)
-        if plan is not None:
-            return _fused_paged_decode(query, key, value, seqused_k, block_table, plan, sc)
-    causal = left < 0 and right == 0
-    if _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, sc) is None:
-        plan = _cached_varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal)
-        if plan is not None:
-            return _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, plan, causal, sc)
+    kind, _, plan = _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
+                                  (window_left, window_right), seqused_k, block_table)
+    if kind == "paged decode":
+        return _fused_paged_decode(query, key, value, seqused_k, block_table, plan, sc)
+    if kind == "packed":
+        return _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, plan, left < 0 and right == 0, sc)
     seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
     total, hq = query.shape[0], query.shape[1]
     out = query.new_zeros((total, hq, value.shape[-1]))
@@ -798,8 +795,8 @@ def explain_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         return ("torch varlen_attn: a training call, and FlashCore's varlen backward is a "
                 "per-sequence loop (FLASHCORE_TRAINING=flashcore keeps it here)")
     backward = "; backward: per-sequence loop" if training else ""
-    kind, why = _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
-                              window_size, seqused_k, block_table)
+    kind, why, _ = _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
+                                 window_size, seqused_k, block_table)
     if kind == "paged decode":
         return "fused paged decode (one launch of the decode kernels)" + backward
     if kind == "packed":
@@ -808,26 +805,29 @@ def explain_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 def _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size,
-                  seqused_k, block_table) -> Tuple[str, str]:
-    """(kind, why) of the forward _varlen_op runs for checked arguments: ("paged decode", ""),
-    ("packed", "") or ("loop", why the one-launch paths decline). Reads the offsets (the packed
-    plan through its cache), as _varlen_op does."""
+                  seqused_k, block_table):
+    """(kind, why, plan) of the forward for checked arguments, the one decision _varlen_op runs
+    and explain_varlen reports: ("paged decode", "", its _PagedPlan), ("packed", "", its
+    _VarlenPlan) or ("loop", why the one-launch paths decline, None). Reads the offsets (the
+    packed plan through its cache)."""
     left, right = _window(int(window_size[0]), int(window_size[1]), max_k)
     sc = sdpa_scale(None if scale is None else float(scale), query.shape[-1])
     why = _paged_decode_declines(query, key, value, seqused_k, block_table, max_q, left)
     if why is None:
-        if _paged_decode_plan(query, key, cu_seq_q, cu_seq_k, max_k, seqused_k, block_table) is not None:
-            return "paged decode", ""
+        plan = _paged_decode_plan(query, key, cu_seq_q, cu_seq_k, max_k, seqused_k, block_table)
+        if plan is not None:
+            return "paged decode", "", plan
         why = "the offsets, seqused_k or block_table's values (not one query row per sequence, or pages out of range)"
     if block_table is None:
         why = _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, sc)
         if why is None:
             causal = left < 0 and right == 0
-            if _cached_varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal) is not None:
-                return "packed", ""
+            plan = _cached_varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal)
+            if plan is not None:
+                return "packed", "", plan
             why = ("the offsets' values (causal with a sequence of more or fewer queries than keys, "
                    "no query at all, or offsets the checks reject)")
-    return "loop", why
+    return "loop", why, None
 
 
 # ---- torch.nn.attention.varlen.varlen_attn routed here by flashcore.patch() ----------------------

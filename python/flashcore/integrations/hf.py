@@ -438,7 +438,7 @@ def _paged_goes_to_torch(q, key, value, cu_q, cu_k, max_q, max_k, scale, window_
     from flashcore import _ops  # (needs the op library: not imported where there is none)
     if _ops._forced_family() or not _varlen._torch_takes(q, value, None, scale, window_size, None, None):
         return False
-    kind, _ = _varlen._forward_path(q, key, value, cu_q, cu_k, max_q, max_k, scale, window_size, None, None)
+    kind, _, _ = _varlen._forward_path(q, key, value, cu_q, cu_k, max_q, max_k, scale, window_size, None, None)
     return kind == "loop"
 
 
