@@ -79,10 +79,7 @@ static int family_takes_layout(fc_family family, const fc_params *p) {
         return p->seqlen_q <= FC_DECODE_MAX_SEQLEN_Q &&
                (p->heads_q / p->heads_kv) * p->seqlen_q <= FC_DECODE_MAX_ROWS;
     if (family != FC_FAMILY_SM90) return 1;
-    /* (A packed call's tensors are one batch item of total_q / total_k rows.) */
-    const int packed = p->cu_seq_q != NULL;
-    const int64_t batch = packed ? 1 : p->batch, rows_q = packed ? p->total_q : p->seqlen_q,
-                  rows_k = packed ? p->total_k : p->seqlen_k;
+    const int64_t batch = fc_tensor_batch(p), rows_q = fc_tensor_rows_q(p), rows_k = fc_tensor_rows_k(p);
     return p->scale > 0.0f &&
            stepped_strides_nonzero(rows_q, p->q_stride_s, p->heads_q, p->q_stride_h, batch, p->q_stride_b) &&
            stepped_strides_nonzero(rows_k, p->k_stride_s, p->heads_kv, p->k_stride_h, batch, p->k_stride_b) &&

@@ -14,6 +14,12 @@
 extern "C" {
 #endif
 
+/* The tensors' own batch and row dims: a packed call (fc_params.cu_seq_q) has one "batch item"
+ * of total_q query rows and total_k key rows; any other call its batch, seqlen_q, seqlen_k. */
+static inline int64_t fc_tensor_batch(const fc_params *p) { return p->cu_seq_q != NULL ? 1 : p->batch; }
+static inline int64_t fc_tensor_rows_q(const fc_params *p) { return p->cu_seq_q != NULL ? p->total_q : p->seqlen_q; }
+static inline int64_t fc_tensor_rows_k(const fc_params *p) { return p->cu_seq_q != NULL ? p->total_k : p->seqlen_k; }
+
 /* Every kernel instantiation exposes one launcher of this type (kernels/fwd_*_hdim*_*.cu): the
  * call's params as planned, and the device it runs on, as the C layer found it for the call. */
 typedef cudaError_t (*fc_launch_fn)(const fc_params *p, const fc_device_facts *dev, cudaStream_t stream);

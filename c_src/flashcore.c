@@ -141,22 +141,21 @@ static fc_status check_offsets(const operand *t, const void *base, int64_t elem_
 
 static int aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
 
-/* q, out and the LSE as operands of the checks above (validation's, and the packed rows'). */
-/* A packed call (fc_params.cu_seq_q) has one "batch item" of total_q rows. */
-static int64_t q_batch(const fc_params *p) { return p->cu_seq_q != NULL ? 1 : p->batch; }
-static int64_t q_rows(const fc_params *p) { return p->cu_seq_q != NULL ? p->total_q : p->seqlen_q; }
+/* q, out and the LSE as operands of the checks above (validation's, and the packed rows':
+ * fc_tensor_batch / fc_tensor_rows_q, dispatch.h). */
 static operand q_operand(const fc_params *p) {
-    const operand t = {{q_batch(p), p->heads_q, q_rows(p), p->head_dim},
+    const operand t = {{fc_tensor_batch(p), p->heads_q, fc_tensor_rows_q(p), p->head_dim},
                        {p->q_stride_b, p->q_stride_h, p->q_stride_s, p->q_stride_d}};
     return t;
 }
 static operand o_operand(const fc_params *p) {
-    const operand t = {{q_batch(p), p->heads_q, q_rows(p), p->head_dim},
+    const operand t = {{fc_tensor_batch(p), p->heads_q, fc_tensor_rows_q(p), p->head_dim},
                        {p->o_stride_b, p->o_stride_h, p->o_stride_s, p->o_stride_d}};
     return t;
 }
 static operand lse_operand(const fc_params *p) {
-    const operand t = {{q_batch(p), p->heads_q, q_rows(p), 1}, {p->lse_stride_b, p->lse_stride_h, p->lse_stride_s, 1}};
+    const operand t = {{fc_tensor_batch(p), p->heads_q, fc_tensor_rows_q(p), 1},
+                       {p->lse_stride_b, p->lse_stride_h, p->lse_stride_s, 1}};
     return t;
 }
 
@@ -189,9 +188,9 @@ static fc_status check_pages(const fc_params *p) {
 /* k or v as an operand of the checks above: (B, Hkv, Sk, D), or for a paged call the pool
  * (num_pages, Hkv, page_size, D) with the page stride in the batch stride's place. */
 static operand kv_operand(const fc_params *p, int64_t sb, int64_t sh, int64_t ss, int64_t sd) {
-    const int paged = p->block_table != NULL, packed = p->cu_seq_q != NULL;
-    const operand t = {{paged ? p->num_pages : packed ? 1 : p->batch, p->heads_kv,
-                        paged ? p->page_size : packed ? p->total_k : p->seqlen_k, p->head_dim},
+    const int paged = p->block_table != NULL;
+    const operand t = {{paged ? p->num_pages : fc_tensor_batch(p), p->heads_kv,
+                        paged ? p->page_size : fc_tensor_rows_k(p), p->head_dim},
                        {sb, sh, ss, sd}};
     return t;
 }
