@@ -1,6 +1,7 @@
-// op_common.h - helpers shared by the op library's two files (flashcore_op.cpp: the forward,
-// flashcore_bwd_op.cpp: the backward kernel op): errors with our own message, the device's
-// compute capability, a broadcast-aware stride, and an attn_mask described to the C layer.
+// op_common.h - helpers shared by the op library's files (flashcore_op.cpp: the forward,
+// flashcore_bwd_op.cpp: the backward kernel op, paged_op.cpp and varlen_op.cpp: the fused
+// varlen calls): errors with our own message, the device's compute capability, a broadcast-aware
+// stride, an attn_mask described to the C layer, and a planned forward's launch (run_planned).
 // Header-only, stable ABI only.
 #pragma once
 
@@ -134,6 +135,24 @@ inline void set_softcap(double softcap, fc_params* p, const char* op) {
   if (!(softcap >= 0.0 && std::isfinite(softcap)) || static_cast<float>(softcap) == INFINITY)
     fail(op, ": softcap must be 0 (none) or a finite value > 0, got ", softcap);
   p->softcap = static_cast<float>(softcap);
+}
+
+// Launches a forward plan made for device `dev` (fc_sdpa_plan) on that device's current stream,
+// with the call's out, LSE (NULL unless planned with one) and workspace (NULL when the plan needs
+// none); any failure raises with `op`'s name and the C layer's sentence (and the CUDA error's).
+// (Makes dev's primary context current on this thread first, as flashcore_op.cpp's run_kernel.)
+inline void run_planned(const char* op, int32_t dev, const fc_fwd_plan& plan, void* out, float* lse, void* workspace) {
+  const cudaError_t set_err = cudaSetDevice(dev);
+  if (set_err != cudaSuccess) fail(op, ": cannot make cuda:", dev, " current: ", cudaGetErrorString(set_err));
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
+  const fc_status s = fc_sdpa_fwd_planned(&plan, out, lse, workspace, workspace != nullptr ? plan.workspace_bytes : 0,
+                                          static_cast<cudaStream_t>(stream));
+  if (s == FC_ERR_CUDA) {
+    const cudaError_t e = fc_last_cuda_error();
+    fail(op, ": ", fc_status_string(s), ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+  }
+  if (s != FC_OK) fail(op, ": ", fc_status_string(s));
 }
 
 }  // namespace flashcore_op

@@ -122,21 +122,10 @@ std::tuple<Tensor, Tensor> varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_se
 
   const flashcore_op::DeviceFacts facts = flashcore_op::device_facts(dev);
   fc_fwd_plan plan;
-  fc_status s = fc_sdpa_plan(&p, facts.major, facts.minor, facts.sm_count, &plan);
+  const fc_status s = fc_sdpa_plan(&p, facts.major, facts.minor, facts.sm_count, &plan);
   if (s != FC_OK) fail(kOp, ": no kernel takes this call: ", fc_status_string(s));
   Tensor workspace = torch::stable::empty({plan.workspace_bytes}, ScalarType::Byte, std::nullopt, q.device());
-  // (As flashcore_op.cpp's run_kernel: dev's primary context current on this thread.)
-  const cudaError_t set_err = cudaSetDevice(dev);
-  if (set_err != cudaSuccess) fail(kOp, ": cannot make cuda:", dev, " current: ", cudaGetErrorString(set_err));
-  void* stream = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
-  s = fc_sdpa_fwd_planned(&plan, out.data_ptr(), static_cast<float*>(lse.data_ptr()), workspace.data_ptr(),
-                          plan.workspace_bytes, static_cast<cudaStream_t>(stream));
-  if (s == FC_ERR_CUDA) {
-    const cudaError_t e = fc_last_cuda_error();
-    fail(kOp, ": ", fc_status_string(s), ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
-  }
-  if (s != FC_OK) fail(kOp, ": ", fc_status_string(s));
+  flashcore_op::run_planned(kOp, dev, plan, out.data_ptr(), static_cast<float*>(lse.data_ptr()), workspace.data_ptr());
   return {out, lse};
 }
 
