@@ -10,6 +10,10 @@ What it measures
   model.generate_batch with ContinuousBatchingConfig(max_batch_tokens=--batch-tokens) and
   transformers' defaults otherwise. One untimed warm-up run per implementation, then --iters
   timed runs in turn (A B A B ...); tokens/s = generated tokens / wall time of a run (median).
+  transformers' defaults differ by implementation: it takes "flashcore" for a flash implementation
+  (the name holds "flash"), so "paged|flashcore" gets CUDA graphs and async batching on a GPU and
+  "paged|sdpa" neither (it needs a mask); --cuda-graphs on / off sets both alike. Inside a captured
+  graph FlashCore's causal steps run PyTorch's varlen_attn (no offset can be read there).
   Checks, untimed: every request's greedy tokens against "paged|sdpa"'s (the share of requests
   equal over all --new tokens, and the shortest common prefix; bf16 rounding may let a near-tie
   diverge).
@@ -51,13 +55,15 @@ def prompts(n, shortest, longest, vocab, seed):
     return [torch.randint(3, vocab, (next(lengths),), generator=g).tolist() for _ in range(n)]
 
 
-def run(model, impl, inputs, new, batch_tokens):
+def run(model, impl, inputs, new, batch_tokens, cuda_graphs="default"):
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
     model.set_attn_implementation(impl)
     gc = GenerationConfig(max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=-1,
                           pad_token_id=0)
     cb = ContinuousBatchingConfig(max_batch_tokens=batch_tokens)
+    if cuda_graphs != "default":
+        cb.use_cuda_graph = cuda_graphs == "on"
     if not torch.cuda.is_available():
         cb.num_blocks = 256  # (the CPU has no free-memory query: a cache sized by hand)
     out = model.generate_batch(inputs=inputs, generation_config=gc, continuous_batching_config=cb)
@@ -74,6 +80,9 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--cuda-graphs", choices=("default", "on", "off"), default="default",
+                    help="ContinuousBatchingConfig.use_cuda_graph for both (default: transformers' "
+                         "choice, which differs by implementation)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--no-json", action="store_true")
@@ -113,14 +122,14 @@ def main(argv=None):
           f"{min(map(len, inputs))}-{max(map(len, inputs))} tokens, {args.new} new each, "
           f"{args.layers} layers", flush=True)
     started = time.time()
-    tokens = {impl: run(model, impl, inputs, args.new, args.batch_tokens) for impl in IMPLS}  # warm-up + check
+    tokens = {impl: run(model, impl, inputs, args.new, args.batch_tokens, args.cuda_graphs) for impl in IMPLS}  # warm-up + check
     times = {impl: [] for impl in IMPLS}
     for _ in range(args.iters):
         for impl in IMPLS:
             if device == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            run(model, impl, inputs, args.new, args.batch_tokens)
+            run(model, impl, inputs, args.new, args.batch_tokens, args.cuda_graphs)
             if device == "cuda":
                 torch.cuda.synchronize()
             times[impl].append(time.perf_counter() - t0)

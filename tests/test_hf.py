@@ -914,6 +914,7 @@ KERNEL_GPU = GPU and torch.cuda.get_device_capability() in ((8, 9), (9, 0))
 def same_tokens_or_near_tie(model, tokens, ref_tokens):
     """Greedy tokens equal to sdpa's, or a first divergence where sdpa's own logits nearly tie
     (the two tokens within 5% of the logits' range, plus 0.01)."""
+    assert tokens.shape == ref_tokens.shape, f"{tokens.shape[1]} tokens against sdpa's {ref_tokens.shape[1]}"
     if torch.equal(tokens, ref_tokens):
         return
     step = int((tokens != ref_tokens).int().argmax())
@@ -1074,7 +1075,7 @@ def packed_logits_grad(model, impl, position_ids, ids, seed=7):
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
     g = torch.Generator().manual_seed(seed)
-    (out * torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.dtype)).sum().backward()
+    (out * torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.device, out.dtype)).sum().backward()
     grads = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
     return out.detach(), grads.detach()
 
@@ -1164,14 +1165,17 @@ def test_gpu_packed_batch_bf16(monkeypatch):
 
 # ---- "paged|flashcore": continuous batching --------------------------------------------------------
 
-def _cb_tokens(model, impl, inputs, n=8):
+def _cb_tokens(model, impl, inputs, n=8, **cb_options):
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
     model.set_attn_implementation(impl)
     gc = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    out = model.generate_batch(inputs=inputs, generation_config=gc,
-                               continuous_batching_config=ContinuousBatchingConfig(
-                                   num_blocks=64, max_batch_tokens=256))
+    cb = ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=256, **cb_options)
+    if model.device.type == "cpu":  # (on a machine with CUDA, the defaults would capture graphs
+        for name in ("use_cuda_graph", "use_async_batching"):  # and open streams for a CPU model)
+            if hasattr(cb, name):
+                setattr(cb, name, False)
+    out = model.generate_batch(inputs=inputs, generation_config=gc, continuous_batching_config=cb)
     return {k: v.generated_tokens for k, v in out.items()}
 
 
@@ -1212,10 +1216,13 @@ def test_paged_function_needs_the_cache():
 
 
 @gpu
-def test_gpu_continuous_batching_bf16(monkeypatch):
+@pytest.mark.parametrize("graphs", [None, False], ids=["default", "no-cuda-graphs"])
+def test_gpu_continuous_batching_bf16(graphs, monkeypatch):
     """On the GPU (bf16, D=128, GQA 8:2): "paged|flashcore" generates "paged|sdpa"'s greedy tokens
     for each request, or diverges first where sdpa's own logits nearly tie; its decode steps run
-    in PyTorch's varlen_attn (_paged_goes_to_torch)."""
+    in PyTorch's varlen_attn (_paged_goes_to_torch). transformers' default on a GPU captures the
+    steps in CUDA graphs (it takes "flashcore" for a flash implementation), where no offset can
+    be read; without graphs the fresh-prefill steps run FlashCore's packed kernel."""
     from flashcore import varlen as fc_varlen
     calls = []
     real, real_torch = flashcore.varlen_attn, fc_varlen._torch_varlen
@@ -1225,8 +1232,10 @@ def test_gpu_continuous_batching_bf16(monkeypatch):
     g = torch.Generator().manual_seed(6)
     inputs = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (40, 300, 129, 1)]
     ref = _cb_tokens(model, "paged|sdpa", inputs, n=32)
-    got = _cb_tokens(model, "paged|flashcore", inputs, n=32)
+    options = {} if graphs is None else {"use_cuda_graph": graphs}
+    got = _cb_tokens(model, "paged|flashcore", inputs, n=32, **options)
     assert "torch" in calls  # the decode steps (FlashCore would loop over the requests)
+    assert sorted(got) == sorted(ref) and all(len(got[r]) == 32 for r in got)
     for rid, prompt in zip(sorted(ref), inputs):
         if got[rid] != ref[rid]:
             prompt_t = torch.tensor([prompt], device="cuda")
@@ -1244,6 +1253,7 @@ def test_paged_steps_flashcore_would_loop_go_to_torch(monkeypatch):
     monkeypatch.setattr(fc_varlen, "_varlen_fwd_declines", lambda *a: None)  # (as on Hopper)
     monkeypatch.setattr(fc_varlen, "_torch_takes", lambda *a: True)
     monkeypatch.delenv("FLASHCORE_FAMILY", raising=False)
+    monkeypatch.setattr(fc_varlen, "_capturing", lambda query: False)  # (this machine may have no CUDA)
 
     class Cuda(torch.Tensor):  # is_cuda as the rule reads it; everything else a CPU tensor
         @property
@@ -1264,6 +1274,13 @@ def test_paged_steps_flashcore_would_loop_go_to_torch(monkeypatch):
     monkeypatch.delenv("FLASHCORE_FAMILY")
     monkeypatch.setattr(fc_varlen, "_torch_takes", lambda *a: False)
     assert not decide([1, 1, 1], [6, 18, 10])
+    # Captured in a CUDA graph (transformers' default on a GPU): the offsets cannot be read, so
+    # even a prefill of new requests goes to PyTorch's function (causal is exact in the packed
+    # kernel only where queries = keys, which nothing then shows).
+    monkeypatch.setattr(fc_varlen, "_torch_takes", lambda *a: True)
+    monkeypatch.setattr(fc_varlen, "_capturing", lambda query: True)
+    assert decide([5, 17, 9], [5, 17, 9])
+    assert decide([1, 1, 1], [6, 18, 10])
 
 
 def test_imports_without_the_compiled_library(tmp_path):

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import flashcore
 from flashcore import varlen as varlen_mod
-from flashcore.varlen import AuxRequest, varlen_attn
+from flashcore.varlen import AuxRequest, explain_varlen, varlen_attn
 from gpu_gate import gpu_gate
 from op_recorder import OpRecorder
 
@@ -1095,6 +1095,67 @@ def test_cuda_packed_forward_offsets_rewritten_in_place():
         out = varlen_attn(q, k, v, cu, cu, 200, 200, window_size=(-1, 0))
         ref = reference(q, k, v, lens, lens, (-1, 0))[0]
         assert (out.double() - ref).abs().max().item() <= 2e-2, lens
+
+
+def _capture(call):
+    """(graph, outputs of call) captured on a side stream after one warm-up (torch.cuda.graph's
+    recipe)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = call()
+    return graph, outs
+
+
+@needs_varlen_op
+@hopper_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cuda_packed_forward_in_cuda_graph(causal, monkeypatch):
+    """varlen_attn captured in a CUDA graph (as transformers' continuous batching captures its
+    steps): nothing is read on the host, and each replay computes the offsets it finds then,
+    against the float64 reference, LSE included (rows past the last sequence: zeros, +inf).
+    Non-causal runs the packed kernel planned from max_q / max_k; causal, exact there only where
+    each sequence has as many queries as keys, goes to PyTorch's varlen_attn."""
+    layouts = [([200, 56, 1], [70, 300, 9]), ([1, 120, 60], [256, 3, 120]), ([0, 250, 5], [0, 379, 0])]
+    if causal:
+        layouts = [(a, a) for a, _ in layouts] + [([3, 100, 2], [50, 200, 129])]
+    window = (-1, 0) if causal else (-1, -1)
+    tq, tk = 260, 379
+    q, k, v = packed([tq], [tk], hq=8, hkv=2, d=128, dtype=torch.bfloat16, device="cuda", seed=9)
+    cu_q, cu_k = offsets(layouts[0][0], "cuda"), offsets(layouts[0][1], "cuda")
+    calls = count_calls(monkeypatch, "_VARLEN_FWD")
+    graph, (out, lse) = _capture(lambda: varlen_attn(q, k, v, cu_q, cu_k, tq, tk, window_size=window,
+                                                     enable_gqa=True, return_aux=LSE))
+    assert len(calls) == (0 if causal else 2)  # (the warm-up and the capture)
+    for q_lens, k_lens in layouts:
+        cu_q.copy_(offsets(q_lens, "cuda"))
+        cu_k.copy_(offsets(k_lens, "cuda"))
+        q.copy_(torch.randn_like(q))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, ref_lse = reference(q, k, v, q_lens, k_lens, window)
+        tol = 2 * _low_precision_yardstick(q, k, v, q_lens, k_lens, window) + 1e-3
+        assert (out.double() - ref).abs().max().item() <= tol, (q_lens, k_lens)
+        close(lse, ref_lse, atol=2e-3, rtol=2e-3)
+
+
+def test_capture_without_a_fused_path_is_a_clear_error(monkeypatch):
+    """Under CUDA graph capture (posed on the CPU: only the decision is tested) a call that no
+    fused path takes and PyTorch's function cannot take either raises, naming the capture, and
+    explain_varlen says the same; outside capture the same call runs the loop."""
+    q_lens = [3, 5]
+    q, k, v = packed(q_lens)
+    args = (q, k, v, offsets(q_lens), offsets(q_lens), 5, 5)
+    assert explain_varlen(*args).startswith("per-sequence loop")
+    monkeypatch.setattr(varlen_mod, "_capturing", lambda query: True)
+    assert explain_varlen(*args).startswith("cannot run inside CUDA graph capture: dtype torch.float32")
+    with pytest.raises(RuntimeError, match="cannot run this call inside CUDA graph capture"):
+        varlen_attn(*args)
 
 
 @needs_varlen_op

@@ -508,7 +508,7 @@ def _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, le
 class _VarlenPlan(NamedTuple):
     longest_q: int   # the longest query / key sequence (the C layer's seqlen_q / seqlen_k)
     longest_k: int
-    end: int         # cu_seq_q[-1]: rows from here on belong to no sequence
+    end: Optional[int]  # cu_seq_q[-1]: rows from here on belong to no sequence (None: unknown)
     any_no_key: bool  # a sequence with queries and no key (its LSE turns from -inf to +inf)
 
 
@@ -534,6 +534,14 @@ def _varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal):
         return None
     any_no_key = 0 in sk and any(a > 0 and b == 0 for a, b in zip(sq, sk))
     return _VarlenPlan(longest_q, max(longest_k, 1), cu_q[-1], any_no_key)
+
+
+def _capture_varlen_fwd_plan(query, key, max_q, max_k):
+    """The packed forward's plan under CUDA graph capture, from the shapes alone: max_q / max_k
+    (clamped to the rows) stand for the longest sequences, and the rows past cu_seq_q[-1] and the
+    sequences with no key are fixed on the device (end None, any_no_key True). Unchecked offsets
+    give wrong rows, never an access outside the tensors (the list kernel clamps them)."""
+    return _VarlenPlan(max(1, min(max_q, query.shape[0])), max(1, min(max_k, key.shape[0])), None, True)
 
 
 # The last plan made (_cached_varlen_fwd_plan): (its inputs' key, weak references to its offset
@@ -579,7 +587,11 @@ def _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, plan, causal, scale
     LSE +inf (varlen's convention; the kernel gives SDPA's -inf and leaves the tail unwritten)."""
     out, lse = _VARLEN_FWD(query, key, value, cu_seq_q.contiguous(), cu_seq_k.contiguous(), plan.longest_q,
                            plan.longest_k, causal, scale)
-    if plan.end < query.shape[0]:
+    if plan.end is None:  # (CUDA graph capture: the offsets stay on the device)
+        tail = torch.arange(query.shape[0], device=query.device) >= cu_seq_q[-1]
+        out.masked_fill_(tail[:, None, None], 0)
+        lse.masked_fill_(tail, float("inf"))
+    elif plan.end < query.shape[0]:
         out[plan.end:] = 0
         lse[:, plan.end:] = float("inf")
     if plan.any_no_key:
@@ -600,12 +612,19 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     (_fused_varlen_fwd)."""
     left, right = _window(window_left, window_right, max_k)
     sc = sdpa_scale(scale, query.shape[-1])
-    kind, _, plan = _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
-                                  (window_left, window_right), seqused_k, block_table)
+    kind, why, plan = _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
+                                    (window_left, window_right), seqused_k, block_table)
     if kind == "paged decode":
         return _fused_paged_decode(query, key, value, seqused_k, block_table, plan, sc)
     if kind == "packed":
         return _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, plan, left < 0 and right == 0, sc)
+    if kind == "torch":
+        return _torch_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
+                             (window_left, window_right), enable_gqa, lse=True)
+    if kind == "capture":
+        raise RuntimeError(f"{_NAME} cannot run this call inside CUDA graph capture: neither fused "
+                           f"path takes it ({why}), and the per-sequence loop reads the offsets on "
+                           "the host; run it outside the graph")
     seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
     total, hq = query.shape[0], query.shape[1]
     out = query.new_zeros((total, hq, value.shape[-1]))
@@ -801,6 +820,10 @@ def explain_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         return "fused paged decode (one launch of the decode kernels)" + backward
     if kind == "packed":
         return "fused packed forward (one launch of the sm90 forward)" + backward
+    if kind == "torch":
+        return f"torch varlen_attn: {why}" + backward
+    if kind == "capture":
+        return f"cannot run inside CUDA graph capture: {why}"
     return f"per-sequence loop: {why}" + backward
 
 
@@ -809,9 +832,13 @@ def _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, wi
     """(kind, why, plan) of the forward for checked arguments, the one decision _varlen_op runs
     and explain_varlen reports: ("paged decode", "", its _PagedPlan), ("packed", "", its
     _VarlenPlan) or ("loop", why the one-launch paths decline, None). Reads the offsets (the
-    packed plan through its cache)."""
+    packed plan through its cache). Under CUDA graph capture nothing can be read (and a replay
+    sees new offsets), so the plans come from the shapes and max_q / max_k alone, and where
+    neither fused path is exact whatever the offsets, the call goes to PyTorch's varlen_attn
+    (("torch", why, None), where it takes the call) or cannot run (("capture", why, None))."""
     left, right = _window(int(window_size[0]), int(window_size[1]), max_k)
     sc = sdpa_scale(None if scale is None else float(scale), query.shape[-1])
+    capturing = _capturing(query)
     why = _paged_decode_declines(query, key, value, seqused_k, block_table, max_q, left)
     if why is None:
         plan = _paged_decode_plan(query, key, cu_seq_q, cu_seq_k, max_k, seqused_k, block_table)
@@ -822,12 +849,27 @@ def _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, wi
         why = _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, sc)
         if why is None:
             causal = left < 0 and right == 0
-            plan = _cached_varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal)
-            if plan is not None:
-                return "packed", "", plan
-            why = ("the offsets' values (causal with a sequence of more or fewer queries than keys, "
-                   "no query at all, or offsets the checks reject)")
+            if capturing and causal:
+                why = ("CUDA graph capture: causal is exact in the packed kernel only where every "
+                       "sequence has as many queries as keys, which the host cannot read while capturing")
+            else:
+                plan = (_capture_varlen_fwd_plan(query, key, max_q, max_k) if capturing else
+                        _cached_varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal))
+                if plan is not None:
+                    return "packed", "", plan
+                why = ("the offsets' values (causal with a sequence of more or fewer queries than keys, "
+                       "no query at all, or offsets the checks reject)")
+    if capturing:  # (the per-sequence loop reads the offsets)
+        if "return_aux" in _TORCH_NAMES and _torch_takes(query, value, None, scale, window_size,
+                                                          seqused_k, block_table):
+            return "torch", f"CUDA graph capture, where the per-sequence loop cannot run, and {why}", None
+        return "capture", why, None
     return "loop", why, None
+
+
+def _capturing(query) -> bool:
+    """Whether query's CUDA stream is capturing a graph (no value can come to the host)."""
+    return query.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 # ---- torch.nn.attention.varlen.varlen_attn routed here by flashcore.patch() ----------------------
@@ -897,9 +939,9 @@ def _torch_takes(query, value, return_aux, scale, window_size, seqused_k, block_
 
 
 def _torch_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size,
-                  enable_gqa):
-    """PyTorch's varlen_attn on a call _training_goes_to_torch sends there (its output only)."""
-    kw = {}
+                  enable_gqa, lse=False):
+    """PyTorch's varlen_attn on a call _torch_takes takes: its output, or (out, lse) with lse."""
+    kw = {"return_aux": AuxRequest(lse=True)} if lse else {}
     window = tuple(window_size)
     if window != (-1, -1):
         kw.update({"window_size": window} if "window_size" in _TORCH_NAMES else {"is_causal": True})
