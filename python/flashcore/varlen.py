@@ -588,14 +588,21 @@ def _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, plan, causal, scale
     out, lse = _VARLEN_FWD(query, key, value, cu_seq_q.contiguous(), cu_seq_k.contiguous(), plan.longest_q,
                            plan.longest_k, causal, scale)
     if plan.end is None:  # (CUDA graph capture: the offsets stay on the device)
-        tail = torch.arange(query.shape[0], device=query.device) >= cu_seq_q[-1]
-        out.masked_fill_(tail[:, None, None], 0)
-        lse.masked_fill_(tail, float("inf"))
+        _rows_outside_on_device(out, lse, cu_seq_q)
     elif plan.end < query.shape[0]:
         out[plan.end:] = 0
         lse[:, plan.end:] = float("inf")
     if plan.any_no_key:
         lse = lse.masked_fill_(lse == float("-inf"), float("inf"))
+    return out, lse
+
+
+def _rows_outside_on_device(out, lse, cu_seq_q):
+    """Rows past cu_seq_q[-1] (which no kernel writes) to zeros and LSE +inf, and an LSE of -inf
+    (a row that saw no key) to +inf, without reading the offsets on the host (graph capture)."""
+    tail = torch.arange(out.shape[0], device=out.device) >= cu_seq_q[-1]
+    out.masked_fill_(tail[:, None, None], 0)
+    lse.masked_fill_(tail | (lse == float("-inf")), float("inf"))
     return out, lse
 
 
@@ -619,8 +626,9 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if kind == "packed":
         return _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, plan, left < 0 and right == 0, sc)
     if kind == "torch":
-        return _torch_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
-                             (window_left, window_right), enable_gqa, lse=True)
+        out, lse = _torch_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
+                                 (window_left, window_right), enable_gqa, lse=True)
+        return _rows_outside_on_device(out, lse.float(), cu_seq_q)
     if kind == "capture":
         raise RuntimeError(f"{_NAME} cannot run this call inside CUDA graph capture: neither fused "
                            f"path takes it ({why}), and the per-sequence loop reads the offsets on "
