@@ -23,7 +23,12 @@ or causal (``window_size=(-1, 0)``, where every sequence has as many queries as 
 16-byte aligned rows, runs as one launch of the Hopper forward over every sequence
 (``torch.ops.flashcore._varlen_fwd``, torch_op/varlen_op.cpp; _fused_varlen_fwd below): a first
 kernel lists the sequences' 128-row query blocks, the forward's persistent CTAs take them. The
-offsets are read on the host first (the checks below; one wait for the device). Its backward is
+offsets are read on the host first (the checks below; one wait for the device). Under CUDA graph
+capture (transformers' continuous batching captures its steps) nothing can be read and a replay
+sees new offsets: the plan comes from max_q / max_k, a non-causal call runs the packed kernel
+unchecked (it clamps every offset into the tensors), a causal one (exact in the kernel only
+where every sequence has as many queries as keys) goes to PyTorch's varlen_attn, and a call
+neither takes raises a RuntimeError naming the capture. Its backward is
 the per-sequence one; so a training call that PyTorch's varlen_attn takes runs there instead,
 both passes (_training_goes_to_torch; FLASHCORE_TRAINING=flashcore keeps it here).
 
