@@ -1216,13 +1216,13 @@ def test_paged_function_needs_the_cache():
 
 
 @gpu
-@pytest.mark.parametrize("graphs", [None, False], ids=["default", "no-cuda-graphs"])
+@pytest.mark.parametrize("graphs", [None, True], ids=["default", "cuda-graphs"])
 def test_gpu_continuous_batching_bf16(graphs, monkeypatch):
     """On the GPU (bf16, D=128, GQA 8:2): "paged|flashcore" generates "paged|sdpa"'s greedy tokens
     for each request, or diverges first where sdpa's own logits nearly tie; its decode steps run
-    in PyTorch's varlen_attn (_paged_goes_to_torch). transformers' default on a GPU captures the
-    steps in CUDA graphs (it takes "flashcore" for a flash implementation), where no offset can
-    be read; without graphs the fresh-prefill steps run FlashCore's packed kernel."""
+    in PyTorch's varlen_attn (_paged_goes_to_torch). By default (the integration's: no CUDA
+    graphs) the fresh-prefill steps run FlashCore's packed kernel; with graphs asked for, the
+    captured steps read no offset (causal ones run PyTorch's varlen_attn)."""
     from flashcore import varlen as fc_varlen
     calls = []
     real, real_torch = flashcore.varlen_attn, fc_varlen._torch_varlen
@@ -1334,3 +1334,30 @@ def test_given_offsets_attend_within_documents(name, monkeypatch):
         torch.testing.assert_close(out[:, a:b], alone, rtol=1e-5, atol=1e-5)
         if a:
             assert (across[:, a:b] - alone).abs().max() > 1e-3  # what attending across would give
+
+
+def test_continuous_batching_without_cuda_graphs_unless_asked(monkeypatch):
+    """transformers' default gives CUDA graphs to names holding "flash" (with CUDA available);
+    with FlashCore's names the integration leaves them off unless the config asks (measured:
+    0.41x "paged|sdpa" with graphs, 4.3x without; docs/experiments/varlen.md). The user's config
+    object is not changed; other implementations keep transformers' choice."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching import continuous_api
+    resolve = continuous_api.resolve_continuous_batching_config
+    assert getattr(resolve, "__flashcore_shim__", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (the decision only)
+
+    def graphs(impl, wrapped=resolve, **options):
+        cfg = LlamaConfig(num_hidden_layers=1, hidden_size=64, intermediate_size=64,
+                          num_attention_heads=4, num_key_value_heads=2)
+        cfg._attn_implementation = impl
+        cb = ContinuousBatchingConfig(**options)
+        out = wrapped(config=cfg, cb_config=cb, workload_hints=None, has_logit_processors=False)
+        assert cb.use_cuda_graph == options.get("use_cuda_graph")
+        return tuple(out.use_cuda_graph)
+
+    assert graphs("paged|flashcore", resolve.__wrapped__) == (True, True)  # transformers' own choice
+    assert graphs("paged|flashcore") == (False, False)
+    assert graphs("flashcore") == (False, False)
+    assert graphs("paged|flashcore", use_cuda_graph=True) == (True, True)
+    assert graphs("paged|sdpa", use_cuda_graph=True) == (True, True)

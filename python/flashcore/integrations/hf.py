@@ -90,6 +90,7 @@ their decode fast path (no block table): the cache's update and read-back, then
 ``flashcore.varlen_attn`` over the requests (bottom-right causal, the layer's window). Not with
 attention sinks or a softcap (a clear error).
 """
+import copy
 import functools
 import warnings
 
@@ -459,6 +460,37 @@ def _check_version() -> Version:
     return version
 
 
+def _install_cb_graphs_default() -> None:
+    """Continuous batching with ``"paged|flashcore"`` (or ``"flashcore"``) and no CUDA-graph
+    choice of the user's (``use_cuda_graph`` and the padding intervals unset) runs without CUDA
+    graphs. transformers' default gives graphs to names holding "flash"; inside a captured step
+    FlashCore's causal attention is PyTorch's varlen_attn (no offset can be read there) and every
+    ``generate_batch`` pays the captures: 0.41x ``"paged|sdpa"``'s tokens/s against 4.3x without
+    graphs (H200, bench/bench_hf_cb.py; docs/experiments/varlen.md). An explicit
+    ``use_cuda_graph`` is left as given."""
+    try:
+        from transformers.generation.continuous_batching import continuous_api
+    except ImportError:  # pragma: no cover - a transformers without continuous batching
+        return
+    original = getattr(continuous_api, "resolve_continuous_batching_config", None)
+    if original is None or getattr(original, "__flashcore_shim__", False):
+        return
+
+    @functools.wraps(original)
+    def resolve_continuous_batching_config(config, cb_config, *args, **kwargs):
+        name = getattr(config, "_attn_implementation", None)
+        unset = (getattr(cb_config, "use_cuda_graph", False) is None
+                 and not getattr(cb_config, "q_padding_interval_size", 0)
+                 and not getattr(cb_config, "kv_padding_interval_size", 0))
+        if isinstance(name, str) and name.split("|")[-1] == NAME and unset:
+            cb_config = copy.copy(cb_config)
+            cb_config.use_cuda_graph = False
+        return original(config, cb_config, *args, **kwargs)
+
+    resolve_continuous_batching_config.__flashcore_shim__ = True
+    continuous_api.resolve_continuous_batching_config = resolve_continuous_batching_config
+
+
 def _install_flash_name_shim() -> None:
     """Stop transformers from trying to load "flashcore" as a FlashAttention build (its
     implementation names are matched with ``"flash" in name``; see the module docstring)."""
@@ -508,6 +540,7 @@ def register() -> None:
     Idempotent; called when this module is imported."""
     _check_version()
     _install_flash_name_shim()
+    _install_cb_graphs_default()
     AttentionInterface.register(NAME, flashcore_attention_forward)
     AttentionInterface.register(PAGED_NAME, flashcore_paged_attention_forward)
     AttentionMaskInterface.register(NAME, flashcore_mask)
