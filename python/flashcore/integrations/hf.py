@@ -460,6 +460,17 @@ def _check_version() -> Version:
     return version
 
 
+def _wrap_once(module, attr: str, make) -> None:
+    """module.attr becomes make(original), marked so that a second registration leaves it be;
+    nothing where this transformers has no such attribute."""
+    original = getattr(module, attr, None)
+    if original is None or getattr(original, "__flashcore_shim__", False):
+        return
+    wrapper = functools.wraps(original)(make(original))
+    wrapper.__flashcore_shim__ = True
+    setattr(module, attr, wrapper)
+
+
 def _install_cb_graphs_default() -> None:
     """Continuous batching with ``"paged|flashcore"`` (or ``"flashcore"``) and no CUDA-graph
     choice of the user's (``use_cuda_graph`` and the padding intervals unset) runs without CUDA
@@ -472,23 +483,20 @@ def _install_cb_graphs_default() -> None:
         from transformers.generation.continuous_batching import continuous_api
     except ImportError:  # pragma: no cover - a transformers without continuous batching
         return
-    original = getattr(continuous_api, "resolve_continuous_batching_config", None)
-    if original is None or getattr(original, "__flashcore_shim__", False):
-        return
 
-    @functools.wraps(original)
-    def resolve_continuous_batching_config(config, cb_config, *args, **kwargs):
-        name = getattr(config, "_attn_implementation", None)
-        unset = (getattr(cb_config, "use_cuda_graph", False) is None
-                 and not getattr(cb_config, "q_padding_interval_size", 0)
-                 and not getattr(cb_config, "kv_padding_interval_size", 0))
-        if isinstance(name, str) and name.split("|")[-1] == NAME and unset:
-            cb_config = copy.copy(cb_config)
-            cb_config.use_cuda_graph = False
-        return original(config, cb_config, *args, **kwargs)
+    def make(original):
+        def resolve_continuous_batching_config(config, cb_config, *args, **kwargs):
+            name = getattr(config, "_attn_implementation", None)
+            unset = (getattr(cb_config, "use_cuda_graph", False) is None
+                     and not getattr(cb_config, "q_padding_interval_size", 0)
+                     and not getattr(cb_config, "kv_padding_interval_size", 0))
+            if isinstance(name, str) and name.split("|")[-1] == NAME and unset:
+                cb_config = copy.copy(cb_config)
+                cb_config.use_cuda_graph = False
+            return original(config, cb_config, *args, **kwargs)
+        return resolve_continuous_batching_config
 
-    resolve_continuous_batching_config.__flashcore_shim__ = True
-    continuous_api.resolve_continuous_batching_config = resolve_continuous_batching_config
+    _wrap_once(continuous_api, "resolve_continuous_batching_config", make)
 
 
 def _install_flash_name_shim() -> None:
@@ -496,43 +504,34 @@ def _install_flash_name_shim() -> None:
     implementation names are matched with ``"flash" in name``; see the module docstring)."""
     try:
         import transformers.modeling_flash_attention_utils as fa_utils
+        import transformers.modeling_utils as modeling_utils
         from transformers.utils.generic import split_attention_implementation
     except ImportError:  # pragma: no cover - layout of another transformers version
         return
-    original = getattr(fa_utils, "_lazy_imports", None)
-    if original is None or getattr(original, "__flashcore_shim__", False):
-        return
 
-    @functools.wraps(original)
-    def _lazy_imports(implementation, *args, **kwargs):
-        if split_attention_implementation(implementation)[1] == NAME:
-            # flash_fn, varlen_fn, with_kvcache_fn, pad_fn, unpad_fn: FlashCore uses none.
-            return None, None, None, fa_utils._pad_input, fa_utils._unpad_input
-        return original(implementation, *args, **kwargs)
+    def make_lazy_imports(original):
+        def _lazy_imports(implementation, *args, **kwargs):
+            if split_attention_implementation(implementation)[1] == NAME:
+                # flash_fn, varlen_fn, with_kvcache_fn, pad_fn, unpad_fn: FlashCore uses none.
+                return None, None, None, fa_utils._pad_input, fa_utils._unpad_input
+            return original(implementation, *args, **kwargs)
+        return _lazy_imports
 
-    _lazy_imports.__flashcore_shim__ = True
-    fa_utils._lazy_imports = _lazy_imports
+    _wrap_once(fa_utils, "_lazy_imports", make_lazy_imports)
 
     # Models that list their own FlashAttention builds (gpt-oss: _compatible_flash_implementations)
     # swap any other "flash" name for the first of those when the model picks its implementation
     # (PreTrainedModel._check_and_adjust_attn_implementation): there "flashcore" is not one.
-    try:
-        import transformers.modeling_utils as modeling_utils
-    except ImportError:  # pragma: no cover
-        return
-    is_fa = getattr(modeling_utils, "is_flash_attention_requested", None)
-    if is_fa is None or getattr(is_fa, "__flashcore_shim__", False):
-        return
+    def make_is_flash(is_fa):
+        def is_flash_attention_requested(config=None, requested_attention_implementation=None, **kwargs):
+            name = config._attn_implementation if config is not None else requested_attention_implementation
+            if isinstance(name, str) and split_attention_implementation(name)[1] == NAME:
+                return False
+            return is_fa(config=config, requested_attention_implementation=requested_attention_implementation,
+                         **kwargs)
+        return is_flash_attention_requested
 
-    @functools.wraps(is_fa)
-    def is_flash_attention_requested(config=None, requested_attention_implementation=None, **kwargs):
-        name = config._attn_implementation if config is not None else requested_attention_implementation
-        if isinstance(name, str) and split_attention_implementation(name)[1] == NAME:
-            return False
-        return is_fa(config=config, requested_attention_implementation=requested_attention_implementation, **kwargs)
-
-    is_flash_attention_requested.__flashcore_shim__ = True
-    modeling_utils.is_flash_attention_requested = is_flash_attention_requested
+    _wrap_once(modeling_utils, "is_flash_attention_requested", make_is_flash)
 
 
 def register() -> None:
