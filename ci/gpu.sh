@@ -2,8 +2,8 @@
 # The one script for a GPU machine: build (sm_89 + sm_90a), C tests, the full pytest suite,
 # compute-sanitizer on the C API test (small and ragged shapes), a SASS check, and the bench.
 # Everything it reports lands in $OUT (default ./gpu-out): build.log, ctest.log, pytest.log,
-# sanitizer.log, sass.txt, bench.log, bench.json, paged.json, varlen.json, hf_packed.json, cp.json
-# (2 GPUs).
+# sanitizer.log, sass.txt, bench.log, bench.json, paged.json, varlen.json, hf_packed.json,
+# hf_cb.json, cp.json (2 GPUs).
 #
 # Every GPU step runs under `timeout`, so a hung kernel costs minutes, not the whole lease.
 # Usage: bash ci/gpu.sh [--no-bench] [--quick-bench] [pytest -k expression]
@@ -118,6 +118,9 @@ if [ "$BENCH" != none ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   step "HuggingFace padding-free training step"
   PYTHONUNBUFFERED=1 timeout 300 "$PY" bench/bench_hf_packed.py $([ "$BENCH" = quick ] && echo "--layers 2 --iters 3") --json "$OUT/hf_packed.json" 2>&1 | tee -a "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  step "HuggingFace continuous batching"
+  PYTHONUNBUFFERED=1 timeout 300 "$PY" bench/bench_hf_cb.py --requests 32 --new 64 --layers 4 --iters 2 --json "$OUT/hf_cb.json" 2>&1 | tee -a "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   step "context-parallel bench (2 GPUs; one line and nothing run elsewhere)"
   cp_seqs=""; [ "$BENCH" = quick ] && cp_seqs="--seqs 64k"
