@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.join(REPO, "bench"))
 if os.path.exists(os.path.join(REPO, "python", "flashcore", "libflashcore_op.so")):
     sys.path.insert(0, os.path.join(REPO, "python"))  # a CMake build in the tree wins
 
-from bench_hf_packed import MODEL, SMOKE  # noqa: E402
+from bench_hf_packed import MODEL, SMOKE, check_lengths  # noqa: E402
 from bench_varlen import card_slug, git_sha, loguniform_lengths  # noqa: E402
 
 IMPLS = ("paged|sdpa", "paged|flashcore")
@@ -108,11 +108,7 @@ def main(argv=None):
     ap.add_argument("--no-json", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args(argv)
-    for name in ("requests", "shortest", "longest", "new", "batch_tokens", "layers", "vocab", "iters"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.shortest > args.longest:
-        ap.error("--shortest must not exceed --longest")
+    check_lengths(ap, args, ("requests", "shortest", "longest", "new", "batch_tokens", "layers", "vocab", "iters"))
     smoke = args.cpu_smoke
     if not smoke and not torch.cuda.is_available():
         print("bench_hf_cb: no CUDA device; nothing run (--cpu-smoke runs the plumbing on the CPU)")

@@ -116,6 +116,16 @@ def timed_steps(model, batch, warmup, iters, device):
     return statistics.median(times)
 
 
+def check_lengths(ap, args, positive):
+    """ap.error unless each option in `positive` is at least 1 and --shortest <= --longest (the
+    HF benches' shared checks)."""
+    for name in positive:
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.shortest > args.longest:
+        ap.error("--shortest must not exceed --longest")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--tokens", type=int, default=16384, help="content tokens per step (16384)")
@@ -131,11 +141,7 @@ def main(argv=None):
     ap.add_argument("--no-json", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args(argv)
-    for name in ("tokens", "shortest", "longest", "layers", "vocab", "iters"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be at least 1")
-    if args.shortest > args.longest:
-        ap.error("--shortest must not exceed --longest")
+    check_lengths(ap, args, ("tokens", "shortest", "longest", "layers", "vocab", "iters"))
     smoke = args.cpu_smoke
     if not smoke and not torch.cuda.is_available():
         print("bench_hf_packed: no CUDA device; nothing run (--cpu-smoke runs the plumbing on the CPU)")
