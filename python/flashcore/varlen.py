@@ -544,9 +544,9 @@ def _varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal):
 def _capture_varlen_fwd_plan(query, key, max_q, max_k):
     """The packed forward's plan under CUDA graph capture, from the shapes alone: max_q / max_k
     (clamped to the rows) stand for the longest sequences, and the rows past cu_seq_q[-1] and the
-    sequences with no key are fixed on the device (end None, any_no_key True). Unchecked offsets
+    sequences with no key are fixed on the device (end None: _rows_outside_on_device). Unchecked offsets
     give wrong rows, never an access outside the tensors (the list kernel clamps them)."""
-    return _VarlenPlan(max(1, min(max_q, query.shape[0])), max(1, min(max_k, key.shape[0])), None, True)
+    return _VarlenPlan(max(1, min(max_q, query.shape[0])), max(1, min(max_k, key.shape[0])), None, False)
 
 
 # The last plan made (_cached_varlen_fwd_plan): (its inputs' key, weak references to its offset
@@ -593,8 +593,8 @@ def _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, plan, causal, scale
     out, lse = _VARLEN_FWD(query, key, value, cu_seq_q.contiguous(), cu_seq_k.contiguous(), plan.longest_q,
                            plan.longest_k, causal, scale)
     if plan.end is None:  # (CUDA graph capture: the offsets stay on the device)
-        _rows_outside_on_device(out, lse, cu_seq_q)
-    elif plan.end < query.shape[0]:
+        return _rows_outside_on_device(out, lse, cu_seq_q)
+    if plan.end < query.shape[0]:
         out[plan.end:] = 0
         lse[:, plan.end:] = float("inf")
     if plan.any_no_key:
@@ -633,7 +633,7 @@ def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if kind == "torch":
         out, lse = _torch_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
                                  (window_left, window_right), enable_gqa, lse=True)
-        return _rows_outside_on_device(out, lse.float(), cu_seq_q)
+        return _rows_outside_on_device(out, lse, cu_seq_q)
     if kind == "capture":
         raise RuntimeError(f"{_NAME} cannot run this call inside CUDA graph capture: neither fused "
                            f"path takes it ({why}), and the per-sequence loop reads the offsets on "

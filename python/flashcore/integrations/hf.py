@@ -433,10 +433,9 @@ def _paged_goes_to_torch(q, key, value, cu_q, cu_k, max_q, max_k, scale, window_
     """Whether a continuous-batching step runs in PyTorch's varlen_attn: where FlashCore would
     loop over the requests (one SDPA call each: decode steps and chunked prefill, whose causal
     diagonal is not the packed kernel's) and PyTorch's function, one launch, takes the call (on
-    CUDA). A forced FLASHCORE_FAMILY keeps FlashCore's kernels. On a GPU transformers captures
-    the steps in CUDA graphs (it takes "flashcore" for a flash implementation: its name has
-    "flash" in it), and a captured step's offsets cannot be read, so a causal step goes to
-    PyTorch's function whatever its lengths (varlen._forward_path)."""
+    CUDA). A forced FLASHCORE_FAMILY keeps FlashCore's kernels. Where the batching config asks
+    for CUDA graphs, a captured step's offsets cannot be read, so a causal step goes to PyTorch's
+    function whatever its lengths (varlen._forward_path)."""
     if not q.is_cuda or flashcore.FALLBACK_ONLY:
         return False
     from flashcore import _ops  # (needs the op library: not imported where there is none)
