@@ -94,12 +94,18 @@ FC_API fc_status fc_bwd_params_validate(const fc_bwd_params *p) {
         return FC_ERR_NULL_POINTER;
     if (p->workspace_bytes < 0 || ((uintptr_t)p->workspace & 15u) != 0) return FC_ERR_BAD_WORKSPACE;
     /* The backward kernels launch (blocks, heads, batch) grids in one go: CUDA caps y and z at
-     * 65535 (the forward splits such calls into several launches; the backward does not yet). */
-    if (f->heads_q > 65535 || f->batch > 65535) return FC_ERR_OFFSET_OVERFLOW;
+     * 65535 (the forward splits such calls into several launches; the backward does not yet).
+     * A packed call's row-wise grids have one batch item (its sequences are rows). */
+    if (f->heads_q > 65535 || fc_tensor_batch(f) > 65535) return FC_ERR_OFFSET_OVERFLOW;
+    /* Packed (fc_params.cu_seq_q): the gradients and dlse lie along the packed rows as q, k and
+     * the LSE do, with no batch stride. */
+    if (f->cu_seq_q != NULL && (p->do_stride_b != 0 || p->dq_stride_b != 0 || p->dk_stride_b != 0 ||
+                                p->dv_stride_b != 0 || (p->dlse != NULL && p->dlse_stride_b != 0)))
+        return FC_ERR_BAD_VARLEN;
 
     const int64_t elem = f->dtype == FC_DTYPE_FP32 ? 4 : 2;
-    const int64_t qsize[4] = {f->batch, f->heads_q, f->seqlen_q, f->head_dim};
-    const int64_t ksize[4] = {f->batch, f->heads_kv, f->seqlen_k, f->head_dim};
+    const int64_t qsize[4] = {fc_tensor_batch(f), f->heads_q, fc_tensor_rows_q(f), f->head_dim};
+    const int64_t ksize[4] = {fc_tensor_batch(f), f->heads_kv, fc_tensor_rows_k(f), f->head_dim};
     const int64_t do_st[4] = {p->do_stride_b, p->do_stride_h, p->do_stride_s, p->do_stride_d};
     const int64_t dq_st[4] = {p->dq_stride_b, p->dq_stride_h, p->dq_stride_s, p->dq_stride_d};
     const int64_t dk_st[4] = {p->dk_stride_b, p->dk_stride_h, p->dk_stride_s, p->dk_stride_d};
@@ -109,7 +115,7 @@ FC_API fc_status fc_bwd_params_validate(const fc_bwd_params *p) {
     if ((s = fc_check_operand_(ksize, dk_st, p->dk, elem)) != FC_OK) return s;
     if ((s = fc_check_operand_(ksize, dv_st, p->dv, elem)) != FC_OK) return s;
     if (p->dlse != NULL) {
-        s = check_rows_operand(p->dlse, f->batch, f->heads_q, f->seqlen_q, p->dlse_stride_b,
+        s = check_rows_operand(p->dlse, fc_tensor_batch(f), f->heads_q, fc_tensor_rows_q(f), p->dlse_stride_b,
                                p->dlse_stride_h, p->dlse_stride_s);
         if (s != FC_OK) return s;
     }
@@ -134,6 +140,11 @@ static int sm90_takes_layout(const fc_bwd_params *p) {
     if (__builtin_mul_overflow(key_blocks, p->fwd.heads_kv, &ctas) ||
         __builtin_mul_overflow(ctas, p->fwd.batch, &ctas) || ctas > INT32_MAX)
         return 0;
+    /* A packed call's tiles: at most the key-block list's capacity per KV head. */
+    if (p->fwd.cu_seq_q != NULL &&
+        (__builtin_mul_overflow(fc_varlen_block_capacity(p->fwd.total_k, p->fwd.batch), p->fwd.heads_kv, &ctas) ||
+         ctas > INT32_MAX))
+        return 0;
     fc_params as_dout = p->fwd;
     as_dout.q_stride_b = p->do_stride_b;
     as_dout.q_stride_h = p->do_stride_h;
@@ -154,6 +165,12 @@ static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_ma
     /* A softcap: the Hopper family's kSoftcap variant, which has no mask path. */
     if (p->fwd.softcap != 0.0f && (family != FC_FAMILY_SM90 || p->fwd.mask_kind != FC_MASK_NONE))
         return FC_UNSUPPORTED_SOFTCAP;
+    /* Packed sequences: the Hopper family's kVarlen variant, top-left causal or none, no mask or
+     * softcap (a window or bottom-right causal was declined in validation). */
+    if (p->fwd.cu_seq_q != NULL &&
+        (family != FC_FAMILY_SM90 || p->fwd.mask_kind != FC_MASK_NONE || p->fwd.softcap != 0.0f ||
+         p->fwd.band_ == FC_BAND_GENERAL_ || p->fwd.sinks != NULL))
+        return FC_UNSUPPORTED_VARLEN;
     if ((*entry = find_bwd_kernel(family, &p->fwd)) == NULL) return FC_UNSUPPORTED_HEAD_DIM;
     if (family == FC_FAMILY_SM90 && !sm90_takes_layout(p)) return FC_UNSUPPORTED_LAYOUT;
     return FC_OK;
@@ -170,8 +187,6 @@ static fc_status bwd_dispatch(const fc_bwd_params *user, int cc_major, int cc_mi
     /* No backward kernel reads a paged KV cache (fc_params.block_table): the forward's decode
      * kernels alone do. */
     if (f->block_table != NULL) return FC_UNSUPPORTED_PAGED;
-    /* Nor packed sequences (fc_params.cu_seq_q): the Hopper forward alone runs them. */
-    if (f->cu_seq_q != NULL) return FC_UNSUPPORTED_VARLEN;
     if (f->dtype != FC_DTYPE_FP16 && f->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
     const bwd_entry *found = NULL;
     fc_status s;
@@ -181,6 +196,9 @@ static fc_status bwd_dispatch(const fc_bwd_params *user, int cc_major, int cc_mi
         return FC_UNSUPPORTED_FAMILY;
     } else {
         s = p->deterministic ? FC_UNSUPPORTED_FAMILY : family_runs(FC_FAMILY_SM90, p, cc_major, cc_minor, &found);
+        /* (A packed call runs in the Hopper family alone, whose dq is summed in any order: under
+         * `deterministic` it is declined.) */
+        if (s != FC_OK && f->cu_seq_q != NULL) return FC_UNSUPPORTED_VARLEN;
         if (s != FC_OK) {
             s = family_runs(FC_FAMILY_SM80, p, cc_major, cc_minor, &found);
             if (s == FC_UNSUPPORTED_FAMILY) s = FC_UNSUPPORTED_ARCH;
@@ -205,10 +223,13 @@ FC_API fc_family fc_sdpa_bwd_family(const fc_bwd_params *p, int cc_major, int cc
 
 /* sm80-class: delta and LSE*log2(e), fp32, one each per query row. Sizes are validated, so
  * rows < 2^31 * 64 (fc_params_validate bounds the number of 64-row tiles) and this cannot wrap.
- * sm90: see fc_sm90_bwd_workspace_bytes (dispatch.h). Either way 16-byte rounded. */
+ * sm90: see fc_sm90_bwd_workspace_bytes and fc_sm90_bwd_varlen_workspace_bytes (launch_rules.h).
+ * Either way 16-byte rounded. */
 static int64_t bwd_workspace_bytes(const fc_params *f, fc_family family) {
     const int64_t rows = f->batch * f->heads_q * f->seqlen_q;
-    const int64_t bytes = family == FC_FAMILY_SM90 ? fc_sm90_bwd_workspace_bytes(f) : 2 * rows * 4;
+    const int64_t bytes = family != FC_FAMILY_SM90 ? 2 * rows * 4
+                          : f->cu_seq_q != NULL   ? fc_sm90_bwd_varlen_workspace_bytes(f)
+                                                  : fc_sm90_bwd_workspace_bytes(f);
     return (bytes + 15) / 16 * 16;
 }
 
@@ -218,7 +239,7 @@ FC_API fc_status fc_sdpa_bwd_workspace_size(const fc_bwd_params *p, int64_t *byt
     const fc_status s = fc_bwd_params_validate(p);
     if (s != FC_OK) return s;
     /* Sizes only (no device query): enough for either family where a Hopper kernel is built. */
-    int64_t need = bwd_workspace_bytes(&p->fwd, FC_FAMILY_SM80);
+    int64_t need = p->fwd.cu_seq_q != NULL ? 0 : bwd_workspace_bytes(&p->fwd, FC_FAMILY_SM80);  /* (packed: sm90 alone) */
     if (find_bwd_kernel(FC_FAMILY_SM90, &p->fwd) != NULL) {
         const int64_t sm90 = bwd_workspace_bytes(&p->fwd, FC_FAMILY_SM90);
         if (sm90 > need) need = sm90;

@@ -213,9 +213,11 @@ typedef struct fc_params {
      * arrays, total_q and total_k >= 1, batch strides 0. The kernels clamp every offset into
      * [0, total]: wrong offsets give wrong rows, never an access outside the tensors. The call
      * needs its workspace (fc_sdpa_workspace_size; else FC_ERR_BAD_WORKSPACE): the list of the
-     * sequences' query blocks, built on the device. Only the sm90 forward runs packed calls
-     * (fp16/bf16, D 64/128/256, no window or bottom-right band, mask, softcap, sinks or pages);
-     * every other one gives FC_UNSUPPORTED_VARLEN, the backward included. */
+     * sequences' query blocks, built on the device. The sm90 forward runs packed calls (fp16/bf16,
+     * D 64/128/256, no window or bottom-right band, mask, softcap, sinks or pages), and so does
+     * the sm90 backward (D 64/128, not `deterministic`): dout, dq, dk and dv then lie along the
+     * packed rows as q and k do (no batch stride), dlse as the LSE. Every other packed call gives
+     * FC_UNSUPPORTED_VARLEN. */
     const int32_t *cu_seq_q;
     const int32_t *cu_seq_k;
     int64_t total_q, total_k;

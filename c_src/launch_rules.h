@@ -162,6 +162,25 @@ static inline int64_t fc_sm90_bwd_workspace_bytes(const fc_params *f) {
     return f->batch * f->heads_q * fc_sm90_bwd_padded_seqlen(f) * (2 + f->head_dim + FC_SM90_BWD_DQ_PAD) * 4 +
            FC_SM90_BWD_COUNTER_BYTES;
 }
+/* A packed call's (fc_params.cu_seq_q) Hopper backward workspace: the list of every sequence's
+ * FC_SM90_BWD_KEY_BLOCK-key blocks first (kernels/sm90/varlen_blocks.cuh, the forward's list
+ * format, capacity from total_k: the sorted list once per KV head, then its scratch), then the
+ * row terms [Hq][R][delta, LSE*log2(e)] fp32 and the dq
+ * accumulator [Hq][R][D + FC_SM90_BWD_DQ_PAD] fp32 over the packed rows, R =
+ * fc_sm90_bwd_varlen_rows (total_q rounded up to FC_SM90_BWD_ROW_BLOCK, and two blocks more: a
+ * sequence's last query step may start anywhere and read 68 rows on), then the tile counter. */
+FC_HOST_DEVICE static inline int64_t fc_sm90_bwd_varlen_rows(int64_t total_q) {
+    return (total_q + FC_SM90_BWD_ROW_BLOCK - 1) / FC_SM90_BWD_ROW_BLOCK * FC_SM90_BWD_ROW_BLOCK + 2 * FC_SM90_BWD_ROW_BLOCK;
+}
+FC_HOST_DEVICE static inline int64_t fc_sm90_bwd_varlen_list_bytes(const fc_params *f) {
+    return FC_VARLEN_HEADER_BYTES +
+           (f->heads_kv + 1) * FC_VARLEN_ENTRY_BYTES * fc_varlen_block_capacity(f->total_k, f->batch);
+}
+static inline int64_t fc_sm90_bwd_varlen_workspace_bytes(const fc_params *f) {
+    return fc_sm90_bwd_varlen_list_bytes(f) +
+           f->heads_q * fc_sm90_bwd_varlen_rows(f->total_q) * (2 + f->head_dim + FC_SM90_BWD_DQ_PAD) * 4 +
+           FC_SM90_BWD_COUNTER_BYTES;
+}
 /* CTAs of the Hopper backward's main kernel for `tiles` tiles on `sms` SMs: at most one per SM, each
  * taking tiles until none are left (kernels/sm90/bwd_kernel.cuh). FLASHCORE_BWD_PERSISTENT=0 gives
  * one CTA per tile instead (config.h; A/B timing while that comparison is open). */

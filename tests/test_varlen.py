@@ -1188,12 +1188,12 @@ def test_packed_forward_declines():
 
 
 @pytest.mark.parametrize("q_lens,k_lens,causal,want", [
-    ([4, 0], [4, 3], True, (4, 4, 4, False)),
-    ([4, 0], [4, 3], False, (4, 4, 4, False)),
+    ([4, 0], [4, 3], True, (4, 4, 4, False, 7)),
+    ([4, 0], [4, 3], False, (4, 4, 4, False, 7)),
     ([4], [5], True, None),  # causal with Sq != Sk: the loop (bottom-right)
-    ([4], [5], False, (4, 5, 4, False)),
+    ([4], [5], False, (4, 5, 4, False, 5)),
     ([0, 0], [5, 1], False, None),  # no query at all
-    ([3, 2], [0, 6], False, (3, 6, 5, True)),  # a sequence with no key
+    ([3, 2], [0, 6], False, (3, 6, 5, True, 6)),  # a sequence with no key
 ], ids=str)
 def test_packed_forward_plan(q_lens, k_lens, causal, want):
     """_varlen_fwd_plan on CPU offsets: what it takes, and None where the values send the call
@@ -1233,7 +1233,7 @@ def test_packed_forward_plan_cache(monkeypatch):
         return got, len(reads) - before
 
     first, n = plan()
-    assert n == 1 and tuple(first) == (4, 4, 7, False)
+    assert n == 1 and tuple(first) == (4, 4, 7, False, 7)
     assert plan() == (first, 0)  # same tensors, unwritten: no read
     assert plan(max_q=16)[1] == 1  # another bound
     assert plan(causal=False)[1] == 1
@@ -1245,26 +1245,136 @@ def test_packed_forward_plan_cache(monkeypatch):
     assert plan(cu_q=other, cu_k=other)[1] == 1  # equal values, other tensors
     cu[1] = 5  # a write that changes the plan
     got, n = plan()
-    assert n == 1 and tuple(got) == (5, 5, 7, False)
+    assert n == 1 and tuple(got) == (5, 5, 7, False, 7)
     with torch.inference_mode():
         frozen = offsets([4, 3])
     assert plan(cu_q=frozen, cu_k=frozen)[1] == 1 and plan(cu_q=frozen, cu_k=frozen)[1] == 1
+
+
+# ---- the fused packed backward (torch.ops.flashcore._varlen_bwd: the Hopper backward, one launch) -
+
+VARLEN_BWD = getattr(torch.ops.flashcore, "_varlen_bwd", None)
+
+
+def _fused_bwd_here():
+    return VARLEN_BWD is not None and _hopper()
+
+
+fused_bwd_only = pytest.mark.skipif(not _fused_bwd_here(),
+                                    reason="the packed backward is the sm_90 family's (and needs flashcore::_varlen_bwd)")
+
+
+def _poison_allocator():
+    torch.empty(64 << 20, device="cuda").fill_(float("nan"))  # what the ops allocate next starts as NaN
+
+
+@fused_bwd_only
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", list(PACKED_LAYOUTS))
+def test_cuda_packed_backward_is_one_launch(layout, causal, dtype, d, monkeypatch):
+    """Gradients of out and LSE (both weighted) against the float64 reference, GQA 8:2, query
+    rows past the last sequence (extra_q) and key rows past the last sequence (an extra key row):
+    dq zero there, dk / dv zero there; everything the ops allocate poisoned with NaN first. One
+    launch of the fused backward wherever the packed forward ran (causal with Sq != Sk: the loop)."""
+    q_lens, k_lens = PACKED_LAYOUTS[layout]
+    k_lens = q_lens if k_lens is None else k_lens
+    window = (-1, 0) if causal else (-1, -1)
+    hq, hkv = 8, 2
+    q, k, v = packed(q_lens, k_lens, hq=hq, hkv=hkv, d=d, dtype=dtype, device="cuda", extra_q=3,
+                     seed=len(q_lens) + d + 7)
+    k, v = (torch.cat((t, t[:1])) for t in (k, v))  # a key row of no sequence
+    fused = not causal or all(a in (0, b) for a, b in zip(q_lens, k_lens))
+    g = torch.Generator().manual_seed(d + len(q_lens))
+    wo = torch.randn(q.shape, generator=g).to("cuda", dtype)
+    wl = torch.randn(hq, q.shape[0], generator=g).to("cuda")
+    calls = count_calls(monkeypatch, "_VARLEN_BWD")
+
+    def ours(q, k, v):
+        return run(q, k, v, q_lens, k_lens, window_size=window, enable_gqa=True, return_aux=LSE)
+
+    def ref(q, k, v):
+        return reference(q, k, v, q_lens, k_lens, window)
+
+    _poison_allocator()
+    got = grads(ours, q, k, v, wo, wl)
+    assert len(calls) == int(fused)
+    want = grads(ref, q, k, v, wo, wl)
+    for name, a, b in zip("qkv", got, want):
+        assert not a.isnan().any(), name
+        err = (a.double() - b).abs().max().item()
+        assert err <= 2e-2 * max(b.abs().max().item(), 1.0), (name, err)
+    n_q, n_k = sum(q_lens), sum(k_lens)
+    assert (got[0][n_q:] == 0).all() and (got[1][n_k:] == 0).all() and (got[2][n_k:] == 0).all()
+
+
+@fused_bwd_only
+def test_cuda_packed_backward_many_sequences_and_long_ones(monkeypatch):
+    """Hundreds of sequences (the key-block list sorted by work, the persistent grid's order), one
+    longer than a causal chunk, D=128 bf16 causal, GQA 4:1, against the float64 reference."""
+    q_lens = [4097] + [1, 17, 64, 127, 128, 129] * 40 + [1000]
+    q, k, v = packed(q_lens, hq=4, hkv=1, d=128, dtype=torch.bfloat16, device="cuda", seed=9)
+    g = torch.Generator().manual_seed(9)
+    wo = torch.randn(q.shape, generator=g).to("cuda", torch.bfloat16)
+    wl = torch.zeros(4, q.shape[0], device="cuda")
+    calls = count_calls(monkeypatch, "_VARLEN_BWD")
+
+    def ours(q, k, v):
+        return run(q, k, v, q_lens, q_lens, window_size=(-1, 0), enable_gqa=True, return_aux=LSE)
+
+    def ref(q, k, v):
+        return reference(q, k, v, q_lens, q_lens, (-1, 0))
+
+    got = grads(ours, q, k, v, wo, wl)
+    assert len(calls) == 1
+    for name, a, b in zip("qkv", got, grads(ref, q, k, v, wo, wl)):
+        err = (a.double() - b).abs().max().item()
+        assert err <= 2e-2 * max(b.abs().max().item(), 1.0), (name, err)
+
+
+@fused_bwd_only
+def test_cuda_packed_backward_strided_views_and_compile(monkeypatch):
+    """q, k, v as views of one (T, 3, H, D) buffer (strided rows) under torch.compile(fullgraph):
+    the fused backward runs and its gradients match the eager call's (dq is summed in any order,
+    so its last bits may differ: dk and dv are equal)."""
+    q_lens = [130, 1, 64, 0, 257]
+    t, h, d = sum(q_lens), 4, 64
+    g = torch.Generator().manual_seed(6)
+    base = torch.randn(t, 3, h, d, generator=g).to("cuda", torch.float16)
+    calls = count_calls(monkeypatch, "_VARLEN_BWD")
+    cu = offsets(q_lens, "cuda")
+
+    def loss(qkv):
+        out = varlen_attn(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, cu, 257, 257, window_size=(-1, 0))
+        return (out.float() * torch.arange(d, device="cuda")).sum()
+
+    eager = base.clone().requires_grad_()
+    loss(eager).backward()
+    compiled = base.clone().requires_grad_()
+    torch.compile(loss, fullgraph=True)(compiled).backward()
+    assert len(calls) == 2
+    torch.testing.assert_close(compiled.grad[:, 1:], eager.grad[:, 1:], atol=0, rtol=0)
+    torch.testing.assert_close(compiled.grad[:, 0], eager.grad[:, 0], atol=2e-3, rtol=2e-3)
 
 
 # ---- training calls to PyTorch's varlen_attn (_training_goes_to_torch) -------------------------
 
 def test_training_route_stays_on_cpu():
     q, k, v = (t.requires_grad_() for t in packed([4], hq=2, hkv=2, d=64, dtype=torch.float16))
-    assert not varlen_mod._training_goes_to_torch(q, k, v, None, None, (-1, 0), False, None, None)
+    cu = offsets([4])
+    assert not varlen_mod._training_goes_to_torch(q, k, v, cu, cu, 4, 4, None, None, (-1, 0), False, None,
+                                                  None)
 
 
 @cuda_only
 @needs_torch_varlen
 @pytest.mark.parametrize("forced", [False, True], ids=["auto", "FLASHCORE_TRAINING=flashcore"])
 def test_cuda_training_goes_to_pytorch_varlen(forced, monkeypatch):
-    """A causal training call without the LSE runs in PyTorch's varlen_attn (FlashCore's varlen
-    backward is a per-sequence loop, slower); FLASHCORE_TRAINING=flashcore keeps it here, and an
-    LSE request too. Gradients against the float64 reference either way."""
+    """A causal training call without the LSE runs in PyTorch's varlen_attn where the fused
+    packed backward does not take it (FlashCore's per-sequence loop is slower): here on GPUs other
+    than Hopper, and on Hopper in deterministic mode; FLASHCORE_TRAINING=flashcore keeps it here,
+    and an LSE request too. Gradients against the float64 reference either way."""
     if forced:
         monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")
     torch_calls, real = [], varlen_mod._TORCH_ORIGINAL
@@ -1292,10 +1402,19 @@ def test_cuda_training_goes_to_pytorch_varlen(forced, monkeypatch):
 
     for got, want in zip(grads_out(ours), grads_out(ref)):
         assert (got.double() - want).abs().max().item() <= 2e-2 * max(want.abs().max().item(), 1.0)
-    assert len(torch_calls) == (0 if forced else 1)
+    to_torch = 0 if forced or _fused_bwd_here() else 1
+    assert len(torch_calls) == to_torch
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     run(*leaves, q_lens, q_lens, window_size=(-1, 0), return_aux=LSE)  # the LSE: ours
-    assert len(torch_calls) == (0 if forced else 1)
+    assert len(torch_calls) == to_torch
+    if _fused_bwd_here() and not forced:  # deterministic mode: no fused packed backward
+        with torch.backends.cudnn.flags(deterministic=True):
+            torch.use_deterministic_algorithms(True)
+            try:
+                grads_out(ours)
+            finally:
+                torch.use_deterministic_algorithms(False)
+        assert len(torch_calls) == 1
 
 
 # ---- explain_varlen ------------------------------------------------------------------------------
@@ -1334,7 +1453,10 @@ def test_cuda_explain_varlen():
         assert words.startswith("per-sequence loop: the offsets' values")
     grads = [t.detach().requires_grad_() for t in (q, k, v)]
     words = flashcore.explain_varlen(*grads, cu, cu, 200, 200, window_size=(-1, 0), enable_gqa=True)
-    if varlen_mod._TORCH_ORIGINAL is not None:
+    if _fused_bwd_here():
+        assert words == ("fused packed forward (one launch of the sm90 forward); "
+                         "backward: fused packed backward (one launch of the sm90 backward)")
+    elif varlen_mod._TORCH_ORIGINAL is not None:
         assert words.startswith("torch varlen_attn: a training call")
 
 
@@ -1354,7 +1476,7 @@ def test_op_takes_the_path_explain_reports(monkeypatch):
     q, k, v = packed([4, 3])
     cu = offsets([4, 3])
     varlen_mod._varlen_op(q, k, v, cu, cu, 4, 4, -1, 0, None, False, None, None)
-    assert seen == [((4, 4, 7, False), True)]
+    assert seen == [((4, 4, 7, False, 7), True)]
     assert flashcore.explain_varlen(q, k, v, cu, cu, 4, 4, window_size=(-1, 0)).startswith("fused packed")
     q1, k1, v1 = packed([1, 1], [4, 3])
     cu_q, cu_k = offsets([1, 1]), offsets([4, 3])

@@ -230,24 +230,15 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd_kernel(Tensor dout, Tensor q, Tensor
   d.p.dk = dk.data_ptr();
   d.p.dv = dv.data_ptr();
   int64_t ws_bytes = 0;
-  fc_status s = fc_sdpa_bwd_workspace_size(&d.p, &ws_bytes);
+  const fc_status s = fc_sdpa_bwd_workspace_size(&d.p, &ws_bytes);
   if (s != FC_OK) fail("flashcore.sdpa_bwd_kernel: ", fc_status_string(s));
   Tensor workspace = torch::stable::empty({ws_bytes}, ScalarType::Byte, std::nullopt, q.device());
   d.p.workspace = workspace.data_ptr();
   d.p.workspace_bytes = ws_bytes;
-  // As the forward does (flashcore_op.cpp): make dev's primary context current on this thread,
+  // As the forward does (flashcore_op.cpp): dev's primary context made current on this thread,
   // for libflashcore's own CUDA runtime (it takes its device from the thread's current context)
   // and the driver's tensor-map encoder (the sm90 family).
-  const cudaError_t set_err = cudaSetDevice(dev);
-  if (set_err != cudaSuccess)
-    fail("flashcore.sdpa_bwd_kernel: cannot make cuda:", dev, " current: ", cudaGetErrorString(set_err));
-  void* stream = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
-  s = fc_sdpa_bwd(&d.p, static_cast<cudaStream_t>(stream));
-  if (s == FC_ERR_CUDA)
-    fail("flashcore.sdpa_bwd_kernel: ", fc_status_string(s), ": ",
-         cudaGetErrorString(fc_last_cuda_error()));
-  if (s != FC_OK) fail("flashcore.sdpa_bwd_kernel: ", fc_status_string(s));
+  flashcore_op::run_bwd("flashcore.sdpa_bwd_kernel", dev, d.p);
   return {dq, dk, dv};
 }
 

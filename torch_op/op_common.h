@@ -155,6 +155,19 @@ inline void run_planned(const char* op, int32_t dev, const fc_fwd_plan& plan, vo
   if (s != FC_OK) fail(op, ": ", fc_status_string(s));
 }
 
+// Runs a backward whose params are filled (gradients and workspace included) on device `dev`'s
+// current stream; any failure raises with `op`'s name and the C layer's sentence. (Makes dev's
+// primary context current first, as run_planned does.)
+inline void run_bwd(const char* op, int32_t dev, const fc_bwd_params& p) {
+  const cudaError_t set_err = cudaSetDevice(dev);
+  if (set_err != cudaSuccess) fail(op, ": cannot make cuda:", dev, " current: ", cudaGetErrorString(set_err));
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(dev, &stream));
+  const fc_status s = fc_sdpa_bwd(&p, static_cast<cudaStream_t>(stream));
+  if (s == FC_ERR_CUDA) fail(op, ": ", fc_status_string(s), ": ", cudaGetErrorString(fc_last_cuda_error()));
+  if (s != FC_OK) fail(op, ": ", fc_status_string(s));
+}
+
 }  // namespace flashcore_op
 
 #define FC_CHECK(cond, ...)                              \

@@ -1,6 +1,7 @@
-// varlen_op.cpp - flashcore::_varlen_fwd: attention over sequences packed along the rows, in one
-// launch of the Hopper forward (fc_params.cu_seq_q, c_src/flashcore.h). A library fragment on
-// PyTorch's stable ABI, beside flashcore_op.cpp and paged_op.cpp.
+// varlen_op.cpp - flashcore::_varlen_fwd and _varlen_bwd: attention over sequences packed along
+// the rows, forward and backward, each in one launch of the Hopper family (fc_params.cu_seq_q,
+// c_src/flashcore.h). A library fragment on PyTorch's stable ABI, beside flashcore_op.cpp and
+// paged_op.cpp.
 //
 //   _varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seq_q, Tensor cu_seq_k, int max_q,
 //               int max_k, bool is_causal, float scale) -> (Tensor out, Tensor lse)
@@ -16,7 +17,16 @@
 //   out        (T_q, Hq, D) contiguous; lse (Hq, T_q) float32, natural log (varlen_attn's layout).
 //   Rows outside every sequence are not written. A sequence with queries and no key gives zeros
 //   and LSE -inf (SDPA's convention; flashcore.varlen_attn turns it into +inf, its own).
-// Private: python/flashcore/varlen.py calls it (_fused_varlen_fwd) for the calls it takes, and
+//
+//   _varlen_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
+//               Tensor? grad_lse, Tensor cu_seq_q, Tensor cu_seq_k, int max_q, int max_k,
+//               bool is_causal, float scale) -> (Tensor dq, Tensor dk, Tensor dv)
+//
+//   grad_out, out  (T_q, Hq, D) in q's dtype, last dim contiguous, rows 16-byte aligned
+//   lse, grad_lse  (Hq, T_q) float32 (the forward's natural-log LSE; +inf or -inf: the row saw
+//                  nothing); the rest as _varlen_fwd's. dq (T_q, Hq, D), dk and dv (T_k, Hkv, D)
+//                  contiguous; rows outside every sequence: dq zeros, dk and dv not written.
+// Private: python/flashcore/varlen.py calls them (_fused_varlen_fwd, _fused_varlen_bwd) for the calls it takes, and
 // registers its fake. CUDA only: on other devices the same function raises after the argument
 // checks. Anything the C layer declines (another architecture, head dim, ...) raises with the C
 // layer's sentence: the caller decides beforehand.
@@ -129,13 +139,120 @@ std::tuple<Tensor, Tensor> varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_se
   return {out, lse};
 }
 
+constexpr const char* kBwdOp = "flashcore._varlen_bwd";
+
+// grad_out and out as q; lse and grad_lse (Hq, T_q) float32; all on q's device.
+void check_bwd_operands(const Tensor& dout, const Tensor& q, const Tensor& out, const Tensor& lse,
+                        const std::optional<Tensor>& dlse) {
+  const Tensor* rows[2] = {&dout, &out};
+  const char* row_names[2] = {"grad_out", "out"};
+  for (int i = 0; i < 2; ++i) {
+    const Tensor& t = *rows[i];
+    if (t.dim() != 3 || t.size(0) != q.size(0) || t.size(1) != q.size(1) || t.size(2) != q.size(2))
+      fail(kBwdOp, ": ", row_names[i], " must have q's shape (T_q, Hq, D)");
+    if (t.scalar_type() != q.scalar_type()) fail(kBwdOp, ": ", row_names[i], " must have q's dtype");
+  }
+  const Tensor* terms[2] = {&lse, dlse.has_value() ? &*dlse : nullptr};
+  const char* term_names[2] = {"lse", "grad_lse"};
+  for (int i = 0; i < 2; ++i) {
+    if (terms[i] == nullptr) continue;
+    const Tensor& t = *terms[i];
+    if (t.dim() != 2 || t.size(0) != q.size(1) || t.size(1) != q.size(0) || t.scalar_type() != ScalarType::Float)
+      fail(kBwdOp, ": ", term_names[i], " must be float32 of shape (Hq, T_q)");
+  }
+  const Tensor* all[4] = {&dout, &out, &lse, dlse.has_value() ? &*dlse : nullptr};
+  const char* names[4] = {"grad_out", "out", "lse", "grad_lse"};
+  for (int i = 0; i < 4; ++i) {
+    if (all[i] == nullptr) continue;
+    if (!all[i]->is_cuda() || all[i]->get_device_index() != q.get_device_index())
+      fail(kBwdOp, ": ", names[i], " must be a CUDA tensor on q's device (cuda:", q.get_device_index(), ")");
+  }
+}
+
+std::tuple<Tensor, Tensor, Tensor> varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
+                                              std::optional<Tensor> dlse, Tensor cu_seq_q, Tensor cu_seq_k,
+                                              int64_t max_q, int64_t max_k, bool is_causal, double scale) {
+  check_arguments(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, scale);
+  check_bwd_operands(dout, q, out, lse, dlse);
+  const int32_t dev = q.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(dev);
+  const int64_t total_q = q.size(0), hq = q.size(1), d = q.size(2), batch = cu_seq_q.size(0) - 1;
+  const int64_t total_k = k.size(0), hkv = k.size(1);
+  Tensor dq = torch::stable::empty({total_q, hq, d}, q.scalar_type(), std::nullopt, q.device());
+  Tensor dk = torch::stable::empty({total_k, hkv, d}, q.scalar_type(), std::nullopt, q.device());
+  Tensor dv = torch::stable::empty({total_k, hkv, d}, q.scalar_type(), std::nullopt, q.device());
+  if (total_q == 0 || total_k == 0 || hq == 0 || d == 0 || batch == 0) {  // nothing attends
+    torch::stable::zero_(dq);
+    torch::stable::zero_(dk);
+    torch::stable::zero_(dv);
+    return {dq, dk, dv};
+  }
+
+  fc_bwd_params b;
+  fc_bwd_params_init(&b);
+  fc_params& p = b.fwd;
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = static_cast<float*>(lse.data_ptr());
+  p.batch = batch;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.seqlen_q = max_q;
+  p.seqlen_k = max_k;
+  p.head_dim = d;
+  // Packed: rows in the sequence stride's place, no batch stride (flashcore.h, fc_params.cu_seq_q).
+  p.q_stride_s = stride_or_0(q, 0), p.q_stride_h = stride_or_0(q, 1), p.q_stride_d = stride_or_0(q, 2);
+  p.k_stride_s = stride_or_0(k, 0), p.k_stride_h = stride_or_0(k, 1), p.k_stride_d = stride_or_0(k, 2);
+  p.v_stride_s = stride_or_0(v, 0), p.v_stride_h = stride_or_0(v, 1), p.v_stride_d = stride_or_0(v, 2);
+  p.o_stride_s = stride_or_0(out, 0), p.o_stride_h = stride_or_0(out, 1), p.o_stride_d = stride_or_0(out, 2);
+  p.lse_stride_h = stride_or_0(lse, 0), p.lse_stride_s = stride_or_0(lse, 1);
+  p.scale = static_cast<float>(scale);
+  p.causal = is_causal ? 1 : 0;
+  p.dtype = q.scalar_type() == ScalarType::Half ? FC_DTYPE_FP16 : FC_DTYPE_BF16;
+  p.cu_seq_q = static_cast<const int32_t*>(cu_seq_q.data_ptr());
+  p.cu_seq_k = static_cast<const int32_t*>(cu_seq_k.data_ptr());
+  p.total_q = total_q;
+  p.total_k = total_k;
+  b.dout = dout.data_ptr();
+  b.do_stride_s = stride_or_0(dout, 0), b.do_stride_h = stride_or_0(dout, 1), b.do_stride_d = stride_or_0(dout, 2);
+  if (dlse.has_value()) {
+    b.dlse = static_cast<const float*>(dlse->data_ptr());
+    b.dlse_stride_h = stride_or_0(*dlse, 0), b.dlse_stride_s = stride_or_0(*dlse, 1);
+  }
+  b.dq = dq.data_ptr();
+  b.dk = dk.data_ptr();
+  b.dv = dv.data_ptr();
+  b.dq_stride_s = hq * d, b.dq_stride_h = d, b.dq_stride_d = 1;
+  b.dk_stride_s = b.dv_stride_s = hkv * d, b.dk_stride_h = b.dv_stride_h = d, b.dk_stride_d = b.dv_stride_d = 1;
+
+  int64_t ws_bytes = 0;
+  const fc_status s = fc_sdpa_bwd_workspace_size(&b, &ws_bytes);
+  if (s != FC_OK) fail(kBwdOp, ": no kernel takes this call: ", fc_status_string(s));
+  Tensor workspace = torch::stable::empty({ws_bytes}, ScalarType::Byte, std::nullopt, q.device());
+  b.workspace = workspace.data_ptr();
+  b.workspace_bytes = ws_bytes;
+  flashcore_op::run_bwd(kBwdOp, dev, b);
+  return {dq, dk, dv};
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(flashcore, m) {
   m.def("_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seq_q, Tensor cu_seq_k, int max_q, int max_k, "
         "bool is_causal, float scale) -> (Tensor, Tensor)");
+  m.def("_varlen_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? grad_lse, "
+        "Tensor cu_seq_q, Tensor cu_seq_k, int max_q, int max_k, bool is_causal, float scale) "
+        "-> (Tensor, Tensor, Tensor)");
 }
 
-// CUDA runs it; CPU (and any tensors on the CPU key) only gets the argument checks' errors.
-STABLE_TORCH_LIBRARY_IMPL(flashcore, CUDA, m) { m.impl("_varlen_fwd", TORCH_BOX(&varlen_fwd)); }
-STABLE_TORCH_LIBRARY_IMPL(flashcore, CPU, m) { m.impl("_varlen_fwd", TORCH_BOX(&varlen_fwd)); }
+// CUDA runs them; CPU (and any tensors on the CPU key) only gets the argument checks' errors.
+STABLE_TORCH_LIBRARY_IMPL(flashcore, CUDA, m) {
+  m.impl("_varlen_fwd", TORCH_BOX(&varlen_fwd));
+  m.impl("_varlen_bwd", TORCH_BOX(&varlen_bwd));
+}
+STABLE_TORCH_LIBRARY_IMPL(flashcore, CPU, m) {
+  m.impl("_varlen_fwd", TORCH_BOX(&varlen_fwd));
+  m.impl("_varlen_bwd", TORCH_BOX(&varlen_bwd));
+}

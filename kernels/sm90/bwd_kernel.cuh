@@ -49,6 +49,12 @@
 //     +inf (sm90/bwd_rows.cuh): its P, dS and dQ are zeros.
 //   * Rows past Sq are zero-filled by TMA and have LSE2 = +inf (P = 0); keys past Sk are
 //     zero-filled and masked.
+//   * Packed sequences (kVarlen, fc_params.cu_seq_q): tiles are (listed key block, KV head) of a
+//     list built on the device, sorted by work (varlen_tile_at, sm90/varlen_blocks.cuh); a tile's
+//     rows count from its sequence's first key and query (Q, dO, K and V loads at the sequence's
+//     rows of one-batch tensor maps, dQ reduced at its rows), and queries and keys past the
+//     sequence's ends (the next sequence's rows) are masked like keys past Sk. Causal is top-left
+//     in each sequence.
 //   * Softcap (kSoftcap, beside causal, non-causal or a band): scores are t = tanh(S^T scale
 //     / softcap), P^T = exp2(t softcap log2(e) - LSE2), and dS^T gains the factor 1 - t^2. The
 //     variant waits for dP^T before the softmax and packs P^T and dS^T into their fragments pair
@@ -109,18 +115,22 @@ __device__ __forceinline__ void init_barriers(BwdBarriers &bars) {
 // One bulk reduction (cp.reduce.async.bulk .add.f32) per staged tile: whole lines through L2's
 // reduction units, where per-thread atomics cost the kernel ~40% of its time
 // (docs/experiments/backward.md). The rows' padding adds zeros.
-template <typename T>
-__device__ __forceinline__ void write_dq(BwdBarriers &bars, unsigned char *smem, const Workspace &ws, const fc_params &f) {
+template <typename T, bool kVarlen>
+__device__ __forceinline__ void write_dq(BwdBarriers &bars, unsigned char *smem, const Workspace &ws, const fc_bwd_params &p) {
     constexpr int kHeadDim = T::kHeadDim, kBlockM = T::kBlockM;
+    const fc_params &f = p.fwd;
     int step_all = 0;  // steps of every tile so far: the barriers' phases
     for (int n = 0;; ++n) {
         const Tile tile = read_tile(bars, n);
         if (tile.batch < 0) break;
         const int m_first = tile.steps.m_first, m_end = m_first + tile.steps.m_count;
         const int head_end = (tile.head_kv + 1) * tile.group;
+        // (kVarlen: one batch item, the sequence's rows from its first.)
+        const int batch = kVarlen ? 0 : tile.batch;
+        const int row0 = kVarlen ? tile.row0 : 0;
         for (int head_q = tile.head_kv * tile.group; head_q < head_end; ++head_q) {
             float *head_rows =
-                ws.dq_accum + ws.dq_at(static_cast<int64_t>(tile.batch) * f.heads_q + head_q, 0, kDqPitch<kHeadDim>);
+                ws.dq_accum + ws.dq_at(static_cast<int64_t>(batch) * f.heads_q + head_q, row0, kDqPitch<kHeadDim>);
             for (int m = m_first; m < m_end; ++m, ++step_all) {
                 wait_barrier(&bars.dq_full, step_all & 1);
                 float *rows = head_rows + static_cast<int64_t>(m) * kBlockM * kDqPitch<kHeadDim>;
@@ -141,29 +151,39 @@ __device__ __forceinline__ void write_dq(BwdBarriers &bars, unsigned char *smem,
 // counter (zeroed by the row-terms kernel), so that a CTA's next K/V and first steps load while
 // its consumers finish the current tile, and tiles of different lengths (causal) balance. Then
 // loads the tile's K and V once the consumers are done with the previous tile's.
-template <typename T, bool kCausal, bool kBand>
+template <typename T, bool kCausal, bool kBand, bool kVarlen>
 __device__ __forceinline__ void schedule_tiles_and_load_kv(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps,
-                                                           const fc_params &f, const Workspace &ws, int tiles) {
+                                                           const fc_bwd_params &p, const Workspace &ws, int tiles) {
+    const fc_params &f = p.fwd;
     int32_t c[4];
     int index = static_cast<int>(blockIdx.x), kv_round = 0;
     for (int n = 0;; ++n) {
         wait_barrier(&bars.tile_empty[n & 1], ((n >> 1) & 1) ^ 1);  // the first round passes at once
-        Tile tile = tile_at<T::kBlockM, T::kBlockN, kCausal, kBand>(index, maps, f);
-        if (index >= tiles) tile.batch = -1;
+        int key_row0 = 0;  // kVarlen: the sequence's first key row
+        Tile tile;
+        bool more;
+        if constexpr (kVarlen) {  // (the list's length read each time: held, it spilled at 24 registers)
+            more = varlen_tile_at<T::kBlockM, T::kBlockN, kCausal>(index, p.workspace, f, tile, &key_row0);
+        } else {
+            tile = tile_at<T::kBlockM, T::kBlockN, kCausal, kBand>(index, maps, f);
+            more = index < tiles;
+        }
+        if (!more) tile.batch = -1;
         volatile int32_t *to = reinterpret_cast<volatile int32_t *>(&bars.tile[n & 1]);
 #pragma unroll
         for (int i = 0; i < kTileWords; ++i) to[i] = reinterpret_cast<const int32_t *>(&tile)[i];
         ptx::mbarrier_arrive(&bars.tile_full[n & 1]);
-        if (index >= tiles) return;
+        if (!more) return;
         if (tile.steps.count > 0) {
             wait_barrier(&bars.kv_empty, (kv_round & 1) ^ 1);
             ++kv_round;
             ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
                                            &bars.kv_full, 2 * T::kKVBytes);
             for (int panel = 0; panel < T::kPanels; ++panel) {
-                set_coords(c, maps.k_order, panel * 64, tile.n_start, tile.head_kv, tile.batch);
+                const int key_row = key_row0 + tile.n_start, batch = kVarlen ? 0 : tile.batch;
+                set_coords(c, maps.k_order, panel * 64, key_row, tile.head_kv, batch);
                 tma_load(smem + T::kOffK + panel * T::kKVPanelBytes, &maps.k, c, &bars.kv_full);
-                set_coords(c, maps.v_order, panel * 64, tile.n_start, tile.head_kv, tile.batch);
+                set_coords(c, maps.v_order, panel * 64, key_row, tile.head_kv, batch);
                 tma_load(smem + T::kOffV + panel * T::kKVPanelBytes, &maps.v, c, &bars.kv_full);
             }
         }
@@ -171,25 +191,30 @@ __device__ __forceinline__ void schedule_tiles_and_load_kv(BwdBarriers &bars, un
         // earlier, a CTA would hold it through all of a long tile while others idle
         // (causal tiles differ in length); any later, the loads of its first steps wait.
         wait_barrier(&bars.claim, n & 1);
-        index = atomicAdd(ws.tile_counter, 1) + static_cast<int>(gridDim.x);
+        // (kVarlen: the grid's size read again here; held across the loop, it spilled at 24 registers.)
+        int ctas = static_cast<int>(gridDim.x);
+        if constexpr (kVarlen) asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(ctas));
+        index = atomicAdd(ws.tile_counter, 1) + ctas;
     }
 }
 
 // The steps of the CTA's tiles, for a step loader: waits for each step's stage to be free, then
 // load(stage, full barrier, head_q, batch, query row, key row) issues the step's share.
-template <typename T, typename Load>
+// kVarlen: the query row passed is the packed row (the sequence's first row added), batch 0.
+template <typename T, bool kVarlen, typename Load>
 __device__ __forceinline__ void for_each_step(BwdBarriers &bars, Load load, bool signal_claim) {
     constexpr int kBlockM = T::kBlockM, kStages = T::kStages;
     for (int n = 0, step_all = 0;; ++n) {
         const Tile tile = read_tile(bars, n);
         if (tile.batch < 0) return;
         const int m_first = tile.steps.m_first, m_end = m_first + tile.steps.m_count;
-        const int batch = tile.batch, head_end = (tile.head_kv + 1) * tile.group;
+        const int batch = kVarlen ? 0 : tile.batch, head_end = (tile.head_kv + 1) * tile.group;
+        const int row0 = kVarlen ? tile.row0 : 0;
         for (int head_q = tile.head_kv * tile.group; head_q < head_end; ++head_q)
             for (int m = m_first; m < m_end; ++m, ++step_all) {
                 const int stage = step_all % kStages;
                 wait_barrier(&bars.step_empty[stage], ((step_all / kStages) & 1) ^ 1);
-                load(stage, &bars.step_full[stage], head_q, batch, m * kBlockM, tile.n_start);
+                load(stage, &bars.step_full[stage], head_q, batch, row0 + m * kBlockM, tile.n_start);
             }
         if (signal_claim) ptx::mbarrier_arrive(&bars.claim);
     }
@@ -197,22 +222,39 @@ __device__ __forceinline__ void for_each_step(BwdBarriers &bars, Load load, bool
 
 // The row-terms loader (one producer thread): each step's delta and LSE2 into the ring, one bulk
 // copy.
-template <typename T>
-__device__ __forceinline__ void load_row_terms(BwdBarriers &bars, unsigned char *smem, const Workspace &ws, const fc_params &f) {
-    for_each_step<T>(bars, [&](int stage, uint64_t *full, int head_q, int batch, int m_start, int) {
-        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full, T::kRowTermsBytes);
-        const int64_t slice = static_cast<int64_t>(batch) * f.heads_q + head_q;
-        ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, smem + T::kOffRowTerms + stage * T::kRowTermsBytes,
-                           ws.row_terms + ws.delta_at(slice, m_start), T::kRowTermsBytes, full);
+// kVarlen: a step may start at any packed row, whose (delta, LSE2) pairs lie interleaved
+// (sm90/bwd_rows.cuh), and a bulk copy at a 16-byte boundary: one copy of kPackedRowSpan rows from
+// the step's first row rounded down to even (the consumers skip the row before it); the row-terms
+// kernel wrote every row it reaches. (A TMA tensor load of a (64 rows, delta and LSE2) box of
+// the two arrays instead faulted with an illegal instruction on the H200.)
+template <typename T, bool kVarlen>
+__device__ __forceinline__ void load_row_terms(BwdBarriers &bars, unsigned char *smem, const Workspace &ws,
+                                               const fc_bwd_params &p) {
+    const fc_params &f = p.fwd;
+    for_each_step<T, kVarlen>(bars, [&](int stage, uint64_t *full, int head_q, int batch, int m_start, int) {
+        unsigned char *slot = smem + T::kOffRowTerms + stage * T::kRowTermsSlotBytes;
+        if constexpr (kVarlen) {
+            constexpr int kSpanBytes = kPackedRowSpan * 8;
+            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full, kSpanBytes);
+            ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, slot,
+                               ws.row_terms + ws.packed_delta_at(head_q, m_start & ~1), kSpanBytes, full);
+        } else {
+            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full, T::kRowTermsBytes);
+            const int64_t slice = static_cast<int64_t>(batch) * f.heads_q + head_q;
+            ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, slot, ws.row_terms + ws.delta_at(slice, m_start),
+                               T::kRowTermsBytes, full);
+        }
     }, false);
 }
 
 // The Q/dO loader (one producer thread): each step's Q and dO (and kMaskBoolTiles: its mask
 // tile) into the ring by TMA; it signals the tile scheduler as it issues a tile's last step.
-template <typename T, int kMask>
+template <typename T, int kMask, bool kVarlen>
 // (smem by reference: taken by value, it changed the code ptxas got for the whole kernel.)
-__device__ __forceinline__ void load_q_do(BwdBarriers &bars, unsigned char *const &smem, const BwdMaps &maps, const fc_params &f) {
-    for_each_step<T>(bars, [&](int stage, uint64_t *full, int head_q, int batch, int m_start, int n_start) {
+__device__ __forceinline__ void load_q_do(BwdBarriers &bars, unsigned char *const &smem, const BwdMaps &maps,
+                                          const fc_bwd_params &p) {
+    const fc_params &f = p.fwd;
+    for_each_step<T, kVarlen>(bars, [&](int stage, uint64_t *full, int head_q, int batch, int m_start, int n_start) {
         ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
                                        2 * T::kQBytes + T::kMaskTileBytes);
         int32_t c[4];
@@ -328,6 +370,14 @@ __device__ __forceinline__ void load_key_frags(uint32_t (&frag)[kHeadDim / 16][4
     }
 }
 
+// The row terms (delta or LSE2) of two consecutive rows of a stage: kRowStride 1, the dense
+// layout (each array on its own, one 8-byte load); 2, a packed call's (delta, LSE2) pairs.
+template <int kRowStride>
+__device__ __forceinline__ float2 row_pair(const float *at) {
+    if constexpr (kRowStride == 1) return *reinterpret_cast<const float2 *>(at);
+    else return make_float2(at[0], at[kRowStride]);
+}
+
 // Masked calls (kMaskBool, kMaskAdditive): the step's mask rows (query tile m_start, key block
 // n_start) toward L1, one 32-key piece of one row per consumer thread.
 template <typename Elem, int kMask>
@@ -340,17 +390,19 @@ __device__ __forceinline__ void prefetch_mask_rows(const MaskSlice<Elem, kMask> 
 // P^T = exp2(S^T scale log2(e) - LSE2[query]) of the step's scores, masked where keys pass Sk,
 // the diagonal or the band, packed into p_frag (kSoftcap: dS^T too, into dp and ds_frag).
 // masked_tile: some keys of the step are masked; key_in_cta: this thread's first key from the
-// block's first (first_key - n_start).
-template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap>
+// block's first (first_key - n_start). kVarlen: queries from seqlen_q on (the next sequence's rows
+// or rows of none) are masked too.
+template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen,
+          int kRowStride = kVarlen ? 2 : 1>
 __device__ __forceinline__ void softmax(uint32_t (&p_frag)[4][4], uint32_t (&ds_frag)[4][4], float (&s)[32], float (&dp)[32],
                                         const float *delta, const float *lse2, const uint8_t *mask_tile,
                                         const MaskSlice<Elem, kMask> &mask, const BwdMaps &maps, const fc_params &f,
                                         float scale_log2, bool masked_tile, int m_start, int first_key, int key_in_cta,
-                                        int col_in_tile, int seqlen_k) {
+                                        int col_in_tile, int seqlen_k, int seqlen_q) {
     constexpr bool kMaskElements = kMask == kMaskBool || kMask == kMaskAdditive;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + col_in_tile);
+        const float2 l = row_pair<kRowStride>(lse2 + kRowStride * (8 * j + col_in_tile));
         [[maybe_unused]] float p_soft[4];  // kSoftcap: this 8-column tile's P
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -368,7 +420,7 @@ __device__ __forceinline__ void softmax(uint32_t (&p_frag)[4][4], uint32_t (&ds_
             }
             if constexpr (kBand) {
                 if (masked_tile && (key >= seqlen_k || key - query < f.band_lo_ || key - query > f.band_hi_)) x = -INFINITY;
-            } else if (masked_tile && (key >= seqlen_k || (kCausal && key > query))) {
+            } else if (masked_tile && (key >= seqlen_k || (kCausal && key > query) || (kVarlen && query >= seqlen_q))) {
                 x = -INFINITY;
             }
             if constexpr (kSoftcap) {
@@ -389,13 +441,13 @@ __device__ __forceinline__ void softmax(uint32_t (&p_frag)[4][4], uint32_t (&ds_
     if constexpr (!kSoftcap) to_frag<Elem>(p_frag, s);
 }
 
-// dS^T = P^T (dP^T - delta[query]) into dp (s holds P^T), packed into ds_frag.
-template <typename Elem>
+// dS^T = P^T (dP^T - delta[query]) into dp (s holds P^T), packed into ds_frag (kRowStride: see row_pair).
+template <typename Elem, int kRowStride = 1>
 __device__ __forceinline__ void compute_ds(uint32_t (&ds_frag)[4][4], float (&dp)[32], const float (&s)[32], const float *delta,
                                            int col_in_tile) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        const float2 d = *reinterpret_cast<const float2 *>(delta + 8 * j + col_in_tile);
+        const float2 d = row_pair<kRowStride>(delta + kRowStride * (8 * j + col_in_tile));
 #pragma unroll
         for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
     }
@@ -456,13 +508,14 @@ __device__ __forceinline__ void stage_dq(BwdBarriers &bars, const float (&dq)[T:
 }
 
 // The consumers' epilogue: dK * scale and dV of this thread's two keys, from registers (keys past
-// Sk are not written).
+// Sk are not written). kVarlen: batch 0, keys from the sequence's first row key_row0.
 template <typename Elem, int kHeadDim>
-__device__ __forceinline__ void store_dk_dv(const fc_bwd_params &b, const Tile &tile, int first_key, int col_in_tile,
-                                            int seqlen_k, const float (&dk)[kHeadDim / 2], const float (&dv)[kHeadDim / 2]) {
+__device__ __forceinline__ void store_dk_dv(const fc_bwd_params &b, const Tile &tile, int batch, int64_t key_row0,
+                                            int first_key, int col_in_tile, int seqlen_k, const float (&dk)[kHeadDim / 2],
+                                            const float (&dv)[kHeadDim / 2]) {
     constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of dK, dV
-    Elem *dk_out = static_cast<Elem *>(b.dk) + tile.batch * b.dk_stride_b + tile.head_kv * b.dk_stride_h;
-    Elem *dv_out = static_cast<Elem *>(b.dv) + tile.batch * b.dv_stride_b + tile.head_kv * b.dv_stride_h;
+    Elem *dk_out = static_cast<Elem *>(b.dk) + batch * b.dk_stride_b + tile.head_kv * b.dk_stride_h + key_row0 * b.dk_stride_s;
+    Elem *dv_out = static_cast<Elem *>(b.dv) + batch * b.dv_stride_b + tile.head_kv * b.dv_stride_h + key_row0 * b.dv_stride_s;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int key = first_key + 8 * h;
@@ -482,12 +535,13 @@ __device__ __forceinline__ void store_dk_dv(const fc_bwd_params &b, const Tile &
 // for one consumer thread: S^T and dP^T (kIssueAhead: issued a step ago), P^T and dS^T, dV and
 // dK accumulated, dS^T to shared memory, dQ and its staging. kAhead issues the next step's
 // score GEMMs right behind the dQ GEMM.
-template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kAhead, typename IssueScores>
+template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen, bool kAhead,
+          typename IssueScores>
 __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps, const fc_params &f,
                                              const Tile &tile, int step, int step_all, float (&s)[32], float (&dp)[32],
                                              float (&dk)[T::kHeadDim / 2], float (&dv)[T::kHeadDim / 2],
                                              IssueScores &issue_step_scores, uint32_t base, float scale_log2, int first_key,
-                                             int wg, int my_row, int col_in_tile, int lane, int seqlen_k) {
+                                             int wg, int my_row, int col_in_tile, int lane, int seqlen_k, int seqlen_q) {
     constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
     constexpr bool kIssueAhead = T::kHeadDim == 64;  // the kernel's (see there)
     const int n_start = tile.n_start;
@@ -513,19 +567,22 @@ __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *s
     wgmma_wait<kWaitBoth ? 0 : 1>();
     fence_registers(s);
     if constexpr (kWaitBoth) fence_registers(dp);
-    const float *delta = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsBytes);
-    const float *lse2 = delta + kBlockM;
+    // (kVarlen: (delta, LSE2) pairs from the step's first row rounded down to even: load_row_terms.)
+    const int skew = kVarlen ? (tile.row0 + m_start) & 1 : 0;
+    const float *delta = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsSlotBytes) + 2 * skew;
+    const float *lse2 = delta + (kVarlen ? 1 : kBlockM);
     [[maybe_unused]] const uint8_t *mask_tile = smem + T::kOffMask + stage * T::kMaskTileBytes;
     // (kBand: every key of the block lies in the band of every row of the step when the
     // step's last row reaches back to the block's first key and its first row forward to
     // the block's last; compared as key - query, which cannot overflow.)
-    const bool masked_tile = n_start + kBlockN > seqlen_k ||
+    // (kVarlen: a step past its sequence's last query too.)
+    const bool masked_tile = n_start + kBlockN > seqlen_k || (kVarlen && m_start + kBlockM > seqlen_q) ||
                              (kBand ? n_start - (m_start + kBlockM - 1) < f.band_lo_ || n_start + kBlockN - 1 - m_start > f.band_hi_
                                     : kCausal && m_start < n_start + kBlockN);
     uint32_t p_frag[4][4], ds_frag[4][4];
-    softmax<T, Elem, kCausal, kMask, kBand, kSoftcap>(p_frag, ds_frag, s, dp, delta, lse2, mask_tile, mask, maps, f,
-                                                      scale_log2, masked_tile, m_start, first_key, wg * 64 + my_row,
-                                                      col_in_tile, seqlen_k);
+    softmax<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen>(p_frag, ds_frag, s, dp, delta, lse2, mask_tile, mask, maps, f,
+                                                               scale_log2, masked_tile, m_start, first_key, wg * 64 + my_row,
+                                                               col_in_tile, seqlen_k, seqlen_q);
 
     // ---- dV += P^T dO ----
     if constexpr (!kWaitBoth) {
@@ -537,7 +594,7 @@ __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *s
     issue_accumulate<T, Elem>(dv, p_frag, do_tile);
 
     // ---- dS^T = P^T (dP^T - delta[query]) (kSoftcap: done above);  dK += dS^T Q ----
-    if constexpr (!kSoftcap) compute_ds<Elem>(ds_frag, dp, s, delta, col_in_tile);
+    if constexpr (!kSoftcap) compute_ds<Elem, kVarlen ? 2 : 1>(ds_frag, dp, s, delta, col_in_tile);
     fence_registers(dk);
     wgmma_fence();
     issue_accumulate<T, Elem>(dk, ds_frag, q_tile);
@@ -564,10 +621,11 @@ __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *s
     stage_dq<T>(bars, dq, base + T::kOffDq + wg * T::kDqCols * 4 + col_in_tile * 4, my_row, lane, step_all);
 }
 
-template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false, bool kSoftcap = false>
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false, bool kSoftcap = false, bool kVarlen = false>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     static_assert(!kBand || (kCausal && kMask == kMaskNone), "a band runs in the causal configuration, without a mask");
+    static_assert(!kVarlen || (kMask == kMaskNone && !kBand && !kSoftcap), "packed calls: causal or not, nothing else");
     using T = BwdTraits<kHeadDim, kMask == kMaskBoolTiles>;
     constexpr int kBlockN = T::kBlockN;
 
@@ -577,8 +635,9 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
 
     const fc_params &f = p.fwd;
     const int seqlen_k = static_cast<int>(f.seqlen_k);
-    const int tiles = (seqlen_k + kBlockN - 1) / kBlockN * static_cast<int>(f.heads_kv * f.batch);
-    const Workspace ws = workspace_of(p);
+    // (kVarlen: the tile scheduler reads the count from the key-block list.)
+    const int tiles = kVarlen ? 0 : (seqlen_k + kBlockN - 1) / kBlockN * static_cast<int>(f.heads_kv * f.batch);
+    const Workspace ws = workspace_of<kVarlen>(p);
 
     const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
     const int lane = threadIdx.x % 32;
@@ -589,19 +648,19 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         // ---------------- producer: four threads of their own jobs ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x == 32) {
-            write_dq<T>(bars, smem, ws, f);
+            write_dq<T, kVarlen>(bars, smem, ws, p);
             return;
         }
         if (threadIdx.x == 96) {
-            schedule_tiles_and_load_kv<T, kCausal, kBand>(bars, smem, maps, f, ws, tiles);
+            schedule_tiles_and_load_kv<T, kCausal, kBand, kVarlen>(bars, smem, maps, p, ws, tiles);
             return;
         }
         // The step loaders: each step's Q and dO (thread 0) and its row terms (thread 64) into the
         // ring; a stage fills on both.
         if (threadIdx.x == 64) {
-            load_row_terms<T>(bars, smem, ws, f);
+            load_row_terms<T, kVarlen>(bars, smem, ws, p);
         } else if (threadIdx.x == 0) {
-            load_q_do<T, kMask>(bars, smem, maps, f);
+            load_q_do<T, kMask, kVarlen>(bars, smem, maps, p);
         }
         return;
     }
@@ -644,6 +703,12 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         if (tile.batch < 0) break;
         const int n_start = tile.n_start;
         const int first_key = n_start + wg * 64 + my_row;  // this thread's keys: first_key, +8
+        // kVarlen: the tile's sequence (rows counted from its first; its lengths bound the masks).
+        int seq_q = 0, seq_k = seqlen_k, key_row0 = 0;
+        if constexpr (kVarlen) {
+            const sm90::VarlenBlock &e = listed_block(p.workspace, tile.batch);
+            seq_q = e.sq, seq_k = e.sk, key_row0 = e.k0;
+        }
 
         float dk[kHeadDim / 2], dv[kHeadDim / 2];
 #pragma unroll
@@ -658,9 +723,9 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         }
         // One step; `ahead` (std::true_type) issues the next step's score GEMMs before staging dQ.
         auto run_step = [&](int step, auto ahead) {
-            compute_step<T, Elem, kCausal, kMask, kBand, kSoftcap, decltype(ahead)::value>(
+            compute_step<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen, decltype(ahead)::value>(
                 bars, smem, maps, f, tile, step, step_all, s, dp, dk, dv, issue_step_scores, base, scale_log2, first_key, wg,
-                my_row, col_in_tile, lane, seqlen_k);
+                my_row, col_in_tile, lane, seq_k, seq_q);
         };
         // kIssueAhead: every step but the last issues the next one's scores, and the last runs
         // outside the loop, so that on every path into a step its two score GEMMs are in flight
@@ -681,7 +746,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         }
 
         // ---- epilogue ----
-        store_dk_dv<Elem, kHeadDim>(p, tile, first_key, col_in_tile, seqlen_k, dk, dv);
+        store_dk_dv<Elem, kHeadDim>(p, tile, kVarlen ? 0 : tile.batch, key_row0, first_key, col_in_tile, seq_k, dk, dv);
     }
 }
 

@@ -7,6 +7,9 @@
 //      (causal: they see the most query tiles) (sm90/bwd_kernel.cuh); a general band (a sliding
 //      window, or causal aligned bottom-right) in its kBand variant,
 //   3. dq_convert_kernel: dq = scale * accumulator, in dq's dtype and strides.
+// A packed call (fc_params.cu_seq_q) first lists every sequence's key blocks (varlen_blocks_kernel
+// in its kKeyBlocks form, sm90/varlen_blocks.cuh), then runs the three over the packed rows
+// (launch_bwd_varlen).
 // Instantiated per (head dim, dtype) in kernels/bwd_sm90_hdim*_*.cu.
 #pragma once
 
@@ -83,6 +86,53 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
     return cudaGetLastError();
 }
 
+// A packed call: the key-block list, then the three kernels in their kPacked / kVarlen forms. The
+// tensor maps hold all rows as one batch item. The main kernel's grid: one CTA per SM at most (the host does not know the
+// list's length; CTAs past it stop at once).
+template <typename Elem, int kHeadDim, bool kCausal>
+cudaError_t launch_bwd_varlen(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
+    using T = BwdTraits<kHeadDim>;
+    const fc_params &f = p.fwd;
+    cudaError_t err = cudaSuccess;
+    auto kernel = bwd_kernel<Elem, kHeadDim, kCausal, kMaskNone, false, false, true>;
+    static unsigned long long configured = 0;
+    if ((err = allow_smem(kernel, T::kSmemBytes, &configured, dev.device)) != cudaSuccess) return err;
+
+    BwdMaps maps = {};
+    const CUtensorMapDataType dtype =
+        std::is_same<Elem, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    const Workspace ws = workspace_of<true>(p);
+    if ((err = sm90::make_tensor_map(&maps.q, &maps.q_order, f.q, dtype, f.total_q, f.heads_q, 1, kHeadDim, f.q_stride_s,
+                                     f.q_stride_h, 0, T::kBlockM)) != cudaSuccess ||
+        (err = sm90::make_tensor_map(&maps.dout, &maps.dout_order, p.dout, dtype, f.total_q, f.heads_q, 1, kHeadDim,
+                                     p.do_stride_s, p.do_stride_h, 0, T::kBlockM)) != cudaSuccess ||
+        (err = sm90::make_tensor_map(&maps.k, &maps.k_order, f.k, dtype, f.total_k, f.heads_kv, 1, kHeadDim, f.k_stride_s,
+                                     f.k_stride_h, 0, T::kBlockN)) != cudaSuccess ||
+        (err = sm90::make_tensor_map(&maps.v, &maps.v_order, f.v, dtype, f.total_k, f.heads_kv, 1, kHeadDim, f.v_stride_s,
+                                     f.v_stride_h, 0, T::kBlockN)) != cudaSuccess)
+        return err;
+    maps.chunk_pairs = 1;
+
+    fc_params listed = f;  // the list kernel takes its workspace from fc_params
+    listed.workspace = p.workspace;
+    sm90::varlen_blocks_kernel<Elem, true><<<1, sm90::kVarlenListThreads, 0, stream>>>(listed);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    constexpr int kRowsPerCta = RowLane<kHeadDim>::kRowsPerCta;
+    const unsigned hq = static_cast<unsigned>(f.heads_q);
+    const dim3 rows_grid(static_cast<unsigned>((ws.padded_seqlen + kRowsPerCta - 1) / kRowsPerCta), hq, 1);
+    row_terms_kernel<Elem, kHeadDim, true><<<rows_grid, 128, 0, stream>>>(p);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+
+    const int64_t most_tiles = fc_varlen_block_capacity(f.total_k, f.batch) * f.heads_kv;
+    const dim3 grid(static_cast<unsigned>(most_tiles < dev.sms ? most_tiles : dev.sms));
+    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+
+    const dim3 convert_grid(static_cast<unsigned>((f.total_q + kRowsPerCta - 1) / kRowsPerCta), hq, 1);
+    dq_convert_kernel<Elem, kHeadDim, true><<<convert_grid, 128, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
 // Whether a bool mask's layout lets TMA bring its tiles (kMaskBoolTiles): fc_mask_tiles_fit_
 // (c_src/launch_rules.c), the rule the Hopper forward's masked shape shares.
 inline bool mask_tiles_fit(const fc_params &f) { return fc_mask_tiles_fit_(&f) != 0; }
@@ -92,6 +142,9 @@ inline bool mask_tiles_fit(const fc_params &f) { return fc_mask_tiles_fit_(&f) !
 // causal or banded calls elsewhere: PyTorch's SDPA never makes them).
 template <typename Elem, int kHeadDim>
 cudaError_t launch_bwd_variant(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
+    if (p.fwd.cu_seq_q != nullptr)  // (c_src/bwd.c: no mask, band or softcap with it)
+        return p.fwd.causal ? launch_bwd_varlen<Elem, kHeadDim, true>(p, dev, stream)
+                            : launch_bwd_varlen<Elem, kHeadDim, false>(p, dev, stream);
     if (p.fwd.band_ == FC_BAND_GENERAL_)
         return p.fwd.softcap != 0.f ? launch_bwd<Elem, kHeadDim, true, kMaskNone, true, true>(p, dev, stream)
                                     : launch_bwd<Elem, kHeadDim, true, kMaskNone, true>(p, dev, stream);

@@ -9,6 +9,11 @@
 //       and LSE +inf, so their P = exp2(s - inf) is 0 and they add nothing; a row whose LSE is
 //       -inf (nothing attended) gets +inf too.
 //   dq_convert_kernel (after): dq = scale * (the fp32 dq accumulator), in dq's dtype and strides.
+//
+// kPacked (fc_params.cu_seq_q): the rows are the packed rows of all sequences, one slice per query
+// head (fc_sm90_bwd_varlen_workspace_bytes): the row terms [Hq][R][delta, LSE2] and the
+// accumulator [Hq][R]; R covers every row a query step reads (its first row may be any), and every
+// one of them is written (rows past total_q: delta 0, LSE2 +inf, as padded rows are).
 #pragma once
 
 #include "common/bwd_delta.cuh"
@@ -38,19 +43,29 @@ struct Workspace {
     __host__ __device__ int64_t delta_at(int64_t slice, int64_t row) const {
         return (slice * padded_seqlen + row / kRowBlock * kRowBlock) * 2 + row % kRowBlock;
     }
+    // kPacked: the same for a packed call's layout (its LSE2 is the next float).
+    __host__ __device__ int64_t packed_delta_at(int64_t head, int64_t row) const {
+        return (head * padded_seqlen + row) * 2;
+    }
     // Offset in dq_accum of padded row `row` of a slice, in rows of kDqPitch<D> floats.
     __host__ __device__ int64_t dq_at(int64_t slice, int64_t row, int pitch) const {
         return (slice * padded_seqlen + row) * pitch;
     }
 };
 constexpr int kRowTermsBytes = 2 * FC_SM90_BWD_ROW_BLOCK * 4;
+// kPacked: a step's rows start anywhere, and a bulk copy at a 16-byte boundary: the step copies
+// kPackedRowSpan rows' (delta, LSE2) pairs from its first row rounded down to even.
+constexpr int kPackedRowSpan = FC_SM90_BWD_ROW_BLOCK + 2;
 // Floats per row of the dq accumulator (its rows are padded like the kernel's staging).
 template <int kHeadDim>
 constexpr int kDqPitch = kHeadDim + FC_SM90_BWD_DQ_PAD;
+template <bool kPacked = false>
 __host__ __device__ inline Workspace workspace_of(const fc_bwd_params &p) {
-    const int64_t padded = fc_sm90_bwd_padded_seqlen(&p.fwd);
-    const int64_t rows = p.fwd.batch * p.fwd.heads_q * padded;
-    float *base = static_cast<float *>(p.workspace);
+    const int64_t padded = kPacked ? fc_sm90_bwd_varlen_rows(p.fwd.total_q) : fc_sm90_bwd_padded_seqlen(&p.fwd);
+    const int64_t rows = (kPacked ? 1 : p.fwd.batch) * p.fwd.heads_q * padded;
+    // (kPacked: the key-block list comes first.)
+    float *base = reinterpret_cast<float *>(static_cast<unsigned char *>(p.workspace) +
+                                            (kPacked ? fc_sm90_bwd_varlen_list_bytes(&p.fwd) : 0));
     float *dq_accum = base + 2 * rows;
     int32_t *tile_counter = reinterpret_cast<int32_t *>(dq_accum + rows * (p.fwd.head_dim + FC_SM90_BWD_DQ_PAD));
     return Workspace{base, dq_accum, tile_counter, padded};
@@ -66,15 +81,15 @@ struct RowLane {
     int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
 };
 
-// Each thread reads 16 bytes of dO and of O. Grid over the padded rows.
-template <typename Elem, int kHeadDim>
+// Each thread reads 16 bytes of dO and of O. Grid over the padded rows (kPacked: one batch item).
+template <typename Elem, int kHeadDim, bool kPacked = false>
 __global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
     const fc_params &f = p.fwd;
-    const Workspace ws = workspace_of(p);
+    const Workspace ws = workspace_of<kPacked>(p);
     const RowLane<kHeadDim> lane;
     const int head = lane.head, batch = lane.batch, chunk = lane.chunk;
     const int64_t row = lane.row;
-    const bool real = row < f.seqlen_q;
+    const bool real = row < (kPacked ? f.total_q : f.seqlen_q);
     if (row == 0 && head == 0 && batch == 0 && chunk == 0) *ws.tile_counter = 0;
     float acc = row_dot_dout_out<Elem, kHeadDim>(real, chunk, [&] {
         const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b + head * p.do_stride_h +
@@ -96,20 +111,27 @@ __global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
         const float lse = f.lse[batch * f.lse_stride_b + head * f.lse_stride_h + row * f.lse_stride_s];
         if (lse != -INFINITY) lse2 = lse * kLog2e;
     }
-    const int64_t at = ws.delta_at(static_cast<int64_t>(batch) * f.heads_q + head, row);
-    ws.row_terms[at] = acc;
-    ws.row_terms[at + Workspace::kRowBlock] = lse2;
+    if constexpr (kPacked) {
+        const int64_t at = ws.packed_delta_at(head, row);
+        ws.row_terms[at] = acc;
+        ws.row_terms[at + 1] = lse2;
+    } else {
+        const int64_t at = ws.delta_at(static_cast<int64_t>(batch) * f.heads_q + head, row);
+        ws.row_terms[at] = acc;
+        ws.row_terms[at + Workspace::kRowBlock] = lse2;
+    }
 }
 
-// Each thread converts 8 consecutive columns of one row. Grid as row_terms_kernel's, over Sq.
-template <typename Elem, int kHeadDim>
+// Each thread converts 8 consecutive columns of one row. Grid as row_terms_kernel's, over Sq
+// (kPacked: over total_q; rows of no sequence were never added to: zeros).
+template <typename Elem, int kHeadDim, bool kPacked = false>
 __global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) {
     const fc_params &f = p.fwd;
-    const Workspace ws = workspace_of(p);
+    const Workspace ws = workspace_of<kPacked>(p);
     const RowLane<kHeadDim> lane;
     const int head = lane.head, batch = lane.batch, chunk = lane.chunk;
     const int64_t row = lane.row;
-    if (row >= f.seqlen_q) return;
+    if (row >= (kPacked ? f.total_q : f.seqlen_q)) return;
     const float *acc =
         ws.dq_accum + ws.dq_at(static_cast<int64_t>(batch) * f.heads_q + head, row, kDqPitch<kHeadDim>) + chunk * 8;
     const float4 lo = *reinterpret_cast<const float4 *>(acc), hi = *reinterpret_cast<const float4 *>(acc + 4);

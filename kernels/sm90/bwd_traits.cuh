@@ -4,12 +4,14 @@
 // consumers read it (MaskSlice).
 #pragma once
 
+#include "common/fast_div.cuh"
 #include "common/sm80_ptx.cuh"  // pack2, smem_addr, fast_exp2
 #include "common/wgmma_generated.cuh"
 #include "flashcore.h"
 #include "launch_rules.h"
 #include "sm90/bwd_rows.cuh"
 #include "sm90/ptx.cuh"
+#include "sm90/varlen_blocks.cuh"  // VarlenList: a packed call's key blocks
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -51,6 +53,9 @@ struct BwdTraits {
     static constexpr int kQBytes = kPanels * kQPanelBytes;
     static constexpr int kRowTermsBytes = sm90_bwd::kRowTermsBytes;  // delta, then LSE2, of one step
     static_assert(kRowTermsBytes == 2 * kBlockM * 4, "a step's row terms are its rows' delta and LSE2");
+    // A stage's slot: room for a packed call's span (sm90/bwd_rows.cuh, kPackedRowSpan), in 128-byte
+    // units (the mask tiles after the slots are TMA destinations).
+    static constexpr int kRowTermsSlotBytes = (kPackedRowSpan * 8 + 127) / 128 * 128;
     // dQ = dS K per step: the warpgroups split its columns (each reads all 128 keys of dS).
     static constexpr int kDqCols = kHeadDim / 2;
     // dS^T of the CTA's 128 keys x 64 queries: one 128-byte panel of 128 rows. Two buffers: a
@@ -77,10 +82,11 @@ struct BwdTraits {
     // bytes apart and fall in different banks.
     static constexpr int kMaskBoxKeys = kBlockN + 16;
     static constexpr int kMaskTileBytes = kMaskTiles ? kBlockM * kMaskBoxKeys : 0;
-    static constexpr int kOffMask = kOffRowTerms + kStages * kRowTermsBytes;
+    static constexpr int kOffMask = kOffRowTerms + kStages * kRowTermsSlotBytes;
     static constexpr int kSmemBytes = kOffMask + kStages * kMaskTileBytes + 1024 /* alignment */;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
     static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+    static_assert(kBlockN == FC_VARLEN_BLOCK_ROWS, "a packed call's listed key blocks are the CTA's");
     static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
     static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register budgets");
 };
@@ -111,6 +117,7 @@ struct Steps {
 struct Tile {
     int n_start, head_kv, batch, group;
     Steps steps;
+    int row0;  // kVarlen: the sequence's first query row (the producers' loads and dQ rows); else 0
 };
 struct BwdBarriers {
     uint64_t kv_full;        // K and V of the tile have landed
@@ -124,6 +131,35 @@ struct BwdBarriers {
     uint64_t claim;          // the Q/dO loader has issued a tile's last step
     Tile tile[2];            // the CTA's next tiles, decoded once; batch < 0 = no more
 };
+
+// kVarlen (a packed call, fc_params.cu_seq_q): tile `index` is entry `index` of the key-block list
+// (sm90/varlen_blocks.cuh: sorted by work, longest first, repeated for every KV head, head-major),
+// so that the tiles in flight at once are one head's blocks and share its sequences' Q and dO
+// rows and dq accumulator in L2 (in entry-major order, 132 tiles of as many (sequence, head) pairs
+// missed it: the all-1024 mix's kernel ran at half the dense kernel's speed), and the tile
+// scheduler decodes a tile with no division (it has 24 registers).
+// Tile::batch holds the entry (listed_block gives its sequence's rows), Tile::row0 the sequence's
+// first query row; n_start and the steps' rows count from the sequence's first key and query;
+// causal is top-left in each sequence.
+__device__ __forceinline__ const sm90::VarlenBlock &listed_block(const void *workspace, int entry) {
+    return static_cast<const sm90::VarlenList *>(workspace)->blocks()[entry];
+}
+// Returns false past the list's last tile (every listed block once per KV head).
+template <int kBlockM, int kBlockN, bool kCausal>
+__device__ bool varlen_tile_at(int index, const void *workspace, const fc_params &f, Tile &t, int *key_row0) {
+    if (index >= static_cast<const sm90::VarlenList *>(workspace)->count) return false;
+    const sm90::VarlenBlock &e = listed_block(workspace, index);  // (the fields it needs, one by one)
+    t.n_start = e.m_block * kBlockN;
+    t.head_kv = e.head_kv;
+    t.batch = index;
+    t.group = static_cast<int>(f.heads_q / f.heads_kv);
+    t.steps.m_first = kCausal ? t.n_start / kBlockM : 0;
+    t.steps.m_count = max(0, (e.sq + kBlockM - 1) / kBlockM - t.steps.m_first);
+    t.steps.count = t.group * t.steps.m_count;
+    t.row0 = e.q0;
+    *key_row0 = e.k0;
+    return true;
+}
 
 // kBand: a general band (fc_band_bounds in c_src/flashcore.h): row i sees keys i + f.band_lo_ ..
 // i + f.band_hi_, so key j is seen by rows j - band_hi_ .. j - band_lo_: the query tiles of a
@@ -160,6 +196,7 @@ __device__ Tile tile_at(int index, const BwdMaps &maps, const fc_params &f) {
         t.steps.m_count = max(0, (static_cast<int>(f.seqlen_q) + kBlockM - 1) / kBlockM - t.steps.m_first);
     }
     t.steps.count = t.group * t.steps.m_count;
+    t.row0 = 0;
     return t;
 }
 

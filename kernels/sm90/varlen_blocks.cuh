@@ -43,19 +43,21 @@ struct alignas(16) VarlenBlock {
     int q0;       // the sequence's first row of q / out / the LSE
     int sq;       // its queries
     int k0;       // its first row of k / v
-    int sk;       // its keys (>= 1)
-    int unused[3];
+    int sk;       // its keys (>= 1; the backward's list: >= 0)
+    int head_kv;  // the backward's list (kKeyBlocks): the KV head of the tile; 0 in the forward's
+    int unused[2];
 };
 static_assert(sizeof(VarlenBlock) == FC_VARLEN_ENTRY_BYTES, "launch_rules.h sizes the workspace from this");
 
 // The workspace: the header (the entry count, padded to FC_VARLEN_HEADER_BYTES), then the sorted
-// entries, then (capacity entries further) the scratch the unsorted list is written to first.
+// entries, then (capacity entries further; the backward's list: capacity x Hkv, room for its
+// copies per KV head) the scratch the unsorted list is written to first.
 struct VarlenList {
     int count;
     int unused[3];
     __device__ const VarlenBlock *blocks() const { return reinterpret_cast<const VarlenBlock *>(this + 1); }
     __device__ VarlenBlock *blocks() { return reinterpret_cast<VarlenBlock *>(this + 1); }
-    __device__ VarlenBlock *scratch(int capacity) { return blocks() + capacity; }
+    __device__ VarlenBlock *scratch(int64_t entries) { return blocks() + entries; }
 };
 static_assert(sizeof(VarlenList) == FC_VARLEN_HEADER_BYTES, "launch_rules.h sizes the workspace from this");
 
@@ -76,11 +78,15 @@ __device__ __forceinline__ void varlen_rows(const fc_params &p, int b, int *q0, 
 constexpr int kVarlenListThreads = 1024;
 constexpr int kVarlenWorkBuckets = kVarlenListThreads;  // (one per thread in the sort's scan)
 
-// A listed block's work in 128-key tiles (its bucket in the sort): top-left causal masking shows
-// block m at most (m + 1) * FC_VARLEN_BLOCK_ROWS keys.
+// A listed block's work in 128-row units (its bucket in the sort). A query block (the forward's
+// list): the keys it sees, top-left causal masking showing block m at most (m + 1) *
+// FC_VARLEN_BLOCK_ROWS. A key block (kKeyBlocks, the backward's list): the query rows that see it,
+// under top-left causal those from its first key on.
+template <bool kKeyBlocks = false>
 __device__ __forceinline__ int block_work(const VarlenBlock &e, bool causal) {
-    const int keys = causal ? min(e.sk, (e.m_block + 1) * FC_VARLEN_BLOCK_ROWS) : e.sk;
-    return min((keys + 127) / 128, kVarlenWorkBuckets - 1);
+    const int rows = kKeyBlocks ? (causal ? max(0, e.sq - e.m_block * FC_VARLEN_BLOCK_ROWS) : e.sq)
+                                : (causal ? min(e.sk, (e.m_block + 1) * FC_VARLEN_BLOCK_ROWS) : e.sk);
+    return min((rows + 127) / 128, kVarlenWorkBuckets - 1);
 }
 
 // An exclusive prefix sum over the CTA's threads (kVarlenListThreads); *total gets the sum.
@@ -116,11 +122,12 @@ __device__ __forceinline__ int block_exclusive_sum(int x, int *total) {
 
 // Sorts the first `count` entries of `from` into `to` by block_work, largest first (a counting
 // sort; see the top of this file). Every thread of the CTA calls it.
+template <bool kKeyBlocks = false>
 __device__ __forceinline__ void sort_by_work(const VarlenBlock *from, VarlenBlock *to, int count, bool causal) {
     __shared__ int bucket_next[kVarlenWorkBuckets];  // counts, then each bucket's next free slot
     bucket_next[threadIdx.x] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < count; i += kVarlenListThreads) atomicAdd(&bucket_next[block_work(from[i], causal)], 1);
+    for (int i = threadIdx.x; i < count; i += kVarlenListThreads) atomicAdd(&bucket_next[block_work<kKeyBlocks>(from[i], causal)], 1);
     __syncthreads();
     // Largest work first: thread i scans bucket kVarlenWorkBuckets - 1 - i.
     const int bucket = kVarlenWorkBuckets - 1 - static_cast<int>(threadIdx.x);
@@ -130,24 +137,29 @@ __device__ __forceinline__ void sort_by_work(const VarlenBlock *from, VarlenBloc
     __syncthreads();
     for (int i = threadIdx.x; i < count; i += kVarlenListThreads) {
         const VarlenBlock e = from[i];
-        to[atomicAdd(&bucket_next[block_work(e, causal)], 1)] = e;
+        to[atomicAdd(&bucket_next[block_work<kKeyBlocks>(e, causal)], 1)] = e;
     }
 }
 
 // One CTA of kVarlenListThreads: the list of query blocks (see the top of this file), and the
-// output of sequences that have queries but no key.
-template <typename Elem>
+// output of sequences that have queries but no key. kKeyBlocks (the Hopper backward,
+// sm90/bwd_kernel.cuh): the list of every sequence's FC_VARLEN_BLOCK_ROWS-key blocks instead
+// (m_block: the key block's index), a sequence with keys and no query included (its blocks write
+// zero dK and dV), nothing written but the list (a sequence with no key has no block: its dq rows
+// stay the zeros of the accumulator).
+template <typename Elem, bool kKeyBlocks = false>
 __global__ void __launch_bounds__(kVarlenListThreads) varlen_blocks_kernel(const fc_params p) {
     VarlenList *list = static_cast<VarlenList *>(p.workspace);
-    const int capacity = static_cast<int>(fc_varlen_block_capacity(p.total_q, p.batch));
-    VarlenBlock *unsorted = list->scratch(capacity);
+    const int capacity = static_cast<int>(fc_varlen_block_capacity(kKeyBlocks ? p.total_k : p.total_q, p.batch));
+    VarlenBlock *unsorted = list->scratch(kKeyBlocks ? capacity * p.heads_kv : capacity);
     const int batch = static_cast<int>(p.batch);
     int listed = 0;  // entries before this chunk of sequences (the same in every thread)
     for (int chunk = 0; chunk < batch; chunk += kVarlenListThreads) {
         const int b = chunk + static_cast<int>(threadIdx.x);
         int q0 = 0, sq = 0, k0 = 0, sk = 0;
         if (b < batch) varlen_rows(p, b, &q0, &sq, &k0, &sk);
-        const int blocks = sk > 0 ? (sq + FC_VARLEN_BLOCK_ROWS - 1) / FC_VARLEN_BLOCK_ROWS : 0;
+        const int blocks = kKeyBlocks ? (sk + FC_VARLEN_BLOCK_ROWS - 1) / FC_VARLEN_BLOCK_ROWS
+                                      : sk > 0 ? (sq + FC_VARLEN_BLOCK_ROWS - 1) / FC_VARLEN_BLOCK_ROWS : 0;
         int chunk_blocks = 0;
         const int first = listed + block_exclusive_sum(blocks, &chunk_blocks);
         for (int i = 0; i < blocks && first + i < capacity; ++i) {
@@ -156,7 +168,7 @@ __global__ void __launch_bounds__(kVarlenListThreads) varlen_blocks_kernel(const
             e.q0 = q0, e.sq = sq, e.k0 = k0, e.sk = sk;
             unsorted[first + i] = e;
         }
-        if (sq > 0 && sk == 0) {  // no key: zeros, LSE -inf (as a fully masked row)
+        if (!kKeyBlocks && sq > 0 && sk == 0) {  // no key: zeros, LSE -inf (as a fully masked row)
             Elem *out = static_cast<Elem *>(p.out);
             for (int r = q0; r < q0 + sq; ++r)
                 for (int h = 0; h < p.heads_q; ++h) {
@@ -168,8 +180,20 @@ __global__ void __launch_bounds__(kVarlenListThreads) varlen_blocks_kernel(const
     }
     const int count = min(listed, capacity);
     __syncthreads();  // the unsorted list, written by every thread, read by any
-    sort_by_work(unsorted, list->blocks(), count, p.causal != 0);
-    if (threadIdx.x == 0) list->count = count;
+    sort_by_work<kKeyBlocks>(unsorted, list->blocks(), count, p.causal != 0);
+    if constexpr (kKeyBlocks) {  // the sorted list once per KV head, head-major (the backward's tiles)
+        __syncthreads();  // (the sorted entries, written by every thread)
+        const int heads_kv = static_cast<int>(p.heads_kv);
+        VarlenBlock *blocks = list->blocks();
+        for (int t = count + static_cast<int>(threadIdx.x); t < count * heads_kv; t += kVarlenListThreads) {
+            VarlenBlock e = blocks[t % count];
+            e.head_kv = t / count;
+            blocks[t] = e;
+        }
+        if (threadIdx.x == 0) list->count = count * heads_kv;
+    } else if (threadIdx.x == 0) {
+        list->count = count;
+    }
 }
 
 // The forward's tile t of a packed call: query head t % heads of the entry t / heads (see the top

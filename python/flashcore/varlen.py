@@ -28,9 +28,12 @@ capture (transformers' continuous batching captures its steps) nothing can be re
 sees new offsets: the plan comes from max_q / max_k, a non-causal call runs the packed kernel
 unchecked (it clamps every offset into the tensors), a causal one (exact in the kernel only
 where every sequence has as many queries as keys) goes to PyTorch's varlen_attn, and a call
-neither takes raises a RuntimeError naming the capture. Its backward is
-the per-sequence one; so a training call that PyTorch's varlen_attn takes runs there instead,
-both passes (_training_goes_to_torch; FLASHCORE_TRAINING=flashcore keeps it here).
+neither takes raises a RuntimeError naming the capture. Its backward, at head dims 64 and 128
+outside deterministic mode, is one launch of the Hopper backward over every sequence
+(``torch.ops.flashcore._varlen_bwd``; _fused_varlen_bwd below; a first kernel lists the
+sequences' 128-key blocks), under capture too. Other backwards are the per-sequence loop; so a
+training call the fused backward does not take and PyTorch's varlen_attn does runs there
+instead, both passes (_training_goes_to_torch; FLASHCORE_TRAINING=flashcore keeps it here).
 
 Otherwise the op loops over the sequences on the host and runs
 FlashCore's SDPA op (``torch.ops.flashcore.sdpa_fwd``, its backward ``sdpa_bwd``) once per
@@ -39,7 +42,7 @@ it (PyTorch's SDPA otherwise, e.g. on CPU). A window or a causal Sq != Sk sequen
 kernels as its band (bottom-right aligned) where one takes it (explain says so; the Hopper
 family, the decode kernels), else as one bool mask. Correct, but not fast for many short
 sequences: one launch per sequence, and the offsets are read on the host (a device sync per
-call). Fused kernels for the backward, windows, seqused_k and the sm80-class family are next.
+call). Fused kernels for windows, seqused_k and the sm80-class family are next.
 
 Semantics, following PyTorch's varlen_attn (its flash-attention backend) point by point:
 
@@ -109,6 +112,11 @@ try:
     _VARLEN_FWD = torch.ops.flashcore._varlen_fwd.default
 except AttributeError:
     _VARLEN_FWD = None
+# The fused packed backward (torch_op/varlen_op.cpp); absent as _PAGED_DECODE can be.
+try:
+    _VARLEN_BWD = torch.ops.flashcore._varlen_bwd.default
+except AttributeError:
+    _VARLEN_BWD = None
 
 _NAME = "flashcore.varlen_attn"
 
@@ -484,9 +492,11 @@ def _is_hopper(device) -> bool:
     return _ops._device_capability(device) == (9, 0)
 
 
-def _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, scale):
+def _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right, scale,
+                         check_pointers=True):
     """Why _fused_varlen_fwd does not take this call, or None when it may (the offsets' values
-    then decide: _varlen_fwd_plan). Metadata only (left and right as _window normalized them)."""
+    then decide: _varlen_fwd_plan). Metadata only (left and right as _window normalized them);
+    check_pointers False leaves out the rows' alignment (data pointers: not while tracing)."""
     if _VARLEN_FWD is None:
         return "the op library has no _varlen_fwd"
     if block_table is not None or seqused_k is not None or cu_seq_k is None:
@@ -505,7 +515,7 @@ def _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, le
         return "not on CUDA"
     if not _is_hopper(query.device):
         return "not a Hopper GPU (the packed forward is the sm_90 family's)"
-    if not all(_rows_aligned(t) for t in (query, key, value)):
+    if check_pointers and not all(_rows_aligned(t) for t in (query, key, value)):
         return "a layout the kernels do not read (last dim strided, or not 16-byte aligned)"
     return None
 
@@ -515,6 +525,7 @@ class _VarlenPlan(NamedTuple):
     longest_k: int
     end: Optional[int]  # cu_seq_q[-1]: rows from here on belong to no sequence (None: unknown)
     any_no_key: bool  # a sequence with queries and no key (its LSE turns from -inf to +inf)
+    end_k: Optional[int] = None  # cu_seq_k[-1], as end for the keys (their gradients' rows)
 
 
 def _varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal):
@@ -538,7 +549,7 @@ def _varlen_fwd_plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, causal):
     if causal and sq != sk and not all(a == 0 or a == b for a, b in zip(sq, sk)):
         return None
     any_no_key = 0 in sk and any(a > 0 and b == 0 for a, b in zip(sq, sk))
-    return _VarlenPlan(longest_q, max(longest_k, 1), cu_q[-1], any_no_key)
+    return _VarlenPlan(longest_q, max(longest_k, 1), cu_q[-1], any_no_key, cu_k[-1])
 
 
 def _capture_varlen_fwd_plan(query, key, max_q, max_k):
@@ -600,6 +611,56 @@ def _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, plan, causal, scale
     if plan.any_no_key:
         lse = lse.masked_fill_(lse == float("-inf"), float("inf"))
     return out, lse
+
+
+# The Hopper backward's head dims (the fused packed backward runs there alone).
+_VARLEN_BWD_HEAD_DIMS = (64, 128)
+
+
+def _fused_bwd_may_take(query, key, value, cu_seq_k, max_k, scale, window_size, seqused_k,
+                        block_table, check_pointers=True) -> bool:
+    """Whether the fused packed backward may take the call, from metadata alone (the offsets'
+    values then decide, as for the packed forward): the packed forward's calls at head dims 64
+    and 128, outside deterministic mode (check_pointers: as _varlen_fwd_declines')."""
+    if _VARLEN_BWD is None or query.shape[-1] not in _VARLEN_BWD_HEAD_DIMS:
+        return False
+    if torch.are_deterministic_algorithms_enabled():
+        return False
+    left, right = _window(int(window_size[0]), int(window_size[1]), max_k)
+    sc = sdpa_scale(None if scale is None else float(scale), query.shape[-1])
+    return _varlen_fwd_declines(query, key, value, cu_seq_k, seqused_k, block_table, left, right,
+                                sc, check_pointers) is None
+
+
+def _varlen_bwd_plan(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size,
+                     seqused_k, block_table):
+    """The packed forward's plan when the fused packed backward takes the call (the Hopper
+    backward over every sequence in one launch: what the packed forward takes, at head dims 64 and
+    128, outside deterministic mode: its dq is summed in any order), else None (the per-sequence
+    loop). Reads the offsets through the forward's plan cache (not under capture)."""
+    if not _fused_bwd_may_take(query, key, value, cu_seq_k, max_k, scale, window_size, seqused_k,
+                               block_table):
+        return None
+    kind, _, plan = _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
+                                  window_size, seqused_k, block_table)
+    return plan if kind == "packed" else None
+
+
+def _fused_varlen_bwd(grad_out, grad_lse, query, key, value, out, lse, cu_seq_q, cu_seq_k, plan,
+                      causal, scale):
+    """(dq, dk, dv) of a call _varlen_bwd_plan planned: one launch of the Hopper backward over
+    every sequence (flashcore::_varlen_bwd). Key rows past the last sequence (which no kernel
+    writes) get zero gradients; query rows outside every sequence get zeros from the kernel."""
+    dq, dk, dv = _VARLEN_BWD(grad_out.contiguous(), query, key, value, out.contiguous(), lse,
+                             None if grad_lse is None else grad_lse.contiguous(), cu_seq_q.contiguous(),
+                             cu_seq_k.contiguous(), plan.longest_q, plan.longest_k, causal, scale)
+    if plan.end_k is None:  # (CUDA graph capture: the offsets stay on the device)
+        tail = (torch.arange(key.shape[0], device=key.device) >= cu_seq_k[-1])[:, None, None]
+        return dq, dk.masked_fill_(tail, 0), dv.masked_fill_(tail, 0)
+    if plan.end_k < key.shape[0]:
+        dk[plan.end_k:] = 0
+        dv[plan.end_k:] = 0
+    return dq, dk, dv
 
 
 def _rows_outside_on_device(out, lse, cu_seq_q):
@@ -677,11 +738,22 @@ def _varlen_backward_op(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor]
                         enable_gqa: bool, seqused_k: Optional[torch.Tensor],
                         block_table: Optional[torch.Tensor]
                         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in the inputs' shapes: per sequence, FlashCore's SDPA backward. Paged keys'
-    gradients are summed into their pages (pages shared by several sequences get the sum)."""
-    seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
+    """(dq, dk, dv) in the inputs' shapes: on Hopper every sequence in one launch where the
+    fused packed backward takes the call (_varlen_bwd_plan), else per sequence, FlashCore's SDPA
+    backward. Paged keys' gradients are summed into their pages (pages shared by several
+    sequences get the sum)."""
     left, right = _window(window_left, window_right, max_k)
     sc = sdpa_scale(scale, query.shape[-1])
+    plan = _varlen_bwd_plan(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
+                            (window_left, window_right), seqused_k, block_table)
+    if plan is not None:
+        return _fused_varlen_bwd(grad_out, grad_lse, query, key, value, out, lse, cu_seq_q, cu_seq_k,
+                                 plan, left < 0 and right == 0, sc)
+    if _capturing(query):
+        raise RuntimeError(f"{_NAME}'s backward cannot run this call inside CUDA graph capture: the "
+                           "fused packed backward does not take it, and the per-sequence loop reads "
+                           "the offsets on the host; run it outside the graph")
+    seqs = _plan(query, key, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k, block_table)
     dq = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
     dk = torch.zeros(key.shape, dtype=key.dtype, device=key.device)
     dv = torch.zeros(value.shape, dtype=value.dtype, device=value.device)
@@ -783,15 +855,15 @@ def varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
     Returns ``out`` (T_q, H_q, D_v) in query's dtype, or ``(out, lse)``.
 
-    Fused on Hopper for the forward (see the module docstring); otherwise one FlashCore SDPA
-    call per sequence (a host loop). A training call (gradients wanted) that PyTorch's
-    varlen_attn takes runs there, both passes (_training_goes_to_torch: FlashCore's varlen
-    backward is still the loop); ``FLASHCORE_TRAINING=flashcore`` keeps it here.
+    Fused on Hopper (see the module docstring): the forward, and the backward at head dims 64
+    and 128; otherwise one FlashCore SDPA call per sequence (a host loop). A training call
+    (gradients wanted) that the fused backward does not take and PyTorch's varlen_attn does runs
+    there, both passes (_training_goes_to_torch); ``FLASHCORE_TRAINING=flashcore`` keeps it here.
     """
     _check_arguments(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux, scale,
                      window_size, enable_gqa, seqused_k, block_table, num_splits)
-    if _training_goes_to_torch(query, key, value, return_aux, scale, window_size, enable_gqa,
-                               seqused_k, block_table):
+    if _training_goes_to_torch(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux,
+                               scale, window_size, enable_gqa, seqused_k, block_table):
         return _torch_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
                              window_size, enable_gqa)
     out, lse = _varlen_op(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
@@ -817,16 +889,21 @@ def explain_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     * ``"per-sequence loop: <why>"``: one FlashCore SDPA call per sequence.
 
     For a call whose inputs require grad (with autograd on) that stays on FlashCore, the answer
-    ends with ``"; backward: per-sequence loop"``. Reads the offsets as varlen_attn does (one wait
+    ends with ``"; backward: fused packed backward ..."`` or ``"; backward: per-sequence loop"``. Reads the offsets as varlen_attn does (one wait
     for the device) and raises for the same bad arguments."""
     _check_arguments(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux, scale,
                      window_size, enable_gqa, seqused_k, block_table, num_splits)
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    if _training_goes_to_torch(query, key, value, return_aux, scale, window_size, enable_gqa,
-                               seqused_k, block_table):
-        return ("torch varlen_attn: a training call, and FlashCore's varlen backward is a "
-                "per-sequence loop (FLASHCORE_TRAINING=flashcore keeps it here)")
-    backward = "; backward: per-sequence loop" if training else ""
+    if _training_goes_to_torch(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux,
+                               scale, window_size, enable_gqa, seqused_k, block_table):
+        return ("torch varlen_attn: a training call the fused packed backward does not take, and "
+                "FlashCore's per-sequence backward loop is slower (FLASHCORE_TRAINING=flashcore keeps it here)")
+    backward = ""
+    if training:
+        fused = _varlen_bwd_plan(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
+                                 window_size, seqused_k, block_table) is not None
+        backward = ("; backward: fused packed backward (one launch of the sm90 backward)" if fused
+                    else "; backward: per-sequence loop")
     kind, why, _ = _forward_path(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
                                  window_size, seqused_k, block_table)
     if kind == "paged decode":
@@ -911,12 +988,15 @@ def _torch_parameters():
 _TORCH_NAMES, _TORCH_POSITIONAL = _torch_parameters()
 
 
-def _training_goes_to_torch(query, key, value, return_aux, scale, window_size, enable_gqa,
-                            seqused_k, block_table) -> bool:
+def _training_goes_to_torch(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux, scale,
+                            window_size, enable_gqa, seqused_k, block_table) -> bool:
     """Whether a training call (autograd on, an input that requires grad) runs in PyTorch's
-    varlen_attn, both passes. FlashCore's varlen backward is a loop over the sequences: forward +
-    backward at 0.06-1.16x PyTorch's on an H200 (docs/USAGE.md), so the principle "never slower
-    than PyTorch's default" sends such calls there wherever PyTorch's function takes them: CUDA,
+    varlen_attn, both passes. Calls the fused packed backward takes (_varlen_bwd_plan: Hopper, D 64
+    and 128, the packed forward's calls) stay on FlashCore, ahead of PyTorch's in forward +
+    backward (docs/experiments/varlen.md). Elsewhere FlashCore's varlen backward is a loop over the
+    sequences: forward + backward at 0.06-1.16x PyTorch's on an H200 (docs/USAGE.md), so the
+    principle "never slower than PyTorch's default" sends such calls there wherever PyTorch's
+    function takes them: CUDA,
     fp16/bf16, head dims up to 256 (multiples of 8, value's equal to query's), no seqused_k or
     block_table, no LSE asked (PyTorch's backward drops the LSE's gradient, FlashCore's keeps it),
     and only the window and scale arguments its release knows. (GQA: releases without
@@ -930,7 +1010,13 @@ def _training_goes_to_torch(query, key, value, return_aux, scale, window_size, e
     if not _torch_takes(query, value, return_aux, scale, window_size, seqused_k, block_table):
         return False
     from . import _ops  # (imported here: _ops imports this module's package)
-    return _ops._training_mode()[0] != "flashcore"
+    if _ops._training_mode()[0] == "flashcore":
+        return False
+    if torch.compiler.is_compiling():  # (the offsets' values, data pointers: not while tracing)
+        return not _fused_bwd_may_take(query, key, value, cu_seq_k, max_k, scale, window_size,
+                                       seqused_k, block_table, check_pointers=False)
+    return _varlen_bwd_plan(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size,
+                            seqused_k, block_table) is None
 
 
 def _torch_takes(query, value, return_aux, scale, window_size, seqused_k, block_table) -> bool:
