@@ -46,7 +46,10 @@
  *     bottom-right causal is FC_UNSUPPORTED_VARLEN); only the sm90 forward runs them, never
  *     split or sliced, the plan sizing the list of query blocks (fc_varlen_workspace_bytes), and
  *     fc_sdpa_fwd gives FC_ERR_BAD_WORKSPACE without it; a packed call the sm90 family takes runs
- *     there on sm_90; the backward declines every packed call (FC_UNSUPPORTED_VARLEN);
+ *     there on sm_90; the backward runs them in the sm90 family alone (no mask, softcap, band
+ *     or sinks, not under `deterministic` with AUTO, the key-block list's tiles in an int), with
+ *     the gradients along the packed rows (no batch stride, else FC_ERR_BAD_VARLEN) and its own
+ *     workspace (fc_sm90_bwd_varlen_workspace_bytes); every other one is FC_UNSUPPORTED_VARLEN;
  *   * the canonical layout (fc_params_set_contiguous_strides on sane sizes) is never rejected
  *     for a layout reason (no false rejections);
  *   * backward inputs (an fc_bwd_params, itself in a heap block of exactly its size): the same
@@ -792,12 +795,16 @@ static int bwd_family_runs_on(fc_family family, int cc) {
 static int bwd_sm90_takes(const fc_bwd_params *b) {
     const fc_params *f = &b->fwd;
     if (!sm90_takes(f)) return 0;
-    const int64_t s[3] = {f->seqlen_q, f->heads_q, f->batch};
+    /* (A packed call's dout: one item of total_q rows, as q.) */
+    const int packed = f->cu_seq_q != NULL;
+    const int64_t s[3] = {packed ? f->total_q : f->seqlen_q, f->heads_q, packed ? 1 : f->batch};
     const int64_t st[3] = {b->do_stride_s, b->do_stride_h, b->do_stride_b};
     for (int i = 0; i < 3; ++i)
         if (s[i] > 1 && (st[i] == 0 || (i128)st[i] * 2 >= ((i128)1 << 40))) return 0;
     const i128 ctas = ((i128)f->seqlen_k + 127) / 128 * f->heads_kv * f->batch;
-    return ctas <= INT32_MAX;
+    /* A packed call's tiles: each listed key block (at most total_k / 128 + batch) per KV head. */
+    const i128 packed_tiles = packed ? (((i128)f->total_k + 127) / 128 + f->batch) * f->heads_kv : 0;
+    return ctas <= INT32_MAX && packed_tiles <= INT32_MAX;
 }
 
 /* Can family `fam` run these (validated) params on cc? The dtype and the mask aside. */
@@ -813,6 +820,15 @@ static i128 round16(i128 x) { return (x + 15) / 16 * 16; }
  * bytes per row, each (batch, query head)'s rows rounded up to a multiple of 64. */
 static i128 bwd_need(const fc_params *f, fc_family fam) {
     const i128 slices = (i128)f->batch * f->heads_q;
+    if (fam == FC_FAMILY_SM90 && f->cu_seq_q != NULL) {
+        /* Packed: the key-block list (a 16-byte header, then 32-byte entries: total_k / 128 +
+         * batch of them per KV head and once more for the scratch), then (D + 10) x 4 bytes per
+         * packed query row and head, the rows rounded up to 64 and 128 more, and the counter. */
+        const i128 entries = ((i128)f->total_k + 127) / 128 + f->batch;
+        const i128 rows = ((i128)f->total_q + 63) / 64 * 64 + 128;
+        return round16(16 + 32 * entries * ((i128)f->heads_kv + 1) + (i128)f->heads_q * rows * ((i128)f->head_dim + 10) * 4 +
+                       16);
+    }
     if (fam == FC_FAMILY_SM90) {
         const i128 padded = ((i128)f->seqlen_q + 63) / 64 * 64;
         return round16(slices * padded * ((i128)f->head_dim + 10) * 4 + 16 /* tile counter */);
@@ -826,17 +842,24 @@ static void bwd_accepted_is_consistent(const fc_bwd_params *b) {
     accepted_is_consistent(f);
     REQUIRE(f->lse != NULL && b->dout != NULL && b->dq != NULL && b->dk != NULL && b->dv != NULL);
     REQUIRE(b->workspace_bytes >= 0 && ((uintptr_t)b->workspace & 15u) == 0);
-    /* (blocks, heads, batch) grids: CUDA's y and z limits. */
-    REQUIRE(f->heads_q <= 65535 && f->batch <= 65535);
+    /* (blocks, heads, batch) grids: CUDA's y and z limits (a packed call's grids have one item). */
+    const int packed = f->cu_seq_q != NULL;
+    const int64_t items = packed ? 1 : f->batch, rq = packed ? f->total_q : f->seqlen_q,
+                  rk = packed ? f->total_k : f->seqlen_k;
+    REQUIRE(f->heads_q <= 65535 && items <= 65535);
+    /* Packed: the gradients and dlse along the packed rows, no batch stride. */
+    if (packed)
+        REQUIRE(b->do_stride_b == 0 && b->dq_stride_b == 0 && b->dk_stride_b == 0 && b->dv_stride_b == 0 &&
+                (b->dlse == NULL || b->dlse_stride_b == 0));
     const i128 elem = elem_bytes(f->dtype);
     const view4 ops[4] = {
-        {b->dout, {f->batch, f->heads_q, f->seqlen_q, f->head_dim},
+        {b->dout, {items, f->heads_q, rq, f->head_dim},
          {b->do_stride_b, b->do_stride_h, b->do_stride_s, b->do_stride_d}},
-        {b->dq, {f->batch, f->heads_q, f->seqlen_q, f->head_dim},
+        {b->dq, {items, f->heads_q, rq, f->head_dim},
          {b->dq_stride_b, b->dq_stride_h, b->dq_stride_s, b->dq_stride_d}},
-        {b->dk, {f->batch, f->heads_kv, f->seqlen_k, f->head_dim},
+        {b->dk, {items, f->heads_kv, rk, f->head_dim},
          {b->dk_stride_b, b->dk_stride_h, b->dk_stride_s, b->dk_stride_d}},
-        {b->dv, {f->batch, f->heads_kv, f->seqlen_k, f->head_dim},
+        {b->dv, {items, f->heads_kv, rk, f->head_dim},
          {b->dv_stride_b, b->dv_stride_h, b->dv_stride_s, b->dv_stride_d}},
     };
     for (int i = 0; i < 4; ++i) check_operand(&ops[i], elem);
@@ -844,9 +867,9 @@ static void bwd_accepted_is_consistent(const fc_bwd_params *b) {
         /* fp32 (B, Hq, Sq), 4-byte aligned, indexed in int64; its last byte must not wrap. */
         REQUIRE(((uintptr_t)b->dlse & 3u) == 0);
         REQUIRE(b->dlse_stride_b >= 0 && b->dlse_stride_h >= 0 && b->dlse_stride_s >= 0);
-        const i128 tb = ((i128)f->batch - 1) * b->dlse_stride_b;
+        const i128 tb = ((i128)items - 1) * b->dlse_stride_b;
         const i128 th = ((i128)f->heads_q - 1) * b->dlse_stride_h;
-        const i128 ts = ((i128)f->seqlen_q - 1) * b->dlse_stride_s;
+        const i128 ts = ((i128)rq - 1) * b->dlse_stride_s;
         REQUIRE(tb <= INT64_MAX && th <= INT64_MAX && ts <= INT64_MAX && tb + th + ts <= INT64_MAX);
         REQUIRE((i128)(uintptr_t)b->dlse + (tb + th + ts) * 4 + 3 <= (i128)UINTPTR_MAX);
     }
@@ -862,6 +885,9 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
     REQUIRE(f->mask_kind == FC_MASK_NONE || (fam == FC_FAMILY_SM90 && !rf.causal)); /* masks: sm90, not causal */
     if (rf.band_ == FC_BAND_GENERAL_) REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE);
     if (f->softcap != 0.0f) REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE);
+    if (f->cu_seq_q != NULL)  /* packed: the sm90 family, nothing but causal */
+        REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE && f->softcap == 0.0f && f->sinks == NULL &&
+                rf.band_ != FC_BAND_GENERAL_);
     REQUIRE(f->head_dim == 64 || f->head_dim == 128);
     REQUIRE(bwd_built(fam, f->head_dim, f->dtype) && bwd_family_runs_on(fam, cc));
     REQUIRE(cc == 89 || cc == 90);
@@ -1434,11 +1460,17 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         REQUIRE(ws == 0);
     } else {
         REQUIRE(ws % 16 == 0);
-        REQUIRE((i128)ws >= (i128)8 * f->batch * f->heads_q * f->seqlen_q);
-        REQUIRE((i128)ws >= bwd_need(f, FC_FAMILY_SM80));
+        if (f->cu_seq_q == NULL) {
+            REQUIRE((i128)ws >= (i128)8 * f->batch * f->heads_q * f->seqlen_q);
+            REQUIRE((i128)ws >= bwd_need(f, FC_FAMILY_SM80));
+        } else {
+            /* A packed call: the sm90 family's need alone (no other family runs it). */
+            REQUIRE((i128)ws == (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) ? bwd_need(f, FC_FAMILY_SM90) : 0));
+        }
         if (f->head_dim == 64 || f->head_dim == 128) {
             /* (other head dims have no sm90 kernel; their byte count may not fit int64) */
-            REQUIRE(round16(fc_sm90_bwd_workspace_bytes(f)) == bwd_need(f, FC_FAMILY_SM90));
+            REQUIRE(round16(f->cu_seq_q != NULL ? fc_sm90_bwd_varlen_workspace_bytes(f) : fc_sm90_bwd_workspace_bytes(f)) ==
+                    bwd_need(f, FC_FAMILY_SM90));
         }
         if (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype)) REQUIRE((i128)ws >= bwd_need(f, FC_FAMILY_SM90));
     }
@@ -1469,15 +1501,20 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         const int general = rf.band_ == FC_BAND_GENERAL_;
         /* (a softcap: the sm90 family, no mask) */
         const int softcap = f->softcap != 0.0f;
-        /* (a paged forward: no backward kernel reads pages, whatever else holds; nor packed
-         * sequences, declined next) */
+        /* (a paged forward: no backward kernel reads pages, whatever else holds; packed
+         * sequences: the sm90 family alone, with nothing but causal) */
         const int paged = f->block_table != NULL, packed = f->cu_seq_q != NULL;
+        const int packed_plain = f->mask_kind == FC_MASK_NONE && !softcap && !general && f->sinks == NULL;
         const int sm80 = dtype_ok && f->mask_kind == FC_MASK_NONE && !general && !softcap && !paged && !packed &&
                          bwd_family_possible(b, FC_FAMILY_SM80, cc);
-        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && !softcap)) && !paged && !packed &&
-                         bwd_family_possible(b, FC_FAMILY_SM90, cc);
+        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && !softcap)) && !paged &&
+                         (!packed || packed_plain) && bwd_family_possible(b, FC_FAMILY_SM90, cc);
         REQUIRE((sup == FC_UNSUPPORTED_PAGED) == paged);
-        REQUIRE((sup == FC_UNSUPPORTED_VARLEN) == (packed && !paged));
+        if (sup == FC_UNSUPPORTED_VARLEN) REQUIRE(packed && !paged);
+        /* AUTO declines a packed call the sm90 family does not run (or determinism rules out)
+         * with FC_UNSUPPORTED_VARLEN: the sm80-class family is not tried. */
+        if (packed && !paged && dtype_ok && f->family == FC_FAMILY_AUTO && !(sm90 && !b->deterministic))
+            REQUIRE(sup == FC_UNSUPPORTED_VARLEN);
         if (f->family == FC_FAMILY_AUTO) {
             const fc_family want = sm90 && !b->deterministic ? FC_FAMILY_SM90 : sm80 ? FC_FAMILY_SM80 : FC_FAMILY_AUTO;
             REQUIRE(fam == want);

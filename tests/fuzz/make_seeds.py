@@ -247,7 +247,7 @@ SEEDS = {
     "paged_unsupported_forced_sm80": structured(Sq=1, family=1, paging=pages(), device=1),
     "paged_unsupported_mask": structured(Sq=1, mask_kind=1, paging=pages(), device=1),
     "bwd_paged_unsupported": backward(Sq=1, paging=pages()),
-    # Packed sequences (fc_params.cu_seq_q): the sm90 forward only (AUTO and forced sm90 on
+    # Packed sequences (fc_params.cu_seq_q): the sm90 family only (AUTO and forced sm90 on
     # sm_90; FC_UNSUPPORTED_VARLEN elsewhere and with a mask, pages or a forced sm80), never
     # split or sliced, FC_ERR_BAD_WORKSPACE without its workspace.
     "packed": structured(B=3, Hkv=2, group=4, Sq=100, Sk=300, D=128, packing=packs(), device=1),
@@ -264,7 +264,12 @@ SEEDS = {
     "packed_misaligned_cu_seq_q": structured(B=3, packing=packs(cu_sel=(0xC2, 0)), device=1),
     "packed_paged": structured(B=4, Hkv=2, group=4, Sq=1, Sk=1000, D=128, paging=pages(), packing=packs(), device=1),
     "packed_stray_total": structured(B=3, packing=b"\x80\x01", device=1),
-    "bwd_packed_unsupported": backward(B=3, packing=packs()),
+    # The backward of packed calls: the sm90 family (AUTO on sm_90); declined under
+    # `deterministic` and with a forced sm80 (FC_UNSUPPORTED_VARLEN).
+    "bwd_packed": backward(B=3, packing=packs()),
+    "bwd_packed_causal": backward(B=3, Sq=100, Sk=100, causal=1, packing=packs(total_k=250)),
+    "bwd_packed_deterministic": backward(B=3, deterministic=1, packing=packs()),
+    "bwd_packed_forced_sm80": backward(B=3, family=1, packing=packs()),
 }
 
 # Inputs that once broke a property checked with FC_FUZZ_STRICT=1 (see fuzz_params.c's header),
