@@ -99,7 +99,7 @@ typedef enum fc_status {
     FC_ERR_BAD_PAGES,            /* paged KV arguments inconsistent (see fc_params.block_table) */
     FC_UNSUPPORTED_PAGED,        /* a valid paged call no kernel takes (only the decode family reads pages: no causal, band, mask; no backward) */
     FC_ERR_BAD_VARLEN,           /* packed variable-length arguments inconsistent (see fc_params.cu_seq_q) */
-    FC_UNSUPPORTED_VARLEN,       /* a valid packed call no kernel takes (only the sm90 forward: no window, mask, softcap, sinks or pages; no backward) */
+    FC_UNSUPPORTED_VARLEN,       /* a valid packed call no kernel takes (only the sm90 family, forward and backward: no window, mask, softcap, sinks or pages) */
     FC_STATUS_COUNT_             /* number of statuses; not a status */
 } fc_status;
 

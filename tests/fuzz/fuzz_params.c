@@ -49,7 +49,10 @@
  *     there on sm_90; the backward runs them in the sm90 family alone (no mask, softcap, band
  *     or sinks, not under `deterministic` with AUTO, the key-block list's tiles in an int), with
  *     the gradients along the packed rows (no batch stride, else FC_ERR_BAD_VARLEN) and its own
- *     workspace (fc_sm90_bwd_varlen_workspace_bytes); every other one is FC_UNSUPPORTED_VARLEN;
+ *     workspace (fc_sm90_bwd_varlen_workspace_bytes, the size query's whole answer: no
+ *     sm80-class term); every other one is FC_UNSUPPORTED_VARLEN, a forced family's earlier
+ *     reason aside (bwd_packed_status; check_bwd_packed_rule walks a grid of packed backward
+ *     calls once per run, the key-block list's int bound included, its answers as literals);
  *   * the canonical layout (fc_params_set_contiguous_strides on sane sizes) is never rejected
  *     for a layout reason (no false rejections);
  *   * backward inputs (an fc_bwd_params, itself in a heap block of exactly its size): the same
@@ -836,6 +839,40 @@ static i128 bwd_need(const fc_params *f, fc_family fam) {
     return round16(slices * f->seqlen_q * 8);
 }
 
+/* The support query's exact answer for a validated packed call (fc_params.cu_seq_q), not
+ * paged, re-derived from the rules: the sm90 family alone runs it (D 64 / 128 fp16 / bf16, its
+ * layout rule with the key-block list's tiles in an int), without a mask, softcap, general band
+ * or sinks; AUTO does not try it under `deterministic` (it sums dq in any order), and never falls
+ * back to the sm80-class family: FC_UNSUPPORTED_VARLEN. A forced family answers what it checks
+ * first: the arch, then the mask (sm90: not with causal), band and softcap rules every call has,
+ * then the packed rule, then (sm90) the head dim and the layout. */
+static fc_status bwd_packed_status(const fc_bwd_params *b, int cc) {
+    const fc_params *f = &b->fwd;
+    if (f->dtype != FC_DTYPE_FP16 && f->dtype != FC_DTYPE_BF16) return FC_UNSUPPORTED_DTYPE;
+    const fc_params rf = resolved_of(f);
+    const int mask = f->mask_kind != FC_MASK_NONE, general = rf.band_ == FC_BAND_GENERAL_, softcap = f->softcap != 0.0f;
+    const int plain = !mask && !general && !softcap && f->sinks == NULL;
+    const int sm90_runs = bwd_family_runs_on(FC_FAMILY_SM90, cc) && plain && bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) &&
+                          bwd_sm90_takes(b);
+    switch (f->family) {
+    case FC_FAMILY_AUTO:
+        return sm90_runs && !b->deterministic ? FC_OK : FC_UNSUPPORTED_VARLEN;
+    case FC_FAMILY_SM80:
+        if (!bwd_family_runs_on(FC_FAMILY_SM80, cc)) return FC_UNSUPPORTED_FAMILY;
+        return mask ? FC_UNSUPPORTED_MASK : general ? FC_UNSUPPORTED_BAND : softcap ? FC_UNSUPPORTED_SOFTCAP
+                                                                                   : FC_UNSUPPORTED_VARLEN;
+    case FC_FAMILY_SM90:
+        if (!bwd_family_runs_on(FC_FAMILY_SM90, cc)) return FC_UNSUPPORTED_FAMILY;
+        if (mask && rf.causal) return FC_UNSUPPORTED_MASK;
+        if (softcap && mask) return FC_UNSUPPORTED_SOFTCAP;
+        if (!plain) return FC_UNSUPPORTED_VARLEN;
+        if (!bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype)) return FC_UNSUPPORTED_HEAD_DIM;
+        return bwd_sm90_takes(b) ? FC_OK : FC_UNSUPPORTED_LAYOUT;
+    default:
+        return FC_UNSUPPORTED_FAMILY; /* the decode family has no backward */
+    }
+}
+
 /* Everything fc_bwd_params_validate promises about a struct it returns FC_OK for. */
 static void bwd_accepted_is_consistent(const fc_bwd_params *b) {
     const fc_params *f = &b->fwd;
@@ -1186,6 +1223,8 @@ static void take_grad_operand(reader *r, int64_t B, int64_t H, int64_t S, int64_
  *          deterministic = any int (take_i64), bit 3 dlse, bit 4 dlse strides from the input
  *          (else contiguous), bits 5-7 the workspace size (below);
  *   dout, dq, dk, dv: take_grad_operand each; dlse (bit 3): pointer [, 3 strides];
+ *   (a packed call's: one item of total_q / total_k rows; its contiguous LSE and dlse (Hq,
+ *   total_q) with batch stride 0, so that the packed seeds reach the packed backward);
  *   workspace pointer, then its size: 0 what fc_sdpa_bwd_workspace_size answers (0 if it
  *   fails), 1 that less 1..256, 2 the sm80-class need, 3 one byte less, 4 the sm90 need, 5 one
  *   byte less, 6 any int64 (take_i64), 7 zero.
@@ -1197,10 +1236,15 @@ static void decode_bwd(reader *r, fc_bwd_params *b) {
     const uint8_t flags = take_u8(r);
     b->deterministic = (flags >> 1) & 1;
     if (flags & 4) b->deterministic = (int)take_i64(r);
+    /* (A packed call's tensors: one item of total_q / total_k rows, no batch stride; its
+     * contiguous LSE and dlse are (Hq, total_q), as decode_structured's packed layout has it.) */
+    const int packed = f->cu_seq_q != NULL;
+    const int64_t items = packed ? 1 : f->batch, rq = packed ? f->total_q : f->seqlen_q,
+                  rk = packed ? f->total_k : f->seqlen_k;
     if (!(flags & 1) && f->lse == NULL) {
         f->lse = (float *)(uintptr_t)0x7f0000600000ull;
-        f->lse_stride_s = 1, f->lse_stride_h = f->seqlen_q;
-        f->lse_stride_b = (int64_t)((uint64_t)f->heads_q * (uint64_t)f->seqlen_q);
+        f->lse_stride_s = 1, f->lse_stride_h = rq;
+        f->lse_stride_b = packed ? 0 : (int64_t)((uint64_t)f->heads_q * (uint64_t)f->seqlen_q);
     }
     const int64_t q_st[4] = {f->q_stride_b, f->q_stride_h, f->q_stride_s, f->q_stride_d};
     const int64_t o_st[4] = {f->o_stride_b, f->o_stride_h, f->o_stride_s, f->o_stride_d};
@@ -1211,21 +1255,21 @@ static void decode_bwd(reader *r, fc_bwd_params *b) {
     int64_t *dk_st[4] = {&b->dk_stride_b, &b->dk_stride_h, &b->dk_stride_s, &b->dk_stride_d};
     int64_t *dv_st[4] = {&b->dv_stride_b, &b->dv_stride_h, &b->dv_stride_s, &b->dv_stride_d};
     const void *ptr = NULL;
-    take_grad_operand(r, f->batch, f->heads_q, f->seqlen_q, f->head_dim, o_st, do_st, &ptr, 0x7f0000800000u);
+    take_grad_operand(r, items, f->heads_q, rq, f->head_dim, o_st, do_st, &ptr, 0x7f0000800000u);
     b->dout = ptr;
-    take_grad_operand(r, f->batch, f->heads_q, f->seqlen_q, f->head_dim, q_st, dq_st, &ptr, 0x7f0000900000u);
+    take_grad_operand(r, items, f->heads_q, rq, f->head_dim, q_st, dq_st, &ptr, 0x7f0000900000u);
     b->dq = (void *)(uintptr_t)ptr;
-    take_grad_operand(r, f->batch, f->heads_kv, f->seqlen_k, f->head_dim, k_st, dk_st, &ptr, 0x7f0000a00000u);
+    take_grad_operand(r, items, f->heads_kv, rk, f->head_dim, k_st, dk_st, &ptr, 0x7f0000a00000u);
     b->dk = (void *)(uintptr_t)ptr;
-    take_grad_operand(r, f->batch, f->heads_kv, f->seqlen_k, f->head_dim, v_st, dv_st, &ptr, 0x7f0000b00000u);
+    take_grad_operand(r, items, f->heads_kv, rk, f->head_dim, v_st, dv_st, &ptr, 0x7f0000b00000u);
     b->dv = (void *)(uintptr_t)ptr;
     if (flags & 8) {
         b->dlse = (const float *)take_pointer(r, 0x7f0000c00000u);
         if (flags & 16) {
             b->dlse_stride_b = take_i64(r), b->dlse_stride_h = take_i64(r), b->dlse_stride_s = take_i64(r);
         } else {
-            b->dlse_stride_s = 1, b->dlse_stride_h = f->seqlen_q;
-            b->dlse_stride_b = (int64_t)((uint64_t)f->heads_q * (uint64_t)f->seqlen_q);
+            b->dlse_stride_s = 1, b->dlse_stride_h = rq;
+            b->dlse_stride_b = packed ? 0 : (int64_t)((uint64_t)f->heads_q * (uint64_t)f->seqlen_q);
         }
     }
     b->workspace = (void *)(uintptr_t)take_pointer(r, 0x7f0000d00000u);
@@ -1449,10 +1493,24 @@ static void check_bwd(const fc_bwd_params *b, int device) {
     const fc_status fv = fc_params_validate(f);
     if (fv != FC_OK) REQUIRE(v == fv);
     if (v == FC_OK) bwd_accepted_is_consistent(b);
+    /* A packed call's gradients and dlse lie along the packed rows: a batch stride among them is
+     * FC_ERR_BAD_VARLEN, checked after the pointers, the workspace and the grid (whose batch is
+     * one item for a packed call); and that is the only way the backward's own checks give it. */
+    {
+        const int packed = f->cu_seq_q != NULL;
+        const int grad_batch_stride = b->do_stride_b != 0 || b->dq_stride_b != 0 || b->dk_stride_b != 0 ||
+                                      b->dv_stride_b != 0 || (b->dlse != NULL && b->dlse_stride_b != 0);
+        const int before_it = fv == FC_OK && f->lse != NULL && b->dout != NULL && b->dq != NULL && b->dk != NULL &&
+                              b->dv != NULL && b->workspace_bytes >= 0 && ((uintptr_t)b->workspace & 15u) == 0 &&
+                              f->heads_q <= 65535 && (packed || f->batch <= 65535);
+        if (before_it && packed && grad_batch_stride) REQUIRE(v == FC_ERR_BAD_VARLEN);
+        if (v == FC_ERR_BAD_VARLEN) REQUIRE(fv == FC_ERR_BAD_VARLEN || (packed && grad_batch_stride));
+    }
 
     /* The workspace size: the validation status; when valid, 16-byte multiples enough for the
      * sm80-class family (8 bytes per query row) and, where its kernel is built, the sm90 one
-     * (dispatch.h's fc_sm90_bwd_workspace_bytes, which is docs/USAGE.md's formula). */
+     * (dispatch.h's fc_sm90_bwd_workspace_bytes, which is docs/USAGE.md's formula); a packed
+     * call: the sm90 family's need alone (fc_sm90_bwd_varlen_workspace_bytes), or 0. */
     int64_t ws = -1;
     REQUIRE(fc_sdpa_bwd_workspace_size(b, &ws) == v);
     REQUIRE(fc_sdpa_bwd_workspace_size(b, NULL) == FC_ERR_NULL_POINTER);
@@ -1515,6 +1573,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
          * with FC_UNSUPPORTED_VARLEN: the sm80-class family is not tried. */
         if (packed && !paged && dtype_ok && f->family == FC_FAMILY_AUTO && !(sm90 && !b->deterministic))
             REQUIRE(sup == FC_UNSUPPORTED_VARLEN);
+        if (packed && !paged) REQUIRE(sup == bwd_packed_status(b, cc));
         if (f->family == FC_FAMILY_AUTO) {
             const fc_family want = sm90 && !b->deterministic ? FC_FAMILY_SM90 : sm80 ? FC_FAMILY_SM80 : FC_FAMILY_AUTO;
             REQUIRE(fam == want);
@@ -1574,6 +1633,198 @@ static void check_bwd(const fc_bwd_params *b, int device) {
     g_current_bwd = NULL;
 }
 
+
+/*
+ * The packed backward's rules over a grid of calls, once per run (the fuzzer seldom builds a
+ * valid packed backward, and never one near the key-block list's int bound): a packed call in
+ * the layout PyTorch's varlen ops hand over ((rows, heads, D) contiguous, every batch stride 0,
+ * the LSE and dlse (Hq, total_q)), each through check_bwd with the workspace the size query
+ * answers and with one byte less, and the answers stated here as literals, worked out by hand
+ * from the rules (not from the model above): the sm90 family alone, on sm_90, D 64 / 128, AUTO
+ * not under `deterministic`; FC_UNSUPPORTED_VARLEN for everything else that validates.
+ */
+enum {
+    kPackedPlain, kPackedCausal, kPackedDeterministic, kPackedForcedSm80, kPackedForcedSm90Deterministic,
+    kPackedForcedDecode, kPackedMask, kPackedForcedSm90Mask, kPackedForcedSm90MaskCausal, kPackedSoftcap,
+    kPackedForcedSm90Softcap, kPackedSinks, kPackedWindow, kPackedBottomRight, kPackedD96, kPackedForcedSm90D96,
+    kPackedD256, kPackedFp32, kPackedBf16, kPackedDqBatchStride, kPackedDlseBatchStride, kPackedDlse,
+    kPackedBatch70000, kPackedHeads65536, kPackedDqRowsPastInt32, kPackedCases
+};
+
+static void set_fake_pointers(fc_params *p);
+
+static void packed_bwd_call(fc_bwd_params *b, int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t total_q,
+                            int64_t total_k, int64_t head_dim) {
+    fc_bwd_params_init(b);
+    fc_params *f = &b->fwd;
+    f->batch = batch, f->heads_q = heads_q, f->heads_kv = heads_kv, f->head_dim = head_dim, f->scale = 0.1f;
+    f->seqlen_q = total_q, f->seqlen_k = total_k; /* (bounds of the sequences' lengths) */
+    f->dtype = FC_DTYPE_FP16;
+    set_fake_pointers(f);
+    f->cu_seq_q = (const int32_t *)(uintptr_t)0x7f0000a00000ull;
+    f->cu_seq_k = (const int32_t *)(uintptr_t)0x7f0000b00000ull;
+    f->total_q = total_q, f->total_k = total_k;
+    f->q_stride_d = f->k_stride_d = f->v_stride_d = f->o_stride_d = 1;
+    f->q_stride_h = f->k_stride_h = f->v_stride_h = f->o_stride_h = head_dim;
+    f->q_stride_s = f->o_stride_s = heads_q * head_dim;
+    f->k_stride_s = f->v_stride_s = heads_kv * head_dim;
+    f->lse_stride_h = total_q, f->lse_stride_s = 1;
+    b->dout = (const void *)(uintptr_t)0x7f0000c00000ull;
+    b->dq = (void *)(uintptr_t)0x7f0000d00000ull;
+    b->dk = (void *)(uintptr_t)0x7f0000e00000ull;
+    b->dv = (void *)(uintptr_t)0x7f0000f00000ull;
+    b->do_stride_h = b->dq_stride_h = b->dk_stride_h = b->dv_stride_h = head_dim;
+    b->do_stride_s = b->dq_stride_s = heads_q * head_dim;
+    b->dk_stride_s = b->dv_stride_s = heads_kv * head_dim;
+    b->do_stride_d = b->dq_stride_d = b->dk_stride_d = b->dv_stride_d = 1;
+    b->workspace = (void *)(uintptr_t)0x7f0001000000ull;
+}
+
+/* check_bwd with the size query's workspace, then with one byte less; the size it answered. */
+static int64_t check_packed_bwd_call(fc_bwd_params *b) {
+    b->workspace_bytes = 0;
+    int64_t ws = -1;
+    const fc_status v = fc_sdpa_bwd_workspace_size(b, &ws);
+    b->workspace_bytes = ws;
+    check_bwd(b, 1);
+    if (v == FC_OK && ws > 0) {
+        b->workspace_bytes = ws - 1;
+        check_bwd(b, 1);
+        b->workspace_bytes = ws;
+    }
+    g_current = NULL;
+    return ws;
+}
+
+static void check_bwd_packed_rule(void) {
+    /* Exactly sizeof(fc_bwd_params) on the heap, as the fuzzed structs (check_bwd_input). */
+    fc_bwd_params *b = (fc_bwd_params *)malloc(sizeof(fc_bwd_params));
+    REQUIRE(b != NULL);
+    fc_params *f = &b->fwd;
+
+    /* One call's workspace by hand: 3 sequences, Hq 8, Hkv 2, total_q 250, total_k 700, D 128.
+     * Key-block list: 16 + 32 x (700 / 128 rounded up + 3 = 9 entries) x (2 KV heads + the
+     * scratch) = 880 bytes; rows 256 + 128 = 384 per query head, (2 + 128 + 8) x 4 bytes each,
+     * 8 heads: 1695744; the tile counter 16: 1696640 (a multiple of 16). */
+    packed_bwd_call(b, 3, 8, 2, 250, 700, 128);
+    REQUIRE(check_packed_bwd_call(b) == 1696640);
+    REQUIRE(fc_sdpa_bwd_support(b, 9, 0) == FC_OK && fc_sdpa_bwd_family(b, 9, 0) == FC_FAMILY_SM90);
+    REQUIRE(fc_sdpa_bwd_support(b, 8, 9) == FC_UNSUPPORTED_VARLEN);
+
+    for (int c = 0; c < kPackedCases; ++c)
+        for (int d = 0; d < 2; ++d) {
+            const int64_t D = d ? 128 : 64;
+            packed_bwd_call(b, 3, 8, 2, 250, 700, D);
+            /* the validation status, and the support query's on sm_90 and sm_89 */
+            fc_status want_v = FC_OK, want_90 = FC_OK, want_89 = FC_UNSUPPORTED_VARLEN;
+            switch (c) {
+            case kPackedPlain: break;
+            case kPackedCausal: f->causal = 1; break; /* top-left within each sequence */
+            case kPackedDeterministic: b->deterministic = 1, want_90 = FC_UNSUPPORTED_VARLEN; break;
+            case kPackedForcedSm80: f->family = FC_FAMILY_SM80, want_90 = FC_UNSUPPORTED_VARLEN; break;
+            case kPackedForcedSm90Deterministic:
+                f->family = FC_FAMILY_SM90, b->deterministic = 1, want_89 = FC_UNSUPPORTED_FAMILY;
+                break;
+            case kPackedForcedDecode: f->family = FC_FAMILY_DECODE, want_90 = want_89 = FC_UNSUPPORTED_FAMILY; break;
+            case kPackedMask:
+            case kPackedForcedSm90Mask:
+            case kPackedForcedSm90MaskCausal:
+                f->mask_kind = FC_MASK_BOOL, f->mask = (const void *)(uintptr_t)0x7f0000600000ull, f->mask_stride_k = 1;
+                want_90 = FC_UNSUPPORTED_VARLEN;
+                if (c != kPackedMask) f->family = FC_FAMILY_SM90, want_89 = FC_UNSUPPORTED_FAMILY;
+                if (c == kPackedForcedSm90MaskCausal) f->causal = 1, want_90 = FC_UNSUPPORTED_MASK;
+                break;
+            case kPackedSoftcap: f->softcap = 30.0f, want_90 = FC_UNSUPPORTED_VARLEN; break;
+            case kPackedForcedSm90Softcap:
+                f->family = FC_FAMILY_SM90, f->softcap = 30.0f, want_90 = FC_UNSUPPORTED_VARLEN;
+                want_89 = FC_UNSUPPORTED_FAMILY;
+                break;
+            case kPackedSinks:
+                f->sinks = (const float *)(uintptr_t)0x7f0000700000ull, want_90 = FC_UNSUPPORTED_VARLEN;
+                break;
+            /* (a band per sequence: no kernel, declined by validation, the forward's rule) */
+            case kPackedWindow: f->windowed = 1, f->window_left = 16, want_v = FC_UNSUPPORTED_VARLEN; break;
+            case kPackedBottomRight:
+                f->causal = 1, f->alignment = FC_ALIGN_BOTTOM_RIGHT, want_v = FC_UNSUPPORTED_VARLEN;
+                break;
+            case kPackedD96: packed_bwd_call(b, 3, 8, 2, 250, 700, 96), want_90 = FC_UNSUPPORTED_VARLEN; break;
+            case kPackedForcedSm90D96:
+                packed_bwd_call(b, 3, 8, 2, 250, 700, 96);
+                f->family = FC_FAMILY_SM90, want_90 = FC_UNSUPPORTED_HEAD_DIM, want_89 = FC_UNSUPPORTED_FAMILY;
+                break;
+            case kPackedD256: packed_bwd_call(b, 3, 8, 2, 250, 700, 256), want_90 = FC_UNSUPPORTED_VARLEN; break;
+            case kPackedFp32: f->dtype = FC_DTYPE_FP32, want_90 = want_89 = FC_UNSUPPORTED_DTYPE; break;
+            case kPackedBf16: f->dtype = FC_DTYPE_BF16; break;
+            case kPackedDqBatchStride: b->dq_stride_b = 8 * D, want_v = FC_ERR_BAD_VARLEN; break;
+            case kPackedDlseBatchStride:
+                b->dlse = (const float *)(uintptr_t)0x7f0000800000ull;
+                b->dlse_stride_b = 8 * 250, b->dlse_stride_h = 250, b->dlse_stride_s = 1;
+                want_v = FC_ERR_BAD_VARLEN;
+                break;
+            case kPackedDlse:
+                b->dlse = (const float *)(uintptr_t)0x7f0000800000ull;
+                b->dlse_stride_h = 250, b->dlse_stride_s = 1;
+                break;
+            /* 70000 sequences: one item of rows for the grids, past 65535 batches as they are */
+            case kPackedBatch70000:
+                packed_bwd_call(b, 70000, 8, 2, 250000, 700000, D);
+                f->seqlen_q = f->seqlen_k = 16;
+                break;
+            /* 65536 query heads: past CUDA's grid y, a packed call's too */
+            case kPackedHeads65536:
+                packed_bwd_call(b, 3, 65536, 65536, 4, 4, D), want_v = FC_ERR_OFFSET_OVERFLOW;
+                break;
+            /* dq's rows 2^24 elements apart: its slice is checked over total_q (250) rows, past
+             * 2^31 elements, not over seqlen_q (16), which would fit */
+            case kPackedDqRowsPastInt32:
+                f->seqlen_q = 16, b->dq_stride_s = (int64_t)1 << 24, want_v = FC_ERR_OFFSET_OVERFLOW;
+                break;
+            default: break;
+            }
+            if (want_v != FC_OK) want_90 = want_89 = want_v;
+            REQUIRE(fc_bwd_params_validate(b) == want_v);
+            REQUIRE(fc_sdpa_bwd_support(b, 9, 0) == want_90 && fc_sdpa_bwd_support(b, 8, 9) == want_89);
+            REQUIRE(fc_sdpa_bwd_family(b, 9, 0) == (want_90 == FC_OK ? FC_FAMILY_SM90 : FC_FAMILY_AUTO));
+            REQUIRE(fc_sdpa_bwd_family(b, 8, 9) == FC_FAMILY_AUTO);
+            const int64_t ws = check_packed_bwd_call(b);
+            /* the size: the sm90 family's need where its kernel is built, else none */
+            if (want_v != FC_OK || f->dtype == FC_DTYPE_FP32 || (f->head_dim != 64 && f->head_dim != 128))
+                REQUIRE(ws == 0);
+            else
+                REQUIRE(ws > 0);
+        }
+
+    /* The key-block list's tiles, (total_k / 128 rounded up + batch) x heads_kv, in an int: at
+     * 65535 KV heads, 32768 entries fit (2147450880 tiles) and 32769 do not (2147516415). K and
+     * V rows 16 bytes apart (overlapping) keep each head's slice inside 2^31 elements; seqlen_k
+     * keeps the (128-key block, KV head, batch) count in an int on both sides, so only this rule
+     * changes. AUTO declines the call past it as FC_UNSUPPORTED_VARLEN, a forced sm90 family as
+     * FC_UNSUPPORTED_LAYOUT. */
+    static const struct {
+        int64_t batch, total_k, seqlen_k;
+        int fits;
+    } kCapacity[] = {
+        {1, 128 * 32767, 128 * 32767, 1},          /* 32767 + 1 entries */
+        {1, 128 * 32767 + 1, 128 * 32767 + 1, 0},  /* 32768 + 1 */
+        {2, 128 * 32766, 64 * 32766, 1},           /* 32766 + 2 */
+        {2, 128 * 32767, 64 * 32767, 0},           /* 32767 + 2; 16384 blocks x 65535 x 2 CTAs fit */
+    };
+    for (size_t i = 0; i < sizeof kCapacity / sizeof kCapacity[0]; ++i)
+        for (int forced = 0; forced < 2; ++forced) {
+            packed_bwd_call(b, kCapacity[i].batch, 65535, 65535, 256, kCapacity[i].total_k, 64);
+            f->seqlen_k = kCapacity[i].seqlen_k;
+            f->k_stride_s = f->v_stride_s = b->dk_stride_s = b->dv_stride_s = 8;
+            f->k_stride_h = f->v_stride_h = b->dk_stride_h = b->dv_stride_h = 8;
+            if (forced) f->family = FC_FAMILY_SM90;
+            REQUIRE(fc_bwd_params_validate(b) == FC_OK);
+            const fc_status want = kCapacity[i].fits ? FC_OK : forced ? FC_UNSUPPORTED_LAYOUT : FC_UNSUPPORTED_VARLEN;
+            REQUIRE(fc_sdpa_bwd_support(b, 9, 0) == want);
+            check_packed_bwd_call(b);
+        }
+    free(b);
+    g_current = NULL;
+    g_current_bwd = NULL;
+}
 
 /*
  * The split-KV heuristic's promises over a grid of shapes, once per run: the fuzzer rarely
@@ -1940,6 +2191,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     check_d64_config();
     check_decode_packing();
     check_mask_rule();
+    check_bwd_packed_rule();
     check_prefill_split_heuristic();
     check_balanced_grid();
     return 0;

@@ -102,7 +102,9 @@ def backward(device=1, deterministic=0, keep_null_lse=False, grads=(None, None, 
              dlse_strides=None, ws=WS_ANSWER, ws_ptr=0, **fields):
     """Mode 6, kind 0 (decode_bwd): the forward's fields, the backward's flags, dout/dq/dk/dv
     (None: the forward operand's strides -- out's for dout, q's, k's, v's -- else a take_strides
-    layout as layout() writes it), dlse (contiguous unless dlse_strides (b, h, s)), the workspace
+    layout as layout() writes it), dlse (contiguous unless dlse_strides (b, h, s); the LSE set
+    when the forward has none and dlse contiguous are (Hq, total_q), batch stride 0, for a packed
+    call), the workspace
     (pointer selector, size rule WS_*), the device (1: sm_90; check_bwd also runs sm_89 and sm_90
     whatever it is)."""
     flags = (1 if keep_null_lse else 0) | (2 if deterministic else 0) | (8 if dlse else 0) | (ws << 5)
@@ -264,8 +266,10 @@ SEEDS = {
     "packed_misaligned_cu_seq_q": structured(B=3, packing=packs(cu_sel=(0xC2, 0)), device=1),
     "packed_paged": structured(B=4, Hkv=2, group=4, Sq=1, Sk=1000, D=128, paging=pages(), packing=packs(), device=1),
     "packed_stray_total": structured(B=3, packing=b"\x80\x01", device=1),
-    # The backward of packed calls: the sm90 family (AUTO on sm_90); declined under
-    # `deterministic` and with a forced sm80 (FC_UNSUPPORTED_VARLEN).
+    # The backward of packed calls: the sm90 family alone (AUTO on sm_90, D 64 / 128, the size
+    # query's workspace: the sm90 need, no sm80-class term); FC_UNSUPPORTED_VARLEN under
+    # `deterministic` (AUTO), with a forced sm80 and on sm_89. (fuzz_params.c's
+    # check_bwd_packed_rule covers the rest: masks, softcap, sinks, batch strides, the int bound.)
     "bwd_packed": backward(B=3, packing=packs()),
     "bwd_packed_causal": backward(B=3, Sq=100, Sk=100, causal=1, packing=packs(total_k=250)),
     "bwd_packed_deterministic": backward(B=3, deterministic=1, packing=packs()),
