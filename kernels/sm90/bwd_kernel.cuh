@@ -33,6 +33,9 @@
 //     memory bandwidth, not the tensor cores, bounds the step), and issues a step's S^T and dP^T
 //     GEMMs ahead, right behind the previous step's dQ GEMM, so that they run while the
 //     consumers stage dQ. At D=128 the registers for either are taken.
+//   * A step's row terms go to registers early: its LSE2 before its score GEMMs are issued, its
+//     delta before dP^T is waited for (read after them, each load waited behind the GEMMs'
+//     shared-memory traffic).
 //   * The tile's dQ goes to an fp32 staging tile in shared memory, and the second warp of the
 //     producer warpgroup adds it to the fp32 accumulator in global memory with one bulk
 //     reduction (cp.reduce.async.bulk .add.f32): dQ sums over key blocks in whatever order they
@@ -324,16 +327,21 @@ __device__ __forceinline__ void issue_accumulate(float (&acc)[T::kHeadDim / 2], 
     wgmma_commit();
 }
 
-// S^T and dP^T of step `step_index` (of every tile so far): into s and dp, once its stage has
-// landed; K and V as register fragments (kKeysInRegisters) or read from shared memory (k_rows,
+// S^T and dP^T of step `step_index` (of every tile so far): into s and dp (the caller has waited
+// for its stage: wait_step); K and V as register fragments (kKeysInRegisters) or read from shared memory (k_rows,
 // v_rows).
+// Waits for step `step_index`'s stage (Q, dO and the row terms) to land.
+template <typename T>
+__device__ __forceinline__ void wait_step(BwdBarriers &bars, int step_index) {
+    wait_barrier(&bars.step_full[step_index % T::kStages], (step_index / T::kStages) & 1);
+}
+
 template <typename T, typename Elem, bool kIssueAhead, bool kKeysInRegisters>
-__device__ __forceinline__ void issue_scores_of_step(BwdBarriers &bars, int step_index, float (&s)[32], float (&dp)[32],
+__device__ __forceinline__ void issue_scores_of_step(int step_index, float (&s)[32], float (&dp)[32],
                                                      const uint32_t (&k_frag)[T::kHeadDim / 16][4],
                                                      const uint32_t (&v_frag)[T::kHeadDim / 16][4], uint32_t k_rows,
                                                      uint32_t v_rows, uint32_t base) {
     const int stage = step_index % T::kStages;
-    wait_barrier(&bars.step_full[stage], (step_index / T::kStages) & 1);
     if constexpr (!kIssueAhead) {
         fence_registers(s);
         fence_registers(dp);
@@ -387,22 +395,30 @@ __device__ __forceinline__ void prefetch_mask_rows(const MaskSlice<Elem, kMask> 
     if (query < static_cast<int>(f.seqlen_q) && key < seqlen_k) mask.prefetch(query, key);
 }
 
-// P^T = exp2(S^T scale log2(e) - LSE2[query]) of the step's scores, masked where keys pass Sk,
+// The row terms (delta or LSE2, kRowStride as in row_pair) of this thread's 16 query columns:
+// columns 8 j + col_in_tile, +1 in element j.
+template <int kRowStride>
+__device__ __forceinline__ void load_row_terms_of_columns(float2 (&rows)[8], const float *at, int col_in_tile) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) rows[j] = row_pair<kRowStride>(at + kRowStride * (8 * j + col_in_tile));
+}
+
+// P^T = exp2(S^T scale log2(e) - LSE2[query]) of the step's scores (lse_rows(j): the LSE2 of
+// this thread's columns in 8-column tile j), masked where keys pass Sk,
 // the diagonal or the band, packed into p_frag (kSoftcap: dS^T too, into dp and ds_frag).
 // masked_tile: some keys of the step are masked; key_in_cta: this thread's first key from the
 // block's first (first_key - n_start). kVarlen: queries from seqlen_q on (the next sequence's rows
 // or rows of none) are masked too.
-template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen,
-          int kRowStride = kVarlen ? 2 : 1>
+template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen, typename LseRows>
 __device__ __forceinline__ void softmax(uint32_t (&p_frag)[4][4], uint32_t (&ds_frag)[4][4], float (&s)[32], float (&dp)[32],
-                                        const float *delta, const float *lse2, const uint8_t *mask_tile,
+                                        const float *delta, const LseRows &lse_rows, const uint8_t *mask_tile,
                                         const MaskSlice<Elem, kMask> &mask, const BwdMaps &maps, const fc_params &f,
                                         float scale_log2, bool masked_tile, int m_start, int first_key, int key_in_cta,
                                         int col_in_tile, int seqlen_k, int seqlen_q) {
     constexpr bool kMaskElements = kMask == kMaskBool || kMask == kMaskAdditive;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        const float2 l = row_pair<kRowStride>(lse2 + kRowStride * (8 * j + col_in_tile));
+        const float2 l = lse_rows(j);
         [[maybe_unused]] float p_soft[4];  // kSoftcap: this 8-column tile's P
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -441,13 +457,14 @@ __device__ __forceinline__ void softmax(uint32_t (&p_frag)[4][4], uint32_t (&ds_
     if constexpr (!kSoftcap) to_frag<Elem>(p_frag, s);
 }
 
-// dS^T = P^T (dP^T - delta[query]) into dp (s holds P^T), packed into ds_frag (kRowStride: see row_pair).
-template <typename Elem, int kRowStride = 1>
-__device__ __forceinline__ void compute_ds(uint32_t (&ds_frag)[4][4], float (&dp)[32], const float (&s)[32], const float *delta,
-                                           int col_in_tile) {
+// dS^T = P^T (dP^T - delta[query]) into dp (s holds P^T), packed into ds_frag (delta_rows(j): the
+// delta of this thread's columns in 8-column tile j).
+template <typename Elem, typename DeltaRows>
+__device__ __forceinline__ void compute_ds(uint32_t (&ds_frag)[4][4], float (&dp)[32], const float (&s)[32],
+                                           const DeltaRows &delta_rows) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        const float2 d = row_pair<kRowStride>(delta + kRowStride * (8 * j + col_in_tile));
+        const float2 d = delta_rows(j);
 #pragma unroll
         for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
     }
@@ -555,6 +572,24 @@ __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *s
         f, tile.batch, kMaskElements ? tile.steps.head_q(step, tile.head_kv, tile.group) : 0);
     if constexpr (kMaskElements) prefetch_mask_rows(mask, f, m_start, n_start, seqlen_k);
 
+    // The step's delta and LSE2 rows in the stage (kVarlen: (delta, LSE2) pairs from the step's
+    // first row rounded down to even: load_row_terms).
+    constexpr int kRowStride = kVarlen ? 2 : 1;
+    auto stage_delta = [&] {
+        const int skew = kVarlen ? (tile.row0 + m_start) & 1 : 0;
+        return reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsSlotBytes) + 2 * skew;
+    };
+    constexpr int kLseOffset = kVarlen ? 1 : kBlockM;
+    // The step's LSE2 rows into registers before its score GEMMs are issued (kLseFirst): read
+    // behind them, each load waited on the GEMMs' shared-memory traffic. Softcap and masks read
+    // element by element at D=128 have no registers to hold them that long.
+    constexpr bool kLseFirst = !(T::kHeadDim == 128 && (kSoftcap || kMaskElements));
+    if constexpr (!kIssueAhead) wait_step<T>(bars, step_all);  // (kIssueAhead: waited a step ago)
+    [[maybe_unused]] float2 lse_rows[8];
+    if constexpr (kLseFirst) {
+        load_row_terms_of_columns<kRowStride>(lse_rows, stage_delta() + kLseOffset, col_in_tile);
+    }
+
     // ---- S^T = K Q^T and dP^T = V dO^T (kIssueAhead: already issued) ----
     if constexpr (!kIssueAhead) issue_step_scores(step_all);
 
@@ -567,10 +602,12 @@ __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *s
     wgmma_wait<kWaitBoth ? 0 : 1>();
     fence_registers(s);
     if constexpr (kWaitBoth) fence_registers(dp);
-    // (kVarlen: (delta, LSE2) pairs from the step's first row rounded down to even: load_row_terms.)
-    const int skew = kVarlen ? (tile.row0 + m_start) & 1 : 0;
-    const float *delta = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsSlotBytes) + 2 * skew;
-    const float *lse2 = delta + (kVarlen ? 1 : kBlockM);
+    const float *delta = stage_delta();
+    // (!kLseFirst: each tile's LSE2 read as the softmax reaches it.)
+    auto lse_of_tile = [&](int j) {
+        if constexpr (kLseFirst) return lse_rows[j];
+        else return row_pair<kRowStride>(delta + kLseOffset + kRowStride * (8 * j + col_in_tile));
+    };
     [[maybe_unused]] const uint8_t *mask_tile = smem + T::kOffMask + stage * T::kMaskTileBytes;
     // (kBand: every key of the block lies in the band of every row of the step when the
     // step's last row reaches back to the block's first key and its first row forward to
@@ -580,9 +617,19 @@ __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *s
                              (kBand ? n_start - (m_start + kBlockM - 1) < f.band_lo_ || n_start + kBlockN - 1 - m_start > f.band_hi_
                                     : kCausal && m_start < n_start + kBlockN);
     uint32_t p_frag[4][4], ds_frag[4][4];
-    softmax<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen>(p_frag, ds_frag, s, dp, delta, lse2, mask_tile, mask, maps, f,
+    softmax<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen>(p_frag, ds_frag, s, dp, delta, lse_of_tile, mask_tile, mask, maps, f,
                                                                scale_log2, masked_tile, m_start, first_key, wg * 64 + my_row,
                                                                col_in_tile, seqlen_k, seqlen_q);
+
+    // The step's delta rows, read while dP^T may still run (kDeltaFirst: as kLseFirst; at D=128
+    // masked calls have no registers for them).
+    constexpr bool kDeltaFirst = kLseFirst && !(T::kHeadDim == 128 && kMask != kMaskNone);
+    [[maybe_unused]] float2 delta_rows[8];
+    if constexpr (kDeltaFirst) load_row_terms_of_columns<kRowStride>(delta_rows, delta, col_in_tile);
+    auto delta_of_tile = [&](int j) {
+        if constexpr (kDeltaFirst) return delta_rows[j];
+        else return row_pair<kRowStride>(delta + kRowStride * (8 * j + col_in_tile));
+    };
 
     // ---- dV += P^T dO ----
     if constexpr (!kWaitBoth) {
@@ -594,7 +641,7 @@ __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *s
     issue_accumulate<T, Elem>(dv, p_frag, do_tile);
 
     // ---- dS^T = P^T (dP^T - delta[query]) (kSoftcap: done above);  dK += dS^T Q ----
-    if constexpr (!kSoftcap) compute_ds<Elem, kVarlen ? 2 : 1>(ds_frag, dp, s, delta, col_in_tile);
+    if constexpr (!kSoftcap) compute_ds<Elem>(ds_frag, dp, s, delta_of_tile);
     fence_registers(dk);
     wgmma_fence();
     issue_accumulate<T, Elem>(dk, ds_frag, q_tile);
@@ -693,8 +740,10 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     uint32_t k_frag[kHeadDim / 16][4], v_frag[kHeadDim / 16][4];
     // S^T and dP^T of a step: into s and dp, once its stage has landed.
     float s[32], dp[32];
+    // (kIssueAhead: waits for the step's stage first; otherwise compute_step has.)
     auto issue_step_scores = [&](int step_index) {
-        issue_scores_of_step<T, Elem, kIssueAhead, kKeysInRegisters>(bars, step_index, s, dp, k_frag, v_frag, k_rows, v_rows, base);
+        if constexpr (kIssueAhead) wait_step<T>(bars, step_index);
+        issue_scores_of_step<T, Elem, kIssueAhead, kKeysInRegisters>(step_index, s, dp, k_frag, v_frag, k_rows, v_rows, base);
     };
 
     int step_all = 0, kv_round = 0;  // steps and K/V loads of every tile so far: the barriers' phases
