@@ -4,7 +4,6 @@
 // consumers read it (MaskSlice).
 #pragma once
 
-#include "common/fast_div.cuh"
 #include "common/sm80_ptx.cuh"  // pack2, smem_addr, fast_exp2
 #include "common/wgmma_generated.cuh"
 #include "flashcore.h"
