@@ -88,6 +88,32 @@ void check_arguments(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   }
 }
 
+// The fields of a packed call both passes share: Q, K and V (rows in the sequence stride's place,
+// no batch stride: flashcore.h, fc_params.cu_seq_q), the offsets, lengths, scale, causal, dtype.
+// The caller adds the output and LSE (forward) or takes them as inputs (backward).
+void fill_packed_params(fc_params& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seq_q,
+                        const Tensor& cu_seq_k, int64_t max_q, int64_t max_k, bool is_causal, double scale) {
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.batch = cu_seq_q.size(0) - 1;
+  p.heads_q = q.size(1);
+  p.heads_kv = k.size(1);
+  p.seqlen_q = max_q;
+  p.seqlen_k = max_k;
+  p.head_dim = q.size(2);
+  p.q_stride_s = stride_or_0(q, 0), p.q_stride_h = stride_or_0(q, 1), p.q_stride_d = stride_or_0(q, 2);
+  p.k_stride_s = stride_or_0(k, 0), p.k_stride_h = stride_or_0(k, 1), p.k_stride_d = stride_or_0(k, 2);
+  p.v_stride_s = stride_or_0(v, 0), p.v_stride_h = stride_or_0(v, 1), p.v_stride_d = stride_or_0(v, 2);
+  p.scale = static_cast<float>(scale);
+  p.causal = is_causal ? 1 : 0;
+  p.dtype = q.scalar_type() == ScalarType::Half ? FC_DTYPE_FP16 : FC_DTYPE_BF16;
+  p.cu_seq_q = static_cast<const int32_t*>(cu_seq_q.data_ptr());
+  p.cu_seq_k = static_cast<const int32_t*>(cu_seq_k.data_ptr());
+  p.total_q = q.size(0);
+  p.total_k = k.size(0);
+}
+
 std::tuple<Tensor, Tensor> varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seq_q, Tensor cu_seq_k, int64_t max_q,
                                       int64_t max_k, bool is_causal, double scale) {
   check_arguments(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, scale);
@@ -105,30 +131,11 @@ std::tuple<Tensor, Tensor> varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_se
 
   fc_params p;
   fc_params_init(&p);
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
+  fill_packed_params(p, q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale);
   p.out = out.data_ptr();
   p.lse = static_cast<float*>(lse.data_ptr());
-  p.batch = batch;
-  p.heads_q = hq;
-  p.heads_kv = k.size(1);
-  p.seqlen_q = max_q;
-  p.seqlen_k = max_k;
-  p.head_dim = d;
-  // Packed: rows in the sequence stride's place, no batch stride (flashcore.h, fc_params.cu_seq_q).
-  p.q_stride_s = stride_or_0(q, 0), p.q_stride_h = stride_or_0(q, 1), p.q_stride_d = stride_or_0(q, 2);
-  p.k_stride_s = stride_or_0(k, 0), p.k_stride_h = stride_or_0(k, 1), p.k_stride_d = stride_or_0(k, 2);
-  p.v_stride_s = stride_or_0(v, 0), p.v_stride_h = stride_or_0(v, 1), p.v_stride_d = stride_or_0(v, 2);
   p.o_stride_s = hq * d, p.o_stride_h = d, p.o_stride_d = 1;
   p.lse_stride_h = total_q, p.lse_stride_s = 1;
-  p.scale = static_cast<float>(scale);
-  p.causal = is_causal ? 1 : 0;
-  p.dtype = q.scalar_type() == ScalarType::Half ? FC_DTYPE_FP16 : FC_DTYPE_BF16;
-  p.cu_seq_q = static_cast<const int32_t*>(cu_seq_q.data_ptr());
-  p.cu_seq_k = static_cast<const int32_t*>(cu_seq_k.data_ptr());
-  p.total_q = total_q;
-  p.total_k = k.size(0);
 
   const flashcore_op::DeviceFacts facts = flashcore_op::device_facts(dev);
   fc_fwd_plan plan;
@@ -191,30 +198,11 @@ std::tuple<Tensor, Tensor, Tensor> varlen_bwd(Tensor dout, Tensor q, Tensor k, T
   fc_bwd_params b;
   fc_bwd_params_init(&b);
   fc_params& p = b.fwd;
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
+  fill_packed_params(p, q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale);
   p.out = out.data_ptr();
   p.lse = static_cast<float*>(lse.data_ptr());
-  p.batch = batch;
-  p.heads_q = hq;
-  p.heads_kv = hkv;
-  p.seqlen_q = max_q;
-  p.seqlen_k = max_k;
-  p.head_dim = d;
-  // Packed: rows in the sequence stride's place, no batch stride (flashcore.h, fc_params.cu_seq_q).
-  p.q_stride_s = stride_or_0(q, 0), p.q_stride_h = stride_or_0(q, 1), p.q_stride_d = stride_or_0(q, 2);
-  p.k_stride_s = stride_or_0(k, 0), p.k_stride_h = stride_or_0(k, 1), p.k_stride_d = stride_or_0(k, 2);
-  p.v_stride_s = stride_or_0(v, 0), p.v_stride_h = stride_or_0(v, 1), p.v_stride_d = stride_or_0(v, 2);
   p.o_stride_s = stride_or_0(out, 0), p.o_stride_h = stride_or_0(out, 1), p.o_stride_d = stride_or_0(out, 2);
   p.lse_stride_h = stride_or_0(lse, 0), p.lse_stride_s = stride_or_0(lse, 1);
-  p.scale = static_cast<float>(scale);
-  p.causal = is_causal ? 1 : 0;
-  p.dtype = q.scalar_type() == ScalarType::Half ? FC_DTYPE_FP16 : FC_DTYPE_BF16;
-  p.cu_seq_q = static_cast<const int32_t*>(cu_seq_q.data_ptr());
-  p.cu_seq_k = static_cast<const int32_t*>(cu_seq_k.data_ptr());
-  p.total_q = total_q;
-  p.total_k = total_k;
   b.dout = dout.data_ptr();
   b.do_stride_s = stride_or_0(dout, 0), b.do_stride_h = stride_or_0(dout, 1), b.do_stride_d = stride_or_0(dout, 2);
   if (dlse.has_value()) {
