@@ -3,7 +3,8 @@ decides FlashCore's pair or PyTorch's) against F.scaled_dot_product_attention (P
 on the same inputs and gradient, per mask form, head dim and length; and FlashCore's pair forced
 (FLASHCORE_TRAINING=flashcore) to see what the route weighs. Forms: HuggingFace's left-padded
 causal mask (B, 1, S, S), bool and additive; a key-padding mask (B, 1, 1, S), bool and additive;
-"dense": a (B, 1, S, S) mask with 10% of its entries masked at random (no tile left empty).
+"dense": a (B, 1, S, S) mask with 10% of its entries masked at random (no tile left empty);
+"full" and "causal": no mask (is_causal False / True), the unmasked calls the route weighs too.
 CUDA-event medians, interleaved call by call; B = 16k tokens / S. --json writes the rows."""
 import argparse, json, os
 import torch
@@ -13,6 +14,8 @@ from interleaved import medians  # tools/interleaved.py
 
 
 def keep_mask(B, S, form):
+    if form in ("full", "causal"):
+        return None
     pad = (torch.arange(B, device="cuda") * S // (2 * B)).view(-1, 1, 1, 1)
     j = torch.arange(S, device="cuda").view(1, 1, 1, -1)
     if form == "keys":
@@ -57,20 +60,21 @@ def main():
             g = torch.randn(B, H, S, D, device="cuda", dtype=dtype)
             for form in args.forms.split(","):
                 keep = keep_mask(B, S, form)
-                for kind in ("bool", "additive"):
-                    m = keep if kind == "bool" else torch.zeros(keep.shape, dtype=dtype, device="cuda").masked_fill(
-                        ~keep, torch.finfo(dtype).min)
+                causal = form == "causal"
+                for kind in ("bool", "additive") if keep is not None else ("none",):
+                    m = None if keep is None else keep if kind == "bool" else torch.zeros(
+                        keep.shape, dtype=dtype, device="cuda").masked_fill(~keep, torch.finfo(dtype).min)
 
                     def step(fn):
                         def run():
                             q.grad = k.grad = v.grad = None
-                            fn(q, k, v, attn_mask=m).backward(g)
+                            fn(q, k, v, attn_mask=m, is_causal=causal).backward(g)
                         return run
                     route = step(flashcore.sdpa)
                     pair = with_env("FLASHCORE_TRAINING", "flashcore", step(flashcore.sdpa))
                     aten = step(F.scaled_dot_product_attention)
                     t_route, t_pair, t_aten = medians([route, pair, aten], args.iters)
-                    path = flashcore.explain_training(q, k, v, attn_mask=m)
+                    path = flashcore.explain_training(q, k, v, attn_mask=m, is_causal=causal)
                     name = f"{form} B={B} H={H} S={S} D={D}"
                     print(f"{name:34s} {kind:8s} {t_route:9.1f} {t_pair:9.1f} {t_aten:9.1f}"
                           f" {t_aten / t_route:6.3f} {t_aten / t_pair:6.3f}  {path[:70]}")
