@@ -118,10 +118,11 @@ def inputs(B=2, Hq=4, Hkv=4, Sq=9, Sk=2048, D=128, dtype=torch.float32, requires
 
 def ran_on_aten(out) -> bool:
     """Whether a training call's output came from aten's SDPA rather than flashcore::sdpa_fwd,
-    by its autograd node: FlashCore's is sdpa_fwd's; aten's is its CPU flash-attention kernel's
-    (ScaledDotProductFlashAttentionForCpuBackward), or its math path's last op with dropout."""
+    by its autograd node: FlashCore's is _ops._SdpaTraining's (sdpa_fwd and sdpa_bwd below it);
+    aten's is its CPU flash-attention kernel's (ScaledDotProductFlashAttentionForCpuBackward),
+    or its math path's last op with dropout."""
     assert out.grad_fn is not None
-    return "sdpa_fwd" not in type(out.grad_fn).__name__
+    return type(out.grad_fn).__name__ != "_SdpaTrainingBackward"
 
 
 def grads_match_aten(q, k, v, **kw):

@@ -709,10 +709,50 @@ def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gq
     return int(reason), int(family)
 
 
+_SDPA_BWD = torch.ops.flashcore.sdpa_bwd.default
+
+
+class _SdpaTraining(torch.autograd.Function):
+    """sdpa's training call on FlashCore's kernels: out of sdpa_fwd, its backward sdpa_bwd, both
+    called below Autograd. The same computation as sdpa_fwd's registered autograd
+    (_fwd_setup_context, _fwd_backward), without the Python that torch.library's autograd
+    wrapper runs on every call (filling in the schema's defaults, a second redispatch, the
+    Autograd kernels of sdpa_fwd, sdpa_bwd and sdpa_bwd_kernel): ~0.45 ms of host time per
+    forward + backward on the H200's host (docs/experiments/backward.md, thirty-ninth session),
+    which a small training step waits for."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, is_causal, scale, enable_gqa):
+        kw = {} if scale is None and not enable_gqa else dict(scale=scale, enable_gqa=enable_gqa)
+        with torch._C._AutoDispatchBelowAutograd():
+            out, lse = _SDPA_FWD(query, key, value, attn_mask, 0.0, is_causal, **kw)
+        ctx.save_for_backward(query, key, value, out, lse, attn_mask)
+        ctx.is_causal, ctx.scale, ctx.enable_gqa = is_causal, scale, enable_gqa
+        ctx.set_materialize_grads(False)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, out, lse, attn_mask = ctx.saved_tensors
+        if grad_out is None:
+            return None, None, None, None, None, None, None
+        needs = ctx.needs_input_grad
+        grad_mask = attn_mask is not None and bool(needs[3]) and attn_mask.is_floating_point()
+        args = (grad_out, query, key, value, out, lse, None, attn_mask, ctx.is_causal, ctx.scale,
+                ctx.enable_gqa, grad_mask)
+        if torch.is_grad_enabled():  # create_graph: sdpa_bwd's Autograd kernel refuses it clearly
+            dq, dk, dv, dmask = _SDPA_BWD(*args)
+        else:
+            with torch._C._AutoDispatchBelowAutograd():
+                dq, dk, dv, dmask = _SDPA_BWD(*args)
+        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
+                dmask if grad_mask else None, None, None, None)
+
+
 def _sdpa_autograd(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                    scale=None, enable_gqa=False):
-    """flashcore::sdpa's Autograd kernel: with gradients, sdpa = sdpa_fwd(...)[0], so autograd
-    saves the LSE, unless the training route sends the call to aten (dropout, or FlashCore's
+    """flashcore::sdpa's Autograd kernel: with gradients, sdpa = sdpa_fwd(...)[0] with the LSE
+    saved for sdpa_bwd (_SdpaTraining), unless the training route sends the call to aten (dropout, or FlashCore's
     backward slower than PyTorch's here: see TRAINING_TABLE); without gradients, the C++ kernels
     run directly (no LSE computed). A CausalBias attn_mask is refused (_causal_bias.py)."""
     if attn_mask is not None and type(attn_mask) is not torch.Tensor and is_causal_bias(attn_mask):
@@ -725,8 +765,7 @@ def _sdpa_autograd(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_
             return in_output_layout(torch.ops.aten.scaled_dot_product_attention(
                 query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                 enable_gqa=enable_gqa))
-        return _SDPA_FWD(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                         enable_gqa=enable_gqa)[0]
+        return _SdpaTraining.apply(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     # No gradient to record: straight to the kernels below Autograd. This runs on every
     # inference call, so it avoids what costs Python time and is not needed here (CPU, per
     # call): OpOverload.redispatch's extra frame, keyword arguments left at their defaults, and
