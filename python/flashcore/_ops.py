@@ -4,14 +4,17 @@ Ops in the ``flashcore`` namespace:
 
 * ``sdpa(q, k, v, attn_mask=None, dropout_p=0., is_causal=False, *, scale=None,
   enable_gqa=False) -> Tensor`` (C++, aten's exact schema). Its Autograd kernel (here) sends
-  calls that need gradients to ``sdpa_fwd`` (dropout_p > 0: to aten's differentiable SDPA, which
-  owns the dropout RNG); calls without gradients go straight to the C++ kernels.
+  calls that need gradients to ``sdpa_fwd`` and ``sdpa_bwd``, both called below Autograd by one
+  autograd.Function (_SdpaTraining: torch.library's autograd wrapper cost ~0.4 ms of host time
+  per call), or to aten's differentiable SDPA (dropout_p > 0: aten owns the dropout RNG; or the
+  training route); calls without gradients go straight to the C++ kernels.
 * ``_sdpa_inference(<sdpa's arguments>) -> Tensor`` (C++): sdpa's kernels without an Autograd
   kernel, for calls that record no gradient; private: flashcore.sdpa, patch() and the
   transformers integration route such calls to it (_entry.py), sparing sdpa's Python Autograd
   kernel.
 * ``sdpa_fwd(<sdpa's arguments>) -> (Tensor out, Tensor lse)`` (C++): the forward that also
-  returns the log-sum-exp autograd saves. ``register_autograd`` gives it its backward.
+  returns the log-sum-exp autograd saves. ``register_autograd`` gives it its backward (for
+  direct calls: flashcore.attention, varlen, context parallelism).
 * ``sdpa_bwd(grad_out, q, k, v, out, lse, grad_lse, attn_mask, is_causal, scale, enable_gqa,
   grad_mask) -> (dq, dk, dv, dmask)`` (defined here; Python implementation for CPU and CUDA).
   One opaque op, so a compiled graph neither specializes on its chunk loop nor changes when a
