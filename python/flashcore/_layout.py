@@ -15,7 +15,11 @@ def output_strides(shape):
     """The strides of a 4-D output of this shape (torch.empty's, which count an empty dim as 1).
     Sizes may be symbolic (torch.compile): sym_max guards on nothing, where int() would
     specialise the graph to one length."""
-    b, h, s, d = (torch.sym_max(n, 1) for n in shape)
+    b, h, s, d = shape
+    if type(b) is int and type(h) is int and type(s) is int and type(d) is int:  # eager: no SymInt
+        h, s, d = max(h, 1), max(s, 1), max(d, 1)
+    else:
+        b, h, s, d = (torch.sym_max(n, 1) for n in shape)
     return (s * h * d, d, h * d, 1)
 
 
