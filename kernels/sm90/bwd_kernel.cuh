@@ -327,15 +327,15 @@ __device__ __forceinline__ void issue_accumulate(float (&acc)[T::kHeadDim / 2], 
     wgmma_commit();
 }
 
-// S^T and dP^T of step `step_index` (of every tile so far): into s and dp (the caller has waited
-// for its stage: wait_step); K and V as register fragments (kKeysInRegisters) or read from shared memory (k_rows,
-// v_rows).
 // Waits for step `step_index`'s stage (Q, dO and the row terms) to land.
 template <typename T>
 __device__ __forceinline__ void wait_step(BwdBarriers &bars, int step_index) {
     wait_barrier(&bars.step_full[step_index % T::kStages], (step_index / T::kStages) & 1);
 }
 
+// S^T and dP^T of step `step_index` (of every tile so far): into s and dp (the caller has waited
+// for its stage: wait_step); K and V as register fragments (kKeysInRegisters) or read from
+// shared memory (k_rows, v_rows).
 template <typename T, typename Elem, bool kIssueAhead, bool kKeysInRegisters>
 __device__ __forceinline__ void issue_scores_of_step(int step_index, float (&s)[32], float (&dp)[32],
                                                      const uint32_t (&k_frag)[T::kHeadDim / 16][4],
