@@ -424,20 +424,34 @@ def _fwd_setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.set_materialize_grads(False)  # an unused lse gets no zero gradient to work through
 
 
-def _fwd_backward(ctx, grad_out, grad_lse):
+_SDPA_BWD = torch.ops.flashcore.sdpa_bwd.default
+
+
+def _sdpa_grads(ctx, grad_out, grad_lse, band=()):
+    """(dq, dk, dv, dmask) of a forward that saved (query, key, value, out, lse, attn_mask) and
+    is_causal, scale, enable_gqa in ctx, each None where ctx.needs_input_grad says so: sdpa_bwd,
+    called below Autograd (what its Autograd kernel would do without create_graph, less its
+    Python), or through that kernel under create_graph, which refuses a double backward."""
     query, key, value, out, lse, attn_mask = ctx.saved_tensors
     if grad_out is None and grad_lse is None:
-        return None, None, None, None, None, None
+        return None, None, None, None
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     needs = ctx.needs_input_grad
-    grad_mask = (attn_mask is not None and len(needs) > 3 and bool(needs[3])
-                 and attn_mask.is_floating_point())
-    dq, dk, dv, dmask = torch.ops.flashcore.sdpa_bwd(
-        grad_out, query, key, value, out, lse, grad_lse, attn_mask, ctx.is_causal, ctx.scale,
-        ctx.enable_gqa, grad_mask, *ctx.band)
+    grad_mask = attn_mask is not None and bool(needs[3]) and attn_mask.is_floating_point()
+    args = (grad_out, query, key, value, out, lse, grad_lse, attn_mask, ctx.is_causal, ctx.scale,
+            ctx.enable_gqa, grad_mask, *band)
+    if torch.is_grad_enabled():
+        dq, dk, dv, dmask = _SDPA_BWD(*args)
+    else:
+        with torch._C._AutoDispatchBelowAutograd():
+            dq, dk, dv, dmask = _SDPA_BWD(*args)
     return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
-            dmask if grad_mask else None, None, None)
+            dmask if grad_mask else None)
+
+
+def _fwd_backward(ctx, grad_out, grad_lse):
+    return (*_sdpa_grads(ctx, grad_out, grad_lse, ctx.band), None, None)
 
 
 torch.library.register_autograd("flashcore::sdpa_fwd", _fwd_backward,
@@ -712,15 +726,12 @@ def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gq
     return int(reason), int(family)
 
 
-_SDPA_BWD = torch.ops.flashcore.sdpa_bwd.default
-
-
 class _SdpaTraining(torch.autograd.Function):
-    """sdpa's training call on FlashCore's kernels: out of sdpa_fwd, its backward sdpa_bwd, both
-    called below Autograd. The same computation as sdpa_fwd's registered autograd
-    (_fwd_setup_context, _fwd_backward), without the Python that torch.library's autograd
-    wrapper runs on every call (filling in the schema's defaults, a second redispatch, the
-    Autograd kernels of sdpa_fwd, sdpa_bwd and sdpa_bwd_kernel): ~0.45 ms of host time per
+    """sdpa's training call on FlashCore's kernels: out of sdpa_fwd, its backward sdpa_bwd
+    (_sdpa_grads, as sdpa_fwd's registered autograd), both called below Autograd: without the
+    Python that torch.library's autograd wrapper runs on every call (filling in the schema's
+    defaults, a second redispatch, the Autograd kernels of sdpa_fwd, sdpa_bwd and
+    sdpa_bwd_kernel): ~0.45 ms of host time per
     forward + backward on the H200's host (docs/experiments/backward.md, thirty-ninth session),
     which a small training step waits for."""
 
@@ -736,28 +747,15 @@ class _SdpaTraining(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        query, key, value, out, lse, attn_mask = ctx.saved_tensors
-        if grad_out is None:
-            return None, None, None, None, None, None, None
-        needs = ctx.needs_input_grad
-        grad_mask = attn_mask is not None and bool(needs[3]) and attn_mask.is_floating_point()
-        args = (grad_out, query, key, value, out, lse, None, attn_mask, ctx.is_causal, ctx.scale,
-                ctx.enable_gqa, grad_mask)
-        if torch.is_grad_enabled():  # create_graph: sdpa_bwd's Autograd kernel refuses it clearly
-            dq, dk, dv, dmask = _SDPA_BWD(*args)
-        else:
-            with torch._C._AutoDispatchBelowAutograd():
-                dq, dk, dv, dmask = _SDPA_BWD(*args)
-        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
-                dmask if grad_mask else None, None, None, None)
+        return (*_sdpa_grads(ctx, grad_out, None), None, None, None)
 
 
 def _sdpa_autograd(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                    scale=None, enable_gqa=False):
     """flashcore::sdpa's Autograd kernel: with gradients, sdpa = sdpa_fwd(...)[0] with the LSE
-    saved for sdpa_bwd (_SdpaTraining), unless the training route sends the call to aten (dropout, or FlashCore's
-    backward slower than PyTorch's here: see TRAINING_TABLE); without gradients, the C++ kernels
-    run directly (no LSE computed). A CausalBias attn_mask is refused (_causal_bias.py)."""
+    saved for sdpa_bwd (_SdpaTraining), unless the training route sends the call to aten
+    (dropout, or FlashCore's backward slower than PyTorch's here: see TRAINING_TABLE); without
+    gradients, the C++ kernels run directly (no LSE computed). A CausalBias attn_mask is refused (_causal_bias.py)."""
     if attn_mask is not None and type(attn_mask) is not torch.Tensor and is_causal_bias(attn_mask):
         raise ValueError(CAUSAL_BIAS_IN_OP)
     if torch.is_grad_enabled() and torch._C._any_requires_grad(query, key, value, attn_mask):
