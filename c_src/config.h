@@ -58,7 +58,8 @@ typedef struct fc_config {
      * their narrow (Ada's) or wide (Hopper's) one on any device (kernels/fwd_sm80.cuh,
      * launch_fwd). FC_SM80_TILES_BY_DEVICE: narrow below compute capability 9. */
     int sm80_tiles;
-    /* FLASHCORE_PDL = 0 -> 0: no programmatic dependent launch (fc_use_pdl, dispatch.c). Else 1. */
+    /* FLASHCORE_PDL = 0 -> 0: no programmatic dependent launch (fc_use_pdl, dispatch.c;
+     * fc_sm90_bwd_use_pdl). Else 1. */
     int pdl;
     /* FLASHCORE_BWD_PERSISTENT = 0 -> 0: the sm90 backward runs one CTA per tile instead of at
      * most one persistent CTA per SM (fc_sm90_bwd_grid, dispatch.c). Else 1. */

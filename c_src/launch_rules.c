@@ -92,6 +92,8 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas) {
     return grid_ctas <= wave_ctas && fc_config_get()->pdl;
 }
 
+int fc_sm90_bwd_use_pdl(void) { return fc_config_get()->pdl; }
+
 int64_t fc_sm90_bwd_grid(int64_t tiles, int64_t sms) {
     if (sms <= 0 || tiles <= sms || !fc_config_get()->bwd_persistent) return tiles;
     return sms;

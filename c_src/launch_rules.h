@@ -149,7 +149,9 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
  * 64] fp32 (LSE +inf past Sq), then the dq accumulator [B*Hq][Sq_pad][D + FC_SM90_BWD_DQ_PAD] fp32
  * (rows padded as the kernel's shared-memory staging is, so that a block's rows are one bulk
  * reduction), then FC_SM90_BWD_COUNTER_BYTES for the main kernel's tile counter (its persistent
- * CTAs' next tile). */
+ * CTAs' next tile), then one int32 per (batch, query head): at each (batch, KV head) pair's last
+ * query head, the pair's key blocks whose dQ is in the accumulator (the dq conversion of the
+ * pair's rows waits for all of them). */
 #define FC_SM90_BWD_ROW_BLOCK 64
 /* Keys per CTA of the Hopper backward: its grid is one dimension of (key block, KV head, batch). */
 #define FC_SM90_BWD_KEY_BLOCK 128
@@ -160,7 +162,7 @@ static inline FC_HOST_DEVICE int64_t fc_sm90_bwd_padded_seqlen(const fc_params *
 }
 static inline int64_t fc_sm90_bwd_workspace_bytes(const fc_params *f) {
     return f->batch * f->heads_q * fc_sm90_bwd_padded_seqlen(f) * (2 + f->head_dim + FC_SM90_BWD_DQ_PAD) * 4 +
-           FC_SM90_BWD_COUNTER_BYTES;
+           FC_SM90_BWD_COUNTER_BYTES + f->batch * f->heads_q * 4;
 }
 /* A packed call's (fc_params.cu_seq_q) Hopper backward workspace: the list of every sequence's
  * FC_SM90_BWD_KEY_BLOCK-key blocks first (kernels/sm90/varlen_blocks.cuh, the forward's list
@@ -185,6 +187,13 @@ static inline int64_t fc_sm90_bwd_varlen_workspace_bytes(const fc_params *f) {
  * taking tiles until none are left (kernels/sm90/bwd_kernel.cuh). FLASHCORE_BWD_PERSISTENT=0 gives
  * one CTA per tile instead (config.h; A/B timing while that comparison is open). */
 int64_t fc_sm90_bwd_grid(int64_t tiles, int64_t sms);
+/* Whether the Hopper backward launches its main kernel and its dq conversion with programmatic
+ * dependent launch (kernels/sm90/bwd_launch.cuh): the main kernel's launch and prologue overlap
+ * the row-terms kernel's tail, and the conversion of a (batch, KV head) pair's rows runs on the
+ * SMs the main kernel's CTAs leave while its last tiles run (each conversion CTA waits for its
+ * pair's count in the workspace, not for the whole grid). FLASHCORE_PDL=0 turns it off (then the
+ * three run one after another, the counts complete before the conversion starts). */
+int fc_sm90_bwd_use_pdl(void);
 
 #ifdef __cplusplus
 }

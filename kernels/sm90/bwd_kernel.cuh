@@ -39,7 +39,9 @@
 //   * The tile's dQ goes to an fp32 staging tile in shared memory, and the second warp of the
 //     producer warpgroup adds it to the fp32 accumulator in global memory with one bulk
 //     reduction (cp.reduce.async.bulk .add.f32): dQ sums over key blocks in whatever order they
-//     finish, so its last bits may vary from run to run.
+//     finish, so its last bits may vary from run to run. Once a tile's reductions are complete
+//     it counts the tile for its (batch, KV head) pair, so that the dq conversion (launched
+//     programmatically, sm90/bwd_launch.cuh) converts each pair's rows while other tiles run.
 //   * GQA: the group's query heads are steps of the same CTA, so dK and dV are summed in
 //     registers, in a fixed order. Causal (top-left): steps start at the first query tile that
 //     sees the block's first key; scores are masked only in tiles that cross the diagonal and
@@ -117,9 +119,13 @@ __device__ __forceinline__ void init_barriers(BwdBarriers &bars) {
 // The dQ writer (one producer thread): the staged dQ of each step, added to the accumulator.
 // One bulk reduction (cp.reduce.async.bulk .add.f32) per staged tile: whole lines through L2's
 // reduction units, where per-thread atomics cost the kernel ~40% of its time
-// (docs/experiments/backward.md). The rows' padding adds zeros.
+// (docs/experiments/backward.md). The rows' padding adds zeros. Once a tile's reductions are
+// complete, its (batch, KV head) pair counts one more key block (!kVarlen, Workspace::
+// key_blocks_done), for the dq conversion that may already run beside this kernel
+// (sm90/bwd_rows.cuh).
 template <typename T, bool kVarlen>
-__device__ __forceinline__ void write_dq(BwdBarriers &bars, unsigned char *smem, const Workspace &ws, const fc_bwd_params &p) {
+__device__ __forceinline__ void write_dq(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps, const Workspace &ws,
+                                         const fc_bwd_params &p) {
     constexpr int kHeadDim = T::kHeadDim, kBlockM = T::kBlockM;
     const fc_params &f = p.fwd;
     int step_all = 0;  // steps of every tile so far: the barriers' phases
@@ -144,6 +150,12 @@ __device__ __forceinline__ void write_dq(BwdBarriers &bars, unsigned char *smem,
                 asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
                 ptx::mbarrier_arrive(&bars.dq_empty);
             }
+        }
+        if constexpr (!kVarlen) {
+            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the tile's reductions are done
+            // (The pair's count at its last query head: what the producer's 24 registers hold
+            // here; its address from the kernel's parameters for the same reason.)
+            count_key_block(maps.key_blocks_done + (batch * static_cast<int>(f.heads_q) + head_end - 1));
         }
     }
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the reductions are done
@@ -690,12 +702,17 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     const int lane = threadIdx.x % 32;
     if (threadIdx.x == 0) init_barriers<T>(bars);
     __syncthreads();
+    // Launched programmatically (sm90/bwd_launch.cuh): the row-terms kernel's results first; then
+    // the dq conversion may launch (it waits for each pair's count, which the row-terms kernel
+    // zeroed: hence not before this wait).
+    wait_for_prior_grids();
+    allow_dependent_grids();
 
     if (warpgroup == 0) {
         // ---------------- producer: four threads of their own jobs ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x == 32) {
-            write_dq<T, kVarlen>(bars, smem, ws, p);
+            write_dq<T, kVarlen>(bars, smem, maps, ws, p);
             return;
         }
         if (threadIdx.x == 96) {

@@ -7,6 +7,10 @@
 //      (causal: they see the most query tiles) (sm90/bwd_kernel.cuh); a general band (a sliding
 //      window, or causal aligned bottom-right) in its kBand variant,
 //   3. dq_convert_kernel: dq = scale * accumulator, in dq's dtype and strides.
+// The second and third launch programmatically (fc_sm90_bwd_use_pdl): the main kernel's launch
+// and prologue overlap the row-terms kernel's tail, and the conversion of each (batch, KV head)
+// pair's rows starts on the SMs the main kernel leaves as soon as the pair's key blocks are all
+// counted, while the main kernel's last tiles run.
 // A packed call (fc_params.cu_seq_q) first lists every sequence's key blocks (varlen_blocks_kernel
 // in its kKeyBlocks form, sm90/varlen_blocks.cuh), then runs the three over the packed rows
 // (launch_bwd_varlen).
@@ -69,21 +73,31 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
     maps.softcap_log2 = f.softcap * 1.4426950408889634f;
     maps.softcap_in = kSoftcap ? f.scale / f.softcap : 0.f;
     const Workspace ws = workspace_of(p);
+    maps.key_blocks_done = ws.key_blocks_done;
     const unsigned hq = static_cast<unsigned>(f.heads_q), batch = static_cast<unsigned>(f.batch);
-    constexpr int kRowsPerCta = RowLane<kHeadDim>::kRowsPerCta;  // of the row-wise kernels
+    constexpr int kRowsPerCta = RowLane<kHeadDim>::kRowsPerCta;  // of the row-terms kernel
     const dim3 rows_grid(static_cast<unsigned>((ws.padded_seqlen + kRowsPerCta - 1) / kRowsPerCta), hq, batch);
     row_terms_kernel<Elem, kHeadDim><<<rows_grid, 128, 0, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
     const int64_t tiles = (f.seqlen_k + T::kBlockN - 1) / T::kBlockN * f.heads_kv * f.batch;
     if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;  // c_src/bwd.c sends such calls elsewhere
-    const dim3 grid(static_cast<unsigned>(fc_sm90_bwd_grid(tiles, dev.sms)));
-    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    const bool pdl = fc_sm90_bwd_use_pdl() != 0;
+    cudaLaunchAttribute attrs[1] = {pdl_launch_attribute()};
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(fc_sm90_bwd_grid(tiles, dev.sms)));
+    cfg.blockDim = dim3(T::kThreads);
+    cfg.dynamicSmemBytes = T::kSmemBytes;
+    cfg.stream = stream;
+    cfg.attrs = attrs;
+    cfg.numAttrs = pdl ? 1 : 0;
+    if ((err = cudaLaunchKernelEx(&cfg, kernel, maps, p)) != cudaSuccess) return err;
 
-    const dim3 convert_grid(static_cast<unsigned>((f.seqlen_q + kRowsPerCta - 1) / kRowsPerCta), hq, batch);
-    dq_convert_kernel<Elem, kHeadDim><<<convert_grid, 128, 0, stream>>>(p);
-    return cudaGetLastError();
+    constexpr int kConvertRows = ConvertTile<kHeadDim>::kRows;
+    cfg.gridDim = dim3(static_cast<unsigned>((f.seqlen_q + kConvertRows - 1) / kConvertRows), hq, batch);
+    cfg.blockDim = dim3(kConvertThreads);
+    cfg.dynamicSmemBytes = 0;
+    return cudaLaunchKernelEx(&cfg, dq_convert_kernel<Elem, kHeadDim>, p);
 }
 
 // A packed call: the key-block list, then the three kernels in their kPacked / kVarlen forms. The
@@ -128,8 +142,9 @@ cudaError_t launch_bwd_varlen(const fc_bwd_params &p, const fc_device_facts &dev
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
-    const dim3 convert_grid(static_cast<unsigned>((f.total_q + kRowsPerCta - 1) / kRowsPerCta), hq, 1);
-    dq_convert_kernel<Elem, kHeadDim, true><<<convert_grid, 128, 0, stream>>>(p);
+    constexpr int kConvertRows = ConvertTile<kHeadDim>::kRows;
+    const dim3 convert_grid(static_cast<unsigned>((f.total_q + kConvertRows - 1) / kConvertRows), hq, 1);
+    dq_convert_kernel<Elem, kHeadDim, true><<<convert_grid, kConvertThreads, 0, stream>>>(p);
     return cudaGetLastError();
 }
 

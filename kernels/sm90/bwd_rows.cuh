@@ -5,10 +5,13 @@
 //
 //   row_terms_kernel (before): delta = rowsum(dO * O) - dLSE and LSE in base-2 units, fp32,
 //       for every padded row, and the row of the dq accumulator zeroed (and the main kernel's
-//       tile counter). Rows past Sq get delta 0
+//       tile counter and per-pair counts). Rows past Sq get delta 0
 //       and LSE +inf, so their P = exp2(s - inf) is 0 and they add nothing; a row whose LSE is
 //       -inf (nothing attended) gets +inf too.
 //   dq_convert_kernel (after): dq = scale * (the fp32 dq accumulator), in dq's dtype and strides.
+//       It may start while the main kernel's last tiles run (programmatic dependent launch,
+//       sm90/bwd_launch.cuh): each CTA first waits until every key block of its rows' (batch,
+//       KV head) pair has added its dQ (the pair's count, kept by the main kernel's dQ writer).
 //
 // kPacked (fc_params.cu_seq_q): the rows are the packed rows of all sequences, one slice per query
 // head (fc_sm90_bwd_varlen_workspace_bytes): the row terms [Hq][R][delta, LSE2] and the
@@ -17,7 +20,7 @@
 #pragma once
 
 #include "common/bwd_delta.cuh"
-#include "common/sm80_ptx.cuh"  // pack2
+#include "common/sm80_ptx.cuh"  // pack2, allow_dependent_grids
 #include "flashcore.h"
 #include "launch_rules.h"
 
@@ -36,6 +39,10 @@ struct Workspace {
     float *row_terms;
     float *dq_accum;
     int32_t *tile_counter;  // the main kernel's next tile past its first wave (sm90/bwd_kernel.cuh)
+    // Per slice (batch, query head): at the last query head of each (batch, KV head) pair's
+    // group, the pair's key blocks whose dQ reductions are complete (the others stay 0;
+    // kPacked: none, nullptr).
+    int32_t *key_blocks_done;
     int64_t padded_seqlen;  // query rows per (batch, head) in every region
     // Offset in row_terms of the delta of padded row `row` of slice (batch * heads_q + head);
     // its LSE2 is kRowBlock further on.
@@ -68,10 +75,34 @@ __host__ __device__ inline Workspace workspace_of(const fc_bwd_params &p) {
                                             (kPacked ? fc_sm90_bwd_varlen_list_bytes(&p.fwd) : 0));
     float *dq_accum = base + 2 * rows;
     int32_t *tile_counter = reinterpret_cast<int32_t *>(dq_accum + rows * (p.fwd.head_dim + FC_SM90_BWD_DQ_PAD));
-    return Workspace{base, dq_accum, tile_counter, padded};
+    int32_t *key_blocks_done = kPacked ? nullptr : tile_counter + FC_SM90_BWD_COUNTER_BYTES / 4;
+    return Workspace{base, dq_accum, tile_counter, key_blocks_done, padded};
 }
 
-// What a thread of the row-wise kernels takes: kHeadDim / 8 consecutive threads per row, each a
+// Key blocks of the main kernel per (batch, KV head) pair: what a pair's count reaches.
+__host__ __device__ inline int key_blocks(const fc_params &f) {
+    return static_cast<int>((f.seqlen_k + FC_SM90_BWD_KEY_BLOCK - 1) / FC_SM90_BWD_KEY_BLOCK);
+}
+
+// The main kernel's dQ writer, once a tile's dQ reductions are complete: one more key block of
+// the pair counted, released at GPU scope behind them (the bulk reductions write through the
+// async proxy: the proxy fence orders them before the count).
+__device__ __forceinline__ void count_key_block(int32_t *pair_done) {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(pair_done) : "memory");
+}
+
+// The dq conversion (one thread of a CTA): until the pair's count reaches `blocks`.
+__device__ __forceinline__ void wait_for_key_blocks(const int32_t *pair_done, int blocks) {
+    for (;;) {
+        int counted;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(counted) : "l"(pair_done) : "memory");
+        if (counted >= blocks) return;
+        __nanosleep(500);
+    }
+}
+
+// What a thread of the row-terms kernel takes: kHeadDim / 8 consecutive threads per row, each a
 // 16-byte chunk of it. Grid: (rows / kRowsPerCta, query heads, batch) CTAs of 128 threads.
 template <int kHeadDim>
 struct RowLane {
@@ -90,7 +121,9 @@ __global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
     const int head = lane.head, batch = lane.batch, chunk = lane.chunk;
     const int64_t row = lane.row;
     const bool real = row < (kPacked ? f.total_q : f.seqlen_q);
+    allow_dependent_grids();  // the main kernel may launch (it waits for this grid before reading)
     if (row == 0 && head == 0 && batch == 0 && chunk == 0) *ws.tile_counter = 0;
+    if (!kPacked && row == 0 && chunk == 0) ws.key_blocks_done[batch * f.heads_q + head] = 0;
     float acc = row_dot_dout_out<Elem, kHeadDim>(real, chunk, [&] {
         const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b + head * p.do_stride_h +
                            row * p.do_stride_s;
@@ -122,27 +155,60 @@ __global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
     }
 }
 
-// Each thread converts 8 consecutive columns of one row. Grid as row_terms_kernel's, over Sq
-// (kPacked: over total_q; rows of no sequence were never added to: zeros).
+// The conversion's CTAs: kConvertThreads threads, each converting kConvertChunks 8-column chunks
+// (32 bytes of the accumulator each, all loaded before any is stored), so that a CTA converts
+// ConvertTile<D>::kRows rows after one wait for their pair's count, with 4 KB in flight per warp
+// (the conversion runs on the few SMs the main kernel's last tiles leave).
+constexpr int kConvertThreads = 256, kConvertChunks = 4;
+template <int kHeadDim>
+struct ConvertTile {
+    static constexpr int kChunksPerRow = kHeadDim / 8;
+    static constexpr int kRows = kConvertThreads * kConvertChunks / kChunksPerRow;
+};
+
+// dq = scale * accumulator, in dq's dtype and strides. Grid: (rows / ConvertTile::kRows, query heads,
+// batch) over Sq (kPacked: one batch item over total_q; rows of no sequence were never added to:
+// zeros). Not packed, the CTA's rows are converted once their pair's count is complete (the main
+// kernel may still run); a packed call's conversion runs after the main kernel.
 template <typename Elem, int kHeadDim, bool kPacked = false>
-__global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) {
+__global__ void __launch_bounds__(kConvertThreads) dq_convert_kernel(const fc_bwd_params p) {
+    using Shape = ConvertTile<kHeadDim>;
     const fc_params &f = p.fwd;
     const Workspace ws = workspace_of<kPacked>(p);
-    const RowLane<kHeadDim> lane;
-    const int head = lane.head, batch = lane.batch, chunk = lane.chunk;
-    const int64_t row = lane.row;
-    if (row >= (kPacked ? f.total_q : f.seqlen_q)) return;
-    const float *acc =
-        ws.dq_accum + ws.dq_at(static_cast<int64_t>(batch) * f.heads_q + head, row, kDqPitch<kHeadDim>) + chunk * 8;
-    const float4 lo = *reinterpret_cast<const float4 *>(acc), hi = *reinterpret_cast<const float4 *>(acc + 4);
+    const int head = blockIdx.y, batch = blockIdx.z;
+    if constexpr (!kPacked) {
+        const int group = static_cast<int>(f.heads_q / f.heads_kv), last_head = (head / group + 1) * group - 1;
+        if (threadIdx.x == 0) wait_for_key_blocks(ws.key_blocks_done + batch * f.heads_q + last_head, key_blocks(f));
+        __syncthreads();
+    }
+    const int64_t rows = kPacked ? f.total_q : f.seqlen_q;
+    const int64_t first_row = static_cast<int64_t>(blockIdx.x) * Shape::kRows;
+    const float *slice_acc = ws.dq_accum + ws.dq_at(static_cast<int64_t>(batch) * f.heads_q + head, 0, kDqPitch<kHeadDim>);
+    float4 lo[kConvertChunks], hi[kConvertChunks];
+#pragma unroll
+    for (int i = 0; i < kConvertChunks; ++i) {
+        const int c = threadIdx.x + i * kConvertThreads;
+        const int64_t row = first_row + c / Shape::kChunksPerRow;
+        if (row >= rows) continue;
+        // (From L2: other SMs' reductions wrote it.)
+        const float *acc = slice_acc + row * kDqPitch<kHeadDim> + c % Shape::kChunksPerRow * 8;
+        lo[i] = __ldcg(reinterpret_cast<const float4 *>(acc));
+        hi[i] = __ldcg(reinterpret_cast<const float4 *>(acc + 4));
+    }
     const float s = f.scale;
-    uint4 packed;
-    packed.x = pack2<Elem>(lo.x * s, lo.y * s);
-    packed.y = pack2<Elem>(lo.z * s, lo.w * s);
-    packed.z = pack2<Elem>(hi.x * s, hi.y * s);
-    packed.w = pack2<Elem>(hi.z * s, hi.w * s);
-    Elem *dq = static_cast<Elem *>(p.dq) + batch * p.dq_stride_b + head * p.dq_stride_h + row * p.dq_stride_s;
-    *reinterpret_cast<uint4 *>(dq + chunk * 8) = packed;
+    Elem *slice_dq = static_cast<Elem *>(p.dq) + batch * p.dq_stride_b + head * p.dq_stride_h;
+#pragma unroll
+    for (int i = 0; i < kConvertChunks; ++i) {
+        const int c = threadIdx.x + i * kConvertThreads;
+        const int64_t row = first_row + c / Shape::kChunksPerRow;
+        if (row >= rows) continue;
+        uint4 packed;
+        packed.x = pack2<Elem>(lo[i].x * s, lo[i].y * s);
+        packed.y = pack2<Elem>(lo[i].z * s, lo[i].w * s);
+        packed.z = pack2<Elem>(hi[i].x * s, hi[i].y * s);
+        packed.w = pack2<Elem>(hi[i].z * s, hi[i].w * s);
+        *reinterpret_cast<uint4 *>(slice_dq + row * p.dq_stride_s + c % Shape::kChunksPerRow * 8) = packed;
+    }
 }
 
 }  // namespace sm90_bwd

@@ -98,6 +98,9 @@ struct BwdMaps {
     // kSoftcap: softcap * log2(e) and scale / softcap, read as constant operands (in registers
     // they pushed the D=128 consumers past their budget).
     float softcap_log2, softcap_in;
+    // Not packed: Workspace::key_blocks_done, which the dQ writer counts (from the parameters:
+    // the producer's registers have no room for it).
+    int32_t *key_blocks_done;
 };
 
 // The steps of one tile: (query head in the group, query tile) pairs, head-major.

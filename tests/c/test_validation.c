@@ -785,10 +785,13 @@ static void check_bwd(void) {
     CHECK_STATUS("bwd workspace size: NULL out", fc_sdpa_bwd_workspace_size(&b, NULL), FC_ERR_NULL_POINTER);
     CHECK_STATUS("bwd workspace size", fc_sdpa_bwd_workspace_size(&b, &bytes), FC_OK);
     /* Enough for either family: the sm80-class one's row terms, or (where an sm90 kernel is built)
-     * the Hopper family's padded row terms, fp32 dq accumulator and tile counter (16 bytes). */
+     * the Hopper family's padded row terms, fp32 dq accumulator, tile counter (16 bytes) and
+     * per-head counts (4 bytes each), rounded up to 16 bytes. */
     const int64_t sm80_bytes = 2 * 4 * b.fwd.batch * b.fwd.heads_q * b.fwd.seqlen_q;
     const int64_t padded = (b.fwd.seqlen_q + 63) / 64 * 64;
-    const int64_t sm90_bytes = b.fwd.batch * b.fwd.heads_q * padded * (2 + b.fwd.head_dim + 8) * 4 + 16;
+    const int64_t sm90_bytes =
+        (b.fwd.batch * b.fwd.heads_q * padded * (2 + b.fwd.head_dim + 8) * 4 + 16 + 4 * b.fwd.batch * b.fwd.heads_q + 15) /
+        16 * 16;
     if (bytes != (hopper_built && sm90_bytes > sm80_bytes ? sm90_bytes : sm80_bytes)) {
         fprintf(stderr, "FAIL bwd workspace size %lld\n", (long long)bytes);
         ++failures;

@@ -834,7 +834,8 @@ static i128 bwd_need(const fc_params *f, fc_family fam) {
     }
     if (fam == FC_FAMILY_SM90) {
         const i128 padded = ((i128)f->seqlen_q + 63) / 64 * 64;
-        return round16(slices * padded * ((i128)f->head_dim + 10) * 4 + 16 /* tile counter */);
+        return round16(slices * padded * ((i128)f->head_dim + 10) * 4 + 16 /* tile counter */ +
+                       4 * slices /* per-head counts */);
     }
     return round16(slices * f->seqlen_q * 8);
 }
