@@ -184,6 +184,63 @@ def test_sm90_run_to_run():
         torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("shape", [(4, 16, 16, 1024, 128, False), (2, 16, 4, 1000, 64, True), (1, 2, 2, 300, 128, False)],
+                         ids=["waves-full-d128", "waves-gqa-causal-d64", "one-wave"])
+def test_sm90_conversion_beside_main_kernel(shape, monkeypatch):
+    """The dq conversion starts while the main kernel still runs (programmatic dependent launch;
+    FLASHCORE_PDL=0 runs the three kernels one after another) and converts a (batch, KV head)
+    pair's rows once the pair's key blocks are counted in the workspace, which the row-terms kernel
+    zeroes. Each call here finds the allocator poisoned with NaN, whose bits read as a count that is
+    already complete: a conversion that ran before the zeroing or before the pair's reductions
+    would give NaN or partial sums. A chain of calls, each taking the previous dq as its grad_out,
+    eager and replayed in a CUDA graph, must match the serial chain (dk and dv to the bit in the
+    first call; dq within its rounding) and the first call the float64 reference."""
+    B, Hq, Hkv, S, D, causal = shape
+    dtype = torch.float16
+    skip_unless_built(D, dtype)
+    q = torch.randn(B, Hq, S, D, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(B, Hkv, S, D, dtype=dtype, device=DEVICE) for _ in range(2))
+    g_out = torch.randn_like(q)
+    gqa = Hq != Hkv
+    with torch.no_grad():
+        out, lse = FWD(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    def chain(g, poison=True):
+        grads = []
+        for _ in range(3):
+            if poison:  # (not inside a graph capture)
+                poison_allocator()
+            dq, dk, dv = BWD_KERNEL(g, q, k, v, out, lse, None, causal, None, gqa)
+            grads.append((dq, dk, dv))
+            g = (dq / dq.abs().amax().clamp_min(1e-6)).to(dtype)  # the next call depends on this dq
+        return grads
+
+    monkeypatch.setenv("FLASHCORE_PDL", "0")
+    serial = chain(g_out)
+    monkeypatch.delenv("FLASHCORE_PDL")
+    eager = chain(g_out)
+    check(eager[0], reference64(q, k, v, g_out, causal), pytorch_low(q, k, v, g_out, causal), dtype,
+          f"{shape} first call")
+    static_g = g_out.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain(static_g, poison=False)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = chain(static_g, poison=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    for label, run in (("eager", eager), ("graph", replayed)):
+        assert torch.equal(run[0][1], serial[0][1]) and torch.equal(run[0][2], serial[0][2]), \
+            f"{label}: dk/dv of the first call differ from the serial launch's"
+        for i, (got, want) in enumerate(zip(run, serial)):
+            for name, x, y in zip(("dq", "dk", "dv"), got, want):
+                assert torch.isfinite(x).all(), f"{label} call {i} {name}: non-finite elements"
+                torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2, msg=f"{label} call {i} {name}")
+
+
 # ---- attn_mask (bool and additive, broadcast views; the sm90 family takes masks, not causal) ----
 
 def make_mask(kind, B, Hq, Sq, Sk, dtype, layout):

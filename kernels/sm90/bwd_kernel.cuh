@@ -536,12 +536,57 @@ __device__ __forceinline__ void stage_dq(BwdBarriers &bars, const float (&dq)[T:
     if (lane == 0) ptx::mbarrier_arrive(&bars.dq_full);
 }
 
-// The consumers' epilogue: dK * scale and dV of this thread's two keys, from registers (keys past
-// Sk are not written). kVarlen: batch 0, keys from the sequence's first row key_row0.
+// The consumers' epilogue: dK * scale and dV of this warpgroup's 64 keys, each through the
+// warpgroup's half of the dQ staging tile (64 rows of kHeadDim * 2 bytes at its pitch; free
+// between tiles once the dQ writer has read the last step's dQ): the fragments to shared memory,
+// then each row out in 16-byte pieces, 8 threads to a 128-byte line (from the fragments, each
+// warp-wide 4-byte store touched 8 lines). Keys past Sk are not written. kVarlen: batch 0, keys
+// from the sequence's first row key_row0.
+template <typename T, typename Elem>
+__device__ __forceinline__ void store_dk_dv(BwdBarriers &bars, const fc_bwd_params &b, const Tile &tile, int batch,
+                                            int64_t key_row0, uint32_t base, int wg, int my_row, int col_in_tile,
+                                            int seqlen_k, int step_all, const float (&dk)[T::kHeadDim / 2],
+                                            const float (&dv)[T::kHeadDim / 2]) {
+    constexpr int kHeadDim = T::kHeadDim, kPitch = T::kDqStagePitch;
+    constexpr int kChunksPerRow = kHeadDim * 2 / 16, kRowsPerPass = 128 / kChunksPerRow;
+    static_assert(kHeadDim * 2 == T::kDqCols * 4, "a warpgroup's dK rows fill its half of a staging row");
+    const uint32_t scratch = base + T::kOffDq + wg * T::kDqCols * 4;
+    const int thread = threadIdx.x % 128, first_key = tile.n_start + wg * 64;
+    wait_barrier(&bars.dq_empty, (step_all & 1) ^ 1);  // the last step's staged dQ has been read
+    auto store = [&](const float (&acc)[kHeadDim / 2], float scale, Elem *out, int64_t stride_s) {
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(scratch + (my_row + 8 * h) * kPitch + (col_in_tile + 8 * j) * 2),
+                             "r"(pack2<Elem>(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale))
+                             : "memory");
+        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");  // the warpgroup's rows are in
+#pragma unroll
+        for (int pass = 0; pass < 64 / kRowsPerPass; ++pass) {
+            const int row = pass * kRowsPerPass + thread / kChunksPerRow, chunk = thread % kChunksPerRow;
+            if (first_key + row >= seqlen_k) continue;
+            uint4 piece;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(piece.x), "=r"(piece.y), "=r"(piece.z), "=r"(piece.w)
+                         : "r"(scratch + row * kPitch + chunk * 16));
+            *reinterpret_cast<uint4 *>(out + static_cast<int64_t>(first_key + row) * stride_s + chunk * 8) = piece;
+        }
+        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");  // read before it is written again
+    };
+    Elem *dk_out = static_cast<Elem *>(b.dk) + batch * b.dk_stride_b + tile.head_kv * b.dk_stride_h + key_row0 * b.dk_stride_s;
+    Elem *dv_out = static_cast<Elem *>(b.dv) + batch * b.dv_stride_b + tile.head_kv * b.dv_stride_h + key_row0 * b.dv_stride_s;
+    store(dk, b.fwd.scale, dk_out, b.dk_stride_s);
+    store(dv, 1.f, dv_out, b.dv_stride_s);
+}
+
+// The consumers' epilogue, direct: dK * scale and dV of this thread's two keys, from registers
+// (keys past Sk are not written). kVarlen: batch 0, keys from the sequence's first row key_row0.
+// The D=128 band and packed variants' (staged, they spilled).
 template <typename Elem, int kHeadDim>
-__device__ __forceinline__ void store_dk_dv(const fc_bwd_params &b, const Tile &tile, int batch, int64_t key_row0,
-                                            int first_key, int col_in_tile, int seqlen_k, const float (&dk)[kHeadDim / 2],
-                                            const float (&dv)[kHeadDim / 2]) {
+__device__ __forceinline__ void store_dk_dv_direct(const fc_bwd_params &b, const Tile &tile, int batch, int64_t key_row0,
+                                                   int first_key, int col_in_tile, int seqlen_k,
+                                                   const float (&dk)[kHeadDim / 2], const float (&dv)[kHeadDim / 2]) {
     constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of dK, dV
     Elem *dk_out = static_cast<Elem *>(b.dk) + batch * b.dk_stride_b + tile.head_kv * b.dk_stride_h + key_row0 * b.dk_stride_s;
     Elem *dv_out = static_cast<Elem *>(b.dv) + batch * b.dv_stride_b + tile.head_kv * b.dv_stride_h + key_row0 * b.dv_stride_s;
@@ -754,6 +799,9 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     // shared memory, the two score GEMMs' A operands were about a sixth of the step's shared-memory
     // traffic; at D=128 the registers are taken.
     constexpr bool kKeysInRegisters = kHeadDim == 64;
+    // dK and dV leave through shared memory (store_dk_dv), but at D=128 in the band and packed
+    // variants, which spilled so (store_dk_dv_direct).
+    constexpr bool kStagedEpilogue = !(kHeadDim == 128 && (kBand || kVarlen));
     uint32_t k_frag[kHeadDim / 16][4], v_frag[kHeadDim / 16][4];
     // S^T and dP^T of a step: into s and dp, once its stage has landed.
     float s[32], dp[32];
@@ -812,7 +860,13 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         }
 
         // ---- epilogue ----
-        store_dk_dv<Elem, kHeadDim>(p, tile, kVarlen ? 0 : tile.batch, key_row0, first_key, col_in_tile, seq_k, dk, dv);
+        if constexpr (kStagedEpilogue) {
+            store_dk_dv<T, Elem>(bars, p, tile, kVarlen ? 0 : tile.batch, key_row0, base, wg, my_row, col_in_tile, seq_k,
+                                 step_all, dk, dv);
+        } else {
+            store_dk_dv_direct<Elem, kHeadDim>(p, tile, kVarlen ? 0 : tile.batch, key_row0, first_key, col_in_tile, seq_k, dk,
+                                               dv);
+        }
     }
 }
 
