@@ -26,6 +26,13 @@ from attention_block import Attention as _AttentionBlock  # noqa: E402
 from sdpa_layout import has_sdpa_layout  # noqa: E402
 
 SDPA = torch.ops.flashcore.sdpa.default
+
+
+@pytest.fixture(autouse=True)
+def _flashcore_training(monkeypatch):
+    """Training calls on FlashCore's ops (sdpa_fwd, sdpa_bwd: what GPU training calls run): on
+    the CPU the training route would send them to aten (tests/test_training_route.py)."""
+    monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")
 FWD = torch.ops.flashcore.sdpa_fwd.default
 BWD = torch.ops.flashcore.sdpa_bwd.default
 EXPLAIN = torch.ops.flashcore.explain.default

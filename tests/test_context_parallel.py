@@ -46,6 +46,9 @@ def _worker(rank, world, port, case, causal, results):
     """One rank: the single-process call (FlashCore's op), then the same call sharded under
     context_parallel with flashcore.patched(); the sharded output, its gradients and the no-grad
     output gathered back. Reports per tensor max|sharded - single| and max|single|."""
+    # The ring through FlashCore's ops, which is what this checks (on the CPU the training route
+    # would send the calls to aten).
+    os.environ["FLASHCORE_TRAINING"] = "flashcore"
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh

@@ -241,12 +241,17 @@ def test_mask_asks_explain_bwd_and_has_its_own_entry(monkeypatch):
     assert len(card.calls) == 5  # not asked: the kernels give a mask no gradient
 
 
-def test_cpu_goes_to_flashcore_as_before():
-    """No CUDA device: no table applies, FlashCore's ops as before (aten's forward inside
-    sdpa_fwd and the Python backward), without asking explain_bwd."""
+def test_cpu_goes_to_aten(monkeypatch):
+    """No CUDA device: no kernel, so the Python backward's entry of the table applies (an unfused
+    fp32 recomputation, several times slower than aten's CPU backward): both passes in aten,
+    without asking explain_bwd. FLASHCORE_TRAINING=flashcore still runs FlashCore's pair there
+    (the CPU tests of its plumbing do)."""
     q, k, v = inputs()
     route = _ops.training_route(q, k, v, None, False, None, False)
-    assert (route.to_aten, route.path, route.reason) == (False, "python", 1)
+    assert (route.to_aten, route.path, route.reason) == (True, "python", 1)
+    assert route.note == _ops.TRAINING_TABLE[(None, "python")][1]
+    assert ran_on_aten(grads_match_aten(q, k, v))
+    monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")
     assert not ran_on_aten(grads_match_aten(q, k, v))
 
 
@@ -407,6 +412,7 @@ def test_backward_passes_deterministic_to_the_kernel_choice(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(_ops, "_kernel_bwd_covers", spy)
+    monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")  # (the CPU's route is aten)
     q, k, v = inputs()
     for flag in (False, True):
         torch.use_deterministic_algorithms(flag)
@@ -419,7 +425,8 @@ def test_backward_passes_deterministic_to_the_kernel_choice(monkeypatch):
 def test_explain_training_strings(monkeypatch):
     q, k, v = inputs()
     assert flashcore.explain_training(q, k, v) == (
-        f"flashcore: forward {CPU_FORWARD}, backward python: a tensor is not on a CUDA device")
+        "aten: FlashCore's backward here would be the Python backward (a tensor is not on a CUDA "
+        "device), not faster than PyTorch's on this device (an unfused fp32 recomputation)")
 
     FakeCard(monkeypatch, (9, 0), sm90_unless_deterministic)
     assert flashcore.explain_training(q, k, v) == (
@@ -647,12 +654,17 @@ def test_compile_no_graph_break_with_route(monkeypatch):
     assert result.graph_break_count == 0 and result.graph_count == 1
 
 
-def test_compile_on_cpu_keeps_flashcore_ops():
-    """Without a faked card (the CPU): the compiled training step holds FlashCore's ops, as
-    before."""
+def test_compile_on_cpu(monkeypatch):
+    """Without a faked card (the CPU): the compiled training step holds aten's SDPA, and
+    FlashCore's ops under FLASHCORE_TRAINING=flashcore."""
+    flashcore_ops = {"flashcore.sdpa_fwd.default", "flashcore.sdpa_bwd.default"}
     counter, targets = _compiled_training(lengths=(17, 33))
     assert counter.frame_count == 1
-    assert {"flashcore.sdpa_fwd.default", "flashcore.sdpa_bwd.default"} <= targets
+    assert not targets & flashcore_ops and any("scaled_dot_product" in t for t in targets), targets
+    monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")
+    counter, targets = _compiled_training(lengths=(17, 33))
+    assert counter.frame_count == 1
+    assert flashcore_ops <= targets
 
 
 # ---- on a GPU: the stand-ins' answer equals the real tensors' ----------------------------------

@@ -651,8 +651,9 @@ def _decide_route(q_layout, k_layout, v_layout, mask_key, is_causal, scale, enab
     """The table's decision from a cache key (nothing else: a cached answer is always right).
     mask_key: None, or (the mask's _layout_key, whether it requires grad)."""
     cc = _device_capability(q_layout[3])
-    if cc is None:  # CPU and other devices: FlashCore's ops, as before (no table there)
-        return TrainingRoute(False, "python", _REASON_NOT_CUDA, 0, "")
+    if cc is None:  # CPU and other devices: no kernel, so the Python backward's entry (aten)
+        flashcore, note = training_table_entry(None, "python", 0)
+        return TrainingRoute(not flashcore, "python", _REASON_NOT_CUDA, 0, note)
     if mask_key is not None and mask_key[1]:
         reason, family = _REASON_BWD_MASK, 0
     else:
