@@ -42,6 +42,9 @@
 //     finish, so its last bits may vary from run to run. Once a tile's reductions are complete
 //     it counts the tile for its (batch, KV head) pair, so that the dq conversion (launched
 //     programmatically, sm90/bwd_launch.cuh) converts each pair's rows while other tiles run.
+//   * At the tile's end each warpgroup's dK and dV (fp32 registers) go out through its half of
+//     the dQ staging tile, packed, in 16-byte stores that fill whole 128-byte lines
+//     (store_dk_dv; at D=128 the band and packed variants store from registers: they spilled).
 //   * GQA: the group's query heads are steps of the same CTA, so dK and dV are summed in
 //     registers, in a fixed order. Causal (top-left): steps start at the first query tile that
 //     sees the block's first key; scores are masked only in tiles that cross the diagonal and
