@@ -331,6 +331,36 @@ def test_gradcheck_float64():
     assert torch.autograd.gradcheck(fn, inputs)
 
 
+def test_eager_training_call_skips_the_autograd_wrapper():
+    """An eager training call runs _VarlenTraining (the custom ops below Autograd): the same
+    output, LSE and gradients, bit for bit, as the custom op's registered autograd that
+    torch.compile traces; a double backward is still refused."""
+    from flashcore import varlen as V
+    q_lens, k_lens = [5, 0, 3, 8], [7, 2, 3, 8]
+    q, k, v = packed(q_lens, k_lens, hq=4, hkv=2)
+    args = (offsets(q_lens), offsets(k_lens), 8, 8, -1, 0, None, True, None, None)
+    g = torch.Generator().manual_seed(5)
+    wo, wl = torch.randn(q.shape, generator=g), torch.randn(4, q.shape[0], generator=g)
+
+    def loss_and_grads(fn):
+        inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+        out, lse = fn(*inputs)
+        loss = (out * wo).sum() + (lse.masked_fill(torch.isinf(lse), 0) * wl).sum()
+        return (out, lse, *torch.autograd.grad(loss, inputs)), type(out.grad_fn).__name__
+
+    got, node = loss_and_grads(lambda a, b, c: varlen_attn(a, b, c, *args[:4], window_size=(-1, 0),
+                                                           enable_gqa=True, return_aux=LSE))
+    want, _ = loss_and_grads(lambda a, b, c: V._varlen_op(a, b, c, *args))
+    assert node == "_VarlenTrainingBackward"
+    for x, y in zip(got, want):
+        assert torch.equal(x, y)
+    inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = varlen_attn(*inputs, *args[:4], window_size=(-1, 0), enable_gqa=True)
+    (gq,) = torch.autograd.grad(out.sum(), inputs[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        gq.sum().backward()
+
+
 def test_gradients_seqused_and_paged():
     q_lens, k_lens = [3, 4, 2], [6, 5, 4]
     used = [4, 5, 1]

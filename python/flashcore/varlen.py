@@ -72,7 +72,8 @@ gradient); value may have another head dim than query (output (T_q, H_q, D_v)); 
 
 Registered as the custom op ``flashcore::varlen_attn`` (fake implementation, autograd through
 ``flashcore::varlen_attn_backward``), so ``torch.compile(fullgraph=True)`` traces a call as one
-opaque node. Arguments are checked where they are given (shapes and dtypes in this function,
+opaque node; an eager training call runs the same two ops below Autograd (_VarlenTraining),
+without the Python of torch.library's autograd wrapper. Arguments are checked where they are given (shapes and dtypes in this function,
 the offsets' values in the op, which reads them): a ``ValueError`` naming the argument.
 """
 import math
@@ -825,6 +826,29 @@ def _backward(ctx, grad_out, grad_lse):
 _varlen_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _VarlenTraining(torch.autograd.Function):
+    """An eager training call of varlen_attn: the two custom ops called below Autograd, without
+    the Python torch.library's autograd wrapper runs on each call (its argument handling, a
+    redispatch, the backward's second wrapper). Same forward, backward and saved tensors as the
+    registered autograd above, which torch.compile traces instead; under create_graph the
+    backward goes through the backward op's dispatcher entry, which refuses a double backward
+    as before."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        with torch._C._AutoDispatchBelowAutograd():
+            output = _varlen_op(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        if torch.is_grad_enabled():  # create_graph: through the op's Autograd kernel
+            return _backward(ctx, grad_out, grad_lse)
+        with torch._C._AutoDispatchBelowAutograd():
+            return _backward(ctx, grad_out, grad_lse)
+
+
 # ---- the public function -------------------------------------------------------------------------
 
 def varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -866,10 +890,15 @@ def varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                scale, window_size, enable_gqa, seqused_k, block_table):
         return _torch_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale,
                              window_size, enable_gqa)
-    out, lse = _varlen_op(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
-                          int(window_size[0]), int(window_size[1]),
-                          None if scale is None else float(scale), bool(enable_gqa), seqused_k,
-                          block_table)
+    args = (query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, int(window_size[0]),
+            int(window_size[1]), None if scale is None else float(scale), bool(enable_gqa),
+            seqused_k, block_table)
+    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
+                                            or value.requires_grad)
+    if training and not torch.compiler.is_compiling():
+        out, lse = _VarlenTraining.apply(*args)
+    else:
+        out, lse = _varlen_op(*args)
     if return_aux is not None and return_aux.lse:
         return out, lse
     return out
