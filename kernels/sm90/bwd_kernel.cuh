@@ -521,12 +521,18 @@ __device__ __forceinline__ void issue_dq(float (&dq)[T::kDqCols / 2], uint32_t d
     wgmma_commit();
 }
 
+// Until the dQ writer's reductions have read the staging of the step before `step_all` (the
+// barrier's phase: steps of every tile so far).
+__device__ __forceinline__ void wait_dq_staging_read(BwdBarriers &bars, int step_all) {
+    wait_barrier(&bars.dq_empty, (step_all & 1) ^ 1);
+}
+
 // The step's dQ (this thread's share) to the staging at dq_stage, for the dQ writer, once its
 // reductions of the previous step's have read it.
 template <typename T>
 __device__ __forceinline__ void stage_dq(BwdBarriers &bars, const float (&dq)[T::kDqCols / 2], uint32_t dq_stage, int my_row,
                                          int lane, int step_all) {
-    wait_barrier(&bars.dq_empty, (step_all & 1) ^ 1);  // the previous step's reductions have read it
+    wait_dq_staging_read(bars, step_all);
 #pragma unroll
     for (int j = 0; j < T::kDqCols / 8; ++j)
 #pragma unroll
@@ -538,6 +544,15 @@ __device__ __forceinline__ void stage_dq(BwdBarriers &bars, const float (&dq)[T:
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(&bars.dq_full);
 }
+
+// Where the tile's dK and dV rows start (row 0 of the tile's sequence: kVarlen's key_row0).
+template <typename Elem>
+struct DkDvOut {
+    Elem *dk, *dv;
+    __device__ DkDvOut(const fc_bwd_params &b, const Tile &tile, int batch, int64_t key_row0)
+        : dk(static_cast<Elem *>(b.dk) + batch * b.dk_stride_b + tile.head_kv * b.dk_stride_h + key_row0 * b.dk_stride_s),
+          dv(static_cast<Elem *>(b.dv) + batch * b.dv_stride_b + tile.head_kv * b.dv_stride_h + key_row0 * b.dv_stride_s) {}
+};
 
 // The consumers' epilogue: dK * scale and dV of this warpgroup's 64 keys, each through the
 // warpgroup's half of the dQ staging tile (64 rows of kHeadDim * 2 bytes at its pitch; free
@@ -555,7 +570,7 @@ __device__ __forceinline__ void store_dk_dv(BwdBarriers &bars, const fc_bwd_para
     static_assert(kHeadDim * 2 == T::kDqCols * 4, "a warpgroup's dK rows fill its half of a staging row");
     const uint32_t scratch = base + T::kOffDq + wg * T::kDqCols * 4;
     const int thread = threadIdx.x % 128, first_key = tile.n_start + wg * 64;
-    wait_barrier(&bars.dq_empty, (step_all & 1) ^ 1);  // the last step's staged dQ has been read
+    wait_dq_staging_read(bars, step_all);  // the tile's last staged dQ
     auto store = [&](const float (&acc)[kHeadDim / 2], float scale, Elem *out, int64_t stride_s) {
 #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j)
@@ -577,10 +592,9 @@ __device__ __forceinline__ void store_dk_dv(BwdBarriers &bars, const fc_bwd_para
         }
         asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");  // read before it is written again
     };
-    Elem *dk_out = static_cast<Elem *>(b.dk) + batch * b.dk_stride_b + tile.head_kv * b.dk_stride_h + key_row0 * b.dk_stride_s;
-    Elem *dv_out = static_cast<Elem *>(b.dv) + batch * b.dv_stride_b + tile.head_kv * b.dv_stride_h + key_row0 * b.dv_stride_s;
-    store(dk, b.fwd.scale, dk_out, b.dk_stride_s);
-    store(dv, 1.f, dv_out, b.dv_stride_s);
+    const DkDvOut<Elem> to(b, tile, batch, key_row0);
+    store(dk, b.fwd.scale, to.dk, b.dk_stride_s);
+    store(dv, 1.f, to.dv, b.dv_stride_s);
 }
 
 // The consumers' epilogue, direct: dK * scale and dV of this thread's two keys, from registers
@@ -591,14 +605,13 @@ __device__ __forceinline__ void store_dk_dv_direct(const fc_bwd_params &b, const
                                                    int first_key, int col_in_tile, int seqlen_k,
                                                    const float (&dk)[kHeadDim / 2], const float (&dv)[kHeadDim / 2]) {
     constexpr int kDTiles = kHeadDim / 8;  // 8-column accumulator tiles of dK, dV
-    Elem *dk_out = static_cast<Elem *>(b.dk) + batch * b.dk_stride_b + tile.head_kv * b.dk_stride_h + key_row0 * b.dk_stride_s;
-    Elem *dv_out = static_cast<Elem *>(b.dv) + batch * b.dv_stride_b + tile.head_kv * b.dv_stride_h + key_row0 * b.dv_stride_s;
+    const DkDvOut<Elem> to(b, tile, batch, key_row0);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int key = first_key + 8 * h;
         if (key >= seqlen_k) continue;
-        Elem *dk_row = dk_out + static_cast<int64_t>(key) * b.dk_stride_s + col_in_tile;
-        Elem *dv_row = dv_out + static_cast<int64_t>(key) * b.dv_stride_s + col_in_tile;
+        Elem *dk_row = to.dk + static_cast<int64_t>(key) * b.dk_stride_s + col_in_tile;
+        Elem *dv_row = to.dv + static_cast<int64_t>(key) * b.dv_stride_s + col_in_tile;
 #pragma unroll
         for (int j = 0; j < kDTiles; ++j) {
             *reinterpret_cast<uint32_t *>(dk_row + 8 * j) =

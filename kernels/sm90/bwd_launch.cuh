@@ -80,24 +80,18 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
     row_terms_kernel<Elem, kHeadDim><<<rows_grid, 128, 0, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
-    const int64_t tiles = (f.seqlen_k + T::kBlockN - 1) / T::kBlockN * f.heads_kv * f.batch;
+    const int64_t tiles = static_cast<int64_t>(key_blocks(f)) * f.heads_kv * f.batch;
     if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;  // c_src/bwd.c sends such calls elsewhere
     const bool pdl = fc_sm90_bwd_use_pdl() != 0;
-    cudaLaunchAttribute attrs[1] = {pdl_launch_attribute()};
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(fc_sm90_bwd_grid(tiles, dev.sms)));
-    cfg.blockDim = dim3(T::kThreads);
-    cfg.dynamicSmemBytes = T::kSmemBytes;
-    cfg.stream = stream;
-    cfg.attrs = attrs;
-    cfg.numAttrs = pdl ? 1 : 0;
-    if ((err = cudaLaunchKernelEx(&cfg, kernel, maps, p)) != cudaSuccess) return err;
+    cudaLaunchAttribute attrs[2];
+    const cudaLaunchConfig_t main_cfg =
+        launch_config(fc_sm90_bwd_grid(tiles, dev.sms), 0, pdl, T::kThreads, T::kSmemBytes, stream, attrs);
+    if ((err = cudaLaunchKernelEx(&main_cfg, kernel, maps, p)) != cudaSuccess) return err;
 
     constexpr int kConvertRows = ConvertTile<kHeadDim>::kRows;
-    cfg.gridDim = dim3(static_cast<unsigned>((f.seqlen_q + kConvertRows - 1) / kConvertRows), hq, batch);
-    cfg.blockDim = dim3(kConvertThreads);
-    cfg.dynamicSmemBytes = 0;
-    return cudaLaunchKernelEx(&cfg, dq_convert_kernel<Elem, kHeadDim>, p);
+    const dim3 convert_grid(static_cast<unsigned>((f.seqlen_q + kConvertRows - 1) / kConvertRows), hq, batch);
+    const cudaLaunchConfig_t convert_cfg = launch_config(convert_grid, 0, pdl, kConvertThreads, 0, stream, attrs);
+    return cudaLaunchKernelEx(&convert_cfg, dq_convert_kernel<Elem, kHeadDim>, p);
 }
 
 // A packed call: the key-block list, then the three kernels in their kPacked / kVarlen forms. The

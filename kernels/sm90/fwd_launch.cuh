@@ -9,7 +9,7 @@
 #pragma once
 
 #include "common/fast_div.cuh"
-#include "common/sm80_ptx.cuh"       // pdl_launch_attribute
+#include "common/launch.h"           // launch_config
 #include "common/split_combine.cuh"  // combine_kernel, partial_rows (kGridSplit)
 #include "config.h"                  // fc_config_get
 #include "flashcore.h"
@@ -34,28 +34,6 @@ namespace sm90 {
 inline int64_t paired_grid(int64_t m_blocks, int64_t sms) {
     if (m_blocks % 2 == 0) return (m_blocks / 2) * (2 * sms / m_blocks);
     return m_blocks * (sms / m_blocks);
-}
-
-// A 1-D launch of `grid` CTAs with its attributes in `attrs` (at most 2): clusters of `cluster_size`
-// CTAs (0: no cluster attribute; the occupancy query needs one even for clusters of 1), and
-// programmatic dependent launch when `pdl` (fc_use_pdl).
-inline cudaLaunchConfig_t launch_config(int64_t grid, int cluster_size, bool pdl, int threads, int smem_bytes,
-                                        cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(grid));
-    cfg.blockDim = dim3(static_cast<unsigned>(threads));
-    cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-    cfg.stream = stream;
-    cfg.attrs = attrs;
-    cfg.numAttrs = 0;
-    if (cluster_size > 0) {
-        cudaLaunchAttribute &cluster = attrs[cfg.numAttrs++];
-        cluster.id = cudaLaunchAttributeClusterDimension;
-        cluster.val.clusterDim.x = static_cast<unsigned>(cluster_size);
-        cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-    }
-    if (pdl) attrs[cfg.numAttrs++] = pdl_launch_attribute();
-    return cfg;
 }
 
 // The (query block, head, batch) tiles of a call in configuration T.
