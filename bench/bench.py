@@ -36,6 +36,8 @@ What it measures
                       covers, e.g. a mask), or aten's where FlashCore's training route sends the
                       call to aten for both passes (the row is then "fallback"; `training`
                       holds flashcore.explain_training()); the forward family does not matter
+      flashcore-sm80  the same with FLASHCORE_FAMILY=sm80 around both passes: the sm80-class
+                      backward's default (one pass, dQ through fp32 atomics), what Ada runs
       flashcore-det   the same with torch.use_deterministic_algorithms(True, warn_only=True)
                       around the backward call only (restored after), which makes FlashCore run
                       its deterministic sm80-class backward kernel; its forward runs under
@@ -193,7 +195,7 @@ def floor_us(s):
 
 # Backward impls, cuDNN first (ratios need it). flashcore-det is backward only: the forward rows
 # would time the same forward as flashcore's.
-BWD_IMPLS = ["cudnn", "flash", "efficient", "flashcore", "flashcore-det"]
+BWD_IMPLS = ["cudnn", "flash", "efficient", "flashcore", "flashcore-sm80", "flashcore-det"]
 ALL_IMPLS = IMPLS + ["flashcore-det"]
 BWD_FLOP_FACTOR = 2.5  # backward = 5 matmuls of the forward's size, 2 (FlashAttention convention)
 
@@ -386,6 +388,8 @@ class Impl:
 
     def bwd_context(self):
         """Wraps every backward call (the forward's backend already fixed aten's backward)."""
+        if self.name == "flashcore-sm80":
+            return family_env("sm80")  # (the family is read at each call, the backward's too)
         return deterministic_mode() if self.name == "flashcore-det" else contextlib.nullcontext()
 
     def fn(self, q, k, v, s, mask=None):

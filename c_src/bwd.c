@@ -4,8 +4,9 @@
  * Nothing here allocates, synchronizes or exits.
  *
  * Two kernel families: the sm80-class one (mma.sync + cp.async, kernels/bwd_sm80.cuh), built for
- * sm_89 and sm_90a, deterministic; and the Hopper one (TMA + wgmma, kernels/sm90/bwd_kernel.cuh),
- * sm_90a only, which sums dq through fp32 reductions in any order. The table holds the
+ * sm_89 and sm_90a, bitwise deterministic under `deterministic` (dQ in a pass of its own), else one
+ * pass whose dQ is summed with fp32 atomics; and the Hopper one (TMA + wgmma,
+ * kernels/sm90/bwd_kernel.cuh), sm_90a only, which sums dq through fp32 reductions in any order. The table holds the
  * instantiations this build compiles (kernel_list.h, written by CMake).
  */
 #include "config.h"
@@ -221,13 +222,12 @@ FC_API fc_family fc_sdpa_bwd_family(const fc_bwd_params *p, int cc_major, int cc
     return entry->family;
 }
 
-/* sm80-class: delta and LSE*log2(e), fp32, one each per query row. Sizes are validated, so
- * rows < 2^31 * 64 (fc_params_validate bounds the number of 64-row tiles) and this cannot wrap.
- * sm90: see fc_sm90_bwd_workspace_bytes and fc_sm90_bwd_varlen_workspace_bytes (launch_rules.h).
- * Either way 16-byte rounded. */
-static int64_t bwd_workspace_bytes(const fc_params *f, fc_family family) {
-    const int64_t rows = f->batch * f->heads_q * f->seqlen_q;
-    const int64_t bytes = family != FC_FAMILY_SM90 ? 2 * rows * 4
+/* fc_sm80_bwd_workspace_bytes, fc_sm90_bwd_workspace_bytes and fc_sm90_bwd_varlen_workspace_bytes
+ * (launch_rules.h), 16-byte rounded. Sizes are validated, so rows < 2^31 * 64 (fc_params_validate
+ * bounds the number of 64-row tiles) and none of them can wrap. */
+static int64_t bwd_workspace_bytes(const fc_bwd_params *p, fc_family family) {
+    const fc_params *f = &p->fwd;
+    const int64_t bytes = family != FC_FAMILY_SM90 ? fc_sm80_bwd_workspace_bytes(f, p->deterministic)
                           : f->cu_seq_q != NULL   ? fc_sm90_bwd_varlen_workspace_bytes(f)
                                                   : fc_sm90_bwd_workspace_bytes(f);
     return (bytes + 15) / 16 * 16;
@@ -239,9 +239,9 @@ FC_API fc_status fc_sdpa_bwd_workspace_size(const fc_bwd_params *p, int64_t *byt
     const fc_status s = fc_bwd_params_validate(p);
     if (s != FC_OK) return s;
     /* Sizes only (no device query): enough for either family where a Hopper kernel is built. */
-    int64_t need = p->fwd.cu_seq_q != NULL ? 0 : bwd_workspace_bytes(&p->fwd, FC_FAMILY_SM80);  /* (packed: sm90 alone) */
+    int64_t need = p->fwd.cu_seq_q != NULL ? 0 : bwd_workspace_bytes(p, FC_FAMILY_SM80);  /* (packed: sm90 alone) */
     if (find_bwd_kernel(FC_FAMILY_SM90, &p->fwd) != NULL) {
-        const int64_t sm90 = bwd_workspace_bytes(&p->fwd, FC_FAMILY_SM90);
+        const int64_t sm90 = bwd_workspace_bytes(p, FC_FAMILY_SM90);
         if (sm90 > need) need = sm90;
     }
     *bytes = need;
@@ -256,7 +256,7 @@ FC_API fc_status fc_sdpa_bwd(const fc_bwd_params *p, cudaStream_t stream) {
     if ((s = fc_device_facts_(&dev)) != FC_OK) return s;
     const bwd_entry *entry = NULL;
     if ((s = bwd_dispatch(p, dev.major, dev.minor, &entry)) != FC_OK) return s;
-    if (p->workspace == NULL || p->workspace_bytes < bwd_workspace_bytes(&p->fwd, entry->family))
+    if (p->workspace == NULL || p->workspace_bytes < bwd_workspace_bytes(p, entry->family))
         return FC_ERR_BAD_WORKSPACE;
     fc_bwd_params run = *p;
     fc_resolve_band_(&run.fwd);

@@ -143,6 +143,26 @@ int fc_sm90_d64_config(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t
  * FLASHCORE_PDL=0 turns it off (config.h: the serial reference of the PDL tests, and a way out). */
 int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
 
+/* Whether the sm80-class backward runs in one pass (kernels/bwd_sm80.cuh: dQ summed with fp32
+ * atomics, in whatever order the key blocks come) rather than with dQ in a pass of its own
+ * (bitwise deterministic): never under `deterministic`, and only at D=64, where it was 7-12%
+ * faster (non-causal; 0-4% causal); at D=128 the two were within 3% (docs/experiments/
+ * backward.md, forty-first session), so there the deterministic one is the only one. */
+static inline FC_HOST_DEVICE int fc_sm80_bwd_one_pass(const fc_params *f, int deterministic) {
+    return !deterministic && f->head_dim == 64;
+}
+/* The sm80-class backward's workspace (c_src/bwd.c, kernels/bwd_sm80.cuh): delta, then
+ * LSE*log2(e), fp32, one each per query row ([B][Hq][Sq] each); in one pass then, 16-byte
+ * aligned, the dq accumulator [B][Hq][Sq][D] fp32. */
+static inline FC_HOST_DEVICE int64_t fc_sm80_bwd_dq_accum_offset(const fc_params *f) {
+    return (2 * f->batch * f->heads_q * f->seqlen_q * 4 + 15) / 16 * 16;
+}
+static inline int64_t fc_sm80_bwd_workspace_bytes(const fc_params *f, int deterministic) {
+    return fc_sm80_bwd_one_pass(f, deterministic)
+               ? fc_sm80_bwd_dq_accum_offset(f) + f->batch * f->heads_q * f->seqlen_q * f->head_dim * 4
+               : 2 * f->batch * f->heads_q * f->seqlen_q * 4;
+}
+
 /* The Hopper backward's workspace (c_src/bwd.c, kernels/sm90/bwd_kernel.cuh): per (batch, query
  * head), seqlen_q rounded up to FC_SM90_BWD_ROW_BLOCK rows, so that every query block's row terms
  * are one aligned, in-bounds bulk copy: the row terms [B*Hq][Sq_pad / 64][delta 64, LSE*log2(e)

@@ -9,7 +9,9 @@
 // with causal masking top-left aligned as PyTorch (query i sees keys 0..i, also for Sq != Sk),
 // any lengths, GQA, real strides. Nothing of size Sq x Sk is written to device memory.
 //
-// Three kernels, launched in this order on one stream (launch_bwd at the bottom):
+// Two ways (launch_bwd at the bottom; fc_sm80_bwd_one_pass in c_src/launch_rules.h picks: one pass
+// at D=64 unless fc_bwd_params.deterministic). Deterministic: three kernels, launched in this
+// order on one stream:
 //   1. delta_kernel: delta = rowsum(dO * O) - dLSE and LSE in base-2 units, fp32, into the
 //      caller's workspace ([B][Hq][Sq] each). A row whose LSE is -inf (nothing attended) gets
 //      +inf, so its P is 0 everywhere, as in PyTorch's safe softmax.
@@ -21,15 +23,14 @@
 //      S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T, dK += dS^T Q. The G query heads of a
 //      group are summed inside the CTA, in a fixed order.
 //
-// Determinism: no atomics anywhere and every sum runs in a fixed order, so the gradients are
-// bitwise identical from run to run (and independent of the number of SMs).
-// The choice of a separate dQ pass (2) over FlashAttention-2's fp32 atomicAdd of dQ from the
-// dK/dV kernel: it recomputes QK^T and dO V^T (7 matmuls per tile pair instead of 5, so about
-// 1.4x the tensor-core work), but needs no fp32 dQ workspace, no convert kernel, no dS round
-// trip through shared memory and no atomics, and it is deterministic (issue 8). Not measured
-// against the atomic variant (not built). Measured (H100, fp16, 16k tokens, docs/experiments/backward.md):
-// 161-208 TFLOP/s (2.5x forward FLOPs); FA2's backward 148-281, cuDNN's 232-540 in the same run.
-// At S=1k causal this matches or beats FA2; at S=4k it is ~0.75x FA2.
+// No atomics anywhere and every sum runs in a fixed order, so the gradients are bitwise identical
+// from run to run (and independent of the number of SMs); the price is the dQ pass's recomputation
+// of Q K^T and dO V^T (7 matmuls per tile pair instead of 5).
+// One pass, as FlashAttention-2's: delta_kernel also zeroes an
+// fp32 dq accumulator in the workspace; dkdv_kernel<kDqAtomic> writes each step's dS^T to shared
+// memory and adds dQ = dS K of its 64 keys to the accumulator with fp32 atomics (in whatever order
+// the key blocks come); dq_convert_kernel writes dQ = scale * accumulator in the input's dtype.
+// Measured against each other and FlashAttention-2: docs/experiments/backward.md.
 //
 // Fragment layouts are those of kernels/fwd_sm80.cuh (ldmatrix patterns, P packing; the swizzle
 // is sm80/tile.cuh's); the comments below say which operand plays which role.
@@ -43,6 +44,7 @@
 #include "common/launch.h"
 #include "common/sm80_ptx.cuh"
 #include "flashcore.h"
+#include "launch_rules.h"  // fc_sm80_bwd_dq_accum_offset
 #include "runtime.h"  // fc_device_facts
 #include "sm80/tile.cuh"  // swizzled(), load_tile()
 
@@ -61,8 +63,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 // the other operand in tiles of kStream rows through a 2-stage cp.async ring. The stream tile
 // is smaller for D=128 to keep the fp32 accumulators (dK+dV: 128 registers; dQ 64 plus Q and
 // dO fragments 64) and the two score tiles (S, dP) within 255 registers without spills.
-template <int kHeadDim>
+template <int kHeadDim_>
 struct BwdTraits {
+    static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kWarps = 4;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kBlock = 16 * kWarps;                  // rows a CTA owns (queries or keys)
@@ -71,16 +74,29 @@ struct BwdTraits {
     static constexpr int kStages = 2;
     // dq_kernel: Q + dO (owned), kStages x (K + V) (streamed).
     static constexpr int kDqSmemBytes = (2 * kBlock + kStages * 2 * kStream) * kHeadDim * 2;
-    // dkdv_kernel: K + V (owned), kStages x (Q + dO) (streamed) + kStages x (LSE + delta) fp32.
+    // dkdv_kernel: K + V (owned), kStages x (Q + dO) (streamed) + kStages x (LSE + delta) fp32,
+    // and (kDqAtomic) the step's dS^T: kBlock key rows of kStream queries, kDsPitch apart (8
+    // elements of padding: the rows of an 8x8 matrix fall in distinct banks, and so do a warp's
+    // stores of its fragments).
+    static constexpr int kDsPitch = kStream + 8;
     static constexpr int kKvSmemBytes =
         (2 * kBlock + kStages * 2 * kStream) * kHeadDim * 2 + kStages * 2 * kStream * 4;
+    static constexpr int kKvAtomicSmemBytes = kKvSmemBytes + kBlock * kDsPitch * 2;
     static_assert(kHeadDim % 64 == 0, "the swizzle assumes at least 8 chunks per row");
-    static_assert(kDqSmemBytes <= 99 * 1024 && kKvSmemBytes <= 99 * 1024, "sm_89: 99 KB per block");
+    static_assert(kDqSmemBytes <= 99 * 1024 && kKvAtomicSmemBytes <= 99 * 1024, "sm_89: 99 KB per block");
+    // kDqAtomic's dQ GEMM: the step's kStream x kHeadDim tile split among the warps, 16 rows x
+    // kDqCols columns each.
+    static constexpr int kDqCols = kHeadDim * (kStream / 16) / kWarps;
+    static_assert(kDqCols % 16 == 0 && kHeadDim % kDqCols == 0, "each warp 16 rows x kDqCols columns of dQ");
 };
 
-// Workspace layout: delta [B][Hq][Sq] fp32, then LSE * log2(e) [B][Hq][Sq] fp32.
+// Workspace layout (fc_sm80_bwd_workspace_bytes, launch_rules.h): delta [B][Hq][Sq] fp32, then
+// LSE * log2(e) [B][Hq][Sq] fp32, then (not deterministic) the dq accumulator [B][Hq][Sq][D] fp32.
 __host__ __device__ inline int64_t workspace_rows(const fc_bwd_params &p) {
     return p.fwd.batch * p.fwd.heads_q * p.fwd.seqlen_q;
+}
+__device__ inline float *dq_accum_of(const fc_bwd_params &p) {
+    return reinterpret_cast<float *>(static_cast<unsigned char *>(p.workspace) + fc_sm80_bwd_dq_accum_offset(&p.fwd));
 }
 
 // ---- 1. delta = rowsum(dO * O) - dLSE, LSE in base 2 -------------------------------------------
@@ -110,7 +126,9 @@ __device__ __forceinline__ void acc_times_tile(float (&acc)[kDTiles][4], const f
     }
 }
 
-template <typename Elem, int kHeadDim>
+// kZeroDq (the one-pass backward): each thread also zeroes its 8 columns of the row's dq
+// accumulator.
+template <typename Elem, int kHeadDim, bool kZeroDq>
 __global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
     constexpr int kThreadsPerRow = kHeadDim / 8;
     constexpr int kRowsPerCta = 128 / kThreadsPerRow;
@@ -135,6 +153,101 @@ __global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
         delta[idx] = acc;
         delta[workspace_rows(p) + idx] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     }
+    if constexpr (kZeroDq) {
+        if (row < seqlen_q) {
+            const int64_t idx = (static_cast<int64_t>(batch) * p.fwd.heads_q + head) * seqlen_q + row;
+            float4 *accum = reinterpret_cast<float4 *>(dq_accum_of(p) + idx * kHeadDim + chunk * 8);
+            accum[0] = accum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+}
+
+// ---- the one-pass backward's dQ: shared dS^T, then atomics; the conversion ----------------------
+
+// This thread's dS^T (its warp's 16 keys x the step's queries, mma accumulator layout) to the
+// CTA's dS^T tile, packed in pairs of query columns.
+template <typename Elem, int kMTiles, int kDsPitch>
+__device__ __forceinline__ void store_ds_t(Elem *ds_t, const float (&ds)[kMTiles][4], int warp, int row_in_warp,
+                                           int col_in_tile) {
+#pragma unroll
+    for (int j = 0; j < kMTiles; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<uint32_t *>(ds_t + (warp * 16 + row_in_warp + 8 * h) * kDsPitch + j * 8 + col_in_tile) =
+                pack2<Elem>(ds[j][2 * h], ds[j][2 * h + 1]);
+}
+
+// Adds a and b to at[0] and at[1] (8-byte aligned) atomically: one vector reduction on sm_90.
+__device__ __forceinline__ void atomic_add2(float *at, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(at), make_float2(a, b));
+#else
+    atomicAdd(at, a);
+    atomicAdd(at + 1, b);
+#endif
+}
+
+// The step's dQ share of this CTA's keys, dS K (query rows m_start.., its query head), added to
+// the dq accumulator: each warp 16 query rows x kDqCols columns, dS read from the dS^T tile and K
+// from the CTA's K tile, both transposed by ldmatrix.trans.
+template <typename Elem, typename T>
+__device__ __forceinline__ void add_dq_of_step(const fc_bwd_params &p, const Elem *ds_t, const Elem *k_tile, int head_q,
+                                               int batch, int m_start, int warp, int lane) {
+    constexpr int kMTiles = T::kStream / 16, kNTiles = T::kDqCols / 8;
+    const int m0 = warp % kMTiles * 16, chunk0 = warp / kMTiles * T::kDqCols / 8;
+    float acc[kNTiles][4];
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < T::kBlock / 16; ++kk) {
+        // A = dS (16 queries x 16 keys): matrix i of the x4 is (queries 8 (i % 2), keys 8 (i / 2)),
+        // stored as its transpose.
+        uint32_t af[4];
+        const int matrix = lane >> 3;
+        ldmatrix_x4_trans(af, smem_addr(ds_t + (kk * 16 + (matrix >> 1) * 8 + (lane & 7)) * T::kDsPitch + m0 +
+                                        (matrix & 1) * 8));
+#pragma unroll
+        for (int dp2 = 0; dp2 < kNTiles / 2; ++dp2) {
+            uint32_t bf[4];
+            const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            ldmatrix_x4_trans(bf, smem_addr(k_tile + swizzled<T::kChunks>(r, chunk0 + dp2 * 2 + (lane >> 4))));
+            mma_16816_pair<Elem>(acc[2 * dp2], acc[2 * dp2 + 1], af, bf);
+        }
+    }
+    const int seqlen_q = static_cast<int>(p.fwd.seqlen_q);
+    float *rows = dq_accum_of(p) + (static_cast<int64_t>(batch) * p.fwd.heads_q + head_q) * seqlen_q * T::kHeadDim;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int query = m_start + m0 + lane / 4 + 8 * h;
+        if (query >= seqlen_q) continue;
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n)
+            atomic_add2(rows + static_cast<int64_t>(query) * T::kHeadDim + chunk0 * 8 + n * 8 + 2 * (lane % 4),
+                        acc[n][2 * h], acc[n][2 * h + 1]);
+    }
+}
+
+// dQ = scale * the dq accumulator, in the input's dtype (the one-pass backward's last kernel):
+// kHeadDim / 8 threads per row, 8 columns each.
+template <typename Elem, int kHeadDim>
+__global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) {
+    constexpr int kThreadsPerRow = kHeadDim / 8;
+    constexpr int kRowsPerCta = 128 / kThreadsPerRow;
+    const int seqlen_q = static_cast<int>(p.fwd.seqlen_q);
+    const int head = blockIdx.y, batch = blockIdx.z;
+    const int row = blockIdx.x * kRowsPerCta + threadIdx.x / kThreadsPerRow;
+    const int chunk = threadIdx.x % kThreadsPerRow;
+    if (row >= seqlen_q) return;
+    const int64_t idx = (static_cast<int64_t>(batch) * p.fwd.heads_q + head) * seqlen_q + row;
+    const float4 *accum = reinterpret_cast<const float4 *>(dq_accum_of(p) + idx * kHeadDim + chunk * 8);
+    const float4 a = __ldcs(accum), b = __ldcs(accum + 1);  // (read once)
+    const float scale = p.fwd.scale;
+    const uint4 out = make_uint4(pack2<Elem>(a.x * scale, a.y * scale), pack2<Elem>(a.z * scale, a.w * scale),
+                                 pack2<Elem>(b.x * scale, b.y * scale), pack2<Elem>(b.z * scale, b.w * scale));
+    *reinterpret_cast<uint4 *>(static_cast<Elem *>(p.dq) + batch * p.dq_stride_b + head * p.dq_stride_h +
+                               static_cast<int64_t>(row) * p.dq_stride_s + chunk * 8) = out;
 }
 
 // ---- 2. dQ = scale * dS K, one CTA per (query block, query head, batch) ------------------------
@@ -304,7 +417,9 @@ dq_kernel(const fc_bwd_params p) {
 }
 
 // ---- 3. dK, dV: one CTA per (key block, KV head, batch) -----------------------------------------
-template <typename Elem, int kHeadDim, bool kCausal>
+// kDqAtomic (the one-pass backward): also each step's dQ share, added to the dq accumulator
+// (add_dq_of_step).
+template <typename Elem, int kHeadDim, bool kCausal, bool kDqAtomic>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads)
 dkdv_kernel(const fc_bwd_params p) {
     using T = BwdTraits<kHeadDim>;
@@ -323,6 +438,7 @@ dkdv_kernel(const fc_bwd_params p) {
     Elem *smem_do = smem_q + T::kStages * kBlockM * kHeadDim;   // [kStages][kBlockM][D]
     float *smem_lse2 = reinterpret_cast<float *>(smem_do + T::kStages * kBlockM * kHeadDim);  // [kStages][kBlockM]
     float *smem_delta = smem_lse2 + T::kStages * kBlockM;                                    // [kStages][kBlockM]
+    Elem *smem_ds = reinterpret_cast<Elem *>(smem_delta + T::kStages * kBlockM);  // kDqAtomic: [kBlockN][kDsPitch]
 
     const fc_params &f = p.fwd;
     const int seqlen_q = static_cast<int>(f.seqlen_q);
@@ -429,16 +545,20 @@ dkdv_kernel(const fc_bwd_params p) {
         }
 
         // ---- P^T = exp2(S^T * scale * log2e - LSE2[query]), causal-masked (key > query) ----
-        const bool crosses_diagonal = kCausal && n_start + warp * 16 + 15 > m_start;
+        // kDqAtomic: keys past Sk too (their zero-filled rows give S^T = 0, whose P^T and dS^T
+        // need not be finite, and dQ reads dS^T).
+        const bool masked_tile =
+            (kCausal && n_start + warp * 16 + 15 > m_start) || (kDqAtomic && n_start + warp * 16 + 15 >= seqlen_k);
 #pragma unroll
         for (int j = 0; j < kMTiles; ++j) {
             const float2 l = *reinterpret_cast<const float2 *>(lse2 + j * 8 + col_in_tile);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 float x = fmaf(s[j][e], scale_log2, -((e & 1) ? l.y : l.x));
-                if (crosses_diagonal) {
+                if (masked_tile) {
                     const int col = m_start + j * 8 + col_in_tile + (e & 1);
-                    if (key0 + 8 * (e >> 1) > col) x = -INFINITY;
+                    const int key = key0 + 8 * (e >> 1);
+                    if ((kCausal && key > col) || (kDqAtomic && key >= seqlen_k)) x = -INFINITY;
                 }
                 s[j][e] = fast_exp2(x);
             }
@@ -474,9 +594,17 @@ dkdv_kernel(const fc_bwd_params p) {
             for (int e = 0; e < 4; ++e) s[j][e] *= dp[j][e] - ((e & 1) ? dl.y : dl.x);
         }
 
+        if constexpr (kDqAtomic) store_ds_t<Elem, kMTiles, T::kDsPitch>(smem_ds, s, warp, row_in_warp, col_in_tile);
+
         // ---- dK += dS^T Q (scale applied at the end) ----
         acc_times_tile<Elem, kBlockM / 16, kDTiles, kChunks>(dk_acc, s, q_tile, lane);
-        __syncthreads();  // the next iteration's prefetch overwrites this stage
+
+        // ---- kDqAtomic: dQ += dS K of this block's keys, in the accumulator ----
+        if constexpr (kDqAtomic) {
+            __syncthreads();  // every warp's dS^T rows are in
+            add_dq_of_step<Elem, T>(p, smem_ds, smem_k, head_kv * group + step / m_count, batch, m_start, warp, lane);
+        }
+        __syncthreads();  // the next iteration's prefetch overwrites this stage (and dS^T)
     }
 
     // ---- epilogue: stage dK * scale and dV in this warp's own rows of the K and V tiles ----
@@ -514,29 +642,45 @@ dkdv_kernel(const fc_bwd_params p) {
 
 // ---- host side ----------------------------------------------------------------------------------
 
-// Validated params (c_src/bwd.c): the three kernels on `stream`, no allocation, no sync.
+// Validated params (c_src/bwd.c): the kernels on `stream` (two passes: delta, dQ, dK/dV; one pass:
+// delta with the accumulator zeroed, dK/dV with dQ's atomics, the conversion), no allocation, no
+// sync.
 template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     using T = BwdTraits<kHeadDim>;
-    auto dq = dq_kernel<Elem, kHeadDim, kCausal>;
-    auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal>;
-    static unsigned long long dq_configured = 0, dkdv_configured = 0;
+    const unsigned hq = static_cast<unsigned>(p.fwd.heads_q), b = static_cast<unsigned>(p.fwd.batch);
+    constexpr int kRowsPerCta = 128 / (kHeadDim / 8);  // delta_kernel's and dq_convert_kernel's
+    const dim3 row_grid(static_cast<unsigned>((p.fwd.seqlen_q + kRowsPerCta - 1) / kRowsPerCta), hq, b);
+    const dim3 kv_grid(static_cast<unsigned>((p.fwd.seqlen_k + T::kBlock - 1) / T::kBlock),
+                       static_cast<unsigned>(p.fwd.heads_kv), b);
     cudaError_t err = cudaSuccess;
+    // (fc_sm80_bwd_one_pass holds at D=64 alone: only that head dim builds the one-pass kernel.)
+    if constexpr (kHeadDim == 64) {
+        if (fc_sm80_bwd_one_pass(&p.fwd, p.deterministic)) {  // dQ through the accumulator
+            auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, true>;
+            static unsigned long long dkdv_configured = 0;
+            if ((err = allow_smem(dkdv, T::kKvAtomicSmemBytes, &dkdv_configured, dev.device)) != cudaSuccess) return err;
+            delta_kernel<Elem, kHeadDim, true><<<row_grid, 128, 0, stream>>>(p);
+            if ((err = cudaGetLastError()) != cudaSuccess) return err;
+            dkdv<<<kv_grid, T::kThreads, T::kKvAtomicSmemBytes, stream>>>(p);
+            if ((err = cudaGetLastError()) != cudaSuccess) return err;
+            dq_convert_kernel<Elem, kHeadDim><<<row_grid, 128, 0, stream>>>(p);
+            return cudaGetLastError();
+        }
+    }
+    auto dq = dq_kernel<Elem, kHeadDim, kCausal>;
+    auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, false>;
+    static unsigned long long dq_configured = 0, dkdv_configured = 0;
     if ((err = allow_smem(dq, T::kDqSmemBytes, &dq_configured, dev.device)) != cudaSuccess) return err;
     if ((err = allow_smem(dkdv, T::kKvSmemBytes, &dkdv_configured, dev.device)) != cudaSuccess) return err;
 
-    const unsigned hq = static_cast<unsigned>(p.fwd.heads_q), b = static_cast<unsigned>(p.fwd.batch);
-    constexpr int kDeltaRows = 128 / (kHeadDim / 8);
-    const dim3 delta_grid(static_cast<unsigned>((p.fwd.seqlen_q + kDeltaRows - 1) / kDeltaRows), hq, b);
-    delta_kernel<Elem, kHeadDim><<<delta_grid, 128, 0, stream>>>(p);
+    delta_kernel<Elem, kHeadDim, false><<<row_grid, 128, 0, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
     const dim3 dq_grid(static_cast<unsigned>((p.fwd.seqlen_q + T::kBlock - 1) / T::kBlock), hq, b);
     dq<<<dq_grid, T::kThreads, T::kDqSmemBytes, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
-    const dim3 kv_grid(static_cast<unsigned>((p.fwd.seqlen_k + T::kBlock - 1) / T::kBlock),
-                       static_cast<unsigned>(p.fwd.heads_kv), b);
     dkdv<<<kv_grid, T::kThreads, T::kKvSmemBytes, stream>>>(p);
     return cudaGetLastError();
 }

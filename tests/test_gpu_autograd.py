@@ -107,13 +107,14 @@ def _flashcore_training(monkeypatch):
     monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")
 
 
-def assert_backward_kernel(grad_out, q, k, v, is_causal=False, enable_gqa=False):
-    """The fused backward kernel (not the Python backward) takes these tensors."""
+def assert_backward_kernel(grad_out, q, k, v, is_causal=False, enable_gqa=False, expected=None):
+    """The fused backward kernel (not the Python backward) takes these tensors: `expected`, or
+    the card's default family."""
     with torch.no_grad():
         out, lse = FWD(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
     path = flashcore.explain_backward(grad_out, q, k, v, out, lse, None, is_causal, None,
                                       enable_gqa)
-    assert path == BWD_KERNEL_PATH, path
+    assert path == (expected or BWD_KERNEL_PATH), path
 
 
 # ---- gradients on the kernel path -------------------------------------------------------------
@@ -130,11 +131,19 @@ SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk)
 }
 
 
+@pytest.mark.parametrize("family", ["auto", "sm80"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_kernel_grads(dtype, D, causal, shape):
+def test_kernel_grads(dtype, D, causal, shape, family, monkeypatch):
+    """family sm80 (Hopper: FLASHCORE_FAMILY=sm80, which reaches the backward; elsewhere what
+    auto runs) is the sm80-class backward: one pass with dQ through fp32 atomics at D=64, dQ in
+    a pass of its own at D=128 (c_src/launch_rules.h, fc_sm80_bwd_one_pass)."""
+    if family == "sm80":
+        if BWD_KERNEL_PATH != "kernel sm90":
+            pytest.skip("the sm80-class family is this card's default: the auto case runs it")
+        monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
     require_kernel(D, dtype)
     B, Hq, Hkv, Sq, Sk = SHAPES[shape]
     q, k, v = rand(B, Hq, Sq, D, dtype=dtype), rand(B, Hkv, Sk, D, dtype=dtype), \
@@ -147,9 +156,9 @@ def test_kernel_grads(dtype, D, causal, shape):
     out, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
     assert out.grad_fn is not None
     if KERNEL_CARD:
-        assert_backward_kernel(grad_out, q, k, v, **kw)
+        assert_backward_kernel(grad_out, q, k, v, **kw, expected="kernel sm80" if family == "sm80" else None)
     low, ref32 = pytorch_grads((q, k, v), grad_out, **kw)
-    assert_grads_within_rule(got, low, ref32, dtype, f"{shape} D={D} causal={causal}")
+    assert_grads_within_rule(got, low, ref32, dtype, f"{shape} D={D} causal={causal} {family}")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

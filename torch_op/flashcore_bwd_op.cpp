@@ -31,6 +31,7 @@
 #include <torch/headeronly/core/ScalarType.h>
 
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -38,6 +39,7 @@
 #include <tuple>
 #include <vector>
 
+#include "config.h"  // fc_config_read: FLASHCORE_FAMILY
 #include "flashcore.h"
 #include "mask_copy.h"
 #include "op_common.h"
@@ -157,7 +159,10 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
     const int64_t why = flashcore_op::set_mask(*mask, q, &f);
     if (why != 0) return fallback(why);
   }
-  f.family = FC_FAMILY_AUTO;  // FLASHCORE_FAMILY picks the forward's family only
+  // FLASHCORE_FAMILY=sm80 forces the sm80-class backward too (how the Ada path is tested and
+  // timed on Hopper); any other value leaves the backward's family to AUTO.
+  const bool forced_sm80 = std::strcmp(fc_config_read()->family, flashcore_op::family_name(FC_FAMILY_SM80)) == 0;
+  f.family = forced_sm80 ? FC_FAMILY_SM80 : FC_FAMILY_AUTO;
   // torch.use_deterministic_algorithms(True): AUTO then takes the sm80-class family, whose
   // gradients are bitwise reproducible (the sm90 family sums dq with fp32 reductions in any order).
   d.p.deterministic = deterministic ? 1 : 0;

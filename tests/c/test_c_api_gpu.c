@@ -489,7 +489,12 @@ static void bwd_reference(const test_case *tc, const fc_params *p, const test_ma
     free(dS);
 }
 
-static int run_bwd_case(const test_case *tc, const test_band *band) {
+/* Which backward a case runs: AUTO's choice, or the sm80-class family forced, in one pass (dQ
+ * through fp32 atomics) or deterministic (dQ in a pass of its own). */
+typedef enum { BWD_AUTO, BWD_SM80_ONE_PASS, BWD_SM80_DETERMINISTIC } bwd_way;
+static const char *const kBwdWayNames[] = {"", " sm80", " sm80-deterministic"};
+
+static int run_bwd_case(const test_case *tc, const test_band *band, bwd_way way) {
     if (fc_test_left_out(tc->D, tc->dtype)) {
         printf("skip backward D=%lld dtype %d: this build left its kernel out\n", (long long)tc->D, (int)tc->dtype);
         return 0;
@@ -545,6 +550,10 @@ static int run_bwd_case(const test_case *tc, const test_band *band) {
     make_mask(tc, &mask);
     set_mask(tc, &mask, p);
     set_band(band, p);
+    if (way != BWD_AUTO) {
+        p->family = FC_FAMILY_SM80;
+        b.deterministic = way == BWD_SM80_DETERMINISTIC;
+    }
     if (band != NULL && band_is_general(p)) {
         /* Only the sm90 family's backward has a band: the sm80-class family declines it, so a
          * deterministic call does too, and so does any call off Hopper (which then skips). */
@@ -589,6 +598,7 @@ static int run_bwd_case(const test_case *tc, const test_band *band) {
         return 1;
     }
     CUDA_OK(cudaMalloc(&d_ws, (size_t)ws_bytes));
+    CUDA_OK(cudaMemset(d_ws, 0xff, (size_t)ws_bytes)); /* NaN: what the kernels must zero, they do */
     b.workspace = d_ws;
     b.workspace_bytes = ws_bytes;
     st = fc_sdpa_bwd(&b, stream);
@@ -632,9 +642,9 @@ static int run_bwd_case(const test_case *tc, const test_band *band) {
         bad += !ok;
         band_changes |= max_band_change > rel * max_ref;
         static const char *const kMaskNames[] = {"", " bool-mask", " additive-mask"};
-        printf("%s bwd B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s%s", ok ? "ok  " : "FAIL", (long long)B,
-               (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk, (long long)D, tc->causal,
-               tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", kMaskNames[tc->mask_kind]);
+        printf("%s bwd%s B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld causal=%d %s%s", ok ? "ok  " : "FAIL",
+               kBwdWayNames[way], (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk, (long long)D,
+               tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", kMaskNames[tc->mask_kind]);
         print_band(band);
         printf(" %s: max|err| %.2e (tol %.2e)", names[t], max_err, rel * max_ref);
         if (band != NULL) printf(", band changes it by %.2e", max_band_change);
@@ -805,9 +815,13 @@ int main(void) {
         {1, 2, 2, 65, 130, 128, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK},
         {1, 4, 2, 67, 99, 64, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
     };
-    for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i) failed += run_bwd_case(&kBwdCases[i], NULL);
+    for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i) failed += run_bwd_case(&kBwdCases[i], NULL, BWD_AUTO);
     for (size_t i = 0; i < sizeof(kBwdBandCases) / sizeof(kBwdBandCases[0]); ++i)
-        failed += run_bwd_case(&kBwdBandCases[i].tc, &kBwdBandCases[i].band);
+        failed += run_bwd_case(&kBwdBandCases[i].tc, &kBwdBandCases[i].band, BWD_AUTO);
+    /* The sm80-class family's two ways (it takes no mask or band). */
+    for (int way = BWD_SM80_ONE_PASS; way <= BWD_SM80_DETERMINISTIC; ++way)
+        for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i)
+            if (kBwdCases[i].mask_kind == FC_MASK_NONE) failed += run_bwd_case(&kBwdCases[i], NULL, (bwd_way)way);
     if (failed) {
         fprintf(stderr, "%d case(s) failed\n", failed);
         return 1;

@@ -784,18 +784,29 @@ static void check_bwd(void) {
     int64_t bytes = -1;
     CHECK_STATUS("bwd workspace size: NULL out", fc_sdpa_bwd_workspace_size(&b, NULL), FC_ERR_NULL_POINTER);
     CHECK_STATUS("bwd workspace size", fc_sdpa_bwd_workspace_size(&b, &bytes), FC_OK);
-    /* Enough for either family: the sm80-class one's row terms, or (where an sm90 kernel is built)
-     * the Hopper family's padded row terms, fp32 dq accumulator, tile counter (16 bytes) and
-     * per-head counts (4 bytes each), rounded up to 16 bytes. */
-    const int64_t sm80_bytes = 2 * 4 * b.fwd.batch * b.fwd.heads_q * b.fwd.seqlen_q;
+    /* Enough for either family: the sm80-class one's row terms and (in one pass: D=64, not
+     * deterministic) its fp32 dq accumulator, or (where an sm90 kernel is built) the Hopper family's padded row terms, fp32 dq
+     * accumulator, tile counter (16 bytes) and per-head counts (4 bytes each), rounded up to 16
+     * bytes. */
+    const int64_t rows = b.fwd.batch * b.fwd.heads_q * b.fwd.seqlen_q;
+    const int64_t sm80_bytes = ((2 * 4 * rows + 15) / 16 * 16 + rows * b.fwd.head_dim * 4 + 15) / 16 * 16;
     const int64_t padded = (b.fwd.seqlen_q + 63) / 64 * 64;
     const int64_t sm90_bytes =
         (b.fwd.batch * b.fwd.heads_q * padded * (2 + b.fwd.head_dim + 8) * 4 + 16 + 4 * b.fwd.batch * b.fwd.heads_q + 15) /
         16 * 16;
-    if (bytes != (hopper_built && sm90_bytes > sm80_bytes ? sm90_bytes : sm80_bytes)) {
+    if (b.deterministic != 0 || b.fwd.head_dim != 64 ||
+        bytes != (hopper_built && sm90_bytes > sm80_bytes ? sm90_bytes : sm80_bytes)) {
         fprintf(stderr, "FAIL bwd workspace size %lld\n", (long long)bytes);
         ++failures;
     }
+    /* Deterministic (as at D=128): the sm80-class family's row terms alone (no accumulator). */
+    b.deterministic = 1;
+    CHECK_STATUS("bwd workspace size, deterministic", fc_sdpa_bwd_workspace_size(&b, &bytes), FC_OK);
+    if (bytes != (hopper_built && sm90_bytes > 8 * rows ? sm90_bytes : (8 * rows + 15) / 16 * 16)) {
+        fprintf(stderr, "FAIL bwd workspace size, deterministic %lld\n", (long long)bytes);
+        ++failures;
+    }
+    b.deterministic = 0;
     b.dq = NULL;
     CHECK_STATUS("bwd validates before touching the GPU", fc_sdpa_bwd(&b, 0), FC_ERR_NULL_POINTER);
 }

@@ -819,9 +819,10 @@ static int bwd_family_possible(const fc_bwd_params *b, fc_family fam, int cc) {
 static i128 round16(i128 x) { return (x + 15) / 16 * 16; }
 
 /* Workspace a family needs (docs/USAGE.md, dispatch.h), 16-byte rounded, in 128-bit arithmetic: the
- * sm80-class family 8 bytes per query row (delta and LSE in fp32), the sm90 family (D + 10) x 4
- * bytes per row, each (batch, query head)'s rows rounded up to a multiple of 64. */
-static i128 bwd_need(const fc_params *f, fc_family fam) {
+ * sm80-class family 8 bytes per query row (delta and LSE in fp32) and, in one pass (D=64, not
+ * deterministic), 16-byte aligned after them D x 4 bytes per row (its dq accumulator); the sm90
+ * family (D + 10) x 4 bytes per row, each (batch, query head)'s rows rounded up to a multiple of 64. */
+static i128 bwd_need(const fc_params *f, int deterministic, fc_family fam) {
     const i128 slices = (i128)f->batch * f->heads_q;
     if (fam == FC_FAMILY_SM90 && f->cu_seq_q != NULL) {
         /* Packed: the key-block list (a 16-byte header, then 32-byte entries: total_k / 128 +
@@ -837,7 +838,9 @@ static i128 bwd_need(const fc_params *f, fc_family fam) {
         return round16(slices * padded * ((i128)f->head_dim + 10) * 4 + 16 /* tile counter */ +
                        4 * slices /* per-head counts */);
     }
-    return round16(slices * f->seqlen_q * 8);
+    const i128 rows = slices * f->seqlen_q;
+    const int one_pass = !deterministic && f->head_dim == 64;
+    return one_pass ? round16(round16(rows * 8) + rows * f->head_dim * 4) : round16(rows * 8);
 }
 
 /* The support query's exact answer for a validated packed call (fc_params.cu_seq_q), not
@@ -962,7 +965,7 @@ static void check_bwd_launch(const fc_bwd_params *p, fc_family family, int head_
     bwd_supported_is_runnable(p, cc, family);
     /* The workspace: present, aligned, at least this family's need, which the size query covers. */
     REQUIRE(p->workspace != NULL && ((uintptr_t)p->workspace & 15u) == 0);
-    const i128 need = bwd_need(&p->fwd, family);
+    const i128 need = bwd_need(&p->fwd, p->deterministic, family);
     REQUIRE((i128)p->workspace_bytes >= need);
     int64_t size = -1;
     REQUIRE(fc_sdpa_bwd_workspace_size(e, &size) == FC_OK && (i128)size >= need);
@@ -1283,10 +1286,10 @@ static void decode_bwd(reader *r, fc_bwd_params *b) {
     switch (flags >> 5) {
     case 0: b->workspace_bytes = answer; break;
     case 1: b->workspace_bytes = answer - 1 - (int64_t)take_u8(r); break;
-    case 2: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, FC_FAMILY_SM80)) : 0; break;
-    case 3: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, FC_FAMILY_SM80) - 1) : 0; break;
-    case 4: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, FC_FAMILY_SM90)) : 0; break;
-    case 5: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, FC_FAMILY_SM90) - 1) : 0; break;
+    case 2: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, b->deterministic, FC_FAMILY_SM80)) : 0; break;
+    case 3: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, b->deterministic, FC_FAMILY_SM80) - 1) : 0; break;
+    case 4: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, b->deterministic, FC_FAMILY_SM90)) : 0; break;
+    case 5: b->workspace_bytes = sane ? clamp_i64(bwd_need(f, b->deterministic, FC_FAMILY_SM90) - 1) : 0; break;
     case 6: b->workspace_bytes = take_i64(r); break;
     default: b->workspace_bytes = 0; break;
     }
@@ -1509,7 +1512,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
     }
 
     /* The workspace size: the validation status; when valid, 16-byte multiples enough for the
-     * sm80-class family (8 bytes per query row) and, where its kernel is built, the sm90 one
+     * sm80-class family (8 bytes per query row, and D x 4 more in one pass) and, where its kernel is built, the sm90 one
      * (dispatch.h's fc_sm90_bwd_workspace_bytes, which is docs/USAGE.md's formula); a packed
      * call: the sm90 family's need alone (fc_sm90_bwd_varlen_workspace_bytes), or 0. */
     int64_t ws = -1;
@@ -1521,17 +1524,17 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         REQUIRE(ws % 16 == 0);
         if (f->cu_seq_q == NULL) {
             REQUIRE((i128)ws >= (i128)8 * f->batch * f->heads_q * f->seqlen_q);
-            REQUIRE((i128)ws >= bwd_need(f, FC_FAMILY_SM80));
+            REQUIRE((i128)ws >= bwd_need(f, b->deterministic, FC_FAMILY_SM80));
         } else {
             /* A packed call: the sm90 family's need alone (no other family runs it). */
-            REQUIRE((i128)ws == (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) ? bwd_need(f, FC_FAMILY_SM90) : 0));
+            REQUIRE((i128)ws == (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) ? bwd_need(f, b->deterministic, FC_FAMILY_SM90) : 0));
         }
         if (f->head_dim == 64 || f->head_dim == 128) {
             /* (other head dims have no sm90 kernel; their byte count may not fit int64) */
             REQUIRE(round16(f->cu_seq_q != NULL ? fc_sm90_bwd_varlen_workspace_bytes(f) : fc_sm90_bwd_workspace_bytes(f)) ==
-                    bwd_need(f, FC_FAMILY_SM90));
+                    bwd_need(f, b->deterministic, FC_FAMILY_SM90));
         }
-        if (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype)) REQUIRE((i128)ws >= bwd_need(f, FC_FAMILY_SM90));
+        if (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype)) REQUIRE((i128)ws >= bwd_need(f, b->deterministic, FC_FAMILY_SM90));
     }
 
     const int dtype_ok = f->dtype == FC_DTYPE_FP16 || f->dtype == FC_DTYPE_BF16;
@@ -1618,7 +1621,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
             REQUIRE(s == sup && g_bwd_launches == 0);
         } else {
             const fc_family fam = fc_sdpa_bwd_family(b, cc / 10, cc % 10);
-            const i128 need = bwd_need(f, fam);
+            const i128 need = bwd_need(f, b->deterministic, fam);
             if (b->workspace == NULL || (i128)b->workspace_bytes < need) {
                 REQUIRE(s == FC_ERR_BAD_WORKSPACE && g_bwd_launches == 0);
             } else {
