@@ -126,16 +126,24 @@ __device__ __forceinline__ void acc_times_tile(float (&acc)[kDTiles][4], const f
     }
 }
 
+// The query row and the 8-column chunk of it that a thread of the row kernels (delta_kernel,
+// dq_convert_kernel: 128 threads, kHeadDim / 8 to a row; grid (row blocks, Hq, B)) takes.
+template <int kHeadDim>
+struct RowChunk {
+    static constexpr int kThreadsPerRow = kHeadDim / 8;
+    static constexpr int kRowsPerCta = 128 / kThreadsPerRow;
+    int seqlen_q, head, batch, row, chunk;
+    __device__ explicit RowChunk(const fc_bwd_params &p)
+        : seqlen_q(static_cast<int>(p.fwd.seqlen_q)), head(blockIdx.y), batch(blockIdx.z),
+          row(blockIdx.x * kRowsPerCta + threadIdx.x / kThreadsPerRow), chunk(threadIdx.x % kThreadsPerRow) {}
+};
+
 // kZeroDq (the one-pass backward): each thread also zeroes its 8 columns of the row's dq
 // accumulator.
 template <typename Elem, int kHeadDim, bool kZeroDq>
 __global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
-    constexpr int kThreadsPerRow = kHeadDim / 8;
-    constexpr int kRowsPerCta = 128 / kThreadsPerRow;
-    const int seqlen_q = static_cast<int>(p.fwd.seqlen_q);
-    const int head = blockIdx.y, batch = blockIdx.z;
-    const int row = blockIdx.x * kRowsPerCta + threadIdx.x / kThreadsPerRow;
-    const int chunk = threadIdx.x % kThreadsPerRow;
+    const RowChunk<kHeadDim> at(p);
+    const int seqlen_q = at.seqlen_q, head = at.head, batch = at.batch, row = at.row, chunk = at.chunk;
     float acc = row_dot_dout_out<Elem, kHeadDim>(row < seqlen_q, chunk, [&] {
         const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b +
                            head * p.do_stride_h + static_cast<int64_t>(row) * p.do_stride_s;
@@ -233,12 +241,8 @@ __device__ __forceinline__ void add_dq_of_step(const fc_bwd_params &p, const Ele
 // kHeadDim / 8 threads per row, 8 columns each.
 template <typename Elem, int kHeadDim>
 __global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) {
-    constexpr int kThreadsPerRow = kHeadDim / 8;
-    constexpr int kRowsPerCta = 128 / kThreadsPerRow;
-    const int seqlen_q = static_cast<int>(p.fwd.seqlen_q);
-    const int head = blockIdx.y, batch = blockIdx.z;
-    const int row = blockIdx.x * kRowsPerCta + threadIdx.x / kThreadsPerRow;
-    const int chunk = threadIdx.x % kThreadsPerRow;
+    const RowChunk<kHeadDim> at(p);
+    const int seqlen_q = at.seqlen_q, head = at.head, batch = at.batch, row = at.row, chunk = at.chunk;
     if (row >= seqlen_q) return;
     const int64_t idx = (static_cast<int64_t>(batch) * p.fwd.heads_q + head) * seqlen_q + row;
     const float4 *accum = reinterpret_cast<const float4 *>(dq_accum_of(p) + idx * kHeadDim + chunk * 8);
@@ -649,7 +653,7 @@ template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     using T = BwdTraits<kHeadDim>;
     const unsigned hq = static_cast<unsigned>(p.fwd.heads_q), b = static_cast<unsigned>(p.fwd.batch);
-    constexpr int kRowsPerCta = 128 / (kHeadDim / 8);  // delta_kernel's and dq_convert_kernel's
+    constexpr int kRowsPerCta = RowChunk<kHeadDim>::kRowsPerCta;  // delta_kernel's and dq_convert_kernel's
     const dim3 row_grid(static_cast<unsigned>((p.fwd.seqlen_q + kRowsPerCta - 1) / kRowsPerCta), hq, b);
     const dim3 kv_grid(static_cast<unsigned>((p.fwd.seqlen_k + T::kBlock - 1) / T::kBlock),
                        static_cast<unsigned>(p.fwd.heads_kv), b);
