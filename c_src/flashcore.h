@@ -313,8 +313,11 @@ cudaError_t fc_last_cuda_error(void);
  * GQA: dk and dv are summed over each KV head's group of query heads. Every element of dq, dk and
  * dv is written (keys no query sees, e.g. causal with Sk > Sq, get zeros).
  * Two kernel families; no dropout:
- *   - sm80-class (mma.sync + cp.async; sm_89, and sm_90 by the same code): no atomics, so two
- *     calls on the same inputs give bitwise equal gradients. No mask.
+ *   - sm80-class (mma.sync + cp.async; sm_89, and sm_90 by the same code). No mask. At D=64,
+ *     unless `deterministic` is set, one pass with dq summed through fp32 atomics in any order
+ *     (its last bits may vary from run to run); otherwise dq in a pass of its own and no atomics,
+ *     so two calls on the same inputs give bitwise equal gradients (fc_sm80_bwd_one_pass,
+ *     launch_rules.h).
  *   - sm90 (TMA + wgmma, sm_90a; head dims 64 and 128): one pass over key blocks, dq summed in
  *     fp32 through bulk reductions in any order, so dq may differ in its last bits from run to
  *     run (dk, dv do not). Takes a mask (bool or additive, any strides, as the forward) when the
@@ -351,11 +354,13 @@ typedef struct fc_bwd_params {
     int64_t dlse_stride_b, dlse_stride_h, dlse_stride_s;
 
     /* Nonzero: the gradients must be bitwise reproducible (PyTorch's
-     * torch.use_deterministic_algorithms); AUTO then takes the sm80-class family. */
+     * torch.use_deterministic_algorithms); AUTO then takes the sm80-class family, in its
+     * deterministic form (dq in a pass of its own). */
     int deterministic;
 
     /* Required device scratch of at least fc_sdpa_bwd_workspace_size bytes, 16-byte aligned
-     * (per-row fp32 terms, and for the sm90 family an fp32 dq accumulator). Missing or too
+     * (per-row fp32 terms, and an fp32 dq accumulator for the sm90 family and the sm80-class
+     * family's one pass). Missing or too
      * small: FC_ERR_BAD_WORKSPACE. */
     void *workspace;
     int64_t workspace_bytes;
