@@ -7,7 +7,8 @@
  * When it is read: once per call, on the calling thread. fc_config_read() parses every
  * variable into the calling thread's snapshot; the library's entry points that a variable can
  * steer call it first (plan() in flashcore.c: fc_sdpa_workspace_size and fc_sdpa_fwd;
- * fc_sdpa_bwd in bwd.c; decide() in torch_op/flashcore_op.cpp), and everything below them
+ * fc_sdpa_bwd in bwd.c; decide() in torch_op/flashcore_op.cpp, decide_bwd() in
+ * torch_op/flashcore_bwd_op.cpp), and everything below them
  * (dispatch.c's heuristics, the launchers in kernels/) takes the values from fc_config_get(),
  * which returns that snapshot without reading anything.
  * Why not once per process: the tests (and tools/, bench/) set these variables between calls in

@@ -126,24 +126,13 @@ __device__ __forceinline__ void acc_times_tile(float (&acc)[kDTiles][4], const f
     }
 }
 
-// The query row and the 8-column chunk of it that a thread of the row kernels (delta_kernel,
-// dq_convert_kernel: 128 threads, kHeadDim / 8 to a row; grid (row blocks, Hq, B)) takes.
-template <int kHeadDim>
-struct RowChunk {
-    static constexpr int kThreadsPerRow = kHeadDim / 8;
-    static constexpr int kRowsPerCta = 128 / kThreadsPerRow;
-    int seqlen_q, head, batch, row, chunk;
-    __device__ explicit RowChunk(const fc_bwd_params &p)
-        : seqlen_q(static_cast<int>(p.fwd.seqlen_q)), head(blockIdx.y), batch(blockIdx.z),
-          row(blockIdx.x * kRowsPerCta + threadIdx.x / kThreadsPerRow), chunk(threadIdx.x % kThreadsPerRow) {}
-};
-
 // kZeroDq (the one-pass backward): each thread also zeroes its 8 columns of the row's dq
 // accumulator.
 template <typename Elem, int kHeadDim, bool kZeroDq>
 __global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
-    const RowChunk<kHeadDim> at(p);
-    const int seqlen_q = at.seqlen_q, head = at.head, batch = at.batch, row = at.row, chunk = at.chunk;
+    const RowLane<kHeadDim> lane;
+    const int seqlen_q = static_cast<int>(p.fwd.seqlen_q), head = lane.head, batch = lane.batch, chunk = lane.chunk;
+    const int row = static_cast<int>(lane.row);
     float acc = row_dot_dout_out<Elem, kHeadDim>(row < seqlen_q, chunk, [&] {
         const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b +
                            head * p.do_stride_h + static_cast<int64_t>(row) * p.do_stride_s;
@@ -241,15 +230,14 @@ __device__ __forceinline__ void add_dq_of_step(const fc_bwd_params &p, const Ele
 // kHeadDim / 8 threads per row, 8 columns each.
 template <typename Elem, int kHeadDim>
 __global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) {
-    const RowChunk<kHeadDim> at(p);
-    const int seqlen_q = at.seqlen_q, head = at.head, batch = at.batch, row = at.row, chunk = at.chunk;
+    const RowLane<kHeadDim> lane;
+    const int seqlen_q = static_cast<int>(p.fwd.seqlen_q), head = lane.head, batch = lane.batch, chunk = lane.chunk;
+    const int row = static_cast<int>(lane.row);
     if (row >= seqlen_q) return;
     const int64_t idx = (static_cast<int64_t>(batch) * p.fwd.heads_q + head) * seqlen_q + row;
     const float4 *accum = reinterpret_cast<const float4 *>(dq_accum_of(p) + idx * kHeadDim + chunk * 8);
     const float4 a = __ldcs(accum), b = __ldcs(accum + 1);  // (read once)
-    const float scale = p.fwd.scale;
-    const uint4 out = make_uint4(pack2<Elem>(a.x * scale, a.y * scale), pack2<Elem>(a.z * scale, a.w * scale),
-                                 pack2<Elem>(b.x * scale, b.y * scale), pack2<Elem>(b.z * scale, b.w * scale));
+    const uint4 out = pack8_scaled<Elem>(a, b, p.fwd.scale);
     *reinterpret_cast<uint4 *>(static_cast<Elem *>(p.dq) + batch * p.dq_stride_b + head * p.dq_stride_h +
                                static_cast<int64_t>(row) * p.dq_stride_s + chunk * 8) = out;
 }
@@ -653,7 +641,7 @@ template <typename Elem, int kHeadDim, bool kCausal>
 cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     using T = BwdTraits<kHeadDim>;
     const unsigned hq = static_cast<unsigned>(p.fwd.heads_q), b = static_cast<unsigned>(p.fwd.batch);
-    constexpr int kRowsPerCta = RowChunk<kHeadDim>::kRowsPerCta;  // delta_kernel's and dq_convert_kernel's
+    constexpr int kRowsPerCta = RowLane<kHeadDim>::kRowsPerCta;  // delta_kernel's and dq_convert_kernel's
     const dim3 row_grid(static_cast<unsigned>((p.fwd.seqlen_q + kRowsPerCta - 1) / kRowsPerCta), hq, b);
     const dim3 kv_grid(static_cast<unsigned>((p.fwd.seqlen_k + T::kBlock - 1) / T::kBlock),
                        static_cast<unsigned>(p.fwd.heads_kv), b);

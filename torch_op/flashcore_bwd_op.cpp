@@ -31,7 +31,6 @@
 #include <torch/headeronly/core/ScalarType.h>
 
 #include <cmath>
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -39,7 +38,6 @@
 #include <tuple>
 #include <vector>
 
-#include "config.h"  // fc_config_read: FLASHCORE_FAMILY
 #include "flashcore.h"
 #include "mask_copy.h"
 #include "op_common.h"
@@ -161,7 +159,7 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
   }
   // FLASHCORE_FAMILY=sm80 forces the sm80-class backward too (how the Ada path is tested and
   // timed on Hopper); any other value leaves the backward's family to AUTO.
-  const bool forced_sm80 = std::strcmp(fc_config_read()->family, flashcore_op::family_name(FC_FAMILY_SM80)) == 0;
+  const bool forced_sm80 = flashcore_op::family_from_config(*fc_config_read()) == FC_FAMILY_SM80;
   f.family = forced_sm80 ? FC_FAMILY_SM80 : FC_FAMILY_AUTO;
   // torch.use_deterministic_algorithms(True): AUTO then takes the sm80-class family, whose
   // gradients are bitwise reproducible (the sm90 family sums dq with fp32 reductions in any order).

@@ -49,6 +49,7 @@ namespace {
 
 using flashcore_op::compute_capability;
 using flashcore_op::fail;
+using flashcore_op::family_from_config;
 using flashcore_op::make_mask_copy;
 using flashcore_op::mask_copy_affordable;
 using flashcore_op::mask_copy_layout;
@@ -109,21 +110,6 @@ std::string device_str(const Tensor& t) {
   if (t.is_cuda()) return "cuda:" + std::to_string(t.get_device_index());
   return "device type " + std::to_string(static_cast<int>(t.device().type())) + ":" +
          std::to_string(t.get_device_index());
-}
-
-// FLASHCORE_FAMILY: read with the library's other overrides (c_src/config.h, fc_config_read,
-// once per call in decide()), named by reasons.h's family names; "" (unset) is auto.
-fc_family family_from_config(const fc_config& cfg) {
-  const char* text = cfg.family;
-  if (text[0] == '\0') return FC_FAMILY_AUTO;
-  std::string names;  // 'auto', 'sm80', ... for the error
-  for (int f = FC_FAMILY_AUTO; family_name(f) != nullptr; ++f) {
-    if (std::strcmp(text, family_name(f)) == 0) return static_cast<fc_family>(f);
-    names += (names.empty() ? "'" : ", '") + std::string(family_name(f)) + "'";
-  }
-  fail("flashcore: environment variable FLASHCORE_FAMILY must be one of ", names, " (got '", text,
-       "')");
-  return FC_FAMILY_AUTO;  // unreachable
 }
 
 // fc statuses that describe the caller's layout or a case aten handles: fall back, don't raise.

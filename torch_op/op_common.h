@@ -8,6 +8,7 @@
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
 
+#include "config.h"
 #include "flashcore.h"
 #include "reasons.h"
 
@@ -15,10 +16,12 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -67,6 +70,21 @@ inline std::pair<int, int> compute_capability(int32_t device) {
 }
 
 // SDPA's scale: the caller's, else 1 / sqrt(head_dim) (PyTorch's default), for every op.
+// FLASHCORE_FAMILY: read with the library's other overrides (c_src/config.h, fc_config_read,
+// once per call in decide() and decide_bwd()), named by reasons.h's family names; "" (unset) is auto.
+inline fc_family family_from_config(const fc_config& cfg) {
+  const char* text = cfg.family;
+  if (text[0] == '\0') return FC_FAMILY_AUTO;
+  std::string names;  // 'auto', 'sm80', ... for the error
+  for (int f = FC_FAMILY_AUTO; family_name(f) != nullptr; ++f) {
+    if (std::strcmp(text, family_name(f)) == 0) return static_cast<fc_family>(f);
+    names += (names.empty() ? "'" : ", '") + std::string(family_name(f)) + "'";
+  }
+  fail("flashcore: environment variable FLASHCORE_FAMILY must be one of ", names, " (got '", text,
+       "')");
+  return FC_FAMILY_AUTO;  // unreachable
+}
+
 inline double sdpa_scale(const std::optional<double>& scale, int64_t head_dim) {
   return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }

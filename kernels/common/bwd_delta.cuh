@@ -1,7 +1,8 @@
-// common/bwd_delta.cuh - the backward's softmax correction term delta = rowsum(dO * O) of one
-// query row, as both backward families' row kernels compute it (bwd_sm80.cuh's delta_kernel,
-// sm90/bwd_rows.cuh's row_terms_kernel): kHeadDim / 8 consecutive lanes per row, each reading 16
-// bytes of dO and of O, then summed across those lanes with xor shuffles.
+// common/bwd_delta.cuh - what both backward families' row kernels share: their thread layout
+// (RowLane) and the softmax correction term delta = rowsum(dO * O) of one query row, as
+// bwd_sm80.cuh's delta_kernel and sm90/bwd_rows.cuh's row_terms_kernel compute it: kHeadDim / 8
+// consecutive lanes per row, each reading 16 bytes of dO and of O, then summed across those lanes
+// with xor shuffles.
 #pragma once
 
 #include "common/sm80_ptx.cuh"  // unpack2
@@ -10,6 +11,17 @@
 #include <stdint.h>
 
 namespace flashcore {
+
+// What a thread of a row kernel (sm90/bwd_rows.cuh's row_terms_kernel, bwd_sm80.cuh's
+// delta_kernel and dq_convert_kernel) takes: kHeadDim / 8 consecutive threads per row, each a
+// 16-byte chunk of it. Grid: (rows / kRowsPerCta, query heads, batch) CTAs of 128 threads.
+template <int kHeadDim>
+struct RowLane {
+    static constexpr int kThreadsPerRow = kHeadDim / 8;
+    static constexpr int kRowsPerCta = 128 / kThreadsPerRow;
+    int head = blockIdx.y, batch = blockIdx.z, chunk = threadIdx.x % kThreadsPerRow;
+    int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
+};
 
 // `real`: the row exists (rows past Sq read nothing and contribute 0, but still take part in
 // the shuffles, which every lane of the warp must reach). `rows()` gives the row's dO and O

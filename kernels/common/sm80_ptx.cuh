@@ -112,6 +112,14 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
+// Eight fp32 values (lo, then hi) times `scale`, packed into 16 bytes of 16-bit values: a chunk
+// of a dq row from its fp32 accumulator (both backward families' conversions).
+template <typename Elem>
+__device__ __forceinline__ uint4 pack8_scaled(float4 lo, float4 hi, float scale) {
+    return make_uint4(pack2<Elem>(lo.x * scale, lo.y * scale), pack2<Elem>(lo.z * scale, lo.w * scale),
+                      pack2<Elem>(hi.x * scale, hi.y * scale), pack2<Elem>(hi.z * scale, hi.w * scale));
+}
+
 // Unpack one 32-bit register of two 16-bit values into two fp32 values (x = lo).
 template <typename Elem>
 __device__ __forceinline__ float2 unpack2(uint32_t v);

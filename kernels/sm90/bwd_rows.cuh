@@ -20,7 +20,7 @@
 #pragma once
 
 #include "common/bwd_delta.cuh"
-#include "common/sm80_ptx.cuh"  // pack2, allow_dependent_grids
+#include "common/sm80_ptx.cuh"  // pack8_scaled, allow_dependent_grids
 #include "flashcore.h"
 #include "launch_rules.h"
 
@@ -101,16 +101,6 @@ __device__ __forceinline__ void wait_for_key_blocks(const int32_t *pair_done, in
         __nanosleep(500);
     }
 }
-
-// What a thread of the row-terms kernel takes: kHeadDim / 8 consecutive threads per row, each a
-// 16-byte chunk of it. Grid: (rows / kRowsPerCta, query heads, batch) CTAs of 128 threads.
-template <int kHeadDim>
-struct RowLane {
-    static constexpr int kThreadsPerRow = kHeadDim / 8;
-    static constexpr int kRowsPerCta = 128 / kThreadsPerRow;
-    int head = blockIdx.y, batch = blockIdx.z, chunk = threadIdx.x % kThreadsPerRow;
-    int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
-};
 
 // Each thread reads 16 bytes of dO and of O. Grid over the padded rows (kPacked: one batch item).
 template <typename Elem, int kHeadDim, bool kPacked = false>
@@ -202,12 +192,8 @@ __global__ void __launch_bounds__(kConvertThreads) dq_convert_kernel(const fc_bw
         const int c = threadIdx.x + i * kConvertThreads;
         const int64_t row = first_row + c / Shape::kChunksPerRow;
         if (row >= rows) continue;
-        uint4 packed;
-        packed.x = pack2<Elem>(lo[i].x * s, lo[i].y * s);
-        packed.y = pack2<Elem>(lo[i].z * s, lo[i].w * s);
-        packed.z = pack2<Elem>(hi[i].x * s, hi[i].y * s);
-        packed.w = pack2<Elem>(hi[i].z * s, hi[i].w * s);
-        *reinterpret_cast<uint4 *>(slice_dq + row * p.dq_stride_s + c % Shape::kChunksPerRow * 8) = packed;
+        *reinterpret_cast<uint4 *>(slice_dq + row * p.dq_stride_s + c % Shape::kChunksPerRow * 8) =
+            pack8_scaled<Elem>(lo[i], hi[i], s);
     }
 }
 
