@@ -28,8 +28,9 @@
 // of Q K^T and dO V^T (7 matmuls per tile pair instead of 5).
 // One pass, as FlashAttention-2's: delta_kernel also zeroes an
 // fp32 dq accumulator in the workspace; dkdv_kernel<kDqAtomic> writes each step's dS^T to shared
-// memory and adds dQ = dS K of its 64 keys to the accumulator with fp32 atomics (in whatever order
-// the key blocks come); dq_convert_kernel writes dQ = scale * accumulator in the input's dtype.
+// memory and adds dQ = dS K of its keys (128-key blocks of 8 warps) to the accumulator with fp32
+// atomics (in whatever order the key blocks come); dq_convert_kernel writes dQ = scale x
+// accumulator in the input's dtype.
 // Measured against each other and FlashAttention-2: docs/experiments/backward.md.
 //
 // Fragment layouts are those of kernels/fwd_sm80.cuh (ldmatrix patterns, P packing; the swizzle
@@ -46,6 +47,7 @@
 #include "flashcore.h"
 #include "launch_rules.h"  // fc_sm80_bwd_dq_accum_offset
 #include "runtime.h"  // fc_device_facts
+#include "sm80/row_copy.cuh"  // chunk_pair_addr()
 #include "sm80/tile.cuh"  // swizzled(), load_tile()
 
 #include <cuda_runtime.h>
@@ -56,6 +58,7 @@ namespace sm80_bwd {
 
 using sm80::load_tile;
 using sm80::swizzled;
+using sm80::chunk_pair_addr;
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -63,10 +66,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 // the other operand in tiles of kStream rows through a 2-stage cp.async ring. The stream tile
 // is smaller for D=128 to keep the fp32 accumulators (dK+dV: 128 registers; dQ 64 plus Q and
 // dO fragments 64) and the two score tiles (S, dP) within 255 registers without spills.
-template <int kHeadDim_>
+// kWarps_: 4 (the deterministic kernels); 8 for the one-pass dK/dV kernel at D=64, whose 128-key
+// blocks halve the atomics per query row (and the Q/dO reloads per key).
+template <int kHeadDim_, int kWarps_ = 4>
 struct BwdTraits {
     static constexpr int kHeadDim = kHeadDim_;
-    static constexpr int kWarps = 4;
+    static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kBlock = 16 * kWarps;                  // rows a CTA owns (queries or keys)
     static constexpr int kStream = kHeadDim <= 64 ? 64 : 32;    // rows per streamed tile
@@ -101,11 +106,26 @@ __device__ inline float *dq_accum_of(const fc_bwd_params &p) {
 
 // ---- 1. delta = rowsum(dO * O) - dLSE, LSE in base 2 -------------------------------------------
 // kHeadDim / 8 threads per row, each reading 16 bytes of dO and of O.
+// B fragments of a product whose B rows (the k dimension) come from a swizzled shared tile,
+// transposed by ldmatrix.trans: `base` is the lane's address in the first 16 rows (its row
+// (lane & 7) + 8 ((lane >> 3) & 1), chunk first_chunk + (lane >> 4)); k-step kk, chunk pair `pair`
+// is chunk_pair_addr's XOR of it plus kk's 16 rows as an immediate (sm80/row_copy.cuh). With
+// first_chunk a multiple of the pairs a caller walks (x2), chunk first_chunk + 2 pair + b sets no
+// bit first_chunk has, so the XOR is exact.
+template <int kChunks, typename Elem>
+__device__ __forceinline__ uint32_t trans_b_base(const Elem *tile, int first_chunk, int lane) {
+    return smem_addr(tile + swizzled<kChunks>((lane & 7) + ((lane >> 3) & 1) * 8, first_chunk + (lane >> 4)));
+}
+template <int kChunks>
+__device__ __forceinline__ void load_trans_b(uint32_t (&bf)[4], uint32_t base, int kk, int pair) {
+    ldmatrix_x4_trans(bf, chunk_pair_addr(base, pair) + kk * 16 * kChunks * 16);
+}
+
 // acc (this warp's 16 rows x 8 kDTiles columns) += A B. A (16 x 16 kSteps) is held in mma
 // accumulator layout, a[2 kk] and a[2 kk + 1] covering its columns 16 kk .. 16 kk + 15, and is
 // repacked to 16-bit A fragments in registers (FlashAttention-2's reuse of S as an operand); B's
-// 16 kSteps rows come from a swizzled shared tile, transposed by ldmatrix.trans. This is each
-// pass's second product: dQ += dS K, dV += P^T dO, dK += dS^T Q.
+// 16 kSteps rows come from a swizzled shared tile (load_trans_b). This is each pass's second
+// product: dQ += dS K, dV += P^T dO, dK += dS^T Q.
 template <typename Elem, int kSteps, int kDTiles, int kChunks>
 __device__ __forceinline__ void acc_times_tile(float (&acc)[kDTiles][4], const float (&a)[2 * kSteps][4],
                                                const Elem *tile, int lane) {
@@ -116,12 +136,38 @@ __device__ __forceinline__ void acc_times_tile(float (&acc)[kDTiles][4], const f
         af[1] = pack2<Elem>(a[2 * kk][2], a[2 * kk][3]);
         af[2] = pack2<Elem>(a[2 * kk + 1][0], a[2 * kk + 1][1]);
         af[3] = pack2<Elem>(a[2 * kk + 1][2], a[2 * kk + 1][3]);
+        const uint32_t base = trans_b_base<kChunks>(tile, 0, lane);
 #pragma unroll
         for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
             uint32_t bf[4];
-            const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-            ldmatrix_x4_trans(bf, smem_addr(tile + swizzled<kChunks>(r, dp2 * 2 + (lane >> 4))));
+            load_trans_b<kChunks>(bf, base, kk, dp2);
             mma_16816_pair<Elem>(acc[2 * dp2], acc[2 * dp2 + 1], af, bf);
+        }
+    }
+}
+
+// P^T = exp2(S^T * scale * log2e - LSE2[query]) of one warp's 16 keys x kMTiles * 8 queries; where
+// `masked`, -inf (P = 0) where kCausal and key > query, or kPastSk and key >= Sk: the one-pass
+// kernel's dQ reads those keys' dS^T, and their zero-filled K rows give S^T = 0, whose P^T need
+// not be finite. `masked` is tested per element, not by one branch around two loops: ptxas turns
+// it into selects and interleaves the exponentials with the tensor-core work around them (a
+// warp-uniform branch there measured slower, backward.md).
+template <bool kCausal, bool kPastSk, int kMTiles>
+__device__ __forceinline__ void probs_of_scores(float (&s)[kMTiles][4], const float *lse2, float scale_log2,
+                                                bool masked, int col_in_tile, int m_start, int key0,
+                                                int seqlen_k) {
+#pragma unroll
+    for (int j = 0; j < kMTiles; ++j) {
+        const float2 l = *reinterpret_cast<const float2 *>(lse2 + j * 8 + col_in_tile);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float x = fmaf(s[j][e], scale_log2, -((e & 1) ? l.y : l.x));
+            if (masked) {
+                const int col = m_start + j * 8 + col_in_tile + (e & 1);
+                const int key = key0 + 8 * (e >> 1);
+                if ((kCausal && key > col) || (kPastSk && key >= seqlen_k)) x = -INFINITY;
+            }
+            s[j][e] = fast_exp2(x);
         }
     }
 }
@@ -192,6 +238,8 @@ __device__ __forceinline__ void add_dq_of_step(const fc_bwd_params &p, const Ele
                                                int batch, int m_start, int warp, int lane) {
     constexpr int kMTiles = T::kStream / 16, kNTiles = T::kDqCols / 8;
     const int m0 = warp % kMTiles * 16, chunk0 = warp / kMTiles * T::kDqCols / 8;
+    static_assert(kNTiles <= 8 || T::kDqCols == T::kHeadDim, "chunk0: a multiple of the chunks a warp walks");
+    const uint32_t k_base = trans_b_base<T::kChunks>(k_tile, chunk0, lane);
     float acc[kNTiles][4];
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n)
@@ -208,8 +256,7 @@ __device__ __forceinline__ void add_dq_of_step(const fc_bwd_params &p, const Ele
 #pragma unroll
         for (int dp2 = 0; dp2 < kNTiles / 2; ++dp2) {
             uint32_t bf[4];
-            const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-            ldmatrix_x4_trans(bf, smem_addr(k_tile + swizzled<T::kChunks>(r, chunk0 + dp2 * 2 + (lane >> 4))));
+            load_trans_b<T::kChunks>(bf, k_base, kk, dp2);
             mma_16816_pair<Elem>(acc[2 * dp2], acc[2 * dp2 + 1], af, bf);
         }
     }
@@ -410,11 +457,14 @@ dq_kernel(const fc_bwd_params p) {
 
 // ---- 3. dK, dV: one CTA per (key block, KV head, batch) -----------------------------------------
 // kDqAtomic (the one-pass backward): also each step's dQ share, added to the dq accumulator
-// (add_dq_of_step).
+// (add_dq_of_step), with 8 warps (128-key blocks).
+template <int kHeadDim, bool kDqAtomic>
+using DkDvTraits = BwdTraits<kHeadDim, kDqAtomic ? 8 : 4>;
+
 template <typename Elem, int kHeadDim, bool kCausal, bool kDqAtomic>
-__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads)
+__global__ void __launch_bounds__(DkDvTraits<kHeadDim, kDqAtomic>::kThreads)
 dkdv_kernel(const fc_bwd_params p) {
-    using T = BwdTraits<kHeadDim>;
+    using T = DkDvTraits<kHeadDim, kDqAtomic>;
     constexpr int kBlockN = T::kBlock, kBlockM = T::kStream, kChunks = T::kChunks;
     constexpr int kKSteps = kHeadDim / 16;  // k-steps of K Q^T and V dO^T
     constexpr int kMTiles = kBlockM / 8;    // n-tiles (query columns) of S^T and dP^T per warp
@@ -422,6 +472,9 @@ dkdv_kernel(const fc_bwd_params p) {
     // D=128: with the k-step loops of S^T and dP^T fully unrolled, ptxas hoists the fragment
     // loads of all 8 k-steps and spills 40 bytes on sm_90a (255 registers); unrolled by 2 it fits.
     constexpr int kKUnroll = kHeadDim <= 64 ? kKSteps : 2;
+    // D=64: the A fragments of this warp's K and V rows (32 registers) stay in registers instead
+    // of being reloaded from shared memory every step; D=128 has no registers for its 64.
+    constexpr bool kKvInRegs = kHeadDim <= 64;
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Elem *smem_k = reinterpret_cast<Elem *>(smem_raw);
@@ -499,6 +552,8 @@ dkdv_kernel(const fc_bwd_params p) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) dk_acc[i][j] = dv_acc[i][j] = 0.f;
 
+    // kKvInRegs: this warp's K and V rows as A fragments, held for the whole loop
+    uint32_t k_frag[kKvInRegs ? kKSteps : 1][4], v_frag[kKvInRegs ? kKSteps : 1][4];
     for (int step = 0; step < steps; ++step) {
         const int stage = step & 1;
         if (step + 1 < steps) {
@@ -515,6 +570,11 @@ dkdv_kernel(const fc_bwd_params p) {
         const Elem *do_tile = smem_do + stage * kBlockM * kHeadDim;
         const float *lse2 = smem_lse2 + stage * kBlockM;
         const float *dlt = smem_delta + stage * kBlockM;
+        // ldmatrix addresses of the B operands of S^T and dP^T: chunk pair kk of row r is
+        // chunk_pair_addr(base, kk) plus r's offset (the same r % 8 for every 16-row block)
+        const int b_row = (lane & 7) + (lane >> 4) * 8, b_chunk = (lane >> 3) & 1;
+        const uint32_t q_tile_base = smem_addr(q_tile + swizzled<kChunks>(b_row, b_chunk));
+        const uint32_t do_tile_base = smem_addr(do_tile + swizzled<kChunks>(b_row, b_chunk));
 
         // ---- S^T = K Q^T: this warp's K rows are the A operand, Q rows the B operand ----
         float s[kMTiles][4];
@@ -523,38 +583,34 @@ dkdv_kernel(const fc_bwd_params p) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
         const int a_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        if constexpr (kKvInRegs) {
+            if (step == 0) {  // the K/V tiles landed with step 0's copies
+#pragma unroll
+                for (int kk = 0; kk < kKSteps; ++kk) {
+                    ldmatrix_x4(k_frag[kk], smem_addr(smem_k + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
+                    ldmatrix_x4(v_frag[kk], smem_addr(smem_v + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
+                }
+            }
+        }
 #pragma unroll(kKUnroll)
         for (int kk = 0; kk < kKSteps; ++kk) {
             uint32_t kf[4];
-            ldmatrix_x4(kf, smem_addr(smem_k + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
+            if constexpr (kKvInRegs)
+                for (int i = 0; i < 4; ++i) kf[i] = k_frag[kk][i];
+            else
+                ldmatrix_x4(kf, smem_addr(smem_k + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
 #pragma unroll
             for (int np = 0; np < kMTiles / 2; ++np) {
                 uint32_t qf[4];
-                const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
-                ldmatrix_x4(qf, smem_addr(q_tile + swizzled<kChunks>(r, kk * 2 + ((lane >> 3) & 1))));
+                ldmatrix_x4(qf, chunk_pair_addr(q_tile_base, kk) + np * 16 * kChunks * 16);
                 mma_16816_pair<Elem>(s[2 * np], s[2 * np + 1], kf, qf);
             }
         }
 
-        // ---- P^T = exp2(S^T * scale * log2e - LSE2[query]), causal-masked (key > query) ----
-        // kDqAtomic: keys past Sk too (their zero-filled rows give S^T = 0, whose P^T and dS^T
-        // need not be finite, and dQ reads dS^T).
+        // ---- P^T = exp2(S^T * scale * log2e - LSE2[query]), masked where this warp's keys need it ----
         const bool masked_tile =
             (kCausal && n_start + warp * 16 + 15 > m_start) || (kDqAtomic && n_start + warp * 16 + 15 >= seqlen_k);
-#pragma unroll
-        for (int j = 0; j < kMTiles; ++j) {
-            const float2 l = *reinterpret_cast<const float2 *>(lse2 + j * 8 + col_in_tile);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = fmaf(s[j][e], scale_log2, -((e & 1) ? l.y : l.x));
-                if (masked_tile) {
-                    const int col = m_start + j * 8 + col_in_tile + (e & 1);
-                    const int key = key0 + 8 * (e >> 1);
-                    if ((kCausal && key > col) || (kDqAtomic && key >= seqlen_k)) x = -INFINITY;
-                }
-                s[j][e] = fast_exp2(x);
-            }
-        }
+        probs_of_scores<kCausal, kDqAtomic>(s, lse2, scale_log2, masked_tile, col_in_tile, m_start, key0, seqlen_k);
 
         // ---- dV += P^T dO ----
         acc_times_tile<Elem, kBlockM / 16, kDTiles, kChunks>(dv_acc, s, do_tile, lane);
@@ -568,12 +624,14 @@ dkdv_kernel(const fc_bwd_params p) {
 #pragma unroll(kKUnroll)
         for (int kk = 0; kk < kKSteps; ++kk) {
             uint32_t vf[4];
-            ldmatrix_x4(vf, smem_addr(smem_v + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
+            if constexpr (kKvInRegs)
+                for (int i = 0; i < 4; ++i) vf[i] = v_frag[kk][i];
+            else
+                ldmatrix_x4(vf, smem_addr(smem_v + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
 #pragma unroll
             for (int np = 0; np < kMTiles / 2; ++np) {
                 uint32_t df[4];
-                const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
-                ldmatrix_x4(df, smem_addr(do_tile + swizzled<kChunks>(r, kk * 2 + ((lane >> 3) & 1))));
+                ldmatrix_x4(df, chunk_pair_addr(do_tile_base, kk) + np * 16 * kChunks * 16);
                 mma_16816_pair<Elem>(dp[2 * np], dp[2 * np + 1], vf, df);
             }
         }
@@ -649,12 +707,15 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
     // (fc_sm80_bwd_one_pass holds at D=64 alone: only that head dim builds the one-pass kernel.)
     if constexpr (kHeadDim == 64) {
         if (fc_sm80_bwd_one_pass(&p.fwd, p.deterministic)) {  // dQ through the accumulator
+            using TA = DkDvTraits<kHeadDim, true>;
             auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, true>;
             static unsigned long long dkdv_configured = 0;
-            if ((err = allow_smem(dkdv, T::kKvAtomicSmemBytes, &dkdv_configured, dev.device)) != cudaSuccess) return err;
+            if ((err = allow_smem(dkdv, TA::kKvAtomicSmemBytes, &dkdv_configured, dev.device)) != cudaSuccess) return err;
             delta_kernel<Elem, kHeadDim, true><<<row_grid, 128, 0, stream>>>(p);
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
-            dkdv<<<kv_grid, T::kThreads, T::kKvAtomicSmemBytes, stream>>>(p);
+            const dim3 grid(static_cast<unsigned>((p.fwd.seqlen_k + TA::kBlock - 1) / TA::kBlock),
+                            static_cast<unsigned>(p.fwd.heads_kv), b);
+            dkdv<<<grid, TA::kThreads, TA::kKvAtomicSmemBytes, stream>>>(p);
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
             dq_convert_kernel<Elem, kHeadDim><<<row_grid, 128, 0, stream>>>(p);
             return cudaGetLastError();
