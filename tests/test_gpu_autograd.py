@@ -161,6 +161,38 @@ def test_kernel_grads(dtype, D, causal, shape, family, monkeypatch):
     assert_grads_within_rule(got, low, ref32, dtype, f"{shape} D={D} causal={causal} {family}")
 
 
+@pytest.mark.parametrize("family", ["auto", "sm80"])
+@pytest.mark.parametrize("Sq,Sk", [(100, 192), (1, 1000), (300, 257)], ids=["sq100_sk192", "sq1_sk1000",
+                                                                           "sq300_sk257"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_kernel_grads_far_negative_scores(dtype, D, causal, Sq, Sk, family, monkeypatch):
+    """Every score near -128 (q and k point opposite ways), so each row's LSE is near -128 too and
+    exp(0 - LSE), what a key row the kernels zero-fill past Sk would give, overflows: those keys'
+    P and dS must be masked, not merely multiplied by their zero K and V rows (inf * 0 = NaN in
+    dQ). Sk = 192, 257, 1000 leave 64, 127 and 24 such rows in a 128-key block (the sm80-class
+    one-pass kernel's); the tolerance rule as everywhere, and every gradient finite."""
+    if family == "sm80":
+        if BWD_KERNEL_PATH != "kernel sm90":
+            pytest.skip("the sm80-class family is this card's default: the auto case runs it")
+        monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
+    require_kernel(D, dtype)
+    B, H = 1, 2
+    # q . k / sqrt(D) = -(4 * 4 * D) / sqrt(D) * (1 + small): about -128 at D=64, -181 at D=128.
+    shift = 4.0
+    q = (shift + 0.25 * torch.randn(B, H, Sq, D, device=DEVICE)).to(dtype).requires_grad_()
+    k = (-shift + 0.25 * torch.randn(B, H, Sk, D, device=DEVICE)).to(dtype).requires_grad_()
+    v = rand(B, H, Sk, D, dtype=dtype)
+    kw = dict(is_causal=causal)
+    grad_out = torch.randn(B, H, Sq, D, dtype=dtype, device=DEVICE)
+    out, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
+    if KERNEL_CARD:
+        assert_backward_kernel(grad_out, q, k, v, **kw, expected="kernel sm80" if family == "sm80" else None)
+    low, ref32 = pytorch_grads((q, k, v), grad_out, **kw)
+    assert_grads_within_rule(got, low, ref32, dtype, f"Sq={Sq} Sk={Sk} D={D} causal={causal} {family}")
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
