@@ -8,6 +8,8 @@ What it checks, on a CUDA machine:
     where g_lp are PyTorch SDPA's gradients on the same low-precision inputs; the forward runs a
     FlashCore kernel (explain() says so) on cards that have one, and so does the backward
     (the fused backward kernel: explain_backward() says so);
+  * scores far below zero (exp(0 - LSE) overflows fp32) with keys past Sk in a partly filled
+    key block: those keys masked in the backward, not zeroed by their zero-filled rows;
   * the fused backward on non-contiguous views (HuggingFace's (B, S, H, D) transposes, a
     non-contiguous grad_out), through the LSE's gradient, and its determinism (bitwise equal
     gradients from two calls);
