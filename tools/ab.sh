@@ -5,7 +5,7 @@
 #
 # Usage: bash tools/ab.sh TREE_A TREE_B [TREE_C ...] [-- bench.py options...]
 #   PASSES (default 2) passes per tree; OUT (default ./gpu-out) receives a1.json, b1.json, ...,
-#   ab_build.log and ab.txt. Default bench options: --impls cudnn,flashcore --no-bwd.
+#   ab_build_a.log, ab_build_b.log, ... and ab.txt. Default bench options: --impls cudnn,flashcore --no-bwd.
 #   AB_ENV_a, AB_ENV_b, ... add environment settings to one tree's passes (a tree may be given
 #   twice, e.g. AB_ENV_b="FLASHCORE_SM90_SHORT=1" for a run-time switch).
 #   AB_IMPL / AB_REF pick the compared impl and its reference (default flashcore against cudnn;
@@ -24,13 +24,20 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do TREES+=("$(cd "$1" && pwd)"); shift; 
 ARGS=("$@")
 [ ${#ARGS[@]} -eq 0 ] && ARGS=(--impls cudnn,flashcore --no-bwd)
 LABELS=(a b c d e f g h)
+# The trees build at the same time (ninja shares the machine's cores among them: on the 16-core
+# GPU machine two trimmed builds take about as long as one), each into its own log.
+pids=()
 for i in "${!TREES[@]}"; do
   tree=${TREES[$i]}
   echo "=== build ${LABELS[$i]}: $tree ($(date +%T))"
   (cd "$tree" && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-     -DPython3_EXECUTABLE="$(command -v "$PY")" ${CMAKE_ARGS:-} && cmake --build build) >> "$OUT/ab_build.log" 2>&1 ||
-    { tail -n 30 "$OUT/ab_build.log"; echo "BUILD FAILED: $tree"; exit 1; }
+     -DPython3_EXECUTABLE="$(command -v "$PY")" ${CMAKE_ARGS:-} && cmake --build build) > "$OUT/ab_build_${LABELS[$i]}.log" 2>&1 &
+  pids+=($!)
 done
+for i in "${!TREES[@]}"; do
+  wait "${pids[$i]}" || { tail -n 30 "$OUT/ab_build_${LABELS[$i]}.log"; echo "BUILD FAILED: ${TREES[$i]}"; exit 1; }
+done
+echo "=== built ($(date +%T))"
 files=()
 for pass in $(seq 1 "${PASSES:-2}"); do
   for i in "${!TREES[@]}"; do
