@@ -104,8 +104,6 @@ __device__ inline float *dq_accum_of(const fc_bwd_params &p) {
     return reinterpret_cast<float *>(static_cast<unsigned char *>(p.workspace) + fc_sm80_bwd_dq_accum_offset(&p.fwd));
 }
 
-// ---- 1. delta = rowsum(dO * O) - dLSE, LSE in base 2 -------------------------------------------
-// kHeadDim / 8 threads per row, each reading 16 bytes of dO and of O.
 // B fragments of a product whose B rows (the k dimension) come from a swizzled shared tile,
 // transposed by ldmatrix.trans: `base` is the lane's address in the first 16 rows (its row
 // (lane & 7) + 8 ((lane >> 3) & 1), chunk first_chunk + (lane >> 4)); k-step kk, chunk pair `pair`
@@ -172,8 +170,9 @@ __device__ __forceinline__ void probs_of_scores(float (&s)[kMTiles][4], const fl
     }
 }
 
-// kZeroDq (the one-pass backward): each thread also zeroes its 8 columns of the row's dq
-// accumulator.
+// ---- 1. delta = rowsum(dO * O) - dLSE, LSE in base 2 -------------------------------------------
+// kHeadDim / 8 threads per row, each reading 16 bytes of dO and of O. kZeroDq (the one-pass
+// backward): each thread also zeroes its 8 columns of the row's dq accumulator.
 template <typename Elem, int kHeadDim, bool kZeroDq>
 __global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
     const RowLane<kHeadDim> lane;
@@ -701,8 +700,10 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
     const unsigned hq = static_cast<unsigned>(p.fwd.heads_q), b = static_cast<unsigned>(p.fwd.batch);
     constexpr int kRowsPerCta = RowLane<kHeadDim>::kRowsPerCta;  // delta_kernel's and dq_convert_kernel's
     const dim3 row_grid(static_cast<unsigned>((p.fwd.seqlen_q + kRowsPerCta - 1) / kRowsPerCta), hq, b);
-    const dim3 kv_grid(static_cast<unsigned>((p.fwd.seqlen_k + T::kBlock - 1) / T::kBlock),
-                       static_cast<unsigned>(p.fwd.heads_kv), b);
+    // dK/dV kernels: one CTA per (key block of `block` keys, KV head, batch)
+    auto key_block_grid = [&](int block) {
+        return dim3(static_cast<unsigned>((p.fwd.seqlen_k + block - 1) / block), static_cast<unsigned>(p.fwd.heads_kv), b);
+    };
     cudaError_t err = cudaSuccess;
     // (fc_sm80_bwd_one_pass holds at D=64 alone: only that head dim builds the one-pass kernel.)
     if constexpr (kHeadDim == 64) {
@@ -713,9 +714,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
             if ((err = allow_smem(dkdv, TA::kKvAtomicSmemBytes, &dkdv_configured, dev.device)) != cudaSuccess) return err;
             delta_kernel<Elem, kHeadDim, true><<<row_grid, 128, 0, stream>>>(p);
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
-            const dim3 grid(static_cast<unsigned>((p.fwd.seqlen_k + TA::kBlock - 1) / TA::kBlock),
-                            static_cast<unsigned>(p.fwd.heads_kv), b);
-            dkdv<<<grid, TA::kThreads, TA::kKvAtomicSmemBytes, stream>>>(p);
+            dkdv<<<key_block_grid(TA::kBlock), TA::kThreads, TA::kKvAtomicSmemBytes, stream>>>(p);
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
             dq_convert_kernel<Elem, kHeadDim><<<row_grid, 128, 0, stream>>>(p);
             return cudaGetLastError();
@@ -734,7 +733,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
     dq<<<dq_grid, T::kThreads, T::kDqSmemBytes, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
-    dkdv<<<kv_grid, T::kThreads, T::kKvSmemBytes, stream>>>(p);
+    dkdv<<<key_block_grid(T::kBlock), T::kThreads, T::kKvSmemBytes, stream>>>(p);
     return cudaGetLastError();
 }
 
