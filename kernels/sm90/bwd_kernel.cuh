@@ -626,7 +626,7 @@ __device__ __forceinline__ void store_dk_dv_direct(const fc_bwd_params &b, const
 // dK accumulated, dS^T to shared memory, dQ and its staging. kAhead issues the next step's
 // score GEMMs right behind the dQ GEMM.
 template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen, bool kAhead,
-          typename IssueScores>
+          bool kMaybeMasked, typename IssueScores>
 __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps, const fc_params &f,
                                              const Tile &tile, int step, int step_all, float (&s)[32], float (&dp)[32],
                                              float (&dk)[T::kHeadDim / 2], float (&dv)[T::kHeadDim / 2],
@@ -686,9 +686,9 @@ __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *s
     // step's last row reaches back to the block's first key and its first row forward to
     // the block's last; compared as key - query, which cannot overflow.)
     // (kVarlen: a step past its sequence's last query too.)
-    const bool masked_tile = n_start + kBlockN > seqlen_k || (kVarlen && m_start + kBlockM > seqlen_q) ||
+    const bool masked_tile = kMaybeMasked && (n_start + kBlockN > seqlen_k || (kVarlen && m_start + kBlockM > seqlen_q) ||
                              (kBand ? n_start - (m_start + kBlockM - 1) < f.band_lo_ || n_start + kBlockN - 1 - m_start > f.band_hi_
-                                    : kCausal && m_start < n_start + kBlockN);
+                                    : kCausal && m_start < n_start + kBlockN));
     uint32_t p_frag[4][4], ds_frag[4][4];
     softmax<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen>(p_frag, ds_frag, s, dp, delta, lse_of_tile, mask_tile, mask, maps, f,
                                                                scale_log2, masked_tile, m_start, first_key, wg * 64 + my_row,
@@ -851,24 +851,40 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                 load_key_frags<kHeadDim>(v_frag, v_rows, warp_in_wg, lane);
             }
         }
-        // One step; `ahead` (std::true_type) issues the next step's score GEMMs before staging dQ.
-        auto run_step = [&](int step, auto ahead) {
-            compute_step<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen, decltype(ahead)::value>(
-                bars, smem, maps, f, tile, step, step_all, s, dp, dk, dv, issue_step_scores, base, scale_log2, first_key, wg,
-                my_row, col_in_tile, lane, seq_k, seq_q);
-        };
-        // kIssueAhead: every step but the last issues the next one's scores, and the last runs
-        // outside the loop, so that on every path into a step its two score GEMMs are in flight
-        // (with a condition inside one loop, ptxas serialized every wgmma of the kernel).
-        if constexpr (kIssueAhead) {
-            if (tile.steps.count > 0) {
-                issue_step_scores(step_all);
-                for (int step = 0; step < tile.steps.count - 1; ++step, ++step_all) run_step(step, std::true_type());
-                run_step(tile.steps.count - 1, std::false_type());
-                ++step_all;
+        // The tile's steps, instantiated twice: kMaybeMasked where some step may need masking
+        // (keys past Sk, causal, a band, packed rows; masked calls keep one, whose registers are
+        // tight), so that a plain call's tile of inner key blocks runs no compares or selects.
+        // The choice is made per tile, outside the step loop (a condition inside it around the
+        // GEMMs serializes them, see below).
+        auto run_steps = [&](auto maybe_masked) {
+            constexpr bool kMaybeMasked = decltype(maybe_masked)::value;
+            // One step; `ahead` (std::true_type) issues the next step's score GEMMs before staging dQ.
+            auto run_step = [&](int step, auto ahead) {
+                compute_step<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen, decltype(ahead)::value, kMaybeMasked>(
+                    bars, smem, maps, f, tile, step, step_all, s, dp, dk, dv, issue_step_scores, base, scale_log2, first_key,
+                    wg, my_row, col_in_tile, lane, seq_k, seq_q);
+            };
+            // kIssueAhead: every step but the last issues the next one's scores, and the last runs
+            // outside the loop, so that on every path into a step its two score GEMMs are in flight
+            // (with a condition inside one loop, ptxas serialized every wgmma of the kernel).
+            if constexpr (kIssueAhead) {
+                if (tile.steps.count > 0) {
+                    issue_step_scores(step_all);
+                    for (int step = 0; step < tile.steps.count - 1; ++step, ++step_all) run_step(step, std::true_type());
+                    run_step(tile.steps.count - 1, std::false_type());
+                    ++step_all;
+                }
+            } else {
+                for (int step = 0; step < tile.steps.count; ++step, ++step_all) run_step(step, std::false_type());
             }
+        };
+        if constexpr (kCausal || kBand || kVarlen || kMask != kMaskNone) {
+            run_steps(std::true_type());
         } else {
-            for (int step = 0; step < tile.steps.count; ++step, ++step_all) run_step(step, std::false_type());
+            if (tile.n_start + T::kBlockN > seq_k)
+                run_steps(std::true_type());
+            else
+                run_steps(std::false_type());
         }
         if (tile.steps.count > 0) {
             ptx::mbarrier_arrive(&bars.kv_empty);  // the last step's GEMMs are done with K and V
