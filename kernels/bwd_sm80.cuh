@@ -51,6 +51,7 @@
 #include "sm80/tile.cuh"  // swizzled(), load_tile()
 
 #include <cuda_runtime.h>
+#include <type_traits>
 #include <math.h>
 
 namespace flashcore {
@@ -362,7 +363,10 @@ dq_kernel(const fc_bwd_params p) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) dq_acc[i][j] = 0.f;
 
-    for (int n_block = 0; n_block < n_blocks; ++n_block) {
+    // One key block, instantiated with and without masking (kMask: the block runs past Sk or,
+    // causal, crosses the diagonal of some warp's rows), chosen per whole block as in dkdv_kernel.
+    auto run_block = [&](auto mask_tag, int n_block) {
+        constexpr bool kMask = decltype(mask_tag)::value;
         const int stage = n_block & 1;
         if (n_block + 1 < n_blocks) {
             load_kv(n_block + 1, stage ^ 1);
@@ -391,16 +395,18 @@ dq_kernel(const fc_bwd_params p) {
         for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+        // chunk pair kk of row r: chunk_pair_addr(base, kk) plus r's offset (as in dkdv_kernel)
+        const int b_row = (lane & 7) + (lane >> 4) * 8, b_chunk = (lane >> 3) & 1;
+        const uint32_t k_base = smem_addr(k_tile + swizzled<kChunks>(b_row, b_chunk));
+        const uint32_t v_base = smem_addr(v_tile + swizzled<kChunks>(b_row, b_chunk));
 #pragma unroll
         for (int kk = 0; kk < kKSteps; ++kk) {
 #pragma unroll
             for (int np = 0; np < kNTiles / 2; ++np) {
-                const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
-                const int off = swizzled<kChunks>(r, kk * 2 + ((lane >> 3) & 1));
                 uint32_t kf[4], vf[4];
-                ldmatrix_x4(kf, smem_addr(k_tile + off));
+                ldmatrix_x4(kf, chunk_pair_addr(k_base, kk) + np * 16 * kChunks * 16);
                 mma_16816_pair<Elem>(s[2 * np], s[2 * np + 1], q_frag[kk], kf);
-                ldmatrix_x4(vf, smem_addr(v_tile + off));
+                ldmatrix_x4(vf, chunk_pair_addr(v_base, kk) + np * 16 * kChunks * 16);
                 mma_16816_pair<Elem>(dp[2 * np], dp[2 * np + 1], do_frag[kk], vf);
             }
         }
@@ -416,7 +422,7 @@ dq_kernel(const fc_bwd_params p) {
             for (int e = 0; e < 4; ++e) {
                 const int h = e >> 1;
                 float x = fmaf(s[j][e], scale_log2, -lse2[h]);
-                if (ragged || crosses_diagonal) {
+                if (kMask && (ragged || crosses_diagonal)) {
                     const int col = n_start + j * 8 + col_in_tile + (e & 1);
                     if (col >= seqlen_k || (kCausal && col > row0 + 8 * h)) x = -INFINITY;
                 }
@@ -426,6 +432,13 @@ dq_kernel(const fc_bwd_params p) {
         // ---- dQ += dS K ----
         acc_times_tile<Elem, kBlockN / 16, kDTiles, kChunks>(dq_acc, s, k_tile, lane);
         __syncthreads();  // the next iteration's prefetch overwrites this stage
+    };
+    for (int n_block = 0; n_block < n_blocks; ++n_block) {
+        const int n_end = (n_block + 1) * kBlockN;
+        if (n_end > seqlen_k || (kCausal && n_end - 1 > m_start))
+            run_block(std::true_type{}, n_block);
+        else
+            run_block(std::false_type{}, n_block);
     }
 
     // ---- epilogue: dQ * scale, staged through this warp's own rows of the Q tile ----
@@ -502,9 +515,21 @@ dkdv_kernel(const fc_bwd_params p) {
     const float *delta_ws = static_cast<const float *>(p.workspace);
     const float *lse2_ws = delta_ws + workspace_rows(p);
 
-    auto load_step = [&](int step, int stage) {
-        const int head_q = head_kv * group + step / m_count;
-        const int m_start = (m_first + step % m_count) * kBlockM;
+    // A step's (query head of the group, query block) pair, stepped without a division.
+    struct StepAt {
+        int head_q, m_start;
+    };
+    auto next_of = [&](StepAt at) {
+        at.m_start += kBlockM;
+        if (at.m_start >= seqlen_q) {
+            at.m_start = m_first * kBlockM;
+            ++at.head_q;
+        }
+        return at;
+    };
+    auto load_step = [&](StepAt at, int stage) {
+        const int head_q = at.head_q;
+        const int m_start = at.m_start;
         const int rows = min(kBlockM, seqlen_q - m_start);
         const Elem *q = static_cast<const Elem *>(f.q) + batch * f.q_stride_b + head_q * f.q_stride_h +
                         static_cast<int64_t>(m_start) * f.q_stride_s;
@@ -536,7 +561,8 @@ dkdv_kernel(const fc_bwd_params p) {
     const int n_rows = min(kBlockN, seqlen_k - n_start);
     load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_k, k, static_cast<int>(f.k_stride_s), n_rows);
     load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_v, v, static_cast<int>(f.v_stride_s), n_rows);
-    if (steps > 0) load_step(0, 0);
+    StepAt at{head_kv * group, m_first * kBlockM};
+    if (steps > 0) load_step(at, 0);
     cp_async_commit();
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -553,10 +579,16 @@ dkdv_kernel(const fc_bwd_params p) {
 
     // kKvInRegs: this warp's K and V rows as A fragments, held for the whole loop
     uint32_t k_frag[kKvInRegs ? kKSteps : 1][4], v_frag[kKvInRegs ? kKSteps : 1][4];
-    for (int step = 0; step < steps; ++step) {
+    // One step, instantiated twice where masks exist: kMask for the steps where some warp's keys
+    // need masking (causal: the query blocks across the diagonal; the one-pass kernel: every
+    // step of the block whose keys run past Sk), so that the other steps run no compares or
+    // selects. The choice is made per whole step, whose body stays one piece for the scheduler
+    // (a branch around the exponentials alone measured slower).
+    auto run_step = [&](auto mask_tag, int step) {
+        constexpr bool kMask = decltype(mask_tag)::value;
         const int stage = step & 1;
         if (step + 1 < steps) {
-            load_step(step + 1, stage ^ 1);
+            load_step(next_of(at), stage ^ 1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -564,7 +596,7 @@ dkdv_kernel(const fc_bwd_params p) {
         }
         __syncthreads();
 
-        const int m_start = (m_first + step % m_count) * kBlockM;
+        const int m_start = at.m_start;
         const Elem *q_tile = smem_q + stage * kBlockM * kHeadDim;
         const Elem *do_tile = smem_do + stage * kBlockM * kHeadDim;
         const float *lse2 = smem_lse2 + stage * kBlockM;
@@ -607,8 +639,8 @@ dkdv_kernel(const fc_bwd_params p) {
         }
 
         // ---- P^T = exp2(S^T * scale * log2e - LSE2[query]), masked where this warp's keys need it ----
-        const bool masked_tile =
-            (kCausal && n_start + warp * 16 + 15 > m_start) || (kDqAtomic && n_start + warp * 16 + 15 >= seqlen_k);
+        const bool masked_tile = kMask && ((kCausal && n_start + warp * 16 + 15 > m_start) ||
+                                           (kDqAtomic && n_start + warp * 16 + 15 >= seqlen_k));
         probs_of_scores<kCausal, kDqAtomic>(s, lse2, scale_log2, masked_tile, col_in_tile, m_start, key0, seqlen_k);
 
         // ---- dV += P^T dO ----
@@ -651,9 +683,21 @@ dkdv_kernel(const fc_bwd_params p) {
         // ---- kDqAtomic: dQ += dS K of this block's keys, in the accumulator ----
         if constexpr (kDqAtomic) {
             __syncthreads();  // every warp's dS^T rows are in
-            add_dq_of_step<Elem, T>(p, smem_ds, smem_k, head_kv * group + step / m_count, batch, m_start, warp, lane);
+            add_dq_of_step<Elem, T>(p, smem_ds, smem_k, at.head_q, batch, m_start, warp, lane);
         }
         __syncthreads();  // the next iteration's prefetch overwrites this stage (and dS^T)
+    };
+    const bool past_sk = kDqAtomic && n_start + kBlockN > seqlen_k;
+    for (int step = 0; step < steps; ++step) {
+        if constexpr (kCausal || kDqAtomic) {
+            if (past_sk || (kCausal && n_start + kBlockN - 1 > at.m_start))
+                run_step(std::true_type{}, step);
+            else
+                run_step(std::false_type{}, step);
+        } else {
+            run_step(std::false_type{}, step);
+        }
+        at = next_of(at);
     }
 
     // ---- epilogue: stage dK * scale and dV in this warp's own rows of the K and V tiles ----
