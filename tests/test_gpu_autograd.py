@@ -67,11 +67,16 @@ def grads(fn, inputs, grad_out):
     return out, torch.autograd.grad(out, inputs, grad_out)
 
 
-def pytorch_grads(inputs, grad_out, **kw):
+def pytorch_grads(inputs, grad_out, low_backend=None, **kw):
     """PyTorch's own gradients of the same call: in the inputs' dtype (its low-precision error
-    sets the tolerance) and in float32 on the math backend (the reference)."""
+    sets the tolerance; on `low_backend` if given, else PyTorch's choice) and in float32 on the
+    math backend (the reference)."""
     fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw)  # noqa: E731
-    _, low = grads(fn, inputs, grad_out)
+    if low_backend is None:
+        _, low = grads(fn, inputs, grad_out)
+    else:
+        with sdpa_kernel(low_backend):
+            _, low = grads(fn, inputs, grad_out)
     inputs32 = tuple(t.detach().float().requires_grad_() for t in inputs)
     with sdpa_kernel(SDPBackend.MATH):
         _, ref32 = grads(fn, inputs32, grad_out.float())
@@ -84,6 +89,7 @@ def assert_grads_within_rule(got, low, ref32, dtype, what):
         assert torch.isfinite(g).all(), f"{what} {name}: non-finite gradient"
         err = (g.float() - r).abs().max().item()
         lp_err = (lp.float() - r).abs().max().item()
+        assert math.isfinite(lp_err), f"{what} {name}: PyTorch's low-precision gradient is not finite (no tolerance)"
         tol = 2 * lp_err + ATOL[dtype] * max(1.0, r.abs().max().item())
         assert err <= tol, (f"{what} {name}: max|g-ref32|={err:.3e} > tol={tol:.3e} "
                             f"(PyTorch low-precision err {lp_err:.3e})")
@@ -191,7 +197,9 @@ def test_kernel_grads_far_negative_scores(dtype, D, causal, Sq, Sk, family, monk
     out, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
     if KERNEL_CARD:
         assert_backward_kernel(grad_out, q, k, v, **kw, expected="kernel sm80" if family == "sm80" else None)
-    low, ref32 = pytorch_grads((q, k, v), grad_out, **kw)
+    # The tolerance's low-precision run on the math backend: PyTorch's fused fp16 backward
+    # returned a NaN dQ for these inputs (H200, torch 2.11), which would make the rule vacuous.
+    low, ref32 = pytorch_grads((q, k, v), grad_out, low_backend=SDPBackend.MATH, **kw)
     assert_grads_within_rule(got, low, ref32, dtype, f"Sq={Sq} Sk={Sk} D={D} causal={causal} {family}")
 
 
