@@ -157,8 +157,8 @@ static int sm90_takes_layout(const fc_bwd_params *p) {
 static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_major, int cc_minor,
                              const bwd_entry **entry) {
     if (!fc_family_runs_on_(family, cc_major, cc_minor)) return FC_UNSUPPORTED_FAMILY;
-    /* Masks: the Hopper family only, and not with causal (PyTorch's SDPA never asks for both). */
-    if (p->fwd.mask_kind != FC_MASK_NONE && (family != FC_FAMILY_SM90 || p->fwd.causal)) return FC_UNSUPPORTED_MASK;
+    /* Masks: both families, not with causal (PyTorch's SDPA never asks for both). */
+    if (p->fwd.mask_kind != FC_MASK_NONE && p->fwd.causal) return FC_UNSUPPORTED_MASK;
     /* A window or bottom-right causal band (dispatch.h; with a mask, declined just above, as it
      * comes with causal set): the Hopper family's kBand variant only. So a deterministic call
      * with one (AUTO then tries the sm80-class family alone) is declined too. */
@@ -179,7 +179,8 @@ static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_ma
 
 /* The kernel for validated params, or the FC_UNSUPPORTED_* reason. AUTO takes the Hopper family
  * where it runs the call and determinism is not asked for, else the sm80-class family (so a
- * masked call the Hopper family cannot take is declined with FC_UNSUPPORTED_MASK). */
+ * masked call the Hopper family cannot take, e.g. a layout its tensor maps cannot describe, runs
+ * there). */
 static fc_status bwd_dispatch(const fc_bwd_params *user, int cc_major, int cc_minor, const bwd_entry **entry) {
     fc_bwd_params resolved = *user;
     fc_resolve_band_(&resolved.fwd);

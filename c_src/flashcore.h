@@ -313,11 +313,12 @@ cudaError_t fc_last_cuda_error(void);
  * GQA: dk and dv are summed over each KV head's group of query heads. Every element of dq, dk and
  * dv is written (keys no query sees, e.g. causal with Sk > Sq, get zeros).
  * Two kernel families; no dropout:
- *   - sm80-class (mma.sync + cp.async; sm_89, and sm_90 by the same code). No mask. At D=64,
+ *   - sm80-class (mma.sync + cp.async; sm_89, and sm_90 by the same code). At D=64,
  *     unless `deterministic` is set, one pass with dq summed through fp32 atomics in any order
  *     (its last bits may vary from run to run); otherwise dq in a pass of its own and no atomics,
  *     so two calls on the same inputs give bitwise equal gradients (fc_sm80_bwd_one_pass,
- *     launch_rules.h).
+ *     launch_rules.h). Takes a mask (bool or additive, any strides, read element by element)
+ *     when the call is not causal.
  *   - sm90 (TMA + wgmma, sm_90a; head dims 64 and 128): one pass over key blocks, dq summed in
  *     fp32 through bulk reductions in any order, so dq may differ in its last bits from run to
  *     run (dk, dv do not). Takes a mask (bool or additive, any strides, as the forward) when the
@@ -337,7 +338,7 @@ cudaError_t fc_last_cuda_error(void);
  */
 typedef struct fc_bwd_params {
     /* q, k, v, out (the forward's output), lse (required here), sizes and their strides, scale,
-     * causal, dtype, the mask (sm90 family, not causal); family AUTO, SM80 or SM90.
+     * causal, dtype, the mask (either family, not causal); family AUTO, SM80 or SM90.
      * fwd.workspace is not used. */
     fc_params fwd;
 

@@ -43,6 +43,7 @@
 
 #include "common/bwd_delta.cuh"
 #include "common/launch.h"
+#include "common/mask_slice.cuh"
 #include "common/sm80_ptx.cuh"
 #include "flashcore.h"
 #include "launch_rules.h"  // fc_sm80_bwd_dq_accum_offset
@@ -95,6 +96,12 @@ struct BwdTraits {
     static constexpr int kDqCols = kHeadDim * (kStream / 16) / kWarps;
     static_assert(kDqCols % 16 == 0 && kHeadDim % kDqCols == 0, "each warp 16 rows x kDqCols columns of dQ");
 };
+
+// kMaskKind: FC_MASK_NONE, FC_MASK_BOOL or FC_MASK_ADDITIVE (non-causal calls only: c_src/bwd.c).
+// The mask is read element by element from global memory (common/mask_slice.cuh); unmasked
+// kernels construct one and never read it.
+template <typename Elem, int kMaskKind>
+using BwdMask = MaskSlice<Elem, kMaskKind == FC_MASK_ADDITIVE ? FC_MASK_ADDITIVE : FC_MASK_BOOL>;
 
 // Workspace layout (fc_sm80_bwd_workspace_bytes, launch_rules.h): delta [B][Hq][Sq] fp32, then
 // LSE * log2(e) [B][Hq][Sq] fp32, then (not deterministic) the dq accumulator [B][Hq][Sq][D] fp32.
@@ -151,16 +158,21 @@ __device__ __forceinline__ void acc_times_tile(float (&acc)[kDTiles][4], const f
 // not be finite. `masked` is tested per element, not by one branch around two loops: ptxas turns
 // it into selects and interleaves the exponentials with the tensor-core work around them (a
 // warp-uniform branch there measured slower, backward.md).
-template <bool kCausal, bool kPastSk, int kMTiles>
+// kMaskKind (FC_MASK_BOOL, FC_MASK_ADDITIVE): `mask`'s value of every (query, key) inside Sq x Sk too.
+template <bool kCausal, bool kPastSk, int kMaskKind, int kMTiles, typename Mask>
 __device__ __forceinline__ void probs_of_scores(float (&s)[kMTiles][4], const float *lse2, float scale_log2,
                                                 bool masked, int col_in_tile, int m_start, int key0,
-                                                int seqlen_k) {
+                                                int seqlen_k, const Mask &mask, int seqlen_q) {
 #pragma unroll
     for (int j = 0; j < kMTiles; ++j) {
         const float2 l = *reinterpret_cast<const float2 *>(lse2 + j * 8 + col_in_tile);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float x = fmaf(s[j][e], scale_log2, -((e & 1) ? l.y : l.x));
+            if constexpr (kMaskKind != FC_MASK_NONE) {
+                const int query = m_start + j * 8 + col_in_tile + (e & 1), key = key0 + 8 * (e >> 1);
+                if (key < seqlen_k && query < seqlen_q) x = mask.apply(x, query, key);
+            }
             if (masked) {
                 const int col = m_start + j * 8 + col_in_tile + (e & 1);
                 const int key = key0 + 8 * (e >> 1);
@@ -290,7 +302,7 @@ __global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) 
 }
 
 // ---- 2. dQ = scale * dS K, one CTA per (query block, query head, batch) ------------------------
-template <typename Elem, int kHeadDim, bool kCausal>
+template <typename Elem, int kHeadDim, bool kCausal, int kMaskKind>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads)
 dq_kernel(const fc_bwd_params p) {
     using T = BwdTraits<kHeadDim>;
@@ -312,6 +324,7 @@ dq_kernel(const fc_bwd_params p) {
     const int head_kv = head_q / static_cast<int>(f.heads_q / f.heads_kv);
     const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
     const int m_start = m_block * kBlockM;
+    const BwdMask<Elem, kMaskKind> mask(f, batch, head_q);
 
     const Elem *q = static_cast<const Elem *>(f.q) + batch * f.q_stride_b + head_q * f.q_stride_h +
                     static_cast<int64_t>(m_start) * f.q_stride_s;
@@ -348,9 +361,11 @@ dq_kernel(const fc_bwd_params p) {
     const float *delta_ws = static_cast<const float *>(p.workspace);
     const int64_t row_base = (static_cast<int64_t>(batch) * f.heads_q + head_q) * seqlen_q;
     float lse2[2], delta[2];
+    const typename BwdMask<Elem, kMaskKind>::Value *mask_rows[2];  // (masked calls)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = m_start + warp * 16 + row_in_warp + 8 * h;
+        mask_rows[h] = mask.row(row);
         lse2[h] = row < seqlen_q ? delta_ws[workspace_rows(p) + row_base + row] : INFINITY;
         delta[h] = row < seqlen_q ? delta_ws[row_base + row] : 0.f;
     }
@@ -422,8 +437,11 @@ dq_kernel(const fc_bwd_params p) {
             for (int e = 0; e < 4; ++e) {
                 const int h = e >> 1;
                 float x = fmaf(s[j][e], scale_log2, -lse2[h]);
+                const int col = n_start + j * 8 + col_in_tile + (e & 1);
+                if constexpr (kMaskKind != FC_MASK_NONE) {
+                    if (col < seqlen_k && row0 + 8 * h < seqlen_q) x = mask.apply_in_row(x, mask_rows[h], col);
+                }
                 if (kMask && (ragged || crosses_diagonal)) {
-                    const int col = n_start + j * 8 + col_in_tile + (e & 1);
                     if (col >= seqlen_k || (kCausal && col > row0 + 8 * h)) x = -INFINITY;
                 }
                 s[j][e] = fast_exp2(x) * (dp[j][e] - delta[h]);  // dS (scale applied at the end)
@@ -473,7 +491,7 @@ dq_kernel(const fc_bwd_params p) {
 template <int kHeadDim, bool kDqAtomic>
 using DkDvTraits = BwdTraits<kHeadDim, kDqAtomic ? 8 : 4>;
 
-template <typename Elem, int kHeadDim, bool kCausal, bool kDqAtomic>
+template <typename Elem, int kHeadDim, bool kCausal, bool kDqAtomic, int kMaskKind>
 __global__ void __launch_bounds__(DkDvTraits<kHeadDim, kDqAtomic>::kThreads)
 dkdv_kernel(const fc_bwd_params p) {
     using T = DkDvTraits<kHeadDim, kDqAtomic>;
@@ -641,7 +659,9 @@ dkdv_kernel(const fc_bwd_params p) {
         // ---- P^T = exp2(S^T * scale * log2e - LSE2[query]), masked where this warp's keys need it ----
         const bool masked_tile = kMask && ((kCausal && n_start + warp * 16 + 15 > m_start) ||
                                            (kDqAtomic && n_start + warp * 16 + 15 >= seqlen_k));
-        probs_of_scores<kCausal, kDqAtomic>(s, lse2, scale_log2, masked_tile, col_in_tile, m_start, key0, seqlen_k);
+        const BwdMask<Elem, kMaskKind> mask(f, batch, at.head_q);
+        probs_of_scores<kCausal, kDqAtomic, kMaskKind>(s, lse2, scale_log2, masked_tile, col_in_tile, m_start, key0,
+                                                       seqlen_k, mask, seqlen_q);
 
         // ---- dV += P^T dO ----
         acc_times_tile<Elem, kBlockM / 16, kDTiles, kChunks>(dv_acc, s, do_tile, lane);
@@ -738,7 +758,7 @@ dkdv_kernel(const fc_bwd_params p) {
 // Validated params (c_src/bwd.c): the kernels on `stream` (two passes: delta, dQ, dK/dV; one pass:
 // delta with the accumulator zeroed, dK/dV with dQ's atomics, the conversion), no allocation, no
 // sync.
-template <typename Elem, int kHeadDim, bool kCausal>
+template <typename Elem, int kHeadDim, bool kCausal, int kMaskKind>
 cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     using T = BwdTraits<kHeadDim>;
     const unsigned hq = static_cast<unsigned>(p.fwd.heads_q), b = static_cast<unsigned>(p.fwd.batch);
@@ -753,7 +773,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
     if constexpr (kHeadDim == 64) {
         if (fc_sm80_bwd_one_pass(&p.fwd, p.deterministic)) {  // dQ through the accumulator
             using TA = DkDvTraits<kHeadDim, true>;
-            auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, true>;
+            auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, true, kMaskKind>;
             static unsigned long long dkdv_configured = 0;
             if ((err = allow_smem(dkdv, TA::kKvAtomicSmemBytes, &dkdv_configured, dev.device)) != cudaSuccess) return err;
             delta_kernel<Elem, kHeadDim, true><<<row_grid, 128, 0, stream>>>(p);
@@ -764,8 +784,8 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
             return cudaGetLastError();
         }
     }
-    auto dq = dq_kernel<Elem, kHeadDim, kCausal>;
-    auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, false>;
+    auto dq = dq_kernel<Elem, kHeadDim, kCausal, kMaskKind>;
+    auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, false, kMaskKind>;
     static unsigned long long dq_configured = 0, dkdv_configured = 0;
     if ((err = allow_smem(dq, T::kDqSmemBytes, &dq_configured, dev.device)) != cudaSuccess) return err;
     if ((err = allow_smem(dkdv, T::kKvSmemBytes, &dkdv_configured, dev.device)) != cudaSuccess) return err;
@@ -781,6 +801,19 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
     return cudaGetLastError();
 }
 
+// The variant for a call: causal or not, or one of the mask kinds (c_src/bwd.c sends masked causal
+// calls elsewhere: PyTorch's SDPA never makes them).
+template <typename Elem, int kHeadDim>
+cudaError_t launch_bwd_variant(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
+    switch (p.fwd.mask_kind) {
+    case FC_MASK_BOOL: return launch_bwd<Elem, kHeadDim, false, FC_MASK_BOOL>(p, dev, stream);
+    case FC_MASK_ADDITIVE: return launch_bwd<Elem, kHeadDim, false, FC_MASK_ADDITIVE>(p, dev, stream);
+    default:
+        return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, FC_MASK_NONE>(p, dev, stream)
+                            : launch_bwd<Elem, kHeadDim, false, FC_MASK_NONE>(p, dev, stream);
+    }
+}
+
 }  // namespace sm80_bwd
 }  // namespace flashcore
 
@@ -789,6 +822,5 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
 #define FLASHCORE_DEFINE_SM80_BWD(HDIM, DTYPE_NAME, ELEM)                                       \
     extern "C" cudaError_t fc_sm80_bwd_hdim##HDIM##_##DTYPE_NAME(                              \
         const fc_bwd_params *p, const fc_device_facts *dev, cudaStream_t stream) {             \
-        return p->fwd.causal ? flashcore::sm80_bwd::launch_bwd<ELEM, HDIM, true>(*p, *dev, stream)   \
-                             : flashcore::sm80_bwd::launch_bwd<ELEM, HDIM, false>(*p, *dev, stream); \
+        return flashcore::sm80_bwd::launch_bwd_variant<ELEM, HDIM>(*p, *dev, stream);          \
     }

@@ -295,6 +295,34 @@ def test_sm90_masked_grads(dtype, D, kind, layout, shape):
           dtype, f"{shape} {kind} {layout} D={D}")
 
 
+@pytest.mark.parametrize("shape", ["s17", "sq127_sk1000_gqa4", "s1030", "sq200_sk336"])
+@pytest.mark.parametrize("layout", ["b1qk", "bhqk_t", "b11k"])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["one_pass", "deterministic"])
+def test_sm80_family_masked_grads(dtype, D, kind, layout, shape, deterministic, monkeypatch):
+    """The sm80-class backward (Ada's; FLASHCORE_FAMILY=sm80 here) with masks read element by
+    element: both of its ways (at D=64 one pass with dQ through atomics, or deterministic),
+    against float64, on a poisoned allocator."""
+    skip_unless_built(D, dtype)
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
+    B, Hq, Hkv, Sq, Sk = MASK_SHAPES[shape]
+    q = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(B, Hkv, Sk, D, dtype=dtype, device=DEVICE) for _ in range(2))
+    g_out = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
+    mask = make_mask(kind, B, Hq, Sq, Sk, dtype, layout)
+    gqa = Hq != Hkv
+    with torch.no_grad():
+        out, lse = FWD(q, k, v, mask, enable_gqa=gqa)
+    args = (g_out, q, k, v, out, lse, None, False, None, gqa)
+    assert flashcore.explain_backward(*args, deterministic=deterministic, attn_mask=mask) == "kernel sm80"
+    poison_allocator()
+    got = BWD_KERNEL(*args, deterministic=deterministic, attn_mask=mask)
+    check(got, reference64(q, k, v, g_out, False, mask=mask), pytorch_low(q, k, v, g_out, False, mask),
+          dtype, f"sm80 {shape} {kind} {layout} D={D} deterministic={deterministic}")
+
+
 def test_sm90_masked_declines_what_it_cannot_take():
     """Causal with a mask, a mask that needs a gradient (through autograd), a float32 mask beside
     fp16 inputs: the Python backward (explain_backward says why), with the same gradients."""

@@ -403,8 +403,8 @@ __device__ __forceinline__ float2 row_pair(const float *at) {
 
 // Masked calls (kMaskBool, kMaskAdditive): the step's mask rows (query tile m_start, key block
 // n_start) toward L1, one 32-key piece of one row per consumer thread.
-template <typename Elem, int kMask>
-__device__ __forceinline__ void prefetch_mask_rows(const MaskSlice<Elem, kMask> &mask, const fc_params &f, int m_start,
+template <typename Mask>
+__device__ __forceinline__ void prefetch_mask_rows(const Mask &mask, const fc_params &f, int m_start,
                                                    int n_start, int seqlen_k) {
     const int t = threadIdx.x - 128, query = m_start + t / 4, key = n_start + t % 4 * 32;
     if (query < static_cast<int>(f.seqlen_q) && key < seqlen_k) mask.prefetch(query, key);

@@ -4,6 +4,7 @@
 // consumers read it (MaskSlice).
 #pragma once
 
+#include "common/mask_slice.cuh"
 #include "common/sm80_ptx.cuh"  // pack2, smem_addr, fast_exp2
 #include "common/wgmma_generated.cuh"
 #include "flashcore.h"
@@ -210,28 +211,11 @@ __device__ Tile tile_at(int index, const BwdMaps &maps, const fc_params &f) {
 constexpr int kMaskNone = FC_MASK_NONE, kMaskBool = FC_MASK_BOOL, kMaskAdditive = FC_MASK_ADDITIVE,
               kMaskBoolTiles = 3;
 
-// The attention mask of kMaskBool and kMaskAdditive calls, read straight from global memory by
-// each consumer thread for its own (key, query) elements (see kMaskNone).
+// The attention mask of kMaskBool and kMaskAdditive calls: common/mask_slice.cuh's MaskSlice, read
+// straight from global memory by each consumer thread for its own (key, query) elements (the
+// other kinds construct one and never read it).
 template <typename Elem, int kMask>
-struct MaskSlice {
-    using Value = typename std::conditional<kMask == kMaskAdditive, Elem, uint8_t>::type;
-    const Value *base;  // the (batch, query head) slice
-    int64_t stride_q, stride_k;
-    __device__ MaskSlice(const fc_params &f, int batch, int head_q)
-        : base(static_cast<const Value *>(f.mask) + batch * f.mask_stride_b + head_q * f.mask_stride_h),
-          stride_q(f.mask_stride_q), stride_k(f.mask_stride_k) {}
-    __device__ void prefetch(int query, int key) const {
-        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(base + query * stride_q + key * stride_k));
-    }
-    // x (a base-2 score) with the mask of (query, key) applied.
-    __device__ float apply(float x, int query, int key) const {
-        const Value v = base[query * stride_q + key * stride_k];
-        if constexpr (kMask == kMaskBool) return v != 0 ? x : -INFINITY;
-        else return fmaf(to_float(v), kLog2e, x);
-    }
-    static __device__ float to_float(__half v) { return __half2float(v); }
-    static __device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-};
+using MaskSlice = flashcore::MaskSlice<Elem, kMask == kMaskAdditive ? kMaskAdditive : kMaskBool>;
 
 }  // namespace sm90_bwd
 }  // namespace flashcore

@@ -231,8 +231,8 @@ def explain_backward(grad_out, query, key, value, out, lse, grad_lse=None, is_ca
     ``torch.ops.flashcore.sdpa_fwd``): ``"kernel sm90"`` or ``"kernel sm80"`` (a fused backward
     kernel family), ``"kernel sm80 (deterministic)"`` (the sm90 kernel would run, but
     determinism is asked for), or ``"python: <reason>"`` (the Python backward in _ops.py).
-    ``attn_mask`` as given to the forward (the sm90 kernel takes bool and additive masks; one
-    that requires grad goes to python, see ``explain_training``). ``deterministic`` defaults to
+    ``attn_mask`` as given to the forward (both kernel families take bool and additive masks
+    without ``is_causal``; one that requires grad goes to python, see ``explain_training``). ``deterministic`` defaults to
     ``torch.are_deterministic_algorithms_enabled()``, which the backward reads when it runs.
     Whether a training call reaches FlashCore's backward at all: ``explain_training``."""
     if FALLBACK_ONLY:  # no library: autograd runs through PyTorch's SDPA

@@ -807,8 +807,8 @@ int main(void) {
         {1, 2, 1, 77, 140, 128, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0},
         /* Ten steps per CTA through the two-stage ring (GQA 2, five query tiles), three key blocks. */
         {1, 2, 1, 300, 257, 64, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
-        /* Masks (the sm90 family on Hopper; elsewhere the call is declined and the case skips):
-         * bool and additive, broadcast over heads, misaligned rows, transposed; GQA; fully masked rows. */
+        /* Masks (either family; AUTO: the sm90 family on Hopper): bool and additive, broadcast
+         * over heads, misaligned rows, transposed; GQA; fully masked rows. */
         {2, 4, 2, 100, 256, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},   /* TMA mask tiles */
         {1, 4, 2, 130, 208, 128, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},  /* tiles, ragged */
         {1, 2, 1, 77, 140, 128, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_QK_PADDED}, /* element reads */
@@ -818,10 +818,10 @@ int main(void) {
     for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i) failed += run_bwd_case(&kBwdCases[i], NULL, BWD_AUTO);
     for (size_t i = 0; i < sizeof(kBwdBandCases) / sizeof(kBwdBandCases[0]); ++i)
         failed += run_bwd_case(&kBwdBandCases[i].tc, &kBwdBandCases[i].band, BWD_AUTO);
-    /* The sm80-class family's two ways (it takes no mask or band). */
+    /* The sm80-class family's two ways, masks included (it takes no band). */
     for (int way = BWD_SM80_ONE_PASS; way <= BWD_SM80_DETERMINISTIC; ++way)
         for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i)
-            if (kBwdCases[i].mask_kind == FC_MASK_NONE) failed += run_bwd_case(&kBwdCases[i], NULL, (bwd_way)way);
+            failed += run_bwd_case(&kBwdCases[i], NULL, (bwd_way)way);
     if (failed) {
         fprintf(stderr, "%d case(s) failed\n", failed);
         return 1;

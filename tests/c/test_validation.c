@@ -760,22 +760,28 @@ static void check_bwd(void) {
         }
         b = valid_bwd_params();
         CHECK_FAMILY("bwd family: sm_80 (none)", fc_sdpa_bwd_family(&b, 8, 0), FC_FAMILY_AUTO);
-        /* Masks: the Hopper family only, not with causal, not where determinism is asked for. */
+        /* Masks: either family (the Hopper one where it runs the call), not with causal. */
         b_mask(&b);
         CHECK_STATUS("bwd mask: validate", fc_bwd_params_validate(&b), FC_OK);
         if (hopper_built) {
             CHECK_STATUS("bwd mask: support", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
             CHECK_FAMILY("bwd family: mask", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
         }
-        if (ada_built) CHECK_STATUS("bwd mask: Ada", fc_sdpa_bwd_support(&b, 8, 9), FC_UNSUPPORTED_MASK);
+        if (ada_built) {
+            CHECK_STATUS("bwd mask: Ada", fc_sdpa_bwd_support(&b, 8, 9), FC_OK);
+            CHECK_FAMILY("bwd family: mask, Ada", fc_sdpa_bwd_family(&b, 8, 9), FC_FAMILY_SM80);
+        }
         b.fwd.causal = 1;
         CHECK_STATUS("bwd mask, causal", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
         b.fwd.causal = 0;
         b_deterministic(&b);
-        CHECK_STATUS("bwd mask, deterministic", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
+        CHECK_STATUS("bwd mask, deterministic", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_OK);
+        CHECK_FAMILY("bwd family: mask, deterministic", fc_sdpa_bwd_family(&b, cc_major, cc_minor), FC_FAMILY_SM80);
         b.deterministic = 0;
         b_force_sm80(&b);
-        CHECK_STATUS("bwd mask, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
+        CHECK_STATUS("bwd mask, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_OK);
+        b.fwd.causal = 1;
+        CHECK_STATUS("bwd mask, causal, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
     }
     CHECK_STATUS("bwd NULL params: validate", fc_bwd_params_validate(NULL), FC_ERR_NULL_PARAMS);
     CHECK_STATUS("bwd NULL params: support", fc_sdpa_bwd_support(NULL, 9, 0), FC_ERR_NULL_PARAMS);

@@ -863,8 +863,8 @@ static fc_status bwd_packed_status(const fc_bwd_params *b, int cc) {
         return sm90_runs && !b->deterministic ? FC_OK : FC_UNSUPPORTED_VARLEN;
     case FC_FAMILY_SM80:
         if (!bwd_family_runs_on(FC_FAMILY_SM80, cc)) return FC_UNSUPPORTED_FAMILY;
-        return mask ? FC_UNSUPPORTED_MASK : general ? FC_UNSUPPORTED_BAND : softcap ? FC_UNSUPPORTED_SOFTCAP
-                                                                                   : FC_UNSUPPORTED_VARLEN;
+        return mask && rf.causal ? FC_UNSUPPORTED_MASK : general ? FC_UNSUPPORTED_BAND
+                                       : softcap ? FC_UNSUPPORTED_SOFTCAP : FC_UNSUPPORTED_VARLEN;
     case FC_FAMILY_SM90:
         if (!bwd_family_runs_on(FC_FAMILY_SM90, cc)) return FC_UNSUPPORTED_FAMILY;
         if (mask && rf.causal) return FC_UNSUPPORTED_MASK;
@@ -923,7 +923,7 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
     REQUIRE(fam == FC_FAMILY_SM80 || fam == FC_FAMILY_SM90);
     REQUIRE(f->dtype == FC_DTYPE_FP16 || f->dtype == FC_DTYPE_BF16);
     const fc_params rf = resolved_of(f);
-    REQUIRE(f->mask_kind == FC_MASK_NONE || (fam == FC_FAMILY_SM90 && !rf.causal)); /* masks: sm90, not causal */
+    REQUIRE(f->mask_kind == FC_MASK_NONE || !rf.causal); /* masks: either family, not causal */
     if (rf.band_ == FC_BAND_GENERAL_) REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE);
     if (f->softcap != 0.0f) REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE);
     if (f->cu_seq_q != NULL)  /* packed: the sm90 family, nothing but causal */
@@ -1556,8 +1556,8 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         if (b->deterministic && f->family == FC_FAMILY_AUTO) REQUIRE(fam != FC_FAMILY_SM90);
         /* The choice, modelled: AUTO takes the sm90 family where it runs the call and determinism
          * is not asked for, else the sm80-class one; a forced sm80 / sm90 family runs where it
-         * can, or the call is declined (never moved to the other family). Masks: the sm90 family
-         * only, not with causal. */
+         * can, or the call is declined (never moved to the other family). Masks: either family,
+         * not with causal. */
         /* (causal and the band as the library resolves them: a general band, sm90 only) */
         const fc_params rf = resolved_of(f);
         const int general = rf.band_ == FC_BAND_GENERAL_;
@@ -1567,7 +1567,8 @@ static void check_bwd(const fc_bwd_params *b, int device) {
          * sequences: the sm90 family alone, with nothing but causal) */
         const int paged = f->block_table != NULL, packed = f->cu_seq_q != NULL;
         const int packed_plain = f->mask_kind == FC_MASK_NONE && !softcap && !general && f->sinks == NULL;
-        const int sm80 = dtype_ok && f->mask_kind == FC_MASK_NONE && !general && !softcap && !paged && !packed &&
+        const int sm80 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !rf.causal) && !general && !softcap && !paged &&
+                         !packed &&
                          bwd_family_possible(b, FC_FAMILY_SM80, cc);
         const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && !softcap)) && !paged &&
                          (!packed || packed_plain) && bwd_family_possible(b, FC_FAMILY_SM90, cc);
