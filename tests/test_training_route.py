@@ -241,6 +241,26 @@ def test_mask_asks_explain_bwd_and_has_its_own_entry(monkeypatch):
     assert len(card.calls) == 5  # not asked: the kernels give a mask no gradient
 
 
+def test_sm80_family_mask_has_its_own_entry(monkeypatch):
+    """A mask the sm80-class backward takes (Ada, or the H100 under deterministic algorithms):
+    the "sm80-masked" path, whose entry sends it to aten on every card until it is measured
+    there (calls that took the Python backward's entry before that kernel existed keep aten);
+    FLASHCORE_TRAINING=flashcore runs FlashCore's pair."""
+    FakeCard(monkeypatch, (8, 9), kernel(SM80))
+    q, k, v = inputs()
+    entry = _ops.training_table_entry((8, 9), "sm80-masked", 128)
+    assert entry is _ops.TRAINING_TABLE[(None, "sm80-masked")] and entry[0] is False
+    keys = k.shape[2]
+    bool_mask = torch.rand(2, 1, 9, keys) > 0.3
+    bool_mask[..., 0] = True
+    for mask in (bool_mask, torch.zeros(2, 1, 9, keys)):
+        route = _ops.training_route(q, k, v, mask, False, None, False)
+        assert (route.to_aten, route.path, route.family, route.note) == (True, "sm80-masked", SM80, entry[1])
+        assert ran_on_aten(flashcore.sdpa(q, k, v, mask))
+    monkeypatch.setenv("FLASHCORE_TRAINING", "flashcore")
+    assert not ran_on_aten(flashcore.sdpa(q, k, v, mask))
+
+
 def test_cpu_goes_to_aten(monkeypatch):
     """No CUDA device: no kernel, so the Python backward's entry of the table applies (an unfused
     fp32 recomputation, several times slower than aten's CPU backward): both passes in aten,

@@ -5,10 +5,14 @@ on the same inputs and gradient, per mask form, head dim and length; and FlashCo
 causal mask (B, 1, S, S), bool and additive; a key-padding mask (B, 1, 1, S), bool and additive;
 "dense": a (B, 1, S, S) mask with 10% of its entries masked at random (no tile left empty);
 "full" and "causal": no mask (is_causal False / True), the unmasked calls the route weighs too.
-CUDA-event medians, interleaved call by call; B = 16k tokens / S. --json writes the rows."""
+CUDA-event medians, interleaved call by call; B = 16k tokens / S. --json writes the rows.
+--aten-backend pins PyTorch's side to one SDPA backend (e.g. efficient, the masked backward a
+card without cuDNN's runs); FLASHCORE_FAMILY=sm80 in the environment times the sm80-class pair."""
 import argparse, json, os
+import contextlib
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 import flashcore
 from interleaved import medians  # tools/interleaved.py
 
@@ -48,9 +52,13 @@ def main():
     ap.add_argument("--forms", default="hf,keys")
     ap.add_argument("--iters", type=int, default=9)
     ap.add_argument("--json")
+    ap.add_argument("--aten-backend", choices=["default", "cudnn", "efficient", "math"], default="default")
     args = ap.parse_args()
+    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "math": SDPBackend.MATH}.get(args.aten_backend)
     dtype = torch.bfloat16
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "bf16, fwd + bwd")
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "bf16, fwd + bwd, aten backend",
+          args.aten_backend, "FLASHCORE_FAMILY", os.environ.get("FLASHCORE_FAMILY", "auto"))
     print(f"{'case':34s} {'mask':8s} {'route us':>9s} {'fc pair':>9s} {'sdpa us':>9s} {'route':>6s} {'pair':>6s}  path")
     rows = []
     for D in (int(d) for d in args.dims.split(",")):
@@ -65,14 +73,15 @@ def main():
                     m = None if keep is None else keep if kind == "bool" else torch.zeros(
                         keep.shape, dtype=dtype, device="cuda").masked_fill(~keep, torch.finfo(dtype).min)
 
-                    def step(fn):
+                    def step(fn, backend=None):
                         def run():
                             q.grad = k.grad = v.grad = None
-                            fn(q, k, v, attn_mask=m, is_causal=causal).backward(g)
+                            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+                                fn(q, k, v, attn_mask=m, is_causal=causal).backward(g)
                         return run
                     route = step(flashcore.sdpa)
                     pair = with_env("FLASHCORE_TRAINING", "flashcore", step(flashcore.sdpa))
-                    aten = step(F.scaled_dot_product_attention)
+                    aten = step(F.scaled_dot_product_attention, backend)
                     t_route, t_pair, t_aten = medians([route, pair, aten], args.iters)
                     path = flashcore.explain_training(q, k, v, attn_mask=m, is_causal=causal)
                     name = f"{form} B={B} H={H} S={S} D={D}"
@@ -82,7 +91,8 @@ def main():
                                      sdpa_us=t_aten, path=path))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(card=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+            json.dump(dict(card=torch.cuda.get_device_name(), torch=torch.__version__, aten_backend=args.aten_backend,
+                           family=os.environ.get("FLASHCORE_FAMILY", "auto"), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -475,6 +475,7 @@ torch.library.register_autograd("flashcore::sdpa_fwd", _fwd_backward,
 #   "sm90-masked"  the same with a bool attn_mask (not one that needs its own gradient): its
 #             own entry, since aten's masked backward is another kernel;
 #   "sm90-masked-additive"  the same with an additive mask (its forward in the sm80-class family);
+#   "sm80-masked"  the sm80-class family with a mask (bool or additive) that needs no gradient;
 #   "python"  the fp32 Python backward (_sdpa_bwd_python): a mask that needs a gradient, fp32,
 #             head dims or layouts no backward kernel takes.
 # A (cc, path, head_dim) key, where present, wins over (cc, path) for that head dim, e.g.
@@ -513,6 +514,13 @@ TRAINING_TABLE = {
     ((9, 0), "sm90-masked-additive"): (False, "0.52-0.87x PyTorch's training step with an additive "
                                               "mask on the H100, docs/experiments/forward-masks.md"),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),
+    # The sm80-class masked backward (element-by-element mask reads) has not been measured on a
+    # card where it is the default (Ada, where aten's masked backward is the efficient kernel):
+    # aten until it is, as before that kernel existed (such calls then took the Python
+    # backward's entry). FLASHCORE_TRAINING=flashcore runs it. Its times on the H200 against
+    # aten's masked backwards: docs/experiments/backward.md.
+    (None, "sm80-masked"): (False, "the sm80-class masked backward: not measured against aten's on "
+                                   "this card, docs/experiments/backward.md"),
     # Any other card: the Python backward is an unfused fp32 recomputation, slower than aten's
     # fused backwards wherever they run (masks: efficient; other head dims: flash/efficient).
     (None, "python"): (False, "an unfused fp32 recomputation"),
@@ -538,7 +546,7 @@ _REASON_NOT_CUDA, _REASON_NOT_4D, _REASON_SHAPES, _REASON_BWD_MASK = (
 class TrainingRoute(NamedTuple):
     """Where FLASHCORE_TRAINING=auto sends a training call, and why (see TRAINING_TABLE)."""
     to_aten: bool  # both passes in aten's differentiable SDPA
-    path: str      # the backward FlashCore would run: "sm90", "sm80" or "python"
+    path: str      # the backward FlashCore would run: "sm90", "sm80", "python" or a masked one (_masked_path)
     reason: int    # explain_bwd's reason (0: a kernel runs), or one of the _REASON_* above
     family: int    # explain_bwd's family (1 sm80-class, 2 sm90; 0 when no kernel)
     note: str      # the table's note, or why no table entry applied ("" for none)
@@ -661,8 +669,8 @@ def _decide_route(q_layout, k_layout, v_layout, mask_key, is_causal, scale, enab
                                             enable_gqa, deterministic,
                                             None if mask_key is None else mask_key[0])
     path = _FAMILY_PATHS.get(family, "python") if reason == 0 else "python"
-    if mask_key is not None and path == "sm90":
-        path = _masked_path(mask_key[0])
+    if mask_key is not None and path in ("sm90", "sm80"):
+        path = _masked_path(path, mask_key[0])
     sizes = q_layout[0]
     head_dim = sizes[-1] if len(sizes) else 0
     entry = training_table_entry(cc, path, head_dim)
@@ -678,10 +686,14 @@ def _decide_route(q_layout, k_layout, v_layout, mask_key, is_causal, scale, enab
     return TrainingRoute(not flashcore, path, reason, family, note)
 
 
-def _masked_path(mask_layout) -> str:
-    """The sm90 backward's path for a mask that needs no gradient: "sm90-masked-additive" for
-    an additive mask (its forward runs in the sm80-class family), else "sm90-masked" (a bool
-    mask: both passes read it in TMA tiles, from the op's copy where its layout has none)."""
+def _masked_path(path, mask_layout) -> str:
+    """A backward path's own path for a mask that needs no gradient: "sm80-masked" for the
+    sm80-class family (either kind of mask, read element by element); for the sm90 family
+    "sm90-masked-additive" for an additive mask (its forward runs in the sm80-class family),
+    else "sm90-masked" (a bool mask: both passes read it in TMA tiles, from the op's copy where
+    its layout has none)."""
+    if path == "sm80":
+        return "sm80-masked"
     return "sm90-masked" if mask_layout[2] == torch.bool else "sm90-masked-additive"
 
 
