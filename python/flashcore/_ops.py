@@ -514,6 +514,15 @@ TRAINING_TABLE = {
     ((9, 0), "sm90-masked-additive"): (False, "0.52-0.87x PyTorch's training step with an additive "
                                               "mask on the H100, docs/experiments/forward-masks.md"),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),
+    # Ada (sm_89): no Ada card has been lent. Its kernels, run on an H200 (FLASHCORE_FAMILY=sm80)
+    # against PyTorch's flash backend (FlashAttention-2, what PyTorch trains with on Ada), same
+    # run (bench/results/nvidia-h200_2026-11-29_0850_bwd_ab_sm80_step_counter_pass*.json): the
+    # backward 0.89-1.18x FA2's at D=64 and 0.68-1.02x at D=128 over 1k-16k keys; with the
+    # forward's 1.01-1.11x (H100, ..._2026-11-27_2016.json), fwd + bwd ~0.93-1.07x at D=64 and
+    # ~0.75-0.85x at D=128 from 4096 keys: PyTorch's until a measurement on Ada says otherwise.
+    ((8, 9), "sm80"): (False, "the sm80-class backward ran at 0.68-1.18x FlashAttention-2's (PyTorch's "
+                              "flash backward) on an H200 running Ada's kernels, fwd + bwd below "
+                              "PyTorch's from 4096 keys; not measured on Ada, docs/experiments/backward.md"),
     # The sm80-class masked backward (element-by-element mask reads) has not been measured on a
     # card where it is the default (Ada, where aten's masked backward is the efficient kernel):
     # aten until it is, as before that kernel existed (such calls then took the Python
