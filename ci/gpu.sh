@@ -31,7 +31,8 @@ status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
 
 # The device copy of a tree is not the sender's checkout (its .git, if any, may name another
-# commit): `git rev-parse HEAD > .git-sha` beforehand, and that file wins when present.
+# commit): `git rev-parse HEAD > .git-sha` beforehand, and that file wins when present. It is
+# git-ignored, so a device call copies it only when its carry names it (or set FLASHCORE_SHA).
 if [ -z "${FLASHCORE_SHA:-}" ]; then
   FLASHCORE_SHA=$(cat .git-sha 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 fi

@@ -13,7 +13,9 @@
 #   CMAKE_ARGS adds configure options (e.g. "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=fp16
 #   -DFLASHCORE_CUDA_ARCHS=90a" for a faster build when the bench rows need no more).
 # Make the trees with `git archive REV | tar -x -C DIR && git rev-parse REV > DIR/.git-sha` (the
-# device copies no .git; bench.py takes a snapshot's commit from its .git-sha).
+# device copies no .git; bench.py takes a snapshot's commit from its .git-sha). A tree's .git-sha
+# is git-ignored by the tree's own .gitignore: name each in the device call's carry (or set
+# AB_ENV_a="FLASHCORE_SHA=..."), else the JSONs say "unknown".
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"

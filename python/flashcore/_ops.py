@@ -518,8 +518,8 @@ TRAINING_TABLE = {
     # against PyTorch's flash backend (FlashAttention-2, what PyTorch trains with on Ada), same
     # run (bench/results/nvidia-h200_2026-11-29_0850_bwd_ab_sm80_step_counter_pass*.json): the
     # backward 0.89-1.18x FA2's at D=64 and 0.68-1.02x at D=128 over 1k-16k keys; with the
-    # forward's 1.01-1.11x (H100, ..._2026-11-27_2016.json), fwd + bwd ~0.93-1.07x at D=64 and
-    # ~0.75-0.85x at D=128 from 4096 keys: PyTorch's until a measurement on Ada says otherwise.
+    # forward's 1.01-1.11x (H100, ..._2026-11-27_2016.json), fwd + bwd ~0.93-1.07x at D=64 (below
+    # 1.0 from 4096 keys) and ~0.74-0.91x at D=128: PyTorch's until a measurement on Ada says otherwise.
     ((8, 9), "sm80"): (False, "the sm80-class backward ran at 0.68-1.18x FlashAttention-2's (PyTorch's "
                               "flash backward) on an H200 running Ada's kernels, fwd + bwd below "
                               "PyTorch's from 4096 keys; not measured on Ada, docs/experiments/backward.md"),
