@@ -520,6 +520,8 @@ TRAINING_TABLE = {
     # backward 0.89-1.18x FA2's at D=64 and 0.68-1.02x at D=128 over 1k-16k keys; with the
     # forward's 1.01-1.11x (H100, ..._2026-11-27_2016.json), fwd + bwd ~0.93-1.07x at D=64 (below
     # 1.0 from 4096 keys) and ~0.74-0.91x at D=128: PyTorch's until a measurement on Ada says otherwise.
+    # (The proxy favours FA2: with the H200's 227 KB of shared memory it runs larger tiles than it
+    # can on Ada's 99 KB, where FlashCore's kernels already run theirs.)
     ((8, 9), "sm80"): (False, "the sm80-class backward ran at 0.68-1.18x FlashAttention-2's (PyTorch's "
                               "flash backward) on an H200 running Ada's kernels, fwd + bwd below "
                               "PyTorch's from 4096 keys; not measured on Ada, docs/experiments/backward.md"),
