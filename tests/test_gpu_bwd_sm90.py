@@ -277,8 +277,9 @@ MASK_SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk); rows of a multiple of 16 keys: th
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_sm90_masked_grads(dtype, D, kind, layout, shape):
-    skip_unless_built(D, dtype)
+def masked_call(shape, kind, layout, D, dtype):
+    """A masked backward call of MASK_SHAPES[shape]: q, k, v, grad_out, the mask, and the backward
+    ops' leading arguments (out and lse from FWD with that mask)."""
     B, Hq, Hkv, Sq, Sk = MASK_SHAPES[shape]
     q = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
     k, v = (torch.randn(B, Hkv, Sk, D, dtype=dtype, device=DEVICE) for _ in range(2))
@@ -287,7 +288,12 @@ def test_sm90_masked_grads(dtype, D, kind, layout, shape):
     gqa = Hq != Hkv
     with torch.no_grad():
         out, lse = FWD(q, k, v, mask, enable_gqa=gqa)
-    args = (g_out, q, k, v, out, lse, None, False, None, gqa)
+    return q, k, v, g_out, mask, (g_out, q, k, v, out, lse, None, False, None, gqa)
+
+
+def test_sm90_masked_grads(dtype, D, kind, layout, shape):
+    skip_unless_built(D, dtype)
+    q, k, v, g_out, mask, args = masked_call(shape, kind, layout, D, dtype)
     assert flashcore.explain_backward(*args, attn_mask=mask) == "kernel sm90"
     poison_allocator()
     got = BWD_KERNEL(*args, attn_mask=mask)
@@ -307,15 +313,7 @@ def test_sm80_family_masked_grads(dtype, D, kind, layout, shape, deterministic, 
     against float64, on a poisoned allocator."""
     skip_unless_built(D, dtype)
     monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
-    B, Hq, Hkv, Sq, Sk = MASK_SHAPES[shape]
-    q = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
-    k, v = (torch.randn(B, Hkv, Sk, D, dtype=dtype, device=DEVICE) for _ in range(2))
-    g_out = torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEVICE)
-    mask = make_mask(kind, B, Hq, Sq, Sk, dtype, layout)
-    gqa = Hq != Hkv
-    with torch.no_grad():
-        out, lse = FWD(q, k, v, mask, enable_gqa=gqa)
-    args = (g_out, q, k, v, out, lse, None, False, None, gqa)
+    q, k, v, g_out, mask, args = masked_call(shape, kind, layout, D, dtype)
     assert flashcore.explain_backward(*args, deterministic=deterministic, attn_mask=mask) == "kernel sm80"
     poison_allocator()
     got = BWD_KERNEL(*args, deterministic=deterministic, attn_mask=mask)
