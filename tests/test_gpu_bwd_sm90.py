@@ -272,11 +272,6 @@ MASK_SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk); rows of a multiple of 16 keys: th
 }
 
 
-@pytest.mark.parametrize("shape", list(MASK_SHAPES))
-@pytest.mark.parametrize("layout", ["b1qk", "qk", "bhqk_t", "b11k"])
-@pytest.mark.parametrize("kind", ["bool", "additive"])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def masked_call(shape, kind, layout, D, dtype):
     """A masked backward call of MASK_SHAPES[shape]: q, k, v, grad_out, the mask, and the backward
     ops' leading arguments (out and lse from FWD with that mask)."""
@@ -291,6 +286,11 @@ def masked_call(shape, kind, layout, D, dtype):
     return q, k, v, g_out, mask, (g_out, q, k, v, out, lse, None, False, None, gqa)
 
 
+@pytest.mark.parametrize("shape", list(MASK_SHAPES))
+@pytest.mark.parametrize("layout", ["b1qk", "qk", "bhqk_t", "b11k"])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_sm90_masked_grads(dtype, D, kind, layout, shape):
     skip_unless_built(D, dtype)
     q, k, v, g_out, mask, args = masked_call(shape, kind, layout, D, dtype)
