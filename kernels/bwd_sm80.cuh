@@ -97,11 +97,9 @@ struct BwdTraits {
     static_assert(kDqCols % 16 == 0 && kHeadDim % kDqCols == 0, "each warp 16 rows x kDqCols columns of dQ");
 };
 
-// kMaskKind: FC_MASK_NONE, FC_MASK_BOOL or FC_MASK_ADDITIVE (non-causal calls only: c_src/bwd.c).
-// The mask is read element by element from global memory (common/mask_slice.cuh); unmasked
-// kernels construct one and never read it.
-template <typename Elem, int kMaskKind>
-using BwdMask = MaskSlice<Elem, kMaskKind == FC_MASK_ADDITIVE ? FC_MASK_ADDITIVE : FC_MASK_BOOL>;
+// kMaskKind (the kernels' template argument): FC_MASK_NONE, FC_MASK_BOOL or FC_MASK_ADDITIVE
+// (non-causal calls only: c_src/bwd.c), the mask read element by element from global memory
+// through common/mask_slice.cuh's MaskSliceOf.
 
 // Workspace layout (fc_sm80_bwd_workspace_bytes, launch_rules.h): delta [B][Hq][Sq] fp32, then
 // LSE * log2(e) [B][Hq][Sq] fp32, then (not deterministic) the dq accumulator [B][Hq][Sq][D] fp32.
@@ -324,7 +322,7 @@ dq_kernel(const fc_bwd_params p) {
     const int head_kv = head_q / static_cast<int>(f.heads_q / f.heads_kv);
     const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
     const int m_start = m_block * kBlockM;
-    const BwdMask<Elem, kMaskKind> mask(f, batch, head_q);
+    const MaskSliceOf<Elem, kMaskKind> mask(f, batch, head_q);
 
     const Elem *q = static_cast<const Elem *>(f.q) + batch * f.q_stride_b + head_q * f.q_stride_h +
                     static_cast<int64_t>(m_start) * f.q_stride_s;
@@ -361,7 +359,7 @@ dq_kernel(const fc_bwd_params p) {
     const float *delta_ws = static_cast<const float *>(p.workspace);
     const int64_t row_base = (static_cast<int64_t>(batch) * f.heads_q + head_q) * seqlen_q;
     float lse2[2], delta[2];
-    const typename BwdMask<Elem, kMaskKind>::Value *mask_rows[2];  // (masked calls)
+    const typename MaskSliceOf<Elem, kMaskKind>::Value *mask_rows[2];  // (masked calls)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = m_start + warp * 16 + row_in_warp + 8 * h;
@@ -659,7 +657,7 @@ dkdv_kernel(const fc_bwd_params p) {
         // ---- P^T = exp2(S^T * scale * log2e - LSE2[query]), masked where this warp's keys need it ----
         const bool masked_tile = kMask && ((kCausal && n_start + warp * 16 + 15 > m_start) ||
                                            (kDqAtomic && n_start + warp * 16 + 15 >= seqlen_k));
-        const BwdMask<Elem, kMaskKind> mask(f, batch, at.head_q);
+        const MaskSliceOf<Elem, kMaskKind> mask(f, batch, at.head_q);
         probs_of_scores<kCausal, kDqAtomic, kMaskKind>(s, lse2, scale_log2, masked_tile, col_in_tile, m_start, key0,
                                                        seqlen_k, mask, seqlen_q);
 

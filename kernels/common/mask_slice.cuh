@@ -41,4 +41,10 @@ struct MaskSlice {
     static __device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 };
 
+// The slice a kernel variant of mask kind kKind constructs: additive masks read in the inputs'
+// dtype, every other kind (bool, and the kernels' own kinds that are bool masks read another
+// way, or none) as bool; unmasked variants construct one and never read it.
+template <typename Elem, int kKind>
+using MaskSliceOf = MaskSlice<Elem, kKind == FC_MASK_ADDITIVE ? FC_MASK_ADDITIVE : FC_MASK_BOOL>;
+
 }  // namespace flashcore

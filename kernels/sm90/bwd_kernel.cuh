@@ -427,7 +427,7 @@ __device__ __forceinline__ void load_row_terms_of_columns(float2 (&rows)[8], con
 template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen, typename LseRows>
 __device__ __forceinline__ void softmax(uint32_t (&p_frag)[4][4], uint32_t (&ds_frag)[4][4], float (&s)[32], float (&dp)[32],
                                         const float *delta, const LseRows &lse_rows, const uint8_t *mask_tile,
-                                        const MaskSlice<Elem, kMask> &mask, const BwdMaps &maps, const fc_params &f,
+                                        const MaskSliceOf<Elem, kMask> &mask, const BwdMaps &maps, const fc_params &f,
                                         float scale_log2, bool masked_tile, int m_start, int first_key, int key_in_cta,
                                         int col_in_tile, int seqlen_k, int seqlen_q) {
     constexpr bool kMaskElements = kMask == kMaskBool || kMask == kMaskAdditive;
@@ -641,7 +641,7 @@ __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *s
     const uint32_t do_tile = base + T::kOffDo + stage * T::kQBytes;
     // Masked calls: the step's mask rows toward L1, read back after the score GEMMs.
     constexpr bool kMaskElements = kMask == kMaskBool || kMask == kMaskAdditive;
-    [[maybe_unused]] const MaskSlice<Elem, kMask> mask(
+    [[maybe_unused]] const MaskSliceOf<Elem, kMask> mask(
         f, tile.batch, kMaskElements ? tile.steps.head_q(step, tile.head_kv, tile.group) : 0);
     if constexpr (kMaskElements) prefetch_mask_rows(mask, f, m_start, n_start, seqlen_k);
 

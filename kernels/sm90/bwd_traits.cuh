@@ -1,7 +1,7 @@
 // sm90/bwd_traits.cuh - the types of the Hopper backward (sm90/bwd_kernel.cuh): its shapes and
 // shared-memory layout (BwdTraits), its tensor maps, its unit of work (Tile, in the order
-// tile_at gives), the mbarriers its threads meet on (BwdBarriers) and the attention mask as the
-// consumers read it (MaskSlice).
+// tile_at gives), the mbarriers its threads meet on (BwdBarriers) and the attention mask's kinds
+// (kMask*; consumers read the mask through common/mask_slice.cuh's MaskSliceOf).
 #pragma once
 
 #include "common/mask_slice.cuh"
@@ -210,12 +210,6 @@ __device__ Tile tile_at(int index, const BwdMaps &maps, const fc_params &f) {
 // strides, queries not broadcast): the Q/dO loader brings each step's tile to shared memory.
 constexpr int kMaskNone = FC_MASK_NONE, kMaskBool = FC_MASK_BOOL, kMaskAdditive = FC_MASK_ADDITIVE,
               kMaskBoolTiles = 3;
-
-// The attention mask of kMaskBool and kMaskAdditive calls: common/mask_slice.cuh's MaskSlice, read
-// straight from global memory by each consumer thread for its own (key, query) elements (the
-// other kinds construct one and never read it).
-template <typename Elem, int kMask>
-using MaskSlice = flashcore::MaskSlice<Elem, kMask == kMaskAdditive ? kMaskAdditive : kMaskBool>;
 
 }  // namespace sm90_bwd
 }  // namespace flashcore
