@@ -313,7 +313,7 @@ cudaError_t fc_last_cuda_error(void);
  * GQA: dk and dv are summed over each KV head's group of query heads. Every element of dq, dk and
  * dv is written (keys no query sees, e.g. causal with Sk > Sq, get zeros).
  * Two kernel families; no dropout:
- *   - sm80-class (mma.sync + cp.async; sm_89, and sm_90 by the same code). At D=64,
+ *   - sm80-class (mma.sync + cp.async; sm_89, and sm_90 by the same code). At D=64 and 128,
  *     unless `deterministic` is set, one pass with dq summed through fp32 atomics in any order
  *     (its last bits may vary from run to run); otherwise dq in a pass of its own and no atomics,
  *     so two calls on the same inputs give bitwise equal gradients (fc_sm80_bwd_one_pass,

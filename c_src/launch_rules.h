@@ -145,11 +145,11 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
 
 /* Whether the sm80-class backward runs in one pass (kernels/bwd_sm80.cuh: dQ summed with fp32
  * atomics, in whatever order the key blocks come) rather than with dQ in a pass of its own
- * (bitwise deterministic): never under `deterministic`, and only at D=64, where it was 7-12%
- * faster (non-causal; 0-4% causal); at D=128 the two were within 3% (docs/experiments/
- * backward.md, forty-first session), so there the deterministic one is the only one. */
+ * (bitwise deterministic): never under `deterministic`; at D=64 (7-12% faster non-causal, 0-4%
+ * causal, at 64-key blocks: docs/experiments/backward.md, forty-first session) and D=128 (128-key
+ * blocks, dS^T in the dO stage: forty-third session). */
 static inline FC_HOST_DEVICE int fc_sm80_bwd_one_pass(const fc_params *f, int deterministic) {
-    return !deterministic && f->head_dim == 64;
+    return !deterministic && (f->head_dim == 64 || f->head_dim == 128);
 }
 /* The sm80-class backward's workspace (c_src/bwd.c, kernels/bwd_sm80.cuh): delta, then
  * LSE*log2(e), fp32, one each per query row ([B][Hq][Sq] each); in one pass then, 16-byte

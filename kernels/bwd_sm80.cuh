@@ -82,13 +82,17 @@ struct BwdTraits {
     // dq_kernel: Q + dO (owned), kStages x (K + V) (streamed).
     static constexpr int kDqSmemBytes = (2 * kBlock + kStages * 2 * kStream) * kHeadDim * 2;
     // dkdv_kernel: K + V (owned), kStages x (Q + dO) (streamed) + kStages x (LSE + delta) fp32,
-    // and (kDqAtomic) the step's dS^T: kBlock key rows of kStream queries, kDsPitch apart (8
-    // elements of padding: the rows of an 8x8 matrix fall in distinct banks, and so do a warp's
-    // stores of its fragments).
+    // and (kDqAtomic) the step's dS^T, kBlock key rows of kStream queries: in a tile of its own,
+    // rows kDsPitch apart (8 elements of padding: the rows of an 8x8 matrix fall in distinct
+    // banks, and so do a warp's stores of its fragments); or, kDsInDoStage (D=128, where a tile
+    // of its own would pass sm_89's 99 KB), in the step's dO tile once every warp is done with
+    // it (the same bytes: 128 keys x 32 queries), rows unpadded and chunks swizzled (ds_offset).
     static constexpr int kDsPitch = kStream + 8;
+    static constexpr bool kDsInDoStage = kHeadDim > 64;
     static constexpr int kKvSmemBytes =
         (2 * kBlock + kStages * 2 * kStream) * kHeadDim * 2 + kStages * 2 * kStream * 4;
-    static constexpr int kKvAtomicSmemBytes = kKvSmemBytes + kBlock * kDsPitch * 2;
+    static constexpr int kKvAtomicSmemBytes = kKvSmemBytes + (kDsInDoStage ? 0 : kBlock * kDsPitch * 2);
+    static_assert(!kDsInDoStage || kBlock * kStream <= kStream * kHeadDim, "dS^T fits in a dO tile");
     static_assert(kHeadDim % 64 == 0, "the swizzle assumes at least 8 chunks per row");
     static_assert(kDqSmemBytes <= 99 * 1024 && kKvAtomicSmemBytes <= 99 * 1024, "sm_89: 99 KB per block");
     // kDqAtomic's dQ GEMM: the step's kStream x kHeadDim tile split among the warps, 16 rows x
@@ -217,16 +221,29 @@ __global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
 
 // ---- the one-pass backward's dQ: shared dS^T, then atomics; the conversion ----------------------
 
+// Element offset of (key row, query column) in the CTA's dS^T tile (BwdTraits: padded rows, or in
+// the dO tile 32-query rows of 4 chunks, the chunk XOR-ed with (row / 2) % 4 so that the 8 rows
+// of an ldmatrix phase, and of a warp's fragment stores, fall in distinct banks).
+template <typename T>
+__device__ __forceinline__ int ds_offset(int row, int col) {
+    if constexpr (T::kDsInDoStage) {
+        static_assert(T::kStream == 32, "the swizzle is for rows of 4 chunks");
+        return row * 32 + ((((col >> 3) ^ (row >> 1)) & 3) << 3) + (col & 7);
+    } else {
+        return row * T::kDsPitch + col;
+    }
+}
+
 // This thread's dS^T (its warp's 16 keys x the step's queries, mma accumulator layout) to the
 // CTA's dS^T tile, packed in pairs of query columns.
-template <typename Elem, int kMTiles, int kDsPitch>
+template <typename Elem, typename T, int kMTiles>
 __device__ __forceinline__ void store_ds_t(Elem *ds_t, const float (&ds)[kMTiles][4], int warp, int row_in_warp,
                                            int col_in_tile) {
 #pragma unroll
     for (int j = 0; j < kMTiles; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<uint32_t *>(ds_t + (warp * 16 + row_in_warp + 8 * h) * kDsPitch + j * 8 + col_in_tile) =
+            *reinterpret_cast<uint32_t *>(ds_t + ds_offset<T>(warp * 16 + row_in_warp + 8 * h, j * 8 + col_in_tile)) =
                 pack2<Elem>(ds[j][2 * h], ds[j][2 * h + 1]);
 }
 
@@ -261,8 +278,7 @@ __device__ __forceinline__ void add_dq_of_step(const fc_bwd_params &p, const Ele
         // stored as its transpose.
         uint32_t af[4];
         const int matrix = lane >> 3;
-        ldmatrix_x4_trans(af, smem_addr(ds_t + (kk * 16 + (matrix >> 1) * 8 + (lane & 7)) * T::kDsPitch + m0 +
-                                        (matrix & 1) * 8));
+        ldmatrix_x4_trans(af, smem_addr(ds_t + ds_offset<T>(kk * 16 + (matrix >> 1) * 8 + (lane & 7), m0 + (matrix & 1) * 8)));
 #pragma unroll
         for (int dp2 = 0; dp2 < kNTiles / 2; ++dp2) {
             uint32_t bf[4];
@@ -511,7 +527,7 @@ dkdv_kernel(const fc_bwd_params p) {
     Elem *smem_do = smem_q + T::kStages * kBlockM * kHeadDim;   // [kStages][kBlockM][D]
     float *smem_lse2 = reinterpret_cast<float *>(smem_do + T::kStages * kBlockM * kHeadDim);  // [kStages][kBlockM]
     float *smem_delta = smem_lse2 + T::kStages * kBlockM;                                    // [kStages][kBlockM]
-    Elem *smem_ds = reinterpret_cast<Elem *>(smem_delta + T::kStages * kBlockM);  // kDqAtomic: [kBlockN][kDsPitch]
+    Elem *smem_ds = reinterpret_cast<Elem *>(smem_delta + T::kStages * kBlockM);  // kDqAtomic, !kDsInDoStage: [kBlockN][kDsPitch]
 
     const fc_params &f = p.fwd;
     const int seqlen_q = static_cast<int>(f.seqlen_q);
@@ -693,15 +709,21 @@ dkdv_kernel(const fc_bwd_params p) {
             for (int e = 0; e < 4; ++e) s[j][e] *= dp[j][e] - ((e & 1) ? dl.y : dl.x);
         }
 
-        if constexpr (kDqAtomic) store_ds_t<Elem, kMTiles, T::kDsPitch>(smem_ds, s, warp, row_in_warp, col_in_tile);
+        if constexpr (kDqAtomic && !T::kDsInDoStage) store_ds_t<Elem, T>(smem_ds, s, warp, row_in_warp, col_in_tile);
 
         // ---- dK += dS^T Q (scale applied at the end) ----
         acc_times_tile<Elem, kBlockM / 16, kDTiles, kChunks>(dk_acc, s, q_tile, lane);
 
         // ---- kDqAtomic: dQ += dS K of this block's keys, in the accumulator ----
         if constexpr (kDqAtomic) {
+            Elem *ds_t = smem_ds;
+            if constexpr (T::kDsInDoStage) {
+                ds_t = smem_do + stage * kBlockM * kHeadDim;  // this step's dO tile
+                __syncthreads();  // every warp is done with this step's dO
+                store_ds_t<Elem, T>(ds_t, s, warp, row_in_warp, col_in_tile);
+            }
             __syncthreads();  // every warp's dS^T rows are in
-            add_dq_of_step<Elem, T>(p, smem_ds, smem_k, at.head_q, batch, m_start, warp, lane);
+            add_dq_of_step<Elem, T>(p, ds_t, smem_k, at.head_q, batch, m_start, warp, lane);
         }
         __syncthreads();  // the next iteration's prefetch overwrites this stage (and dS^T)
     };
@@ -767,8 +789,8 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
         return dim3(static_cast<unsigned>((p.fwd.seqlen_k + block - 1) / block), static_cast<unsigned>(p.fwd.heads_kv), b);
     };
     cudaError_t err = cudaSuccess;
-    // (fc_sm80_bwd_one_pass holds at D=64 alone: only that head dim builds the one-pass kernel.)
-    if constexpr (kHeadDim == 64) {
+    // (fc_sm80_bwd_one_pass holds at D=64 and 128 alone: only those head dims build the one-pass kernel.)
+    if constexpr (kHeadDim == 64 || kHeadDim == 128) {
         if (fc_sm80_bwd_one_pass(&p.fwd, p.deterministic)) {  // dQ through the accumulator
             using TA = DkDvTraits<kHeadDim, true>;
             auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, true, kMaskKind>;

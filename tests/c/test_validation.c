@@ -790,7 +790,7 @@ static void check_bwd(void) {
     int64_t bytes = -1;
     CHECK_STATUS("bwd workspace size: NULL out", fc_sdpa_bwd_workspace_size(&b, NULL), FC_ERR_NULL_POINTER);
     CHECK_STATUS("bwd workspace size", fc_sdpa_bwd_workspace_size(&b, &bytes), FC_OK);
-    /* Enough for either family: the sm80-class one's row terms and (in one pass: D=64, not
+    /* Enough for either family: the sm80-class one's row terms and (in one pass: D=64 or 128, not
      * deterministic) its fp32 dq accumulator, or (where an sm90 kernel is built) the Hopper family's padded row terms, fp32 dq
      * accumulator, tile counter (16 bytes) and per-head counts (4 bytes each), rounded up to 16
      * bytes. */
@@ -805,7 +805,7 @@ static void check_bwd(void) {
         fprintf(stderr, "FAIL bwd workspace size %lld\n", (long long)bytes);
         ++failures;
     }
-    /* Deterministic (as at D=128): the sm80-class family's row terms alone (no accumulator). */
+    /* Deterministic: the sm80-class family's row terms alone (no accumulator). */
     b.deterministic = 1;
     CHECK_STATUS("bwd workspace size, deterministic", fc_sdpa_bwd_workspace_size(&b, &bytes), FC_OK);
     if (bytes != (hopper_built && sm90_bytes > 8 * rows ? sm90_bytes : (8 * rows + 15) / 16 * 16)) {

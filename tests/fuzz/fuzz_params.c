@@ -839,7 +839,7 @@ static i128 bwd_need(const fc_params *f, int deterministic, fc_family fam) {
                        4 * slices /* per-head counts */);
     }
     const i128 rows = slices * f->seqlen_q;
-    const int one_pass = !deterministic && f->head_dim == 64;
+    const int one_pass = !deterministic && (f->head_dim == 64 || f->head_dim == 128);
     return one_pass ? round16(round16(rows * 8) + rows * f->head_dim * 4) : round16(rows * 8);
 }
 
