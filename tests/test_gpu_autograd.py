@@ -146,8 +146,8 @@ SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_kernel_grads(dtype, D, causal, shape, family, monkeypatch):
     """family sm80 (Hopper: FLASHCORE_FAMILY=sm80, which reaches the backward; elsewhere what
-    auto runs) is the sm80-class backward: one pass with dQ through fp32 atomics at D=64, dQ in
-    a pass of its own at D=128 (c_src/launch_rules.h, fc_sm80_bwd_one_pass)."""
+    auto runs) is the sm80-class backward: one pass with dQ through fp32 atomics (c_src/launch_rules.h,
+    fc_sm80_bwd_one_pass; its deterministic form is tested in test_gpu_bwd_sm90.py)."""
     if family == "sm80":
         if BWD_KERNEL_PATH != "kernel sm90":
             pytest.skip("the sm80-class family is this card's default: the auto case runs it")

@@ -309,7 +309,7 @@ def test_sm90_masked_grads(dtype, D, kind, layout, shape):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["one_pass", "deterministic"])
 def test_sm80_family_masked_grads(dtype, D, kind, layout, shape, deterministic, monkeypatch):
     """The sm80-class backward (Ada's; FLASHCORE_FAMILY=sm80 here) with masks read element by
-    element: both of its ways (at D=64 one pass with dQ through atomics, or deterministic),
+    element: both of its ways (one pass with dQ through atomics, or deterministic),
     against float64, on a poisoned allocator."""
     skip_unless_built(D, dtype)
     monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
