@@ -48,7 +48,7 @@ What it measures
                       PyTorch's backward of the forward taken under that backend (skipped where
                       the backend refuses the shape)
     Shapes: 16k tokens per batch (B = 16384/S, H = 2048/D), S in 1k 2k 4k 8k 16k, D in 64 128,
-    causal and not; D=256 at S 1k and 4k, causal and not; GQA 32:8 causal (B=4, S=4k, D=128);
+    causal and not; D=256 (H=8) at S 1k-16k, causal and not; GQA 32:8 causal (B=4, S=4k, D=128);
     the masked prefill (the bool mask above, B=4, H=16, S=4k, D=128); the small shape (B=1, H=8,
     S=512, D=64), causal and not. --quick: S=4k D=128 only, causal and not.
     Checked first: dq, dk, dv vs the reference backend's, max abs diff relative to
@@ -215,7 +215,7 @@ def bwd_shape_set(quick, bf16):
                     B, H = 16384 // S, 2048 // D
                     out.append(Shape(B, H, H, S, S, D, causal, dt))
         for causal in (False, True):
-            for S in (1024, 4096):
+            for S in (1024, 2048, 4096, 8192, 16384):
                 out.append(Shape(16384 // S, 8, 8, S, S, 256, causal, dt))
         out.append(Shape(4, 32, 8, 4096, 4096, 128, True, dt))  # GQA 32:8, Llama-3-8B's heads
         # HuggingFace's padded prefill mask; causality is in the mask, as in the forward rows.

@@ -173,8 +173,15 @@ static inline int64_t fc_sm80_bwd_workspace_bytes(const fc_params *f, int determ
  * query head, the pair's key blocks whose dQ is in the accumulator (the dq conversion of the
  * pair's rows waits for all of them). */
 #define FC_SM90_BWD_ROW_BLOCK 64
-/* Keys per CTA of the Hopper backward: its grid is one dimension of (key block, KV head, batch). */
+/* Keys per CTA of the Hopper backward: its grid is one dimension of (key block, KV head, batch).
+ * D=256 takes 64 (kernels/sm90/bwd_d256.cuh: its dK and dV of 64 keys fill the registers). At
+ * D=256 the dq accumulator's rows hold their 16-byte chunks permuted within each 128 bytes (chunk
+ * c of row r at c ^ (r % 8)): the kernel's staging layout, reduced row by row. */
 #define FC_SM90_BWD_KEY_BLOCK 128
+#define FC_SM90_BWD_KEY_BLOCK_D256 64
+static inline FC_HOST_DEVICE int64_t fc_sm90_bwd_key_block(int64_t head_dim) {
+    return head_dim == 256 ? FC_SM90_BWD_KEY_BLOCK_D256 : FC_SM90_BWD_KEY_BLOCK;
+}
 #define FC_SM90_BWD_DQ_PAD 8
 #define FC_SM90_BWD_COUNTER_BYTES 16
 static inline FC_HOST_DEVICE int64_t fc_sm90_bwd_padded_seqlen(const fc_params *f) {

@@ -139,6 +139,27 @@ SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk)
 }
 
 
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_kernel_grads_d256(dtype, causal, shape):
+    """D=256 on Hopper: the sm90 family's own kernel (kernels/sm90/bwd_d256.cuh, 64-key blocks,
+    plain calls), against the rule of the kernel path, on a poisoned allocator."""
+    if BWD_KERNEL_PATH != "kernel sm90":
+        pytest.skip("D=256's fused backward is the sm90 family's (Hopper)")
+    require_kernel(256, dtype)
+    B, Hq, Hkv, Sq, Sk = SHAPES[shape]
+    q, k, v = rand(B, Hq, Sq, 256, dtype=dtype), rand(B, Hkv, Sk, 256, dtype=dtype), \
+        rand(B, Hkv, Sk, 256, dtype=dtype)
+    kw = dict(is_causal=causal, enable_gqa=Hq != Hkv)
+    grad_out = torch.randn(B, Hq, Sq, 256, dtype=dtype, device=DEVICE)
+    assert_backward_kernel(grad_out, q, k, v, **kw, expected="kernel sm90")
+    out, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
+    assert out.grad_fn is not None
+    low, ref32 = pytorch_grads((q, k, v), grad_out, **kw)
+    assert_grads_within_rule(got, low, ref32, dtype, f"{shape} D=256 causal={causal}")
+
+
 @pytest.mark.parametrize("family", ["auto", "sm80"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -336,10 +357,11 @@ def test_fallback_grads_fp32_and_head_dim_40():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_grads_head_dims_without_backward_kernel(D, dtype, monkeypatch):
     """D=32/80/96/256: the forward runs a FlashCore kernel, the backward is the Python one from
-    the kernel's LSE (the fused backward has 64/128 only), within the rule of the kernel path.
-    On Hopper AUTO leaves D=32/80/96 to cuDNN, so those force the sm80 family."""
+    the kernel's LSE (the fused backward has 64/128 only; D=256 on Hopper: the sm90 family's,
+    which test_kernel_grads_d256 covers, so here the sm80 family is forced), within the rule of
+    the kernel path. On Hopper AUTO leaves D=32/80/96 to cuDNN, so those force the sm80 family."""
     require_kernel(D, dtype)
-    if D in (32, 80, 96) and KERNEL_CARD:
+    if KERNEL_CARD and (D in (32, 80, 96) or BWD_KERNEL_PATH == "kernel sm90"):
         monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
     q, k, v = rand(2, 8, 127, D, dtype=dtype), rand(2, 2, 200, D, dtype=dtype), \
         rand(2, 2, 200, D, dtype=dtype)

@@ -105,7 +105,8 @@ __device__ __forceinline__ void init_barriers(BwdBarriers &bars) {
         // One arrival per consumer thread: each thread's own reads of the stage's row terms
         // (ordinary loads) come before its release of them (one per warp raced the next
         // bulk copy in compute-sanitizer's racecheck).
-        ptx::mbarrier_init(&bars.step_empty[s], kConsumerThreads);
+        // (D=256: and the dQ writer, once it has read the step's dQ staged over the stage.)
+        ptx::mbarrier_init(&bars.step_empty[s], T::kD256 ? kConsumerThreads + 1 : kConsumerThreads);
     }
     ptx::mbarrier_init(&bars.dq_full, 4 * T::kConsumers);
     ptx::mbarrier_init(&bars.dq_empty, 1);
@@ -284,9 +285,9 @@ __device__ __forceinline__ void load_q_do(BwdBarriers &bars, unsigned char *cons
         }
         for (int panel = 0; panel < T::kPanels; ++panel) {
             set_coords(c, maps.q_order, panel * 64, m_start, head_q, batch);
-            tma_load(smem + T::kOffQ + stage * T::kQBytes + panel * T::kQPanelBytes, &maps.q, c, full);
+            tma_load(smem + T::kOffQ + stage * T::kStageStride + panel * T::kQPanelBytes, &maps.q, c, full);
             set_coords(c, maps.dout_order, panel * 64, m_start, head_q, batch);
-            tma_load(smem + T::kOffDo + stage * T::kQBytes + panel * T::kQPanelBytes, &maps.dout, c, full);
+            tma_load(smem + T::kOffDo + stage * T::kStageStride + panel * T::kQPanelBytes, &maps.dout, c, full);
         }
     }, true);
 }
@@ -363,11 +364,11 @@ __device__ __forceinline__ void issue_scores_of_step(int step_index, float (&s)[
     }
     wgmma_fence();
     if constexpr (kKeysInRegisters) {
-        issue_scores_rs<T, Elem>(s, k_frag, base + T::kOffQ + stage * T::kQBytes);
-        issue_scores_rs<T, Elem>(dp, v_frag, base + T::kOffDo + stage * T::kQBytes);
+        issue_scores_rs<T, Elem>(s, k_frag, base + T::kOffQ + stage * T::kStageStride);
+        issue_scores_rs<T, Elem>(dp, v_frag, base + T::kOffDo + stage * T::kStageStride);
     } else {
-        issue_scores<T, Elem>(s, k_rows, base + T::kOffQ + stage * T::kQBytes);
-        issue_scores<T, Elem>(dp, v_rows, base + T::kOffDo + stage * T::kQBytes);
+        issue_scores<T, Elem>(s, k_rows, base + T::kOffQ + stage * T::kStageStride);
+        issue_scores<T, Elem>(dp, v_rows, base + T::kOffDo + stage * T::kStageStride);
     }
 }
 
@@ -487,9 +488,9 @@ __device__ __forceinline__ void compute_ds(uint32_t (&ds_frag)[4][4], float (&dp
 }
 
 // dS^T of this thread's keys (rows first_row and first_row + 8, counted from the block's first
-// key) to the buffer at ds_tile, in the 128-byte-swizzled layout wgmma reads M-major; then waits
-// for both warpgroups' rows.
-__device__ __forceinline__ void store_ds_t(const uint32_t (&ds_frag)[4][4], uint32_t ds_tile, int first_row, int lane) {
+// key) to the buffer at ds_tile, in the 128-byte-swizzled layout wgmma reads M-major, visible to
+// wgmma once the writers meet on a barrier.
+__device__ __forceinline__ void write_ds_t(const uint32_t (&ds_frag)[4][4], uint32_t ds_tile, int first_row, int lane) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -499,6 +500,11 @@ __device__ __forceinline__ void store_ds_t(const uint32_t (&ds_frag)[4][4], uint
             asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[kk][i]) : "memory");
         }
     ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to wgmma
+}
+
+// write_ds_t, then waits for both warpgroups' rows.
+__device__ __forceinline__ void store_ds_t(const uint32_t (&ds_frag)[4][4], uint32_t ds_tile, int first_row, int lane) {
+    write_ds_t(ds_frag, ds_tile, first_row, lane);
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both warpgroups' dS^T rows are in
 }
 
@@ -637,8 +643,8 @@ __device__ __forceinline__ void compute_step(BwdBarriers &bars, unsigned char *s
     const int n_start = tile.n_start;
     const int stage = step_all % kStages;
     const int m_start = tile.steps.m_start(step, kBlockM);
-    const uint32_t q_tile = base + T::kOffQ + stage * T::kQBytes;
-    const uint32_t do_tile = base + T::kOffDo + stage * T::kQBytes;
+    const uint32_t q_tile = base + T::kOffQ + stage * T::kStageStride;
+    const uint32_t do_tile = base + T::kOffDo + stage * T::kStageStride;
     // Masked calls: the step's mask rows toward L1, read back after the score GEMMs.
     constexpr bool kMaskElements = kMask == kMaskBool || kMask == kMaskAdditive;
     [[maybe_unused]] const MaskSliceOf<Elem, kMask> mask(

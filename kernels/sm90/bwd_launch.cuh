@@ -20,6 +20,7 @@
 #include "common/launch.h"
 #include "launch_rules.h"  // fc_mask_tiles_fit_
 #include "runtime.h"
+#include "sm90/bwd_d256.cuh"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/bwd_rows.cuh"
 #include "sm90/tensor_map.h"
@@ -33,13 +34,20 @@
 namespace flashcore {
 namespace sm90_bwd {
 
+// The main kernel of a variant: D=256's own (plain calls only), else bwd_kernel.
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand, bool kSoftcap>
+constexpr auto main_kernel() {
+    if constexpr (kHeadDim == 256) return bwd_kernel_d256<Elem, kCausal>;
+    else return bwd_kernel<Elem, kHeadDim, kCausal, kMask, kBand, kSoftcap>;
+}
+
 template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false, bool kSoftcap = false>
 cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     using T = BwdTraits<kHeadDim, kMask == kMaskBoolTiles>;
     const fc_params &f = p.fwd;
     cudaError_t err = cudaSuccess;
 
-    auto kernel = bwd_kernel<Elem, kHeadDim, kCausal, kMask, kBand, kSoftcap>;
+    auto kernel = main_kernel<Elem, kHeadDim, kCausal, kMask, kBand, kSoftcap>();
     static unsigned long long configured = 0;
     if ((err = allow_smem(kernel, T::kSmemBytes, &configured, dev.device)) != cudaSuccess) return err;
 
@@ -80,7 +88,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
     row_terms_kernel<Elem, kHeadDim><<<rows_grid, 128, 0, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
-    const int64_t tiles = static_cast<int64_t>(key_blocks(f)) * f.heads_kv * f.batch;
+    const int64_t tiles = static_cast<int64_t>(key_blocks<kHeadDim>(f)) * f.heads_kv * f.batch;
     if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;  // c_src/bwd.c sends such calls elsewhere
     const bool pdl = fc_sm90_bwd_use_pdl() != 0;
     cudaLaunchAttribute attrs[2];
@@ -150,7 +158,7 @@ inline bool mask_tiles_fit(const fc_params &f) { return fc_mask_tiles_fit_(&f) !
 // fc_resolve_band_ in c_src/bwd.c; it comes with causal set), or one of the mask kinds (c_src/bwd.c sends masked
 // causal or banded calls elsewhere: PyTorch's SDPA never makes them).
 template <typename Elem, int kHeadDim>
-cudaError_t launch_bwd_variant(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
+cudaError_t launch_bwd_variant_of(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     if (p.fwd.cu_seq_q != nullptr)  // (c_src/bwd.c: no mask, band or softcap with it)
         return p.fwd.causal ? launch_bwd_varlen<Elem, kHeadDim, true>(p, dev, stream)
                             : launch_bwd_varlen<Elem, kHeadDim, false>(p, dev, stream);
@@ -168,6 +176,17 @@ cudaError_t launch_bwd_variant(const fc_bwd_params &p, const fc_device_facts &de
     default:
         return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, kMaskNone>(p, dev, stream)
                             : launch_bwd<Elem, kHeadDim, false, kMaskNone>(p, dev, stream);
+    }
+}
+
+// The D=256 kernel's calls (plain, causal or not), or the variant for a call at D=64/128.
+template <typename Elem, int kHeadDim>
+cudaError_t launch_bwd_variant(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
+    if constexpr (kHeadDim == 256) {  // plain calls alone (c_src/bwd.c)
+        return p.fwd.causal ? launch_bwd<Elem, 256, true, kMaskNone>(p, dev, stream)
+                            : launch_bwd<Elem, 256, false, kMaskNone>(p, dev, stream);
+    } else {
+        return launch_bwd_variant_of<Elem, kHeadDim>(p, dev, stream);
     }
 }
 

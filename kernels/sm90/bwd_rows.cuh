@@ -80,8 +80,17 @@ __host__ __device__ inline Workspace workspace_of(const fc_bwd_params &p) {
 }
 
 // Key blocks of the main kernel per (batch, KV head) pair: what a pair's count reaches.
+template <int kHeadDim>
 __host__ __device__ inline int key_blocks(const fc_params &f) {
-    return static_cast<int>((f.seqlen_k + FC_SM90_BWD_KEY_BLOCK - 1) / FC_SM90_BWD_KEY_BLOCK);
+    constexpr int kBlock = kHeadDim == 256 ? FC_SM90_BWD_KEY_BLOCK_D256 : FC_SM90_BWD_KEY_BLOCK;
+    return static_cast<int>((f.seqlen_k + kBlock - 1) / kBlock);
+}
+
+// Where 16-byte chunk `chunk` of padded row `row` lies in the dq accumulator's row: D=256's rows
+// hold them permuted within each 128 bytes (c_src/launch_rules.h, sm90/bwd_d256.cuh).
+template <int kHeadDim>
+__host__ __device__ constexpr int dq_chunk_at(int64_t row, int chunk) {
+    return kHeadDim == 256 ? chunk ^ static_cast<int>(row & 7) : chunk;
 }
 
 // The main kernel's dQ writer, once a tile's dQ reductions are complete: one more key block of
@@ -168,7 +177,7 @@ __global__ void __launch_bounds__(kConvertThreads) dq_convert_kernel(const fc_bw
     const int head = blockIdx.y, batch = blockIdx.z;
     if constexpr (!kPacked) {
         const int group = static_cast<int>(f.heads_q / f.heads_kv), last_head = (head / group + 1) * group - 1;
-        if (threadIdx.x == 0) wait_for_key_blocks(ws.key_blocks_done + batch * f.heads_q + last_head, key_blocks(f));
+        if (threadIdx.x == 0) wait_for_key_blocks(ws.key_blocks_done + batch * f.heads_q + last_head, key_blocks<kHeadDim>(f));
         __syncthreads();
     }
     const int64_t rows = kPacked ? f.total_q : f.seqlen_q;
@@ -181,9 +190,16 @@ __global__ void __launch_bounds__(kConvertThreads) dq_convert_kernel(const fc_bw
         const int64_t row = first_row + c / Shape::kChunksPerRow;
         if (row >= rows) continue;
         // (From L2: other SMs' reductions wrote it.)
-        const float *acc = slice_acc + row * kDqPitch<kHeadDim> + c % Shape::kChunksPerRow * 8;
-        lo[i] = __ldcg(reinterpret_cast<const float4 *>(acc));
-        hi[i] = __ldcg(reinterpret_cast<const float4 *>(acc + 4));
+        if constexpr (kHeadDim == 256) {  // (16-byte chunks permuted: dq_chunk_at)
+            const float4 *acc = reinterpret_cast<const float4 *>(slice_acc + row * kDqPitch<kHeadDim>);
+            const int chunk = c % Shape::kChunksPerRow * 2;
+            lo[i] = __ldcg(acc + dq_chunk_at<kHeadDim>(row, chunk));
+            hi[i] = __ldcg(acc + dq_chunk_at<kHeadDim>(row, chunk + 1));
+        } else {
+            const float *acc = slice_acc + row * kDqPitch<kHeadDim> + c % Shape::kChunksPerRow * 8;
+            lo[i] = __ldcg(reinterpret_cast<const float4 *>(acc));
+            hi[i] = __ldcg(reinterpret_cast<const float4 *>(acc + 4));
+        }
     }
     const float s = f.scale;
     Elem *slice_dq = static_cast<Elem *>(p.dq) + batch * p.dq_stride_b + head * p.dq_stride_h;

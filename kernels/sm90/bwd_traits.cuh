@@ -37,10 +37,14 @@ using sm90::WgmmaA;
 using sm90::wgmma_wait;
 namespace ptx = cuda::ptx;
 
+// D=256 (sm90/bwd_d256.cuh) keeps its own shape: 64-key blocks, each stage's Q and dO side by side
+// (the step's dQ is staged over them), one dS^T buffer, and the P^T exchange between its two
+// warpgroups where the others stage dQ.
 template <int kDim, bool kMaskTiles = false>
 struct BwdTraits {
     static constexpr int kHeadDim = kDim;
-    static constexpr int kBlockN = FC_SM90_BWD_KEY_BLOCK;  // keys per CTA
+    static constexpr bool kD256 = kDim == 256;
+    static constexpr int kBlockN = kD256 ? FC_SM90_BWD_KEY_BLOCK_D256 : FC_SM90_BWD_KEY_BLOCK;  // keys per CTA
     static constexpr int kBlockM = FC_SM90_BWD_ROW_BLOCK;  // query rows per step
     static constexpr int kStages = 2;
     static constexpr int kConsumers = 2;  // warpgroups of 64 keys
@@ -56,26 +60,33 @@ struct BwdTraits {
     // A stage's slot: room for a packed call's span (sm90/bwd_rows.cuh, kPackedRowSpan), in 128-byte
     // units (the mask tiles after the slots are TMA destinations).
     static constexpr int kRowTermsSlotBytes = (kPackedRowSpan * 8 + 127) / 128 * 128;
-    // dQ = dS K per step: the warpgroups split its columns (each reads all 128 keys of dS).
+    // dQ = dS K per step: the warpgroups split its columns (each reads all of the block's keys of dS).
     static constexpr int kDqCols = kHeadDim / 2;
-    // dS^T of the CTA's 128 keys x 64 queries: one 128-byte panel of 128 rows. Two buffers: a
-    // step writes one while the previous step's dQ GEMM may still read the other.
+    // dS^T of the CTA's keys x 64 queries: one 128-byte panel of kBlockN rows. Two buffers: a
+    // step writes one while the previous step's dQ GEMM may still read the other (D=256: one,
+    // its steps are ordered by their barriers).
     static constexpr int kDsBytes = kBlockN * kBlockM * 2;
-    static constexpr int kDsBufs = 2;
-    // Shared memory: K, V, Q ring, dO ring, dS^T buffers, dQ staging, row-terms ring (1024-aligned
-    // tiles: the swizzle atom).
+    static constexpr int kDsBufs = kD256 ? 1 : 2;
+    // Shared memory: K, V, Q ring, dO ring (D=256: one ring of (Q, dO) stages), dS^T buffers, the
+    // P^T exchange (D=256), dQ staging (not D=256), row-terms ring (1024-aligned tiles: the
+    // swizzle atom). A stage's Q is at kOffQ + stage * kStageStride, its dO at kOffDo + the same.
     static constexpr int kOffK = 0;
     static constexpr int kOffV = kOffK + kKVBytes;
     static constexpr int kOffQ = kOffV + kKVBytes;
-    static constexpr int kOffDo = kOffQ + kStages * kQBytes;
-    static constexpr int kOffDs = kOffDo + kStages * kQBytes;
+    static constexpr int kStageStride = kD256 ? 2 * kQBytes : kQBytes;
+    static constexpr int kOffDo = kD256 ? kOffQ + kQBytes : kOffQ + kStages * kQBytes;
+    static constexpr int kOffDs = kOffQ + 2 * kStages * kQBytes;
+    // D=256: P^T of the step (fp32, 64 keys x 64 queries) from the warpgroup that computes it to
+    // the one that computes dS^T.
+    static constexpr int kOffPx = kOffDs + kDsBufs * kDsBytes;
+    static constexpr int kPxBytes = kD256 ? kBlockN * kBlockM * 4 : 0;
     // dQ staging: one 64 x D fp32 tile, each warpgroup its columns. Rows of kDqStagePitch bytes,
     // 8 words past a multiple of 32, so a warp's float2 stores of 8 rows hit every bank once per
     // half; the accumulator's rows in global memory have the same pitch, so a staged tile is one
     // bulk reduction.
     static constexpr int kDqStagePitch = kDqPitch<kHeadDim> * 4;
-    static constexpr int kDqStageBytes = kBlockM * kDqStagePitch;
-    static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;
+    static constexpr int kDqStageBytes = kD256 ? 0 : kBlockM * kDqStagePitch;
+    static constexpr int kOffDq = kOffPx + kPxBytes;
     static constexpr int kOffRowTerms = kOffDq + kDqStageBytes;
     // kMaskTiles (bool masks TMA can read): each step's mask tile, 64 query rows of kMaskBoxKeys
     // bytes: the block's 128 keys and 16 more, so that rows 2 apart (a warp's reads) start 288
@@ -85,8 +96,8 @@ struct BwdTraits {
     static constexpr int kOffMask = kOffRowTerms + kStages * kRowTermsSlotBytes;
     static constexpr int kSmemBytes = kOffMask + kStages * kMaskTileBytes + 1024 /* alignment */;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-    static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
-    static_assert(kBlockN == FC_VARLEN_BLOCK_ROWS, "a packed call's listed key blocks are the CTA's");
+    static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dims 64, 128 and 256");
+    static_assert(kD256 || kBlockN == FC_VARLEN_BLOCK_ROWS, "a packed call's listed key blocks are the CTA's");
     static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
     static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register budgets");
 };

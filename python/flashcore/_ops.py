@@ -501,6 +501,10 @@ TRAINING_TABLE = {
     # PyTorch ops, against aten's fused backward kernels.
     ((9, 0), "sm90"): (True, "", 2048),
     ((9, 0), "sm90", 64): (True, "", 1024),
+    # D=256 (the sm90 family's own kernel, kernels/sm90/bwd_d256.cuh): not yet measured against
+    # cuDNN's backward, so PyTorch's as before that kernel existed.
+    ((9, 0), "sm90", 256): (False, "D=256's sm90 backward is not measured against cuDNN's yet, "
+                                   "docs/experiments/backward.md"),
     ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, docs/experiments/backward.md"),
     # Masked (aten runs cuDNN with the mask). Training steps, forward + backward, bf16, 16k
     # tokens, D=64/128 (tools/masked_step_vs_aten.py, results/masked_step_*_2026-11-2*.json;

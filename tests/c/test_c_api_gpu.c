@@ -499,12 +499,12 @@ static int run_bwd_case(const test_case *tc, const test_band *band, bwd_way way)
         printf("skip backward D=%lld dtype %d: this build left its kernel out\n", (long long)tc->D, (int)tc->dtype);
         return 0;
     }
-    if (tc->mask_kind != FC_MASK_NONE) {
+    if (tc->mask_kind != FC_MASK_NONE || tc->D == 256) {
         int dev = 0, major = 0;
         CUDA_OK(cudaGetDevice(&dev));
         CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         if (major != 9) {
-            printf("skip masked backward: only the sm90 family takes masks\n");
+            printf("skip %s backward: only the sm90 family takes it\n", tc->D == 256 ? "D=256" : "masked");
             return 0;
         }
     }
@@ -818,6 +818,18 @@ int main(void) {
     for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i) failed += run_bwd_case(&kBwdCases[i], NULL, BWD_AUTO);
     for (size_t i = 0; i < sizeof(kBwdBandCases) / sizeof(kBwdBandCases[0]); ++i)
         failed += run_bwd_case(&kBwdBandCases[i].tc, &kBwdBandCases[i].band, BWD_AUTO);
+    /* D=256 (the sm90 family's own kernel, 64-key blocks): ragged, Sq != Sk both ways, GQA 4:1,
+     * one row, and a CTA through many steps of the two-stage ring (five query tiles, GQA 2). */
+    static const test_case kBwdD256Cases[] = {
+        {1, 2, 2, 65, 65, 256, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        {2, 4, 1, 17, 130, 256, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
+        {1, 4, 2, 100, 33, 256, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0},
+        {1, 2, 2, 1, 1, 256, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        {1, 2, 1, 300, 257, 256, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
+        {1, 2, 1, 300, 257, 256, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+    };
+    for (size_t i = 0; i < sizeof(kBwdD256Cases) / sizeof(kBwdD256Cases[0]); ++i)
+        failed += run_bwd_case(&kBwdD256Cases[i], NULL, BWD_AUTO);
     /* The sm80-class family's two ways, masks included (it takes no band). */
     for (int way = BWD_SM80_ONE_PASS; way <= BWD_SM80_DETERMINISTIC; ++way)
         for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i)

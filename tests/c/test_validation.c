@@ -579,7 +579,6 @@ static const bwd_case kBwdCases[] = {
     {"bwd workspace misaligned", b_workspace_misaligned, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE},
     {"bwd workspace_bytes negative", b_workspace_negative, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE},
     {"bwd fp32", b_fp32, FC_OK, FC_UNSUPPORTED_DTYPE},
-    {"bwd head dim 256", b_head_dim_256, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
     {"bwd head dim 80", b_head_dim_80, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
     {"bwd head dim 96", b_head_dim_96, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
     {"bwd forced sm90 family", b_force_sm90, FC_OK, FC_OK}, /* where Hopper is built; see check_bwd */
@@ -782,6 +781,33 @@ static void check_bwd(void) {
         CHECK_STATUS("bwd mask, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_OK);
         b.fwd.causal = 1;
         CHECK_STATUS("bwd mask, causal, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
+    }
+    /* D=256: the Hopper family's kernel, plain calls alone (no mask, band, softcap or packed
+     * rows: no kernel for that head dim then); none in the sm80-class family. */
+    {
+        fc_bwd_params b = valid_bwd_params();
+        b_head_dim_256(&b);
+        CHECK_STATUS("bwd head dim 256: validate", fc_bwd_params_validate(&b), FC_OK);
+        if (hopper_built) {
+            CHECK_STATUS("bwd head dim 256: support", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+            CHECK_FAMILY("bwd head dim 256: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+            b.fwd.causal = 1;
+            CHECK_STATUS("bwd head dim 256, causal", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+            b.fwd.causal = 0;
+        }
+        if (ada_built) CHECK_STATUS("bwd head dim 256: Ada", fc_sdpa_bwd_support(&b, 8, 9), FC_UNSUPPORTED_HEAD_DIM);
+        CHECK_STATUS("bwd head dim 256: sm_80", fc_sdpa_bwd_support(&b, 8, 0), FC_UNSUPPORTED_ARCH);
+        b_deterministic(&b);
+        CHECK_STATUS("bwd head dim 256, deterministic", fc_sdpa_bwd_support(&b, cc_major, cc_minor),
+                     hopper_built || ada_built ? FC_UNSUPPORTED_HEAD_DIM : FC_UNSUPPORTED_ARCH);
+        b.deterministic = 0;
+        b_mask(&b);
+        CHECK_STATUS("bwd head dim 256, mask", fc_sdpa_bwd_support(&b, cc_major, cc_minor),
+                     hopper_built || ada_built ? FC_UNSUPPORTED_HEAD_DIM : FC_UNSUPPORTED_ARCH);
+        if (hopper_built) {
+            b_force_sm90(&b);
+            CHECK_STATUS("bwd head dim 256, mask, forced sm90", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_HEAD_DIM);
+        }
     }
     CHECK_STATUS("bwd NULL params: validate", fc_bwd_params_validate(NULL), FC_ERR_NULL_PARAMS);
     CHECK_STATUS("bwd NULL params: support", fc_sdpa_bwd_support(NULL, 9, 0), FC_ERR_NULL_PARAMS);

@@ -59,7 +59,8 @@
  *     for fc_bwd_params_validate (pure, forward checks first, what it accepts re-derived for
  *     dout/dq/dk/dv/dlse/workspace), the support query and family against an independent model
  *     of the choice (AUTO: sm90 where it runs the call and determinism is not asked for, else
- *     sm80-class; a forced family or an FC_UNSUPPORTED_* reason that holds), the workspace size
+ *     sm80-class; sm90 at D=256 only without a mask, band, softcap or packed rows; a forced
+ *     family or an FC_UNSUPPORTED_* reason that holds), the workspace size
  *     (>= each family's need, per docs/USAGE.md / dispatch.h), and fc_sdpa_bwd on sm_89 and sm_90:
  *     FC_ERR_BAD_WORKSPACE and no launch below the chosen family's need, else exactly that
  *     family's kernel with the caller's struct (check_bwd, check_bwd_launch).
@@ -68,7 +69,7 @@
  * this file provides the CUDA runtime calls flashcore.c makes (cudaGetDevice,
  * cudaDeviceGetAttribute: device d reports the compute capability kDeviceCC[d % N]; fc_sdpa_fwd
  * and fc_sdpa_bwd ask through fc_device_facts_) and the launchers dispatch.c and bwd.c name
- * (forward: sm80, sm90, decode; backward: sm80 and sm90, D 64/128, fp16/bf16: they check the
+ * (forward: sm80, sm90, decode; backward: sm80 D 64/128 and sm90 D 64/128/256, fp16/bf16: they check the
  * struct and the device facts they are handed, record the call and return cudaSuccess without
  * touching memory). ci/fuzz.sh defines
  * the FC_HAVE_* / FC_BUILT_* macros of the default CMake build (cmake/kernel_list.cmake's, with
@@ -426,7 +427,7 @@ FC_FUZZ_DECODE_LAUNCHER(64, bf16, FC_DTYPE_BF16)
 FC_FUZZ_DECODE_LAUNCHER(128, fp16, FC_DTYPE_FP16)
 FC_FUZZ_DECODE_LAUNCHER(128, bf16, FC_DTYPE_BF16)
 
-/* The backward launchers bwd.c names (kernels/bwd_sm80_*.cu, kernels/bwd_sm90_*.cu): all eight
+/* The backward launchers bwd.c names (kernels/bwd_sm80_*.cu, kernels/bwd_sm90_*.cu): all ten
  * are defined here; bwd.c's table holds those its FC_HAVE_SM{80,90}_BWD_* macros name. */
 static const fc_bwd_params *g_expected_bwd; /* the struct fc_sdpa_bwd was given */
 static int g_bwd_launches;
@@ -450,6 +451,8 @@ FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 64, fp16, FC_DTYPE_FP16)
 FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 64, bf16, FC_DTYPE_BF16)
 FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 128, fp16, FC_DTYPE_FP16)
 FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 128, bf16, FC_DTYPE_BF16)
+FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 256, fp16, FC_DTYPE_FP16)
+FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 256, bf16, FC_DTYPE_BF16)
 
 /* ---- independent consistency checks ----------------------------------------------------------- */
 
@@ -768,6 +771,12 @@ static const struct {
 #if defined(FC_HAVE_SM90_BWD_HDIM128_bf16)
     {FC_FAMILY_SM90, 128, FC_DTYPE_BF16},
 #endif
+#if defined(FC_HAVE_SM90_BWD_HDIM256_fp16)
+    {FC_FAMILY_SM90, 256, FC_DTYPE_FP16},
+#endif
+#if defined(FC_HAVE_SM90_BWD_HDIM256_bf16)
+    {FC_FAMILY_SM90, 256, FC_DTYPE_BF16},
+#endif
     {FC_FAMILY_AUTO, 0, FC_DTYPE_FP16} /* end */
 };
 
@@ -794,7 +803,8 @@ static int bwd_family_runs_on(fc_family family, int cc) {
 
 /* The Hopper backward's own rules: TMA maps for q, k, v (the forward's: sm90_takes, which also
  * wants scale > 0) and for dout as a Q-shaped operand (a stepped-over dim needs a nonzero stride
- * below 2^40 bytes), and a 1-D grid of (128-key block, KV head, batch) CTAs in an int. */
+ * below 2^40 bytes), and a 1-D grid of (key block, KV head, batch) CTAs in an int (128-key
+ * blocks; D=256: 64). */
 static int bwd_sm90_takes(const fc_bwd_params *b) {
     const fc_params *f = &b->fwd;
     if (!sm90_takes(f)) return 0;
@@ -804,10 +814,17 @@ static int bwd_sm90_takes(const fc_bwd_params *b) {
     const int64_t st[3] = {b->do_stride_s, b->do_stride_h, b->do_stride_b};
     for (int i = 0; i < 3; ++i)
         if (s[i] > 1 && (st[i] == 0 || (i128)st[i] * 2 >= ((i128)1 << 40))) return 0;
-    const i128 ctas = ((i128)f->seqlen_k + 127) / 128 * f->heads_kv * f->batch;
+    const i128 block = f->head_dim == 256 ? 64 : 128;
+    const i128 ctas = ((i128)f->seqlen_k + block - 1) / block * f->heads_kv * f->batch;
     /* A packed call's tiles: each listed key block (at most total_k / 128 + batch) per KV head. */
     const i128 packed_tiles = packed ? (((i128)f->total_k + 127) / 128 + f->batch) * f->heads_kv : 0;
     return ctas <= INT32_MAX && packed_tiles <= INT32_MAX;
+}
+
+/* D=256's sm90 kernel: no mask, general band, softcap or packed rows. */
+static int sm90_d256_plain(const fc_bwd_params *b) {
+    const fc_params rf = resolved_of(&b->fwd);
+    return rf.mask_kind == FC_MASK_NONE && rf.band_ != FC_BAND_GENERAL_ && rf.softcap == 0.0f && rf.cu_seq_q == NULL;
 }
 
 /* Can family `fam` run these (validated) params on cc? The dtype and the mask aside. */
@@ -856,8 +873,9 @@ static fc_status bwd_packed_status(const fc_bwd_params *b, int cc) {
     const fc_params rf = resolved_of(f);
     const int mask = f->mask_kind != FC_MASK_NONE, general = rf.band_ == FC_BAND_GENERAL_, softcap = f->softcap != 0.0f;
     const int plain = !mask && !general && !softcap && f->sinks == NULL;
+    /* (D=256's sm90 kernel takes no packed call: for it, that head dim has no kernel.) */
     const int sm90_runs = bwd_family_runs_on(FC_FAMILY_SM90, cc) && plain && bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) &&
-                          bwd_sm90_takes(b);
+                          f->head_dim != 256 && bwd_sm90_takes(b);
     switch (f->family) {
     case FC_FAMILY_AUTO:
         return sm90_runs && !b->deterministic ? FC_OK : FC_UNSUPPORTED_VARLEN;
@@ -870,7 +888,7 @@ static fc_status bwd_packed_status(const fc_bwd_params *b, int cc) {
         if (mask && rf.causal) return FC_UNSUPPORTED_MASK;
         if (softcap && mask) return FC_UNSUPPORTED_SOFTCAP;
         if (!plain) return FC_UNSUPPORTED_VARLEN;
-        if (!bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype)) return FC_UNSUPPORTED_HEAD_DIM;
+        if (!bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) || f->head_dim == 256) return FC_UNSUPPORTED_HEAD_DIM;
         return bwd_sm90_takes(b) ? FC_OK : FC_UNSUPPORTED_LAYOUT;
     default:
         return FC_UNSUPPORTED_FAMILY; /* the decode family has no backward */
@@ -929,7 +947,10 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
     if (f->cu_seq_q != NULL)  /* packed: the sm90 family, nothing but causal */
         REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE && f->softcap == 0.0f && f->sinks == NULL &&
                 rf.band_ != FC_BAND_GENERAL_);
-    REQUIRE(f->head_dim == 64 || f->head_dim == 128);
+    REQUIRE(f->head_dim == 64 || f->head_dim == 128 || (fam == FC_FAMILY_SM90 && f->head_dim == 256));
+    /* D=256 (the sm90 family): plain calls alone, no mask, band, softcap or packed rows. */
+    if (f->head_dim == 256)
+        REQUIRE(f->mask_kind == FC_MASK_NONE && rf.band_ != FC_BAND_GENERAL_ && f->softcap == 0.0f && f->cu_seq_q == NULL);
     REQUIRE(bwd_built(fam, f->head_dim, f->dtype) && bwd_family_runs_on(fam, cc));
     REQUIRE(cc == 89 || cc == 90);
     REQUIRE(f->family == FC_FAMILY_AUTO || f->family == fam);
@@ -1527,14 +1548,16 @@ static void check_bwd(const fc_bwd_params *b, int device) {
             REQUIRE((i128)ws >= bwd_need(f, b->deterministic, FC_FAMILY_SM80));
         } else {
             /* A packed call: the sm90 family's need alone (no other family runs it). */
-            REQUIRE((i128)ws == (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) ? bwd_need(f, b->deterministic, FC_FAMILY_SM90) : 0));
+            REQUIRE((i128)ws == (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) && f->head_dim != 256
+                                     ? bwd_need(f, b->deterministic, FC_FAMILY_SM90) : 0));
         }
-        if (f->head_dim == 64 || f->head_dim == 128) {
+        if (f->head_dim == 64 || f->head_dim == 128 || f->head_dim == 256) {
             /* (other head dims have no sm90 kernel; their byte count may not fit int64) */
             REQUIRE(round16(f->cu_seq_q != NULL ? fc_sm90_bwd_varlen_workspace_bytes(f) : fc_sm90_bwd_workspace_bytes(f)) ==
                     bwd_need(f, b->deterministic, FC_FAMILY_SM90));
         }
-        if (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype)) REQUIRE((i128)ws >= bwd_need(f, b->deterministic, FC_FAMILY_SM90));
+        if (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) && (f->head_dim != 256 || sm90_d256_plain(b)))
+            REQUIRE((i128)ws >= bwd_need(f, b->deterministic, FC_FAMILY_SM90));
     }
 
     const int dtype_ok = f->dtype == FC_DTYPE_FP16 || f->dtype == FC_DTYPE_BF16;
@@ -1570,8 +1593,11 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         const int sm80 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !rf.causal) && !general && !softcap && !paged &&
                          !packed &&
                          bwd_family_possible(b, FC_FAMILY_SM80, cc);
+        /* (D=256: the sm90 family's plain calls alone) */
+        const int plain256 = f->mask_kind == FC_MASK_NONE && !general && !softcap && !packed;
         const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && !softcap)) && !paged &&
-                         (!packed || packed_plain) && bwd_family_possible(b, FC_FAMILY_SM90, cc);
+                         (!packed || packed_plain) && (f->head_dim != 256 || plain256) &&
+                         bwd_family_possible(b, FC_FAMILY_SM90, cc);
         REQUIRE((sup == FC_UNSUPPORTED_PAGED) == paged);
         if (sup == FC_UNSUPPORTED_VARLEN) REQUIRE(packed && !paged);
         /* AUTO declines a packed call the sm90 family does not run (or determinism rules out)
@@ -1603,7 +1629,8 @@ static void check_bwd(const fc_bwd_params *b, int device) {
             REQUIRE(f->family != FC_FAMILY_AUTO &&
                     ((f->family != FC_FAMILY_SM80 && f->family != FC_FAMILY_SM90) || !bwd_family_runs_on(f->family, cc)));
         if (sup == FC_UNSUPPORTED_HEAD_DIM)
-            REQUIRE(!bwd_built(f->family == FC_FAMILY_SM90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80, f->head_dim, f->dtype));
+            REQUIRE(!bwd_built(f->family == FC_FAMILY_SM90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80, f->head_dim, f->dtype) ||
+                    (f->family == FC_FAMILY_SM90 && f->head_dim == 256 && !plain256));
         REQUIRE(sup != FC_UNSUPPORTED_SLOWER && sup != FC_UNSUPPORTED_SLOWER_MASK && sup != FC_UNSUPPORTED_EMPTY);
     }
 

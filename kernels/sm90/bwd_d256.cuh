@@ -1,0 +1,324 @@
+// sm90/bwd_d256.cuh - the Hopper (sm_90a) fused attention backward at head dim 256: the same
+// computation as sm90/bwd_kernel.cuh (whose comment has the formulas), with its producer, for
+// plain calls (causal top-left or none, GQA, any lengths; no mask, band, softcap or packed rows).
+//
+// Why a kernel of its own: the D=64/128 kernel gives each consumer warpgroup 64 keys and their dK
+// and dV, which at D=256 are 256 fp32 registers per thread. Here a CTA takes a block of 64 keys
+// (kBlockN) and its two consumer warpgroups split the work by role, each holding one 64 x 256
+// accumulator (128 registers):
+//   * the P warpgroup: S^T = K Q^T, P^T = exp2(S^T scale log2(e) - LSE2) (masked where keys pass
+//     Sk or the diagonal), P^T to the other warpgroup through shared memory (fp32, kOffPx), then
+//     dV += P^T dO with P^T from registers;
+//   * the dS warpgroup: dP^T = V dO^T, then (once P^T is in) dS^T = P^T (dP^T - delta),
+//     dK += dS^T Q with dS^T from registers, and dS^T to shared memory for dQ;
+//   * both: dQ = dS K, each 128 of its 256 columns (dS read M-major from dS^T, K N-major).
+// Each does two of the five GEMMs and half of the fifth. Their steps meet on three named barriers:
+// P^T is in (2), dS^T is in (1), both are done with the stage's Q and dO (3). The two warpgroups
+// reach each from different code, so they are the unaligned barrier.sync / barrier.arrive (bar.sync
+// is barrier.sync.aligned, which wants every thread at the same instruction: compute-sanitizer's
+// synccheck flags it).
+//
+// The step's dQ (64 rows x 256 fp32 = 64 KB) has no room of its own in shared memory beside K, V
+// and two (Q, dO) stages of 64 KB: it is staged over the step's own stage once both warpgroups'
+// GEMMs are done with it, in rows of 1 KB whose 16-byte chunks are permuted within each 128 bytes
+// by the row (chunk c of row r at c ^ (r % 8), so that a warp's stores of 8 rows hit every bank
+// once per half). The dQ writer adds each row to the accumulator with one bulk reduction (the
+// accumulator keeps the permutation; the dq conversion undoes it, sm90/bwd_rows.cuh's
+// dq_chunk_at), then releases the stage to the step loaders.
+//
+// dK and dV leave from registers at the tile's end (dK scaled), keys past Sk not written.
+#pragma once
+
+#include "sm90/bwd_kernel.cuh"
+
+namespace flashcore {
+namespace sm90_bwd {
+
+// The dQ writer at D=256 (one producer thread): each step's dQ, staged over the step's (Q, dO)
+// stage, added to the accumulator one row at a time (1 KB each); then its arrival frees the stage
+// (with the consumer threads'). Counts
+// each tile's key block for its pair as write_dq does.
+template <typename T>
+__device__ __forceinline__ void write_dq_rows(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps,
+                                              const Workspace &ws, const fc_bwd_params &p) {
+    constexpr int kHeadDim = T::kHeadDim, kBlockM = T::kBlockM, kRowBytes = kHeadDim * 4;
+    const fc_params &f = p.fwd;
+    int step_all = 0;  // steps of every tile so far: the barriers' phases
+    for (int n = 0;; ++n) {
+        const Tile tile = read_tile(bars, n);
+        if (tile.batch < 0) break;
+        const int m_first = tile.steps.m_first, m_end = m_first + tile.steps.m_count;
+        const int head_end = (tile.head_kv + 1) * tile.group;
+        for (int head_q = tile.head_kv * tile.group; head_q < head_end; ++head_q) {
+            float *head_rows =
+                ws.dq_accum + ws.dq_at(static_cast<int64_t>(tile.batch) * f.heads_q + head_q, 0, kDqPitch<kHeadDim>);
+            for (int m = m_first; m < m_end; ++m, ++step_all) {
+                wait_barrier(&bars.dq_full, step_all & 1);
+                const int stage = step_all % T::kStages;
+                const uint32_t staged = smem_addr(smem + T::kOffQ + stage * T::kStageStride);
+                float *rows = head_rows + static_cast<int64_t>(m) * kBlockM * kDqPitch<kHeadDim>;
+#pragma unroll 1
+                for (int r = 0; r < kBlockM; ++r)
+                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                                 ::"l"(rows + r * kDqPitch<kHeadDim>), "r"(staged + r * kRowBytes), "n"(kRowBytes)
+                                 : "memory");
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
+                ptx::mbarrier_arrive(&bars.step_empty[stage]);
+            }
+        }
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the tile's reductions are done
+        count_key_block(maps.key_blocks_done + (tile.batch * static_cast<int>(f.heads_q) + head_end - 1));
+    }
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+// The P warpgroup's P^T (fp32, this thread's 32 elements in accumulator order) to the exchange:
+// float4 i of thread t at index i * 128 + t (a warp's stores: 512 contiguous bytes).
+__device__ __forceinline__ void put_probs(const float (&s)[32], uint32_t px, int thread) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(px + (i * 128 + thread) * 16), "f"(s[4 * i]),
+                     "f"(s[4 * i + 1]), "f"(s[4 * i + 2]), "f"(s[4 * i + 3])
+                     : "memory");
+}
+
+// The dS warpgroup: dS^T = P^T (dP^T - delta[query]) into dp with P^T from the exchange (the same
+// thread of the other warpgroup holds the same elements), packed into ds_frag (delta_rows(j): the
+// delta of this thread's columns in 8-column tile j).
+template <typename Elem>
+__device__ __forceinline__ void ds_from_exchange(uint32_t (&ds_frag)[4][4], float (&dp)[32], uint32_t px, int thread,
+                                                 const float2 (&delta_rows)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        float4 prob;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(prob.x), "=f"(prob.y), "=f"(prob.z), "=f"(prob.w)
+                     : "r"(px + (j * 128 + thread) * 16)
+                     : "memory");
+        const float2 d = delta_rows[j];
+        dp[4 * j] = prob.x * (dp[4 * j] - d.x);
+        dp[4 * j + 1] = prob.y * (dp[4 * j + 1] - d.y);
+        dp[4 * j + 2] = prob.z * (dp[4 * j + 2] - d.x);
+        dp[4 * j + 3] = prob.w * (dp[4 * j + 3] - d.y);
+    }
+    to_frag<Elem>(ds_frag, dp);
+}
+
+// This warpgroup's half of the step's dQ (rows my_row, +8; columns first_col + 8 j + col_in_tile,
+// +1) over the stage at `staged` (rows of 1 KB, chunks permuted by row), then this thread's
+// release of the stage and this warp's arrival for the dQ writer.
+template <typename T>
+__device__ __forceinline__ void stage_dq_rows(BwdBarriers &bars, const float (&dq)[T::kDqCols / 2], uint32_t staged,
+                                              int stage, int first_col, int my_row, int col_in_tile, int lane) {
+    // Column 8 j + col_in_tile lies in chunk 2 j + col_in_tile / 4 (first_col is a multiple of
+    // 32 chunks), whose place within its 128 bytes depends on j % 4 and the row % 8 alone (rows
+    // my_row and my_row + 8 alike): four offsets, the rest immediates.
+    const uint32_t row_base = staged + my_row * T::kHeadDim * 4 + first_col * 4 + (col_in_tile % 4) * 4;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+        const uint32_t at = row_base + (((2 * jj + col_in_tile / 4) ^ (my_row & 7)) << 4);
+#pragma unroll
+        for (int jq = 0; jq < T::kDqCols / 32; ++jq)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int j = 4 * jq + jj;
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + jq * 128 + h * 8 * T::kHeadDim * 4),
+                             "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
+                             : "memory");
+            }
+    }
+    ptx::fence_proxy_async(ptx::space_shared);  // the stores, visible to the bulk reductions
+    // Every thread releases the stage after its own reads of it (its row terms) and its staging
+    // stores; the stage is free once the dQ writer has read the staging too.
+    ptx::mbarrier_arrive(&bars.step_empty[stage]);
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(&bars.dq_full);
+}
+
+// Both warpgroups: dQ (this warpgroup's 128 columns) = dS K, then, once the other warpgroup is
+// done with the stage's Q and dO too, its staging over them.
+template <typename T, typename Elem>
+__device__ __forceinline__ void dq_of_step(BwdBarriers &bars, uint32_t base, int stage, int wg, int my_row,
+                                           int col_in_tile, int lane) {
+    float dq[T::kDqCols / 2];
+    issue_dq<T, Elem>(dq, base + T::kOffDs, base, wg);
+    wgmma_wait<0>();
+    fence_registers(dq);
+    asm volatile("barrier.sync 3, 256;\n" ::: "memory");  // both warpgroups' GEMMs are done with Q and dO
+    stage_dq_rows<T>(bars, dq, base + T::kOffQ + stage * T::kStageStride, stage, wg * T::kDqCols, my_row, col_in_tile,
+                     lane);
+}
+
+// One step for a thread of the P warpgroup: S^T, P^T (to the exchange), dV += P^T dO, dQ.
+template <typename T, typename Elem, bool kCausal, bool kMaybeMasked>
+__device__ __forceinline__ void p_step(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps, const fc_params &f,
+                                       const Tile &tile, int step, int step_all, float (&dv)[T::kHeadDim / 2], uint32_t base,
+                                       float scale_log2, int my_row, int col_in_tile, int lane, int seqlen_k) {
+    const int stage = step_all % T::kStages;
+    const int m_start = tile.steps.m_start(step, T::kBlockM);
+    wait_step<T>(bars, step_all);
+    const float *terms = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsSlotBytes);
+    float2 lse_rows[8];
+    load_row_terms_of_columns<1>(lse_rows, terms + T::kBlockM, col_in_tile);
+
+    float s[32];
+    fence_registers(s);
+    wgmma_fence();
+    issue_scores<T, Elem>(s, base + T::kOffK, base + T::kOffQ + stage * T::kStageStride);
+    wgmma_wait<0>();
+    fence_registers(s);
+
+    const int n_start = tile.n_start;
+    const bool masked_tile = kMaybeMasked && (n_start + T::kBlockN > seqlen_k || (kCausal && m_start < n_start + T::kBlockN));
+    uint32_t p_frag[4][4], unused_frag[4][4];
+    float unused_dp[32];
+    const MaskSliceOf<Elem, kMaskNone> no_mask(f, tile.batch, 0);
+    softmax<T, Elem, kCausal, kMaskNone, false, false, false>(
+        p_frag, unused_frag, s, unused_dp, terms, [&](int j) { return lse_rows[j]; }, nullptr, no_mask, maps, f, scale_log2,
+        masked_tile, m_start, n_start + my_row, my_row, col_in_tile, seqlen_k, static_cast<int>(f.seqlen_q));
+    put_probs(s, base + T::kOffPx, threadIdx.x % 128);
+    asm volatile("barrier.arrive 2, 256;\n" ::: "memory");  // P^T is in
+
+    fence_registers(dv);
+    wgmma_fence();
+    issue_accumulate<T, Elem>(dv, p_frag, base + T::kOffDo + stage * T::kStageStride);
+    asm volatile("barrier.sync 1, 256;\n" ::: "memory");  // dS^T is in
+    dq_of_step<T, Elem>(bars, base, stage, 0, my_row, col_in_tile, lane);
+    fence_registers(dv);
+}
+
+// One step for a thread of the dS warpgroup: dP^T, dS^T (with P^T from the exchange), dK += dS^T Q,
+// dS^T to shared memory, dQ.
+template <typename T, typename Elem>
+__device__ __forceinline__ void ds_step(BwdBarriers &bars, unsigned char *smem, int step_all, float (&dk)[T::kHeadDim / 2],
+                                        uint32_t base, int my_row, int col_in_tile, int lane) {
+    const int stage = step_all % T::kStages;
+    wait_step<T>(bars, step_all);
+    const float *terms = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsSlotBytes);
+    float2 delta_rows[8];
+    load_row_terms_of_columns<1>(delta_rows, terms, col_in_tile);
+
+    float dp[32];
+    fence_registers(dp);
+    wgmma_fence();
+    issue_scores<T, Elem>(dp, base + T::kOffV, base + T::kOffDo + stage * T::kStageStride);
+    wgmma_wait<0>();
+    fence_registers(dp);
+
+    asm volatile("barrier.sync 2, 256;\n" ::: "memory");  // P^T is in
+    uint32_t ds_frag[4][4];
+    ds_from_exchange<Elem>(ds_frag, dp, base + T::kOffPx, threadIdx.x % 128, delta_rows);
+    fence_registers(dk);
+    wgmma_fence();
+    issue_accumulate<T, Elem>(dk, ds_frag, base + T::kOffQ + stage * T::kStageStride);
+    write_ds_t(ds_frag, base + T::kOffDs, my_row, lane);
+    asm volatile("barrier.sync 1, 256;\n" ::: "memory");  // dS^T is in (for both warpgroups' dQ)
+    dq_of_step<T, Elem>(bars, base, stage, 1, my_row, col_in_tile, lane);
+    fence_registers(dk);
+}
+
+// dK * scale or dV of the tile's keys from this thread's registers (keys first_key, +8), 4 bytes
+// at a time; keys past Sk not written.
+template <typename Elem, int kHeadDim>
+__device__ __forceinline__ void store_grad_rows(const float (&acc)[kHeadDim / 2], Elem *out, int64_t stride_s, float scale,
+                                                int first_key, int col_in_tile, int seqlen_k) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = first_key + 8 * h;
+        if (key >= seqlen_k) continue;
+        Elem *row = out + static_cast<int64_t>(key) * stride_s + col_in_tile;
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j)
+            *reinterpret_cast<uint32_t *>(row + 8 * j) = pack2<Elem>(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
+    }
+}
+
+// A consumer warpgroup's tiles: kDsRole picks the dS warpgroup's steps (dK) over the P
+// warpgroup's (dV).
+template <typename T, typename Elem, bool kCausal, bool kDsRole>
+__device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps,
+                                              const fc_bwd_params &p) {
+    constexpr int kHeadDim = T::kHeadDim;
+    const fc_params &f = p.fwd;
+    const int seqlen_k = static_cast<int>(f.seqlen_k);
+    const int lane = threadIdx.x % 32, warp_in_wg = (threadIdx.x / 32) % 4;
+    const int col_in_tile = 2 * (lane % 4);             // accumulator columns col_in_tile, +1 (of each 8)
+    const int my_row = warp_in_wg * 16 + lane / 4;      // accumulator rows my_row, +8: the block's keys
+    const uint32_t base = smem_addr(smem);
+    const float scale_log2 = f.scale * kLog2e;
+    int step_all = 0, kv_round = 0;  // steps and K/V loads of every tile so far: the barriers' phases
+    for (int n = 0;; ++n) {
+        const Tile tile = read_tile(bars, n);
+        if (tile.batch < 0) break;
+        float grad[kHeadDim / 2];  // dK (kDsRole) or dV of the block's 64 keys
+#pragma unroll
+        for (int i = 0; i < kHeadDim / 2; ++i) grad[i] = 0.f;
+        if (tile.steps.count > 0) wait_barrier(&bars.kv_full, kv_round & 1);
+        auto run_steps = [&](auto maybe_masked) {
+            for (int step = 0; step < tile.steps.count; ++step, ++step_all) {
+                if constexpr (kDsRole) {
+                    ds_step<T, Elem>(bars, smem, step_all, grad, base, my_row, col_in_tile, lane);
+                } else {
+                    p_step<T, Elem, kCausal, decltype(maybe_masked)::value>(bars, smem, maps, f, tile, step, step_all, grad,
+                                                                           base, scale_log2, my_row, col_in_tile, lane,
+                                                                           seqlen_k);
+                }
+            }
+        };
+        // (Instantiated with and without masking, chosen per tile as bwd_kernel does.)
+        if (kCausal || tile.n_start + T::kBlockN > seqlen_k)
+            run_steps(std::true_type());
+        else
+            run_steps(std::false_type());
+        if (tile.steps.count > 0) {
+            ptx::mbarrier_arrive(&bars.kv_empty);  // the last step's GEMMs are done with K and V
+            ++kv_round;
+        }
+        const DkDvOut<Elem> to(p, tile, tile.batch, 0);
+        if constexpr (kDsRole)
+            store_grad_rows<Elem, kHeadDim>(grad, to.dk, p.dk_stride_s, f.scale, tile.n_start + my_row, col_in_tile, seqlen_k);
+        else
+            store_grad_rows<Elem, kHeadDim>(grad, to.dv, p.dv_stride_s, 1.f, tile.n_start + my_row, col_in_tile, seqlen_k);
+    }
+}
+
+template <typename Elem, bool kCausal>
+__global__ void __launch_bounds__(BwdTraits<256>::kThreads, 1)
+bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
+    using T = BwdTraits<256>;
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ BwdBarriers bars;
+    unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    const fc_params &f = p.fwd;
+    const int tiles = key_blocks<256>(f) * static_cast<int>(f.heads_kv * f.batch);
+    const Workspace ws = workspace_of(p);
+    const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
+    if (threadIdx.x == 0) init_barriers<T>(bars);
+    __syncthreads();
+    wait_for_prior_grids();  // (launched programmatically, as bwd_kernel)
+    allow_dependent_grids();
+
+    if (warpgroup == 0) {
+        // ---------------- producer: bwd_kernel's four jobs, with this kernel's dQ writer ----------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
+        if (threadIdx.x == 32) {
+            write_dq_rows<T>(bars, smem, maps, ws, p);
+        } else if (threadIdx.x == 96) {
+            schedule_tiles_and_load_kv<T, kCausal, false, false>(bars, smem, maps, p, ws, tiles);
+        } else if (threadIdx.x == 64) {
+            load_row_terms<T, false>(bars, smem, ws, p);
+        } else if (threadIdx.x == 0) {
+            load_q_do<T, kMaskNone, false>(bars, smem, maps, p);
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegs));
+    if (warpgroup == 1)
+        consume_tiles<T, Elem, kCausal, false>(bars, smem, maps, p);
+    else
+        consume_tiles<T, Elem, kCausal, true>(bars, smem, maps, p);
+}
+
+}  // namespace sm90_bwd
+}  // namespace flashcore
