@@ -319,10 +319,12 @@ cudaError_t fc_last_cuda_error(void);
  *     so two calls on the same inputs give bitwise equal gradients (fc_sm80_bwd_one_pass,
  *     launch_rules.h). Takes a mask (bool or additive, any strides, read element by element)
  *     when the call is not causal.
- *   - sm90 (TMA + wgmma, sm_90a; head dims 64 and 128): one pass over key blocks, dq summed in
- *     fp32 through bulk reductions in any order, so dq may differ in its last bits from run to
+ *   - sm90 (TMA + wgmma, sm_90a; head dims 64, 128 and 256): one pass over key blocks, dq summed
+ *     in fp32 through bulk reductions in any order, so dq may differ in its last bits from run to
  *     run (dk, dv do not). Takes a mask (bool or additive, any strides, as the forward) when the
- *     call is not causal, and a band (a window or bottom-right causal; not with a mask). The
+ *     call is not causal, and a band (a window or bottom-right causal; not with a mask); at
+ *     D=256 (a kernel of its own) plain calls alone: causal or not, no mask, band, softcap or
+ *     packed rows (FC_UNSUPPORTED_HEAD_DIM for the others). The
  *     sm80-class family declines a band (FC_UNSUPPORTED_BAND), so a deterministic call with one
  *     is declined too.
  *     AUTO picks it on sm_90 unless `deterministic` is set.

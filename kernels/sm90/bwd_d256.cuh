@@ -34,43 +34,22 @@
 namespace flashcore {
 namespace sm90_bwd {
 
-// The dQ writer at D=256 (one producer thread): each step's dQ, staged over the step's (Q, dO)
-// stage, added to the accumulator one row at a time (1 KB each); then its arrival frees the stage
-// (with the consumer threads'). Counts
-// each tile's key block for its pair as write_dq does.
+// The dQ writer's step at D=256 (sm90/bwd_kernel.cuh's write_dq): the step's dQ, staged over its
+// (Q, dO) stage, added to the accumulator one row at a time (1 KB each); then its arrival frees
+// the stage (with the consumer threads').
 template <typename T>
-__device__ __forceinline__ void write_dq_rows(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps,
-                                              const Workspace &ws, const fc_bwd_params &p) {
-    constexpr int kHeadDim = T::kHeadDim, kBlockM = T::kBlockM, kRowBytes = kHeadDim * 4;
-    const fc_params &f = p.fwd;
-    int step_all = 0;  // steps of every tile so far: the barriers' phases
-    for (int n = 0;; ++n) {
-        const Tile tile = read_tile(bars, n);
-        if (tile.batch < 0) break;
-        const int m_first = tile.steps.m_first, m_end = m_first + tile.steps.m_count;
-        const int head_end = (tile.head_kv + 1) * tile.group;
-        for (int head_q = tile.head_kv * tile.group; head_q < head_end; ++head_q) {
-            float *head_rows =
-                ws.dq_accum + ws.dq_at(static_cast<int64_t>(tile.batch) * f.heads_q + head_q, 0, kDqPitch<kHeadDim>);
-            for (int m = m_first; m < m_end; ++m, ++step_all) {
-                wait_barrier(&bars.dq_full, step_all & 1);
-                const int stage = step_all % T::kStages;
-                const uint32_t staged = smem_addr(smem + T::kOffQ + stage * T::kStageStride);
-                float *rows = head_rows + static_cast<int64_t>(m) * kBlockM * kDqPitch<kHeadDim>;
+__device__ __forceinline__ void reduce_staged_rows(BwdBarriers &bars, unsigned char *smem, float *rows, int step_all) {
+    constexpr int kRowBytes = T::kHeadDim * 4;
+    const int stage = step_all % T::kStages;
+    const uint32_t staged = smem_addr(smem + T::kOffQ + stage * T::kStageStride);
 #pragma unroll 1
-                for (int r = 0; r < kBlockM; ++r)
-                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                                 ::"l"(rows + r * kDqPitch<kHeadDim>), "r"(staged + r * kRowBytes), "n"(kRowBytes)
-                                 : "memory");
-                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
-                ptx::mbarrier_arrive(&bars.step_empty[stage]);
-            }
-        }
-        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the tile's reductions are done
-        count_key_block(maps.key_blocks_done + (tile.batch * static_cast<int>(f.heads_q) + head_end - 1));
-    }
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    for (int r = 0; r < T::kBlockM; ++r)
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                     ::"l"(rows + r * kDqPitch<T::kHeadDim>), "r"(staged + r * kRowBytes), "n"(kRowBytes)
+                     : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
+    ptx::mbarrier_arrive(&bars.step_empty[stage]);
 }
 
 // The P warpgroup's P^T (fp32, this thread's 32 elements in accumulator order) to the exchange:
@@ -303,7 +282,8 @@ bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         // ---------------- producer: bwd_kernel's four jobs, with this kernel's dQ writer ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x == 32) {
-            write_dq_rows<T>(bars, smem, maps, ws, p);
+            write_dq<T, false>(bars, maps, ws, p,
+                               [&](float *rows, int step_all) { reduce_staged_rows<T>(bars, smem, rows, step_all); });
         } else if (threadIdx.x == 96) {
             schedule_tiles_and_load_kv<T, kCausal, false, false>(bars, smem, maps, p, ws, tiles);
         } else if (threadIdx.x == 64) {

@@ -126,10 +126,12 @@ __device__ __forceinline__ void init_barriers(BwdBarriers &bars) {
 // (docs/experiments/backward.md). The rows' padding adds zeros. Once a tile's reductions are
 // complete, its (batch, KV head) pair counts one more key block (!kVarlen, Workspace::
 // key_blocks_done), for the dq conversion that may already run beside this kernel
-// (sm90/bwd_rows.cuh).
-template <typename T, bool kVarlen>
-__device__ __forceinline__ void write_dq(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps, const Workspace &ws,
-                                         const fc_bwd_params &p) {
+// (sm90/bwd_rows.cuh). reduce_step(rows, step_all) issues one staged step's reductions to the
+// accumulator rows from `rows`, waits until they have read the staging, and releases it (D=256
+// has its own: sm90/bwd_d256.cuh).
+template <typename T, bool kVarlen, typename ReduceStep>
+__device__ __forceinline__ void write_dq(BwdBarriers &bars, const BwdMaps &maps, const Workspace &ws, const fc_bwd_params &p,
+                                         const ReduceStep &reduce_step) {
     constexpr int kHeadDim = T::kHeadDim, kBlockM = T::kBlockM;
     const fc_params &f = p.fwd;
     int step_all = 0;  // steps of every tile so far: the barriers' phases
@@ -146,13 +148,7 @@ __device__ __forceinline__ void write_dq(BwdBarriers &bars, unsigned char *smem,
                 ws.dq_accum + ws.dq_at(static_cast<int64_t>(batch) * f.heads_q + head_q, row0, kDqPitch<kHeadDim>);
             for (int m = m_first; m < m_end; ++m, ++step_all) {
                 wait_barrier(&bars.dq_full, step_all & 1);
-                float *rows = head_rows + static_cast<int64_t>(m) * kBlockM * kDqPitch<kHeadDim>;
-                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                             ::"l"(rows), "r"(smem_addr(smem + T::kOffDq)), "n"(T::kDqStageBytes)
-                             : "memory");
-                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
-                ptx::mbarrier_arrive(&bars.dq_empty);
+                reduce_step(head_rows + static_cast<int64_t>(m) * kBlockM * kDqPitch<kHeadDim>, step_all);
             }
         }
         if constexpr (!kVarlen) {
@@ -163,6 +159,18 @@ __device__ __forceinline__ void write_dq(BwdBarriers &bars, unsigned char *smem,
         }
     }
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the reductions are done
+}
+
+// write_dq's step for the D=64/128 kernel: the whole staging tile (its rows padded as the
+// accumulator's) in one reduction, then released to the consumers (dq_empty).
+template <typename T>
+__device__ __forceinline__ void reduce_staged_tile(BwdBarriers &bars, unsigned char *smem, float *rows) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"(rows), "r"(smem_addr(smem + T::kOffDq)), "n"(T::kDqStageBytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read
+    ptx::mbarrier_arrive(&bars.dq_empty);
 }
 
 // The tile scheduler and K/V loader (one producer thread).
@@ -779,7 +787,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         // ---------------- producer: four threads of their own jobs ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x == 32) {
-            write_dq<T, kVarlen>(bars, smem, maps, ws, p);
+            write_dq<T, kVarlen>(bars, maps, ws, p, [&](float *rows, int) { reduce_staged_tile<T>(bars, smem, rows); });
             return;
         }
         if (threadIdx.x == 96) {
