@@ -113,6 +113,10 @@ __host__ __device__ inline int64_t workspace_rows(const fc_bwd_params &p) {
 __device__ inline float *dq_accum_of(const fc_bwd_params &p) {
     return reinterpret_cast<float *>(static_cast<unsigned char *>(p.workspace) + fc_sm80_bwd_dq_accum_offset(&p.fwd));
 }
+// Where (batch, query head)'s rows start in those per-row arrays (times D in the accumulator).
+__device__ __forceinline__ int64_t slice_rows_start(const fc_params &f, int batch, int head, int seqlen_q) {
+    return (static_cast<int64_t>(batch) * f.heads_q + head) * seqlen_q;
+}
 
 // B fragments of a product whose B rows (the k dimension) come from a swizzled shared tile,
 // transposed by ldmatrix.trans: `base` is the lane's address in the first 16 rows (its row
@@ -205,14 +209,14 @@ __global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
             acc -= p.dlse[batch * p.dlse_stride_b + head * p.dlse_stride_h + row * p.dlse_stride_s];
         const float lse = p.fwd.lse[batch * p.fwd.lse_stride_b + head * p.fwd.lse_stride_h +
                                     row * p.fwd.lse_stride_s];
-        const int64_t idx = (static_cast<int64_t>(batch) * p.fwd.heads_q + head) * seqlen_q + row;
+        const int64_t idx = slice_rows_start(p.fwd, batch, head, seqlen_q) + row;
         float *delta = static_cast<float *>(p.workspace);
         delta[idx] = acc;
         delta[workspace_rows(p) + idx] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     }
     if constexpr (kZeroDq) {
         if (row < seqlen_q) {
-            const int64_t idx = (static_cast<int64_t>(batch) * p.fwd.heads_q + head) * seqlen_q + row;
+            const int64_t idx = slice_rows_start(p.fwd, batch, head, seqlen_q) + row;
             float4 *accum = reinterpret_cast<float4 *>(dq_accum_of(p) + idx * kHeadDim + chunk * 8);
             accum[0] = accum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
@@ -287,7 +291,7 @@ __device__ __forceinline__ void add_dq_of_step(const fc_bwd_params &p, const Ele
         }
     }
     const int seqlen_q = static_cast<int>(p.fwd.seqlen_q);
-    float *rows = dq_accum_of(p) + (static_cast<int64_t>(batch) * p.fwd.heads_q + head_q) * seqlen_q * T::kHeadDim;
+    float *rows = dq_accum_of(p) + slice_rows_start(p.fwd, batch, head_q, seqlen_q) * T::kHeadDim;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int query = m_start + m0 + lane / 4 + 8 * h;
@@ -307,7 +311,7 @@ __global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) 
     const int seqlen_q = static_cast<int>(p.fwd.seqlen_q), head = lane.head, batch = lane.batch, chunk = lane.chunk;
     const int row = static_cast<int>(lane.row);
     if (row >= seqlen_q) return;
-    const int64_t idx = (static_cast<int64_t>(batch) * p.fwd.heads_q + head) * seqlen_q + row;
+    const int64_t idx = slice_rows_start(p.fwd, batch, head, seqlen_q) + row;
     const float4 *accum = reinterpret_cast<const float4 *>(dq_accum_of(p) + idx * kHeadDim + chunk * 8);
     const float4 a = __ldcs(accum), b = __ldcs(accum + 1);  // (read once)
     const uint4 out = pack8_scaled<Elem>(a, b, p.fwd.scale);
@@ -373,7 +377,7 @@ dq_kernel(const fc_bwd_params p) {
 
     // Per-row terms of this lane's two rows; rows past Sq get P = 0 (LSE +inf) and are not written.
     const float *delta_ws = static_cast<const float *>(p.workspace);
-    const int64_t row_base = (static_cast<int64_t>(batch) * f.heads_q + head_q) * seqlen_q;
+    const int64_t row_base = slice_rows_start(f, batch, head_q, seqlen_q);
     float lse2[2], delta[2];
     const typename MaskSliceOf<Elem, kMaskKind>::Value *mask_rows[2];  // (masked calls)
 #pragma unroll
@@ -576,7 +580,7 @@ dkdv_kernel(const fc_bwd_params p) {
             float *lse_dst = smem_lse2 + stage * kBlockM + r;
             float *delta_dst = smem_delta + stage * kBlockM + r;
             if (r < rows) {
-                const int64_t idx = (static_cast<int64_t>(batch) * f.heads_q + head_q) * seqlen_q + m_start + r;
+                const int64_t idx = slice_rows_start(f, batch, head_q, seqlen_q) + m_start + r;
                 cp_async_zfill<4>(smem_addr(lse_dst), lse2_ws + idx, 4);
                 cp_async_zfill<4>(smem_addr(delta_dst), delta_ws + idx, 4);
             } else {  // rows past Sq: P = 0, dS = 0 (plain stores, ordered by the same barrier)
