@@ -179,8 +179,10 @@ static inline int64_t fc_sm80_bwd_workspace_bytes(const fc_params *f, int determ
  * c of row r at c ^ (r % 8)): the kernel's staging layout, reduced row by row. */
 #define FC_SM90_BWD_KEY_BLOCK 128
 #define FC_SM90_BWD_KEY_BLOCK_D256 64
+/* The key block at a head dim, as a constant expression (the kernels' traits) and as a function. */
+#define FC_SM90_BWD_KEY_BLOCK_OF(head_dim) ((head_dim) == 256 ? FC_SM90_BWD_KEY_BLOCK_D256 : FC_SM90_BWD_KEY_BLOCK)
 static inline FC_HOST_DEVICE int64_t fc_sm90_bwd_key_block(int64_t head_dim) {
-    return head_dim == 256 ? FC_SM90_BWD_KEY_BLOCK_D256 : FC_SM90_BWD_KEY_BLOCK;
+    return FC_SM90_BWD_KEY_BLOCK_OF(head_dim);
 }
 #define FC_SM90_BWD_DQ_PAD 8
 #define FC_SM90_BWD_COUNTER_BYTES 16

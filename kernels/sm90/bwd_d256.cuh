@@ -245,15 +245,7 @@ __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *
                 }
             }
         };
-        // (Instantiated with and without masking, chosen per tile as bwd_kernel does.)
-        if (kCausal || tile.n_start + T::kBlockN > seqlen_k)
-            run_steps(std::true_type());
-        else
-            run_steps(std::false_type());
-        if (tile.steps.count > 0) {
-            ptx::mbarrier_arrive(&bars.kv_empty);  // the last step's GEMMs are done with K and V
-            ++kv_round;
-        }
+        run_tile_steps<T::kBlockN, kCausal>(bars, tile, seqlen_k, kv_round, run_steps);
         const DkDvOut<Elem> to(p, tile, tile.batch, 0);
         if constexpr (kDsRole)
             store_grad_rows<Elem, kHeadDim>(grad, to.dk, p.dk_stride_s, f.scale, tile.n_start + my_row, col_in_tile, seqlen_k);

@@ -635,6 +635,28 @@ __device__ __forceinline__ void store_dk_dv_direct(const fc_bwd_params &b, const
     }
 }
 
+// A tile's steps, instantiated twice: run_steps(std::true_type()) where some step may need
+// masking (kMaybeMasked: keys past Sk, and every tile of the variants whose steps may mask
+// anyway, kAlwaysMasked), else run_steps(std::false_type()), so that a plain call's tile of inner
+// key blocks runs no compares or selects. The choice is made per tile, outside the step loop (a
+// condition inside it around the GEMMs serializes them). Then the tile's K and V are released.
+template <int kBlockN, bool kAlwaysMasked, typename RunSteps>
+__device__ __forceinline__ void run_tile_steps(BwdBarriers &bars, const Tile &tile, int seqlen_k, int &kv_round,
+                                               const RunSteps &run_steps) {
+    if constexpr (kAlwaysMasked) {
+        run_steps(std::true_type());
+    } else {
+        if (tile.n_start + kBlockN > seqlen_k)
+            run_steps(std::true_type());
+        else
+            run_steps(std::false_type());
+    }
+    if (tile.steps.count > 0) {
+        ptx::mbarrier_arrive(&bars.kv_empty);  // the last step's GEMMs are done with K and V
+        ++kv_round;
+    }
+}
+
 // One step of a tile (query head and query tile `step`; step `step_all` of every tile so far)
 // for one consumer thread: S^T and dP^T (kIssueAhead: issued a step ago), P^T and dS^T, dV and
 // dK accumulated, dS^T to shared memory, dQ and its staging. kAhead issues the next step's
@@ -865,11 +887,8 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                 load_key_frags<kHeadDim>(v_frag, v_rows, warp_in_wg, lane);
             }
         }
-        // The tile's steps, instantiated twice: kMaybeMasked where some step may need masking
-        // (keys past Sk, causal, a band, packed rows; masked calls keep one, whose registers are
-        // tight), so that a plain call's tile of inner key blocks runs no compares or selects.
-        // The choice is made per tile, outside the step loop (a condition inside it around the
-        // GEMMs serializes them, see below).
+        // The tile's steps, with and without masking (run_tile_steps: causal, a band, packed
+        // rows and masked calls keep the masked one; masked calls' registers are tight).
         auto run_steps = [&](auto maybe_masked) {
             constexpr bool kMaybeMasked = decltype(maybe_masked)::value;
             // One step; `ahead` (std::true_type) issues the next step's score GEMMs before staging dQ.
@@ -892,18 +911,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
                 for (int step = 0; step < tile.steps.count; ++step, ++step_all) run_step(step, std::false_type());
             }
         };
-        if constexpr (kCausal || kBand || kVarlen || kMask != kMaskNone) {
-            run_steps(std::true_type());
-        } else {
-            if (tile.n_start + T::kBlockN > seq_k)
-                run_steps(std::true_type());
-            else
-                run_steps(std::false_type());
-        }
-        if (tile.steps.count > 0) {
-            ptx::mbarrier_arrive(&bars.kv_empty);  // the last step's GEMMs are done with K and V
-            ++kv_round;
-        }
+        run_tile_steps<T::kBlockN, kCausal || kBand || kVarlen || kMask != kMaskNone>(bars, tile, seq_k, kv_round, run_steps);
 
         // ---- epilogue ----
         if constexpr (kStagedEpilogue) {

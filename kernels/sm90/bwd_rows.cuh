@@ -82,7 +82,7 @@ __host__ __device__ inline Workspace workspace_of(const fc_bwd_params &p) {
 // Key blocks of the main kernel per (batch, KV head) pair: what a pair's count reaches.
 template <int kHeadDim>
 __host__ __device__ inline int key_blocks(const fc_params &f) {
-    constexpr int kBlock = kHeadDim == 256 ? FC_SM90_BWD_KEY_BLOCK_D256 : FC_SM90_BWD_KEY_BLOCK;
+    constexpr int kBlock = FC_SM90_BWD_KEY_BLOCK_OF(kHeadDim);
     return static_cast<int>((f.seqlen_k + kBlock - 1) / kBlock);
 }
 

@@ -44,7 +44,7 @@ template <int kDim, bool kMaskTiles = false>
 struct BwdTraits {
     static constexpr int kHeadDim = kDim;
     static constexpr bool kD256 = kDim == 256;
-    static constexpr int kBlockN = kD256 ? FC_SM90_BWD_KEY_BLOCK_D256 : FC_SM90_BWD_KEY_BLOCK;  // keys per CTA
+    static constexpr int kBlockN = FC_SM90_BWD_KEY_BLOCK_OF(kDim);  // keys per CTA
     static constexpr int kBlockM = FC_SM90_BWD_ROW_BLOCK;  // query rows per step
     static constexpr int kStages = 2;
     static constexpr int kConsumers = 2;  // warpgroups of 64 keys
