@@ -45,8 +45,8 @@ typedef struct fc_config {
      * a family by reasons.h's names and rejects any other text. */
     char family[FC_CONFIG_TEXT_BYTES];
     /* FLASHCORE_DECODE_SPLITS = 1..FC_DECODE_MAX_SPLITS (64): the decode kernel's split count,
-     * and the sm90 family's for one-row decoding over few pairs (flashcore.c, plan). 0: chosen
-     * by the heuristics (unset, or not such a number). */
+     * and the sm90 family's for one-row D=128 decoding (over any number of pairs: flashcore.c,
+     * plan; fc_sm90_decode_splits). 0: chosen by the heuristics (unset, or not such a number). */
     int decode_splits;
     /* FLASHCORE_KV_SPLITS = 1..FC_CONFIG_MAX_KV_SPLITS: the sm90 family's cluster split
      * (kernels/sm90/fwd_launch.cuh, launch_fwd_config; not the pair configuration, not with sinks).

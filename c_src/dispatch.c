@@ -396,7 +396,7 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
  * without clusters, and the decode kernels' combine_kernel merges the partials from the
  * workspace (fc_decode_workspace_bytes). As many ranges as give one CTA per SM, each at least
  * FC_SM90_DECODE_MIN_KEYS_PER_SPLIT keys; `forced` > 0 (FLASHCORE_DECODE_SPLITS) overrides the
- * count. Only D=128 (the head dim the decode route measured) and calls whose blocks are one per
+ * count, over any number of pairs (for A/B runs: tools/decode_splits.py). Only D=128 (the head dim the decode route measured) and calls whose blocks are one per
  * pair (sm90_decode_block_per_pair). Ranges of 512 keys, not 2048: with the longer minimum a
  * call over few pairs and a short cache got too few CTAs and fell well behind cuDNN, and more
  * ranges passed it (measurements: docs/experiments/sessions-17-23.md, twentieth session, "The
@@ -409,7 +409,7 @@ int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced, int pack
     /* (The packing is the caller's answer, fc_dispatch's: not asked again here.) */
     int packs_known = packs != 0;
     /* (Sinks are added in the unsplit epilogue only.) */
-    if (p->head_dim != 128 || pairs >= FC_DECODE_SM90_MIN_PAIRS || p->sinks != NULL || p->cu_seq_q != NULL ||
+    if (p->head_dim != 128 || (pairs >= FC_DECODE_SM90_MIN_PAIRS && forced <= 0) || p->sinks != NULL || p->cu_seq_q != NULL ||
         !sm90_decode_block_per_pair(p, &packs_known))
         return 1;
     int64_t splits = forced > 0 ? forced : (sm_count > 0 ? sm_count : 1) / pairs;

@@ -482,11 +482,58 @@ def test_decode_route_by_pairs(b, hq, hkv, sk):
     q, k, v = make_inputs(b, hq, hkv, 1, sk, 128, torch.bfloat16, "bhsd")
     pairs = b * hkv
     want = "kernel sm90" if pairs * sk >= (1 << 18 if pairs >= 64 else 1 << 20) else "kernel decode"
+    if want == "kernel sm90" and pairs * sk >= 1 << 20 and _aten_picks_cudnn(q, k, v, hq != hkv):
+        want = "fallback: " + flashcore._reason_string(14)  # kCudnnDecodes: test_decode_left_to_cudnn
     assert flashcore.explain(q, k, v, enable_gqa=hq != hkv) == want
     poison_allocator((b, hq, 1, 128), torch.bfloat16)
     out = sdpa(q, k, v, enable_gqa=hq != hkv)
     torch.cuda.synchronize()
     check_close(out, q, k, v, False, None, f"decode route B={b} H={hq}/{hkv} Sk={sk} ({want})")
+
+
+def _aten_picks_cudnn(q, k, v, gqa):
+    return torch._fused_sdp_choice(q, k, v, enable_gqa=gqa) == SDPBackend.CUDNN_ATTENTION.value
+
+
+@pytest.mark.parametrize("b,hq,hkv,sk", [(8, 32, 32, 8200), (32, 32, 8, 32769), (1, 32, 32, 32768)])
+def test_decode_left_to_cudnn(b, hq, hkv, sk, monkeypatch):
+    """One-row decoding that the decode route sends to the Hopper family, over at least 2^20
+    (batch, KV head, key) rows, goes to PyTorch's SDPA when PyTorch would run it in cuDNN, which
+    decodes as fast or faster (torch_op/flashcore_op.cpp, decode_left_to_cudnn; reason 14):
+    explain says so, no FlashCore kernel runs and the output is cuDNN's (to rounding). Where cuDNN
+    is switched off, the LSE is wanted, or the family is forced, the kernel runs it, and matches."""
+    if not HOPPER:
+        pytest.skip("the decode route to the sm90 family is for sm_90 only")
+    skip_unless_built(128, torch.float16)
+    q, k, v = make_inputs(b, hq, hkv, 1, sk, 128, torch.float16, "bhsd")
+    gqa = hq != hkv
+    if not _aten_picks_cudnn(q, k, v, gqa):
+        pytest.skip("PyTorch does not pick cuDNN for this call here")
+    left = "fallback: " + flashcore._reason_string(14)
+    assert flashcore.explain(q, k, v, enable_gqa=gqa) == left
+    res = {}
+    names = [n for n, _ in launched_kernels(lambda: res.update(o=sdpa(q, k, v, enable_gqa=gqa)))]
+    assert not any("fwd_kernel" in n for n in names), names
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        torch.testing.assert_close(res["o"], F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa),
+                                   atol=2e-3, rtol=0)
+    check_close(res["o"], q, k, v, False, None, f"decode left to cuDNN B={b} H={hq}/{hkv} Sk={sk}")
+    # The LSE wanted: the kernel.
+    names = [n for n, _ in launched_kernels(lambda: res.update(r=torch.ops.flashcore.sdpa_fwd(
+        q, k, v, None, 0.0, False, enable_gqa=gqa)))]
+    assert any("fwd_kernel" in n for n in names), names
+    check_close(res["r"][0], q, k, v, False, None, f"decode with LSE B={b} H={hq}/{hkv} Sk={sk}")
+    # cuDNN switched off (PyTorch would take another backend): the kernel.
+    cudnn_was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        assert flashcore.explain(q, k, v, enable_gqa=gqa) == "kernel sm90"
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_was)
+    # The family forced: the kernel.
+    monkeypatch.setenv("FLASHCORE_FAMILY", "sm90")
+    assert flashcore.explain(q, k, v, enable_gqa=gqa) == "kernel sm90"
+    check_close(sdpa(q, k, v, enable_gqa=gqa), q, k, v, False, None, f"decode forced sm90 B={b} Sk={sk}")
 
 
 @pytest.mark.parametrize("shape", [(1, 8, 8, 512, 512, 64), (2, 8, 8, 700, 700, 128), (1, 32, 8, 1, 4096, 128)],

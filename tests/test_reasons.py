@@ -25,7 +25,7 @@ FWD, BWD, ROUTE = 1, 2, 4
 # The numbering callers and tests compare against: never renumbered.
 PINNED = {"kNotCuda": 1, "kNot4D": 2, "kShapeBroadcast": 3, "kValueHeadDim": 4, "kHeadsNoGqa": 5,
           "kDropout": 6, "kDtype": 7, "kMaskDtype": 8, "kMaskShape": 9, "kMaskDevice": 10,
-          "kBwdOperands": 11, "kMaskRequiresGrad": 12, "kSinksLayout": 13}
+          "kBwdOperands": 11, "kMaskRequiresGrad": 12, "kSinksLayout": 13, "kCudnnDecodes": 14}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_every_listed_reason_has_its_sentences(lib):
     assert lib.fc_op_reason_string(7, 0) == b"dtype is not float16, bfloat16 or float32"
     assert lib.fc_op_reason_string(7, 1) == b"dtype is not float16 or bfloat16"
     # Nothing outside the list, nor at the bases (those codes carry an fc_status instead).
-    for code in (-1, 0, 14, 99, 100, 104, 1000, 1004):
+    for code in (-1, 0, 15, 99, 100, 104, 1000, 1004):
         assert lib.fc_op_reason_string(code, 0) is None and lib.fc_op_reason_given_by(code) == 0
     assert (lib.fc_op_reason_status_base(), lib.fc_op_reason_note_base()) == (100, 1000)
 

@@ -212,6 +212,31 @@ void plan_mask_copy(Decision& d, const Tensor& mask, const flashcore_op::DeviceF
   d.mask_copy = c;
 }
 
+// One-row decoding that the decode route sends to the Hopper family (c_src/dispatch.c,
+// sm90_reads_decode_faster: D=128, many (batch, KV head) pairs or long caches) streams K and V
+// no faster than cuDNN's decoding kernel: measured at 0.94-0.99x its time on the H200 and
+// 0.99-1.01x on the H100, where cuDNN is PyTorch's choice (docs/experiments/backward.md,
+// "Forty-fifth session"). Such a call, plain (no mask, causal flag, band, softcap or sinks),
+// wanting no LSE and reading at least kMinKeyRows (batch, KV head, key) rows, goes to aten when
+// aten itself would run it in cuDNN (aten::_fused_sdp_choice: not when cuDNN is switched off or
+// the installed torch prefers another backend, which the kernel beats by up to 1.7x). Shorter
+// calls keep the kernel: timed eagerly, B=8 H=32 over 1k keys (2^18 rows, ~45 us) took 79 us
+// through the fallback's extra host work against the kernel's 46.
+bool decode_left_to_cudnn(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double> scale,
+                          bool enable_gqa, const fc_params& p) {
+  constexpr int64_t kCudnnBackend = 3;  // torch.nn.attention.SDPBackend.CUDNN_ATTENTION
+  constexpr int64_t kMinKeyRows = int64_t{1} << 20;
+  if (p.seqlen_q != 1 || p.head_dim != 128 || p.causal || p.mask_kind != FC_MASK_NONE || p.windowed ||
+      p.softcap != 0.0f || p.sinks != nullptr || p.lse != nullptr || p.batch * p.heads_kv * p.seqlen_k < kMinKeyRows)
+    return false;
+  using torch::stable::detail::from;
+  std::array<StableIValue, 8> stack{from(q), from(k), from(v), from(std::optional<Tensor>()), from(0.0),
+                                    from(false), from(scale), from(enable_gqa)};
+  if (torch_call_dispatcher("aten::_fused_sdp_choice", "", stack.data(), TORCH_ABI_VERSION) != TORCH_SUCCESS)
+    return false;  // (no answer: the kernel runs, as before this rule)
+  return torch::stable::detail::to<int64_t>(stack[0]) == kCudnnBackend;
+}
+
 // THE decision: raises for bad input, otherwise says kernel (with params filled) or why not.
 // want_lse: the caller wants the log-sum-exp too (training), which some rules read.
 Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -302,6 +327,8 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   }
   d.family = d.plan.family;
   d.reason = kKernel;
+  if (!d.family_forced && d.family == FC_FAMILY_SM90 && Sq == 1 && decode_left_to_cudnn(q, k, v, scale, enable_gqa, d.p))
+    return fallback(kCudnnDecodes);
   if (!d.family_forced && d.family == FC_FAMILY_SM80) {
     // Say why the preferred Hopper family did not take it, where it runs at all (a mask, a
     // broadcast dim, scale <= 0); on Ada the answer is FC_UNSUPPORTED_FAMILY: nothing to say.

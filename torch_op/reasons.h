@@ -54,7 +54,13 @@
   X(12, kMaskRequiresGrad, FC_OP_REASON_ROUTE,                                                    \
     "an attn_mask that requires grad: the backward kernels give it none", nullptr)                \
   X(13, kSinksLayout, FC_OP_REASON_FWD,                                                           \
-    "sinks are not a contiguous float32 (heads_q,) tensor on query's device", nullptr)
+    "sinks are not a contiguous float32 (heads_q,) tensor on query's device", nullptr)             \
+  /* flashcore_op.cpp, decode_left_to_cudnn */                                                    \
+  X(14, kCudnnDecodes, FC_OP_REASON_FWD,                                                          \
+    "one-row decoding over many (batch, KV head) pairs, which PyTorch's SDPA runs in cuDNN here "  \
+    "as fast or faster (H200 0.94-0.99x, H100 0.99-1.01x cuDNN's time; PERFORMANCE.md); calls "    \
+    "that want the LSE still run the kernel; force family sm90 (FLASHCORE_FAMILY=sm90) to run it", \
+    nullptr)
 
 // X(fc_family, name): the names explain, FLASHCORE_FAMILY and error messages use.
 #define FC_OP_FAMILIES(X)                                                   \
