@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Whether two source trees compile kernel files to the same machine code, function by function.
+
+Needs only nvcc: no GPU, and neither cuobjdump nor nvdisasm (which ci/sass_schedule.py needs for
+its listings, and which a machine with nvcc alone may lack). Each file is compiled to a cubin
+with the project's flags, in this tree and in another (a git revision, unpacked with
+`git archive`, or a directory), and the bytes of every function's `.text.<mangled name>` section
+are compared between the two cubins (ELF files, read here with the struct module). Equal bytes
+are equal SASS, control codes included: what "machine code unchanged" means in the experiment
+notes and commit messages.
+
+  python3 tools/code_identity.py kernels/bwd_sm90_hdim64_fp16.cu                 # vs HEAD
+  python3 tools/code_identity.py kernels/fwd_sm80_hdim128_bf16.cu --against 60a8266
+  python3 tools/code_identity.py kernels/fwd_sm90_hdim*.cu --against /tmp/other-tree
+
+Files named *sm90* are compiled for sm_90a, the others for sm_89 and sm_90a (the sm80-class and
+decode kernels are built for both); --arch overrides. Prints one line per (file, arch): how many
+functions are identical, which differ, which exist in one tree only. Exit status 0 when every
+function is identical, 1 otherwise.
+"""
+import argparse
+import concurrent.futures
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = ["-O3", "-DNDEBUG", "--use_fast_math", "--expt-relaxed-constexpr", "-std=c++17", "-Xcompiler=-fPIC"]
+
+
+def text_sections(cubin_path):
+    """{section name: bytes} of an ELF64 file's .text.* sections."""
+    with open(cubin_path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        sys.exit(f"code_identity: {cubin_path} is not an ELF64 file")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+
+    def header(i):  # (name offset, file offset, size) of section i
+        base = shoff + i * shentsize
+        name, = struct.unpack_from("<I", data, base)
+        offset, size = struct.unpack_from("<QQ", data, base + 0x18)
+        return name, offset, size
+
+    _, names_at, _ = header(shstrndx)
+    sections = {}
+    for i in range(shnum):
+        name_off, offset, size = header(i)
+        end = data.index(b"\0", names_at + name_off)
+        name = data[names_at + name_off:end].decode()
+        if name.startswith(".text."):
+            sections[name[len(".text."):]] = data[offset:offset + size]
+    return sections
+
+
+def compile_cubin(tree, source, arch, workdir, tag):
+    out = os.path.join(workdir, f"{tag}_{arch}_{os.path.basename(source)}.cubin")
+    cmd = [os.environ.get("NVCC", "nvcc"), "-I", os.path.join(tree, "c_src"), "-I", os.path.join(tree, "kernels"),
+           *FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-cubin", "-o", out, os.path.join(tree, source)]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        sys.exit(f"code_identity: nvcc failed on {source} ({tag}, sm_{arch}):\n{done.stdout[-3000:]}")
+    return out
+
+
+def other_tree(against, workdir):
+    """A directory holding the tree to compare against: `against` itself, or a git revision's files."""
+    if os.path.isdir(against):
+        return os.path.abspath(against)
+    tree = os.path.join(workdir, "against")
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", against], stdout=subprocess.PIPE)
+    if archive.returncode != 0:
+        sys.exit(f"code_identity: {against} is neither a directory nor a git revision")
+    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    return tree
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", help="kernel files, relative to the repository root")
+    ap.add_argument("--against", default="HEAD", help="a git revision or a directory (default: HEAD)")
+    ap.add_argument("--arch", help="comma-separated, e.g. 89,90a (default: by file name)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    args = ap.parse_args()
+    files = [os.path.relpath(os.path.abspath(f), ROOT) for f in args.files]
+    workdir = tempfile.mkdtemp(prefix="code_identity_")
+    try:
+        against = other_tree(args.against, workdir)
+        jobs = []
+        for source in files:
+            archs = args.arch.split(",") if args.arch else (["90a"] if "sm90" in source else ["89", "90a"])
+            jobs += [(source, arch) for arch in archs]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            built = {(s, a, tag): pool.submit(compile_cubin, tree, s, a, workdir, tag)
+                     for s, a in jobs for tag, tree in (("this", ROOT), ("other", against))}
+            all_same = True
+            for source, arch in jobs:
+                mine = text_sections(built[(source, arch, "this")].result())
+                theirs = text_sections(built[(source, arch, "other")].result())
+                same = [n for n in mine if n in theirs and mine[n] == theirs[n]]
+                differ = [n for n in mine if n in theirs and mine[n] != theirs[n]]
+                only = sorted(set(mine) ^ set(theirs))
+                all_same &= not differ and not only
+                verdict = "identical" if not differ and not only else "DIFFERENT"
+                print(f"{source} sm_{arch}: {verdict}: {len(same)} of {len(set(mine) | set(theirs))} functions identical")
+                for name in differ:
+                    print(f"  differs: {name} ({len(theirs[name])} -> {len(mine[name])} bytes)")
+                for name in only:
+                    print(f"  only in {'this tree' if name in mine else args.against}: {name}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    sys.exit(0 if all_same else 1)
+
+
+if __name__ == "__main__":
+    main()
