@@ -1899,6 +1899,9 @@ static void check_split_heuristic(void) {
                     REQUIRE(grid_splits * 512 <= p.seqlen_k);
                 }
                 if (ctas < 64 && ctas * 2 <= (int64_t)sms && p.seqlen_k >= 2 * 512) REQUIRE(grid_splits >= 2);
+                /* FLASHCORE_DECODE_SPLITS (forced) sets the count over any number of pairs, at most 64. */
+                REQUIRE(fc_sm90_decode_splits(&p, kSms[j], 7, fc_decode_packs_for_sm90(&p)) == 7);
+                REQUIRE(fc_sm90_decode_splits(&p, kSms[j], 100, fc_decode_packs_for_sm90(&p)) == 64);
             }
         }
     }
