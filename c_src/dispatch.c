@@ -396,8 +396,9 @@ fc_status fc_dispatch(const fc_params *user, int cc_major, int cc_minor, fc_laun
  * without clusters, and the decode kernels' combine_kernel merges the partials from the
  * workspace (fc_decode_workspace_bytes). As many ranges as give one CTA per SM, each at least
  * FC_SM90_DECODE_MIN_KEYS_PER_SPLIT keys; `forced` > 0 (FLASHCORE_DECODE_SPLITS) overrides the
- * count, over any number of pairs (for A/B runs: tools/decode_splits.py). Only D=128 (the head dim the decode route measured) and calls whose blocks are one per
- * pair (sm90_decode_block_per_pair). Ranges of 512 keys, not 2048: with the longer minimum a
+ * count, over any number of pairs (for A/B runs: tools/decode_splits.py). Only D=128 (the head
+ * dim the decode route measured) and calls whose blocks are one per pair
+ * (sm90_decode_block_per_pair). Ranges of 512 keys, not 2048: with the longer minimum a
  * call over few pairs and a short cache got too few CTAs and fell well behind cuDNN, and more
  * ranges passed it (measurements: docs/experiments/sessions-17-23.md, twentieth session, "The
  * grid split").

@@ -54,11 +54,13 @@ def find_tool(name, env):
     sys.exit(f"sass_schedule: {name} not found (set {env} or put the CUDA toolkit's bin on PATH)")
 
 
-def compile_cu(source, workdir, root=ROOT, tag="this"):
-    """One kernel file (path relative to `root` or absolute) to a cubin with the project's flags."""
-    arch = "90a" if "sm90" in os.path.basename(source) else os.environ.get("SASS_ARCH", "89")
+def compile_cu(source, workdir, root=ROOT, tag="this", arch=None):
+    """One kernel file (path relative to `root` or absolute) to a cubin with the project's flags,
+    for `arch` (default: 90a for sm90 files, else $SASS_ARCH or 89)."""
+    if arch is None:
+        arch = "90a" if "sm90" in os.path.basename(source) else os.environ.get("SASS_ARCH", "89")
     source = source if os.path.isabs(source) else os.path.join(root, source)
-    cubin = os.path.join(workdir, f"{tag}_{os.path.basename(source)}.cubin")
+    cubin = os.path.join(workdir, f"{tag}_{arch}_{os.path.basename(source)}.cubin")
     cmd = [find_tool("nvcc", "NVCC"), "-I", os.path.join(root, "c_src"), "-I", os.path.join(root, "kernels"),
            "-O3", "--use_fast_math", "--expt-relaxed-constexpr", "-std=c++17",
            f"-gencode=arch=compute_{arch},code=sm_{arch}", "-cubin", "-o", cubin, source]
@@ -215,6 +217,16 @@ def report(name, body, show_blocks, loops_to_show):
     return totals
 
 
+def tree_at(rev, workdir):
+    """The kernel sources (c_src/, kernels/) of git revision `rev`, unpacked under workdir."""
+    tree = os.path.join(workdir, "against")
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "c_src", "kernels"],
+                             check=True, stdout=subprocess.PIPE).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary", help="a .cubin / .so, or a kernels/*.cu file to compile")
@@ -229,11 +241,7 @@ def main():
         if args.against:
             if not args.binary.endswith(".cu"):
                 sys.exit("sass_schedule: --against needs a .cu file")
-            tree = os.path.join(tmp, "against")
-            os.makedirs(tree)
-            archive = subprocess.run(["git", "-C", ROOT, "archive", args.against, "c_src", "kernels"],
-                                     check=True, stdout=subprocess.PIPE).stdout
-            subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+            tree = tree_at(args.against, tmp)
             source = os.path.relpath(os.path.abspath(args.binary), ROOT)
             builds = [(source, tree, args.against), (source, ROOT, "this tree")]
         elif args.compare:

@@ -3,11 +3,11 @@
 
 Needs only nvcc: no GPU, and neither cuobjdump nor nvdisasm (which ci/sass_schedule.py needs for
 its listings, and which a machine with nvcc alone may lack). Each file is compiled to a cubin
-with the project's flags, in this tree and in another (a git revision, unpacked with
-`git archive`, or a directory), and the bytes of every function's `.text.<mangled name>` section
-are compared between the two cubins (ELF files, read here with the struct module). Equal bytes
-are equal SASS, control codes included: what "machine code unchanged" means in the experiment
-notes and commit messages.
+with the project's flags (ci/sass_schedule.py's compile_cu), in this tree and in another (a git
+revision's c_src/ and kernels/, or a directory), and the bytes of every function's
+`.text.<mangled name>` section are compared between the two cubins (ELF files, read here with
+the struct module). Equal bytes are equal SASS, control codes included: what "machine code
+unchanged" means in the experiment notes and commit messages.
 
   python3 tools/code_identity.py kernels/bwd_sm90_hdim64_fp16.cu                 # vs HEAD
   python3 tools/code_identity.py kernels/fwd_sm80_hdim128_bf16.cu --against 60a8266
@@ -23,12 +23,12 @@ import concurrent.futures
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FLAGS = ["-O3", "-DNDEBUG", "--use_fast_math", "--expt-relaxed-constexpr", "-std=c++17", "-Xcompiler=-fPIC"]
+sys.path.insert(0, os.path.join(ROOT, "ci"))
+from sass_schedule import compile_cu, tree_at  # noqa: E402  (the project's flags; a revision's sources)
 
 
 def text_sections(cubin_path):
@@ -57,29 +57,6 @@ def text_sections(cubin_path):
     return sections
 
 
-def compile_cubin(tree, source, arch, workdir, tag):
-    out = os.path.join(workdir, f"{tag}_{arch}_{os.path.basename(source)}.cubin")
-    cmd = [os.environ.get("NVCC", "nvcc"), "-I", os.path.join(tree, "c_src"), "-I", os.path.join(tree, "kernels"),
-           *FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-cubin", "-o", out, os.path.join(tree, source)]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        sys.exit(f"code_identity: nvcc failed on {source} ({tag}, sm_{arch}):\n{done.stdout[-3000:]}")
-    return out
-
-
-def other_tree(against, workdir):
-    """A directory holding the tree to compare against: `against` itself, or a git revision's files."""
-    if os.path.isdir(against):
-        return os.path.abspath(against)
-    tree = os.path.join(workdir, "against")
-    os.makedirs(tree)
-    archive = subprocess.run(["git", "-C", ROOT, "archive", against], stdout=subprocess.PIPE)
-    if archive.returncode != 0:
-        sys.exit(f"code_identity: {against} is neither a directory nor a git revision")
-    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
-    return tree
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="kernel files, relative to the repository root")
@@ -90,13 +67,13 @@ def main():
     files = [os.path.relpath(os.path.abspath(f), ROOT) for f in args.files]
     workdir = tempfile.mkdtemp(prefix="code_identity_")
     try:
-        against = other_tree(args.against, workdir)
+        against = os.path.abspath(args.against) if os.path.isdir(args.against) else tree_at(args.against, workdir)
         jobs = []
         for source in files:
             archs = args.arch.split(",") if args.arch else (["90a"] if "sm90" in source else ["89", "90a"])
             jobs += [(source, arch) for arch in archs]
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            built = {(s, a, tag): pool.submit(compile_cubin, tree, s, a, workdir, tag)
+            built = {(s, a, tag): pool.submit(compile_cu, s, workdir, tree, tag, a)
                      for s, a in jobs for tag, tree in (("this", ROOT), ("other", against))}
             all_same = True
             for source, arch in jobs:
