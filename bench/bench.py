@@ -26,7 +26,8 @@ What it measures
             TFLOP/s counts all S*S pairs (no implementation skips masked tiles).
     --extra adds a GQA 32:8 causal prefill shape, two D=96 (Phi-3-mini) prefill shapes, and
             small grids: chunks of 128-512 queries against a 4k-32k cache (GQA 32:8) and a
-            B=1 causal prefill, also timed inside a CUDA graph.
+            B=1 causal prefill, also timed inside a CUDA graph; and backward rows at head dims 32,
+            80 and 96 (1k / 4k / 16k keys, 16k tokens, causal or not).
     --quick runs a handful of these (smoke test).
   Backward rows (pass "bwd"; issue 6 and the training issue): the time of the backward alone,
     from a saved forward (torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one
@@ -200,8 +201,9 @@ ALL_IMPLS = IMPLS + ["flashcore-det"]
 BWD_FLOP_FACTOR = 2.5  # backward = 5 matmuls of the forward's size, 2 (FlashAttention convention)
 
 
-def bwd_shape_set(quick, bf16):
-    """The training issue's backward sweep (see the module docstring); --quick: S=4k D=128."""
+def bwd_shape_set(quick, bf16, extra=False):
+    """The training issue's backward sweep (see the module docstring); --quick: S=4k D=128;
+    --extra: head dims 32, 80 and 96 (the sm80-class backward's alone) at 1k / 4k / 16k keys."""
     dtypes = ["fp16", "bf16"] if bf16 else ["fp16"]
     out = []
     for dt in dtypes:
@@ -220,6 +222,11 @@ def bwd_shape_set(quick, bf16):
         out.append(Shape(4, 32, 8, 4096, 4096, 128, True, dt))  # GQA 32:8, Llama-3-8B's heads
         # HuggingFace's padded prefill mask; causality is in the mask, as in the forward rows.
         out.append(Shape(4, 16, 16, 4096, 4096, 128, False, dt, mask=True))
+        if extra:  # 64 heads of 32; 32 heads of 80 (Phi-2) and of 96 (Phi-3-mini)
+            for D, H in ((32, 64), (80, 32), (96, 32)):
+                for causal in (False, True):
+                    for S in (1024, 4096, 16384):
+                        out.append(Shape(16384 // S, H, H, S, S, D, causal, dt))
     return out
 
 
@@ -955,7 +962,7 @@ def main(argv=None):
         ap.error(f"unknown impl(s) {bad}; choose from {ALL_IMPLS}")
     names = [n for n in ALL_IMPLS if n in names]  # cuDNN first, whatever the order given
     shapes = [] if args.bwd_only else shape_set(args.quick, args.bf16, args.extra)
-    bwd_shapes = [] if args.no_bwd else bwd_shape_set(args.quick, args.bf16)
+    bwd_shapes = [] if args.no_bwd else bwd_shape_set(args.quick, args.bf16, args.extra)
     if args.match:
         shapes = [s for s in shapes if re.search(args.match, s.label)]
         bwd_shapes = [s for s in bwd_shapes if re.search(args.match, s.label)]

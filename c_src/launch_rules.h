@@ -147,7 +147,9 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
  * atomics, in whatever order the key blocks come) rather than with dQ in a pass of its own
  * (bitwise deterministic): never under `deterministic`; at D=64 (7-12% faster non-causal, 0-4%
  * causal, at 64-key blocks: docs/experiments/backward.md, forty-first session) and D=128 (128-key
- * blocks, dS^T in the dO stage: forty-third session). */
+ * blocks, dS^T in the dO stage: forty-third session). D=32, 80 and 96 have no one-pass kernel
+ * (80 and 96: their dQ tile does not split into 16-column shares of 8 warps; 32: its additive-mask
+ * variant took 8 bytes of stack on sm_89, forty-sixth session). */
 static inline FC_HOST_DEVICE int fc_sm80_bwd_one_pass(const fc_params *f, int deterministic) {
     return !deterministic && (f->head_dim == 64 || f->head_dim == 128);
 }

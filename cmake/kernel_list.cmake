@@ -87,7 +87,7 @@ function(flashcore_kernel_list source_dir list_file)
     string(APPEND list "FC_FWD_KERNEL(DECODE, decode, ${CMAKE_MATCH_1}, ${CMAKE_MATCH_2}, ${DT})\n")
   endforeach()
 
-  # The fused backward (sm80 family, head dims 64/128): one instantiation per file, like the forward.
+  # The fused backward (sm80 family, head dims 32/64/80/96/128): one instantiation per file, like the forward.
   foreach(hd IN LISTS FLASHCORE_HEAD_DIMS)
     foreach(dt IN LISTS FLASHCORE_DTYPES)
       set(src "${kernels}/bwd_sm80_hdim${hd}_${dt}.cu")

@@ -66,21 +66,29 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Tile shapes. Both main kernels use 4 warps of 16 rows (the rows each warp owns) and stream
 // the other operand in tiles of kStream rows through a 2-stage cp.async ring. The stream tile
-// is smaller for D=128 to keep the fp32 accumulators (dK+dV: 128 registers; dQ 64 plus Q and
-// dO fragments 64) and the two score tiles (S, dP) within 255 registers without spills.
-// kWarps_: 4 (the deterministic kernels); 8 for the one-pass dK/dV kernel at D=64, whose 128-key
+// is smaller for D=96 and 128 to keep the fp32 accumulators (D=128: dK+dV 128 registers; dQ 64
+// plus Q and dO fragments 64) and the two score tiles (S, dP) within 255 registers without spills
+// (D=96 with 64-row tiles spilled 4 bytes on sm_89); D=80 fits 64-row tiles (up to 254 registers),
+// which ran its backward 2-8% faster than 32-row ones (docs/experiments/backward.md).
+// kWarps_: 4 (the deterministic kernels); 8 for the one-pass dK/dV kernel, whose 128-key
 // blocks halve the atomics per query row (and the Q/dO reloads per key).
+// Shared rows are kPitchChunks 16-byte chunks, D / 8 rounded up to a multiple of 8 (128 bytes),
+// as the forward's (sm80/fwd_traits.cuh): D=32 / 80 / 96 leave the chunks past D / 8 of each row
+// unused (never loaded, never read), so the (row % 8) swizzle and chunk_pair_addr's 128-byte
+// steps hold for every head dim; D=64 and 128 rows are unpadded.
 template <int kHeadDim_, int kWarps_ = 4>
 struct BwdTraits {
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kBlock = 16 * kWarps;                  // rows a CTA owns (queries or keys)
-    static constexpr int kStream = kHeadDim <= 64 ? 64 : 32;    // rows per streamed tile
+    static constexpr int kStream = kHeadDim <= 64 || kHeadDim == 80 ? 64 : 32;  // rows per streamed tile
     static constexpr int kChunks = kHeadDim / 8;
+    static constexpr int kPitchChunks = (kChunks + 7) / 8 * 8;
+    static constexpr int kPitch = kPitchChunks * 8;            // elements per shared row
     static constexpr int kStages = 2;
     // dq_kernel: Q + dO (owned), kStages x (K + V) (streamed).
-    static constexpr int kDqSmemBytes = (2 * kBlock + kStages * 2 * kStream) * kHeadDim * 2;
+    static constexpr int kDqSmemBytes = (2 * kBlock + kStages * 2 * kStream) * kPitch * 2;
     // dkdv_kernel: K + V (owned), kStages x (Q + dO) (streamed) + kStages x (LSE + delta) fp32,
     // and (kDqAtomic) the step's dS^T, kBlock key rows of kStream queries: in a tile of its own,
     // rows kDsPitch apart (8 elements of padding: the rows of an 8x8 matrix fall in distinct
@@ -90,15 +98,14 @@ struct BwdTraits {
     static constexpr int kDsPitch = kStream + 8;
     static constexpr bool kDsInDoStage = kHeadDim > 64;
     static constexpr int kKvSmemBytes =
-        (2 * kBlock + kStages * 2 * kStream) * kHeadDim * 2 + kStages * 2 * kStream * 4;
+        (2 * kBlock + kStages * 2 * kStream) * kPitch * 2 + kStages * 2 * kStream * 4;
     static constexpr int kKvAtomicSmemBytes = kKvSmemBytes + (kDsInDoStage ? 0 : kBlock * kDsPitch * 2);
-    static_assert(!kDsInDoStage || kBlock * kStream <= kStream * kHeadDim, "dS^T fits in a dO tile");
-    static_assert(kHeadDim % 64 == 0, "the swizzle assumes at least 8 chunks per row");
+    static_assert(!kDsInDoStage || kBlock * kStream <= kStream * kPitch, "dS^T fits in a dO tile");
+    static_assert(kHeadDim % 16 == 0, "k-steps of 16 and B fragments in pairs of 8 columns");
     static_assert(kDqSmemBytes <= 99 * 1024 && kKvAtomicSmemBytes <= 99 * 1024, "sm_89: 99 KB per block");
     // kDqAtomic's dQ GEMM: the step's kStream x kHeadDim tile split among the warps, 16 rows x
-    // kDqCols columns each.
+    // kDqCols columns each (add_dq_of_step checks that it splits evenly).
     static constexpr int kDqCols = kHeadDim * (kStream / 16) / kWarps;
-    static_assert(kDqCols % 16 == 0 && kHeadDim % kDqCols == 0, "each warp 16 rows x kDqCols columns of dQ");
 };
 
 // kMaskKind (the kernels' template argument): FC_MASK_NONE, FC_MASK_BOOL or FC_MASK_ADDITIVE
@@ -124,13 +131,13 @@ __device__ __forceinline__ int64_t slice_rows_start(const fc_params &f, int batc
 // is chunk_pair_addr's XOR of it plus kk's 16 rows as an immediate (sm80/row_copy.cuh). With
 // first_chunk a multiple of the pairs a caller walks (x2), chunk first_chunk + 2 pair + b sets no
 // bit first_chunk has, so the XOR is exact.
-template <int kChunks, typename Elem>
+template <int kPitchChunks, typename Elem>
 __device__ __forceinline__ uint32_t trans_b_base(const Elem *tile, int first_chunk, int lane) {
-    return smem_addr(tile + swizzled<kChunks>((lane & 7) + ((lane >> 3) & 1) * 8, first_chunk + (lane >> 4)));
+    return smem_addr(tile + swizzled<kPitchChunks>((lane & 7) + ((lane >> 3) & 1) * 8, first_chunk + (lane >> 4)));
 }
-template <int kChunks>
+template <int kPitchChunks>
 __device__ __forceinline__ void load_trans_b(uint32_t (&bf)[4], uint32_t base, int kk, int pair) {
-    ldmatrix_x4_trans(bf, chunk_pair_addr(base, pair) + kk * 16 * kChunks * 16);
+    ldmatrix_x4_trans(bf, chunk_pair_addr(base, pair) + kk * 16 * kPitchChunks * 16);
 }
 
 // acc (this warp's 16 rows x 8 kDTiles columns) += A B. A (16 x 16 kSteps) is held in mma
@@ -138,7 +145,7 @@ __device__ __forceinline__ void load_trans_b(uint32_t (&bf)[4], uint32_t base, i
 // repacked to 16-bit A fragments in registers (FlashAttention-2's reuse of S as an operand); B's
 // 16 kSteps rows come from a swizzled shared tile (load_trans_b). This is each pass's second
 // product: dQ += dS K, dV += P^T dO, dK += dS^T Q.
-template <typename Elem, int kSteps, int kDTiles, int kChunks>
+template <typename Elem, int kSteps, int kDTiles, int kPitchChunks>
 __device__ __forceinline__ void acc_times_tile(float (&acc)[kDTiles][4], const float (&a)[2 * kSteps][4],
                                                const Elem *tile, int lane) {
 #pragma unroll
@@ -148,11 +155,11 @@ __device__ __forceinline__ void acc_times_tile(float (&acc)[kDTiles][4], const f
         af[1] = pack2<Elem>(a[2 * kk][2], a[2 * kk][3]);
         af[2] = pack2<Elem>(a[2 * kk + 1][0], a[2 * kk + 1][1]);
         af[3] = pack2<Elem>(a[2 * kk + 1][2], a[2 * kk + 1][3]);
-        const uint32_t base = trans_b_base<kChunks>(tile, 0, lane);
+        const uint32_t base = trans_b_base<kPitchChunks>(tile, 0, lane);
 #pragma unroll
         for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
             uint32_t bf[4];
-            load_trans_b<kChunks>(bf, base, kk, dp2);
+            load_trans_b<kPitchChunks>(bf, base, kk, dp2);
             mma_16816_pair<Elem>(acc[2 * dp2], acc[2 * dp2 + 1], af, bf);
         }
     }
@@ -190,7 +197,7 @@ __device__ __forceinline__ void probs_of_scores(float (&s)[kMTiles][4], const fl
 }
 
 // ---- 1. delta = rowsum(dO * O) - dLSE, LSE in base 2 -------------------------------------------
-// kHeadDim / 8 threads per row, each reading 16 bytes of dO and of O. kZeroDq (the one-pass
+// kHeadDim / 8 threads per row (RowLane), each reading 16 bytes of dO and of O. kZeroDq (the one-pass
 // backward): each thread also zeroes its 8 columns of the row's dq accumulator.
 template <typename Elem, int kHeadDim, bool kZeroDq>
 __global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
@@ -215,7 +222,7 @@ __global__ void __launch_bounds__(128) delta_kernel(const fc_bwd_params p) {
         delta[workspace_rows(p) + idx] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     }
     if constexpr (kZeroDq) {
-        if (row < seqlen_q) {
+        if (row < seqlen_q && lane.has_chunk()) {
             const int64_t idx = slice_rows_start(p.fwd, batch, head, seqlen_q) + row;
             float4 *accum = reinterpret_cast<float4 *>(dq_accum_of(p) + idx * kHeadDim + chunk * 8);
             accum[0] = accum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -269,8 +276,9 @@ __device__ __forceinline__ void add_dq_of_step(const fc_bwd_params &p, const Ele
                                                int batch, int m_start, int warp, int lane) {
     constexpr int kMTiles = T::kStream / 16, kNTiles = T::kDqCols / 8;
     const int m0 = warp % kMTiles * 16, chunk0 = warp / kMTiles * T::kDqCols / 8;
+    static_assert(T::kDqCols % 16 == 0 && T::kHeadDim % T::kDqCols == 0, "each warp 16 rows x kDqCols columns of dQ");
     static_assert(kNTiles <= 8 || T::kDqCols == T::kHeadDim, "chunk0: a multiple of the chunks a warp walks");
-    const uint32_t k_base = trans_b_base<T::kChunks>(k_tile, chunk0, lane);
+    const uint32_t k_base = trans_b_base<T::kPitchChunks>(k_tile, chunk0, lane);
     float acc[kNTiles][4];
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n)
@@ -286,7 +294,7 @@ __device__ __forceinline__ void add_dq_of_step(const fc_bwd_params &p, const Ele
 #pragma unroll
         for (int dp2 = 0; dp2 < kNTiles / 2; ++dp2) {
             uint32_t bf[4];
-            load_trans_b<T::kChunks>(bf, k_base, kk, dp2);
+            load_trans_b<T::kPitchChunks>(bf, k_base, kk, dp2);
             mma_16816_pair<Elem>(acc[2 * dp2], acc[2 * dp2 + 1], af, bf);
         }
     }
@@ -310,7 +318,7 @@ __global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) 
     const RowLane<kHeadDim> lane;
     const int seqlen_q = static_cast<int>(p.fwd.seqlen_q), head = lane.head, batch = lane.batch, chunk = lane.chunk;
     const int row = static_cast<int>(lane.row);
-    if (row >= seqlen_q) return;
+    if (row >= seqlen_q || !lane.has_chunk()) return;
     const int64_t idx = slice_rows_start(p.fwd, batch, head, seqlen_q) + row;
     const float4 *accum = reinterpret_cast<const float4 *>(dq_accum_of(p) + idx * kHeadDim + chunk * 8);
     const float4 a = __ldcs(accum), b = __ldcs(accum + 1);  // (read once)
@@ -325,15 +333,16 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads)
 dq_kernel(const fc_bwd_params p) {
     using T = BwdTraits<kHeadDim>;
     constexpr int kBlockM = T::kBlock, kBlockN = T::kStream, kChunks = T::kChunks;
+    constexpr int kPitchChunks = T::kPitchChunks, kPitch = T::kPitch;  // shared rows (BwdTraits)
     constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T and dO V^T
     constexpr int kNTiles = kBlockN / 8;    // n-tiles of S and dP per warp
     constexpr int kDTiles = kHeadDim / 8;   // n-tiles of dQ per warp
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Elem *smem_q = reinterpret_cast<Elem *>(smem_raw);
-    Elem *smem_do = smem_q + kBlockM * kHeadDim;
-    Elem *smem_k = smem_do + kBlockM * kHeadDim;              // [kStages][kBlockN][D]
-    Elem *smem_v = smem_k + T::kStages * kBlockN * kHeadDim;  // [kStages][kBlockN][D]
+    Elem *smem_do = smem_q + kBlockM * kPitch;
+    Elem *smem_k = smem_do + kBlockM * kPitch;              // [kStages][kBlockN][D]
+    Elem *smem_v = smem_k + T::kStages * kBlockN * kPitch;  // [kStages][kBlockN][D]
 
     const fc_params &f = p.fwd;
     const int seqlen_q = static_cast<int>(f.seqlen_q);
@@ -363,14 +372,14 @@ dq_kernel(const fc_bwd_params p) {
     auto load_kv = [&](int n_block, int stage) {
         const int n_start = n_block * kBlockN;
         const int rows = min(kBlockN, seqlen_k - n_start);
-        load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_k + stage * kBlockN * kHeadDim,
+        load_tile<Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_k + stage * kBlockN * kPitch,
                                                        k + n_start * k_stride, k_stride, rows);
-        load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_v + stage * kBlockN * kHeadDim,
+        load_tile<Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_v + stage * kBlockN * kPitch,
                                                        v + n_start * v_stride, v_stride, rows);
     };
-    load_tile<Elem, kBlockM, kChunks, T::kThreads>(smem_q, q, static_cast<int>(f.q_stride_s),
+    load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_q, q, static_cast<int>(f.q_stride_s),
                                                    seqlen_q - m_start);
-    load_tile<Elem, kBlockM, kChunks, T::kThreads>(smem_do, dout, static_cast<int>(p.do_stride_s),
+    load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_do, dout, static_cast<int>(p.do_stride_s),
                                                    seqlen_q - m_start);
     load_kv(0, 0);
     cp_async_commit();
@@ -414,14 +423,14 @@ dq_kernel(const fc_bwd_params p) {
             const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
             for (int kk = 0; kk < kKSteps; ++kk) {
-                const int off = swizzled<kChunks>(r, kk * 2 + (lane >> 4));
+                const int off = swizzled<kPitchChunks>(r, kk * 2 + (lane >> 4));
                 ldmatrix_x4(q_frag[kk], smem_addr(smem_q + off));
                 ldmatrix_x4(do_frag[kk], smem_addr(smem_do + off));
             }
         }
 
-        const Elem *k_tile = smem_k + stage * kBlockN * kHeadDim;
-        const Elem *v_tile = smem_v + stage * kBlockN * kHeadDim;
+        const Elem *k_tile = smem_k + stage * kBlockN * kPitch;
+        const Elem *v_tile = smem_v + stage * kBlockN * kPitch;
         // ---- S = Q K^T and dP = dO V^T: K and V rows are the (non-transposed) B operands ----
         float s[kNTiles][4], dp[kNTiles][4];
 #pragma unroll
@@ -430,16 +439,16 @@ dq_kernel(const fc_bwd_params p) {
             for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
         // chunk pair kk of row r: chunk_pair_addr(base, kk) plus r's offset (as in dkdv_kernel)
         const int b_row = (lane & 7) + (lane >> 4) * 8, b_chunk = (lane >> 3) & 1;
-        const uint32_t k_base = smem_addr(k_tile + swizzled<kChunks>(b_row, b_chunk));
-        const uint32_t v_base = smem_addr(v_tile + swizzled<kChunks>(b_row, b_chunk));
+        const uint32_t k_base = smem_addr(k_tile + swizzled<kPitchChunks>(b_row, b_chunk));
+        const uint32_t v_base = smem_addr(v_tile + swizzled<kPitchChunks>(b_row, b_chunk));
 #pragma unroll
         for (int kk = 0; kk < kKSteps; ++kk) {
 #pragma unroll
             for (int np = 0; np < kNTiles / 2; ++np) {
                 uint32_t kf[4], vf[4];
-                ldmatrix_x4(kf, chunk_pair_addr(k_base, kk) + np * 16 * kChunks * 16);
+                ldmatrix_x4(kf, chunk_pair_addr(k_base, kk) + np * 16 * kPitchChunks * 16);
                 mma_16816_pair<Elem>(s[2 * np], s[2 * np + 1], q_frag[kk], kf);
-                ldmatrix_x4(vf, chunk_pair_addr(v_base, kk) + np * 16 * kChunks * 16);
+                ldmatrix_x4(vf, chunk_pair_addr(v_base, kk) + np * 16 * kPitchChunks * 16);
                 mma_16816_pair<Elem>(dp[2 * np], dp[2 * np + 1], do_frag[kk], vf);
             }
         }
@@ -466,7 +475,7 @@ dq_kernel(const fc_bwd_params p) {
             }
 
         // ---- dQ += dS K ----
-        acc_times_tile<Elem, kBlockN / 16, kDTiles, kChunks>(dq_acc, s, k_tile, lane);
+        acc_times_tile<Elem, kBlockN / 16, kDTiles, kPitchChunks>(dq_acc, s, k_tile, lane);
         __syncthreads();  // the next iteration's prefetch overwrites this stage
     };
     for (int n_block = 0; n_block < n_blocks; ++n_block) {
@@ -485,7 +494,7 @@ dq_kernel(const fc_bwd_params p) {
         for (int h = 0; h < 2; ++h) {
             const int r = warp * 16 + row_in_warp + 8 * h;
             const uint32_t packed = pack2<Elem>(dq_acc[d][2 * h] * f.scale, dq_acc[d][2 * h + 1] * f.scale);
-            *reinterpret_cast<uint32_t *>(stage_dq + swizzled<kChunks>(r, d) + col_in_tile) = packed;
+            *reinterpret_cast<uint32_t *>(stage_dq + swizzled<kPitchChunks>(r, d) + col_in_tile) = packed;
         }
     __syncwarp();
     Elem *dq = static_cast<Elem *>(p.dq) + batch * p.dq_stride_b + head_q * p.dq_stride_h;
@@ -497,7 +506,7 @@ dq_kernel(const fc_bwd_params p) {
         const int chunk = item % kChunks;
         const int row = m_start + r;
         if (row < seqlen_q) {
-            const uint4 val = *reinterpret_cast<const uint4 *>(stage_dq + swizzled<kChunks>(r, chunk));
+            const uint4 val = *reinterpret_cast<const uint4 *>(stage_dq + swizzled<kPitchChunks>(r, chunk));
             *reinterpret_cast<uint4 *>(dq + static_cast<int64_t>(row) * dq_stride + chunk * 8) = val;
         }
     }
@@ -514,6 +523,7 @@ __global__ void __launch_bounds__(DkDvTraits<kHeadDim, kDqAtomic>::kThreads)
 dkdv_kernel(const fc_bwd_params p) {
     using T = DkDvTraits<kHeadDim, kDqAtomic>;
     constexpr int kBlockN = T::kBlock, kBlockM = T::kStream, kChunks = T::kChunks;
+    constexpr int kPitchChunks = T::kPitchChunks, kPitch = T::kPitch;  // shared rows (BwdTraits)
     constexpr int kKSteps = kHeadDim / 16;  // k-steps of K Q^T and V dO^T
     constexpr int kMTiles = kBlockM / 8;    // n-tiles (query columns) of S^T and dP^T per warp
     constexpr int kDTiles = kHeadDim / 8;   // n-tiles of dK, dV per warp
@@ -526,10 +536,10 @@ dkdv_kernel(const fc_bwd_params p) {
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Elem *smem_k = reinterpret_cast<Elem *>(smem_raw);
-    Elem *smem_v = smem_k + kBlockN * kHeadDim;
-    Elem *smem_q = smem_v + kBlockN * kHeadDim;                 // [kStages][kBlockM][D]
-    Elem *smem_do = smem_q + T::kStages * kBlockM * kHeadDim;   // [kStages][kBlockM][D]
-    float *smem_lse2 = reinterpret_cast<float *>(smem_do + T::kStages * kBlockM * kHeadDim);  // [kStages][kBlockM]
+    Elem *smem_v = smem_k + kBlockN * kPitch;
+    Elem *smem_q = smem_v + kBlockN * kPitch;                 // [kStages][kBlockM][D]
+    Elem *smem_do = smem_q + T::kStages * kBlockM * kPitch;   // [kStages][kBlockM][D]
+    float *smem_lse2 = reinterpret_cast<float *>(smem_do + T::kStages * kBlockM * kPitch);  // [kStages][kBlockM]
     float *smem_delta = smem_lse2 + T::kStages * kBlockM;                                    // [kStages][kBlockM]
     Elem *smem_ds = reinterpret_cast<Elem *>(smem_delta + T::kStages * kBlockM);  // kDqAtomic, !kDsInDoStage: [kBlockN][kDsPitch]
 
@@ -571,9 +581,9 @@ dkdv_kernel(const fc_bwd_params p) {
                         static_cast<int64_t>(m_start) * f.q_stride_s;
         const Elem *dout = static_cast<const Elem *>(p.dout) + batch * p.do_stride_b +
                            head_q * p.do_stride_h + static_cast<int64_t>(m_start) * p.do_stride_s;
-        load_tile<Elem, kBlockM, kChunks, T::kThreads>(smem_q + stage * kBlockM * kHeadDim, q,
+        load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_q + stage * kBlockM * kPitch, q,
                                                        static_cast<int>(f.q_stride_s), rows);
-        load_tile<Elem, kBlockM, kChunks, T::kThreads>(smem_do + stage * kBlockM * kHeadDim, dout,
+        load_tile<Elem, kBlockM, kChunks, T::kThreads, kPitchChunks>(smem_do + stage * kBlockM * kPitch, dout,
                                                        static_cast<int>(p.do_stride_s), rows);
         if (threadIdx.x < kBlockM) {
             const int r = threadIdx.x;
@@ -595,8 +605,8 @@ dkdv_kernel(const fc_bwd_params p) {
     const Elem *v = static_cast<const Elem *>(f.v) + batch * f.v_stride_b + head_kv * f.v_stride_h +
                     static_cast<int64_t>(n_start) * f.v_stride_s;
     const int n_rows = min(kBlockN, seqlen_k - n_start);
-    load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_k, k, static_cast<int>(f.k_stride_s), n_rows);
-    load_tile<Elem, kBlockN, kChunks, T::kThreads>(smem_v, v, static_cast<int>(f.v_stride_s), n_rows);
+    load_tile<Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_k, k, static_cast<int>(f.k_stride_s), n_rows);
+    load_tile<Elem, kBlockN, kChunks, T::kThreads, kPitchChunks>(smem_v, v, static_cast<int>(f.v_stride_s), n_rows);
     StepAt at{head_kv * group, m_first * kBlockM};
     if (steps > 0) load_step(at, 0);
     cp_async_commit();
@@ -633,15 +643,15 @@ dkdv_kernel(const fc_bwd_params p) {
         __syncthreads();
 
         const int m_start = at.m_start;
-        const Elem *q_tile = smem_q + stage * kBlockM * kHeadDim;
-        const Elem *do_tile = smem_do + stage * kBlockM * kHeadDim;
+        const Elem *q_tile = smem_q + stage * kBlockM * kPitch;
+        const Elem *do_tile = smem_do + stage * kBlockM * kPitch;
         const float *lse2 = smem_lse2 + stage * kBlockM;
         const float *dlt = smem_delta + stage * kBlockM;
         // ldmatrix addresses of the B operands of S^T and dP^T: chunk pair kk of row r is
         // chunk_pair_addr(base, kk) plus r's offset (the same r % 8 for every 16-row block)
         const int b_row = (lane & 7) + (lane >> 4) * 8, b_chunk = (lane >> 3) & 1;
-        const uint32_t q_tile_base = smem_addr(q_tile + swizzled<kChunks>(b_row, b_chunk));
-        const uint32_t do_tile_base = smem_addr(do_tile + swizzled<kChunks>(b_row, b_chunk));
+        const uint32_t q_tile_base = smem_addr(q_tile + swizzled<kPitchChunks>(b_row, b_chunk));
+        const uint32_t do_tile_base = smem_addr(do_tile + swizzled<kPitchChunks>(b_row, b_chunk));
 
         // ---- S^T = K Q^T: this warp's K rows are the A operand, Q rows the B operand ----
         float s[kMTiles][4];
@@ -654,8 +664,8 @@ dkdv_kernel(const fc_bwd_params p) {
             if (step == 0) {  // the K/V tiles landed with step 0's copies
 #pragma unroll
                 for (int kk = 0; kk < kKSteps; ++kk) {
-                    ldmatrix_x4(k_frag[kk], smem_addr(smem_k + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
-                    ldmatrix_x4(v_frag[kk], smem_addr(smem_v + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
+                    ldmatrix_x4(k_frag[kk], smem_addr(smem_k + swizzled<kPitchChunks>(a_row, kk * 2 + (lane >> 4))));
+                    ldmatrix_x4(v_frag[kk], smem_addr(smem_v + swizzled<kPitchChunks>(a_row, kk * 2 + (lane >> 4))));
                 }
             }
         }
@@ -665,11 +675,11 @@ dkdv_kernel(const fc_bwd_params p) {
             if constexpr (kKvInRegs)
                 for (int i = 0; i < 4; ++i) kf[i] = k_frag[kk][i];
             else
-                ldmatrix_x4(kf, smem_addr(smem_k + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
+                ldmatrix_x4(kf, smem_addr(smem_k + swizzled<kPitchChunks>(a_row, kk * 2 + (lane >> 4))));
 #pragma unroll
             for (int np = 0; np < kMTiles / 2; ++np) {
                 uint32_t qf[4];
-                ldmatrix_x4(qf, chunk_pair_addr(q_tile_base, kk) + np * 16 * kChunks * 16);
+                ldmatrix_x4(qf, chunk_pair_addr(q_tile_base, kk) + np * 16 * kPitchChunks * 16);
                 mma_16816_pair<Elem>(s[2 * np], s[2 * np + 1], kf, qf);
             }
         }
@@ -682,7 +692,7 @@ dkdv_kernel(const fc_bwd_params p) {
                                                        seqlen_k, mask, seqlen_q);
 
         // ---- dV += P^T dO ----
-        acc_times_tile<Elem, kBlockM / 16, kDTiles, kChunks>(dv_acc, s, do_tile, lane);
+        acc_times_tile<Elem, kBlockM / 16, kDTiles, kPitchChunks>(dv_acc, s, do_tile, lane);
 
         // ---- dP^T = V dO^T: this warp's V rows are the A operand, dO rows the B operand ----
         float dp[kMTiles][4];
@@ -696,11 +706,11 @@ dkdv_kernel(const fc_bwd_params p) {
             if constexpr (kKvInRegs)
                 for (int i = 0; i < 4; ++i) vf[i] = v_frag[kk][i];
             else
-                ldmatrix_x4(vf, smem_addr(smem_v + swizzled<kChunks>(a_row, kk * 2 + (lane >> 4))));
+                ldmatrix_x4(vf, smem_addr(smem_v + swizzled<kPitchChunks>(a_row, kk * 2 + (lane >> 4))));
 #pragma unroll
             for (int np = 0; np < kMTiles / 2; ++np) {
                 uint32_t df[4];
-                ldmatrix_x4(df, chunk_pair_addr(do_tile_base, kk) + np * 16 * kChunks * 16);
+                ldmatrix_x4(df, chunk_pair_addr(do_tile_base, kk) + np * 16 * kPitchChunks * 16);
                 mma_16816_pair<Elem>(dp[2 * np], dp[2 * np + 1], vf, df);
             }
         }
@@ -716,13 +726,13 @@ dkdv_kernel(const fc_bwd_params p) {
         if constexpr (kDqAtomic && !T::kDsInDoStage) store_ds_t<Elem, T>(smem_ds, s, warp, row_in_warp, col_in_tile);
 
         // ---- dK += dS^T Q (scale applied at the end) ----
-        acc_times_tile<Elem, kBlockM / 16, kDTiles, kChunks>(dk_acc, s, q_tile, lane);
+        acc_times_tile<Elem, kBlockM / 16, kDTiles, kPitchChunks>(dk_acc, s, q_tile, lane);
 
         // ---- kDqAtomic: dQ += dS K of this block's keys, in the accumulator ----
         if constexpr (kDqAtomic) {
             Elem *ds_t = smem_ds;
             if constexpr (T::kDsInDoStage) {
-                ds_t = smem_do + stage * kBlockM * kHeadDim;  // this step's dO tile
+                ds_t = smem_do + stage * kBlockM * kPitch;  // this step's dO tile
                 __syncthreads();  // every warp is done with this step's dO
                 store_ds_t<Elem, T>(ds_t, s, warp, row_in_warp, col_in_tile);
             }
@@ -752,7 +762,7 @@ dkdv_kernel(const fc_bwd_params p) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = warp * 16 + row_in_warp + 8 * h;
-            const int off = swizzled<kChunks>(r, d) + col_in_tile;
+            const int off = swizzled<kPitchChunks>(r, d) + col_in_tile;
             *reinterpret_cast<uint32_t *>(smem_k + off) =
                 pack2<Elem>(dk_acc[d][2 * h] * f.scale, dk_acc[d][2 * h + 1] * f.scale);
             *reinterpret_cast<uint32_t *>(smem_v + off) = pack2<Elem>(dv_acc[d][2 * h], dv_acc[d][2 * h + 1]);
@@ -768,7 +778,7 @@ dkdv_kernel(const fc_bwd_params p) {
         const int chunk = item % kChunks;
         const int row = n_start + r;
         if (row < seqlen_k) {
-            const int off = swizzled<kChunks>(r, chunk);
+            const int off = swizzled<kPitchChunks>(r, chunk);
             *reinterpret_cast<uint4 *>(dk + static_cast<int64_t>(row) * dk_stride + chunk * 8) =
                 *reinterpret_cast<const uint4 *>(smem_k + off);
             *reinterpret_cast<uint4 *>(dv + static_cast<int64_t>(row) * dv_stride + chunk * 8) =

@@ -15,8 +15,9 @@ What it checks, on a CUDA machine:
     gradients from two calls);
   * flashcore::sdpa_fwd's LSE (from the kernel) against a float64 log-sum-exp, and its output
     equal to sdpa's bit for bit; the gradients of masked calls (kernel forward: the mask
-    runs in the sm80 family) and of the fallback paths (fp32, D=40); head dims 32/80/96/256 (kernel
-    forward, Python backward: no backward kernel for them);
+    runs in the sm80 family) and of the fallback paths (fp32, D=40); head dims 32/80/96 (the
+    sm80-class backward kernels, masks included) and D=256 in the sm80 family (kernel forward,
+    Python backward: that family has no D=256 backward kernel);
   * torch.library.opcheck with every test util for every op (kernel and fallback inputs);
   * torch.compile(fullgraph=True, dynamic=True): one graph for several lengths, forward and
     backward equal to eager; mode="reduce-overhead" (CUDA graphs): replays with new inputs equal
@@ -26,6 +27,7 @@ Run:  python -m pytest tests/test_gpu_autograd.py -q
 Without a CUDA device each test skips with a reason (tests/gpu_gate.py); FLASHCORE_REQUIRE_GPU=1
 makes that an error.
 """
+import contextlib
 import math
 import os
 import zlib
@@ -173,6 +175,13 @@ def test_kernel_grads(dtype, D, causal, shape, family, monkeypatch):
         if BWD_KERNEL_PATH != "kernel sm90":
             pytest.skip("the sm80-class family is this card's default: the auto case runs it")
         monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
+    check_kernel_grads(dtype, D, causal, shape, "kernel sm80" if family == "sm80" else None, family)
+
+
+def check_kernel_grads(dtype, D, causal, shape, expected, what=""):
+    """One SHAPES case through torch.ops.flashcore.sdpa: a kernel forward, the `expected`
+    backward kernel (None: the card's default), gradients within the rule of the kernel path.
+    Returns the call's inputs, its kwargs, grad_out and the gradients."""
     require_kernel(D, dtype)
     B, Hq, Hkv, Sq, Sk = SHAPES[shape]
     q, k, v = rand(B, Hq, Sq, D, dtype=dtype), rand(B, Hkv, Sk, D, dtype=dtype), \
@@ -185,9 +194,10 @@ def test_kernel_grads(dtype, D, causal, shape, family, monkeypatch):
     out, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
     assert out.grad_fn is not None
     if KERNEL_CARD:
-        assert_backward_kernel(grad_out, q, k, v, **kw, expected="kernel sm80" if family == "sm80" else None)
+        assert_backward_kernel(grad_out, q, k, v, **kw, expected=expected)
     low, ref32 = pytorch_grads((q, k, v), grad_out, **kw)
-    assert_grads_within_rule(got, low, ref32, dtype, f"{shape} D={D} causal={causal} {family}")
+    assert_grads_within_rule(got, low, ref32, dtype, f"{shape} D={D} causal={causal} {what}")
+    return (q, k, v), kw, grad_out, got
 
 
 @pytest.mark.parametrize("family", ["auto", "sm80"])
@@ -247,15 +257,21 @@ def test_kernel_grads_noncontiguous(dtype, D, causal):
     assert_grads_within_rule(got, low, ref32, dtype, f"bshd D={D} causal={causal}")
 
 
+@contextlib.contextmanager
+def deterministic_mode():
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_kernel_bwd_deterministic(dtype):
     """Under torch.use_deterministic_algorithms(True) the backward is the sm80-class kernel (no
     atomics): two calls give bitwise equal gradients (docs/USAGE.md, issue 8)."""
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
+    with deterministic_mode():
         _check_bwd_deterministic(dtype)
-    finally:
-        torch.use_deterministic_algorithms(False)
 
 
 def _check_bwd_deterministic(dtype):
@@ -353,15 +369,70 @@ def test_fallback_grads_fp32_and_head_dim_40():
                                        rtol=1e-2)
 
 
-@pytest.mark.parametrize("D", [32, 80, 96, 256])
+OTHER_DIM_SHAPES = ("mha_1", "mha_17", "gqa8_sq1_sk127", "gqa8_sq200_sk65", "gqa_1000",
+                    "mqa_sq127_sk1000", "gqa_sq1000_sk17")
+
+
+@pytest.mark.parametrize("shape", OTHER_DIM_SHAPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [32, 80, 96])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_grads_head_dims_without_backward_kernel(D, dtype, monkeypatch):
-    """D=32/80/96/256: the forward runs a FlashCore kernel, the backward is the Python one from
-    the kernel's LSE (the fused backward has 64/128 only; D=256 on Hopper: the sm90 family's,
-    which test_kernel_grads_d256 covers, so here the sm80 family is forced), within the rule of
-    the kernel path. On Hopper AUTO leaves D=32/80/96 to cuDNN, so those force the sm80 family."""
+def test_kernel_grads_other_head_dims(dtype, D, causal, shape, monkeypatch):
+    """D=32/80/96: the sm80-class backward kernels (shared rows padded to 128 bytes; dQ in a
+    pass of its own, no atomics), on Hopper too, against the rule of the kernel path, bitwise
+    reproducible. On Hopper AUTO leaves these head dims' forward to cuDNN, so the sm80 family is
+    forced there."""
+    if KERNEL_CARD:
+        monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
+    inputs, kw, grad_out, got = check_kernel_grads(dtype, D, causal, shape, "kernel sm80")
+    # dQ in a pass of its own, no atomics: bitwise equal gradients from a second call
+    _, again = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), inputs, grad_out)
+    for g, h in zip(got, again):
+        assert torch.equal(g, h), f"{shape} D={D}: not deterministic"
+
+
+@pytest.mark.parametrize("D", [80, 96])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_kernel_grads_other_head_dims_padding_mask(D, layout, monkeypatch):
+    """HuggingFace's left-padded causal bool mask (Phi-2's D=80, Phi-3-mini's D=96): the masked
+    sm80-class forward and backward kernels, on (B, S, H, D) views too."""
+    dtype = torch.bfloat16
+    if KERNEL_CARD:
+        monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
     require_kernel(D, dtype)
-    if KERNEL_CARD and (D in (32, 80, 96) or BWD_KERNEL_PATH == "kernel sm90"):
+    B, H, S = 2, 4, 200
+
+    def one():
+        if layout == "bshd":
+            return torch.randn(B, S, H, D, dtype=dtype, device=DEVICE).transpose(1, 2).requires_grad_()
+        return rand(B, H, S, D, dtype=dtype)
+
+    q, k, v = one(), one(), one()
+    pad = torch.tensor([0, 37], device=DEVICE)
+    keys = torch.arange(S, device=DEVICE)
+    mask = (keys[None, None, :] <= keys[None, :, None]) & (keys[None, None, :] >= pad[:, None, None])
+    mask = mask[:, None]  # (B, 1, S, S)
+    mask[1, :, :37, 0] = True  # padded rows see one key (HuggingFace un-masks them likewise)
+    grad_out = torch.randn(B, H, S, D, dtype=dtype, device=DEVICE)
+    if KERNEL_CARD:
+        with torch.no_grad():
+            out, lse = FWD(q, k, v, mask)
+        path = flashcore.explain_backward(grad_out, q, k, v, out, lse, attn_mask=mask)
+        assert path == "kernel sm80", path
+    _, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, mask), (q, k, v), grad_out)
+    low, ref32 = pytorch_grads((q, k, v), grad_out, attn_mask=mask)
+    assert_grads_within_rule(got, low, ref32, dtype, f"D={D} {layout} padding mask")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_grads_d256_sm80_family(dtype, monkeypatch):
+    """D=256 in the sm80 family (Ada; Hopper with the family forced, where AUTO runs the sm90
+    family's kernels, test_kernel_grads_d256): the forward runs a FlashCore kernel, the backward
+    is the Python one from the kernel's LSE (that family has no D=256 backward kernel), within
+    the rule of the kernel path."""
+    D = 256
+    require_kernel(D, dtype)
+    if KERNEL_CARD:
         monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
     q, k, v = rand(2, 8, 127, D, dtype=dtype), rand(2, 2, 200, D, dtype=dtype), \
         rand(2, 2, 200, D, dtype=dtype)
@@ -415,7 +486,7 @@ OPCHECK = {  # name: (dtype, D, Hq, Hkv, Sq, Sk, causal, mask kind, transposed)
     "fallback_fp32": (torch.float32, 64, 4, 2, 17, 17, True, None, False),
     "kernel_mask": (torch.float16, 64, 4, 4, 17, 40, False, "additive", False),
     "fallback_d40_bshd": (torch.float16, 40, 2, 2, 17, 17, False, None, True),
-    "kernel_d96_python_bwd": (torch.bfloat16, 96, 4, 2, 33, 70, True, None, False),
+    "kernel_d96": (torch.bfloat16, 96, 4, 2, 33, 70, True, None, False),
 }
 
 
@@ -438,7 +509,7 @@ def opcheck_inputs(name, requires_grad=True):
 
 def force_sm80_for_d96(name, monkeypatch):
     # AUTO on Hopper leaves D=96 to cuDNN; force the family so the kernel is what opcheck sees.
-    if name == "kernel_d96_python_bwd" and KERNEL_CARD:
+    if name == "kernel_d96" and KERNEL_CARD:
         monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
 
 

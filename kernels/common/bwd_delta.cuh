@@ -1,8 +1,8 @@
 // common/bwd_delta.cuh - what both backward families' row kernels share: their thread layout
 // (RowLane) and the softmax correction term delta = rowsum(dO * O) of one query row, as
 // bwd_sm80.cuh's delta_kernel and sm90/bwd_rows.cuh's row_terms_kernel compute it: kHeadDim / 8
-// consecutive lanes per row, each reading 16 bytes of dO and of O, then summed across those lanes
-// with xor shuffles.
+// consecutive lanes per row (rounded up to a power of two), each reading 16 bytes of dO and of O,
+// then summed across those lanes with xor shuffles.
 #pragma once
 
 #include "common/sm80_ptx.cuh"  // unpack2
@@ -14,21 +14,29 @@ namespace flashcore {
 
 // What a thread of a row kernel (sm90/bwd_rows.cuh's row_terms_kernel, bwd_sm80.cuh's
 // delta_kernel and dq_convert_kernel) takes: kHeadDim / 8 consecutive threads per row, each a
-// 16-byte chunk of it. Grid: (rows / kRowsPerCta, query heads, batch) CTAs of 128 threads.
+// 16-byte chunk of it (kChunks), rounded up to a power of two so that a row's lanes are an
+// aligned group of the warp for the shuffles (D=80 / 96: 16 lanes, of which 10 / 12 hold a
+// chunk; the others read nothing). Grid: (rows / kRowsPerCta, query heads, batch) CTAs of 128
+// threads.
 template <int kHeadDim>
 struct RowLane {
-    static constexpr int kThreadsPerRow = kHeadDim / 8;
+    static constexpr int kChunks = kHeadDim / 8;
+    static constexpr int kThreadsPerRow = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+    static_assert(kHeadDim % 8 == 0 && kChunks <= 32, "16-byte chunks, at most a warp per row");
     static constexpr int kRowsPerCta = 128 / kThreadsPerRow;
     int head = blockIdx.y, batch = blockIdx.z, chunk = threadIdx.x % kThreadsPerRow;
     int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
+    // This lane holds a chunk of its row (always, where the row's lanes are exactly its chunks).
+    __device__ __forceinline__ bool has_chunk() const { return kThreadsPerRow == kChunks || chunk < kChunks; }
 };
 
 // `real`: the row exists (rows past Sq read nothing and contribute 0, but still take part in
-// the shuffles, which every lane of the warp must reach). `rows()` gives the row's dO and O
+// the shuffles, which every lane of the warp must reach; so do a row's lanes past its chunks). `rows()` gives the row's dO and O
 // pointers, as a pair; it is called only for a real row. Every lane of the row gets the sum.
 template <typename Elem, int kHeadDim, typename RowPointers>
 __device__ __forceinline__ float row_dot_dout_out(bool real, int chunk, RowPointers rows) {
-    constexpr int kThreadsPerRow = kHeadDim / 8;
+    constexpr int kThreadsPerRow = RowLane<kHeadDim>::kThreadsPerRow;
+    if constexpr (kThreadsPerRow != kHeadDim / 8) real = real && chunk < kHeadDim / 8;  // (RowLane::has_chunk)
     float acc = 0.f;
     if (real) {
         const auto [dout_row, out_row] = rows();

@@ -830,6 +830,23 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof(kBwdD256Cases) / sizeof(kBwdD256Cases[0]); ++i)
         failed += run_bwd_case(&kBwdD256Cases[i], NULL, BWD_AUTO);
+    /* Head dims 32, 80, 96: the sm80-class family's kernels (dQ in a pass of its own, asked for
+     * determinism or not), forced, since on Hopper AUTO leaves their forward to PyTorch; shared
+     * rows padded to 128 bytes. Causal Sq < Sk, Sq > Sk, GQA 2 and 4, one row, bool and
+     * additive masks. */
+    static const test_case kBwdOtherDimCases[] = {
+        {1, 4, 2, 127, 1000, 32, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        {2, 2, 2, 1000, 17, 80, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0},
+        {1, 4, 1, 300, 300, 96, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        {1, 2, 2, 65, 130, 80, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},
+        {1, 2, 2, 1, 1, 96, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0},
+        {1, 2, 2, 100, 256, 96, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 4, 2, 67, 99, 32, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
+        {1, 2, 1, 77, 140, 80, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_QK_PADDED},
+    };
+    for (int way = BWD_SM80_ONE_PASS; way <= BWD_SM80_DETERMINISTIC; ++way)
+        for (size_t i = 0; i < sizeof(kBwdOtherDimCases) / sizeof(kBwdOtherDimCases[0]); ++i)
+            failed += run_bwd_case(&kBwdOtherDimCases[i], NULL, (bwd_way)way);
     /* The sm80-class family's two ways, masks included (it takes no band). */
     for (int way = BWD_SM80_ONE_PASS; way <= BWD_SM80_DETERMINISTIC; ++way)
         for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i)

@@ -538,6 +538,8 @@ static void b_head_dim_256(fc_bwd_params *b) { b->fwd.head_dim = 256; fc_bwd_par
 /* The forward's new dims have no backward kernel: the op falls back to the Python backward. */
 static void b_head_dim_80(fc_bwd_params *b) { b->fwd.head_dim = 80; fc_bwd_params_set_contiguous_strides(b); }
 static void b_head_dim_96(fc_bwd_params *b) { b->fwd.head_dim = 96; fc_bwd_params_set_contiguous_strides(b); }
+static void b_head_dim_32(fc_bwd_params *b) { b->fwd.head_dim = 32; fc_bwd_params_set_contiguous_strides(b); }
+static void b_head_dim_72(fc_bwd_params *b) { b->fwd.head_dim = 72; fc_bwd_params_set_contiguous_strides(b); }
 static void b_force_sm90(fc_bwd_params *b) { b->fwd.family = FC_FAMILY_SM90; }
 static void b_force_sm80(fc_bwd_params *b) { b->fwd.family = FC_FAMILY_SM80; }
 static void b_deterministic(fc_bwd_params *b) { b->deterministic = 1; }
@@ -579,8 +581,11 @@ static const bwd_case kBwdCases[] = {
     {"bwd workspace misaligned", b_workspace_misaligned, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE},
     {"bwd workspace_bytes negative", b_workspace_negative, FC_ERR_BAD_WORKSPACE, FC_ERR_BAD_WORKSPACE},
     {"bwd fp32", b_fp32, FC_OK, FC_UNSUPPORTED_DTYPE},
-    {"bwd head dim 80", b_head_dim_80, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
-    {"bwd head dim 96", b_head_dim_96, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
+    /* D=32 / 80 / 96: the sm80-class family alone (where the build has them: check_bwd) */
+    {"bwd head dim 32", b_head_dim_32, FC_OK, FC_OK},
+    {"bwd head dim 80", b_head_dim_80, FC_OK, FC_OK},
+    {"bwd head dim 96", b_head_dim_96, FC_OK, FC_OK},
+    {"bwd head dim 72", b_head_dim_72, FC_OK, FC_UNSUPPORTED_HEAD_DIM},
     {"bwd forced sm90 family", b_force_sm90, FC_OK, FC_OK}, /* where Hopper is built; see check_bwd */
     {"bwd forced sm80 family", b_force_sm80, FC_OK, FC_OK},
     {"bwd deterministic", b_deterministic, FC_OK, FC_OK},
@@ -726,7 +731,9 @@ static void check_bwd(void) {
         if (hopper_built || ada_built) {
             /* Forcing the Hopper family on an Ada-only build: not built there. */
             const fc_status want = b.fwd.family == FC_FAMILY_SM90 && !hopper_built ? FC_UNSUPPORTED_FAMILY
-                                                                                   : c->want_support;
+                                   : c->want_support == FC_OK && fc_test_left_out(b.fwd.head_dim, b.fwd.dtype)
+                                       ? FC_UNSUPPORTED_HEAD_DIM
+                                       : c->want_support;
             snprintf(label, sizeof label, "%s: support", c->label);
             CHECK_STATUS(label, fc_sdpa_bwd_support(&b, cc_major, cc_minor), want);
         }
@@ -781,6 +788,25 @@ static void check_bwd(void) {
         CHECK_STATUS("bwd mask, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_OK);
         b.fwd.causal = 1;
         CHECK_STATUS("bwd mask, causal, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
+    }
+    /* D=32 / 80 / 96: the sm80-class family's kernels on either card (the Hopper family has
+     * none of them), masks included. */
+    {
+        fc_bwd_params b = valid_bwd_params();
+        b_head_dim_96(&b);
+        if ((hopper_built || ada_built) && !fc_test_left_out(96, b.fwd.dtype)) {
+            CHECK_FAMILY("bwd head dim 96: family", fc_sdpa_bwd_family(&b, cc_major, cc_minor), FC_FAMILY_SM80);
+            b_deterministic(&b);
+            CHECK_FAMILY("bwd head dim 96, deterministic: family", fc_sdpa_bwd_family(&b, cc_major, cc_minor),
+                         FC_FAMILY_SM80);
+            b.deterministic = 0;
+            b_mask(&b);
+            CHECK_STATUS("bwd head dim 96, mask", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_OK);
+            if (hopper_built) {
+                b_force_sm90(&b);
+                CHECK_STATUS("bwd head dim 96, forced sm90", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_HEAD_DIM);
+            }
+        }
     }
     /* D=256: the Hopper family's kernel, plain calls alone (no mask, band, softcap or packed
      * rows: no kernel for that head dim then); none in the sm80-class family. */

@@ -69,12 +69,12 @@
  * this file provides the CUDA runtime calls flashcore.c makes (cudaGetDevice,
  * cudaDeviceGetAttribute: device d reports the compute capability kDeviceCC[d % N]; fc_sdpa_fwd
  * and fc_sdpa_bwd ask through fc_device_facts_) and the launchers dispatch.c and bwd.c name
- * (forward: sm80, sm90, decode; backward: sm80 D 64/128 and sm90 D 64/128/256, fp16/bf16: they check the
+ * (forward: sm80, sm90, decode; backward: every line of kernel_list.h: they check the
  * struct and the device facts they are handed, record the call and return cudaSuccess without
  * touching memory). ci/fuzz.sh defines
  * the FC_HAVE_* / FC_BUILT_* macros of the default CMake build (cmake/kernel_list.cmake's, with
  * the kernel list), so no hook in c_src is needed;
- * the backward's expectations follow the FC_HAVE_SM{80,90}_BWD_* macros it passes (kBwdBuilt).
+ * the backward's expectations follow the kernel list's backward lines (kBwdBuilt).
  * Build and run: bash ci/fuzz.sh (400000 inputs from a fixed seed; FUZZ_SEED=0 FUZZ_SECONDS=n
  * for a random seed and n seconds).
  *
@@ -427,32 +427,26 @@ FC_FUZZ_DECODE_LAUNCHER(64, bf16, FC_DTYPE_BF16)
 FC_FUZZ_DECODE_LAUNCHER(128, fp16, FC_DTYPE_FP16)
 FC_FUZZ_DECODE_LAUNCHER(128, bf16, FC_DTYPE_BF16)
 
-/* The backward launchers bwd.c names (kernels/bwd_sm80_*.cu, kernels/bwd_sm90_*.cu): all ten
- * are defined here; bwd.c's table holds those its FC_HAVE_SM{80,90}_BWD_* macros name. */
+/* The backward launchers bwd.c names (kernels/bwd_sm80_*.cu, kernels/bwd_sm90_*.cu): one stub
+ * per line of kernel_list.h, the list bwd.c's table is built from. */
 static const fc_bwd_params *g_expected_bwd; /* the struct fc_sdpa_bwd was given */
 static int g_bwd_launches;
 static fc_family g_bwd_launched_family;
 
 static void check_bwd_launch(const fc_bwd_params *p, fc_family family, int head_dim, fc_dtype dtype);
 
-#define FC_FUZZ_BWD_LAUNCHER(FAM, fam, HD, NAME, DT)                                           \
-    cudaError_t fc_##fam##_bwd_hdim##HD##_##NAME(const fc_bwd_params *p, const fc_device_facts *dev, \
-                                                 cudaStream_t stream) {                        \
+#define FC_FWD_KERNEL(family, prefix, hd, dt, DT) /* (the forward's stubs are above) */
+#define FC_BWD_KERNEL(FAM, prefix, HD, NAME, DT)                                                \
+    cudaError_t fc_##prefix##_hdim##HD##_##NAME(const fc_bwd_params *p, const fc_device_facts *dev, \
+                                                cudaStream_t stream) {                         \
         (void)stream;                                                                          \
         check_device_facts(dev);                                                               \
-        check_bwd_launch(p, FAM, HD, DT);                                                      \
+        check_bwd_launch(p, FC_FAMILY_##FAM, HD, FC_DTYPE_##DT);                               \
         return cudaSuccess;                                                                    \
     }
-FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM80, sm80, 64, fp16, FC_DTYPE_FP16)
-FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM80, sm80, 64, bf16, FC_DTYPE_BF16)
-FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM80, sm80, 128, fp16, FC_DTYPE_FP16)
-FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM80, sm80, 128, bf16, FC_DTYPE_BF16)
-FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 64, fp16, FC_DTYPE_FP16)
-FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 64, bf16, FC_DTYPE_BF16)
-FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 128, fp16, FC_DTYPE_FP16)
-FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 128, bf16, FC_DTYPE_BF16)
-FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 256, fp16, FC_DTYPE_FP16)
-FC_FUZZ_BWD_LAUNCHER(FC_FAMILY_SM90, sm90, 256, bf16, FC_DTYPE_BF16)
+#include "kernel_list.h"
+#undef FC_BWD_KERNEL
+#undef FC_FWD_KERNEL
 
 /* ---- independent consistency checks ----------------------------------------------------------- */
 
@@ -741,42 +735,17 @@ static void supported_is_runnable(const fc_params *p, int cc, fc_family fam) {
 
 /* ---- the backward's model (c_src/bwd.c, flashcore.h, docs/USAGE.md "Training: the backward") */
 
-/* The backward kernels of this build, from the macros ci/fuzz.sh passes (as CMake defines them). */
+/* The backward kernels of this build: kernel_list.h's backward lines (as bwd.c's table). */
 static const struct {
     fc_family family;
     int head_dim;
     fc_dtype dtype;
 } kBwdBuilt[] = {
-#if defined(FC_HAVE_SM80_BWD_HDIM64_fp16)
-    {FC_FAMILY_SM80, 64, FC_DTYPE_FP16},
-#endif
-#if defined(FC_HAVE_SM80_BWD_HDIM64_bf16)
-    {FC_FAMILY_SM80, 64, FC_DTYPE_BF16},
-#endif
-#if defined(FC_HAVE_SM80_BWD_HDIM128_fp16)
-    {FC_FAMILY_SM80, 128, FC_DTYPE_FP16},
-#endif
-#if defined(FC_HAVE_SM80_BWD_HDIM128_bf16)
-    {FC_FAMILY_SM80, 128, FC_DTYPE_BF16},
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM64_fp16)
-    {FC_FAMILY_SM90, 64, FC_DTYPE_FP16},
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM64_bf16)
-    {FC_FAMILY_SM90, 64, FC_DTYPE_BF16},
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM128_fp16)
-    {FC_FAMILY_SM90, 128, FC_DTYPE_FP16},
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM128_bf16)
-    {FC_FAMILY_SM90, 128, FC_DTYPE_BF16},
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM256_fp16)
-    {FC_FAMILY_SM90, 256, FC_DTYPE_FP16},
-#endif
-#if defined(FC_HAVE_SM90_BWD_HDIM256_bf16)
-    {FC_FAMILY_SM90, 256, FC_DTYPE_BF16},
-#endif
+#define FC_FWD_KERNEL(family, prefix, hd, dt, DT)
+#define FC_BWD_KERNEL(FAM, prefix, HD, NAME, DT) {FC_FAMILY_##FAM, HD, FC_DTYPE_##DT},
+#include "kernel_list.h"
+#undef FC_BWD_KERNEL
+#undef FC_FWD_KERNEL
     {FC_FAMILY_AUTO, 0, FC_DTYPE_FP16} /* end */
 };
 
@@ -947,7 +916,11 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
     if (f->cu_seq_q != NULL)  /* packed: the sm90 family, nothing but causal */
         REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE && f->softcap == 0.0f && f->sinks == NULL &&
                 rf.band_ != FC_BAND_GENERAL_);
-    REQUIRE(f->head_dim == 64 || f->head_dim == 128 || (fam == FC_FAMILY_SM90 && f->head_dim == 256));
+    /* head dims: 64 and 128 in both families, 256 in the sm90 family, 32 / 80 / 96 in the sm80-class one */
+    if (fam == FC_FAMILY_SM90)
+        REQUIRE(f->head_dim == 64 || f->head_dim == 128 || f->head_dim == 256);
+    else
+        REQUIRE(f->head_dim == 32 || f->head_dim == 64 || f->head_dim == 80 || f->head_dim == 96 || f->head_dim == 128);
     /* D=256 (the sm90 family): plain calls alone, no mask, band, softcap or packed rows. */
     if (f->head_dim == 256)
         REQUIRE(f->mask_kind == FC_MASK_NONE && rf.band_ != FC_BAND_GENERAL_ && f->softcap == 0.0f && f->cu_seq_q == NULL);
