@@ -536,6 +536,31 @@ def test_decode_left_to_cudnn(b, hq, hkv, sk, monkeypatch):
     check_close(sdpa(q, k, v, enable_gqa=gqa), q, k, v, False, None, f"decode forced sm90 B={b} Sk={sk}")
 
 
+@pytest.mark.parametrize("b,sq,sk", [(8, 4, 8192), (32, 16, 1024), (4, 2, 8200), (2, 16, 32768), (16, 16, 1024),
+                                     (8, 17, 8192)])
+def test_decode_rows_left_to_cudnn(b, sq, sk, monkeypatch):
+    """2-16 query rows without GQA in the decode kernel over at least 128 (batch, KV head) pairs
+    and 2^20 key rows go to PyTorch's SDPA where it would run them in cuDNN (decode_left_to_cudnn,
+    reason 14); fewer pairs or rows, or 17 rows (not the decode kernel's), keep FlashCore's route;
+    the family forced runs the decode kernel. Every way matches the reference."""
+    if not HOPPER:
+        pytest.skip("the rule is for sm_90 only")
+    skip_unless_built(128, torch.float16)
+    q, k, v = make_inputs(b, 32, 32, sq, sk, 128, torch.float16, "bhsd")
+    left = "fallback: " + flashcore._reason_string(14)
+    want_left = sq <= 16 and b * 32 >= 128 and b * 32 * sk >= 1 << 20 and _aten_picks_cudnn(q, k, v, False)
+    got = flashcore.explain(q, k, v)
+    if want_left:
+        assert got == left, got
+    else:
+        assert got != left, got
+    check_close(sdpa(q, k, v), q, k, v, False, None, f"decode rows B={b} Sq={sq} Sk={sk} ({got})")
+    if sq <= 16:
+        monkeypatch.setenv("FLASHCORE_FAMILY", "decode")
+        assert flashcore.explain(q, k, v) == "kernel decode"
+        check_close(sdpa(q, k, v), q, k, v, False, None, f"decode rows forced B={b} Sq={sq} Sk={sk}")
+
+
 @pytest.mark.parametrize("shape", [(1, 8, 8, 512, 512, 64), (2, 8, 8, 700, 700, 128), (1, 32, 8, 1, 4096, 128)],
                          ids=["sm90-split", "sm90-persistent", "decode-split-combine"])
 def test_pdl_chain_matches_serial(shape, monkeypatch):

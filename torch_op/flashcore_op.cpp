@@ -212,22 +212,31 @@ void plan_mask_copy(Decision& d, const Tensor& mask, const flashcore_op::DeviceF
   d.mask_copy = c;
 }
 
-// One-row decoding that the decode route sends to the Hopper family (c_src/dispatch.c,
-// sm90_reads_decode_faster: D=128, many (batch, KV head) pairs or long caches) streams K and V
-// no faster than cuDNN's decoding kernel: measured at 0.94-0.99x its time on the H200 and
-// 0.99-1.01x on the H100, where cuDNN is PyTorch's choice (docs/experiments/backward.md,
-// "Forty-fifth session"). Such a call, plain (no mask, causal flag, band, softcap or sinks),
-// wanting no LSE and reading at least kMinKeyRows (batch, KV head, key) rows, goes to aten when
-// aten itself would run it in cuDNN (aten::_fused_sdp_choice: not when cuDNN is switched off or
-// the installed torch prefers another backend, which the kernel beats by up to 1.7x). Shorter
-// calls keep the kernel: timed eagerly, B=8 H=32 over 1k keys (2^18 rows, ~45 us) took 79 us
-// through the fallback's extra host work against the kernel's 46.
+// Decoding that PyTorch's SDPA runs as fast or faster in cuDNN, where PyTorch would run it there:
+//  * one row, which the decode route sends to the Hopper family (c_src/dispatch.c,
+//    sm90_reads_decode_faster: D=128, many (batch, KV head) pairs or long caches): it streams K
+//    and V no faster than cuDNN's decoding kernel, 0.94-0.99x its time on the H200 and
+//    0.99-1.01x on the H100 (docs/experiments/backward.md, "Forty-fifth session");
+//  * 2-16 query rows without GQA over at least kMinPairs (batch, KV head) pairs, which the decode
+//    kernel runs: 0.83-0.997x cuDNN's time on the H200 at 4 and 16 rows (B = 4-32, 32 heads,
+//    1k-32k keys; with fewer pairs it ran 0.92-2.6x, "Forty-sixth session").
+// Such a call, plain (no mask, causal flag, band, softcap or sinks), D=128, wanting no LSE and
+// reading at least kMinKeyRows (batch, KV head, key) rows, goes to aten when aten itself would run
+// it in cuDNN (aten::_fused_sdp_choice: not when cuDNN is switched off or the installed torch
+// prefers another backend, which the kernels beat by up to 1.7x). Shorter calls keep the kernel:
+// timed eagerly, B=8 H=32 over 1k keys (2^18 rows, ~45 us) took 79 us through the fallback's
+// extra host work against the kernel's 46.
 bool decode_left_to_cudnn(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double> scale,
-                          bool enable_gqa, const fc_params& p) {
+                          bool enable_gqa, const fc_params& p, fc_family family) {
   constexpr int64_t kCudnnBackend = 3;  // torch.nn.attention.SDPBackend.CUDNN_ATTENTION
   constexpr int64_t kMinKeyRows = int64_t{1} << 20;
-  if (p.seqlen_q != 1 || p.head_dim != 128 || p.causal || p.mask_kind != FC_MASK_NONE || p.windowed ||
-      p.softcap != 0.0f || p.sinks != nullptr || p.lse != nullptr || p.batch * p.heads_kv * p.seqlen_k < kMinKeyRows)
+  constexpr int64_t kMinPairs = 128;
+  const bool one_row_sm90 = family == FC_FAMILY_SM90 && p.seqlen_q == 1;
+  const bool rows_in_decode_kernel = family == FC_FAMILY_DECODE && p.seqlen_q >= 2 && p.seqlen_q <= 16 &&
+                                     p.heads_q == p.heads_kv && p.batch * p.heads_kv >= kMinPairs;
+  if (!(one_row_sm90 || rows_in_decode_kernel) || p.head_dim != 128 || p.causal || p.mask_kind != FC_MASK_NONE ||
+      p.windowed || p.softcap != 0.0f || p.sinks != nullptr || p.lse != nullptr ||
+      p.batch * p.heads_kv * p.seqlen_k < kMinKeyRows)
     return false;
   using torch::stable::detail::from;
   std::array<StableIValue, 8> stack{from(q), from(k), from(v), from(std::optional<Tensor>()), from(0.0),
@@ -327,7 +336,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   }
   d.family = d.plan.family;
   d.reason = kKernel;
-  if (!d.family_forced && d.family == FC_FAMILY_SM90 && Sq == 1 && decode_left_to_cudnn(q, k, v, scale, enable_gqa, d.p))
+  if (!d.family_forced && Sq <= 16 && decode_left_to_cudnn(q, k, v, scale, enable_gqa, d.p, d.family))
     return fallback(kCudnnDecodes);
   if (!d.family_forced && d.family == FC_FAMILY_SM80) {
     // Say why the preferred Hopper family did not take it, where it runs at all (a mask, a

@@ -57,9 +57,10 @@
     "sinks are not a contiguous float32 (heads_q,) tensor on query's device", nullptr)             \
   /* flashcore_op.cpp, decode_left_to_cudnn */                                                    \
   X(14, kCudnnDecodes, FC_OP_REASON_FWD,                                                          \
-    "one-row decoding over many (batch, KV head) pairs, which PyTorch's SDPA runs in cuDNN here "  \
-    "as fast or faster (H200 0.94-0.99x, H100 0.99-1.01x cuDNN's time; PERFORMANCE.md); calls "    \
-    "that want the LSE still run the kernel; force family sm90 (FLASHCORE_FAMILY=sm90) to run it", \
+    "decoding over many (batch, KV head) pairs (one row, or 2-16 rows without GQA), which "        \
+    "PyTorch's SDPA runs in cuDNN here as fast or faster (H200 0.83-0.99x, H100 0.99-1.01x "       \
+    "cuDNN's time; PERFORMANCE.md); calls that want the LSE still run the kernel; force the "      \
+    "family (FLASHCORE_FAMILY=sm90 for one row, decode for more) to run it",                       \
     nullptr)
 
 // X(fc_family, name): the names explain, FLASHCORE_FAMILY and error messages use.
