@@ -508,9 +508,10 @@ TRAINING_TABLE = {
     ((9, 0), "sm90", 256): (False, "D=256's sm90 backward ran at 0.84-1.00x cuDNN's on the H200, "
                                    "docs/experiments/backward.md"),
     # sm80 also holds the head dims only that family has, 32 / 80 / 96 (its backward since the
-    # forty-sixth session): on the H200 0.46-1.12x cuDNN's backward and 0.52-0.73x PyTorch's
+    # forty-sixth session): on the H200 0.46-1.12x cuDNN's backward and 0.46-0.73x PyTorch's
     # training step, unmasked or with HuggingFace's padding mask
-    # (bench/results/nvidia-h200_2026-11-29_1433_bwd_other_dims.json, masked_steps_...json).
+    # (bench/results/nvidia-h200_2026-11-29_1457_bwd_other_dims.json,
+    # masked_steps_nvidia-h200_2026-11-29_1433_other_dims.json).
     ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, docs/experiments/backward.md"),
     # Masked (aten runs cuDNN with the mask). Training steps, forward + backward, bf16, 16k
     # tokens, D=64/128 (tools/masked_step_vs_aten.py, results/masked_step_*_2026-11-2*.json;
@@ -532,7 +533,8 @@ TRAINING_TABLE = {
     # 1.0 from 4096 keys) and ~0.74-0.91x at D=128: PyTorch's until a measurement on Ada says otherwise.
     # (The proxy favours FA2: with the H200's 227 KB of shared memory it runs larger tiles than it
     # can on Ada's 99 KB, where FlashCore's kernels already run theirs.) D=32 / 80 / 96, same
-    # proxy (forty-sixth session): 0.96-1.32x / 0.98-1.36x / 0.78-1.11x FA2's backward.
+    # proxy (forty-sixth session): 0.96-1.32x / 0.99-1.36x / 0.78-1.11x FA2's backward, and
+    # 2.0-3.4x the efficient backend's (Ada's masked backward in PyTorch).
     ((8, 9), "sm80"): (False, "the sm80-class backward ran at 0.68-1.18x FlashAttention-2's (PyTorch's "
                               "flash backward) on an H200 running Ada's kernels, fwd + bwd below "
                               "PyTorch's from 4096 keys; not measured on Ada, docs/experiments/backward.md"),
