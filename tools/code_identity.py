@@ -17,6 +17,11 @@ Files named *sm90* are compiled for sm_90a, the others for sm_89 and sm_90a (the
 decode kernels are built for both); --arch overrides. Prints one line per (file, arch): how many
 functions are identical, which differ, which exist in one tree only. Exit status 0 when every
 function is identical, 1 otherwise.
+
+--kept: whether every function of the other tree survives byte for byte in this one under any
+name (a template argument added to a kernel renames it; new variants may be added): each of the
+other tree's functions is matched to one of this tree's with the same bytes. Exit status 0 when
+all are found.
 """
 import argparse
 import concurrent.futures
@@ -63,6 +68,8 @@ def main():
     ap.add_argument("--against", default="HEAD", help="a git revision or a directory (default: HEAD)")
     ap.add_argument("--arch", help="comma-separated, e.g. 89,90a (default: by file name)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--kept", action="store_true",
+                    help="match the other tree's functions to this tree's by their bytes, not their names")
     args = ap.parse_args()
     files = [os.path.relpath(os.path.abspath(f), ROOT) for f in args.files]
     workdir = tempfile.mkdtemp(prefix="code_identity_")
@@ -79,6 +86,20 @@ def main():
             for source, arch in jobs:
                 mine = text_sections(built[(source, arch, "this")].result())
                 theirs = text_sections(built[(source, arch, "other")].result())
+                if args.kept:
+                    pool_of_mine = list(mine.values())
+                    lost = []
+                    for name, code in theirs.items():
+                        if code in pool_of_mine:
+                            pool_of_mine.remove(code)
+                        else:
+                            lost.append(name)
+                    all_same &= not lost
+                    print(f"{source} sm_{arch}: {'kept' if not lost else 'CHANGED'}: {len(theirs) - len(lost)} of "
+                          f"{len(theirs)} functions of {args.against} found byte for byte among {len(mine)}")
+                    for name in lost:
+                        print(f"  not found: {name}")
+                    continue
                 same = [n for n in mine if n in theirs and mine[n] == theirs[n]]
                 differ = [n for n in mine if n in theirs and mine[n] != theirs[n]]
                 only = sorted(set(mine) ^ set(theirs))
