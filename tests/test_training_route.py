@@ -195,6 +195,21 @@ def test_table_policy():
     assert _ops.TRAINING_TABLE[((9, 0), "python")][0] is False
 
 
+def test_sm80_only_head_dims_have_their_own_entries():
+    """D=32/80/96 (the sm80-class backward alone, measured on the H200): PyTorch's on Hopper,
+    each entry saying its own numbers; masked calls too (HuggingFace's padding mask, D=80/96)."""
+    for D in (32, 80, 96):
+        entry = _ops.training_table_entry((9, 0), "sm80", D)
+        assert entry is _ops.TRAINING_TABLE[((9, 0), "sm80", D)] and entry[0] is False
+        assert f"D={D}" in entry[1] and "docs/experiments/backward.md" in entry[1]
+    for D in (80, 96):
+        entry = _ops.training_table_entry((9, 0), "sm80-masked", D)
+        assert entry is _ops.TRAINING_TABLE[((9, 0), "sm80-masked", D)] and entry[0] is False
+    # other head dims keep the path's entry
+    assert _ops.training_table_entry((9, 0), "sm80", 64) is _ops.TRAINING_TABLE[((9, 0), "sm80")]
+    assert _ops.training_table_entry((9, 0), "sm80-masked", 64) is _ops.TRAINING_TABLE[(None, "sm80-masked")]
+
+
 def test_unlisted_device_keeps_flashcore_and_says_so(monkeypatch):
     FakeCard(monkeypatch, (12, 0), kernel(SM80))  # a card the table does not list
     route = _ops.training_route(*inputs(), None, False, None, False)

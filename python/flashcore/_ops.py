@@ -513,6 +513,16 @@ TRAINING_TABLE = {
     # (bench/results/nvidia-h200_2026-11-29_1457_bwd_other_dims.json,
     # masked_steps_nvidia-h200_2026-11-29_1433_other_dims.json).
     ((9, 0), "sm80"): (False, "0.39-0.74x cuDNN's backward on the H100, docs/experiments/backward.md"),
+    ((9, 0), "sm80", 32): (False, "D=32's sm80-class backward ran at 0.84-1.12x cuDNN's on the H200 "
+                                  "(its forward goes to cuDNN), docs/experiments/backward.md"),
+    ((9, 0), "sm80", 80): (False, "D=80's sm80-class backward ran at 0.54-0.72x cuDNN's on the H200, "
+                                  "docs/experiments/backward.md"),
+    ((9, 0), "sm80", 96): (False, "D=96's sm80-class backward ran at 0.46-0.63x cuDNN's on the H200, "
+                                  "docs/experiments/backward.md"),
+    ((9, 0), "sm80-masked", 80): (False, "the padding-masked training step at D=80 ran at 0.52-0.64x "
+                                         "PyTorch's on the H200, docs/experiments/backward.md"),
+    ((9, 0), "sm80-masked", 96): (False, "the padding-masked training step at D=96 ran at 0.46-0.66x "
+                                         "PyTorch's on the H200, docs/experiments/backward.md"),
     # Masked (aten runs cuDNN with the mask). Training steps, forward + backward, bf16, 16k
     # tokens, D=64/128 (tools/masked_step_vs_aten.py, results/masked_step_*_2026-11-2*.json;
     # PyTorch's time / FlashCore's pair): bool masks, both passes reading the mask in TMA tiles
