@@ -221,10 +221,10 @@ void plan_mask_copy(Decision& d, const Tensor& mask, const flashcore_op::DeviceF
 //    kernel runs: 0.83-0.997x cuDNN's time on the H200 at 4 and 16 rows (B = 4-32, 32 heads,
 //    1k-32k keys; with fewer pairs it ran 0.92-2.6x, "Forty-sixth session").
 // Such a call, plain (no mask, causal flag, band, softcap or sinks), D=128, wanting no LSE and
-// reading at least kMinKeyRows (batch, KV head, key) rows (several query rows: kMinKeyRowsRows),
-// goes to aten when aten itself would run it in cuDNN (aten::_fused_sdp_choice: not when cuDNN is
-// switched off or the installed torch prefers another backend, which the kernels beat by up to
-// 1.7x). Shorter calls keep the kernel, as the fallback's extra host work costs more than it
+// reading at least kMinKeyRowsOneRow (batch, KV head, key) rows (several query rows:
+// kMinKeyRowsManyRows), goes to aten when aten itself would run it in cuDNN
+// (aten::_fused_sdp_choice: not when cuDNN is switched off or the installed torch prefers another
+// backend, which the kernels beat by up to 1.7x). Shorter calls keep the kernel, as the fallback's extra host work costs more than it
 // gains there: timed eagerly, one row at B=8 H=32 over 1k keys (2^18 rows, ~45 us) took 79 us
 // through the fallback against the kernel's 46; with 4-16 rows the fallback added 4-6 us to
 // cuDNN's time, less than the decode kernel lost from 2^19 rows (B=16, 1k keys: 88-92 us against
@@ -232,14 +232,14 @@ void plan_mask_copy(Decision& d, const Tensor& mask, const flashcore_op::DeviceF
 bool decode_left_to_cudnn(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double> scale,
                           bool enable_gqa, const fc_params& p, fc_family family) {
   constexpr int64_t kCudnnBackend = 3;  // torch.nn.attention.SDPBackend.CUDNN_ATTENTION
-  constexpr int64_t kMinKeyRows = int64_t{1} << 20, kMinKeyRowsRows = int64_t{1} << 19;
+  constexpr int64_t kMinKeyRowsOneRow = int64_t{1} << 20, kMinKeyRowsManyRows = int64_t{1} << 19;
   constexpr int64_t kMinPairs = 128;
   const bool one_row_sm90 = family == FC_FAMILY_SM90 && p.seqlen_q == 1;
   const bool rows_in_decode_kernel = family == FC_FAMILY_DECODE && p.seqlen_q >= 2 && p.seqlen_q <= 16 &&
                                      p.heads_q == p.heads_kv && p.batch * p.heads_kv >= kMinPairs;
   if (!(one_row_sm90 || rows_in_decode_kernel) || p.head_dim != 128 || p.causal || p.mask_kind != FC_MASK_NONE ||
       p.windowed || p.softcap != 0.0f || p.sinks != nullptr || p.lse != nullptr ||
-      p.batch * p.heads_kv * p.seqlen_k < (one_row_sm90 ? kMinKeyRows : kMinKeyRowsRows))
+      p.batch * p.heads_kv * p.seqlen_k < (one_row_sm90 ? kMinKeyRowsOneRow : kMinKeyRowsManyRows))
     return false;
   using torch::stable::detail::from;
   std::array<StableIValue, 8> stack{from(q), from(k), from(v), from(std::optional<Tensor>()), from(0.0),
