@@ -10,8 +10,8 @@
 // any lengths, GQA, real strides. Nothing of size Sq x Sk is written to device memory.
 //
 // Two ways (launch_bwd at the bottom; fc_sm80_bwd_one_pass in c_src/launch_rules.h picks: one pass
-// at D=64 unless fc_bwd_params.deterministic). Deterministic: three kernels, launched in this
-// order on one stream:
+// at D=64 and 128 unless fc_bwd_params.deterministic; D=32, 80 and 96 always the other).
+// Deterministic: three kernels, launched in this order on one stream:
 //   1. delta_kernel: delta = rowsum(dO * O) - dLSE and LSE in base-2 units, fp32, into the
 //      caller's workspace ([B][Hq][Sq] each). A row whose LSE is -inf (nothing attended) gets
 //      +inf, so its P is 0 everywhere, as in PyTorch's safe softmax.
