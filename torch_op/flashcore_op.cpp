@@ -339,7 +339,7 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   }
   d.family = d.plan.family;
   d.reason = kKernel;
-  if (!d.family_forced && Sq <= 16 && decode_left_to_cudnn(q, k, v, scale, enable_gqa, d.p, d.family))
+  if (!d.family_forced && decode_left_to_cudnn(q, k, v, scale, enable_gqa, d.p, d.family))
     return fallback(kCudnnDecodes);
   if (!d.family_forced && d.family == FC_FAMILY_SM80) {
     // Say why the preferred Hopper family did not take it, where it runs at all (a mask, a

@@ -26,8 +26,9 @@ struct RowLane {
     static constexpr int kRowsPerCta = 128 / kThreadsPerRow;
     int head = blockIdx.y, batch = blockIdx.z, chunk = threadIdx.x % kThreadsPerRow;
     int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
-    // This lane holds a chunk of its row (always, where the row's lanes are exactly its chunks).
-    __device__ __forceinline__ bool has_chunk() const { return kThreadsPerRow == kChunks || chunk < kChunks; }
+    // Lane `c` of a row holds a chunk of it (always, where the row's lanes are exactly its chunks).
+    static __device__ __forceinline__ bool holds(int c) { return kThreadsPerRow == kChunks || c < kChunks; }
+    __device__ __forceinline__ bool has_chunk() const { return holds(chunk); }
 };
 
 // `real`: the row exists (rows past Sq read nothing and contribute 0, but still take part in
@@ -36,7 +37,7 @@ struct RowLane {
 template <typename Elem, int kHeadDim, typename RowPointers>
 __device__ __forceinline__ float row_dot_dout_out(bool real, int chunk, RowPointers rows) {
     constexpr int kThreadsPerRow = RowLane<kHeadDim>::kThreadsPerRow;
-    if constexpr (kThreadsPerRow != kHeadDim / 8) real = real && chunk < kHeadDim / 8;  // (RowLane::has_chunk)
+    real = real && RowLane<kHeadDim>::holds(chunk);
     float acc = 0.f;
     if (real) {
         const auto [dout_row, out_row] = rows();

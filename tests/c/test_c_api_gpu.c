@@ -687,6 +687,13 @@ static int run_bwd_case(const test_case *tc, const test_band *band, bwd_way way)
     return bad != 0;
 }
 
+/* Every case of a table, the same way; the number that failed. */
+static int run_bwd_table(const test_case *cases, size_t count, bwd_way way) {
+    int failed = 0;
+    for (size_t i = 0; i < count; ++i) failed += run_bwd_case(&cases[i], NULL, way);
+    return failed;
+}
+
 int main(void) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -815,7 +822,7 @@ int main(void) {
         {1, 2, 2, 65, 130, 128, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK},
         {1, 4, 2, 67, 99, 64, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
     };
-    for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i) failed += run_bwd_case(&kBwdCases[i], NULL, BWD_AUTO);
+    failed += run_bwd_table(kBwdCases, sizeof(kBwdCases) / sizeof(kBwdCases[0]), BWD_AUTO);
     for (size_t i = 0; i < sizeof(kBwdBandCases) / sizeof(kBwdBandCases[0]); ++i)
         failed += run_bwd_case(&kBwdBandCases[i].tc, &kBwdBandCases[i].band, BWD_AUTO);
     /* D=256 (the sm90 family's own kernel, 64-key blocks): ragged, Sq != Sk both ways, GQA 4:1,
@@ -828,8 +835,7 @@ int main(void) {
         {1, 2, 1, 300, 257, 256, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
         {1, 2, 1, 300, 257, 256, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0},
     };
-    for (size_t i = 0; i < sizeof(kBwdD256Cases) / sizeof(kBwdD256Cases[0]); ++i)
-        failed += run_bwd_case(&kBwdD256Cases[i], NULL, BWD_AUTO);
+    failed += run_bwd_table(kBwdD256Cases, sizeof(kBwdD256Cases) / sizeof(kBwdD256Cases[0]), BWD_AUTO);
     /* Head dims 32, 80, 96: the sm80-class family's kernels (dQ in a pass of its own, asked for
      * determinism or not), forced, since on Hopper AUTO leaves their forward to PyTorch; shared
      * rows padded to 128 bytes. Causal Sq < Sk, Sq > Sk, GQA 2 and 4, one row, bool and
@@ -844,13 +850,11 @@ int main(void) {
         {1, 4, 2, 67, 99, 32, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
         {1, 2, 1, 77, 140, 80, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_QK_PADDED},
     };
-    for (int way = BWD_SM80_ONE_PASS; way <= BWD_SM80_DETERMINISTIC; ++way)
-        for (size_t i = 0; i < sizeof(kBwdOtherDimCases) / sizeof(kBwdOtherDimCases[0]); ++i)
-            failed += run_bwd_case(&kBwdOtherDimCases[i], NULL, (bwd_way)way);
-    /* The sm80-class family's two ways, masks included (it takes no band). */
-    for (int way = BWD_SM80_ONE_PASS; way <= BWD_SM80_DETERMINISTIC; ++way)
-        for (size_t i = 0; i < sizeof(kBwdCases) / sizeof(kBwdCases[0]); ++i)
-            failed += run_bwd_case(&kBwdCases[i], NULL, (bwd_way)way);
+    /* The sm80-class family's two ways, masks included (it takes no band), at every head dim it has. */
+    for (int way = BWD_SM80_ONE_PASS; way <= BWD_SM80_DETERMINISTIC; ++way) {
+        failed += run_bwd_table(kBwdOtherDimCases, sizeof(kBwdOtherDimCases) / sizeof(kBwdOtherDimCases[0]), (bwd_way)way);
+        failed += run_bwd_table(kBwdCases, sizeof(kBwdCases) / sizeof(kBwdCases[0]), (bwd_way)way);
+    }
     if (failed) {
         fprintf(stderr, "%d case(s) failed\n", failed);
         return 1;
