@@ -190,6 +190,32 @@ def sharded_run(mesh, context_parallel, F, q, k, v, g, causal, impl_context, pas
         return calls(step)
 
 
+PROFILED = ("flashcore-cp", "torch-cp")
+PROFILE_TOP = 8
+
+
+def kernel_profile(step):
+    """One call of step() under torch.profiler: {"gpu_ms": total kernel time, "nccl_ms": the
+    collectives' part, "top": [[kernel name (shortened), ms, calls], ...]} on this rank. Where
+    the sharded call's time goes: the attention kernels, the ring's merges and copies, NCCL."""
+    from torch.profiler import ProfilerActivity, profile
+    step()  # (warm: no first-call work in the profile)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = {}
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        ms, n = kernels.get(ev.name, (0.0, 0))
+        kernels[ev.name] = (ms + ev.device_time_total / 1e3, n + 1)
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
+    return {"gpu_ms": sum(ms for ms, _ in kernels.values()),
+            "nccl_ms": sum(ms for name, (ms, _) in kernels.items() if "nccl" in name.lower()),
+            "top": [[name[:90], ms, n] for name, (ms, n) in ranked[:PROFILE_TOP]]}
+
+
 def worker(rank, world, port, args, results):
     os.environ.update(SAFE_ENV)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -284,12 +310,23 @@ def worker(rank, world, port, args, results):
                             samples[(impl, pass_)] += sharded_run(
                                 mesh, context_parallel, F, q, k, v, g, causal, spec[0], pass_,
                                 lambda step: timer.times_ms(step, args.warmup, args.iters))
+                profiles = {}
+                if args.profile and cuda:
+                    for impl in PROFILED:
+                        for pass_ in PASSES:
+                            if status.get((impl, pass_), ("",))[0] == "ok":
+                                profiles[(impl, pass_)] = sharded_run(
+                                    mesh, context_parallel, F, q, k, v, g, causal,
+                                    impls[impl][0], pass_, kernel_profile)
                 for impl, spec in impls.items():
                     for pass_ in PASSES:
                         state, diff, path = status[(impl, pass_)]
                         ms = statistics.median(samples[(impl, pass_)]) if state == "ok" else None
-                        rows.append(dict(base, impl=impl, gpus=world, **{"pass": pass_}, ms=ms,
-                                         maxdiff=diff, status=state, path=path))
+                        row = dict(base, impl=impl, gpus=world, **{"pass": pass_}, ms=ms,
+                                   maxdiff=diff, status=state, path=path)
+                        if (impl, pass_) in profiles:
+                            row["profile"] = profiles[(impl, pass_)]
+                        rows.append(row)
                 del q, k, v, g, refs
                 if cuda:
                     torch.cuda.empty_cache()
@@ -309,6 +346,8 @@ def merge_ranks(per_rank, world):
     for i, row in enumerate(rows):
         if row["gpus"] > 1 and row.get("ms") is not None:
             row["ms"] = max(per_rank[r][i]["ms"] for r in range(world))
+        if "profile" in row:  # every rank's, in rank order
+            row["profile"] = [per_rank[r][i].get("profile") for r in range(world)]
         row.setdefault("ms", None)
         row["tflops"] = (layer_flops(row["S"], row["causal"], row["pass"]) / (row["ms"] * 1e-3) / 1e12
                          if row["ms"] else None)
@@ -340,6 +379,14 @@ def print_rows(rows):
               f"{fmt(r['ms'], '.2f'):>9} {fmt(r['tflops'], '.0f'):>8} {fmt(r['vs_torch_cp'], '.3f'):>11} "
               f"{fmt(r['scaling'], '.3f'):>7} {fmt(r['maxdiff'], '.1e'):>8}  {r['status']}"
               f"{'  ' + r['path'] if r['path'] else ''}")
+    for r in rows:
+        for rank, prof in enumerate(r.get("profile") or []):
+            if not prof:
+                continue
+            print(f"profile S={r['S']} causal={r['causal']} {r['pass']} {r['impl']} rank {rank}: "
+                  f"kernels {prof['gpu_ms']:.2f} ms, NCCL {prof['nccl_ms']:.2f} ms")
+            for name, ms, n in prof["top"]:
+                print(f"    {ms:9.3f} ms {n:4d}x  {name}")
 
 
 def free_port():
@@ -363,6 +410,9 @@ def parse_args(argv):
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: debug the calls, checks and JSON on CPU processes (gloo); give a "
                          "small --seqs (e.g. 256); times mean nothing")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one call of flashcore-cp and torch-cp per pass (torch.profiler "
+                         "on every rank): GPU time per kernel, the top kernels kept in the row")
     ap.add_argument("--json", default=None, help="output path (default bench/results/cp_<card>_<date>.json)")
     ap.add_argument("--no-json", action="store_true")
     args = ap.parse_args(argv)

@@ -67,6 +67,20 @@ def test_table_prints_every_row(bench_cp, capsys):
     assert len(out) == 3 and "flashcore-cp" in out[1] and "skipped: NotImplementedError" in out[2]
 
 
+def test_profiles_of_every_rank_are_kept_and_printed(bench_cp, capsys):
+    def profiled(rank):
+        r = row("flashcore-cp", 2, 6.0 + rank)
+        r["profile"] = {"gpu_ms": 5.0 + rank, "nccl_ms": 0.5,
+                        "top": [[f"attention_kernel_rank{rank}", 4.0, 2], ["nccl_allgather", 0.5, 1]]}
+        return [r, row("torch-cp", 2, 8.0)]
+    rows = bench_cp.merge_ranks([profiled(0), profiled(1)], 2)
+    assert [p["gpu_ms"] for p in rows[0]["profile"]] == [5.0, 6.0]
+    assert "profile" not in rows[1]
+    bench_cp.print_rows(rows)
+    out = capsys.readouterr().out
+    assert "rank 1: kernels 6.00 ms, NCCL 0.50 ms" in out and "attention_kernel_rank1" in out
+
+
 def test_arguments(bench_cp):
     args = bench_cp.parse_args(["--seqs", "8k,16k", "--both"])
     assert args.seqs == [8192, 16384] and args.causal == [True, False] and args.device == "cuda"
