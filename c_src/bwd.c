@@ -172,8 +172,9 @@ static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_ma
      * comes with causal set): the Hopper family's kBand variant only. So a deterministic call
      * with one (AUTO then tries the sm80-class family alone) is declined too. */
     if (p->fwd.band_ == FC_BAND_GENERAL_ && family != FC_FAMILY_SM90) return FC_UNSUPPORTED_BAND;
-    /* A softcap: the Hopper family's kSoftcap variant, which has no mask path. */
-    if (p->fwd.softcap != 0.0f && (family != FC_FAMILY_SM90 || p->fwd.mask_kind != FC_MASK_NONE))
+    /* A softcap: the Hopper family's kSoftcap variant, which has no mask path, or the sm80-class
+     * family's (masks too; dQ in a pass of its own, fc_sm80_bwd_one_pass). */
+    if (p->fwd.softcap != 0.0f && family == FC_FAMILY_SM90 && p->fwd.mask_kind != FC_MASK_NONE)
         return FC_UNSUPPORTED_SOFTCAP;
     /* Packed sequences: the Hopper family's kVarlen variant, top-left causal or none, no mask or
      * softcap (a window or bottom-right causal was declined in validation). */

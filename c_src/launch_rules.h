@@ -149,9 +149,10 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas);
  * causal, at 64-key blocks: docs/experiments/backward.md, forty-first session) and D=128 (128-key
  * blocks, dS^T in the dO stage: forty-third session). D=32, 80 and 96 have no one-pass kernel
  * (80 and 96: their dQ tile does not split into 16-column shares of 8 warps; 32: its additive-mask
- * variant took 8 bytes of stack on sm_89, forty-sixth session). */
+ * variant took 8 bytes of stack on sm_89, forty-sixth session), nor has a softcap (its masked
+ * variants spilled 4-16 bytes on sm_90a). */
 static inline FC_HOST_DEVICE int fc_sm80_bwd_one_pass(const fc_params *f, int deterministic) {
-    return !deterministic && (f->head_dim == 64 || f->head_dim == 128);
+    return !deterministic && (f->head_dim == 64 || f->head_dim == 128) && f->softcap == 0.0f;
 }
 /* The sm80-class backward's workspace (c_src/bwd.c, kernels/bwd_sm80.cuh): delta, then
  * LSE*log2(e), fp32, one each per query row ([B][Hq][Sq] each); in one pass then, 16-byte

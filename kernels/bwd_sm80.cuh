@@ -76,13 +76,14 @@ constexpr float kLog2e = 1.4426950408889634f;
 // as the forward's (sm80/fwd_traits.cuh): D=32 / 80 / 96 leave the chunks past D / 8 of each row
 // unused (never loaded, never read), so the (row % 8) swizzle and chunk_pair_addr's 128-byte
 // steps hold for every head dim; D=64 and 128 rows are unpadded.
-template <int kHeadDim_, int kWarps_ = 4>
+template <int kHeadDim_, int kWarps_ = 4, bool kSoftcap_ = false>
 struct BwdTraits {
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kBlock = 16 * kWarps;                  // rows a CTA owns (queries or keys)
-    static constexpr int kStream = kHeadDim <= 64 || kHeadDim == 80 ? 64 : 32;  // rows per streamed tile
+    // (D=80 with a softcap: 32-row tiles; with 64 its additive-mask dq_kernel spilled 24 bytes on sm_89.)
+    static constexpr int kStream = kHeadDim <= 64 || (kHeadDim == 80 && !kSoftcap_) ? 64 : 32;  // rows per streamed tile
     static constexpr int kChunks = kHeadDim / 8;
     static constexpr int kPitchChunks = (kChunks + 7) / 8 * 8;
     static constexpr int kPitch = kPitchChunks * 8;            // elements per shared row
@@ -172,6 +173,21 @@ __device__ __forceinline__ void acc_times_tile(float (&acc)[kDTiles][4], const f
 // it into selects and interleaves the exponentials with the tensor-core work around them (a
 // warp-uniform branch there measured slower, backward.md).
 // kMaskKind (FC_MASK_BOOL, FC_MASK_ADDITIVE): `mask`'s value of every (query, key) inside Sq x Sk too.
+// The exponent x of element e of n-tile j with the masks applied (probs_of_scores' masking).
+template <bool kCausal, bool kPastSk, int kMaskKind, typename Mask>
+__device__ __forceinline__ float masked_exponent(float x, int j, int e, bool masked, int col_in_tile, int m_start,
+                                                 int key0, int seqlen_k, const Mask &mask, int seqlen_q) {
+    if constexpr (kMaskKind != FC_MASK_NONE) {
+        const int query = m_start + j * 8 + col_in_tile + (e & 1), key = key0 + 8 * (e >> 1);
+        if (key < seqlen_k && query < seqlen_q) x = mask.apply(x, query, key);
+    }
+    if (masked) {
+        const int col = m_start + j * 8 + col_in_tile + (e & 1);
+        const int key = key0 + 8 * (e >> 1);
+        if ((kCausal && key > col) || (kPastSk && key >= seqlen_k)) x = -INFINITY;
+    }
+    return x;
+}
 template <bool kCausal, bool kPastSk, int kMaskKind, int kMTiles, typename Mask>
 __device__ __forceinline__ void probs_of_scores(float (&s)[kMTiles][4], const float *lse2, float scale_log2,
                                                 bool masked, int col_in_tile, int m_start, int key0,
@@ -181,17 +197,35 @@ __device__ __forceinline__ void probs_of_scores(float (&s)[kMTiles][4], const fl
         const float2 l = *reinterpret_cast<const float2 *>(lse2 + j * 8 + col_in_tile);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            float x = fmaf(s[j][e], scale_log2, -((e & 1) ? l.y : l.x));
-            if constexpr (kMaskKind != FC_MASK_NONE) {
-                const int query = m_start + j * 8 + col_in_tile + (e & 1), key = key0 + 8 * (e >> 1);
-                if (key < seqlen_k && query < seqlen_q) x = mask.apply(x, query, key);
-            }
-            if (masked) {
-                const int col = m_start + j * 8 + col_in_tile + (e & 1);
-                const int key = key0 + 8 * (e >> 1);
-                if ((kCausal && key > col) || (kPastSk && key >= seqlen_k)) x = -INFINITY;
-            }
-            s[j][e] = fast_exp2(x);
+            const float x = fmaf(s[j][e], scale_log2, -((e & 1) ? l.y : l.x));
+            s[j][e] = fast_exp2(masked_exponent<kCausal, kPastSk, kMaskKind>(x, j, e, masked, col_in_tile, m_start, key0,
+                                                                             seqlen_k, mask, seqlen_q));
+        }
+    }
+}
+
+// kSoftcap (a logit softcap c, Gemma 2's): the forward's scores are c tanh(S scale / c) before the
+// mask (sm80/fwd_steps.cuh), so with t = tanh(S^T softcap_in), softcap_in = scale / c,
+// P^T = exp2(t c log2(e) - LSE2[query]), masked as probs_of_scores does, and dS^T gains the
+// tanh's derivative: dS^T = P^T (dP^T - delta[query]) (1 - t^2) (the scale applied at the end,
+// as without a softcap). P^T into s, dS^T into dp (which holds dP^T): t lives only here.
+template <bool kCausal, bool kPastSk, int kMaskKind, int kMTiles, typename Mask>
+__device__ __forceinline__ void softcap_probs_and_ds(float (&s)[kMTiles][4], float (&dp)[kMTiles][4],
+                                                     const float *lse2, const float *dlt, float softcap_in,
+                                                     float softcap_log2, bool masked, int col_in_tile, int m_start,
+                                                     int key0, int seqlen_k, const Mask &mask, int seqlen_q) {
+#pragma unroll
+    for (int j = 0; j < kMTiles; ++j) {
+        const float2 l = *reinterpret_cast<const float2 *>(lse2 + j * 8 + col_in_tile);
+        const float2 dl = *reinterpret_cast<const float2 *>(dlt + j * 8 + col_in_tile);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float t = fast_tanh(s[j][e] * softcap_in);
+            const float x = fmaf(t, softcap_log2, -((e & 1) ? l.y : l.x));
+            const float prob = fast_exp2(masked_exponent<kCausal, kPastSk, kMaskKind>(x, j, e, masked, col_in_tile, m_start,
+                                                                                  key0, seqlen_k, mask, seqlen_q));
+            s[j][e] = prob;
+            dp[j][e] = prob * (dp[j][e] - ((e & 1) ? dl.y : dl.x)) * fmaf(-t, t, 1.f);
         }
     }
 }
@@ -328,10 +362,10 @@ __global__ void __launch_bounds__(128) dq_convert_kernel(const fc_bwd_params p) 
 }
 
 // ---- 2. dQ = scale * dS K, one CTA per (query block, query head, batch) ------------------------
-template <typename Elem, int kHeadDim, bool kCausal, int kMaskKind>
-__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads)
+template <typename Elem, int kHeadDim, bool kCausal, int kMaskKind, bool kSoftcap>
+__global__ void __launch_bounds__(BwdTraits<kHeadDim, 4, kSoftcap>::kThreads)
 dq_kernel(const fc_bwd_params p) {
-    using T = BwdTraits<kHeadDim>;
+    using T = BwdTraits<kHeadDim, 4, kSoftcap>;
     constexpr int kBlockM = T::kBlock, kBlockN = T::kStream, kChunks = T::kChunks;
     constexpr int kPitchChunks = T::kPitchChunks, kPitch = T::kPitch;  // shared rows (BwdTraits)
     constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T and dO V^T
@@ -397,6 +431,9 @@ dq_kernel(const fc_bwd_params p) {
         delta[h] = row < seqlen_q ? delta_ws[row_base + row] : 0.f;
     }
     const float scale_log2 = f.scale * kLog2e;
+    // kSoftcap: scores t = tanh(S softcap_in), exponents t softcap_log2 (softcap_probs_and_ds).
+    [[maybe_unused]] const float softcap_in = kSoftcap ? f.scale / f.softcap : 0.f;
+    [[maybe_unused]] const float softcap_log2 = kSoftcap ? f.softcap * kLog2e : 0.f;
 
     uint32_t q_frag[kKSteps][4], do_frag[kKSteps][4];
     float dq_acc[kDTiles][4];
@@ -453,7 +490,8 @@ dq_kernel(const fc_bwd_params p) {
             }
         }
 
-        // ---- P = exp2(S * scale * log2e - LSE2), masked; dS = P * (dP - delta) ----
+        // ---- P = exp2(S * scale * log2e - LSE2), masked; dS = P * (dP - delta) (kSoftcap: P from
+        // t = tanh(S softcap_in) and dS times 1 - t^2, as softcap_probs_and_ds) ----
         const int n_start = n_block * kBlockN;
         const int row0 = m_start + warp * 16 + row_in_warp;
         const bool ragged = n_start + kBlockN > seqlen_k;
@@ -463,7 +501,14 @@ dq_kernel(const fc_bwd_params p) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int h = e >> 1;
-                float x = fmaf(s[j][e], scale_log2, -lse2[h]);
+                [[maybe_unused]] float t;
+                float x;
+                if constexpr (kSoftcap) {
+                    t = fast_tanh(s[j][e] * softcap_in);
+                    x = fmaf(t, softcap_log2, -lse2[h]);
+                } else {
+                    x = fmaf(s[j][e], scale_log2, -lse2[h]);
+                }
                 const int col = n_start + j * 8 + col_in_tile + (e & 1);
                 if constexpr (kMaskKind != FC_MASK_NONE) {
                     if (col < seqlen_k && row0 + 8 * h < seqlen_q) x = mask.apply_in_row(x, mask_rows[h], col);
@@ -471,7 +516,10 @@ dq_kernel(const fc_bwd_params p) {
                 if (kMask && (ragged || crosses_diagonal)) {
                     if (col >= seqlen_k || (kCausal && col > row0 + 8 * h)) x = -INFINITY;
                 }
-                s[j][e] = fast_exp2(x) * (dp[j][e] - delta[h]);  // dS (scale applied at the end)
+                if constexpr (kSoftcap)
+                    s[j][e] = fast_exp2(x) * (dp[j][e] - delta[h]) * fmaf(-t, t, 1.f);
+                else
+                    s[j][e] = fast_exp2(x) * (dp[j][e] - delta[h]);  // dS (scale applied at the end)
             }
 
         // ---- dQ += dS K ----
@@ -515,13 +563,13 @@ dq_kernel(const fc_bwd_params p) {
 // ---- 3. dK, dV: one CTA per (key block, KV head, batch) -----------------------------------------
 // kDqAtomic (the one-pass backward): also each step's dQ share, added to the dq accumulator
 // (add_dq_of_step), with 8 warps (128-key blocks).
-template <int kHeadDim, bool kDqAtomic>
-using DkDvTraits = BwdTraits<kHeadDim, kDqAtomic ? 8 : 4>;
+template <int kHeadDim, bool kDqAtomic, bool kSoftcap = false>
+using DkDvTraits = BwdTraits<kHeadDim, kDqAtomic ? 8 : 4, kSoftcap>;
 
-template <typename Elem, int kHeadDim, bool kCausal, bool kDqAtomic, int kMaskKind>
-__global__ void __launch_bounds__(DkDvTraits<kHeadDim, kDqAtomic>::kThreads)
+template <typename Elem, int kHeadDim, bool kCausal, bool kDqAtomic, int kMaskKind, bool kSoftcap>
+__global__ void __launch_bounds__(DkDvTraits<kHeadDim, kDqAtomic, kSoftcap>::kThreads)
 dkdv_kernel(const fc_bwd_params p) {
-    using T = DkDvTraits<kHeadDim, kDqAtomic>;
+    using T = DkDvTraits<kHeadDim, kDqAtomic, kSoftcap>;
     constexpr int kBlockN = T::kBlock, kBlockM = T::kStream, kChunks = T::kChunks;
     constexpr int kPitchChunks = T::kPitchChunks, kPitch = T::kPitch;  // shared rows (BwdTraits)
     constexpr int kKSteps = kHeadDim / 16;  // k-steps of K Q^T and V dO^T
@@ -531,8 +579,9 @@ dkdv_kernel(const fc_bwd_params p) {
     // loads of all 8 k-steps and spills 40 bytes on sm_90a (255 registers); unrolled by 2 it fits.
     constexpr int kKUnroll = kHeadDim <= 64 ? kKSteps : 2;
     // D=64: the A fragments of this warp's K and V rows (32 registers) stay in registers instead
-    // of being reloaded from shared memory every step; D=128 has no registers for its 64.
-    constexpr bool kKvInRegs = kHeadDim <= 64;
+    // of being reloaded from shared memory every step; D=128 has no registers for its 64, nor
+    // D=64 with a softcap (its masked variants spilled 4 bytes on sm_90a with them).
+    constexpr bool kKvInRegs = kHeadDim <= 64 && !kSoftcap;
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Elem *smem_k = reinterpret_cast<Elem *>(smem_raw);
@@ -614,6 +663,8 @@ dkdv_kernel(const fc_bwd_params p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row_in_warp = lane / 4, col_in_tile = 2 * (lane % 4);
     const float scale_log2 = f.scale * kLog2e;
+    [[maybe_unused]] const float softcap_in = kSoftcap ? f.scale / f.softcap : 0.f;
+    [[maybe_unused]] const float softcap_log2 = kSoftcap ? f.softcap * kLog2e : 0.f;
     // This lane's two key rows (of the 16 its warp owns).
     const int key0 = n_start + warp * 16 + row_in_warp;
 
@@ -684,43 +735,60 @@ dkdv_kernel(const fc_bwd_params p) {
             }
         }
 
+        // ---- dP^T = V dO^T: this warp's V rows are the A operand, dO rows the B operand ----
+        float dp[kMTiles][4];
+        auto dp_of_step = [&] {
+#pragma unroll
+            for (int j = 0; j < kMTiles; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dp[j][e] = 0.f;
+#pragma unroll(kKUnroll)
+            for (int kk = 0; kk < kKSteps; ++kk) {
+                uint32_t vf[4];
+                if constexpr (kKvInRegs)
+                    for (int i = 0; i < 4; ++i) vf[i] = v_frag[kk][i];
+                else
+                    ldmatrix_x4(vf, smem_addr(smem_v + swizzled<kPitchChunks>(a_row, kk * 2 + (lane >> 4))));
+#pragma unroll
+                for (int np = 0; np < kMTiles / 2; ++np) {
+                    uint32_t df[4];
+                    ldmatrix_x4(df, chunk_pair_addr(do_tile_base, kk) + np * 16 * kPitchChunks * 16);
+                    mma_16816_pair<Elem>(dp[2 * np], dp[2 * np + 1], vf, df);
+                }
+            }
+        };
+
         // ---- P^T = exp2(S^T * scale * log2e - LSE2[query]), masked where this warp's keys need it ----
         const bool masked_tile = kMask && ((kCausal && n_start + warp * 16 + 15 > m_start) ||
                                            (kDqAtomic && n_start + warp * 16 + 15 >= seqlen_k));
         const MaskSliceOf<Elem, kMaskKind> mask(f, batch, at.head_q);
-        probs_of_scores<kCausal, kDqAtomic, kMaskKind>(s, lse2, scale_log2, masked_tile, col_in_tile, m_start, key0,
-                                                       seqlen_k, mask, seqlen_q);
+        if constexpr (kSoftcap) {
+            // dP^T first: P^T and dS^T both need t, which then lives only inside one loop.
+            dp_of_step();
+            softcap_probs_and_ds<kCausal, kDqAtomic, kMaskKind>(s, dp, lse2, dlt, softcap_in, softcap_log2, masked_tile,
+                                                               col_in_tile, m_start, key0, seqlen_k, mask, seqlen_q);
+            // ---- dV += P^T dO; then dS^T into s, where the rest of the step reads it ----
+            acc_times_tile<Elem, kBlockM / 16, kDTiles, kPitchChunks>(dv_acc, s, do_tile, lane);
+#pragma unroll
+            for (int j = 0; j < kMTiles; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e];
+        } else {
+            probs_of_scores<kCausal, kDqAtomic, kMaskKind>(s, lse2, scale_log2, masked_tile, col_in_tile, m_start, key0,
+                                                           seqlen_k, mask, seqlen_q);
 
-        // ---- dV += P^T dO ----
-        acc_times_tile<Elem, kBlockM / 16, kDTiles, kPitchChunks>(dv_acc, s, do_tile, lane);
+            // ---- dV += P^T dO ----
+            acc_times_tile<Elem, kBlockM / 16, kDTiles, kPitchChunks>(dv_acc, s, do_tile, lane);
 
-        // ---- dP^T = V dO^T: this warp's V rows are the A operand, dO rows the B operand ----
-        float dp[kMTiles][4];
+            dp_of_step();
+
+            // ---- dS^T = P^T * (dP^T - delta[query]) ----
 #pragma unroll
-        for (int j = 0; j < kMTiles; ++j)
+            for (int j = 0; j < kMTiles; ++j) {
+                const float2 dl = *reinterpret_cast<const float2 *>(dlt + j * 8 + col_in_tile);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dp[j][e] = 0.f;
-#pragma unroll(kKUnroll)
-        for (int kk = 0; kk < kKSteps; ++kk) {
-            uint32_t vf[4];
-            if constexpr (kKvInRegs)
-                for (int i = 0; i < 4; ++i) vf[i] = v_frag[kk][i];
-            else
-                ldmatrix_x4(vf, smem_addr(smem_v + swizzled<kPitchChunks>(a_row, kk * 2 + (lane >> 4))));
-#pragma unroll
-            for (int np = 0; np < kMTiles / 2; ++np) {
-                uint32_t df[4];
-                ldmatrix_x4(df, chunk_pair_addr(do_tile_base, kk) + np * 16 * kPitchChunks * 16);
-                mma_16816_pair<Elem>(dp[2 * np], dp[2 * np + 1], vf, df);
+                for (int e = 0; e < 4; ++e) s[j][e] *= dp[j][e] - ((e & 1) ? dl.y : dl.x);
             }
-        }
-
-        // ---- dS^T = P^T * (dP^T - delta[query]) ----
-#pragma unroll
-        for (int j = 0; j < kMTiles; ++j) {
-            const float2 dl = *reinterpret_cast<const float2 *>(dlt + j * 8 + col_in_tile);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] *= dp[j][e] - ((e & 1) ? dl.y : dl.x);
         }
 
         if constexpr (kDqAtomic && !T::kDsInDoStage) store_ds_t<Elem, T>(smem_ds, s, warp, row_in_warp, col_in_tile);
@@ -792,9 +860,9 @@ dkdv_kernel(const fc_bwd_params p) {
 // Validated params (c_src/bwd.c): the kernels on `stream` (two passes: delta, dQ, dK/dV; one pass:
 // delta with the accumulator zeroed, dK/dV with dQ's atomics, the conversion), no allocation, no
 // sync.
-template <typename Elem, int kHeadDim, bool kCausal, int kMaskKind>
+template <typename Elem, int kHeadDim, bool kCausal, int kMaskKind, bool kSoftcap>
 cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
-    using T = BwdTraits<kHeadDim>;
+    using T = BwdTraits<kHeadDim, 4, kSoftcap>;
     const unsigned hq = static_cast<unsigned>(p.fwd.heads_q), b = static_cast<unsigned>(p.fwd.batch);
     constexpr int kRowsPerCta = RowLane<kHeadDim>::kRowsPerCta;  // delta_kernel's and dq_convert_kernel's
     const dim3 row_grid(static_cast<unsigned>((p.fwd.seqlen_q + kRowsPerCta - 1) / kRowsPerCta), hq, b);
@@ -803,11 +871,12 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
         return dim3(static_cast<unsigned>((p.fwd.seqlen_k + block - 1) / block), static_cast<unsigned>(p.fwd.heads_kv), b);
     };
     cudaError_t err = cudaSuccess;
-    // (fc_sm80_bwd_one_pass holds at D=64 and 128 alone: only those head dims build the one-pass kernel.)
-    if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+    // (fc_sm80_bwd_one_pass holds at D=64 and 128 without a softcap alone: only those build the
+    // one-pass kernel.)
+    if constexpr ((kHeadDim == 64 || kHeadDim == 128) && !kSoftcap) {
         if (fc_sm80_bwd_one_pass(&p.fwd, p.deterministic)) {  // dQ through the accumulator
             using TA = DkDvTraits<kHeadDim, true>;
-            auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, true, kMaskKind>;
+            auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, true, kMaskKind, kSoftcap>;
             static unsigned long long dkdv_configured = 0;
             if ((err = allow_smem(dkdv, TA::kKvAtomicSmemBytes, &dkdv_configured, dev.device)) != cudaSuccess) return err;
             delta_kernel<Elem, kHeadDim, true><<<row_grid, 128, 0, stream>>>(p);
@@ -818,8 +887,8 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
             return cudaGetLastError();
         }
     }
-    auto dq = dq_kernel<Elem, kHeadDim, kCausal, kMaskKind>;
-    auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, false, kMaskKind>;
+    auto dq = dq_kernel<Elem, kHeadDim, kCausal, kMaskKind, kSoftcap>;
+    auto dkdv = dkdv_kernel<Elem, kHeadDim, kCausal, false, kMaskKind, kSoftcap>;
     static unsigned long long dq_configured = 0, dkdv_configured = 0;
     if ((err = allow_smem(dq, T::kDqSmemBytes, &dq_configured, dev.device)) != cudaSuccess) return err;
     if ((err = allow_smem(dkdv, T::kKvSmemBytes, &dkdv_configured, dev.device)) != cudaSuccess) return err;
@@ -836,16 +905,21 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
 }
 
 // The variant for a call: causal or not, or one of the mask kinds (c_src/bwd.c sends masked causal
-// calls elsewhere: PyTorch's SDPA never makes them).
+// calls elsewhere: PyTorch's SDPA never makes them), each with or without a softcap.
+template <typename Elem, int kHeadDim, bool kSoftcap>
+cudaError_t launch_bwd_mask_variant(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
+    switch (p.fwd.mask_kind) {
+    case FC_MASK_BOOL: return launch_bwd<Elem, kHeadDim, false, FC_MASK_BOOL, kSoftcap>(p, dev, stream);
+    case FC_MASK_ADDITIVE: return launch_bwd<Elem, kHeadDim, false, FC_MASK_ADDITIVE, kSoftcap>(p, dev, stream);
+    default:
+        return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, FC_MASK_NONE, kSoftcap>(p, dev, stream)
+                            : launch_bwd<Elem, kHeadDim, false, FC_MASK_NONE, kSoftcap>(p, dev, stream);
+    }
+}
 template <typename Elem, int kHeadDim>
 cudaError_t launch_bwd_variant(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
-    switch (p.fwd.mask_kind) {
-    case FC_MASK_BOOL: return launch_bwd<Elem, kHeadDim, false, FC_MASK_BOOL>(p, dev, stream);
-    case FC_MASK_ADDITIVE: return launch_bwd<Elem, kHeadDim, false, FC_MASK_ADDITIVE>(p, dev, stream);
-    default:
-        return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, FC_MASK_NONE>(p, dev, stream)
-                            : launch_bwd<Elem, kHeadDim, false, FC_MASK_NONE>(p, dev, stream);
-    }
+    return p.fwd.softcap != 0.0f ? launch_bwd_mask_variant<Elem, kHeadDim, true>(p, dev, stream)
+                                 : launch_bwd_mask_variant<Elem, kHeadDim, false>(p, dev, stream);
 }
 
 }  // namespace sm80_bwd

@@ -442,6 +442,7 @@ static void bwd_reference(const test_case *tc, const fc_params *p, const test_ma
     const int64_t B = tc->B, Hq = tc->Hq, Hkv = tc->Hkv, Sq = tc->Sq, Sk = tc->Sk, D = tc->D;
     const int64_t G = Hq / Hkv;
     double *P = malloc((size_t)(Sq * Sk) * sizeof(double)), *dS = malloc((size_t)(Sq * Sk) * sizeof(double));
+    double *dcap = malloc((size_t)(Sq * Sk) * sizeof(double)); /* the softcap's derivative 1 - t^2 (1 without) */
     for (int64_t bb = 0; bb < B; ++bb)
         for (int64_t h = 0; h < Hq; ++h) {
             const int64_t hk_ = h / G;
@@ -454,7 +455,14 @@ static void bwd_reference(const test_case *tc, const fc_params *p, const test_ma
                 for (int64_t j = 0; j < Sk; ++j) {
                     double dot = 0;
                     for (int64_t d = 0; d < D; ++d) dot += (double)to_float(Q[i * D + d], tc->dtype) * to_float(K[j * D + d], tc->dtype);
-                    P[i * Sk + j] = sees(p, i, j) ? dot * p->scale : -INFINITY;
+                    double s = dot * p->scale;
+                    dcap[i * Sk + j] = 1.0;
+                    if (p->softcap != 0.0f) { /* c tanh(s / c) of each scaled score, before the mask */
+                        const double t = tanh(s / p->softcap);
+                        s = p->softcap * t;
+                        dcap[i * Sk + j] = 1.0 - t * t;
+                    }
+                    P[i * Sk + j] = sees(p, i, j) ? s : -INFINITY;
                     if (tc->mask_kind != FC_MASK_NONE) P[i * Sk + j] += mask_score(tc, p, mask->m16, mask->m8, bb, h, i, j);
                     if (P[i * Sk + j] > mx) mx = P[i * Sk + j];
                 }
@@ -471,7 +479,7 @@ static void bwd_reference(const test_case *tc, const fc_params *p, const test_ma
                 for (int64_t j = 0; j < Sk; ++j) {
                     double dp = 0;
                     for (int64_t d = 0; d < D; ++d) dp += (double)to_float(DO[i * D + d], tc->dtype) * to_float(V[j * D + d], tc->dtype);
-                    dS[i * Sk + j] = P[i * Sk + j] * (dp - delta);
+                    dS[i * Sk + j] = P[i * Sk + j] * (dp - delta) * dcap[i * Sk + j];
                 }
             }
             for (int64_t i = 0; i < Sq; ++i)
@@ -487,6 +495,7 @@ static void bwd_reference(const test_case *tc, const fc_params *p, const test_ma
         }
     free(P);
     free(dS);
+    free(dcap);
 }
 
 /* Which backward a case runs: AUTO's choice, or the sm80-class family forced, in one pass (dQ
@@ -494,7 +503,7 @@ static void bwd_reference(const test_case *tc, const fc_params *p, const test_ma
 typedef enum { BWD_AUTO, BWD_SM80_ONE_PASS, BWD_SM80_DETERMINISTIC } bwd_way;
 static const char *const kBwdWayNames[] = {"", " sm80", " sm80-deterministic"};
 
-static int run_bwd_case(const test_case *tc, const test_band *band, bwd_way way) {
+static int run_bwd_case(const test_case *tc, const test_band *band, bwd_way way, float softcap) {
     if (fc_test_left_out(tc->D, tc->dtype)) {
         printf("skip backward D=%lld dtype %d: this build left its kernel out\n", (long long)tc->D, (int)tc->dtype);
         return 0;
@@ -544,6 +553,7 @@ static int run_bwd_case(const test_case *tc, const test_band *band, bwd_way way)
     p->scale = 1.0f / sqrtf((float)D);
     p->causal = tc->causal;
     p->dtype = tc->dtype;
+    p->softcap = softcap;
     b.dout = d_do; b.dq = d_dq; b.dk = d_dk; b.dv = d_dv;
     fc_bwd_params_set_contiguous_strides(&b);
     test_mask mask;
@@ -646,6 +656,7 @@ static int run_bwd_case(const test_case *tc, const test_band *band, bwd_way way)
                kBwdWayNames[way], (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Sk, (long long)D,
                tc->causal, tc->dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", kMaskNames[tc->mask_kind]);
         print_band(band);
+        if (softcap != 0.0f) printf(" softcap %g", softcap);
         printf(" %s: max|err| %.2e (tol %.2e)", names[t], max_err, rel * max_ref);
         if (band != NULL) printf(", band changes it by %.2e", max_band_change);
         printf("\n");
@@ -690,7 +701,7 @@ static int run_bwd_case(const test_case *tc, const test_band *band, bwd_way way)
 /* Every case of a table, the same way; the number that failed. */
 static int run_bwd_table(const test_case *cases, size_t count, bwd_way way) {
     int failed = 0;
-    for (size_t i = 0; i < count; ++i) failed += run_bwd_case(&cases[i], NULL, way);
+    for (size_t i = 0; i < count; ++i) failed += run_bwd_case(&cases[i], NULL, way, 0.0f);
     return failed;
 }
 
@@ -824,7 +835,7 @@ int main(void) {
     };
     failed += run_bwd_table(kBwdCases, sizeof(kBwdCases) / sizeof(kBwdCases[0]), BWD_AUTO);
     for (size_t i = 0; i < sizeof(kBwdBandCases) / sizeof(kBwdBandCases[0]); ++i)
-        failed += run_bwd_case(&kBwdBandCases[i].tc, &kBwdBandCases[i].band, BWD_AUTO);
+        failed += run_bwd_case(&kBwdBandCases[i].tc, &kBwdBandCases[i].band, BWD_AUTO, 0.0f);
     /* D=256 (the sm90 family's own kernel, 64-key blocks): ragged, Sq != Sk both ways, GQA 4:1,
      * one row, and a CTA through many steps of the two-stage ring (five query tiles, GQA 2). */
     static const test_case kBwdD256Cases[] = {
@@ -850,6 +861,28 @@ int main(void) {
         {1, 4, 2, 67, 99, 32, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
         {1, 2, 1, 77, 140, 80, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_QK_PADDED},
     };
+    /* A softcap: the sm90 family without a mask (AUTO on Hopper), the sm80-class family with a
+     * mask or forced (dQ in a pass of its own either way); small and large caps, masks, GQA. */
+    typedef struct softcap_case {
+        test_case tc;
+        float softcap;
+    } softcap_case;
+    static const softcap_case kBwdSoftcapCases[] = {
+        {{1, 4, 2, 100, 257, 64, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0}, 5.0f},
+        {{1, 2, 2, 77, 140, 128, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, 30.0f},
+        {{2, 4, 2, 100, 256, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK}, 20.0f},
+        {{1, 2, 1, 77, 140, 128, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_QK_PADDED}, 5.0f},
+        {{1, 4, 2, 67, 99, 80, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_TRANSPOSED}, 2.0f},
+        {{1, 4, 1, 130, 300, 96, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0}, 50.0f},
+        {{1, 2, 2, 65, 65, 32, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK}, 1.0f},
+    };
+    for (int way = BWD_AUTO; way <= BWD_SM80_DETERMINISTIC; ++way)
+        for (size_t i = 0; i < sizeof(kBwdSoftcapCases) / sizeof(kBwdSoftcapCases[0]); ++i) {
+            const test_case *tc = &kBwdSoftcapCases[i].tc;
+            /* D = 32 / 80 / 96: the forward under AUTO on Hopper goes to PyTorch (no kernel here) */
+            if (way == BWD_AUTO && tc->mask_kind == FC_MASK_NONE && (tc->D == 32 || tc->D == 80 || tc->D == 96)) continue;
+            failed += run_bwd_case(tc, NULL, (bwd_way)way, kBwdSoftcapCases[i].softcap);
+        }
     /* The sm80-class family's two ways, masks included (it takes no band), at every head dim it has. */
     for (int way = BWD_SM80_ONE_PASS; way <= BWD_SM80_DETERMINISTIC; ++way) {
         failed += run_bwd_table(kBwdOtherDimCases, sizeof(kBwdOtherDimCases) / sizeof(kBwdOtherDimCases[0]), (bwd_way)way);

@@ -789,6 +789,28 @@ static void check_bwd(void) {
         b.fwd.causal = 1;
         CHECK_STATUS("bwd mask, causal, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
     }
+    /* A softcap: the sm90 family without a mask; the sm80-class family with or without one
+     * (there with dQ in a pass of its own, fc_sm80_bwd_one_pass). */
+    {
+        fc_bwd_params b = valid_bwd_params();
+        b.fwd.softcap = 30.0f;
+        if (hopper_built)
+            CHECK_FAMILY("bwd softcap: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+        if (ada_built)
+            CHECK_FAMILY("bwd softcap: family, Ada", fc_sdpa_bwd_family(&b, 8, 9), FC_FAMILY_SM80);
+        b_force_sm80(&b);
+        CHECK_STATUS("bwd softcap, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor),
+                     hopper_built || ada_built ? FC_OK : FC_UNSUPPORTED_ARCH);
+        b.fwd.softcap = 30.0f;
+        b.fwd.family = FC_FAMILY_AUTO;
+        b_mask(&b);
+        if (hopper_built || ada_built)
+            CHECK_FAMILY("bwd softcap, mask: family", fc_sdpa_bwd_family(&b, cc_major, cc_minor), FC_FAMILY_SM80);
+        if (hopper_built) {
+            b_force_sm90(&b);
+            CHECK_STATUS("bwd softcap, mask, forced sm90", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_SOFTCAP);
+        }
+    }
     /* D=32 / 80 / 96: the sm80-class family's kernels on either card (the Hopper family has
      * none of them), masks included. */
     {

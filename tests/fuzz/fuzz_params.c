@@ -59,7 +59,8 @@
  *     for fc_bwd_params_validate (pure, forward checks first, what it accepts re-derived for
  *     dout/dq/dk/dv/dlse/workspace), the support query and family against an independent model
  *     of the choice (AUTO: sm90 where it runs the call and determinism is not asked for, else
- *     sm80-class; sm90 at D=256 only without a mask, band, softcap or packed rows; a forced
+ *     sm80-class; a softcap in sm90 without a mask, in sm80 with or without one; sm90 at
+ *     D=256 only without a mask, band, softcap or packed rows; a forced
  *     family or an FC_UNSUPPORTED_* reason that holds), the workspace size
  *     (>= each family's need, per docs/USAGE.md / dispatch.h), and fc_sdpa_bwd on sm_89 and sm_90:
  *     FC_ERR_BAD_WORKSPACE and no launch below the chosen family's need, else exactly that
@@ -825,7 +826,7 @@ static i128 bwd_need(const fc_params *f, int deterministic, fc_family fam) {
                        4 * slices /* per-head counts */);
     }
     const i128 rows = slices * f->seqlen_q;
-    const int one_pass = !deterministic && (f->head_dim == 64 || f->head_dim == 128);
+    const int one_pass = !deterministic && (f->head_dim == 64 || f->head_dim == 128) && f->softcap == 0.0f;
     return one_pass ? round16(round16(rows * 8) + rows * f->head_dim * 4) : round16(rows * 8);
 }
 
@@ -850,8 +851,7 @@ static fc_status bwd_packed_status(const fc_bwd_params *b, int cc) {
         return sm90_runs && !b->deterministic ? FC_OK : FC_UNSUPPORTED_VARLEN;
     case FC_FAMILY_SM80:
         if (!bwd_family_runs_on(FC_FAMILY_SM80, cc)) return FC_UNSUPPORTED_FAMILY;
-        return mask && rf.causal ? FC_UNSUPPORTED_MASK : general ? FC_UNSUPPORTED_BAND
-                                       : softcap ? FC_UNSUPPORTED_SOFTCAP : FC_UNSUPPORTED_VARLEN;
+        return mask && rf.causal ? FC_UNSUPPORTED_MASK : general ? FC_UNSUPPORTED_BAND : FC_UNSUPPORTED_VARLEN;
     case FC_FAMILY_SM90:
         if (!bwd_family_runs_on(FC_FAMILY_SM90, cc)) return FC_UNSUPPORTED_FAMILY;
         if (mask && rf.causal) return FC_UNSUPPORTED_MASK;
@@ -912,7 +912,7 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
     const fc_params rf = resolved_of(f);
     REQUIRE(f->mask_kind == FC_MASK_NONE || !rf.causal); /* masks: either family, not causal */
     if (rf.band_ == FC_BAND_GENERAL_) REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE);
-    if (f->softcap != 0.0f) REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE);
+    if (f->softcap != 0.0f && fam == FC_FAMILY_SM90) REQUIRE(f->mask_kind == FC_MASK_NONE); /* (sm80: masks too) */
     if (f->cu_seq_q != NULL)  /* packed: the sm90 family, nothing but causal */
         REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE && f->softcap == 0.0f && f->sinks == NULL &&
                 rf.band_ != FC_BAND_GENERAL_);
@@ -1557,14 +1557,13 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         /* (causal and the band as the library resolves them: a general band, sm90 only) */
         const fc_params rf = resolved_of(f);
         const int general = rf.band_ == FC_BAND_GENERAL_;
-        /* (a softcap: the sm90 family, no mask) */
+        /* (a softcap: the sm90 family without a mask, the sm80-class family with or without one) */
         const int softcap = f->softcap != 0.0f;
         /* (a paged forward: no backward kernel reads pages, whatever else holds; packed
          * sequences: the sm90 family alone, with nothing but causal) */
         const int paged = f->block_table != NULL, packed = f->cu_seq_q != NULL;
         const int packed_plain = f->mask_kind == FC_MASK_NONE && !softcap && !general && f->sinks == NULL;
-        const int sm80 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !rf.causal) && !general && !softcap && !paged &&
-                         !packed &&
+        const int sm80 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !rf.causal) && !general && !paged && !packed &&
                          bwd_family_possible(b, FC_FAMILY_SM80, cc);
         /* (D=256: the sm90 family's plain calls alone) */
         const int plain256 = f->mask_kind == FC_MASK_NONE && !general && !softcap && !packed;
