@@ -7,10 +7,13 @@ What it measures
   q (1, 32, S, 128), k and v (1, 8, S, 128) bf16, causal by default (GQA 32:8, enable_gqa=True),
   S from --seqs (64k and 128k by default). Every rank makes the same full tensors (one seed).
   Implementations, each the code a user writes:
-    flashcore-cp   flashcore.integrations.context_parallel.enable(), flashcore.patched(), then
+    flashcore-cp   flashcore.integrations.context_parallel.enable() (its default way, "gather":
+                   K and V all-gathered, one FlashCore call per run of a rank's queries, no
+                   merges), flashcore.patched(), then
                    torch.distributed.tensor.experimental.context_parallel(mesh, buffers=[q, k, v,
-                   grad_out]) around F.scaled_dot_product_attention: PyTorch's ring, FlashCore's
-                   forward and backward per ring step.
+                   grad_out]) around F.scaled_dot_product_attention.
+    flashcore-cp:ring  the same with enable(local="ring"): PyTorch's ring, FlashCore's forward
+                   and backward per ring step.
     torch-cp       the same context without FlashCore: PyTorch's ring with the kernel SDPA picks
                    (the row's path names it: torch._fused_sdp_choice on the local shards).
     torch-cp:<b>   the same with torch.nn.attention.sdpa_kernel(<b>) for b in flash, cudnn,
@@ -34,7 +37,7 @@ Method
     the ranks (the layer is done when the slowest rank is).
   * TFLOP/s of the whole layer (all ranks together): forward 4 * pairs * D * Hq, causal pairs
     S (S + 1) / 2, non-causal S^2; fwd+bwd 3.5x the forward.
-  * vs_torch_cp = this row's TFLOP/s / torch-cp's (same S and pass); scaling (flashcore-cp and
+  * vs_torch_cp = this row's TFLOP/s / torch-cp's (same S and pass); scaling (flashcore-cp rows and
     torch-cp rows) = the same library's one-GPU ms / (GPUs x this row's ms): 1.0 is perfect.
 
 Run (needs 2 CUDA GPUs and NCCL; elsewhere it prints one line saying so and exits 0)
@@ -156,13 +159,24 @@ def one_gpu_calls(flashcore, F, q, k, v, g, causal):
     }
 
 
-def cp_impls(flashcore, F, local_q, local_k, local_v, causal):
+def cp_impls(flashcore, F, local_q, local_k, local_v, causal, forced=FORCED_BACKENDS):
     """{impl: (context factory, path) or reason skipped} of the sharded implementations."""
     from torch.nn.attention import sdpa_kernel
-    impls = {"flashcore-cp": (flashcore.patched, "flashcore.patched() + context_parallel"),
+    def flashcore_way(local):
+        @contextlib.contextmanager
+        def context():
+            from flashcore.integrations import context_parallel as fc_cp
+            fc_cp.enable(local=local)
+            with flashcore.patched():
+                yield
+        return context
+    impls = {"flashcore-cp": (flashcore_way("gather"),
+                              "flashcore.patched() + context_parallel, local='gather'"),
+             "flashcore-cp:ring": (flashcore_way("ring"),
+                                   "flashcore.patched() + context_parallel, local='ring'"),
              "torch-cp": (contextlib.nullcontext,
                           "default: " + default_backend_name(local_q, local_k, local_v, causal))}
-    for name in FORCED_BACKENDS:
+    for name in forced:
         try:  # does SDPA take the local shards with this backend? (same answer on every rank)
             with sdpa_kernel(sdpa_backend(name)), torch.no_grad():
                 F.scaled_dot_product_attention(local_q, local_k, local_v, is_causal=causal,
@@ -190,7 +204,7 @@ def sharded_run(mesh, context_parallel, F, q, k, v, g, causal, impl_context, pas
         return calls(step)
 
 
-PROFILED = ("flashcore-cp", "torch-cp")
+PROFILED = ("flashcore-cp", "flashcore-cp:ring", "torch-cp")
 PROFILE_TOP = 8
 
 
@@ -276,7 +290,7 @@ def worker(rank, world, port, args, results):
 
                 # Sharded: each implementation checked once, then timed round by round.
                 local = [t.chunk(world, dim=2)[rank] for t in (q, k, v)]
-                impls = cp_impls(flashcore, F, *local, causal)
+                impls = cp_impls(flashcore, F, *local, causal, args.forced)
                 samples = {(impl, p): [] for impl in impls for p in PASSES}
                 status = {}
                 for impl, spec in impls.items():
@@ -294,7 +308,7 @@ def worker(rank, world, port, args, results):
                             continue
                         ran = {op: n - before[op] for op, n in fc_cp.calls.items() if n > before[op]}
                         path = spec[1]
-                        if impl == "flashcore-cp":  # which of FlashCore's ring handlers ran
+                        if impl.startswith("flashcore-cp"):  # which of FlashCore's handlers ran
                             path += f"; FlashCore's handlers run: {ran or 'none'}"
 
                         full = context_parallel_unshard(mesh, list(got), [2] * len(got))
@@ -360,7 +374,8 @@ def merge_ranks(per_rank, world):
         row["vs_torch_cp"] = (row["tflops"] / torch_cp["tflops"]
                               if row["gpus"] > 1 and row["tflops"] and torch_cp and torch_cp["tflops"]
                               else None)
-        single = {"flashcore-cp": "flashcore-1gpu", "torch-cp": "torch-1gpu"}.get(row["impl"])
+        single = {"flashcore-cp": "flashcore-1gpu", "flashcore-cp:ring": "flashcore-1gpu",
+                  "torch-cp": "torch-1gpu"}.get(row["impl"])
         one = find(*key, single) if single else None
         row["scaling"] = (one["ms"] / (row["gpus"] * row["ms"])
                           if one and one["ms"] and row["ms"] else None)
@@ -410,8 +425,12 @@ def parse_args(argv):
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: debug the calls, checks and JSON on CPU processes (gloo); give a "
                          "small --seqs (e.g. 256); times mean nothing")
+    ap.add_argument("--forced", type=lambda x: tuple(b for b in x.split(",") if b and b != "none"),
+                    default=FORCED_BACKENDS, metavar="B[,B...]",
+                    help="PyTorch's CP with these SDPA backends forced too (default flash,cudnn,"
+                         "efficient; none for only its default)")
     ap.add_argument("--profile", action="store_true",
-                    help="also profile one call of flashcore-cp and torch-cp per pass (torch.profiler "
+                    help="also profile one call of flashcore-cp (both ways) and torch-cp per pass (torch.profiler "
                          "on every rank): GPU time per kernel, the top kernels kept in the row")
     ap.add_argument("--json", default=None, help="output path (default bench/results/cp_<card>_<date>.json)")
     ap.add_argument("--no-json", action="store_true")

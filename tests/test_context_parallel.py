@@ -42,10 +42,11 @@ CASES = {
 }
 
 
-def _worker(rank, world, port, case, causal, results):
+def _worker(rank, world, port, case, causal, local, balance, results):
     """One rank: the single-process call (FlashCore's op), then the same call sharded under
-    context_parallel with flashcore.patched(); the sharded output, its gradients and the no-grad
-    output gathered back. Reports per tensor max|sharded - single| and max|single|."""
+    context_parallel with flashcore.patched() and FlashCore's handlers in `local` mode (gather
+    or ring); the sharded output, its gradients and the no-grad output gathered back. Reports
+    per tensor max|sharded - single| and max|single|."""
     # The ring through FlashCore's ops, which is what this checks (on the CPU the training route
     # would send the calls to aten).
     os.environ["FLASHCORE_TRAINING"] = "flashcore"
@@ -72,9 +73,10 @@ def _worker(rank, world, port, case, causal, results):
         ref = [ref_out, *torch.autograd.grad(ref_out, ref_in, g)]
 
         mesh = init_device_mesh(device, (world,))
-        fc_cp.enable()
+        fc_cp.enable(local=local)
         # PyTorch's rule: its load-balanced (head-tail) sharding is for causal calls only.
-        _cp_options.enable_load_balance = causal
+        _cp_options.enable_load_balance = causal and balance
+        ways_before = dict(fc_cp.ways)
         cp_q, cp_k, cp_v, cp_g = (t.clone() for t in (q, k, v, g))
         with flashcore.patched():
             with context_parallel(mesh, buffers=[cp_q, cp_k, cp_v, cp_g],
@@ -87,35 +89,52 @@ def _worker(rank, world, port, case, causal, results):
                 inference = F.scaled_dot_product_attention(cp_q, cp_k, cp_v, is_causal=causal,
                                                            enable_gqa=True)
             full = context_parallel_unshard(mesh, [out.detach(), *grads, inference], [2] * 5)
+        ways = {w: n - ways_before[w] for w, n in fc_cp.ways.items() if n > ways_before[w]}
         results[rank] = ([((a.double() - b.double()).abs().max().item(), b.double().abs().max().item())
-                          for a, b in zip(full, [*ref, ref_out])], dict(fc_cp.calls))
+                          for a, b in zip(full, [*ref, ref_out])], dict(fc_cp.calls), ways)
     finally:
         fc_cp.disable()
         dist.destroy_process_group()
 
 
-def _run(case, causal):
-    """Both ranks; per rank the (error, scale) pairs of out, dq, dk, dv, no-grad out."""
-    world = 2
+def _run(case, causal, local="gather", world=2, balance=True):
+    """Every rank; per rank the (error, scale) pairs of out, dq, dk, dv, no-grad out."""
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_worker, args=(world, _free_port(), case, causal, results), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, _free_port(), case, causal, local, balance, results),
+             nprocs=world, join=True)
     got = []
     for rank in range(world):
-        errors, calls = results[rank]
-        # The ring went through FlashCore's ops (its DTensor handlers), forward and backward.
+        errors, calls, ways = results[rank]
+        # The ring went through FlashCore's ops (its DTensor handlers), forward and backward,
+        # each the way asked for.
         assert calls == {"sdpa_fwd": 1, "sdpa": 1, "sdpa_bwd": 1}, calls
+        assert ways == {local: 3}, ways
         got.append(errors)
     return got
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_sharded_equals_single_process(causal):
-    for rank, errors in enumerate(_run("cpu", causal)):
+@pytest.mark.parametrize("causal,balance", [(False, False), (True, True), (True, False)],
+                         ids=["full", "causal", "causal-unbalanced"])
+@pytest.mark.parametrize("local,world", [("gather", 2), ("gather", 4), ("ring", 2)],
+                         ids=["gather-2", "gather-4", "ring-2"])
+def test_sharded_equals_single_process(causal, balance, local, world):
+    """On CPU processes in float64: "gather" (FlashCore's calls per run of a rank's queries,
+    bottom-right causal against the gathered keys; four ranks: head-tail chunks 0-7) and "ring"
+    (PyTorch's ring, merged in float32); causal calls with PyTorch's head-tail load balancing
+    and without it (one chunk per rank)."""
+    for rank, errors in enumerate(_run("cpu", causal, local, world, balance)):
         # The ring merges partial results in float32 (its convert_to_f32 option) whatever the
-        # inputs' dtype: float32 rounding, where a wrong block or merge is off by ~0.1.
+        # inputs' dtype, and "gather" sums dK / dV in float32: float32 rounding, where a wrong
+        # block, run or merge is off by ~0.1.
         assert max(e for e, _ in errors) < 1e-5, (
             f"rank {rank}: (error, max) of out, dq, dk, dv, no-grad out: {errors}")
+
+
+def test_local_mode_is_checked():
+    with pytest.raises(ValueError, match="local must be one of"):
+        fc_cp.enable(local="ring-of-our-own")
+    assert not fc_cp.enabled()
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -123,11 +142,12 @@ def test_sharded_equals_single_process(causal):
                     reason="needs 2 CUDA devices and NCCL (a 2-GPU machine: nvidia-h200-x2, nvidia-h100-x2)")
 @pytest.mark.parametrize("case", ["cuda", "cuda-64k"], ids=["8k", "64k"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_two_gpus_sharded_equals_one_gpu(causal, case):
-    """Two GPUs (8k passed on 2x H200, 2026-11-28; 64k written after). bf16 results of two
-    summation orders (one GPU, and the ring's float32 merges): within bf16 rounding of the larger
-    values."""
-    for rank, errors in enumerate(_run(case, causal)):
+@pytest.mark.parametrize("local", ["gather", "ring"])
+def test_two_gpus_sharded_equals_one_gpu(causal, case, local):
+    """Two GPUs (ring: 8k and 64k passed on 2x H200, 2026-11-28/29). bf16 results of two
+    summation orders (one GPU, and the ring's float32 merges or the gathered calls' float32 dK /
+    dV sums): within bf16 rounding of the larger values."""
+    for rank, errors in enumerate(_run(case, causal, local)):
         assert max(e / max(1.0, m) for e, m in errors) < 2e-2, f"rank {rank}: {errors}"
 
 

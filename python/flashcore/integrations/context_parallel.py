@@ -17,9 +17,22 @@ It does so through a table of DTensor custom-op handlers that its context instal
   merged output and LSE.
 
 So with ``flashcore.patch()`` applied before the context opens, the patched SDPA (FlashCore's)
-is the one context parallelism wraps, and its calls reach FlashCore's kernels per ring step.
-The ring, its process group, the rotation (all-gather or all-to-all) and the load balancing of
-causal calls are PyTorch's, unchanged.
+is the one context parallelism wraps, and its calls reach FlashCore's kernels. The sharding, the
+load balancing of causal calls (head-tail), the process group and DTensor are PyTorch's.
+
+How a rank computes its shard's attention, ``enable(local=...)``:
+
+* ``"gather"`` (the default): the ranks all-gather K and V once (the communication of PyTorch's
+  default all-gather rotation), each rank lays them out in sequence order and runs FlashCore's
+  forward once per contiguous run of its queries (two under head-tail balancing) against the keys
+  up to the run's end, causal aligned bottom-right: no partial results to merge. The backward
+  runs FlashCore's backward on the same calls, sums the runs' dK and dV in float32 and
+  reduce-scatters them to the ranks that hold those keys.
+* ``"ring"``: PyTorch's ring attention (``_templated_ring_attention`` and its backward), each of
+  its steps one FlashCore call, the steps' outputs merged by PyTorch through their LSE in float32.
+
+Measured on 2 H200s (docs/experiments/context-parallel.md): the ring's merges, copies and
+per-step calls cost ~6 ms of a 31 ms sharded forward at 64k tokens; "gather" does without them.
 
 Taken: q, k, v sharded along dim 2 on a one-dimensional mesh, no attn_mask, no dropout, no
 gradient of the LSE; causal only with equal query and key lengths (the ring's own rule). Any
@@ -32,13 +45,18 @@ import sys
 
 import torch
 
-__all__ = ["available", "enable", "disable", "enabled", "active", "takes", "calls"]
+__all__ = ["available", "enable", "disable", "enabled", "active", "takes", "calls", "ways",
+           "local_mode"]
 
 # How many times each handler ran in this process (tests read it to see the ring went through
 # FlashCore's ops, not PyTorch's).
 calls = {"sdpa_fwd": 0, "sdpa": 0, "sdpa_bwd": 0}
+# And which way each handler call computed its shard (enable(local=...)).
+ways = {"gather": 0, "ring": 0}
 
 _SEQ_DIM = 2
+_LOCAL_MODES = ("gather", "ring")
+_local = "gather"  # how a rank computes its shard (enable(local=...))
 
 
 def _cp_module():
@@ -87,13 +105,25 @@ def enabled() -> bool:
     return cp is not None and all(op in cp.custom_ops for op in _ops())
 
 
-def enable() -> None:
-    """Register FlashCore's ops with context parallelism (active while its context is open)."""
+def local_mode() -> str:
+    """How a rank computes its shard while enabled: "gather" or "ring" (module docstring)."""
+    return _local
+
+
+def enable(local: str = "gather") -> None:
+    """Register FlashCore's ops with context parallelism (active while its context is open).
+    ``local``: "gather" (K and V all-gathered, one FlashCore call per run of the rank's queries,
+    no merges) or "ring" (PyTorch's ring attention, one FlashCore call per ring step)."""
+    global _local
+    if local not in _LOCAL_MODES:
+        raise ValueError(f"flashcore.integrations.context_parallel.enable: local must be one of "
+                         f"{', '.join(map(repr, _LOCAL_MODES))}, got {local!r}")
     cp = _cp_module()
     if cp is None or not torch.distributed.is_available():
         raise RuntimeError("flashcore.integrations.context_parallel: this torch has no context "
                            "parallelism internals to hook into (torch.distributed.tensor."
                            "experimental._context_parallel)")
+    _local = local
     fwd, sdpa, inference, bwd = _ops()
     cp.custom_ops[fwd] = _sdpa_fwd_handler
     cp.custom_ops[sdpa] = _sdpa_handler
@@ -165,15 +195,26 @@ def _ring_forward(got):
     return mesh, out.contiguous(), lse.contiguous()
 
 
+def _sharded_forward(got):
+    ways[_local] += 1
+    if _local == "ring":
+        return _ring_forward(got)
+    mesh, (q, k, v) = _local_qkv("sdpa", got["query"], got["key"], got["value"])
+    causal = _check_causal_lengths(bool(got["is_causal"]), q, k)
+    out, lse = _gathered_forward(mesh.get_group(), q, k, v, causal, got.get("scale"),
+                                 bool(got.get("enable_gqa", False)))
+    return mesh, out, lse
+
+
 def _sdpa_fwd_handler(op_call, args, kwargs):
     calls["sdpa_fwd"] += 1
-    mesh, out, lse = _ring_forward(_forward_args(args, kwargs))
+    mesh, out, lse = _sharded_forward(_forward_args(args, kwargs))
     return _wrap(mesh, out, lse)
 
 
 def _sdpa_handler(op_call, args, kwargs):
     calls["sdpa"] += 1
-    mesh, out, _ = _ring_forward(_forward_args(args, kwargs))
+    mesh, out, _ = _sharded_forward(_forward_args(args, kwargs))
     return _wrap(mesh, out)[0]
 
 
@@ -193,6 +234,13 @@ def _sdpa_bwd_handler(op_call, args, kwargs):
     mesh, (q, k, v) = _local_qkv("sdpa backward", got["query"], got["key"], got["value"])
     grad_out, out, lse = (t.to_local() for t in (got["grad_out"], got["out"], got["lse"]))
     scale, gqa = got["scale"], bool(got["enable_gqa"])
+    ways[_local] += 1
+    if _local == "gather":
+        causal = _check_causal_lengths(bool(got["is_causal"]), q, k)
+        dq, dk, dv = _gathered_backward(mesh.get_group(), grad_out, q, k, v, out, lse, causal,
+                                        scale, gqa)
+        dq, dk, dv = _wrap(mesh, dq, dk, dv)
+        return dq, dk, dv, torch.empty(0, dtype=q.dtype, device=q.device)
 
     def step(*, query, key, value, out, logsumexp, is_causal, grad_out, **_):
         dq, dk, dv, _ = torch.ops.flashcore.sdpa_bwd(
@@ -205,3 +253,105 @@ def _sdpa_bwd_handler(op_call, args, kwargs):
         key=k, value=v, out=out, logsumexp=lse, is_causal=bool(got["is_causal"]))[:3]
     dq, dk, dv = _wrap(mesh, dq, dk, dv)
     return dq, dk, dv, torch.empty(0, dtype=q.dtype, device=q.device)
+
+
+# ---- the gathered way ("gather") ---------------------------------------------------------------
+
+def _check_causal_lengths(causal, q, k):
+    if causal and q.shape[_SEQ_DIM] != k.shape[_SEQ_DIM]:
+        raise NotImplementedError("flashcore under context parallelism: is_causal requires equal "
+                                  "query and key lengths (as PyTorch's ring attention)")
+    return causal
+
+
+def _collective(name):
+    """torch.distributed's all-gather / reduce-scatter into one tensor, under this torch's name."""
+    import torch.distributed as dist
+    new, old = {"all_gather": ("all_gather_single", "all_gather_into_tensor"),
+                "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor")}[name]
+    return getattr(dist, new, None) or getattr(dist, old)
+
+
+def _runs(rank, world, rows, causal):
+    """Where a rank's `rows` local rows sit in the whole sequence: (local start, global start,
+    length) per contiguous run. Causal calls under PyTorch's load balancing hold two chunks of
+    the sequence cut in 2 x world, chunk `rank` and chunk 2 world - 1 - rank (head-tail, the
+    layout PyTorch's sharding and its ring attention use); any other call one chunk, `rank`.
+    Non-causal calls take their keys in any order, so any bijection serves them: the plain one,
+    used both ways (gathering K and V, scattering dK and dV back)."""
+    from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
+    if causal and _cp_options.enable_load_balance:
+        half = rows // 2
+        return ((0, rank * half, half), (half, (2 * world - 1 - rank) * half, half))
+    return ((0, rank * rows, rows),)
+
+
+def _layout(group, rows, causal):
+    import torch.distributed as dist
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    every = [_runs(r, world, rows, causal) for r in range(world)]
+    return world, rank, every
+
+
+def _whole_kv(group, k, v, every):
+    """K and V of the whole sequence, in sequence order: every rank's shards all-gathered (one
+    collective for both), then laid out by the ranks' runs. (B, Hkv, S, D) each."""
+    world = len(every)
+    kv = torch.stack((k, v))  # (2, B, Hkv, rows, D)
+    got = kv.new_empty((world * 2,) + tuple(kv.shape[1:]))  # (the ranks' tensors end to end)
+    _collective("all_gather")(got, kv, group=group)
+    got = got.view((world,) + tuple(kv.shape))
+    pieces = sorted((start, r, local, n) for r, runs in enumerate(every) for local, start, n in runs)
+    whole = torch.cat([got[r, ..., local:local + n, :] for _, r, local, n in pieces], dim=-2)
+    return whole[0], whole[1]
+
+
+def _calls(q, every, rank, causal, seq):
+    """The FlashCore calls of this rank: (query rows [a, b), keys [0, end)) per run, or all rows
+    against every key for non-causal calls."""
+    if not causal:
+        return (((0, q.shape[_SEQ_DIM]), seq),)
+    return tuple(((local, local + n), start + n) for local, start, n in every[rank])
+
+
+def _gathered_forward(group, q, k, v, causal, scale, gqa):
+    """(out, lse) of this rank's queries against the whole sequence's keys, no merges."""
+    world, rank, every = _layout(group, q.shape[_SEQ_DIM], causal)
+    key, value = _whole_kv(group, k, v, every)
+    outs, lses = [], []
+    for (a, b), end in _calls(q, every, rank, causal, key.shape[_SEQ_DIM]):
+        # Causal aligned bottom-right: the run's last query sees keys up to its own position.
+        out, lse = torch.ops.flashcore.attention_fwd(
+            q[..., a:b, :], key[..., :end, :], value[..., :end, :], None, causal, scale, gqa,
+            -1, -1, True, None, 0.0)
+        outs.append(out)
+        lses.append(lse)
+    if len(outs) == 1:
+        return outs[0], lses[0]
+    return torch.cat(outs, dim=_SEQ_DIM), torch.cat(lses, dim=-1)
+
+
+def _gathered_backward(group, grad_out, q, k, v, out, lse, causal, scale, gqa):
+    """dq, dk, dv of this rank's shards: FlashCore's backward on the forward's calls, dK and dV
+    summed over the calls and the ranks in float32 (a reduce-scatter to the keys' ranks)."""
+    world, rank, every = _layout(group, q.shape[_SEQ_DIM], causal)
+    key, value = _whole_kv(group, k, v, every)
+    seq = key.shape[_SEQ_DIM]
+    dkv = torch.zeros((2,) + tuple(key.shape), dtype=torch.float32, device=key.device)
+    dqs = []
+    for (a, b), end in _calls(q, every, rank, causal, seq):
+        dq, dk, dv, _ = torch.ops.flashcore.sdpa_bwd(
+            grad_out[..., a:b, :], q[..., a:b, :], key[..., :end, :], value[..., :end, :],
+            out[..., a:b, :], lse[..., a:b], None, None, causal, scale, gqa, False, -1, -1, True,
+            0.0)
+        dqs.append(dq)
+        dkv[0, ..., :end, :] += dk
+        dkv[1, ..., :end, :] += dv
+    # Each rank's rows of dK and dV, in its shard's order, rank after rank: the reduce-scatter's
+    # input; the sum over the ranks lands on the rank that holds the keys.
+    send = torch.cat([torch.cat([dkv[..., start:start + n, :] for _, start, n in runs], dim=-2)
+                      for runs in every])  # (world x 2, B, Hkv, rows, D)
+    mine = send.new_empty((2,) + tuple(send.shape[1:]))
+    _collective("reduce_scatter")(mine, send, group=group)
+    dq = dqs[0] if len(dqs) == 1 else torch.cat(dqs, dim=_SEQ_DIM)
+    return dq, mine[0].to(k.dtype), mine[1].to(v.dtype)
