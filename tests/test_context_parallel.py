@@ -42,7 +42,7 @@ CASES = {
 }
 
 
-def _worker(rank, world, port, case, causal, local, balance, results):
+def _worker(rank, world, port, case, causal, local, balance, deterministic, results):
     """One rank: the single-process call (FlashCore's op), then the same call sharded under
     context_parallel with flashcore.patched() and FlashCore's handlers in `local` mode (gather
     or ring); the sharded output, its gradients and the no-grad output gathered back. Reports
@@ -62,6 +62,7 @@ def _worker(rank, world, port, case, causal, local, balance, results):
     if device == "cuda":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, rank=rank, world_size=world)
+    torch.use_deterministic_algorithms(deterministic)
     try:
         torch.manual_seed(0)
         q = torch.randn(B, Hq, S, D, dtype=dtype, device=device)
@@ -97,11 +98,12 @@ def _worker(rank, world, port, case, causal, local, balance, results):
         dist.destroy_process_group()
 
 
-def _run(case, causal, local="gather", world=2, balance=True):
+def _run(case, causal, local="gather", world=2, balance=True, deterministic=False):
     """Every rank; per rank the (error, scale) pairs of out, dq, dk, dv, no-grad out."""
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_worker, args=(world, _free_port(), case, causal, local, balance, results),
+    mp.spawn(_worker, args=(world, _free_port(), case, causal, local, balance, deterministic,
+                            results),
              nprocs=world, join=True)
     got = []
     for rank in range(world):
@@ -131,6 +133,23 @@ def test_sharded_equals_single_process(causal, balance, local, world):
             f"rank {rank}: (error, max) of out, dq, dk, dv, no-grad out: {errors}")
 
 
+def test_deterministic_mode_splits_each_causal_run():
+    """In deterministic mode the gathered backward runs each causal run as the keys before it
+    (no mask) and its own (causal, square): calls the bitwise-reproducible sm80-class backward
+    takes (it has no bottom-right band). Same results on CPU processes."""
+    from flashcore.integrations.context_parallel import _key_blocks
+    assert _key_blocks(16, 48, True) == ((0, 48, True),)
+    assert _key_blocks(16, 48, False) == ((0, 48, False),)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert _key_blocks(16, 48, True) == ((0, 32, False), (32, 48, True))
+        assert _key_blocks(16, 16, True) == ((0, 16, True),)  # (no keys before the run)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for rank, errors in enumerate(_run("cpu", True, "gather", 2, True, deterministic=True)):
+        assert max(e for e, _ in errors) < 1e-5, f"rank {rank}: {errors}"
+
+
 def test_local_mode_is_checked():
     with pytest.raises(ValueError, match="local must be one of"):
         fc_cp.enable(local="ring-of-our-own")
@@ -149,6 +168,54 @@ def test_two_gpus_sharded_equals_one_gpu(causal, case, local):
     dV sums): within bf16 rounding of the larger values."""
     for rank, errors in enumerate(_run(case, causal, local)):
         assert max(e / max(1.0, m) for e, m in errors) < 2e-2, f"rank {rank}: {errors}"
+
+
+def _repro_worker(rank, world, port, results):
+    """Two GPUs: the same sharded training call twice under torch.use_deterministic_algorithms
+    (FlashCore's backward then takes its bitwise-reproducible kernel), "gather" way; reports
+    whether the output and dq / dk / dv of the two calls are bitwise equal on this rank."""
+    os.environ["FLASHCORE_TRAINING"] = "flashcore"
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    torch.use_deterministic_algorithms(True)
+    try:
+        torch.manual_seed(0)
+        q = torch.randn(1, 32, 8192, 128, dtype=torch.bfloat16, device="cuda")
+        k, v = (torch.randn(1, 8, 8192, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        g = torch.randn_like(q)
+        mesh = init_device_mesh("cuda", (world,))
+        fc_cp.enable(local="gather")
+        _cp_options.enable_load_balance = True
+        runs = []
+        with flashcore.patched():
+            with context_parallel(mesh, buffers=[q, k, v, g], buffer_seq_dims=[2, 2, 2, 2]):
+                for _ in range(2):
+                    inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+                    out = F.scaled_dot_product_attention(*inputs, is_causal=True, enable_gqa=True)
+                    runs.append([out.detach(), *torch.autograd.grad(out, inputs, g)])
+        results[rank] = [torch.equal(a, b) for a, b in zip(*runs)]
+    finally:
+        fc_cp.disable()
+        torch.use_deterministic_algorithms(False)
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2
+                         and torch.distributed.is_nccl_available()),
+                    reason="needs 2 CUDA devices and NCCL (a 2-GPU machine: nvidia-h200-x2, nvidia-h100-x2)")
+def test_two_gpus_deterministic_mode_is_bitwise_reproducible():
+    world = 2
+    results = mp.Manager().dict()
+    mp.spawn(_repro_worker, args=(world, _free_port(), results), nprocs=world, join=True)
+    for rank in range(world):
+        assert results[rank] == [True] * 4, f"rank {rank}: out, dq, dk, dv equal run to run: {results[rank]}"
 
 
 def test_enable_disable_are_symmetric():

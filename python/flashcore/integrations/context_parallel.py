@@ -331,6 +331,17 @@ def _gathered_forward(group, q, k, v, causal, scale, gqa):
     return torch.cat(outs, dim=_SEQ_DIM), torch.cat(lses, dim=-1)
 
 
+def _key_blocks(rows, end, causal):
+    """The backward calls of one run of `rows` queries against keys [0, end): (first key, end,
+    causal). One call, causal aligned bottom-right; but in deterministic mode, where only the
+    sm80-class backward is bitwise reproducible and it takes no bottom-right band, two: the keys
+    before the run (no mask) and the run's own (causal, square). Given the forward's LSE the
+    backward of disjoint key blocks adds up to the whole (as in PyTorch's ring backward)."""
+    if not causal or not torch.are_deterministic_algorithms_enabled() or end == rows:
+        return ((0, end, causal),)
+    return ((0, end - rows, False), (end - rows, end, True))
+
+
 def _gathered_backward(group, grad_out, q, k, v, out, lse, causal, scale, gqa):
     """dq, dk, dv of this rank's shards: FlashCore's backward on the forward's calls, dK and dV
     summed over the calls and the ranks in float32 (a reduce-scatter to the keys' ranks)."""
@@ -340,13 +351,16 @@ def _gathered_backward(group, grad_out, q, k, v, out, lse, causal, scale, gqa):
     dkv = torch.zeros((2,) + tuple(key.shape), dtype=torch.float32, device=key.device)
     dqs = []
     for (a, b), end in _calls(q, every, rank, causal, seq):
-        dq, dk, dv, _ = torch.ops.flashcore.sdpa_bwd(
-            grad_out[..., a:b, :], q[..., a:b, :], key[..., :end, :], value[..., :end, :],
-            out[..., a:b, :], lse[..., a:b], None, None, causal, scale, gqa, False, -1, -1, True,
-            0.0)
-        dqs.append(dq)
-        dkv[0, ..., :end, :] += dk
-        dkv[1, ..., :end, :] += dv
+        dq_run = None
+        for first, last, masked in _key_blocks(b - a, end, causal):
+            dq, dk, dv, _ = torch.ops.flashcore.sdpa_bwd(
+                grad_out[..., a:b, :], q[..., a:b, :], key[..., first:last, :],
+                value[..., first:last, :], out[..., a:b, :], lse[..., a:b], None, None, masked,
+                scale, gqa, False, -1, -1, masked, 0.0)
+            dq_run = dq if dq_run is None else (dq_run.float() + dq).to(dq.dtype)
+            dkv[0, ..., first:last, :] += dk
+            dkv[1, ..., first:last, :] += dv
+        dqs.append(dq_run)
     # Each rank's rows of dK and dV, in its shard's order, rank after rank: the reduce-scatter's
     # input; the sum over the ranks lands on the rank that holds the keys.
     send = torch.cat([torch.cat([dkv[..., start:start + n, :] for _, start, n in runs], dim=-2)
