@@ -43,6 +43,8 @@ Method
 Run (needs 2 CUDA GPUs and NCCL; elsewhere it prints one line saying so and exits 0)
   PYTHONPATH=python python3 bench/bench_cp.py                      # 64k and 128k, causal
   PYTHONPATH=python python3 bench/bench_cp.py --seqs 64k --both    # causal and not
+  PYTHONPATH=python python3 bench/bench_cp.py --forced none --profile  # no forced backends; where
+                                                                   # each call's GPU time goes
   PYTHONPATH=python python3 bench/bench_cp.py --device cpu --seqs 256 --no-json  # debug on CPU
   Output: a line per row as it is done; JSON (default bench/results/cp_<card>_<date>.json;
   --no-json for none): {sha, dirty, torch, card, gpus, date, method, args, elapsed_s, rows}; each
