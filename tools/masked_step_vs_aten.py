@@ -45,13 +45,20 @@ def with_env(name, value, fn):
     return run
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__)
+def step_arguments(description):
+    """The options of the masked-step tools (this one, softcap_masked_step.py): head dims,
+    lengths, mask forms, timed rounds, JSON output."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--lengths", default="1024,4096")
     ap.add_argument("--forms", default="hf,keys")
     ap.add_argument("--iters", type=int, default=9)
     ap.add_argument("--json")
+    return ap
+
+
+def main():
+    ap = step_arguments(__doc__)
     ap.add_argument("--aten-backend", choices=["default", "cudnn", "efficient", "math"], default="default")
     args = ap.parse_args()
     backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,

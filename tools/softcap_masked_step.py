@@ -6,13 +6,13 @@ forced (what ran before that kernel took softcaps), and F.scaled_dot_product_att
 same mask and no softcap (the price of the softcap itself). Same inputs and gradient, CUDA-event
 medians interleaved call by call; B = 16k tokens / S, H = 2048 / D, bf16. Mask forms as
 tools/masked_step_vs_aten.py (hf: left-padded causal; keys: key padding). --json writes the rows."""
-import argparse, json
+import json
 import torch
 import torch.nn.functional as F
 import flashcore
 from flashcore import _ops
 from interleaved import medians  # tools/interleaved.py
-from masked_step_vs_aten import keep_mask  # tools/masked_step_vs_aten.py
+from masked_step_vs_aten import keep_mask, step_arguments  # tools/masked_step_vs_aten.py
 
 
 def python_backward(fn):
@@ -28,13 +28,8 @@ def python_backward(fn):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--dims", default="64,128")
-    ap.add_argument("--lengths", default="1024,4096")
-    ap.add_argument("--forms", default="hf,keys")
+    ap = step_arguments(__doc__)
     ap.add_argument("--softcap", type=float, default=50.0)
-    ap.add_argument("--iters", type=int, default=9)
-    ap.add_argument("--json")
     args = ap.parse_args()
     dtype = torch.bfloat16
     print(torch.cuda.get_device_name(), "torch", torch.__version__, f"bf16, fwd + bwd, softcap={args.softcap:g}")
