@@ -343,13 +343,27 @@ def _key_blocks(rows, end, causal):
     return ((0, end - rows, False), (end - rows, end, True))
 
 
+def _add_to_shards(send, every, first, grads):
+    """Add the gradient of keys [first, first + n) of the sequence (grads: (B, Hkv, n, D)) to
+    `send` ((world, B, Hkv, rows, D), float32): each key's row where its rank holds it, so no
+    whole-sequence copy of dK or dV is made."""
+    last = first + grads.shape[-2]
+    for r, runs in enumerate(every):
+        for local, start, n in runs:
+            a, b = max(first, start), min(last, start + n)
+            if a < b:
+                send[r, ..., local + a - start:local + b - start, :] += grads[..., a - first:b - first, :]
+
+
 def _gathered_backward(group, grad_out, q, k, v, out, lse, causal, scale, gqa):
     """dq, dk, dv of this rank's shards: FlashCore's backward on the forward's calls, dK and dV
     summed over the calls and the ranks in float32 (a reduce-scatter to the keys' ranks)."""
     world, rank, every = _layout(group, q.shape[_SEQ_DIM], causal)
     key, value = _whole_kv(group, k, v, every)
     seq = key.shape[_SEQ_DIM]
-    dkv = torch.zeros((2,) + tuple(key.shape), dtype=torch.float32, device=key.device)
+    # Each rank's rows of dK and dV, in its shard's order, rank after rank: the reduce-scatter's
+    # input; the sum over the ranks lands on the rank that holds the keys.
+    send = torch.zeros((world, 2) + tuple(k.shape), dtype=torch.float32, device=k.device)
     dqs = []
     for (a, b), end in _calls(q, every, rank, causal, seq):
         dq_run = None
@@ -359,14 +373,11 @@ def _gathered_backward(group, grad_out, q, k, v, out, lse, causal, scale, gqa):
                 value[..., first:last, :], out[..., a:b, :], lse[..., a:b], None, None, masked,
                 scale, gqa, False, -1, -1, masked, 0.0)
             dq_run = dq if dq_run is None else (dq_run.float() + dq).to(dq.dtype)
-            dkv[0, ..., first:last, :] += dk
-            dkv[1, ..., first:last, :] += dv
+            _add_to_shards(send[:, 0], every, first, dk)
+            _add_to_shards(send[:, 1], every, first, dv)
         dqs.append(dq_run)
-    # Each rank's rows of dK and dV, in its shard's order, rank after rank: the reduce-scatter's
-    # input; the sum over the ranks lands on the rank that holds the keys.
-    send = torch.cat([torch.cat([dkv[..., start:start + n, :] for _, start, n in runs], dim=-2)
-                      for runs in every])  # (world x 2, B, Hkv, rows, D)
-    mine = send.new_empty((2,) + tuple(send.shape[1:]))
+    send = send.view((world * 2,) + tuple(k.shape))
+    mine = send.new_empty((2,) + tuple(k.shape))
     _collective("reduce_scatter")(mine, send, group=group)
     dq = dqs[0] if len(dqs) == 1 else torch.cat(dqs, dim=_SEQ_DIM)
     return dq, mine[0].to(k.dtype), mine[1].to(v.dtype)
