@@ -81,9 +81,20 @@ def test_profiles_of_every_rank_are_kept_and_printed(bench_cp, capsys):
     assert "rank 1: kernels 6.00 ms, NCCL 0.50 ms" in out and "attention_kernel_rank1" in out
 
 
+def test_flashcore_ring_rows_scale_against_flashcore_on_one_gpu(bench_cp):
+    ranks = [[row("flashcore-1gpu", 1, 10.0), row("flashcore-cp:ring", 2, 5.0 + r),
+              row("torch-cp", 2, 8.0)] for r in range(2)]
+    by = {r["impl"]: r for r in bench_cp.merge_ranks(ranks, 2)}
+    assert by["flashcore-cp:ring"]["scaling"] == pytest.approx(10.0 / (2 * 6.0))
+    assert by["flashcore-cp:ring"]["vs_torch_cp"] == pytest.approx(8.0 / 6.0)
+
+
 def test_arguments(bench_cp):
     args = bench_cp.parse_args(["--seqs", "8k,16k", "--both"])
     assert args.seqs == [8192, 16384] and args.causal == [True, False] and args.device == "cuda"
+    assert args.forced == bench_cp.FORCED_BACKENDS and not args.profile
+    assert bench_cp.parse_args(["--forced", "none"]).forced == ()
+    assert bench_cp.parse_args(["--forced", "cudnn,flash"]).forced == ("cudnn", "flash")
     for bad in (["--gpus", "0"], ["--iters", "0"], ["--warmup", "-1"], ["--seqs", "x"]):
         with pytest.raises(SystemExit):
             bench_cp.parse_args(bad)
