@@ -39,7 +39,10 @@ CASES = {
     "cpu": ("cpu", "gloo", torch.float64, (1, 4, 2, 64, 16)),
     "cuda": ("cuda", "nccl", torch.bfloat16, (1, 32, 8, 8192, 128)),
     "cuda-64k": ("cuda", "nccl", torch.bfloat16, (1, 32, 8, 65536, 128)),
+    "cpu-other-keys": ("cpu", "gloo", torch.float64, (1, 4, 2, 64, 16)),
 }
+# Cases whose keys are not as many as their queries (non-causal calls only): the key length.
+KEY_LENGTHS = {"cpu-other-keys": 96}
 
 
 def _worker(rank, world, port, case, causal, local, balance, deterministic, results):
@@ -66,7 +69,8 @@ def _worker(rank, world, port, case, causal, local, balance, deterministic, resu
     try:
         torch.manual_seed(0)
         q = torch.randn(B, Hq, S, D, dtype=dtype, device=device)
-        k, v = (torch.randn(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(2))
+        Sk = KEY_LENGTHS.get(case, S)
+        k, v = (torch.randn(B, Hkv, Sk, D, dtype=dtype, device=device) for _ in range(2))
         g = torch.randn(B, Hq, S, D, dtype=dtype, device=device)
 
         ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -131,6 +135,15 @@ def test_sharded_equals_single_process(causal, balance, local, world):
         # block, run or merge is off by ~0.1.
         assert max(e for e, _ in errors) < 1e-5, (
             f"rank {rank}: (error, max) of out, dq, dk, dv, no-grad out: {errors}")
+
+
+@pytest.mark.parametrize("local,world", [("gather", 2), ("gather", 4), ("ring", 2)],
+                         ids=["gather-2", "gather-4", "ring-2"])
+def test_keys_of_another_length(local, world):
+    """A non-causal call with 96 keys for 64 queries: each rank's key shard is laid out (and its
+    dK / dV scattered back) by the keys' own length."""
+    for rank, errors in enumerate(_run("cpu-other-keys", False, local, world, balance=False)):
+        assert max(e for e, _ in errors) < 1e-5, f"rank {rank}: {errors}"
 
 
 def test_deterministic_mode_splits_each_causal_run():

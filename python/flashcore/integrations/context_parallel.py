@@ -317,7 +317,9 @@ def _calls(q, every, rank, causal, seq):
 
 def _gathered_forward(group, q, k, v, causal, scale, gqa):
     """(out, lse) of this rank's queries against the whole sequence's keys, no merges."""
-    world, rank, every = _layout(group, q.shape[_SEQ_DIM], causal)
+    # (The keys' layout: the queries' too for causal calls, whose lengths are equal; a non-causal
+    # call's queries are one run whatever their length.)
+    world, rank, every = _layout(group, k.shape[_SEQ_DIM], causal)
     key, value = _whole_kv(group, k, v, every)
     outs, lses = [], []
     for (a, b), end in _calls(q, every, rank, causal, key.shape[_SEQ_DIM]):
@@ -358,7 +360,9 @@ def _add_to_shards(send, every, first, grads):
 def _gathered_backward(group, grad_out, q, k, v, out, lse, causal, scale, gqa):
     """dq, dk, dv of this rank's shards: FlashCore's backward on the forward's calls, dK and dV
     summed over the calls and the ranks in float32 (a reduce-scatter to the keys' ranks)."""
-    world, rank, every = _layout(group, q.shape[_SEQ_DIM], causal)
+    # (The keys' layout: the queries' too for causal calls, whose lengths are equal; a non-causal
+    # call's queries are one run whatever their length.)
+    world, rank, every = _layout(group, k.shape[_SEQ_DIM], causal)
     key, value = _whole_kv(group, k, v, every)
     seq = key.shape[_SEQ_DIM]
     # Each rank's rows of dK and dV, in its shard's order, rank after rank: the reduce-scatter's
