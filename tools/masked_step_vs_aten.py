@@ -57,6 +57,18 @@ def step_arguments(description):
     return ap
 
 
+def step_cases(args, dtype):
+    """(D, S, B, H, q, k, v, g, form) for each head dim, length and mask form of the options:
+    B = 16k tokens / S, H = 2048 / D; q, k, v require grad, g is the output's gradient."""
+    for D in (int(d) for d in args.dims.split(",")):
+        for S in (int(s) for s in args.lengths.split(",")):
+            H, B = 2048 // D, max(1, 16384 // S)
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+            g = torch.randn(B, H, S, D, device="cuda", dtype=dtype)
+            for form in args.forms.split(","):
+                yield D, S, B, H, q, k, v, g, form
+
+
 def main():
     ap = step_arguments(__doc__)
     ap.add_argument("--aten-backend", choices=["default", "cudnn", "efficient", "math"], default="default")
@@ -68,34 +80,29 @@ def main():
           args.aten_backend, "FLASHCORE_FAMILY", os.environ.get("FLASHCORE_FAMILY", "auto"))
     print(f"{'case':34s} {'mask':8s} {'route us':>9s} {'fc pair':>9s} {'sdpa us':>9s} {'route':>6s} {'pair':>6s}  path")
     rows = []
-    for D in (int(d) for d in args.dims.split(",")):
-        for S in (int(s) for s in args.lengths.split(",")):
-            H, B = 2048 // D, max(1, 16384 // S)
-            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-            g = torch.randn(B, H, S, D, device="cuda", dtype=dtype)
-            for form in args.forms.split(","):
-                keep = keep_mask(B, S, form)
-                causal = form == "causal"
-                for kind in ("bool", "additive") if keep is not None else ("none",):
-                    m = None if keep is None else keep if kind == "bool" else torch.zeros(
-                        keep.shape, dtype=dtype, device="cuda").masked_fill(~keep, torch.finfo(dtype).min)
+    for D, S, B, H, q, k, v, g, form in step_cases(args, dtype):
+        keep = keep_mask(B, S, form)
+        causal = form == "causal"
+        for kind in ("bool", "additive") if keep is not None else ("none",):
+            m = None if keep is None else keep if kind == "bool" else torch.zeros(
+                keep.shape, dtype=dtype, device="cuda").masked_fill(~keep, torch.finfo(dtype).min)
 
-                    def step(fn, backend=None):
-                        def run():
-                            q.grad = k.grad = v.grad = None
-                            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
-                                fn(q, k, v, attn_mask=m, is_causal=causal).backward(g)
-                        return run
-                    route = step(flashcore.sdpa)
-                    pair = with_env("FLASHCORE_TRAINING", "flashcore", step(flashcore.sdpa))
-                    aten = step(F.scaled_dot_product_attention, backend)
-                    t_route, t_pair, t_aten = medians([route, pair, aten], args.iters)
-                    path = flashcore.explain_training(q, k, v, attn_mask=m, is_causal=causal)
-                    name = f"{form} B={B} H={H} S={S} D={D}"
-                    print(f"{name:34s} {kind:8s} {t_route:9.1f} {t_pair:9.1f} {t_aten:9.1f}"
-                          f" {t_aten / t_route:6.3f} {t_aten / t_pair:6.3f}  {path[:70]}")
-                    rows.append(dict(form=form, B=B, H=H, S=S, D=D, mask=kind, route_us=t_route, pair_us=t_pair,
-                                     sdpa_us=t_aten, path=path))
+            def step(fn, backend=None):
+                def run():
+                    q.grad = k.grad = v.grad = None
+                    with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+                        fn(q, k, v, attn_mask=m, is_causal=causal).backward(g)
+                return run
+            route = step(flashcore.sdpa)
+            pair = with_env("FLASHCORE_TRAINING", "flashcore", step(flashcore.sdpa))
+            aten = step(F.scaled_dot_product_attention, backend)
+            t_route, t_pair, t_aten = medians([route, pair, aten], args.iters)
+            path = flashcore.explain_training(q, k, v, attn_mask=m, is_causal=causal)
+            name = f"{form} B={B} H={H} S={S} D={D}"
+            print(f"{name:34s} {kind:8s} {t_route:9.1f} {t_pair:9.1f} {t_aten:9.1f}"
+                  f" {t_aten / t_route:6.3f} {t_aten / t_pair:6.3f}  {path[:70]}")
+            rows.append(dict(form=form, B=B, H=H, S=S, D=D, mask=kind, route_us=t_route, pair_us=t_pair,
+                             sdpa_us=t_aten, path=path))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(card=torch.cuda.get_device_name(), torch=torch.__version__, aten_backend=args.aten_backend,

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import flashcore
 from flashcore import _ops
 from interleaved import medians  # tools/interleaved.py
-from masked_step_vs_aten import keep_mask, step_arguments  # tools/masked_step_vs_aten.py
+from masked_step_vs_aten import keep_mask, step_arguments, step_cases  # tools/masked_step_vs_aten.py
 
 
 def python_backward(fn):
@@ -35,27 +35,22 @@ def main():
     print(torch.cuda.get_device_name(), "torch", torch.__version__, f"bf16, fwd + bwd, softcap={args.softcap:g}")
     print(f"{'case':30s} {'kernel us':>10s} {'python us':>10s} {'sdpa us':>9s} {'py/kern':>8s} {'kern/sdpa':>9s}")
     rows = []
-    for D in (int(d) for d in args.dims.split(",")):
-        for S in (int(s) for s in args.lengths.split(",")):
-            H, B = 2048 // D, max(1, 16384 // S)
-            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-            g = torch.randn(B, H, S, D, device="cuda", dtype=dtype)
-            for form in args.forms.split(","):
-                m = keep_mask(B, S, form)
+    for D, S, B, H, q, k, v, g, form in step_cases(args, dtype):
+        m = keep_mask(B, S, form)
 
-                def step(fn):
-                    def run():
-                        q.grad = k.grad = v.grad = None
-                        fn().backward(g)
-                    return run
-                capped = step(lambda: flashcore.attention(q, k, v, attn_mask=m, softcap=args.softcap))
-                plain = step(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m))
-                t_kernel, t_python, t_sdpa = medians([capped, python_backward(capped), plain], args.iters)
-                name = f"{form} B={B} H={H} S={S} D={D}"
-                print(f"{name:30s} {t_kernel:10.1f} {t_python:10.1f} {t_sdpa:9.1f} {t_python / t_kernel:8.2f}"
-                      f" {t_kernel / t_sdpa:9.2f}")
-                rows.append(dict(form=form, B=B, H=H, S=S, D=D, softcap=args.softcap, kernel_us=t_kernel,
-                                 python_us=t_python, sdpa_no_softcap_us=t_sdpa))
+        def step(fn):
+            def run():
+                q.grad = k.grad = v.grad = None
+                fn().backward(g)
+            return run
+        capped = step(lambda: flashcore.attention(q, k, v, attn_mask=m, softcap=args.softcap))
+        plain = step(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m))
+        t_kernel, t_python, t_sdpa = medians([capped, python_backward(capped), plain], args.iters)
+        name = f"{form} B={B} H={H} S={S} D={D}"
+        print(f"{name:30s} {t_kernel:10.1f} {t_python:10.1f} {t_sdpa:9.1f} {t_python / t_kernel:8.2f}"
+              f" {t_kernel / t_sdpa:9.2f}")
+        rows.append(dict(form=form, B=B, H=H, S=S, D=D, softcap=args.softcap, kernel_us=t_kernel,
+                         python_us=t_python, sdpa_no_softcap_us=t_sdpa))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(card=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
