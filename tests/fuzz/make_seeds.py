@@ -40,7 +40,8 @@ def structured(device=0, **fields):
 
 
 def forward_fields(B=2, Hkv=2, group=1, Sq=100, Sk=300, D=64, layouts=(0, 0, 0, 0), ptr_sel=(0, 0, 0, 0),
-                   scale_sel=0, causal=0, dtype=0, family=0, mask_kind=0, lse=False, paging=b"", packing=b""):
+                   scale_sel=0, causal=0, dtype=0, family=0, mask_kind=0, lse=False, softcap=False, paging=b"",
+                   packing=b""):
     """decode_structured()'s bytes (structured() and backward() add the mode and device bytes)."""
     out = size(B) + size(Hkv) + bytes([group - 1]) + size(Sq) + size(Sk)
     out += {64: b"\x00", 128: b"\x80"}.get(D) or (b"\xe0" + size(D))
@@ -59,10 +60,11 @@ def forward_fields(B=2, Hkv=2, group=1, Sq=100, Sk=300, D=64, layouts=(0, 0, 0, 
         out += b"\x00"  # mask pointer: aligned
     if lse:
         out += b"\x00\x00"  # lse pointer aligned, contiguous strides
-    if paging or packing:
-        # no window / alignment / sinks / softcap, then the paging bytes and the packing bytes
-        # (a 0 byte each when absent: the mode's next byte must not be read as either)
-        out += b"\x00" + (paging or b"\x00") + (packing or b"\x00")
+    if paging or packing or softcap:
+        # no window / alignment / sinks; a softcap of 0.125 or none; then the paging bytes and
+        # the packing bytes (a 0 byte each when absent: the mode's next byte must not be read as
+        # either)
+        out += (b"\x40\x00" if softcap else b"\x00") + (paging or b"\x00") + (packing or b"\x00")
     return out
 
 
@@ -212,6 +214,13 @@ SEEDS = {
     "bwd_gqa": backward(Hkv=2, group=4, Sq=77, Sk=1000, D=128, causal=1),
     "bwd_reject_null_lse": backward(keep_null_lse=True),
     "bwd_reject_mask": backward(mask_kind=1),
+    # D=256 (the sm90 family's kernel alone; its rule in c_src/bwd.c decides each): plain, a
+    # softcap, a bool mask with and without one, an additive mask with one.
+    "bwd_d256": backward(D=256, dtype=1),
+    "bwd_d256_causal_softcap": backward(D=256, dtype=1, causal=1, softcap=True),
+    "bwd_d256_bool_mask": backward(D=256, mask_kind=1),
+    "bwd_d256_bool_mask_softcap": backward(D=256, mask_kind=1, softcap=True),
+    "bwd_d256_additive_mask_softcap": backward(D=256, mask_kind=2, softcap=True),
     "bwd_reject_head_dim_96": backward(D=96),
     "bwd_reject_dlse_negative_stride": backward(dlse=True, dlse_strides=(200, 100, -1)),
     # 65536 batches: the forward runs them in slices, the backward's grids do not (yet).
