@@ -61,7 +61,8 @@ def main():
     k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt, requires_grad=args.bwd) for _ in range(2))
     g = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dt)
     gqa = Hq != Hkv
-    pairs = Sq * Sk if not args.causal else sum(min(i + 1, Sk) for i in range(Sq))  # top-left causal
+    n = min(Sq, Sk)  # top-left causal: row i sees min(i + 1, Sk) keys
+    pairs = Sq * Sk if not args.causal else n * (n + 1) // 2 + (Sq - n) * Sk
     flops = 4 * B * Hq * pairs * D * (3.5 if args.bwd else 1.0)
 
     def call(impl):

@@ -319,7 +319,7 @@ def _gathered_forward(group, q, k, v, causal, scale, gqa):
     """(out, lse) of this rank's queries against the whole sequence's keys, no merges."""
     # (The keys' layout: the queries' too for causal calls, whose lengths are equal; a non-causal
     # call's queries are one run whatever their length.)
-    world, rank, every = _layout(group, k.shape[_SEQ_DIM], causal)
+    _, rank, every = _layout(group, k.shape[_SEQ_DIM], causal)
     key, value = _whole_kv(group, k, v, every)
     outs, lses = [], []
     for (a, b), end in _calls(q, every, rank, causal, key.shape[_SEQ_DIM]):
@@ -363,6 +363,8 @@ def _gathered_backward(group, grad_out, q, k, v, out, lse, causal, scale, gqa):
     # (The keys' layout: the queries' too for causal calls, whose lengths are equal; a non-causal
     # call's queries are one run whatever their length.)
     world, rank, every = _layout(group, k.shape[_SEQ_DIM], causal)
+    # Gathered again rather than kept from the forward: a layer's whole-sequence K / V would
+    # otherwise stay alive on every rank until its backward (PyTorch's ring communicates again too).
     key, value = _whole_kv(group, k, v, every)
     seq = key.shape[_SEQ_DIM]
     # Each rank's rows of dK and dV, in its shard's order, rank after rank: the reduce-scatter's
