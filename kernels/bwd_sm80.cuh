@@ -705,11 +705,6 @@ dkdv_kernel(const fc_bwd_params p) {
         const uint32_t do_tile_base = smem_addr(do_tile + swizzled<kPitchChunks>(b_row, b_chunk));
 
         // ---- S^T = K Q^T: this warp's K rows are the A operand, Q rows the B operand ----
-        float s[kMTiles][4];
-#pragma unroll
-        for (int j = 0; j < kMTiles; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
         const int a_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
         if constexpr (kKvInRegs) {
             if (step == 0) {  // the K/V tiles landed with step 0's copies
@@ -720,43 +715,35 @@ dkdv_kernel(const fc_bwd_params p) {
                 }
             }
         }
-#pragma unroll(kKUnroll)
-        for (int kk = 0; kk < kKSteps; ++kk) {
-            uint32_t kf[4];
-            if constexpr (kKvInRegs)
-                for (int i = 0; i < 4; ++i) kf[i] = k_frag[kk][i];
-            else
-                ldmatrix_x4(kf, smem_addr(smem_k + swizzled<kPitchChunks>(a_row, kk * 2 + (lane >> 4))));
-#pragma unroll
-            for (int np = 0; np < kMTiles / 2; ++np) {
-                uint32_t qf[4];
-                ldmatrix_x4(qf, chunk_pair_addr(q_tile_base, kk) + np * 16 * kPitchChunks * 16);
-                mma_16816_pair<Elem>(s[2 * np], s[2 * np + 1], kf, qf);
-            }
-        }
-
-        // ---- dP^T = V dO^T: this warp's V rows are the A operand, dO rows the B operand ----
-        float dp[kMTiles][4];
-        auto dp_of_step = [&] {
+        // acc = (this warp's 16 key rows: A, from kv_frag or kv_rows) x (the step's query tile at
+        // tile_base: B)^T, for S^T (K, Q) and dP^T (V, dO) alike.
+        auto keys_by_step_rows = [&](float (&acc)[kMTiles][4], const uint32_t (&kv_frag)[kKvInRegs ? kKSteps : 1][4],
+                                     const Elem *kv_rows, uint32_t tile_base) {
 #pragma unroll
             for (int j = 0; j < kMTiles; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) dp[j][e] = 0.f;
+                for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 #pragma unroll(kKUnroll)
             for (int kk = 0; kk < kKSteps; ++kk) {
-                uint32_t vf[4];
+                uint32_t af[4];
                 if constexpr (kKvInRegs)
-                    for (int i = 0; i < 4; ++i) vf[i] = v_frag[kk][i];
+                    for (int i = 0; i < 4; ++i) af[i] = kv_frag[kk][i];
                 else
-                    ldmatrix_x4(vf, smem_addr(smem_v + swizzled<kPitchChunks>(a_row, kk * 2 + (lane >> 4))));
+                    ldmatrix_x4(af, smem_addr(kv_rows + swizzled<kPitchChunks>(a_row, kk * 2 + (lane >> 4))));
 #pragma unroll
                 for (int np = 0; np < kMTiles / 2; ++np) {
-                    uint32_t df[4];
-                    ldmatrix_x4(df, chunk_pair_addr(do_tile_base, kk) + np * 16 * kPitchChunks * 16);
-                    mma_16816_pair<Elem>(dp[2 * np], dp[2 * np + 1], vf, df);
+                    uint32_t bf[4];
+                    ldmatrix_x4(bf, chunk_pair_addr(tile_base, kk) + np * 16 * kPitchChunks * 16);
+                    mma_16816_pair<Elem>(acc[2 * np], acc[2 * np + 1], af, bf);
                 }
             }
         };
+        float s[kMTiles][4];
+        keys_by_step_rows(s, k_frag, smem_k, q_tile_base);
+
+        // ---- dP^T = V dO^T: this warp's V rows are the A operand, dO rows the B operand ----
+        float dp[kMTiles][4];
+        auto dp_of_step = [&] { keys_by_step_rows(dp, v_frag, smem_v, do_tile_base); };
 
         // ---- P^T = exp2(S^T * scale * log2e - LSE2[query]), masked where this warp's keys need it ----
         const bool masked_tile = kMask && ((kCausal && n_start + warp * 16 + 15 > m_start) ||
