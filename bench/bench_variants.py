@@ -219,7 +219,7 @@ def softcap_rows(args, timer, dtype, softcap=50.0):
         line = (f"{name:26} {times[0]:9.1f} {times[1]:9.1f}  x{times[0] / times[1]:.3f} band {t_band:9.1f} "
                 f"{row['tflops']:6.0f} TF/s" + (f"  flex {times[2]:9.1f}" if flex is not None else "")
                 + f"  {row['path']}")
-        if args.bwd and D in (64, 128):
+        if args.bwd:
             qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
             dout = torch.randn_like(q)
 

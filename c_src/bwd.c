@@ -124,11 +124,11 @@ FC_API fc_status fc_bwd_params_validate(const fc_bwd_params *p) {
 }
 
 
-/* The Hopper family's D=256 kernel (kernels/sm90/bwd_d256.cuh) has no mask, band, softcap or
- * packed variant: for those calls that head dim has no kernel (f with its band resolved). */
+/* The Hopper family's D=256 kernel (kernels/sm90/bwd_d256.cuh) has no band or packed variant
+ * (masks and a softcap it has): for those calls that head dim has no kernel (f with its band
+ * resolved). */
 static int sm90_variant_built(const fc_params *f) {
-    return f->head_dim != 256 ||
-           (f->mask_kind == FC_MASK_NONE && f->band_ != FC_BAND_GENERAL_ && f->softcap == 0.0f && f->cu_seq_q == NULL);
+    return f->head_dim != 256 || (f->band_ != FC_BAND_GENERAL_ && f->cu_seq_q == NULL);
 }
 
 static const bwd_entry *find_bwd_kernel(fc_family family, const fc_params *f) {
@@ -172,9 +172,11 @@ static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_ma
      * comes with causal set): the Hopper family's kBand variant only. So a deterministic call
      * with one (AUTO then tries the sm80-class family alone) is declined too. */
     if (p->fwd.band_ == FC_BAND_GENERAL_ && family != FC_FAMILY_SM90) return FC_UNSUPPORTED_BAND;
-    /* A softcap: the Hopper family's kSoftcap variant, which has no mask path, or the sm80-class
-     * family's (masks too; dQ in a pass of its own, fc_sm80_bwd_one_pass). */
-    if (p->fwd.softcap != 0.0f && family == FC_FAMILY_SM90 && p->fwd.mask_kind != FC_MASK_NONE)
+    /* A softcap: the Hopper family's kSoftcap variant, which has no mask path but at D=256 with a
+     * bool mask (its additive one spilled), or the sm80-class family's (masks too; dQ in a pass
+     * of its own, fc_sm80_bwd_one_pass). */
+    if (p->fwd.softcap != 0.0f && family == FC_FAMILY_SM90 && p->fwd.mask_kind != FC_MASK_NONE &&
+        !(p->fwd.head_dim == 256 && p->fwd.mask_kind == FC_MASK_BOOL))
         return FC_UNSUPPORTED_SOFTCAP;
     /* Packed sequences: the Hopper family's kVarlen variant, top-left causal or none, no mask or
      * softcap (a window or bottom-right causal was declined in validation). */

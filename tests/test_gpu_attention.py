@@ -265,9 +265,10 @@ SOFTCAP_CASES = [
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("case", SOFTCAP_CASES, ids=_case_id)
 def test_softcap(case, dtype, D, softcap):
-    """Forward and LSE (every case), gradients (D 64 / 128: the sm90 backward; D=256: the Python
-    backward) against float64. The bound adds tanh.approx's error to the low-precision one: a
-    logit moved by at most |s| 2^-10.9 moves out by at most twice that times max|v|."""
+    """Forward and LSE (every case), gradients (D 64 / 128: the sm90 backward; D=256: its own sm90
+    kernel without a band, launched, else the Python backward) against float64. The bound adds
+    tanh.approx's error to the low-precision one: a logit moved by at most |s| 2^-10.9 moves out
+    by at most twice that times max|v|."""
     skip_unless_built(D, dtype)
     sq, sk, causal, window, alignment = case
     br = alignment == "bottom_right"
@@ -283,8 +284,18 @@ def test_softcap(case, dtype, D, softcap):
     poison_allocator((B, Hq, sq, D), dtype)
     out, lse = flashcore.attention(q, k, v, return_lse=True, **kw)
     dout = torch.randn_like(out)
-    backward = D in (64, 128) or sq * sk <= 1 << 20
-    grads = torch.autograd.grad((out * dout).sum(), (q, k, v)) if backward else None
+    # (D=256's kernel: causal top-left or none; bottom-right causal is top-left when Sq == Sk)
+    plain = window == (-1, -1) and (not causal or not br or sq == sk)
+    d256_kernel = D == 256 and HOPPER and plain
+    backward = D in (64, 128) or d256_kernel or sq * sk <= 1 << 20
+    grads = None
+    if backward:
+        got = {}
+        names = [n for n, _ in launched_kernels(lambda: got.update(
+            g=torch.autograd.grad((out * dout).sum(), (q, k, v))))]
+        grads = got["g"]
+        if d256_kernel:
+            assert any("bwd_kernel_d256" in n for n in names), names
     o_hi, lse_hi, g_hi = softcap_reference(q, k, v, keep, softcap, torch.float64,
                                            dout=dout if backward else None)
     o_lp, _, g_lp = softcap_reference(q, k, v, keep, softcap, dtype)
@@ -318,7 +329,7 @@ def test_softcap_sm80(dtype, D, mask_kind, monkeypatch):
     run there anyway. Forward and LSE against float64, the bound of test_softcap (the softcap
     applies before the mask: an additive value is not capped). Gradients (D != 256: the
     sm80-class backward's kSoftcap kernels, launched, no Python backward) against float64 with
-    test_softcap's rule."""
+    test_softcap's rule. D=256 with a bool mask on Hopper: the sm90 family's D=256 kernel."""
     skip_unless_built(D, dtype)
     softcap = 5.0
     B, Hq, Hkv, sq, sk = 2, 4, 2, 127, 300
@@ -368,14 +379,17 @@ def test_softcap_sm80(dtype, D, mask_kind, monkeypatch):
     assert (out[torch.isinf(lse_hi)] == 0).all(), "rows with no key give zeros"
     fin = torch.isfinite(lse_hi)
     assert (lse[fin].double() - lse_hi[fin]).abs().max().item() < 1e-3 * math.log(sk) + TANH_REL * softcap
-    if D == 256:
-        return  # (the sm80-class family has no D=256 backward: the Python one, test_softcap's)
+    if D == 256 and not (HOPPER and mask_kind == "bool"):
+        # (the sm80-class family has no D=256 backward; the sm90 family's takes a softcap with a
+        # bool mask, not an additive one: else the Python one, test_softcap's)
+        return
 
     dout = torch.randn_like(out)
     got = {}
     names = [n for n, _ in launched_kernels(lambda: got.update(g=torch.autograd.grad(
         (out * dout).sum(), (q, k, v))))]
-    assert any("dkdv_kernel" in n for n in names), names
+    kernel = "bwd_kernel_d256" if D == 256 else "dkdv_kernel"
+    assert any(kernel in n for n in names), names
 
     def ref_grads(cast):
         leaves = tuple(t.detach().to(cast).requires_grad_() for t in (q, k, v))

@@ -80,6 +80,10 @@ def pytorch_grads(inputs, grad_out, low_backend=None, **kw):
         with sdpa_kernel(low_backend):
             _, low = grads(fn, inputs, grad_out)
     inputs32 = tuple(t.detach().float().requires_grad_() for t in inputs)
+    mask = kw.get("attn_mask")
+    if mask is not None and mask.is_floating_point():  # SDPA wants an additive mask in q's dtype
+        kw32 = dict(kw, attn_mask=mask.float())
+        fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw32)  # noqa: E731
     with sdpa_kernel(SDPBackend.MATH):
         _, ref32 = grads(fn, inputs32, grad_out.float())
     return low, ref32
@@ -160,6 +164,48 @@ def test_kernel_grads_d256(dtype, causal, shape):
     assert out.grad_fn is not None
     low, ref32 = pytorch_grads((q, k, v), grad_out, **kw)
     assert_grads_within_rule(got, low, ref32, dtype, f"{shape} D=256 causal={causal}")
+
+
+D256_MASKS = ["padding_bool", "random_bool", "transposed_bool", "additive"]
+
+
+@pytest.mark.parametrize("mask_form", D256_MASKS)
+@pytest.mark.parametrize("shape", ["gqa_127", "mqa_sq127_sk1000", "gqa_sq1000_sk17", "gqa8_sq1_sk127"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_kernel_grads_d256_masks(dtype, shape, mask_form):
+    """D=256 with a mask on Hopper: the sm90 family's own kernel reads it element by element (a
+    key-padding bool mask broadcast over heads, a dense random one per head, one stored
+    transposed, an additive one with -inf), against the rule of the kernel path. (Every row sees
+    a key here: PyTorch's reference differs on rows that see none; the C API test has them.)"""
+    if BWD_KERNEL_PATH != "kernel sm90":
+        pytest.skip("D=256's fused backward is the sm90 family's (Hopper)")
+    require_kernel(256, dtype)
+    B, Hq, Hkv, Sq, Sk = SHAPES[shape]
+    q, k, v = rand(B, Hq, Sq, 256, dtype=dtype), rand(B, Hkv, Sk, 256, dtype=dtype), \
+        rand(B, Hkv, Sk, 256, dtype=dtype)
+    keys = torch.arange(Sk, device=DEVICE)
+    if mask_form == "padding_bool":
+        pad = torch.tensor([0, Sk // 3] + [0] * (B - 2), device=DEVICE)[:B]
+        mask = (keys[None, :] >= pad[:, None])[:, None, None, :]  # (B, 1, 1, Sk)
+    elif mask_form == "random_bool":
+        mask = torch.rand(B, Hq, Sq, Sk, device=DEVICE) > 0.3
+        mask[..., -1] = True
+    elif mask_form == "transposed_bool":
+        mask = torch.rand(B, Hq, Sk, Sq, device=DEVICE) > 0.3
+        mask[..., -1, :] = True
+        mask = mask.transpose(-1, -2)
+    else:
+        mask = (torch.rand(B, Hq, Sq, Sk, device=DEVICE) * -3.0).to(dtype)
+        mask[..., : Sk // 4] = float("-inf")
+    kw = dict(attn_mask=mask, enable_gqa=Hq != Hkv)
+    grad_out = torch.randn(B, Hq, Sq, 256, dtype=dtype, device=DEVICE)
+    with torch.no_grad():
+        out, lse = FWD(q, k, v, mask, enable_gqa=Hq != Hkv)
+    path = flashcore.explain_backward(grad_out, q, k, v, out, lse, None, False, None, Hq != Hkv, attn_mask=mask)
+    assert path == "kernel sm90", path
+    _, got = grads(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), (q, k, v), grad_out)
+    low, ref32 = pytorch_grads((q, k, v), grad_out, **kw)
+    assert_grads_within_rule(got, low, ref32, dtype, f"{shape} D=256 {mask_form}")
 
 
 @pytest.mark.parametrize("family", ["auto", "sm80"])

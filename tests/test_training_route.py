@@ -210,6 +210,15 @@ def test_sm80_only_head_dims_have_their_own_entries():
     assert _ops.training_table_entry((9, 0), "sm80-masked", 64) is _ops.TRAINING_TABLE[(None, "sm80-masked")]
 
 
+def test_d256_masked_calls_stay_on_pytorch():
+    """D=256 with a bool mask (the sm90 family's D=256 kernel takes masks): not measured against
+    aten's masked backward, so PyTorch's, while D=64/128 keep the masked entry."""
+    entry = _ops.training_table_entry((9, 0), "sm90-masked", 256)
+    assert entry is _ops.TRAINING_TABLE[((9, 0), "sm90-masked", 256)] and entry[0] is False
+    assert _ops.training_table_entry((9, 0), "sm90-masked", 128) is _ops.TRAINING_TABLE[((9, 0), "sm90-masked")]
+    assert _ops.training_table_entry((9, 0), "sm90-masked-additive", 256)[0] is False
+
+
 def test_unlisted_device_keeps_flashcore_and_says_so(monkeypatch):
     FakeCard(monkeypatch, (12, 0), kernel(SM80))  # a card the table does not list
     route = _ops.training_route(*inputs(), None, False, None, False)

@@ -1,6 +1,7 @@
 // sm90/bwd_d256.cuh - the Hopper (sm_90a) fused attention backward at head dim 256: the same
 // computation as sm90/bwd_kernel.cuh (whose comment has the formulas), with its producer, for
-// plain calls (causal top-left or none, GQA, any lengths; no mask, band, softcap or packed rows).
+// calls causal top-left or not, GQA, any lengths, a softcap or none, a bool or additive mask
+// (not with causal) or none; no band or packed rows.
 //
 // Why a kernel of its own: the D=64/128 kernel gives each consumer warpgroup 64 keys and their dK
 // and dV, which at D=256 are 256 fp32 registers per thread. Here a CTA takes a block of 64 keys
@@ -27,6 +28,17 @@
 // dq_chunk_at), then releases the stage to the step loaders.
 //
 // dK and dV leave from registers at the tile's end (dK scaled), keys past Sk not written.
+//
+// Masks (kMask: kMaskBool or kMaskAdditive): the P warpgroup reads the step's mask elements from
+// global memory, as bwd_kernel's element-wise variants do (prefetched toward L1 before the score
+// GEMM); the dS warpgroup needs nothing of them (P^T is 0 where masked).
+//
+// Softcap (kSoftcap): scores are t = tanh(S^T scale / softcap), P^T = exp2(t softcap log2(e) -
+// LSE2), and dS^T gains the factor 1 - t^2. The P warpgroup alone has t, so it hands over
+// P^T (1 - t^2) instead of P^T: dS^T = P^T (1 - t^2) (dP^T - delta), the dS warpgroup unchanged.
+// Before the softmax it turns its scores into t and parks 1 - t^2 in the exchange (its own
+// elements, which the dS warpgroup read in the previous step before the dS^T barrier), after it
+// multiplies them by P^T in place: no second array of registers.
 #pragma once
 
 #include "sm90/bwd_kernel.cuh"
@@ -62,9 +74,43 @@ __device__ __forceinline__ void put_probs(const float (&s)[32], uint32_t px, int
                      : "memory");
 }
 
+// kSoftcap, before the softmax: the scores become t = tanh(S^T scale / softcap) in place, and
+// 1 - t^2 goes to this thread's places in the exchange (put_probs' layout).
+__device__ __forceinline__ void cap_scores(float (&s)[32], float softcap_in, uint32_t px, int thread) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        float slope[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float t = s[4 * i + e] = fast_tanh(s[4 * i + e] * softcap_in);
+            slope[e] = 1.f - t * t;
+        }
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(px + (i * 128 + thread) * 16), "f"(slope[0]),
+                     "f"(slope[1]), "f"(slope[2]), "f"(slope[3])
+                     : "memory");
+    }
+}
+
+// kSoftcap, after the softmax: P^T (1 - t^2) in the exchange, from this thread's 1 - t^2 there
+// and its P^T in s (masked elements: P^T = 0).
+__device__ __forceinline__ void put_capped_probs(const float (&s)[32], uint32_t px, int thread) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const uint32_t at = px + (i * 128 + thread) * 16;
+        float4 slope;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(slope.x), "=f"(slope.y), "=f"(slope.z), "=f"(slope.w)
+                     : "r"(at)
+                     : "memory");
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "f"(s[4 * i] * slope.x),
+                     "f"(s[4 * i + 1] * slope.y), "f"(s[4 * i + 2] * slope.z), "f"(s[4 * i + 3] * slope.w)
+                     : "memory");
+    }
+}
+
 // The dS warpgroup: dS^T = P^T (dP^T - delta[query]) into dp with P^T from the exchange (the same
-// thread of the other warpgroup holds the same elements), packed into ds_frag (delta_rows(j): the
-// delta of this thread's columns in 8-column tile j).
+// thread of the other warpgroup holds the same elements; kSoftcap: P^T (1 - t^2)), packed into
+// ds_frag (delta_rows(j): the delta of this thread's columns in 8-column tile j).
 template <typename Elem>
 __device__ __forceinline__ void ds_from_exchange(uint32_t (&ds_frag)[4][4], float (&dp)[32], uint32_t px, int thread,
                                                  const float2 (&delta_rows)[8]) {
@@ -129,17 +175,37 @@ __device__ __forceinline__ void dq_of_step(BwdBarriers &bars, uint32_t base, int
                      lane);
 }
 
-// One step for a thread of the P warpgroup: S^T, P^T (to the exchange), dV += P^T dO, dQ.
-template <typename T, typename Elem, bool kCausal, bool kMaybeMasked>
+// kMask: the step's mask rows toward L1 (64 queries x 64 keys over the P warpgroup's 128 threads),
+// read back after the score GEMM.
+template <typename Mask>
+__device__ __forceinline__ void prefetch_step_mask(const Mask &mask, const fc_params &f, int m_start, int n_start,
+                                                   int seqlen_k) {
+    const int t = threadIdx.x % 128, query = m_start + t / 2, key = n_start + t % 2 * 32;
+    if (query < static_cast<int>(f.seqlen_q) && key < seqlen_k) mask.prefetch(query, key);
+}
+
+// One step for a thread of the P warpgroup: S^T, P^T (to the exchange; kSoftcap: P^T (1 - t^2)),
+// dV += P^T dO, dQ.
+template <typename T, typename Elem, bool kCausal, int kMask, bool kSoftcap, bool kMaybeMasked>
 __device__ __forceinline__ void p_step(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps, const fc_params &f,
                                        const Tile &tile, int step, int step_all, float (&dv)[T::kHeadDim / 2], uint32_t base,
                                        float scale_log2, int my_row, int col_in_tile, int lane, int seqlen_k) {
     const int stage = step_all % T::kStages;
     const int m_start = tile.steps.m_start(step, T::kBlockM);
+    constexpr bool kMaskElements = kMask != kMaskNone;
+    const MaskSliceOf<Elem, kMask> mask(f, tile.batch,
+                                        kMaskElements ? tile.steps.head_q(step, tile.head_kv, tile.group) : 0);
+    if constexpr (kMaskElements) prefetch_step_mask(mask, f, m_start, tile.n_start, seqlen_k);
     wait_step<T>(bars, step_all);
     const float *terms = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsSlotBytes);
-    float2 lse_rows[8];
-    load_row_terms_of_columns<1>(lse_rows, terms + T::kBlockM, col_in_tile);
+    // The LSE2 rows into registers before the score GEMM; a masked step reads them in the
+    // softmax instead (16 registers fewer there: the additive variant spilled holding them).
+    [[maybe_unused]] float2 lse_rows[8];
+    if constexpr (!kMaskElements) load_row_terms_of_columns<1>(lse_rows, terms + T::kBlockM, col_in_tile);
+    auto lse_of_tile = [&](int j) {
+        if constexpr (kMaskElements) return row_pair<1>(terms + T::kBlockM + 8 * j + col_in_tile);
+        else return lse_rows[j];
+    };
 
     float s[32];
     fence_registers(s);
@@ -148,15 +214,20 @@ __device__ __forceinline__ void p_step(BwdBarriers &bars, unsigned char *smem, c
     wgmma_wait<0>();
     fence_registers(s);
 
+    const uint32_t px = base + T::kOffPx;
+    const int thread = threadIdx.x % 128;
+    if constexpr (kSoftcap) cap_scores(s, maps.softcap_in, px, thread);
     const int n_start = tile.n_start;
     const bool masked_tile = kMaybeMasked && (n_start + T::kBlockN > seqlen_k || (kCausal && m_start < n_start + T::kBlockN));
     uint32_t p_frag[4][4], unused_frag[4][4];
     float unused_dp[32];
-    const MaskSliceOf<Elem, kMaskNone> no_mask(f, tile.batch, 0);
-    softmax<T, Elem, kCausal, kMaskNone, false, false, false>(
-        p_frag, unused_frag, s, unused_dp, terms, [&](int j) { return lse_rows[j]; }, nullptr, no_mask, maps, f, scale_log2,
+    softmax<T, Elem, kCausal, kMask, false, false, false>(
+        p_frag, unused_frag, s, unused_dp, terms, lse_of_tile, nullptr, mask, maps, f, scale_log2,
         masked_tile, m_start, n_start + my_row, my_row, col_in_tile, seqlen_k, static_cast<int>(f.seqlen_q));
-    put_probs(s, base + T::kOffPx, threadIdx.x % 128);
+    if constexpr (kSoftcap)
+        put_capped_probs(s, px, thread);
+    else
+        put_probs(s, px, thread);
     asm volatile("barrier.arrive 2, 256;\n" ::: "memory");  // P^T is in
 
     fence_registers(dv);
@@ -215,7 +286,7 @@ __device__ __forceinline__ void store_grad_rows(const float (&acc)[kHeadDim / 2]
 
 // A consumer warpgroup's tiles: kDsRole picks the dS warpgroup's steps (dK) over the P
 // warpgroup's (dV).
-template <typename T, typename Elem, bool kCausal, bool kDsRole>
+template <typename T, typename Elem, bool kCausal, int kMask, bool kSoftcap, bool kDsRole>
 __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps,
                                               const fc_bwd_params &p) {
     constexpr int kHeadDim = T::kHeadDim;
@@ -225,7 +296,8 @@ __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *
     const int col_in_tile = 2 * (lane % 4);             // accumulator columns col_in_tile, +1 (of each 8)
     const int my_row = warp_in_wg * 16 + lane / 4;      // accumulator rows my_row, +8: the block's keys
     const uint32_t base = smem_addr(smem);
-    const float scale_log2 = f.scale * kLog2e;
+    // kSoftcap: the softmax's scores are t, in units of softcap (as the forward's).
+    const float scale_log2 = kSoftcap ? maps.softcap_log2 : f.scale * kLog2e;
     int step_all = 0, kv_round = 0;  // steps and K/V loads of every tile so far: the barriers' phases
     for (int n = 0;; ++n) {
         const Tile tile = read_tile(bars, n);
@@ -239,7 +311,7 @@ __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *
                 if constexpr (kDsRole) {
                     ds_step<T, Elem>(bars, smem, step_all, grad, base, my_row, col_in_tile, lane);
                 } else {
-                    p_step<T, Elem, kCausal, decltype(maybe_masked)::value>(bars, smem, maps, f, tile, step, step_all, grad,
+                    p_step<T, Elem, kCausal, kMask, kSoftcap, decltype(maybe_masked)::value>(bars, smem, maps, f, tile, step, step_all, grad,
                                                                            base, scale_log2, my_row, col_in_tile, lane,
                                                                            seqlen_k);
                 }
@@ -254,7 +326,7 @@ __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *
     }
 }
 
-template <typename Elem, bool kCausal>
+template <typename Elem, bool kCausal, int kMask, bool kSoftcap>
 __global__ void __launch_bounds__(BwdTraits<256>::kThreads, 1)
 bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     using T = BwdTraits<256>;
@@ -287,9 +359,9 @@ bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegs));
     if (warpgroup == 1)
-        consume_tiles<T, Elem, kCausal, false>(bars, smem, maps, p);
+        consume_tiles<T, Elem, kCausal, kMask, kSoftcap, false>(bars, smem, maps, p);
     else
-        consume_tiles<T, Elem, kCausal, true>(bars, smem, maps, p);
+        consume_tiles<T, Elem, kCausal, kMask, kSoftcap, true>(bars, smem, maps, p);
 }
 
 }  // namespace sm90_bwd

@@ -34,10 +34,10 @@
 namespace flashcore {
 namespace sm90_bwd {
 
-// The main kernel of a variant: D=256's own (plain calls only), else bwd_kernel.
+// The main kernel of a variant: D=256's own (plain calls, a softcap or none), else bwd_kernel.
 template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand, bool kSoftcap>
 constexpr auto main_kernel() {
-    if constexpr (kHeadDim == 256) return bwd_kernel_d256<Elem, kCausal>;
+    if constexpr (kHeadDim == 256) return bwd_kernel_d256<Elem, kCausal, kMask, kSoftcap>;
     else return bwd_kernel<Elem, kHeadDim, kCausal, kMask, kBand, kSoftcap>;
 }
 
@@ -179,12 +179,32 @@ cudaError_t launch_bwd_variant_of(const fc_bwd_params &p, const fc_device_facts 
     }
 }
 
-// The D=256 kernel's calls (plain, causal or not), or the variant for a call at D=64/128.
-template <typename Elem, int kHeadDim>
-cudaError_t launch_bwd_variant(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
-    if constexpr (kHeadDim == 256) {  // plain calls alone (c_src/bwd.c)
+// D=256's variants: causal or none, each with or without a softcap; a bool mask (read element by
+// element: no mask tiles), with or without one; an additive mask without one (c_src/bwd.c: that
+// variant with a softcap spilled).
+template <typename Elem>
+cudaError_t launch_bwd_d256(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
+    const bool softcap = p.fwd.softcap != 0.f;
+    switch (p.fwd.mask_kind) {
+    case FC_MASK_BOOL:
+        return softcap ? launch_bwd<Elem, 256, false, kMaskBool, false, true>(p, dev, stream)
+                       : launch_bwd<Elem, 256, false, kMaskBool>(p, dev, stream);
+    case FC_MASK_ADDITIVE:
+        return launch_bwd<Elem, 256, false, kMaskAdditive>(p, dev, stream);
+    default:
+        if (softcap)
+            return p.fwd.causal ? launch_bwd<Elem, 256, true, kMaskNone, false, true>(p, dev, stream)
+                                : launch_bwd<Elem, 256, false, kMaskNone, false, true>(p, dev, stream);
         return p.fwd.causal ? launch_bwd<Elem, 256, true, kMaskNone>(p, dev, stream)
                             : launch_bwd<Elem, 256, false, kMaskNone>(p, dev, stream);
+    }
+}
+
+// The D=256 kernel's calls, or the variant for a call at D=64/128.
+template <typename Elem, int kHeadDim>
+cudaError_t launch_bwd_variant(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
+    if constexpr (kHeadDim == 256) {  // no band or packed rows; masks not with causal (c_src/bwd.c)
+        return launch_bwd_d256<Elem>(p, dev, stream);
     } else {
         return launch_bwd_variant_of<Elem, kHeadDim>(p, dev, stream);
     }

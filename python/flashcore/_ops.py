@@ -532,6 +532,10 @@ TRAINING_TABLE = {
     # 1.35-1.36x at 4096 (0.84-1.05x before the backward's copy). Shorter: not measured.
     # Additive masks (forward in the sm80-class family, backward element by element): 0.52-0.87x.
     ((9, 0), "sm90-masked"): (True, "", 1024),
+    # D=256 with a mask (the D=256 kernel's element-by-element reads, forty-seventh session): not
+    # measured against aten's masked backward; its unmasked backward ran at 0.84-1.00x cuDNN's.
+    ((9, 0), "sm90-masked", 256): (False, "D=256's masked sm90 backward: not measured against "
+                                          "PyTorch's, docs/experiments/backward.md"),
     ((9, 0), "sm90-masked-additive"): (False, "0.52-0.87x PyTorch's training step with an additive "
                                               "mask on the H100, docs/experiments/forward-masks.md"),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),

@@ -883,6 +883,31 @@ int main(void) {
             if (way == BWD_AUTO && tc->mask_kind == FC_MASK_NONE && (tc->D == 32 || tc->D == 80 || tc->D == 96)) continue;
             failed += run_bwd_case(tc, NULL, (bwd_way)way, kBwdSoftcapCases[i].softcap);
         }
+    /* D=256 with a softcap: the sm90 family's own kernel (P^T (1 - t^2) through the exchange),
+     * causal or not, GQA, ragged, a CTA through many steps, a small cap (scores well past it). */
+    static const softcap_case kBwdD256SoftcapCases[] = {
+        {{1, 2, 2, 65, 65, 256, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0}, 2.0f},
+        {{1, 4, 2, 100, 257, 256, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, 50.0f},
+        {{1, 2, 1, 300, 257, 256, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0}, 20.0f},
+        {{2, 4, 1, 17, 130, 256, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, 1.0f},
+        /* a bool mask with it (Gemma 2's padded batches): every layout, rows that see no key */
+        {{2, 4, 2, 100, 256, 256, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK}, 50.0f},
+        {{1, 2, 1, 77, 140, 256, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_QK_PADDED}, 5.0f},
+        {{1, 4, 2, 67, 99, 256, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_TRANSPOSED}, 20.0f},
+    };
+    for (size_t i = 0; i < sizeof(kBwdD256SoftcapCases) / sizeof(kBwdD256SoftcapCases[0]); ++i)
+        failed += run_bwd_case(&kBwdD256SoftcapCases[i].tc, NULL, BWD_AUTO, kBwdD256SoftcapCases[i].softcap);
+    /* D=256 with a mask (the sm90 family's kernel reads it element by element): bool in every
+     * layout and additive, GQA, Sq != Sk both ways, a CTA through many steps, rows that see no key. */
+    static const test_case kBwdD256MaskCases[] = {
+        {2, 4, 2, 100, 256, 256, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 2, 1, 300, 257, 256, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 2, 1, 77, 140, 256, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_QK_PADDED},
+        {1, 4, 2, 67, 99, 256, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_TRANSPOSED},
+        {1, 2, 2, 65, 130, 256, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK},
+        {1, 4, 2, 130, 33, 256, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
+    };
+    failed += run_bwd_table(kBwdD256MaskCases, sizeof(kBwdD256MaskCases) / sizeof(kBwdD256MaskCases[0]), BWD_AUTO);
     /* The sm80-class family's two ways, masks included (it takes no band), at every head dim it has. */
     for (int way = BWD_SM80_ONE_PASS; way <= BWD_SM80_DETERMINISTIC; ++way) {
         failed += run_bwd_table(kBwdOtherDimCases, sizeof(kBwdOtherDimCases) / sizeof(kBwdOtherDimCases[0]), (bwd_way)way);

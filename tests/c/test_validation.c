@@ -830,8 +830,9 @@ static void check_bwd(void) {
             }
         }
     }
-    /* D=256: the Hopper family's kernel, plain calls alone (no mask, band, softcap or packed
-     * rows: no kernel for that head dim then); none in the sm80-class family. */
+    /* D=256: the Hopper family's kernel, masks (not with causal) and a softcap (not with an
+     * additive mask) taken, no band or packed rows (no kernel for that head dim then); none in
+     * the sm80-class family. */
     {
         fc_bwd_params b = valid_bwd_params();
         b_head_dim_256(&b);
@@ -841,7 +842,22 @@ static void check_bwd(void) {
             CHECK_FAMILY("bwd head dim 256: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
             b.fwd.causal = 1;
             CHECK_STATUS("bwd head dim 256, causal", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+            b.fwd.softcap = 30.0f;
+            CHECK_STATUS("bwd head dim 256, causal, softcap", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+            CHECK_FAMILY("bwd head dim 256, softcap: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+            b_mask(&b);
             b.fwd.causal = 0;
+            CHECK_STATUS("bwd head dim 256, softcap, bool mask", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+            CHECK_FAMILY("bwd head dim 256, softcap, bool mask: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+            b.fwd.mask_kind = FC_MASK_ADDITIVE;
+            if (fc_sdpa_bwd_support(&b, 9, 0) == FC_OK) {  /* (no kernel: the op's Python backward) */
+                fprintf(stderr, "FAIL bwd head dim 256, softcap, additive mask: supported\n");
+                ++failures;
+            }
+            b.fwd.softcap = 0.0f;
+            CHECK_STATUS("bwd head dim 256, additive mask", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+            b = valid_bwd_params();
+            b_head_dim_256(&b);
         }
         if (ada_built) CHECK_STATUS("bwd head dim 256: Ada", fc_sdpa_bwd_support(&b, 8, 9), FC_UNSUPPORTED_HEAD_DIM);
         CHECK_STATUS("bwd head dim 256: sm_80", fc_sdpa_bwd_support(&b, 8, 0), FC_UNSUPPORTED_ARCH);
@@ -851,10 +867,12 @@ static void check_bwd(void) {
         b.deterministic = 0;
         b_mask(&b);
         CHECK_STATUS("bwd head dim 256, mask", fc_sdpa_bwd_support(&b, cc_major, cc_minor),
-                     hopper_built || ada_built ? FC_UNSUPPORTED_HEAD_DIM : FC_UNSUPPORTED_ARCH);
+                     hopper_built ? FC_OK : ada_built ? FC_UNSUPPORTED_HEAD_DIM : FC_UNSUPPORTED_ARCH);
         if (hopper_built) {
             b_force_sm90(&b);
-            CHECK_STATUS("bwd head dim 256, mask, forced sm90", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_HEAD_DIM);
+            CHECK_STATUS("bwd head dim 256, mask, forced sm90", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+            b.fwd.causal = 1;
+            CHECK_STATUS("bwd head dim 256, mask and causal", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_MASK);
         }
     }
     CHECK_STATUS("bwd NULL params: validate", fc_bwd_params_validate(NULL), FC_ERR_NULL_PARAMS);

@@ -60,7 +60,8 @@
  *     dout/dq/dk/dv/dlse/workspace), the support query and family against an independent model
  *     of the choice (AUTO: sm90 where it runs the call and determinism is not asked for, else
  *     sm80-class; a softcap in sm90 without a mask, in sm80 with or without one; sm90 at
- *     D=256 only without a mask, band, softcap or packed rows; a forced
+ *     D=256 only without a band or packed rows (masks and a softcap taken, not an additive mask
+ *     with a softcap); a forced
  *     family or an FC_UNSUPPORTED_* reason that holds), the workspace size
  *     (>= each family's need, per docs/USAGE.md / dispatch.h), and fc_sdpa_bwd on sm_89 and sm_90:
  *     FC_ERR_BAD_WORKSPACE and no launch below the chosen family's need, else exactly that
@@ -791,10 +792,15 @@ static int bwd_sm90_takes(const fc_bwd_params *b) {
     return ctas <= INT32_MAX && packed_tiles <= INT32_MAX;
 }
 
-/* D=256's sm90 kernel: no mask, general band, softcap or packed rows. */
+/* D=256's sm90 kernel: no general band or packed rows (masks, a softcap or none). */
 static int sm90_d256_plain(const fc_bwd_params *b) {
     const fc_params rf = resolved_of(&b->fwd);
-    return rf.mask_kind == FC_MASK_NONE && rf.band_ != FC_BAND_GENERAL_ && rf.softcap == 0.0f && rf.cu_seq_q == NULL;
+    return rf.band_ != FC_BAND_GENERAL_ && rf.cu_seq_q == NULL;
+}
+
+/* The sm90 family's softcap: no mask but at D=256 with a bool mask. */
+static int sm90_softcap_mask_ok(const fc_params *f) {
+    return f->mask_kind == FC_MASK_NONE || (f->head_dim == 256 && f->mask_kind == FC_MASK_BOOL);
 }
 
 /* Can family `fam` run these (validated) params on cc? The dtype and the mask aside. */
@@ -855,7 +861,7 @@ static fc_status bwd_packed_status(const fc_bwd_params *b, int cc) {
     case FC_FAMILY_SM90:
         if (!bwd_family_runs_on(FC_FAMILY_SM90, cc)) return FC_UNSUPPORTED_FAMILY;
         if (mask && rf.causal) return FC_UNSUPPORTED_MASK;
-        if (softcap && mask) return FC_UNSUPPORTED_SOFTCAP;
+        if (softcap && !sm90_softcap_mask_ok(f)) return FC_UNSUPPORTED_SOFTCAP;
         if (!plain) return FC_UNSUPPORTED_VARLEN;
         if (!bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) || f->head_dim == 256) return FC_UNSUPPORTED_HEAD_DIM;
         return bwd_sm90_takes(b) ? FC_OK : FC_UNSUPPORTED_LAYOUT;
@@ -912,7 +918,7 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
     const fc_params rf = resolved_of(f);
     REQUIRE(f->mask_kind == FC_MASK_NONE || !rf.causal); /* masks: either family, not causal */
     if (rf.band_ == FC_BAND_GENERAL_) REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE);
-    if (f->softcap != 0.0f && fam == FC_FAMILY_SM90) REQUIRE(f->mask_kind == FC_MASK_NONE); /* (sm80: masks too) */
+    if (f->softcap != 0.0f && fam == FC_FAMILY_SM90) REQUIRE(sm90_softcap_mask_ok(f)); /* (sm80: masks too) */
     if (f->cu_seq_q != NULL)  /* packed: the sm90 family, nothing but causal */
         REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE && f->softcap == 0.0f && f->sinks == NULL &&
                 rf.band_ != FC_BAND_GENERAL_);
@@ -921,9 +927,8 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
         REQUIRE(f->head_dim == 64 || f->head_dim == 128 || f->head_dim == 256);
     else
         REQUIRE(f->head_dim == 32 || f->head_dim == 64 || f->head_dim == 80 || f->head_dim == 96 || f->head_dim == 128);
-    /* D=256 (the sm90 family): plain calls alone, no mask, band, softcap or packed rows. */
-    if (f->head_dim == 256)
-        REQUIRE(f->mask_kind == FC_MASK_NONE && rf.band_ != FC_BAND_GENERAL_ && f->softcap == 0.0f && f->cu_seq_q == NULL);
+    /* D=256 (the sm90 family): no band or packed rows (masks, a softcap or none). */
+    if (f->head_dim == 256) REQUIRE(rf.band_ != FC_BAND_GENERAL_ && f->cu_seq_q == NULL);
     REQUIRE(bwd_built(fam, f->head_dim, f->dtype) && bwd_family_runs_on(fam, cc));
     REQUIRE(cc == 89 || cc == 90);
     REQUIRE(f->family == FC_FAMILY_AUTO || f->family == fam);
@@ -1557,7 +1562,8 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         /* (causal and the band as the library resolves them: a general band, sm90 only) */
         const fc_params rf = resolved_of(f);
         const int general = rf.band_ == FC_BAND_GENERAL_;
-        /* (a softcap: the sm90 family without a mask, the sm80-class family with or without one) */
+        /* (a softcap: the sm90 family without a mask (at D=256: or a bool one), the sm80-class
+         * family with or without one) */
         const int softcap = f->softcap != 0.0f;
         /* (a paged forward: no backward kernel reads pages, whatever else holds; packed
          * sequences: the sm90 family alone, with nothing but causal) */
@@ -1565,9 +1571,9 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         const int packed_plain = f->mask_kind == FC_MASK_NONE && !softcap && !general && f->sinks == NULL;
         const int sm80 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !rf.causal) && !general && !paged && !packed &&
                          bwd_family_possible(b, FC_FAMILY_SM80, cc);
-        /* (D=256: the sm90 family's plain calls alone) */
-        const int plain256 = f->mask_kind == FC_MASK_NONE && !general && !softcap && !packed;
-        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && !softcap)) && !paged &&
+        /* (D=256: the sm90 family without a band or packed rows) */
+        const int plain256 = !general && !packed;
+        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && (!softcap || sm90_softcap_mask_ok(f)))) && !paged &&
                          (!packed || packed_plain) && (f->head_dim != 256 || plain256) &&
                          bwd_family_possible(b, FC_FAMILY_SM90, cc);
         REQUIRE((sup == FC_UNSUPPORTED_PAGED) == paged);
