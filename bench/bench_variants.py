@@ -49,6 +49,7 @@ SHAPES = [
     ("window 4k, S=8k", 1, 32, 8, 8192, 8192, 128, True, (4096, 0), "top_left"),
     ("window 4k, S=16k", 1, 32, 8, 16384, 16384, 128, True, (4096, 0), "top_left"),
     ("window 1k, S=8k, D=64", 2, 16, 16, 8192, 8192, 64, True, (1024, 0), "top_left"),
+    ("window 4k, S=16k, D=256 (Gemma 2)", 1, 8, 4, 16384, 16384, 256, True, (4096, 0), "top_left"),
     ("chunk 512 on 8k keys", 1, 32, 8, 512, 8192, 128, True, (-1, -1), "bottom_right"),
     ("chunk 512 on 32k keys", 1, 32, 8, 512, 32768, 128, True, (-1, -1), "bottom_right"),
     ("spec decode 4 on 8k", 8, 32, 8, 4, 8192, 128, True, (-1, -1), "bottom_right"),

@@ -124,11 +124,10 @@ FC_API fc_status fc_bwd_params_validate(const fc_bwd_params *p) {
 }
 
 
-/* The Hopper family's D=256 kernel (kernels/sm90/bwd_d256.cuh) has no band or packed variant
- * (masks and a softcap it has): for those calls that head dim has no kernel (f with its band
- * resolved). */
+/* The Hopper family's D=256 kernel (kernels/sm90/bwd_d256.cuh) has no packed variant (masks, a
+ * band and a softcap it has): for packed calls that head dim has no kernel. */
 static int sm90_variant_built(const fc_params *f) {
-    return f->head_dim != 256 || (f->band_ != FC_BAND_GENERAL_ && f->cu_seq_q == NULL);
+    return f->head_dim != 256 || f->cu_seq_q == NULL;
 }
 
 static const bwd_entry *find_bwd_kernel(fc_family family, const fc_params *f) {

@@ -1,7 +1,8 @@
 // sm90/bwd_d256.cuh - the Hopper (sm_90a) fused attention backward at head dim 256: the same
 // computation as sm90/bwd_kernel.cuh (whose comment has the formulas), with its producer, for
-// calls causal top-left or not, GQA, any lengths, a softcap or none, a bool or additive mask
-// (not with causal) or none; no band or packed rows.
+// calls causal top-left or not, a band (a sliding window or bottom-right causal), GQA, any
+// lengths, a softcap or none, a bool or additive mask (not with causal or a band) or none; no
+// packed rows.
 //
 // Why a kernel of its own: the D=64/128 kernel gives each consumer warpgroup 64 keys and their dK
 // and dV, which at D=256 are 256 fp32 registers per thread. Here a CTA takes a block of 64 keys
@@ -28,6 +29,10 @@
 // dq_chunk_at), then releases the stage to the step loaders.
 //
 // dK and dV leave from registers at the tile's end (dK scaled), keys past Sk not written.
+//
+// Band (kBand, with the causal configuration): as bwd_kernel's, the scheduler's tiles visit only
+// the query tiles whose rows see a key of the block (tile_at), and the P warpgroup masks scores
+// per element in the steps an edge of the band crosses; a block no row sees writes zero dK and dV.
 //
 // Masks (kMask: kMaskBool or kMaskAdditive): the P warpgroup reads the step's mask elements from
 // global memory, as bwd_kernel's element-wise variants do (prefetched toward L1 before the score
@@ -186,7 +191,7 @@ __device__ __forceinline__ void prefetch_step_mask(const Mask &mask, const fc_pa
 
 // One step for a thread of the P warpgroup: S^T, P^T (to the exchange; kSoftcap: P^T (1 - t^2)),
 // dV += P^T dO, dQ.
-template <typename T, typename Elem, bool kCausal, int kMask, bool kSoftcap, bool kMaybeMasked>
+template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kMaybeMasked>
 __device__ __forceinline__ void p_step(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps, const fc_params &f,
                                        const Tile &tile, int step, int step_all, float (&dv)[T::kHeadDim / 2], uint32_t base,
                                        float scale_log2, int my_row, int col_in_tile, int lane, int seqlen_k) {
@@ -218,10 +223,15 @@ __device__ __forceinline__ void p_step(BwdBarriers &bars, unsigned char *smem, c
     const int thread = threadIdx.x % 128;
     if constexpr (kSoftcap) cap_scores(s, maps.softcap_in, px, thread);
     const int n_start = tile.n_start;
-    const bool masked_tile = kMaybeMasked && (n_start + T::kBlockN > seqlen_k || (kCausal && m_start < n_start + T::kBlockN));
+    // (kBand: no element of the step is masked when its last row reaches back to the block's
+    // first key and its first row forward to the block's last, as in bwd_kernel's compute_step.)
+    const bool masked_tile =
+        kMaybeMasked && (n_start + T::kBlockN > seqlen_k ||
+                         (kBand ? n_start - (m_start + T::kBlockM - 1) < f.band_lo_ || n_start + T::kBlockN - 1 - m_start > f.band_hi_
+                                : kCausal && m_start < n_start + T::kBlockN));
     uint32_t p_frag[4][4], unused_frag[4][4];
     float unused_dp[32];
-    softmax<T, Elem, kCausal, kMask, false, false, false>(
+    softmax<T, Elem, kCausal, kMask, kBand, false, false>(
         p_frag, unused_frag, s, unused_dp, terms, lse_of_tile, nullptr, mask, maps, f, scale_log2,
         masked_tile, m_start, n_start + my_row, my_row, col_in_tile, seqlen_k, static_cast<int>(f.seqlen_q));
     if constexpr (kSoftcap)
@@ -286,7 +296,7 @@ __device__ __forceinline__ void store_grad_rows(const float (&acc)[kHeadDim / 2]
 
 // A consumer warpgroup's tiles: kDsRole picks the dS warpgroup's steps (dK) over the P
 // warpgroup's (dV).
-template <typename T, typename Elem, bool kCausal, int kMask, bool kSoftcap, bool kDsRole>
+template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kDsRole>
 __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps,
                                               const fc_bwd_params &p) {
     constexpr int kHeadDim = T::kHeadDim;
@@ -311,7 +321,7 @@ __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *
                 if constexpr (kDsRole) {
                     ds_step<T, Elem>(bars, smem, step_all, grad, base, my_row, col_in_tile, lane);
                 } else {
-                    p_step<T, Elem, kCausal, kMask, kSoftcap, decltype(maybe_masked)::value>(bars, smem, maps, f, tile, step, step_all, grad,
+                    p_step<T, Elem, kCausal, kMask, kBand, kSoftcap, decltype(maybe_masked)::value>(bars, smem, maps, f, tile, step, step_all, grad,
                                                                            base, scale_log2, my_row, col_in_tile, lane,
                                                                            seqlen_k);
                 }
@@ -326,10 +336,11 @@ __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *
     }
 }
 
-template <typename Elem, bool kCausal, int kMask, bool kSoftcap>
+template <typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap>
 __global__ void __launch_bounds__(BwdTraits<256>::kThreads, 1)
 bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     using T = BwdTraits<256>;
+    static_assert(!kBand || (kCausal && kMask == kMaskNone), "a band runs in the causal configuration, without a mask");
     extern __shared__ unsigned char smem_raw[];
     __shared__ BwdBarriers bars;
     unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -349,7 +360,7 @@ bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
             write_dq<T, false>(bars, maps, ws, p,
                                [&](float *rows, int step_all) { reduce_staged_rows<T>(bars, smem, rows, step_all); });
         } else if (threadIdx.x == 96) {
-            schedule_tiles_and_load_kv<T, kCausal, false, false>(bars, smem, maps, p, ws, tiles);
+            schedule_tiles_and_load_kv<T, kCausal, kBand, false>(bars, smem, maps, p, ws, tiles);
         } else if (threadIdx.x == 64) {
             load_row_terms<T, false>(bars, smem, ws, p);
         } else if (threadIdx.x == 0) {
@@ -359,9 +370,9 @@ bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegs));
     if (warpgroup == 1)
-        consume_tiles<T, Elem, kCausal, kMask, kSoftcap, false>(bars, smem, maps, p);
+        consume_tiles<T, Elem, kCausal, kMask, kBand, kSoftcap, false>(bars, smem, maps, p);
     else
-        consume_tiles<T, Elem, kCausal, kMask, kSoftcap, true>(bars, smem, maps, p);
+        consume_tiles<T, Elem, kCausal, kMask, kBand, kSoftcap, true>(bars, smem, maps, p);
 }
 
 }  // namespace sm90_bwd

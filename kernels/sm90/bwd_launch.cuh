@@ -34,10 +34,10 @@
 namespace flashcore {
 namespace sm90_bwd {
 
-// The main kernel of a variant: D=256's own (plain calls, a softcap or none), else bwd_kernel.
+// The main kernel of a variant: D=256's own, else bwd_kernel.
 template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand, bool kSoftcap>
 constexpr auto main_kernel() {
-    if constexpr (kHeadDim == 256) return bwd_kernel_d256<Elem, kCausal, kMask, kSoftcap>;
+    if constexpr (kHeadDim == 256) return bwd_kernel_d256<Elem, kCausal, kMask, kBand, kSoftcap>;
     else return bwd_kernel<Elem, kHeadDim, kCausal, kMask, kBand, kSoftcap>;
 }
 
@@ -179,12 +179,15 @@ cudaError_t launch_bwd_variant_of(const fc_bwd_params &p, const fc_device_facts 
     }
 }
 
-// D=256's variants: causal or none, each with or without a softcap; a bool mask (read element by
-// element: no mask tiles), with or without one; an additive mask without one (c_src/bwd.c: that
-// variant with a softcap spilled).
+// D=256's variants: causal, a general band or none, each with or without a softcap; a bool mask
+// (read element by element: no mask tiles), with or without one; an additive mask without one
+// (c_src/bwd.c: that variant with a softcap spilled).
 template <typename Elem>
 cudaError_t launch_bwd_d256(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     const bool softcap = p.fwd.softcap != 0.f;
+    if (p.fwd.band_ == FC_BAND_GENERAL_)  // (no mask with it: c_src/bwd.c)
+        return softcap ? launch_bwd<Elem, 256, true, kMaskNone, true, true>(p, dev, stream)
+                       : launch_bwd<Elem, 256, true, kMaskNone, true>(p, dev, stream);
     switch (p.fwd.mask_kind) {
     case FC_MASK_BOOL:
         return softcap ? launch_bwd<Elem, 256, false, kMaskBool, false, true>(p, dev, stream)
@@ -203,7 +206,7 @@ cudaError_t launch_bwd_d256(const fc_bwd_params &p, const fc_device_facts &dev, 
 // The D=256 kernel's calls, or the variant for a call at D=64/128.
 template <typename Elem, int kHeadDim>
 cudaError_t launch_bwd_variant(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
-    if constexpr (kHeadDim == 256) {  // no band or packed rows; masks not with causal (c_src/bwd.c)
+    if constexpr (kHeadDim == 256) {  // no packed rows; masks not with causal or a band (c_src/bwd.c)
         return launch_bwd_d256<Elem>(p, dev, stream);
     } else {
         return launch_bwd_variant_of<Elem, kHeadDim>(p, dev, stream);

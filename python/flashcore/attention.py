@@ -22,9 +22,9 @@ Arguments beyond ``F.scaled_dot_product_attention``'s (no dropout here):
   dLSE)``.
 * ``softcap``: a logit softcap (Gemma 2's ``attn_logit_softcapping``, FlashAttention's
   ``softcap``): every scaled score s becomes ``softcap * tanh(s / softcap)`` before the mask and
-  the softmax; 0 (the default) means none. The Hopper kernels (forward: D = 64, 128, 256;
-  backward: 64, 128) apply it without a mask, the sm80-class forward with or without one (its
-  gradients then come from the Python backward); elsewhere (sinks with a mask, head dims no
+  the softmax; 0 (the default) means none. The Hopper kernels (forward and backward: D = 64,
+  128, 256; the D=256 backward with a bool mask too) apply it without a mask, the sm80-class
+  family (forward every head dim, backward D = 32-128) with or without one; elsewhere (sinks with a mask, head dims no
   kernel takes, the CPU) the call is computed in PyTorch in float32, rows in chunks, at unfused
   cost.
 * ``return_lse=True`` also returns the natural-log log-sum-exp of each query row (float32;
@@ -37,8 +37,9 @@ kernel (``kernels/sm90/fwd_kernel.cuh``, kBand: the key loop starts and ends at 
 that family runs the call; everywhere else (other GPUs and head dims, with an ``attn_mask``, on the
 CPU) the band becomes an explicit mask for FlashCore's or PyTorch's masked path, which gives the
 same result at dense cost. ``flashcore.explain_attention(...)`` says which. Gradients flow to q, k
-and v (and a float ``attn_mask``) through FlashCore's backward: the band as a mask in its Python
-backward until the backward kernels take bands.
+and v (and a float ``attn_mask``) through FlashCore's backward: the Hopper family's backward
+kernels take the band (D = 64, 128, 256) and skip the key blocks outside it; elsewhere the
+backward reads the band's explicit mask, as the forward did.
 
 All of it is one op, ``torch.ops.flashcore.attention_fwd``, opaque to torch.compile (no graph
 break), with a fake and autograd registered here.

@@ -897,6 +897,27 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof(kBwdD256SoftcapCases) / sizeof(kBwdD256SoftcapCases[0]); ++i)
         failed += run_bwd_case(&kBwdD256SoftcapCases[i].tc, NULL, BWD_AUTO, kBwdD256SoftcapCases[i].softcap);
+    /* D=256 with a band (the sm90 family's own kernel, 64-key blocks), with and without a
+     * softcap (Gemma 2's sliding layers): the diagonal alone, a window with interior steps
+     * unmasked, GQA 4:1, bottom-right causal with rows that see no key, key blocks no row sees
+     * (zero dk, dv), one row. */
+    typedef struct band_softcap_case {
+        test_case tc;
+        test_band band;
+        float softcap;
+    } band_softcap_case;
+    static const band_softcap_case kBwdD256BandCases[] = {
+        {{1, 2, 2, 256, 256, 256, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 0, 0, FC_ALIGN_TOP_LEFT, 1}, 0.0f},
+        {{1, 4, 1, 300, 300, 256, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 127, 0, FC_ALIGN_TOP_LEFT, 1}, 0.0f},
+        {{1, 2, 1, 600, 600, 256, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 300, 100, FC_ALIGN_TOP_LEFT, 1}, 0.0f},
+        {{1, 2, 2, 300, 77, 256, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {0, -1, -1, FC_ALIGN_BOTTOM_RIGHT, 1}, 0.0f},
+        {{1, 2, 1, 127, 1000, 256, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 100, 0, FC_ALIGN_BOTTOM_RIGHT, 1}, 30.0f},
+        {{2, 4, 2, 200, 200, 256, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0}, {1, 64, 0, FC_ALIGN_TOP_LEFT, 1}, 50.0f},
+        {{1, 2, 2, 1, 513, 256, 0, FC_DTYPE_FP16, FC_MASK_NONE, 0}, {1, 100, 0, FC_ALIGN_BOTTOM_RIGHT, 1}, 5.0f},
+    };
+    for (size_t i = 0; i < sizeof(kBwdD256BandCases) / sizeof(kBwdD256BandCases[0]); ++i)
+        failed += run_bwd_case(&kBwdD256BandCases[i].tc, &kBwdD256BandCases[i].band, BWD_AUTO,
+                               kBwdD256BandCases[i].softcap);
     /* D=256 with a mask (the sm90 family's kernel reads it element by element): bool in every
      * layout and additive, GQA, Sq != Sk both ways, a CTA through many steps, rows that see no key. */
     static const test_case kBwdD256MaskCases[] = {

@@ -830,9 +830,9 @@ static void check_bwd(void) {
             }
         }
     }
-    /* D=256: the Hopper family's kernel, masks (not with causal) and a softcap (not with an
-     * additive mask) taken, no band or packed rows (no kernel for that head dim then); none in
-     * the sm80-class family. */
+    /* D=256: the Hopper family's kernel, masks (not with causal), a band and a softcap (not with
+     * an additive mask) taken, no packed rows (no kernel for that head dim then); none in the
+     * sm80-class family. */
     {
         fc_bwd_params b = valid_bwd_params();
         b_head_dim_256(&b);
@@ -845,6 +845,16 @@ static void check_bwd(void) {
             b.fwd.softcap = 30.0f;
             CHECK_STATUS("bwd head dim 256, causal, softcap", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
             CHECK_FAMILY("bwd head dim 256, softcap: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+            b.fwd.windowed = 1, b.fwd.window_left = 16, b.fwd.window_right = 0;  /* Gemma 2's sliding layers */
+            CHECK_STATUS("bwd head dim 256, window, softcap", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+            CHECK_FAMILY("bwd head dim 256, window, softcap: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+            b.fwd.softcap = 0.0f;
+            CHECK_STATUS("bwd head dim 256, window", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+            b_deterministic(&b);
+            CHECK_STATUS("bwd head dim 256, window, deterministic", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_BAND);
+            b.deterministic = 0;
+            b.fwd.windowed = 0, b.fwd.window_left = b.fwd.window_right = -1;
+            b.fwd.softcap = 30.0f;
             b_mask(&b);
             b.fwd.causal = 0;
             CHECK_STATUS("bwd head dim 256, softcap, bool mask", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);

@@ -60,7 +60,7 @@
  *     dout/dq/dk/dv/dlse/workspace), the support query and family against an independent model
  *     of the choice (AUTO: sm90 where it runs the call and determinism is not asked for, else
  *     sm80-class; a softcap in sm90 without a mask, in sm80 with or without one; sm90 at
- *     D=256 only without a band or packed rows (masks and a softcap taken, not an additive mask
+ *     D=256 only without packed rows (masks, a band and a softcap taken, not an additive mask
  *     with a softcap); a forced
  *     family or an FC_UNSUPPORTED_* reason that holds), the workspace size
  *     (>= each family's need, per docs/USAGE.md / dispatch.h), and fc_sdpa_bwd on sm_89 and sm_90:
@@ -792,10 +792,9 @@ static int bwd_sm90_takes(const fc_bwd_params *b) {
     return ctas <= INT32_MAX && packed_tiles <= INT32_MAX;
 }
 
-/* D=256's sm90 kernel: no general band or packed rows (masks, a softcap or none). */
-static int sm90_d256_plain(const fc_bwd_params *b) {
-    const fc_params rf = resolved_of(&b->fwd);
-    return rf.band_ != FC_BAND_GENERAL_ && rf.cu_seq_q == NULL;
+/* D=256's sm90 kernel: no packed rows (masks, a band, a softcap or none). */
+static int sm90_d256_unpacked(const fc_bwd_params *b) {
+    return b->fwd.cu_seq_q == NULL;
 }
 
 /* The sm90 family's softcap: no mask but at D=256 with a bool mask. */
@@ -927,8 +926,8 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
         REQUIRE(f->head_dim == 64 || f->head_dim == 128 || f->head_dim == 256);
     else
         REQUIRE(f->head_dim == 32 || f->head_dim == 64 || f->head_dim == 80 || f->head_dim == 96 || f->head_dim == 128);
-    /* D=256 (the sm90 family): no band or packed rows (masks, a softcap or none). */
-    if (f->head_dim == 256) REQUIRE(rf.band_ != FC_BAND_GENERAL_ && f->cu_seq_q == NULL);
+    /* D=256 (the sm90 family): no packed rows (masks, a band, a softcap or none). */
+    if (f->head_dim == 256) REQUIRE(f->cu_seq_q == NULL);
     REQUIRE(bwd_built(fam, f->head_dim, f->dtype) && bwd_family_runs_on(fam, cc));
     REQUIRE(cc == 89 || cc == 90);
     REQUIRE(f->family == FC_FAMILY_AUTO || f->family == fam);
@@ -1534,7 +1533,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
             REQUIRE(round16(f->cu_seq_q != NULL ? fc_sm90_bwd_varlen_workspace_bytes(f) : fc_sm90_bwd_workspace_bytes(f)) ==
                     bwd_need(f, b->deterministic, FC_FAMILY_SM90));
         }
-        if (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) && (f->head_dim != 256 || sm90_d256_plain(b)))
+        if (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) && (f->head_dim != 256 || sm90_d256_unpacked(b)))
             REQUIRE((i128)ws >= bwd_need(f, b->deterministic, FC_FAMILY_SM90));
     }
 
@@ -1571,10 +1570,9 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         const int packed_plain = f->mask_kind == FC_MASK_NONE && !softcap && !general && f->sinks == NULL;
         const int sm80 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !rf.causal) && !general && !paged && !packed &&
                          bwd_family_possible(b, FC_FAMILY_SM80, cc);
-        /* (D=256: the sm90 family without a band or packed rows) */
-        const int plain256 = !general && !packed;
+        /* (D=256: the sm90 family without packed rows) */
         const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && (!softcap || sm90_softcap_mask_ok(f)))) && !paged &&
-                         (!packed || packed_plain) && (f->head_dim != 256 || plain256) &&
+                         (!packed || packed_plain) && (f->head_dim != 256 || !packed) &&
                          bwd_family_possible(b, FC_FAMILY_SM90, cc);
         REQUIRE((sup == FC_UNSUPPORTED_PAGED) == paged);
         if (sup == FC_UNSUPPORTED_VARLEN) REQUIRE(packed && !paged);
@@ -1608,7 +1606,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
                     ((f->family != FC_FAMILY_SM80 && f->family != FC_FAMILY_SM90) || !bwd_family_runs_on(f->family, cc)));
         if (sup == FC_UNSUPPORTED_HEAD_DIM)
             REQUIRE(!bwd_built(f->family == FC_FAMILY_SM90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80, f->head_dim, f->dtype) ||
-                    (f->family == FC_FAMILY_SM90 && f->head_dim == 256 && !plain256));
+                    (f->family == FC_FAMILY_SM90 && f->head_dim == 256 && packed));
         REQUIRE(sup != FC_UNSUPPORTED_SLOWER && sup != FC_UNSUPPORTED_SLOWER_MASK && sup != FC_UNSUPPORTED_EMPTY);
     }
 
