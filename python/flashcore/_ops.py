@@ -532,10 +532,12 @@ TRAINING_TABLE = {
     # 1.35-1.36x at 4096 (0.84-1.05x before the backward's copy). Shorter: not measured.
     # Additive masks (forward in the sm80-class family, backward element by element): 0.52-0.87x.
     ((9, 0), "sm90-masked"): (True, "", 1024),
-    # D=256 with a mask (the D=256 kernel's element-by-element reads, forty-seventh session): not
-    # measured against aten's masked backward; its unmasked backward ran at 0.84-1.00x cuDNN's.
-    ((9, 0), "sm90-masked", 256): (False, "D=256's masked sm90 backward: not measured against "
-                                          "PyTorch's, docs/experiments/backward.md"),
+    # D=256 with a bool mask (the D=256 kernel's element-by-element reads; its forward in the
+    # sm80-class family), bf16, 16k tokens, H200, one run (forty-eighth session,
+    # bench/results/masked_step_d256_nvidia-h200_2026-11-29_1853.json; PyTorch's time / the pair's):
+    # HuggingFace's padded causal mask 1.13x at 1024 keys and 1.15x at 4096, a key-padding mask
+    # 1.00x and 1.08x: FlashCore from 4096 keys. (Additive masks keep the additive entry: 0.97-1.15x.)
+    ((9, 0), "sm90-masked", 256): (True, "", 4096),
     ((9, 0), "sm90-masked-additive"): (False, "0.52-0.87x PyTorch's training step with an additive "
                                               "mask on the H100, docs/experiments/forward-masks.md"),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),
