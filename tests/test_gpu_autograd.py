@@ -145,18 +145,24 @@ SHAPES = {  # name: (B, Hq, Hkv, Sq, Sk)
 }
 
 
+def d256_inputs(dtype, shape):
+    """The sizes of SHAPES[shape] and fresh q, k, v at D=256; skips off Hopper (D=256's fused
+    backward is the sm90 family's) and where the build left the kernel out."""
+    if BWD_KERNEL_PATH != "kernel sm90":
+        pytest.skip("D=256's fused backward is the sm90 family's (Hopper)")
+    require_kernel(256, dtype)
+    B, Hq, Hkv, Sq, Sk = SHAPES[shape]
+    q, k, v = (rand(b, h, s, 256, dtype=dtype) for b, h, s in ((B, Hq, Sq), (B, Hkv, Sk), (B, Hkv, Sk)))
+    return B, Hq, Hkv, Sq, Sk, q, k, v
+
+
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_kernel_grads_d256(dtype, causal, shape):
     """D=256 on Hopper: the sm90 family's own kernel (kernels/sm90/bwd_d256.cuh, 64-key blocks,
     plain calls), against the rule of the kernel path, on a poisoned allocator."""
-    if BWD_KERNEL_PATH != "kernel sm90":
-        pytest.skip("D=256's fused backward is the sm90 family's (Hopper)")
-    require_kernel(256, dtype)
-    B, Hq, Hkv, Sq, Sk = SHAPES[shape]
-    q, k, v = rand(B, Hq, Sq, 256, dtype=dtype), rand(B, Hkv, Sk, 256, dtype=dtype), \
-        rand(B, Hkv, Sk, 256, dtype=dtype)
+    B, Hq, Hkv, Sq, Sk, q, k, v = d256_inputs(dtype, shape)
     kw = dict(is_causal=causal, enable_gqa=Hq != Hkv)
     grad_out = torch.randn(B, Hq, Sq, 256, dtype=dtype, device=DEVICE)
     assert_backward_kernel(grad_out, q, k, v, **kw, expected="kernel sm90")
@@ -177,12 +183,7 @@ def test_kernel_grads_d256_masks(dtype, shape, mask_form):
     key-padding bool mask broadcast over heads, a dense random one per head, one stored
     transposed, an additive one with -inf), against the rule of the kernel path. (Every row sees
     a key here: PyTorch's reference differs on rows that see none; the C API test has them.)"""
-    if BWD_KERNEL_PATH != "kernel sm90":
-        pytest.skip("D=256's fused backward is the sm90 family's (Hopper)")
-    require_kernel(256, dtype)
-    B, Hq, Hkv, Sq, Sk = SHAPES[shape]
-    q, k, v = rand(B, Hq, Sq, 256, dtype=dtype), rand(B, Hkv, Sk, 256, dtype=dtype), \
-        rand(B, Hkv, Sk, 256, dtype=dtype)
+    B, Hq, Hkv, Sq, Sk, q, k, v = d256_inputs(dtype, shape)
     keys = torch.arange(Sk, device=DEVICE)
     if mask_form == "padding_bool":
         pad = torch.tensor([0, Sk // 3] + [0] * (B - 2), device=DEVICE)[:B]
