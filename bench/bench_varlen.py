@@ -23,7 +23,8 @@ What it measures
                  the last document cut so the total is exact
     all-1024     documents of 1024 tokens
     8k+64s       one document of 8192 tokens, then documents of 64
-  Heads: D=128 with 16:16 (query:kv) heads, D=64 with 32:32, and GQA D=128 with 32:8.
+  Heads: D=128 with 16:16 (query:kv) heads, D=64 with 32:32, and GQA D=128 with 32:8 (--heads
+  names others, e.g. 256:8:4 for a Gemma-like D=256).
   Passes: fwd (under no_grad) and fwd+bwd (the forward, then torch.autograd.grad of the output
   with respect to (q, k, v) for a fixed random grad_out).
 
@@ -91,6 +92,20 @@ PASSES = ("fwd", "fwd+bwd")
 
 
 # --------------------------------------------------------------------------- mixes and FLOPs
+
+def parse_heads(text):
+    """"D:Hq:Hkv[,D:Hq:Hkv...]" -> ((D, Hq, Hkv), ...)."""
+    configs = []
+    for part in text.split(","):
+        try:
+            d, hq, hkv = (int(x) for x in part.split(":"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--heads wants D:Hq:Hkv[,...], got {part!r}") from None
+        if min(d, hq, hkv) < 1 or hq % hkv:
+            raise argparse.ArgumentTypeError(f"--heads {part!r}: sizes must be positive and Hq a multiple of Hkv")
+        configs.append((d, hq, hkv))
+    return tuple(configs)
+
 
 def parse_tokens(text):
     """'16k,64k' or '16384,65536' -> [16384, 65536]."""
@@ -492,6 +507,8 @@ def parse_args(argv):
     ap.add_argument("--tokens", type=parse_tokens, default=None, metavar="N[,N...]",
                     help="tokens per batch, e.g. 16k,64k (the default; --quick: 16k; "
                          "--device cpu: 1k)")
+    ap.add_argument("--heads", type=parse_heads, default=None, metavar="D:Hq:Hkv[,...]",
+                    help="head configs (default 128:16:16,64:32:32,128:32:8; --quick: the D=128 ones)")
     ap.add_argument("--iters", type=int, default=None,
                     help="timed rounds (default 30; --quick 10; --device cpu 2)")
     ap.add_argument("--warmup", type=int, default=None,
@@ -527,7 +544,7 @@ def main(argv=None):
         return 0
     import flashcore  # after the CUDA check: a failure here is an error, the point is to time it
 
-    configs = [c for c in HEAD_CONFIGS if not args.quick or c[0] == 128]
+    configs = list(args.heads) if args.heads else [c for c in HEAD_CONFIGS if not args.quick or c[0] == 128]
     card = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     sha, dirty = git_sha()
     now = _dt.datetime.now()
