@@ -124,12 +124,6 @@ FC_API fc_status fc_bwd_params_validate(const fc_bwd_params *p) {
 }
 
 
-/* The Hopper family's D=256 kernel (kernels/sm90/bwd_d256.cuh) has no packed variant (masks, a
- * band and a softcap it has): for packed calls that head dim has no kernel. */
-static int sm90_variant_built(const fc_params *f) {
-    return f->head_dim != 256 || f->cu_seq_q == NULL;
-}
-
 static const bwd_entry *find_bwd_kernel(fc_family family, const fc_params *f) {
     for (size_t i = 0; kBwdKernels[i].launch != NULL; ++i)
         if (kBwdKernels[i].family == family && kBwdKernels[i].head_dim == f->head_dim &&
@@ -141,7 +135,7 @@ static const bwd_entry *find_bwd_kernel(fc_family family, const fc_params *f) {
 /* The Hopper family loads Q, dO, K and V through TMA tensor maps: the forward's layout rules
  * (no broadcast dim, positive scale) for q, k, v, and for dout as a Q-shaped operand. Its grid is
  * one dimension of (key block, KV head, batch) CTAs, at most 2^31 - 1 of them (128-key blocks;
- * D=256: 64). */
+ * D=256: 64; a packed call: each listed 128-key block, at D=256 as two tiles). */
 static int sm90_takes_layout(const fc_bwd_params *p) {
     int64_t ctas = 0;
     const int64_t block = fc_sm90_bwd_key_block(p->fwd.head_dim);
@@ -149,10 +143,12 @@ static int sm90_takes_layout(const fc_bwd_params *p) {
     if (__builtin_mul_overflow(key_blocks, p->fwd.heads_kv, &ctas) ||
         __builtin_mul_overflow(ctas, p->fwd.batch, &ctas) || ctas > INT32_MAX)
         return 0;
-    /* A packed call's tiles: at most the key-block list's capacity per KV head. */
+    /* A packed call's tiles: at most the key-block list's capacity per KV head, times the tiles
+     * of a listed block. */
+    const int64_t tiles_per_listed_block = FC_VARLEN_BLOCK_ROWS / block;
     if (p->fwd.cu_seq_q != NULL &&
         (__builtin_mul_overflow(fc_varlen_block_capacity(p->fwd.total_k, p->fwd.batch), p->fwd.heads_kv, &ctas) ||
-         ctas > INT32_MAX))
+         __builtin_mul_overflow(ctas, tiles_per_listed_block, &ctas) || ctas > INT32_MAX))
         return 0;
     fc_params as_dout = p->fwd;
     as_dout.q_stride_b = p->do_stride_b;
@@ -184,7 +180,6 @@ static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_ma
          p->fwd.band_ == FC_BAND_GENERAL_ || p->fwd.sinks != NULL))
         return FC_UNSUPPORTED_VARLEN;
     if ((*entry = find_bwd_kernel(family, &p->fwd)) == NULL) return FC_UNSUPPORTED_HEAD_DIM;
-    if (family == FC_FAMILY_SM90 && !sm90_variant_built(&p->fwd)) return FC_UNSUPPORTED_HEAD_DIM;
     if (family == FC_FAMILY_SM90 && !sm90_takes_layout(p)) return FC_UNSUPPORTED_LAYOUT;
     return FC_OK;
 }
@@ -253,9 +248,7 @@ FC_API fc_status fc_sdpa_bwd_workspace_size(const fc_bwd_params *p, int64_t *byt
     if (s != FC_OK) return s;
     /* Sizes only (no device query): enough for either family where a Hopper kernel is built. */
     int64_t need = p->fwd.cu_seq_q != NULL ? 0 : bwd_workspace_bytes(p, FC_FAMILY_SM80);  /* (packed: sm90 alone) */
-    fc_params resolved = p->fwd;
-    fc_resolve_band_(&resolved);
-    if (find_bwd_kernel(FC_FAMILY_SM90, &p->fwd) != NULL && sm90_variant_built(&resolved)) {
+    if (find_bwd_kernel(FC_FAMILY_SM90, &p->fwd) != NULL) {
         const int64_t sm90 = bwd_workspace_bytes(p, FC_FAMILY_SM90);
         if (sm90 > need) need = sm90;
     }

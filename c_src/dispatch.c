@@ -99,14 +99,14 @@ static const kernel_entry *find_kernel(fc_family family, const fc_params *p) {
 
 /* The sm80 family reads any attn_mask (a mask tile per K/V tile, kernels/fwd_sm80.cuh). The
  * Hopper forward reads bool masks whose tiles TMA can bring (fc_mask_tiles_fit_), alongside
- * each V tile, at D=64 and 128, in its non-causal configuration (kMasked in
+ * each V tile, at D=64, 128 and 256, in its non-causal configuration (kMasked in
  * kernels/sm90/fwd_traits.cuh): no causal flag, band, softcap or sinks with it. The decode
  * kernels read any mask element by element beside their scores (kMasked in
  * kernels/decode_sm80.cuh), without the causal flag (PyTorch never passes both). */
 static int family_takes_mask(fc_family family, const fc_params *p) {
     if (p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80) return 1;
     if (family == FC_FAMILY_DECODE) return !p->causal;
-    return family == FC_FAMILY_SM90 && (p->head_dim == 64 || p->head_dim == 128) && !p->causal &&
+    return family == FC_FAMILY_SM90 && (p->head_dim == 64 || p->head_dim == 128 || p->head_dim == 256) && !p->causal &&
            p->band_ != FC_BAND_GENERAL_ && p->softcap == 0.0f && p->sinks == NULL && fc_mask_tiles_fit_(p);
 }
 
@@ -182,9 +182,9 @@ static int sm80_slower_than_fallback(fc_family family, const fc_params *p, int c
  * the sm80 kernels more than PyTorch's. (Measurements, tools/mask_forms_vs_aten.py:
  * docs/experiments/forward-masks.md, thirtieth session, "Measured before", and "Measurements
  * moved from c_src/dispatch.c (sm80_masked_slower_than_fallback)".)
- * At D=64 and 128 the Hopper family takes every bool mask it can read (the op hands it a copy
- * with 16-byte rows where that is all it lacks), so what reaches the sm80 family there goes to
- * PyTorch; at the other head dims, additive masks, masks broadcast over the query rows and
+ * At D=64, 128 and 256 the Hopper family takes every bool mask it can read (the op hands it a
+ * copy with 16-byte rows where that is all it lacks), so what reaches the sm80 family there goes
+ * to PyTorch; at the other head dims, additive masks, masks broadcast over the query rows and
  * one-row calls. Only for calls PyTorch's SDPA expresses (no causal flag with the mask, band,
  * softcap or sinks) and that want no LSE: a training call's forward stays in the sm80 family,
  * whose LSE FlashCore's backward reads (the training route weighs the whole step and sends
@@ -195,7 +195,7 @@ static int sm80_masked_slower_than_fallback(fc_family family, const fc_params *p
         p->band_ == FC_BAND_GENERAL_ || p->softcap != 0.0f || p->sinks != NULL ||
         !fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor))
         return 0;
-    return p->mask_kind == FC_MASK_ADDITIVE || p->head_dim == 64 || p->head_dim == 128 ||
+    return p->mask_kind == FC_MASK_ADDITIVE || p->head_dim == 64 || p->head_dim == 128 || p->head_dim == 256 ||
            p->mask_stride_q == 0 || p->seqlen_q == 1;
 }
 

@@ -122,11 +122,11 @@ def family(request, monkeypatch):
 
 def sm90_takes_mask(q, mask, is_causal=False):
     """The Hopper family's mask rule (c_src/dispatch.c, family_takes_mask), stated on its own: a
-    bool mask at D = 64 or 128, not causal, whose (B, H, Sq, Sk) view (broadcast dims at stride 0,
+    bool mask at D = 64, 128 or 256, not causal, whose (B, H, Sq, Sk) view (broadcast dims at stride 0,
     as torch_op/op_common.h describes it) has contiguous keys, a query stride that is a positive
     16-byte multiple, head and batch strides that are 16-byte multiples, and a 16-byte-aligned
     base."""
-    if mask.dtype != torch.bool or q.shape[-1] not in (64, 128) or is_causal:
+    if mask.dtype != torch.bool or q.shape[-1] not in (64, 128, 256) or is_causal:
         return False
     target = (q.shape[0], q.shape[1], q.shape[2], mask.shape[-1])
     strides = [0, 0, 0, 0]
@@ -154,10 +154,10 @@ def _mask_strides(q, k, mask):
 def sm90_takes_copy(q, k, mask, is_causal=False):
     """The op's mask copy rule (torch_op/flashcore_op.cpp, plan_mask_copy), stated on its own:
     on Hopper a bool mask the sm90 family cannot read as it is runs there on a copy with 16-byte
-    rows, one per query, when the call has more than one query row (D = 64 or 128, not causal)
+    rows, one per query, when the call has more than one query row (D = 64, 128 or 256, not causal)
     and the copy, (B or 1, H or 1, Sq, Sk rounded up to 16) bytes, is no larger than q, k, v
     and the output together or twice the bytes the mask's view spans in memory."""
-    if mask.dtype != torch.bool or q.shape[-1] not in (64, 128) or is_causal or q.shape[2] == 1:
+    if mask.dtype != torch.bool or q.shape[-1] not in (64, 128, 256) or is_causal or q.shape[2] == 1:
         return False
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -174,11 +174,11 @@ def goes_to_pytorch(q, k, mask, is_causal=False, lse=False):
     """The dispatch rule for masked calls the sm80 family would run on Hopper (c_src/dispatch.c,
     sm80_masked_slower_than_fallback), stated on its own: under auto, without an LSE wanted
     (sdpa, not sdpa_fwd) and without is_causal, PyTorch's SDPA runs every additive mask, and a
-    bool one at D = 64 and 128, or at the other head dims when it is broadcast over the query
-    rows (or there is one)."""
+    bool one at D = 64, 128 and 256, or at the other head dims when it is broadcast over the
+    query rows (or there is one)."""
     if not HOPPER or lse or is_causal or os.environ.get("FLASHCORE_FAMILY", "auto") != "auto":
         return False
-    return (mask.dtype != torch.bool or q.shape[-1] in (64, 128) or q.shape[2] == 1
+    return (mask.dtype != torch.bool or q.shape[-1] in (64, 128, 256) or q.shape[2] == 1
             or _mask_strides(q, k, mask)[2] == 0)
 
 
@@ -322,6 +322,9 @@ def _cases():
                                           ("additive", "k", (1, 17), fp16)):
             cases.append(Case(kind, shape, sq, sk, dt, D))
         cases.append(Case("bool", "1hqk", 127, 300, fp16, D, Hkv=2, ratio=4))
+    # D=256 bool masks the Hopper family reads as they are (64-key mask tiles, 64-byte swizzle).
+    cases.append(Case("bool", "bhqk", 300, 1024, bf16, 256, B=1, Hkv=1, ratio=4))
+    cases.append(Case("bool", "b1qk", 1000, 256, fp16, 256, Hkv=2, ratio=2))
     return cases
 
 

@@ -210,25 +210,19 @@ def test_sm80_only_head_dims_have_their_own_entries():
     assert _ops.training_table_entry((9, 0), "sm80-masked", 64) is _ops.TRAINING_TABLE[(None, "sm80-masked")]
 
 
-def test_d256_masked_calls_from_4096_keys():
-    """D=256 with a bool mask (the sm90 family's D=256 kernel reads it): FlashCore's pair from
-    4096 keys (measured 1.08-1.15x PyTorch's there, 1.00-1.13x at 1024), while D=64/128 keep the
-    masked entry and additive masks stay on PyTorch."""
-    entry = _ops.training_table_entry((9, 0), "sm90-masked", 256)
-    assert entry is _ops.TRAINING_TABLE[((9, 0), "sm90-masked", 256)] and entry[0] is True and entry[2] == 4096
-
-
 def test_d256_masked_route_by_length(monkeypatch):
-    """The route itself: a D=256 call with a bool padding mask goes to FlashCore's pair from 4096
-    keys and to PyTorch below, saying why."""
+    """D=256 with a bool padding mask (both passes in the sm90 family) takes the masked entry of
+    every head dim: FlashCore's pair from 1024 keys (measured 1.02-1.37x PyTorch's step at
+    1024-4096), PyTorch below, saying why; additive masks stay on PyTorch."""
     FakeCard(monkeypatch, (9, 0), kernel(SM90))
-    for keys, takes in ((4096, True), (4095, False), (1024, False)):
+    assert _ops.training_table_entry((9, 0), "sm90-masked", 256) is _ops.TRAINING_TABLE[((9, 0), "sm90-masked")]
+    fewest = _ops.TRAINING_TABLE[((9, 0), "sm90-masked")][2]
+    for keys, takes in ((4096, True), (fewest, True), (fewest - 1, False)):
         q, k, v = inputs(Sq=3, Sk=keys, D=256)
         mask = torch.ones(2, 1, 1, keys, dtype=torch.bool)
         route = _ops.training_route(q, k, v, mask, False, None, False)
         assert (route.to_aten, route.path) == (not takes, "sm90-masked"), keys
-        assert takes or "fewer than 4096 keys" in route.note
-    assert _ops.training_table_entry((9, 0), "sm90-masked", 128) is _ops.TRAINING_TABLE[((9, 0), "sm90-masked")]
+        assert takes or f"fewer than {fewest} keys" in route.note
     assert _ops.training_table_entry((9, 0), "sm90-masked-additive", 256)[0] is False
 
 

@@ -1299,7 +1299,7 @@ def _poison_allocator():
 
 
 @fused_bwd_only
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", list(PACKED_LAYOUTS))

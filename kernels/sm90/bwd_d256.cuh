@@ -1,8 +1,8 @@
 // sm90/bwd_d256.cuh - the Hopper (sm_90a) fused attention backward at head dim 256: the same
 // computation as sm90/bwd_kernel.cuh (whose comment has the formulas), with its producer, for
 // calls causal top-left or not, a band (a sliding window or bottom-right causal), GQA, any
-// lengths, a softcap or none, a bool or additive mask (not with causal or a band) or none; no
-// packed rows.
+// lengths, a softcap or none, a bool or additive mask (not with causal or a band) or none, and
+// packed sequences (causal or not, nothing else).
 //
 // Why a kernel of its own: the D=64/128 kernel gives each consumer warpgroup 64 keys and their dK
 // and dV, which at D=256 are 256 fp32 registers per thread. Here a CTA takes a block of 64 keys
@@ -37,6 +37,12 @@
 // Masks (kMask: kMaskBool or kMaskAdditive): the P warpgroup reads the step's mask elements from
 // global memory, as bwd_kernel's element-wise variants do (prefetched toward L1 before the score
 // GEMM); the dS warpgroup needs nothing of them (P^T is 0 where masked).
+//
+// Packed sequences (kVarlen): as bwd_kernel's, a tile is a listed key block (sm90/varlen_blocks.cuh,
+// 128 keys) and one of its two 64-key halves (varlen_tile_at), rows counted from the sequence's
+// first; its row terms arrive as (delta, LSE2) pairs from the step's first row rounded down to
+// even, queries and keys past the sequence's ends are masked, and the staged dQ rows' chunks are
+// permuted by their row in the accumulator (the sequence's first row need not be a multiple of 8).
 //
 // Softcap (kSoftcap): scores are t = tanh(S^T scale / softcap), P^T = exp2(t softcap log2(e) -
 // LSE2), and dS^T gains the factor 1 - t^2. The P warpgroup alone has t, so it hands over
@@ -136,18 +142,21 @@ __device__ __forceinline__ void ds_from_exchange(uint32_t (&ds_frag)[4][4], floa
 }
 
 // This warpgroup's half of the step's dQ (rows my_row, +8; columns first_col + 8 j + col_in_tile,
-// +1) over the stage at `staged` (rows of 1 KB, chunks permuted by row), then this thread's
-// release of the stage and this warp's arrival for the dQ writer.
+// +1) over the stage at `staged` (rows of 1 KB, chunks permuted by the row's place in the
+// accumulator: row_shift is the step's first accumulator row % 8, 0 but for packed rows), then
+// this thread's release of the stage and this warp's arrival for the dQ writer.
 template <typename T>
 __device__ __forceinline__ void stage_dq_rows(BwdBarriers &bars, const float (&dq)[T::kDqCols / 2], uint32_t staged,
-                                              int stage, int first_col, int my_row, int col_in_tile, int lane) {
+                                              int stage, int first_col, int my_row, int row_shift, int col_in_tile,
+                                              int lane) {
     // Column 8 j + col_in_tile lies in chunk 2 j + col_in_tile / 4 (first_col is a multiple of
     // 32 chunks), whose place within its 128 bytes depends on j % 4 and the row % 8 alone (rows
     // my_row and my_row + 8 alike): four offsets, the rest immediates.
     const uint32_t row_base = staged + my_row * T::kHeadDim * 4 + first_col * 4 + (col_in_tile % 4) * 4;
+    const int row_phase = (my_row + row_shift) & 7;
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
-        const uint32_t at = row_base + (((2 * jj + col_in_tile / 4) ^ (my_row & 7)) << 4);
+        const uint32_t at = row_base + (((2 * jj + col_in_tile / 4) ^ row_phase) << 4);
 #pragma unroll
         for (int jq = 0; jq < T::kDqCols / 32; ++jq)
 #pragma unroll
@@ -169,15 +178,15 @@ __device__ __forceinline__ void stage_dq_rows(BwdBarriers &bars, const float (&d
 // Both warpgroups: dQ (this warpgroup's 128 columns) = dS K, then, once the other warpgroup is
 // done with the stage's Q and dO too, its staging over them.
 template <typename T, typename Elem>
-__device__ __forceinline__ void dq_of_step(BwdBarriers &bars, uint32_t base, int stage, int wg, int my_row,
+__device__ __forceinline__ void dq_of_step(BwdBarriers &bars, uint32_t base, int stage, int wg, int my_row, int row_shift,
                                            int col_in_tile, int lane) {
     float dq[T::kDqCols / 2];
     issue_dq<T, Elem>(dq, base + T::kOffDs, base, wg);
     wgmma_wait<0>();
     fence_registers(dq);
     asm volatile("barrier.sync 3, 256;\n" ::: "memory");  // both warpgroups' GEMMs are done with Q and dO
-    stage_dq_rows<T>(bars, dq, base + T::kOffQ + stage * T::kStageStride, stage, wg * T::kDqCols, my_row, col_in_tile,
-                     lane);
+    stage_dq_rows<T>(bars, dq, base + T::kOffQ + stage * T::kStageStride, stage, wg * T::kDqCols, my_row, row_shift,
+                     col_in_tile, lane);
 }
 
 // kMask: the step's mask rows toward L1 (64 queries x 64 keys over the P warpgroup's 128 threads),
@@ -189,12 +198,24 @@ __device__ __forceinline__ void prefetch_step_mask(const Mask &mask, const fc_pa
     if (query < static_cast<int>(f.seqlen_q) && key < seqlen_k) mask.prefetch(query, key);
 }
 
+// The step's row terms in its stage: delta rows, then LSE2 rows (kVarlen: (delta, LSE2) pairs
+// from the step's first row rounded down to even, as load_row_terms brings them).
+template <typename T, bool kVarlen>
+struct StepTerms {
+    static constexpr int kRowStride = kVarlen ? 2 : 1, kLseOffset = kVarlen ? 1 : T::kBlockM;
+    const float *delta;
+    __device__ StepTerms(unsigned char *smem, int stage, int first_row)
+        : delta(reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsSlotBytes) +
+                (kVarlen ? 2 * (first_row & 1) : 0)) {}
+    __device__ const float *lse() const { return delta + kLseOffset; }
+};
+
 // One step for a thread of the P warpgroup: S^T, P^T (to the exchange; kSoftcap: P^T (1 - t^2)),
-// dV += P^T dO, dQ.
-template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kMaybeMasked>
+// dV += P^T dO, dQ. kVarlen: seqlen_q and seqlen_k are the sequence's.
+template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen, bool kMaybeMasked>
 __device__ __forceinline__ void p_step(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps, const fc_params &f,
                                        const Tile &tile, int step, int step_all, float (&dv)[T::kHeadDim / 2], uint32_t base,
-                                       float scale_log2, int my_row, int col_in_tile, int lane, int seqlen_k) {
+                                       float scale_log2, int my_row, int col_in_tile, int lane, int seqlen_k, int seqlen_q) {
     const int stage = step_all % T::kStages;
     const int m_start = tile.steps.m_start(step, T::kBlockM);
     constexpr bool kMaskElements = kMask != kMaskNone;
@@ -202,13 +223,14 @@ __device__ __forceinline__ void p_step(BwdBarriers &bars, unsigned char *smem, c
                                         kMaskElements ? tile.steps.head_q(step, tile.head_kv, tile.group) : 0);
     if constexpr (kMaskElements) prefetch_step_mask(mask, f, m_start, tile.n_start, seqlen_k);
     wait_step<T>(bars, step_all);
-    const float *terms = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsSlotBytes);
+    using Terms = StepTerms<T, kVarlen>;
+    const Terms terms(smem, stage, tile.row0 + m_start);
     // The LSE2 rows into registers before the score GEMM; a masked step reads them in the
     // softmax instead (16 registers fewer there: the additive variant spilled holding them).
     [[maybe_unused]] float2 lse_rows[8];
-    if constexpr (!kMaskElements) load_row_terms_of_columns<1>(lse_rows, terms + T::kBlockM, col_in_tile);
+    if constexpr (!kMaskElements) load_row_terms_of_columns<Terms::kRowStride>(lse_rows, terms.lse(), col_in_tile);
     auto lse_of_tile = [&](int j) {
-        if constexpr (kMaskElements) return row_pair<1>(terms + T::kBlockM + 8 * j + col_in_tile);
+        if constexpr (kMaskElements) return row_pair<Terms::kRowStride>(terms.lse() + Terms::kRowStride * (8 * j + col_in_tile));
         else return lse_rows[j];
     };
 
@@ -225,15 +247,16 @@ __device__ __forceinline__ void p_step(BwdBarriers &bars, unsigned char *smem, c
     const int n_start = tile.n_start;
     // (kBand: no element of the step is masked when its last row reaches back to the block's
     // first key and its first row forward to the block's last, as in bwd_kernel's compute_step.)
+    // (kVarlen: a step past its sequence's last query too.)
     const bool masked_tile =
-        kMaybeMasked && (n_start + T::kBlockN > seqlen_k ||
+        kMaybeMasked && (n_start + T::kBlockN > seqlen_k || (kVarlen && m_start + T::kBlockM > seqlen_q) ||
                          (kBand ? n_start - (m_start + T::kBlockM - 1) < f.band_lo_ || n_start + T::kBlockN - 1 - m_start > f.band_hi_
                                 : kCausal && m_start < n_start + T::kBlockN));
     uint32_t p_frag[4][4], unused_frag[4][4];
     float unused_dp[32];
-    softmax<T, Elem, kCausal, kMask, kBand, false, false>(
-        p_frag, unused_frag, s, unused_dp, terms, lse_of_tile, nullptr, mask, maps, f, scale_log2,
-        masked_tile, m_start, n_start + my_row, my_row, col_in_tile, seqlen_k, static_cast<int>(f.seqlen_q));
+    softmax<T, Elem, kCausal, kMask, kBand, false, kVarlen>(
+        p_frag, unused_frag, s, unused_dp, terms.delta, lse_of_tile, nullptr, mask, maps, f, scale_log2,
+        masked_tile, m_start, n_start + my_row, my_row, col_in_tile, seqlen_k, seqlen_q);
     if constexpr (kSoftcap)
         put_capped_probs(s, px, thread);
     else
@@ -244,20 +267,21 @@ __device__ __forceinline__ void p_step(BwdBarriers &bars, unsigned char *smem, c
     wgmma_fence();
     issue_accumulate<T, Elem>(dv, p_frag, base + T::kOffDo + stage * T::kStageStride);
     asm volatile("barrier.sync 1, 256;\n" ::: "memory");  // dS^T is in
-    dq_of_step<T, Elem>(bars, base, stage, 0, my_row, col_in_tile, lane);
+    dq_of_step<T, Elem>(bars, base, stage, 0, my_row, kVarlen ? tile.row0 & 7 : 0, col_in_tile, lane);
     fence_registers(dv);
 }
 
 // One step for a thread of the dS warpgroup: dP^T, dS^T (with P^T from the exchange), dK += dS^T Q,
-// dS^T to shared memory, dQ.
-template <typename T, typename Elem>
+// dS^T to shared memory, dQ. first_row: the step's first row in the accumulator (kVarlen: packed).
+template <typename T, typename Elem, bool kVarlen>
 __device__ __forceinline__ void ds_step(BwdBarriers &bars, unsigned char *smem, int step_all, float (&dk)[T::kHeadDim / 2],
-                                        uint32_t base, int my_row, int col_in_tile, int lane) {
+                                        uint32_t base, int first_row, int my_row, int col_in_tile, int lane) {
     const int stage = step_all % T::kStages;
     wait_step<T>(bars, step_all);
-    const float *terms = reinterpret_cast<const float *>(smem + T::kOffRowTerms + stage * T::kRowTermsSlotBytes);
+    using Terms = StepTerms<T, kVarlen>;
+    const Terms terms(smem, stage, first_row);
     float2 delta_rows[8];
-    load_row_terms_of_columns<1>(delta_rows, terms, col_in_tile);
+    load_row_terms_of_columns<Terms::kRowStride>(delta_rows, terms.delta, col_in_tile);
 
     float dp[32];
     fence_registers(dp);
@@ -274,7 +298,7 @@ __device__ __forceinline__ void ds_step(BwdBarriers &bars, unsigned char *smem, 
     issue_accumulate<T, Elem>(dk, ds_frag, base + T::kOffQ + stage * T::kStageStride);
     write_ds_t(ds_frag, base + T::kOffDs, my_row, lane);
     asm volatile("barrier.sync 1, 256;\n" ::: "memory");  // dS^T is in (for both warpgroups' dQ)
-    dq_of_step<T, Elem>(bars, base, stage, 1, my_row, col_in_tile, lane);
+    dq_of_step<T, Elem>(bars, base, stage, 1, my_row, kVarlen ? first_row & 7 : 0, col_in_tile, lane);
     fence_registers(dk);
 }
 
@@ -296,7 +320,7 @@ __device__ __forceinline__ void store_grad_rows(const float (&acc)[kHeadDim / 2]
 
 // A consumer warpgroup's tiles: kDsRole picks the dS warpgroup's steps (dK) over the P
 // warpgroup's (dV).
-template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kDsRole>
+template <typename T, typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen, bool kDsRole>
 __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps,
                                               const fc_bwd_params &p) {
     constexpr int kHeadDim = T::kHeadDim;
@@ -312,6 +336,12 @@ __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *
     for (int n = 0;; ++n) {
         const Tile tile = read_tile(bars, n);
         if (tile.batch < 0) break;
+        // kVarlen: the tile's sequence (rows counted from its first; its lengths bound the masks).
+        int seq_q = static_cast<int>(f.seqlen_q), seq_k = seqlen_k, key_row0 = 0;
+        if constexpr (kVarlen) {
+            const sm90::VarlenBlock &e = listed_block(p.workspace, tile.batch);
+            seq_q = e.sq, seq_k = e.sk, key_row0 = e.k0;
+        }
         float grad[kHeadDim / 2];  // dK (kDsRole) or dV of the block's 64 keys
 #pragma unroll
         for (int i = 0; i < kHeadDim / 2; ++i) grad[i] = 0.f;
@@ -319,34 +349,36 @@ __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *
         auto run_steps = [&](auto maybe_masked) {
             for (int step = 0; step < tile.steps.count; ++step, ++step_all) {
                 if constexpr (kDsRole) {
-                    ds_step<T, Elem>(bars, smem, step_all, grad, base, my_row, col_in_tile, lane);
+                    const int first_row = kVarlen ? tile.row0 + tile.steps.m_start(step, T::kBlockM) : 0;
+                    ds_step<T, Elem, kVarlen>(bars, smem, step_all, grad, base, first_row, my_row, col_in_tile, lane);
                 } else {
-                    p_step<T, Elem, kCausal, kMask, kBand, kSoftcap, decltype(maybe_masked)::value>(bars, smem, maps, f, tile, step, step_all, grad,
-                                                                           base, scale_log2, my_row, col_in_tile, lane,
-                                                                           seqlen_k);
+                    p_step<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen, decltype(maybe_masked)::value>(
+                        bars, smem, maps, f, tile, step, step_all, grad, base, scale_log2, my_row, col_in_tile, lane, seq_k,
+                        seq_q);
                 }
             }
         };
-        run_tile_steps<T::kBlockN, kCausal>(bars, tile, seqlen_k, kv_round, run_steps);
-        const DkDvOut<Elem> to(p, tile, tile.batch, 0);
+        run_tile_steps<T::kBlockN, kCausal || kVarlen>(bars, tile, seq_k, kv_round, run_steps);
+        const DkDvOut<Elem> to(p, tile, kVarlen ? 0 : tile.batch, key_row0);
         if constexpr (kDsRole)
-            store_grad_rows<Elem, kHeadDim>(grad, to.dk, p.dk_stride_s, f.scale, tile.n_start + my_row, col_in_tile, seqlen_k);
+            store_grad_rows<Elem, kHeadDim>(grad, to.dk, p.dk_stride_s, f.scale, tile.n_start + my_row, col_in_tile, seq_k);
         else
-            store_grad_rows<Elem, kHeadDim>(grad, to.dv, p.dv_stride_s, 1.f, tile.n_start + my_row, col_in_tile, seqlen_k);
+            store_grad_rows<Elem, kHeadDim>(grad, to.dv, p.dv_stride_s, 1.f, tile.n_start + my_row, col_in_tile, seq_k);
     }
 }
 
-template <typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap>
+template <typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen = false>
 __global__ void __launch_bounds__(BwdTraits<256>::kThreads, 1)
 bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     using T = BwdTraits<256>;
     static_assert(!kBand || (kCausal && kMask == kMaskNone), "a band runs in the causal configuration, without a mask");
+    static_assert(!kVarlen || (kMask == kMaskNone && !kBand && !kSoftcap), "packed calls: causal or not, nothing else");
     extern __shared__ unsigned char smem_raw[];
     __shared__ BwdBarriers bars;
     unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     const fc_params &f = p.fwd;
     const int tiles = key_blocks<256>(f) * static_cast<int>(f.heads_kv * f.batch);
-    const Workspace ws = workspace_of(p);
+    const Workspace ws = workspace_of<kVarlen>(p);
     const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
     if (threadIdx.x == 0) init_barriers<T>(bars);
     __syncthreads();
@@ -357,22 +389,22 @@ bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         // ---------------- producer: bwd_kernel's four jobs, with this kernel's dQ writer ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x == 32) {
-            write_dq<T, false>(bars, maps, ws, p,
+            write_dq<T, kVarlen>(bars, maps, ws, p,
                                [&](float *rows, int step_all) { reduce_staged_rows<T>(bars, smem, rows, step_all); });
         } else if (threadIdx.x == 96) {
-            schedule_tiles_and_load_kv<T, kCausal, kBand, false>(bars, smem, maps, p, ws, tiles);
+            schedule_tiles_and_load_kv<T, kCausal, kBand, kVarlen>(bars, smem, maps, p, ws, tiles);
         } else if (threadIdx.x == 64) {
-            load_row_terms<T, false>(bars, smem, ws, p);
+            load_row_terms<T, kVarlen>(bars, smem, ws, p);
         } else if (threadIdx.x == 0) {
-            load_q_do<T, kMaskNone, false>(bars, smem, maps, p);
+            load_q_do<T, kMaskNone, kVarlen>(bars, smem, maps, p);
         }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegs));
     if (warpgroup == 1)
-        consume_tiles<T, Elem, kCausal, kMask, kBand, kSoftcap, false>(bars, smem, maps, p);
+        consume_tiles<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen, false>(bars, smem, maps, p);
     else
-        consume_tiles<T, Elem, kCausal, kMask, kBand, kSoftcap, true>(bars, smem, maps, p);
+        consume_tiles<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen, true>(bars, smem, maps, p);
 }
 
 }  // namespace sm90_bwd

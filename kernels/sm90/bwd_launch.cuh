@@ -110,7 +110,10 @@ cudaError_t launch_bwd_varlen(const fc_bwd_params &p, const fc_device_facts &dev
     using T = BwdTraits<kHeadDim>;
     const fc_params &f = p.fwd;
     cudaError_t err = cudaSuccess;
-    auto kernel = bwd_kernel<Elem, kHeadDim, kCausal, kMaskNone, false, false, true>;
+    auto kernel = [] {
+        if constexpr (kHeadDim == 256) return bwd_kernel_d256<Elem, kCausal, kMaskNone, false, false, true>;
+        else return bwd_kernel<Elem, kHeadDim, kCausal, kMaskNone, false, false, true>;
+    }();
     static unsigned long long configured = 0;
     if ((err = allow_smem(kernel, T::kSmemBytes, &configured, dev.device)) != cudaSuccess) return err;
 
@@ -139,7 +142,8 @@ cudaError_t launch_bwd_varlen(const fc_bwd_params &p, const fc_device_facts &dev
     row_terms_kernel<Elem, kHeadDim, true><<<rows_grid, 128, 0, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
-    const int64_t most_tiles = fc_varlen_block_capacity(f.total_k, f.batch) * f.heads_kv;
+    // (D=256: each listed 128-key block is two 64-key tiles, varlen_tile_at.)
+    const int64_t most_tiles = fc_varlen_block_capacity(f.total_k, f.batch) * f.heads_kv * (FC_VARLEN_BLOCK_ROWS / T::kBlockN);
     const dim3 grid(static_cast<unsigned>(most_tiles < dev.sms ? most_tiles : dev.sms));
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(maps, p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
@@ -206,7 +210,10 @@ cudaError_t launch_bwd_d256(const fc_bwd_params &p, const fc_device_facts &dev, 
 // The D=256 kernel's calls, or the variant for a call at D=64/128.
 template <typename Elem, int kHeadDim>
 cudaError_t launch_bwd_variant(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
-    if constexpr (kHeadDim == 256) {  // no packed rows; masks not with causal or a band (c_src/bwd.c)
+    if constexpr (kHeadDim == 256) {  // masks not with causal or a band (c_src/bwd.c)
+        if (p.fwd.cu_seq_q != nullptr)  // (c_src/bwd.c: no mask, band or softcap with it)
+            return p.fwd.causal ? launch_bwd_varlen<Elem, 256, true>(p, dev, stream)
+                                : launch_bwd_varlen<Elem, 256, false>(p, dev, stream);
         return launch_bwd_d256<Elem>(p, dev, stream);
     } else {
         return launch_bwd_variant_of<Elem, kHeadDim>(p, dev, stream);

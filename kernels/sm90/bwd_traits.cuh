@@ -158,17 +158,24 @@ struct BwdBarriers {
 __device__ __forceinline__ const sm90::VarlenBlock &listed_block(const void *workspace, int entry) {
     return static_cast<const sm90::VarlenList *>(workspace)->blocks()[entry];
 }
-// Returns false past the list's last tile (every listed block once per KV head).
+// Returns false past the list's last tile (every listed block once per KV head). D=256's 64-key
+// blocks (kBlockN < FC_VARLEN_BLOCK_ROWS): tile `index` is half index % 2 of listed block index / 2,
+// and a half past the sequence's last key has no steps.
 template <int kBlockM, int kBlockN, bool kCausal>
 __device__ bool varlen_tile_at(int index, const void *workspace, const fc_params &f, Tile &t, int *key_row0) {
-    if (index >= static_cast<const sm90::VarlenList *>(workspace)->count) return false;
-    const sm90::VarlenBlock &e = listed_block(workspace, index);  // (the fields it needs, one by one)
-    t.n_start = e.m_block * kBlockN;
+    constexpr int kParts = FC_VARLEN_BLOCK_ROWS / kBlockN;  // tiles per listed block
+    static_assert(kParts * kBlockN == FC_VARLEN_BLOCK_ROWS, "a listed block is whole tiles");
+    const int entry = index / kParts;
+    if (entry >= static_cast<const sm90::VarlenList *>(workspace)->count) return false;
+    const sm90::VarlenBlock &e = listed_block(workspace, entry);  // (the fields it needs, one by one)
+    t.n_start = e.m_block * FC_VARLEN_BLOCK_ROWS + index % kParts * kBlockN;
     t.head_kv = e.head_kv;
-    t.batch = index;
+    t.batch = entry;
     t.group = static_cast<int>(f.heads_q / f.heads_kv);
     t.steps.m_first = kCausal ? t.n_start / kBlockM : 0;
     t.steps.m_count = max(0, (e.sq + kBlockM - 1) / kBlockM - t.steps.m_first);
+    if constexpr (kParts > 1)
+        if (t.n_start >= e.sk) t.steps.m_count = 0;
     t.steps.count = t.group * t.steps.m_count;
     t.row0 = e.q0;
     *key_row0 = e.k0;

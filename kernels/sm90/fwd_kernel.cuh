@@ -260,6 +260,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
     // The buffer of this warpgroup's last TMA store of O freed once the store has read it (see there).
     const int o_buf = T::kOBufs == 1 ? 0 : consumer;
     bool o_store_pending = false;
+    [[maybe_unused]] int staged_o_stores = 0;  // kVarlen: this warpgroup's TMA stores of O so far (store_rows)
     auto retire_o_store = [&] { release_o_staging<K>(o_store_pending, bars, o_buf); };
 
     // (The three counters declared in this order: in any other, the loop's PTX registers came out
@@ -341,7 +342,7 @@ fwd_kernel(const __grid_constant__ FwdMaps maps, const fc_params p) {
         int32_t c[4];   // (store_rows's scratch, declared here: see there)
         uint32_t w[4];
         store_rows<K>(c, w, o_acc, inv_sum, lse_log2, finalise, o_store_pending, maps, bars, smem_o, o_buf, local, consumer,
-                      warp_in_wg, lane, wg_row0, row0, seq.sq, key_part, tile, p, trace);
+                      warp_in_wg, lane, wg_row0, row0, seq.sq, key_part, tile, p, trace, staged_o_stores);
     }
     trace(12, 0);
     // The last store of O must have read the staging buffer before the CTA's shared memory goes

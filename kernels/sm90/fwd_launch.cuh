@@ -58,12 +58,13 @@ cudaError_t launch_fwd_config(const fc_params &p, cudaStream_t stream, int devic
         err = make_tensor_map(&maps.v, &maps.v_order, p.v, dtype, p.seqlen_k, p.heads_kv, p.batch, p.head_dim,
                               p.v_stride_s, p.v_stride_h, p.v_stride_b, T::kBlockN);
     // kMasked: the bool mask as (keys, queries, heads, batch) bytes, boxes of kBlockN keys (one
-    // 128-byte row, swizzled as the consumers read it) x kBlockM queries; a broadcast head or
-    // batch dim (stride 0) is one of size 1.
+    // 128- or 64-byte row, swizzled as the consumers read it: sm90/fwd_traits.cuh) x kBlockM
+    // queries; a broadcast head or batch dim (stride 0) is one of size 1.
     if (err == cudaSuccess && kShape == kMasked)
         err = make_map(&maps.mask, &maps.mask_order, p.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.seqlen_k, p.seqlen_q,
                        p.mask_stride_h != 0 ? p.heads_q : 1, p.mask_stride_b != 0 ? p.batch : 1, p.mask_stride_q,
-                       p.mask_stride_h, p.mask_stride_b, T::kBlockN, T::kBlockM, CU_TENSOR_MAP_SWIZZLE_128B);
+                       p.mask_stride_h, p.mask_stride_b, T::kBlockN, T::kBlockM,
+                       T::kBlockN == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
     if (err != cudaSuccess) return err;
     // O through TMA where the configuration has staging buffers (kOBufs) and O's map encodes;
     // else 16-byte stores from registers. (The A/B switch to the register stores,
@@ -237,7 +238,11 @@ cudaError_t launch_varlen_config(const fc_params &p, cudaStream_t stream, int de
         err = make_tensor_map(&maps.v, &maps.v_order, p.v, dtype, p.total_k, p.heads_kv, 1, p.head_dim, p.v_stride_s,
                               p.v_stride_h, 0, T::kBlockN);
     if (err != cudaSuccess) return err;
-    maps.o_tma = 0;
+    // O through TMA for the 64-row blocks that lie inside their sequence (store_rows), where each
+    // consumer warpgroup has a staging buffer of its own; the map over the packed rows.
+    maps.o_tma = T::kOBufs == T::kConsumerWarpgroups &&
+                 make_tensor_map(&maps.o, &maps.o_order, p.out, dtype, p.total_q, p.heads_q, 1, p.head_dim, p.o_stride_s,
+                                 p.o_stride_h, 0, 64) == cudaSuccess;
     maps.heads_q_div = FastDiv(static_cast<int>(p.heads_q));
     maps.group_div = FastDiv(static_cast<int>(p.heads_q / p.heads_kv));
     fc_params run = p;
@@ -288,10 +293,10 @@ cudaError_t launch_fwd(const fc_params &p, const fc_device_facts &dev, cudaStrea
         if (p.band_ == FC_BAND_GENERAL_)
             return p.softcap != 0.f ? launch_fwd_config<Elem, kHeadDim, true, kLong, true, true>(p, stream, device, sms)
                                     : launch_fwd_config<Elem, kHeadDim, true, kLong, true>(p, stream, device, sms);
-    // A bool mask whose tiles TMA reads (c_src/dispatch.c: D=64 and 128, non-causal, no band,
-    // softcap or sinks): the masked configuration.
+    // A bool mask whose tiles TMA reads (c_src/dispatch.c: non-causal, no band, softcap or
+    // sinks): the masked configuration.
     if (p.mask_kind != FC_MASK_NONE) {
-        if constexpr (!kCausal && (kHeadDim == 64 || kHeadDim == 128))
+        if constexpr (!kCausal)
             return launch_fwd_config<Elem, kHeadDim, false, kMasked>(p, stream, device, sms);
         return cudaErrorInvalidValue;  // (dispatch never sends one)
     }

@@ -337,11 +337,14 @@ __device__ __forceinline__ bool online_softmax(int n, float (&rescale)[2], bool 
     bool first_half_only = false;  // only S's first 64 keys are live: this is the key loop's half_tile (kHalfTiles)
     if constexpr (K::kMaskTiles) {
         // The stage's mask tile decides every element: mask_row is this thread's first row in it
-        // (its second is 8 rows on), 128 keys of one byte per row, 16-byte chunk c of a row at
-        // c ^ (row % 8) (the 128-byte swizzle; row % 8 is the lane's row in its quad group).
-        // Keys past Sk (and rows past Sq) arrive as zeros from TMA's bounds fill: masked, as they
-        // must be, with no compare of their own. One 2-byte read gives a row's two columns.
-        const int swizzle = (threadIdx.x % 32) / 4;
+        // (its second is 8 rows on), kBlockN keys of one byte per row, 16-byte chunk c of a row at
+        // c ^ (row % 8) (128 keys: the 128-byte swizzle) or c ^ ((row / 2) % 4) (64 keys: the
+        // 64-byte one); row % 8 is the lane's row in its quad group (the rest of the row number is
+        // a multiple of 8). Keys past Sk (and rows past Sq) arrive as zeros from TMA's bounds
+        // fill: masked, as they must be, with no compare of their own. One 2-byte read gives a
+        // row's two columns.
+        const int row_in_group = (threadIdx.x % 32) / 4;
+        const int swizzle = kBlockN == 128 ? row_in_group : (row_in_group / 2) % 4;
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) {
             const int offset = (((j / 2) ^ swizzle) << 4) + (j % 2) * 8 + col_in_tile;

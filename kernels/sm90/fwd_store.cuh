@@ -154,7 +154,11 @@ __device__ __forceinline__ void issue_o_store(int32_t (&c)[4], const FwdMaps &ma
     using T = typename K::T;
 #pragma unroll
     for (int panel = 0; panel < T::kPanels; ++panel) {
-        set_coords(c, maps.o_order, panel * 64, wg_row0, tile.head, tile.batch);
+        // (kVarlen: one batch item of packed rows; tile.batch is the sequence's first row.)
+        if constexpr (K::kVarlen)
+            set_coords(c, maps.o_order, panel * 64, tile.batch + wg_row0, tile.head, 0);
+        else
+            set_coords(c, maps.o_order, panel * 64, wg_row0, tile.head, tile.batch);
         ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &maps.o, c,
                                   smem_o + o_buf * T::kOStageBytes + panel * (64 * 128));
     }
@@ -319,16 +323,29 @@ __device__ __forceinline__ void finish_rows(float (&o_acc)[K::kDTiles * 4], floa
 // The tile's outputs once its rows are final (no split, or this CTA's rows of a pushed split): their
 // LSE, then O normalised, staged for a TMA store (store_o_staged) or written with 16-byte stores
 // from registers (store_o_16b). `c`, `w`: the two stores' scratch arrays, declared in the kernel (as
-// local arrays of the stores they changed the kernel's SASS).
+// local arrays of the stores they changed the kernel's SASS). kVarlen: a TMA store writes whole
+// 64-row blocks, so only a warpgroup whose 64 rows all lie in its sequence stages them (a block
+// past the sequence's end would overwrite the next sequence's rows), and only with a staging
+// buffer of its own (one shared buffer is taken in a fixed ring order); staged_uses counts this
+// warpgroup's staged stores (its buffer's phase).
 template <class K, class Trace>
 __device__ __forceinline__ void store_rows(int32_t (&c)[4], uint32_t (&w)[4], float (&o_acc)[K::kDTiles * 4], float (&inv_sum)[2],
                                            float (&lse_log2)[2], bool (&finalise)[2], bool &o_store_pending, const FwdMaps &maps,
                                            typename K::Bars &bars, unsigned char *smem_o, int o_buf, int local, int consumer,
                                            int warp_in_wg, int lane, int wg_row0, int row0, int seqlen_q, int key_part,
-                                           const Tile &tile, const fc_params &p, Trace &trace) {
+                                           const Tile &tile, const fc_params &p, Trace &trace, int &staged_uses) {
     using T = typename K::T;
     [&] { store_lse(lse_log2, finalise, row0, seqlen_q, lane, key_part, tile, p); }();
-    if constexpr (T::kOBufs > 0 && !K::kVarlen) {  // (packed: a block's TMA store would clip at the tensor's end)
+    if constexpr (K::kVarlen && T::kOBufs == K::kW) {
+        if (maps.o_tma && wg_row0 + 64 <= seqlen_q) {
+            store_o_staged<K>(c, o_acc, inv_sum, o_store_pending, maps, bars, smem_o, o_buf, staged_uses, consumer, warp_in_wg,
+                              lane, wg_row0, tile);
+            ++staged_uses;
+            trace(10, 0);
+            return;
+        }
+    }
+    if constexpr (T::kOBufs > 0 && !K::kVarlen) {
         if (maps.o_tma && cluster_size() == 1) {  // (split CTAs write their rows from registers)
             store_o_staged<K>(c, o_acc, inv_sum, o_store_pending, maps, bars, smem_o, o_buf, local, consumer, warp_in_wg, lane,
                               wg_row0, tile);

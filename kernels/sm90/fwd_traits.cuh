@@ -30,7 +30,8 @@ namespace ptx = cuda::ptx;
 // (kShort), grids of 64-row blocks that fill at most half the SMs, or causal ones of up to two
 // waves (kTiny), and one-wave grids of such blocks (kPair); see fc_sm90_d64_config in
 // c_src/launch_rules.c. Only D=64 has the last three. kMasked: a bool attn_mask read in tiles that
-// ride each V tile's load (D=64: kShort's blocks; D=128: its one configuration; non-causal only).
+// ride each V tile's load (D=64: kShort's blocks; D=128 and 256: their one configuration;
+// non-causal only).
 constexpr int kLong = 0, kShort = 1, kTiny = 2, kPair = 3, kMasked = 4;
 template <int kHeadDim, bool kCausal, int kShape = kLong>
 struct FwdConfig;
@@ -126,9 +127,12 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     // (kMasked calls are never split: no slots.)
     static constexpr bool kPushMerge = kHeadDim == 64 && kKeySplit == 1 && kShape != kMasked;
     static constexpr int kSlotBytes = kPushMerge ? SplitSlots<kHeadDim, kBlockM>::max_bytes() : 0;
-    // kMasked: each stage's mask tile, kBlockM query rows of kBlockN = 128 keys (bytes), 128-byte
-    // swizzled as TMA writes it, so that a warp's reads of one key column over its 8 rows fall in
-    // distinct banks (16-byte chunk c of row r sits at c ^ (r % 8)).
+    // kMasked: each stage's mask tile, kBlockM query rows of kBlockN keys (bytes), swizzled as TMA
+    // writes it so that a warp's reads of one key column over its 8 rows fall in distinct banks:
+    // 128-byte rows (D=64 / 128) with the 128-byte swizzle, 16-byte chunk c of row r at c ^ (r % 8);
+    // 64-byte rows (D=256's 64-key tiles) with the 64-byte swizzle, chunk c at c ^ ((r / 2) % 4).
+    // (D=256's staging buffer for O does not fit beside them: its masked blocks store O from
+    // registers.)
     static constexpr int kMaskTileBytes = kShape == kMasked ? kBlockM * kBlockN : 0;
     // kQBufs Q buffers, then kStages K tiles, then kStages V tiles (every tile 1024-byte aligned:
     // swizzle atom), then the pair partial or the split slots, then the mask tiles, then the O
@@ -162,8 +166,8 @@ struct FwdTraits : FwdConfig<kHeadDim, kCausal, kShape> {
     static constexpr int kRingEnd = kOStageOffset + 1024 /* alignment */;
     static constexpr int kSmemBytes = kRingEnd + kOBufs * kOStageBytes;
     static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte panels)");
-    static_assert(kShape != kMasked || (kBlockN == 128 && kKeySplit == 1 && kMaskOffsetFromV % 1024 == 0),
-                  "mask tiles: 128-byte rows (one swizzle span), 1024-byte aligned, one reader per row group");
+    static_assert(kShape != kMasked || ((kBlockN == 128 || kBlockN == 64) && kKeySplit == 1 && kMaskOffsetFromV % 1024 == 0),
+                  "mask tiles: rows of one swizzle span (128 or 64 bytes), 1024-byte aligned, one reader per row group");
     static_assert(kStages % kKeySplit == 0, "a stage must hold the tiles of one key part only");
     static_assert(kSmemBytes <= kSmemLimit, "must fit Hopper's 227 KB per block");
     static_assert(128 * (C::kProducerRegs + kConsumerWarpgroups * C::kConsumerRegs) <= 65536,

@@ -532,12 +532,11 @@ TRAINING_TABLE = {
     # 1.35-1.36x at 4096 (0.84-1.05x before the backward's copy). Shorter: not measured.
     # Additive masks (forward in the sm80-class family, backward element by element): 0.52-0.87x.
     ((9, 0), "sm90-masked"): (True, "", 1024),
-    # D=256 with a bool mask (the D=256 kernel's element-by-element reads; its forward in the
-    # sm80-class family), bf16, 16k tokens, H200, one run (forty-eighth session,
-    # bench/results/masked_step_d256_nvidia-h200_2026-11-29_1853.json; PyTorch's time / the pair's):
-    # HuggingFace's padded causal mask 1.13x at 1024 keys and 1.15x at 4096, a key-padding mask
-    # 1.00x and 1.08x: FlashCore from 4096 keys. (Additive masks keep the additive entry: 0.97-1.15x.)
-    ((9, 0), "sm90-masked", 256): (True, "", 4096),
+    # D=256 with a bool mask takes the same entry: both passes in the sm90 family since the
+    # forty-ninth session (the forward's 64-key mask tiles), bf16, 16k tokens, H200, one run
+    # (bench/results/masked_step_d256_nvidia-h200_2026-11-29_2043.json; PyTorch's time / the
+    # route's): HuggingFace's padded causal mask 1.27x at 1024 keys, 1.37x at 2048, 1.34x at
+    # 4096; a key-padding mask 1.02x, 1.07x, 1.07x. (Additive masks keep the additive entry.)
     ((9, 0), "sm90-masked-additive"): (False, "0.52-0.87x PyTorch's training step with an additive "
                                               "mask on the H100, docs/experiments/forward-masks.md"),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),

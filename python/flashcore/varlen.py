@@ -28,8 +28,8 @@ capture (transformers' continuous batching captures its steps) nothing can be re
 sees new offsets: the plan comes from max_q / max_k, a non-causal call runs the packed kernel
 unchecked (it clamps every offset into the tensors), a causal one (exact in the kernel only
 where every sequence has as many queries as keys) goes to PyTorch's varlen_attn, and a call
-neither takes raises a RuntimeError naming the capture. Its backward, at head dims 64 and 128
-outside deterministic mode, is one launch of the Hopper backward over every sequence
+neither takes raises a RuntimeError naming the capture. Its backward, at head dims 64, 128 and
+256 outside deterministic mode, is one launch of the Hopper backward over every sequence
 (``torch.ops.flashcore._varlen_bwd``; _fused_varlen_bwd below; a first kernel lists the
 sequences' 128-key blocks), under capture too. Other backwards are the per-sequence loop; so a
 training call the fused backward does not take and PyTorch's varlen_attn does runs there
@@ -615,14 +615,14 @@ def _fused_varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, plan, causal, scale
 
 
 # The Hopper backward's head dims (the fused packed backward runs there alone).
-_VARLEN_BWD_HEAD_DIMS = (64, 128)
+_VARLEN_BWD_HEAD_DIMS = (64, 128, 256)
 
 
 def _fused_bwd_may_take(query, key, value, cu_seq_k, max_k, scale, window_size, seqused_k,
                         block_table, check_pointers=True) -> bool:
     """Whether the fused packed backward may take the call, from metadata alone (the offsets'
-    values then decide, as for the packed forward): the packed forward's calls at head dims 64
-    and 128, outside deterministic mode (check_pointers: as _varlen_fwd_declines')."""
+    values then decide, as for the packed forward): the packed forward's calls at head dims 64,
+    128 and 256, outside deterministic mode (check_pointers: as _varlen_fwd_declines')."""
     if _VARLEN_BWD is None or query.shape[-1] not in _VARLEN_BWD_HEAD_DIMS:
         return False
     if torch.are_deterministic_algorithms_enabled():
@@ -636,8 +636,8 @@ def _fused_bwd_may_take(query, key, value, cu_seq_k, max_k, scale, window_size, 
 def _varlen_bwd_plan(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size,
                      seqused_k, block_table):
     """The packed forward's plan when the fused packed backward takes the call (the Hopper
-    backward over every sequence in one launch: what the packed forward takes, at head dims 64 and
-    128, outside deterministic mode: its dq is summed in any order), else None (the per-sequence
+    backward over every sequence in one launch: what the packed forward takes, at head dims 64,
+    128 and 256, outside deterministic mode: its dq is summed in any order), else None (the per-sequence
     loop). Reads the offsets through the forward's plan cache (not under capture)."""
     if not _fused_bwd_may_take(query, key, value, cu_seq_k, max_k, scale, window_size, seqused_k,
                                block_table):

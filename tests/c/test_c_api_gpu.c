@@ -752,6 +752,9 @@ int main(void) {
         {1, 2, 1, 200, 129, 256, 1, FC_DTYPE_BF16, FC_MASK_NONE, 0},
         {1, 2, 2, 100, 256, 96, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
         {1, 2, 2, 67, 99, 256, 0, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_QK_PADDED},
+        /* D=256 bool masks in TMA tiles (the sm90 family: 64-key tiles, 64-byte swizzle) */
+        {1, 4, 2, 300, 1024, 256, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
+        {2, 2, 2, 127, 256, 256, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
     };
     /* Bands (sliding windows, causal aligned bottom-right; the sm90 family's forward under AUTO
      * on Hopper, declined by the sm80 family): {window?, left, right, alignment, band changes

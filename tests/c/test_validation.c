@@ -364,8 +364,8 @@ static const validation_case kCases[] = {
     {"mask tiles, forced sm90", m_mask_tiles_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, broadcast (B, H), forced sm90", m_mask_tiles_broadcast_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, D=64, forced sm90", m_mask_tiles_d64_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
-    {"mask tiles, D=256 (auto: sm80)", m_mask_tiles_d256, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
-    {"mask tiles, D=256, forced sm90", m_mask_tiles_d256_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, D=256 (auto: sm90)", m_mask_tiles_d256, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask tiles, D=256, forced sm90", m_mask_tiles_d256_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, causal (auto: sm80)", m_mask_tiles_causal, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask tiles, causal, forced sm90", m_mask_tiles_causal_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, window (no family)", m_mask_tiles_window, FC_OK, FC_UNSUPPORTED_BAND, FC_UNSUPPORTED_ARCH},
@@ -386,8 +386,8 @@ static const validation_case kCases[] = {
     {"mask, causal, forced decode, Sq = 4", m_mask_causal_force_decode, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, K/V broadcast, lse (auto: sm80)", m_mask_tiles_broadcast_kv_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     /* AUTO on Hopper for a call that wants no LSE (inference): a mask that only the sm80 family
-     * takes goes to PyTorch's SDPA, faster there (FC_UNSUPPORTED_SLOWER_MASK): at D=64 / 128 every
-     * such mask, at 32 / 80 / 96 / 256 a mask broadcast over the query rows (key padding, one
+     * takes goes to PyTorch's SDPA, faster there (FC_UNSUPPORTED_SLOWER_MASK): at D=64 / 128 / 256
+     * every such mask, at 32 / 80 / 96 a mask broadcast over the query rows (key padding, one
      * query row). Not with causal, a window, softcap or sinks (each keeps its own answer), not
      * with an LSE, not for a forced family; main() also checks that each declined row runs in the
      * sm80 family on sm_89, with an LSE, and forced. */
@@ -404,7 +404,7 @@ static const validation_case kCases[] = {
     {"bool (B, H, Sq, Sk) mask, D=32, no lse (sm80)", m_mask_d32, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"bool (B, H, Sq, Sk) mask, D=80, no lse (sm80)", m_mask_d80, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"bool (B, H, Sq, Sk) mask, D=96, no lse (sm80)", m_mask_d96, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
-    {"bool (B, H, Sq, Sk) mask, D=256, no lse (sm80)", m_mask_d256, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"bool (B, H, Sq, Sk) mask, D=256, no lse", m_mask_d256, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
     {"additive (B, H, Sq, Sk) mask, D=32, no lse", m_additive_mask_d32, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
     {"additive (B, H, Sq, Sk) mask, D=96, no lse", m_additive_mask_d96, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
     {"additive (B, H, Sq, Sk) mask, D=256, no lse", m_additive_mask_d256, FC_OK, FC_UNSUPPORTED_SLOWER_MASK, FC_UNSUPPORTED_ARCH},
@@ -979,10 +979,10 @@ int main(void) {
 
     /* Which family AUTO picks per head dim: on Hopper the sm90 family keeps 64/128/256, and 32,
      * 80, 96 (sm80 only) are left to PyTorch's faster cuDNN path (none: FC_FAMILY_AUTO); with a
-     * mask the sm90 family takes it at 64/128 when its tiles fit TMA (masked 2: m_mask_tiles),
+     * mask the sm90 family takes it at 64/128/256 when its tiles fit TMA (masked 2: m_mask_tiles),
      * and every other masked call that wants the LSE runs in sm80 (masked 1: m_bool_mask_bhqk's
      * 300-byte rows, with an LSE). Without the LSE such calls are left to PyTorch's SDPA (none)
-     * at 64/128 (masked 3: m_bool_mask_bhqk), and at every head dim when the mask is broadcast
+     * at 64/128/256 (masked 3: m_bool_mask_bhqk), and at every head dim when the mask is broadcast
      * over the query rows (masked 4: m_key_padding). On Ada everything runs in sm80. Sq = 4 with
      * GQA 4 would go to the decode kernel for 64/128. */
     {
@@ -992,9 +992,9 @@ int main(void) {
             {32, 1, FC_FAMILY_SM80}, {64, 1, FC_FAMILY_SM80}, {80, 1, FC_FAMILY_SM80},
             {96, 1, FC_FAMILY_SM80}, {128, 1, FC_FAMILY_SM80}, {256, 1, FC_FAMILY_SM80},
             {32, 2, FC_FAMILY_SM80}, {64, 2, FC_FAMILY_SM90}, {80, 2, FC_FAMILY_SM80},
-            {96, 2, FC_FAMILY_SM80}, {128, 2, FC_FAMILY_SM90}, {256, 2, FC_FAMILY_SM80},
+            {96, 2, FC_FAMILY_SM80}, {128, 2, FC_FAMILY_SM90}, {256, 2, FC_FAMILY_SM90},
             {32, 3, FC_FAMILY_SM80}, {64, 3, FC_FAMILY_AUTO}, {80, 3, FC_FAMILY_SM80},
-            {96, 3, FC_FAMILY_SM80}, {128, 3, FC_FAMILY_AUTO}, {256, 3, FC_FAMILY_SM80},
+            {96, 3, FC_FAMILY_SM80}, {128, 3, FC_FAMILY_AUTO}, {256, 3, FC_FAMILY_AUTO},
             {32, 4, FC_FAMILY_AUTO}, {64, 4, FC_FAMILY_AUTO}, {80, 4, FC_FAMILY_AUTO},
             {96, 4, FC_FAMILY_AUTO}, {128, 4, FC_FAMILY_AUTO}, {256, 4, FC_FAMILY_AUTO}};
         static const char *const kMaskedNames[] = {"", " masked, lse", " masked (tiles)", " masked, no lse",
@@ -1030,7 +1030,7 @@ int main(void) {
     }
 
     /* On Hopper, AUTO runs a masked call in the sm90 family where it takes the mask (a bool mask
-     * in TMA-sized tiles, D=64 / 128, no causal, band, softcap or sinks), decode-sized calls in
+     * in TMA-sized tiles, D=64 / 128 / 256, no causal, band, softcap or sinks), decode-sized calls in
      * the decode kernels (any mask, no causal), else in the sm80 family: at D=64 / 128 for calls that
      * want the LSE or have a causal flag, softcap (or a band or sinks, which no family takes with
      * a mask); others it leaves to PyTorch's SDPA (none: FC_UNSUPPORTED_SLOWER_MASK). */

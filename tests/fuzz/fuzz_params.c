@@ -17,7 +17,7 @@
  *     offset of every tensor fits int64, the grid fits CUDA's limits;
  *   * every struct the support query accepts has a kernel (dtype, head dim, arch, a mask in the
  *     sm80 family, in the decode family without causal, or in sm90 only as sm90_takes_mask
- *     states it: a bool mask whose tiles TMA can bring, at D=64 / 128, without causal, band,
+ *     states it: a bool mask whose tiles TMA can bring, at D=64 / 128 / 256, without causal, band,
  *     softcap or sinks; a general band (window,
  *     bottom-right causal) only in the sm90 and decode families, without a mask; sinks only in
  *     sm90; a softcap only in sm90 without a mask or in sm80; the family's own layout rules),
@@ -27,7 +27,7 @@
  *     masked calls once per run, as the fuzzer seldom builds a mask the sm90 family takes), and
  *     AUTO on sm_90 declines a masked call as FC_UNSUPPORTED_SLOWER_MASK exactly where
  *     auto_leaves_mask_to_sdpa says so (no LSE wanted, a mask only the sm80 family would run:
- *     an additive one, at D=64 / 128 any, else one broadcast over the query rows or one query
+ *     an additive one, at D=64 / 128 / 256 any, else one broadcast over the query rows or one query
  *     row; no causal, band, softcap or
  *     sinks), never for a forced family or a call that wants the LSE, and
  *     fc_sdpa_fwd calls exactly that kernel's launcher with the caller's struct (as the library
@@ -600,7 +600,7 @@ static int sm90_takes(const fc_params *p) {
 
 /* The sm90 forward's mask rule (dispatch.c family_takes_mask; kMasked in
  * kernels/sm90/fwd_traits.cuh), re-stated for a masked call: the Hopper family takes a bool mask
- * only, at D=64 and 128, with the call as the library resolves it free of causal (which a
+ * only, at D=64, 128 and 256, with the call as the library resolves it free of causal (which a
  * general band also sets) and of any general band, with no softcap and no sinks, and only where
  * TMA can bring the mask in tiles: keys contiguous (stride 1), rows a positive multiple of 16
  * bytes apart (no broadcast queries), head and batch strides 16-byte multiples (0: broadcast),
@@ -608,7 +608,7 @@ static int sm90_takes(const fc_params *p) {
 static int sm90_takes_mask(const fc_params *p) {
     const fc_params r = resolved_of(p);
     if (r.mask_kind != FC_MASK_BOOL) return 0;
-    if (r.head_dim != 64 && r.head_dim != 128) return 0;
+    if (r.head_dim != 64 && r.head_dim != 128 && r.head_dim != 256) return 0;
     if (r.causal || r.band_ == FC_BAND_GENERAL_ || r.softcap != 0.0f || r.sinks != NULL) return 0;
     const int keys_contiguous = r.mask_stride_k == 1;
     const int rows_tiled = r.mask_stride_q > 0 && r.mask_stride_q % 16 == 0;
@@ -638,9 +638,9 @@ static int decode_takes(const fc_params *p) {
  *     over one row that sees every key is not causal), no softcap, no sinks;
  *   - the caller wants no LSE (a training forward keeps the sm80 family: the backward reads
  *     its LSE);
- *   - and the mask leaves the sm80 kernel no whole tiles to skip: at D=64 and 128 any mask the
- *     sm90 family cannot take, at the other head dims (32, 80, 96, 256) a mask broadcast over
- *     the query rows (mask_stride_q == 0, which one-row calls from the op have).
+ *   - and the mask leaves the sm80 kernel no whole tiles to skip: at D=64, 128 and 256 any mask
+ *     the sm90 family cannot take, at the other head dims (32, 80, 96) a mask broadcast over the
+ *     query rows (mask_stride_q == 0, which one-row calls from the op have).
  * Only valid structs with a dtype and head dim the sm80 family has (otherwise the call is
  * declined earlier for that). A forced family always runs what it takes.
  */
@@ -665,7 +665,7 @@ static int auto_leaves_mask_to_sdpa(const fc_params *p, int cc) {
     /* the decode kernels run it, bool masks only: an additive one they leave to PyTorch too */
     if (decode_takes_masked(p) && p->mask_kind != FC_MASK_ADDITIVE) return 0;
     if (sm90_takes_mask(p) && sm90_takes(p)) return 0; /* the sm90 family runs it */
-    return p->mask_kind == FC_MASK_ADDITIVE || p->head_dim == 64 || p->head_dim == 128 ||
+    return p->mask_kind == FC_MASK_ADDITIVE || p->head_dim == 64 || p->head_dim == 128 || p->head_dim == 256 ||
            p->mask_stride_q == 0 || p->seqlen_q == 1;
 }
 
@@ -787,14 +787,10 @@ static int bwd_sm90_takes(const fc_bwd_params *b) {
         if (s[i] > 1 && (st[i] == 0 || (i128)st[i] * 2 >= ((i128)1 << 40))) return 0;
     const i128 block = f->head_dim == 256 ? 64 : 128;
     const i128 ctas = ((i128)f->seqlen_k + block - 1) / block * f->heads_kv * f->batch;
-    /* A packed call's tiles: each listed key block (at most total_k / 128 + batch) per KV head. */
-    const i128 packed_tiles = packed ? (((i128)f->total_k + 127) / 128 + f->batch) * f->heads_kv : 0;
+    /* A packed call's tiles: each listed key block (at most total_k / 128 + batch) per KV head,
+     * 128 / block tiles each (D=256: two). */
+    const i128 packed_tiles = packed ? (((i128)f->total_k + 127) / 128 + f->batch) * f->heads_kv * (128 / block) : 0;
     return ctas <= INT32_MAX && packed_tiles <= INT32_MAX;
-}
-
-/* D=256's sm90 kernel: no packed rows (masks, a band, a softcap or none). */
-static int sm90_d256_unpacked(const fc_bwd_params *b) {
-    return b->fwd.cu_seq_q == NULL;
 }
 
 /* The sm90 family's softcap: no mask but at D=256 with a bool mask. */
@@ -836,7 +832,7 @@ static i128 bwd_need(const fc_params *f, int deterministic, fc_family fam) {
 }
 
 /* The support query's exact answer for a validated packed call (fc_params.cu_seq_q), not
- * paged, re-derived from the rules: the sm90 family alone runs it (D 64 / 128 fp16 / bf16, its
+ * paged, re-derived from the rules: the sm90 family alone runs it (D 64 / 128 / 256 fp16 / bf16, its
  * layout rule with the key-block list's tiles in an int), without a mask, softcap, general band
  * or sinks; AUTO does not try it under `deterministic` (it sums dq in any order), and never falls
  * back to the sm80-class family: FC_UNSUPPORTED_VARLEN. A forced family answers what it checks
@@ -848,9 +844,8 @@ static fc_status bwd_packed_status(const fc_bwd_params *b, int cc) {
     const fc_params rf = resolved_of(f);
     const int mask = f->mask_kind != FC_MASK_NONE, general = rf.band_ == FC_BAND_GENERAL_, softcap = f->softcap != 0.0f;
     const int plain = !mask && !general && !softcap && f->sinks == NULL;
-    /* (D=256's sm90 kernel takes no packed call: for it, that head dim has no kernel.) */
     const int sm90_runs = bwd_family_runs_on(FC_FAMILY_SM90, cc) && plain && bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) &&
-                          f->head_dim != 256 && bwd_sm90_takes(b);
+                          bwd_sm90_takes(b);
     switch (f->family) {
     case FC_FAMILY_AUTO:
         return sm90_runs && !b->deterministic ? FC_OK : FC_UNSUPPORTED_VARLEN;
@@ -862,7 +857,7 @@ static fc_status bwd_packed_status(const fc_bwd_params *b, int cc) {
         if (mask && rf.causal) return FC_UNSUPPORTED_MASK;
         if (softcap && !sm90_softcap_mask_ok(f)) return FC_UNSUPPORTED_SOFTCAP;
         if (!plain) return FC_UNSUPPORTED_VARLEN;
-        if (!bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) || f->head_dim == 256) return FC_UNSUPPORTED_HEAD_DIM;
+        if (!bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype)) return FC_UNSUPPORTED_HEAD_DIM;
         return bwd_sm90_takes(b) ? FC_OK : FC_UNSUPPORTED_LAYOUT;
     default:
         return FC_UNSUPPORTED_FAMILY; /* the decode family has no backward */
@@ -926,8 +921,6 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
         REQUIRE(f->head_dim == 64 || f->head_dim == 128 || f->head_dim == 256);
     else
         REQUIRE(f->head_dim == 32 || f->head_dim == 64 || f->head_dim == 80 || f->head_dim == 96 || f->head_dim == 128);
-    /* D=256 (the sm90 family): no packed rows (masks, a band, a softcap or none). */
-    if (f->head_dim == 256) REQUIRE(f->cu_seq_q == NULL);
     REQUIRE(bwd_built(fam, f->head_dim, f->dtype) && bwd_family_runs_on(fam, cc));
     REQUIRE(cc == 89 || cc == 90);
     REQUIRE(f->family == FC_FAMILY_AUTO || f->family == fam);
@@ -1525,16 +1518,14 @@ static void check_bwd(const fc_bwd_params *b, int device) {
             REQUIRE((i128)ws >= bwd_need(f, b->deterministic, FC_FAMILY_SM80));
         } else {
             /* A packed call: the sm90 family's need alone (no other family runs it). */
-            REQUIRE((i128)ws == (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) && f->head_dim != 256
-                                     ? bwd_need(f, b->deterministic, FC_FAMILY_SM90) : 0));
+            REQUIRE((i128)ws == (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) ? bwd_need(f, b->deterministic, FC_FAMILY_SM90) : 0));
         }
         if (f->head_dim == 64 || f->head_dim == 128 || f->head_dim == 256) {
             /* (other head dims have no sm90 kernel; their byte count may not fit int64) */
             REQUIRE(round16(f->cu_seq_q != NULL ? fc_sm90_bwd_varlen_workspace_bytes(f) : fc_sm90_bwd_workspace_bytes(f)) ==
                     bwd_need(f, b->deterministic, FC_FAMILY_SM90));
         }
-        if (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype) && (f->head_dim != 256 || sm90_d256_unpacked(b)))
-            REQUIRE((i128)ws >= bwd_need(f, b->deterministic, FC_FAMILY_SM90));
+        if (bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype)) REQUIRE((i128)ws >= bwd_need(f, b->deterministic, FC_FAMILY_SM90));
     }
 
     const int dtype_ok = f->dtype == FC_DTYPE_FP16 || f->dtype == FC_DTYPE_BF16;
@@ -1570,9 +1561,8 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         const int packed_plain = f->mask_kind == FC_MASK_NONE && !softcap && !general && f->sinks == NULL;
         const int sm80 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !rf.causal) && !general && !paged && !packed &&
                          bwd_family_possible(b, FC_FAMILY_SM80, cc);
-        /* (D=256: the sm90 family without packed rows) */
         const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && (!softcap || sm90_softcap_mask_ok(f)))) && !paged &&
-                         (!packed || packed_plain) && (f->head_dim != 256 || !packed) &&
+                         (!packed || packed_plain) &&
                          bwd_family_possible(b, FC_FAMILY_SM90, cc);
         REQUIRE((sup == FC_UNSUPPORTED_PAGED) == paged);
         if (sup == FC_UNSUPPORTED_VARLEN) REQUIRE(packed && !paged);
@@ -1605,8 +1595,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
             REQUIRE(f->family != FC_FAMILY_AUTO &&
                     ((f->family != FC_FAMILY_SM80 && f->family != FC_FAMILY_SM90) || !bwd_family_runs_on(f->family, cc)));
         if (sup == FC_UNSUPPORTED_HEAD_DIM)
-            REQUIRE(!bwd_built(f->family == FC_FAMILY_SM90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80, f->head_dim, f->dtype) ||
-                    (f->family == FC_FAMILY_SM90 && f->head_dim == 256 && packed));
+            REQUIRE(!bwd_built(f->family == FC_FAMILY_SM90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80, f->head_dim, f->dtype));
         REQUIRE(sup != FC_UNSUPPORTED_SLOWER && sup != FC_UNSUPPORTED_SLOWER_MASK && sup != FC_UNSUPPORTED_EMPTY);
     }
 
@@ -1760,7 +1749,7 @@ static void check_bwd_packed_rule(void) {
                 packed_bwd_call(b, 3, 8, 2, 250, 700, 96);
                 f->family = FC_FAMILY_SM90, want_90 = FC_UNSUPPORTED_HEAD_DIM, want_89 = FC_UNSUPPORTED_FAMILY;
                 break;
-            case kPackedD256: packed_bwd_call(b, 3, 8, 2, 250, 700, 256), want_90 = FC_UNSUPPORTED_VARLEN; break;
+            case kPackedD256: packed_bwd_call(b, 3, 8, 2, 250, 700, 256); break; /* (64-key tiles, two per listed block) */
             case kPackedFp32: f->dtype = FC_DTYPE_FP32, want_90 = want_89 = FC_UNSUPPORTED_DTYPE; break;
             case kPackedBf16: f->dtype = FC_DTYPE_BF16; break;
             case kPackedDqBatchStride: b->dq_stride_b = 8 * D, want_v = FC_ERR_BAD_VARLEN; break;
@@ -1796,13 +1785,13 @@ static void check_bwd_packed_rule(void) {
             REQUIRE(fc_sdpa_bwd_family(b, 8, 9) == FC_FAMILY_AUTO);
             const int64_t ws = check_packed_bwd_call(b);
             /* the size: the sm90 family's need where its kernel is built, else none */
-            if (want_v != FC_OK || f->dtype == FC_DTYPE_FP32 || (f->head_dim != 64 && f->head_dim != 128))
+            if (want_v != FC_OK || f->dtype == FC_DTYPE_FP32 || (f->head_dim != 64 && f->head_dim != 128 && f->head_dim != 256))
                 REQUIRE(ws == 0);
             else
                 REQUIRE(ws > 0);
         }
 
-    /* The key-block list's tiles, (total_k / 128 rounded up + batch) x heads_kv, in an int: at
+    /* The key-block list's tiles, (total_k / 128 rounded up + batch) x heads_kv (D=256: x 2), in an int: at
      * 65535 KV heads, 32768 entries fit (2147450880 tiles) and 32769 do not (2147516415). K and
      * V rows 16 bytes apart (overlapping) keep each head's slice inside 2^31 elements; seqlen_k
      * keeps the (128-key block, KV head, batch) count in an int on both sides, so only this rule
@@ -1811,15 +1800,21 @@ static void check_bwd_packed_rule(void) {
     static const struct {
         int64_t batch, total_k, seqlen_k;
         int fits;
+        int64_t D;
     } kCapacity[] = {
-        {1, 128 * 32767, 128 * 32767, 1},          /* 32767 + 1 entries */
-        {1, 128 * 32767 + 1, 128 * 32767 + 1, 0},  /* 32768 + 1 */
-        {2, 128 * 32766, 64 * 32766, 1},           /* 32766 + 2 */
-        {2, 128 * 32767, 64 * 32767, 0},           /* 32767 + 2; 16384 blocks x 65535 x 2 CTAs fit */
+        {1, 128 * 32767, 128 * 32767, 1, 64},          /* 32767 + 1 entries */
+        {1, 128 * 32767 + 1, 128 * 32767 + 1, 0, 64},  /* 32768 + 1 */
+        {2, 128 * 32766, 64 * 32766, 1, 64},           /* 32766 + 2 */
+        {2, 128 * 32767, 64 * 32767, 0, 64},           /* 32767 + 2; 16384 blocks x 65535 x 2 CTAs fit */
+        /* D=256: two 64-key tiles per listed block, so half as many entries */
+        {1, 128 * 16383, 128 * 16383, 1, 256},         /* 16383 + 1 entries: 2147450880 tiles */
+        {1, 128 * 16383 + 1, 128 * 16383 + 1, 0, 256}, /* 16384 + 1 */
     };
     for (size_t i = 0; i < sizeof kCapacity / sizeof kCapacity[0]; ++i)
         for (int forced = 0; forced < 2; ++forced) {
-            packed_bwd_call(b, kCapacity[i].batch, 65535, 65535, 256, kCapacity[i].total_k, 64);
+            /* (64 query rows at D=256: each head's slice of q, 64 x 65535 x 256 elements, in 2^31) */
+            packed_bwd_call(b, kCapacity[i].batch, 65535, 65535, kCapacity[i].D == 256 ? 64 : 256, kCapacity[i].total_k,
+                            kCapacity[i].D);
             f->seqlen_k = kCapacity[i].seqlen_k;
             f->k_stride_s = f->v_stride_s = b->dk_stride_s = b->dv_stride_s = 8;
             f->k_stride_h = f->v_stride_h = b->dk_stride_h = b->dv_stride_h = 8;
@@ -2145,14 +2140,14 @@ static void check_mask_rule(void) {
                         const int takes = sm90_takes_mask(p);
                         if (change == kMaskKeep || change == kMaskWholeWindow || change == kMaskBroadcastHB ||
                             change == kMaskKvBroadcast || change == kMaskNegativeScale)
-                            REQUIRE(takes == (kDims[d] == 64 || kDims[d] == 128));
+                            REQUIRE(takes == (kDims[d] == 64 || kDims[d] == 128 || kDims[d] == 256));
                         else if (change == kMaskWindow || change == kMaskBottomRight) /* (one row: every key) */
                             REQUIRE(!takes || resolved_of(p).band_ == FC_BAND_NONE_);
                         else
                             REQUIRE(!takes);
                         /* AUTO's masked speed rule, case by case: on sm_90, without an LSE, a call the
                          * sm90 family does not run (its mask rule, or a layout it cannot take: K/V
-                         * broadcast, a negative scale) is left to PyTorch's SDPA at D=64 / 128, and at
+                         * broadcast, a negative scale) is left to PyTorch's SDPA at D=64 / 128 / 256, and at
                          * the other head dims when its mask is additive, broadcast over the query rows
                          * or it has one query row (unless the decode kernels take it: up to 16
                          * rows, no causal, band, softcap or sinks); never with a causal flag or a band (as resolved), a softcap or sinks, never with an
@@ -2163,7 +2158,7 @@ static void check_mask_rule(void) {
                         const int sdpa_expresses = !r.causal && r.band_ != FC_BAND_GENERAL_ &&
                                                    change != kMaskSoftcap && change != kMaskSinks;
                         const int sm90_runs = takes && change != kMaskKvBroadcast && change != kMaskNegativeScale;
-                        const int wide = kDims[d] == 64 || kDims[d] == 128;
+                        const int wide = kDims[d] == 64 || kDims[d] == 128 || kDims[d] == 256;
                         const int decode_runs = decode_takes_masked(p) && change != kMaskSoftcap &&
                                                 change != kMaskSinks &&
                                                 !(cc == 90 && !with_lse && p->mask_kind == FC_MASK_ADDITIVE &&
