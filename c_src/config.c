@@ -27,14 +27,14 @@ static int parse_count(const char *text, int lo, int hi) {
 /* Everything but "0" keeps a feature on. */
 static int parse_switch(const char *text) { return !(text[0] == '0' && text[1] == '\0'); }
 
-enum { FAMILY, DECODE_SPLITS, KV_SPLITS, SM90_SHORT, SM80_TILES, PDL, BWD_PERSISTENT, BWD_PAIRS, KNOBS };
+enum { FAMILY, DECODE_SPLITS, KV_SPLITS, SM90_SHORT, SM80_TILES, PDL, BWD_PERSISTENT, KNOBS };
 
 /* The variables, after the common prefix. */
 #define FC_CONFIG_PREFIX "FLASHCORE_"
 static const char *const kNames[KNOBS] = {
     [FAMILY] = "FAMILY",         [DECODE_SPLITS] = "DECODE_SPLITS", [KV_SPLITS] = "KV_SPLITS",
     [SM90_SHORT] = "SM90_SHORT", [SM80_TILES] = "SM80_TILES",       [PDL] = "PDL",
-    [BWD_PERSISTENT] = "BWD_PERSISTENT", [BWD_PAIRS] = "BWD_PAIRS",
+    [BWD_PERSISTENT] = "BWD_PERSISTENT",
 };
 
 static void set_knob(fc_config *cfg, int knob, const char *text) {
@@ -62,7 +62,6 @@ static void set_knob(fc_config *cfg, int knob, const char *text) {
         break;
     case PDL: cfg->pdl = parse_switch(text); break;
     case BWD_PERSISTENT: cfg->bwd_persistent = parse_switch(text); break;
-    case BWD_PAIRS: cfg->bwd_pairs = parse_switch(text); break;
     }
 }
 

@@ -65,13 +65,9 @@ typedef struct fc_config {
     /* FLASHCORE_BWD_PERSISTENT = 0 -> 0: the sm90 backward runs one CTA per tile instead of at
      * most one persistent CTA per SM (fc_sm90_bwd_grid, dispatch.c). Else 1. */
     int bwd_persistent;
-    /* FLASHCORE_BWD_PAIRS = 0 -> 0: the D=256 sm90 backward runs every call one CTA per 64-key
-     * block, not plain calls in CTA pairs (fc_sm90_bwd_d256_pairs; kernels/sm90/bwd_pair.cuh).
-     * Else 1. */
-    int bwd_pairs;
 } fc_config;
 
-#define FC_CONFIG_DEFAULTS {"", 0, 0, -1, FC_SM80_TILES_BY_DEVICE, 1, 1, 1}
+#define FC_CONFIG_DEFAULTS {"", 0, 0, -1, FC_SM80_TILES_BY_DEVICE, 1, 1}
 
 /* fc_config_read and fc_config_get are exported from libflashcore.so for the op library
  * (not part of the public API in flashcore.h). */

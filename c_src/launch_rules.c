@@ -1,8 +1,7 @@
 /*
  * launch_rules.c - the launch heuristics of launch_rules.h: how many key ranges a decode or a
  * small prefill grid is cut into, the persistent grids, D=64's Hopper configuration, when to
- * launch with programmatic dependent launch, whether D=256's backward runs in CTA pairs, and
- * whether a bool mask's layout suits TMA tiles.
+ * launch with programmatic dependent launch, and whether a bool mask's layout suits TMA tiles.
  * Read by the C layer's plan and by the kernels' launchers alike.
  */
 #include "launch_rules.h"
@@ -94,8 +93,6 @@ int fc_use_pdl(int64_t grid_ctas, int64_t wave_ctas) {
 }
 
 int fc_sm90_bwd_use_pdl(void) { return fc_config_get()->pdl; }
-
-int fc_sm90_bwd_d256_pairs(void) { return fc_config_get()->bwd_pairs; }
 
 int64_t fc_sm90_bwd_grid(int64_t tiles, int64_t sms) {
     if (sms <= 0 || tiles <= sms || !fc_config_get()->bwd_persistent) return tiles;

@@ -226,10 +226,6 @@ int64_t fc_sm90_bwd_grid(int64_t tiles, int64_t sms);
  * pair's count in the workspace, not for the whole grid). FLASHCORE_PDL=0 turns it off (then the
  * three run one after another, the counts complete before the conversion starts). */
 int fc_sm90_bwd_use_pdl(void);
-/* Whether the D=256 Hopper backward runs plain (causal or non-causal, no mask, band or softcap)
- * calls in CTA pairs: clusters of two CTAs on the halves of a 128-key block, each step's Q and dO
- * loaded once for both (kernels/sm90/bwd_pair.cuh). FLASHCORE_BWD_PAIRS=0 turns it off. */
-int fc_sm90_bwd_d256_pairs(void);
 
 #ifdef __cplusplus
 }

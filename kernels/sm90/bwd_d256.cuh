@@ -50,10 +50,6 @@
 // Before the softmax it turns its scores into t and parks 1 - t^2 in the exchange (its own
 // elements, which the dS warpgroup read in the previous step before the dS^T barrier), after it
 // multiplies them by P^T in place: no second array of registers.
-//
-// CTA pairs (kPaired, plain causal or non-causal calls; sm90/bwd_pair.cuh): clusters of two CTAs
-// on the two halves of a 128-key block, each step's Q and dO loaded once for both by TMA
-// multicast.
 #pragma once
 
 #include "sm90/bwd_kernel.cuh"
@@ -371,32 +367,21 @@ __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *
     }
 }
 
-template <typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen = false, bool kPaired = false>
+template <typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen = false>
 __global__ void __launch_bounds__(BwdTraits<256>::kThreads, 1)
 bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
     using T = BwdTraits<256>;
     static_assert(!kBand || (kCausal && kMask == kMaskNone), "a band runs in the causal configuration, without a mask");
     static_assert(!kVarlen || (kMask == kMaskNone && !kBand && !kSoftcap), "packed calls: causal or not, nothing else");
-    static_assert(!kPaired || (kMask == kMaskNone && !kBand && !kSoftcap && !kVarlen && T::kStages == 2),
-                  "CTA pairs: plain causal or non-causal calls");
     extern __shared__ unsigned char smem_raw[];
     __shared__ BwdBarriers bars;
-    __shared__ PairBarriers pair;  // (kPaired)
     unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     const fc_params &f = p.fwd;
-    // (kPaired: the tiles are 128-key blocks, each a pair's.)
-    const int tiles = (kPaired ? (static_cast<int>(f.seqlen_k) + 2 * T::kBlockN - 1) / (2 * T::kBlockN) : key_blocks<256>(f)) *
-                      static_cast<int>(f.heads_kv * f.batch);
+    const int tiles = key_blocks<256>(f) * static_cast<int>(f.heads_kv * f.batch);
     const Workspace ws = workspace_of<kVarlen>(p);
     const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
-    if (threadIdx.x == 0) {
-        if constexpr (kPaired) init_pair_barriers(pair);
-        init_barriers<T>(bars);
-    }
-    if constexpr (kPaired)
-        sm90::cluster_sync_all();  // both CTAs' barriers are initialised before either arrives on the other's
-    else
-        __syncthreads();
+    if (threadIdx.x == 0) init_barriers<T>(bars);
+    __syncthreads();
     wait_for_prior_grids();  // (launched programmatically, as bwd_kernel)
     allow_dependent_grids();
 
@@ -404,16 +389,15 @@ bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         // ---------------- producer: bwd_kernel's four jobs, with this kernel's dQ writer ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (threadIdx.x == 32) {
-            write_dq<T, kVarlen, kPaired>(bars, maps, ws, p,
-                                          [&](float *rows, int step_all) { reduce_staged_rows<T>(bars, smem, rows, step_all); });
+            write_dq<T, kVarlen>(bars, maps, ws, p,
+                               [&](float *rows, int step_all) { reduce_staged_rows<T>(bars, smem, rows, step_all); });
         } else if (threadIdx.x == 96) {
-            schedule_tiles_and_load_kv<T, kCausal, kBand, kVarlen, kPaired>(bars, smem, maps, p, ws, tiles, kPaired ? &pair : nullptr);
+            schedule_tiles_and_load_kv<T, kCausal, kBand, kVarlen>(bars, smem, maps, p, ws, tiles);
         } else if (threadIdx.x == 64) {
             load_row_terms<T, kVarlen>(bars, smem, ws, p);
         } else if (threadIdx.x == 0) {
-            load_q_do<T, kMaskNone, kVarlen, kPaired>(bars, smem, maps, p, kPaired ? &pair : nullptr);
+            load_q_do<T, kMaskNone, kVarlen>(bars, smem, maps, p);
         }
-        if constexpr (kPaired) sm90::cluster_sync_all();  // (below)
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegs));
@@ -421,8 +405,6 @@ bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         consume_tiles<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen, false>(bars, smem, maps, p);
     else
         consume_tiles<T, Elem, kCausal, kMask, kBand, kSoftcap, kVarlen, true>(bars, smem, maps, p);
-    // kPaired: no CTA leaves while its peer may still arrive on its barriers or load into its stages.
-    if constexpr (kPaired) sm90::cluster_sync_all();
 }
 
 }  // namespace sm90_bwd

@@ -73,7 +73,6 @@
 // sm90/bwd_launch.cuh.
 #pragma once
 
-#include "sm90/bwd_pair.cuh"  // the D=256 kernel's CTA pairs (kPaired)
 #include "sm90/bwd_traits.cuh"
 
 namespace flashcore {
@@ -129,9 +128,8 @@ __device__ __forceinline__ void init_barriers(BwdBarriers &bars) {
 // key_blocks_done), for the dq conversion that may already run beside this kernel
 // (sm90/bwd_rows.cuh). reduce_step(rows, step_all) issues one staged step's reductions to the
 // accumulator rows from `rows`, waits until they have read the staging, and releases it (D=256
-// has its own: sm90/bwd_d256.cuh). kPaired (sm90/bwd_pair.cuh): a tile past the last key (rank
-// 1's half of an odd last block) is not counted.
-template <typename T, bool kVarlen, bool kPaired = false, typename ReduceStep>
+// has its own: sm90/bwd_d256.cuh).
+template <typename T, bool kVarlen, typename ReduceStep>
 __device__ __forceinline__ void write_dq(BwdBarriers &bars, const BwdMaps &maps, const Workspace &ws, const fc_bwd_params &p,
                                          const ReduceStep &reduce_step) {
     constexpr int kHeadDim = T::kHeadDim, kBlockM = T::kBlockM;
@@ -157,8 +155,7 @@ __device__ __forceinline__ void write_dq(BwdBarriers &bars, const BwdMaps &maps,
             asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the tile's reductions are done
             // (The pair's count at its last query head: what the producer's 24 registers hold
             // here; its address from the kernel's parameters for the same reason.)
-            if (!kPaired || tile.n_start < static_cast<int>(f.seqlen_k))
-                count_key_block(maps.key_blocks_done + (batch * static_cast<int>(f.heads_q) + head_end - 1));
+            count_key_block(maps.key_blocks_done + (batch * static_cast<int>(f.heads_q) + head_end - 1));
         }
     }
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the reductions are done
@@ -181,15 +178,12 @@ __device__ __forceinline__ void reduce_staged_tile(BwdBarriers &bars, unsigned c
 // counter (zeroed by the row-terms kernel), so that a CTA's next K/V and first steps load while
 // its consumers finish the current tile, and tiles of different lengths (causal) balance. Then
 // loads the tile's K and V once the consumers are done with the previous tile's.
-// kPaired (sm90/bwd_pair.cuh): the indices count 128-key blocks, the first is the cluster's, rank
-// 0 claims the next ones for both, and the CTA takes its rank's 64-key half (`tiles`: blocks).
-template <typename T, bool kCausal, bool kBand, bool kVarlen, bool kPaired = false>
+template <typename T, bool kCausal, bool kBand, bool kVarlen>
 __device__ __forceinline__ void schedule_tiles_and_load_kv(BwdBarriers &bars, unsigned char *smem, const BwdMaps &maps,
-                                                           const fc_bwd_params &p, const Workspace &ws, int tiles,
-                                                           PairBarriers *pair = nullptr) {
+                                                           const fc_bwd_params &p, const Workspace &ws, int tiles) {
     const fc_params &f = p.fwd;
     int32_t c[4];
-    int index = static_cast<int>(kPaired ? blockIdx.x / 2 : blockIdx.x), kv_round = 0;
+    int index = static_cast<int>(blockIdx.x), kv_round = 0;
     for (int n = 0;; ++n) {
         wait_barrier(&bars.tile_empty[n & 1], ((n >> 1) & 1) ^ 1);  // the first round passes at once
         int key_row0 = 0;  // kVarlen: the sequence's first key row
@@ -197,10 +191,6 @@ __device__ __forceinline__ void schedule_tiles_and_load_kv(BwdBarriers &bars, un
         bool more;
         if constexpr (kVarlen) {  // (the list's length read each time: held, it spilled at 24 registers)
             more = varlen_tile_at<T::kBlockM, T::kBlockN, kCausal>(index, p.workspace, f, tile, &key_row0);
-        } else if constexpr (kPaired) {
-            tile = tile_at<T::kBlockM, 2 * T::kBlockN, kCausal, kBand>(index, maps, f);
-            tile.n_start += cluster_rank() * T::kBlockN;
-            more = index < tiles;
         } else {
             tile = tile_at<T::kBlockM, T::kBlockN, kCausal, kBand>(index, maps, f);
             more = index < tiles;
@@ -229,13 +219,9 @@ __device__ __forceinline__ void schedule_tiles_and_load_kv(BwdBarriers &bars, un
         // (causal tiles differ in length); any later, the loads of its first steps wait.
         wait_barrier(&bars.claim, n & 1);
         // (kVarlen: the grid's size read again here; held across the loop, it spilled at 24 registers.)
-        if constexpr (kPaired) {
-            index = next_pair_index(*pair, ws.tile_counter, n);
-        } else {
-            int ctas = static_cast<int>(gridDim.x);
-            if constexpr (kVarlen) asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(ctas));
-            index = atomicAdd(ws.tile_counter, 1) + ctas;
-        }
+        int ctas = static_cast<int>(gridDim.x);
+        if constexpr (kVarlen) asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(ctas));
+        index = atomicAdd(ws.tile_counter, 1) + ctas;
     }
 }
 
@@ -290,16 +276,12 @@ __device__ __forceinline__ void load_row_terms(BwdBarriers &bars, unsigned char 
 
 // The Q/dO loader (one producer thread): each step's Q and dO (and kMaskBoolTiles: its mask
 // tile) into the ring by TMA; it signals the tile scheduler as it issues a tile's last step.
-// kPaired (sm90/bwd_pair.cuh): once both CTAs are done with the stage, this CTA's half of the
-// panels into both CTAs' stage.
-template <typename T, int kMask, bool kVarlen, bool kPaired = false>
+template <typename T, int kMask, bool kVarlen>
 // (smem by reference: taken by value, it changed the code ptxas got for the whole kernel.)
 __device__ __forceinline__ void load_q_do(BwdBarriers &bars, unsigned char *const &smem, const BwdMaps &maps,
-                                          const fc_bwd_params &p, PairBarriers *pair = nullptr) {
+                                          const fc_bwd_params &p) {
     const fc_params &f = p.fwd;
-    [[maybe_unused]] int steps_loaded = 0;  // kPaired: stage_free's phases
     for_each_step<T, kVarlen>(bars, [&](int stage, uint64_t *full, int head_q, int batch, int m_start, int n_start) {
-        if constexpr (kPaired) wait_stage_free_in_both(*pair, stage, (steps_loaded++ / T::kStages) & 1);
         ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
                                        2 * T::kQBytes + T::kMaskTileBytes);
         int32_t c[4];
@@ -309,18 +291,11 @@ __device__ __forceinline__ void load_q_do(BwdBarriers &bars, unsigned char *cons
                        f.mask_stride_b != 0 ? batch : 0);
             tma_load(smem + T::kOffMask + stage * T::kMaskTileBytes, &maps.mask, c, full);
         }
-        // (kPaired: this CTA's half of the panels, into both CTAs' stage.)
-        auto load = [&](unsigned char *dst, const CUtensorMap *map) {
-            if constexpr (kPaired) sm90::tma_load_multicast(dst, map, c, full, 0b11);
-            else tma_load(dst, map, c, full);
-        };
-        constexpr int kLoaded = kPaired ? T::kPanels / 2 : T::kPanels;
-        for (int i = 0; i < kLoaded; ++i) {
-            const int panel = kPaired ? cluster_rank() * kLoaded + i : i;
+        for (int panel = 0; panel < T::kPanels; ++panel) {
             set_coords(c, maps.q_order, panel * 64, m_start, head_q, batch);
-            load(smem + T::kOffQ + stage * T::kStageStride + panel * T::kQPanelBytes, &maps.q);
+            tma_load(smem + T::kOffQ + stage * T::kStageStride + panel * T::kQPanelBytes, &maps.q, c, full);
             set_coords(c, maps.dout_order, panel * 64, m_start, head_q, batch);
-            load(smem + T::kOffDo + stage * T::kStageStride + panel * T::kQPanelBytes, &maps.dout);
+            tma_load(smem + T::kOffDo + stage * T::kStageStride + panel * T::kQPanelBytes, &maps.dout, c, full);
         }
     }, true);
 }

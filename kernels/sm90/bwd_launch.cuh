@@ -34,29 +34,11 @@
 namespace flashcore {
 namespace sm90_bwd {
 
-// The main kernel of a variant: D=256's own (kPaired: in CTA pairs), else bwd_kernel.
-template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kPaired = false>
+// The main kernel of a variant: D=256's own, else bwd_kernel.
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand, bool kSoftcap>
 constexpr auto main_kernel() {
-    if constexpr (kHeadDim == 256) return bwd_kernel_d256<Elem, kCausal, kMask, kBand, kSoftcap, false, kPaired>;
+    if constexpr (kHeadDim == 256) return bwd_kernel_d256<Elem, kCausal, kMask, kBand, kSoftcap>;
     else return bwd_kernel<Elem, kHeadDim, kCausal, kMask, kBand, kSoftcap>;
-}
-
-// D=256's plain calls in CTA pairs (sm90/bwd_pair.cuh; fc_sm90_bwd_d256_pairs): clusters of two
-// CTAs, each cluster taking 128-key blocks until none are left, at most one CTA per SM.
-template <typename Elem, bool kCausal>
-cudaError_t launch_paired_d256(const BwdMaps &maps, const fc_bwd_params &p, const fc_device_facts &dev, bool pdl,
-                               cudaStream_t stream) {
-    using T = BwdTraits<256>;
-    const fc_params &f = p.fwd;
-    auto kernel = main_kernel<Elem, 256, kCausal, kMaskNone, false, false, true>();
-    static unsigned long long configured = 0;
-    cudaError_t err = allow_smem(kernel, T::kSmemBytes, &configured, dev.device);
-    if (err != cudaSuccess) return err;
-    const int64_t blocks = (f.seqlen_k + 2 * T::kBlockN - 1) / (2 * T::kBlockN) * f.heads_kv * f.batch;
-    const int64_t clusters = fc_sm90_bwd_grid(blocks, dev.sms / 2);
-    cudaLaunchAttribute attrs[2];
-    const cudaLaunchConfig_t cfg = launch_config(2 * clusters, 2, pdl, T::kThreads, T::kSmemBytes, stream, attrs);
-    return cudaLaunchKernelEx(&cfg, kernel, maps, p);
 }
 
 template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false, bool kSoftcap = false>
@@ -110,16 +92,9 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
     if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;  // c_src/bwd.c sends such calls elsewhere
     const bool pdl = fc_sm90_bwd_use_pdl() != 0;
     cudaLaunchAttribute attrs[2];
-    bool paired = false;
-    if constexpr (kHeadDim == 256 && kMask == kMaskNone && !kBand && !kSoftcap) {
-        paired = fc_sm90_bwd_d256_pairs() != 0;
-        if (paired && (err = launch_paired_d256<Elem, kCausal>(maps, p, dev, pdl, stream)) != cudaSuccess) return err;
-    }
-    if (!paired) {
-        const cudaLaunchConfig_t main_cfg =
-            launch_config(fc_sm90_bwd_grid(tiles, dev.sms), 0, pdl, T::kThreads, T::kSmemBytes, stream, attrs);
-        if ((err = cudaLaunchKernelEx(&main_cfg, kernel, maps, p)) != cudaSuccess) return err;
-    }
+    const cudaLaunchConfig_t main_cfg =
+        launch_config(fc_sm90_bwd_grid(tiles, dev.sms), 0, pdl, T::kThreads, T::kSmemBytes, stream, attrs);
+    if ((err = cudaLaunchKernelEx(&main_cfg, kernel, maps, p)) != cudaSuccess) return err;
 
     constexpr int kConvertRows = ConvertTile<kHeadDim>::kRows;
     const dim3 convert_grid(static_cast<unsigned>((f.seqlen_q + kConvertRows - 1) / kConvertRows), hq, batch);

@@ -1,14 +1,13 @@
 // sm90/fwd_split.cuh - the Hopper forward's split-KV merge across a cluster (sm90/fwd_kernel.cuh,
 // launch_fwd_config): the layout of a CTA's partials in its idle K/V ring (SplitPartials), the
-// distributed shared-memory loads and st.async pushes counted by the peer's mbarrier (the
-// cluster's addresses, size, rank and barrier are sm90/cluster.cuh's), the weight of one part in
-// a merge of partial rows (partial_weight, also the pair's merge), and the rows a CTA finalises
-// from every peer's partials (finish_split_rows; D=128 and 256).
+// cluster primitives (mapa addresses of a peer's shared memory, distributed shared-memory loads,
+// st.async pushes counted by the peer's mbarrier, the cluster's size, rank and barrier), the
+// weight of one part in a merge of partial rows (partial_weight, also the pair's merge), and the
+// rows a CTA finalises from every peer's partials (finish_split_rows; D=128 and 256).
 #pragma once
 
 #include "common/sm80_ptx.cuh"  // fast_exp2, pack2
 #include "flashcore.h"          // fc_params
-#include "sm90/cluster.cuh"     // cluster_peer_addr, cluster_rank, cluster_size, cluster_sync_all
 #include "sm90/fwd_traits.cuh"  // kMaxKvSplits
 #include "sm90/ptx.cuh"         // ptx (cuda::ptx)
 
@@ -37,6 +36,11 @@ struct SplitPartials {
     static constexpr int kBytes = kBlockM * kOPitch * 4 + kBlockM * 8;  // O, then (max, sum) per row
 };
 
+__device__ __forceinline__ uint32_t cluster_peer_addr(uint32_t local_addr, uint32_t rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
+    return remote;
+}
 __device__ __forceinline__ float2 ld_cluster_f2(uint32_t addr) {
     float2 v;
     asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
@@ -56,6 +60,23 @@ __device__ __forceinline__ void st_async_f2(uint32_t remote_addr, float x, float
                  ::"r"(remote_addr), "f"(x), "f"(y), "r"(remote_bar)
                  : "memory");
 }
+// The cluster's size and this CTA's rank in it (1 and 0 without a cluster launch). Volatile: read
+// again at each use instead of being kept in a register across the main loop.
+__device__ __forceinline__ int cluster_size() {
+    uint32_t n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+    return static_cast<int>(n);
+}
+__device__ __forceinline__ int cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return static_cast<int>(r);
+}
+__device__ __forceinline__ void cluster_sync_all() {
+    ptx::barrier_cluster_arrive(ptx::sem_release);
+    ptx::barrier_cluster_wait(ptx::sem_acquire);
+}
+
 // Merging partial results of one query row (a split's CTAs, or a pair's two warpgroups): each part j
 // left an unnormalised O_j, its row maximum m_j and its sum l_j. With M = max_j m_j the merged row
 // is O = sum_j w_j O_j / L, L = sum_j w_j l_j, LSE = M + log2 L (base 2), and w_j is the weight

@@ -840,11 +840,9 @@ int main(void) {
     for (size_t i = 0; i < sizeof(kBwdBandCases) / sizeof(kBwdBandCases[0]); ++i)
         failed += run_bwd_case(&kBwdBandCases[i].tc, &kBwdBandCases[i].band, BWD_AUTO, 0.0f);
     /* D=256 (the sm90 family's own kernel, 64-key blocks): ragged, Sq != Sk both ways, GQA 4:1,
-     * one row, and a CTA through many steps of the two-stage ring (five query tiles, GQA 2). Its
-     * plain calls run in CTA pairs (FLASHCORE_BWD_PAIRS=0: one CTA per block): odd block counts
-     * (130, 33, 257 keys: the last pair's upper half past Sk), causal blocks with no steps (17
-     * queries on 130 or 640 keys), and 160 pairs' blocks, more than the grid's clusters (the
-     * tile index handed from one CTA of the pair to the other). */
+     * one row, and a CTA through many steps of the two-stage ring (five query tiles, GQA 2);
+     * causal blocks with no steps (17 queries on 130 or 640 keys), and 320 tiles, more than a
+     * grid's CTAs (tiles claimed from the workspace's counter). */
     static const test_case kBwdD256Cases[] = {
         {4, 8, 8, 17, 640, 256, 0, FC_DTYPE_BF16, FC_MASK_NONE, 0},
         {4, 8, 4, 17, 640, 256, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},

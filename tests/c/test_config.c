@@ -22,7 +22,7 @@ static int failures = 0;
 
 static const char *const kVariables[] = {
     "FLASHCORE_FAMILY",     "FLASHCORE_DECODE_SPLITS", "FLASHCORE_KV_SPLITS",      "FLASHCORE_SM90_SHORT",
-    "FLASHCORE_SM80_TILES", "FLASHCORE_PDL",           "FLASHCORE_BWD_PERSISTENT", "FLASHCORE_BWD_PAIRS",
+    "FLASHCORE_SM80_TILES", "FLASHCORE_PDL",           "FLASHCORE_BWD_PERSISTENT",
 };
 
 static void clear_all(void) {
@@ -44,7 +44,6 @@ static void check_defaults(const fc_config *c) {
     CHECK(c->sm80_tiles == FC_SM80_TILES_BY_DEVICE);
     CHECK(c->pdl == 1);
     CHECK(c->bwd_persistent == 1);
-    CHECK(c->bwd_pairs == 1);
 }
 
 int main(void) {
@@ -100,15 +99,13 @@ int main(void) {
     CHECK(read_with("FLASHCORE_SM80_TILES", "Narrow")->sm80_tiles == FC_SM80_TILES_BY_DEVICE);
     CHECK(read_with("FLASHCORE_SM80_TILES", "64")->sm80_tiles == FC_SM80_TILES_BY_DEVICE);
 
-    /* FLASHCORE_PDL / FLASHCORE_BWD_PERSISTENT / FLASHCORE_BWD_PAIRS: only "0" turns them off. */
+    /* FLASHCORE_PDL / FLASHCORE_BWD_PERSISTENT: only "0" turns them off. */
     CHECK(read_with("FLASHCORE_PDL", "0")->pdl == 0);
     CHECK(read_with("FLASHCORE_PDL", "1")->pdl == 1);
     CHECK(read_with("FLASHCORE_PDL", "00")->pdl == 1);
     CHECK(read_with("FLASHCORE_PDL", "")->pdl == 1);
     CHECK(read_with("FLASHCORE_BWD_PERSISTENT", "0")->bwd_persistent == 0);
     CHECK(read_with("FLASHCORE_BWD_PERSISTENT", "off")->bwd_persistent == 1);
-    CHECK(read_with("FLASHCORE_BWD_PAIRS", "0")->bwd_pairs == 0);
-    CHECK(read_with("FLASHCORE_BWD_PAIRS", "1")->bwd_pairs == 1);
 
     /* A longer name is another variable; retired names are read by nothing. */
     check_defaults(read_with("FLASHCORE_PDL_X", "0"));
@@ -126,11 +123,9 @@ int main(void) {
     setenv("FLASHCORE_SM80_TILES", "wide", 1);
     setenv("FLASHCORE_PDL", "0", 1);
     setenv("FLASHCORE_BWD_PERSISTENT", "0", 1);
-    setenv("FLASHCORE_BWD_PAIRS", "0", 1);
     const fc_config *c = fc_config_read();
     CHECK(strcmp(c->family, "sm90") == 0 && c->decode_splits == 16 && c->kv_splits == 3 &&
-          c->sm90_d64_config == 2 && c->sm80_tiles == FC_SM80_TILES_WIDE && c->pdl == 0 && c->bwd_persistent == 0 &&
-          c->bwd_pairs == 0);
+          c->sm90_d64_config == 2 && c->sm80_tiles == FC_SM80_TILES_WIDE && c->pdl == 0 && c->bwd_persistent == 0);
 
     /* The snapshot holds until the next read: fc_config_get reads nothing. */
     setenv("FLASHCORE_PDL", "1", 1);
