@@ -158,6 +158,13 @@ cudaError_t launch_bwd_varlen(const fc_bwd_params &p, const fc_device_facts &dev
 // (c_src/launch_rules.c), the rule the Hopper forward's masked shape shares.
 inline bool mask_tiles_fit(const fc_params &f) { return fc_mask_tiles_fit_(&f) != 0; }
 
+// A variant with a softcap where the call has one, else without.
+template <typename Elem, int kHeadDim, bool kCausal, int kMask, bool kBand = false>
+cudaError_t launch_bwd_capped_or_not(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
+    return p.fwd.softcap != 0.f ? launch_bwd<Elem, kHeadDim, kCausal, kMask, kBand, true>(p, dev, stream)
+                                : launch_bwd<Elem, kHeadDim, kCausal, kMask, kBand, false>(p, dev, stream);
+}
+
 // The variant for a call (each with or without a softcap): causal, a general band (p.fwd.band_, set by
 // fc_resolve_band_ in c_src/bwd.c; it comes with causal set), or one of the mask kinds (c_src/bwd.c sends masked
 // causal or banded calls elsewhere: PyTorch's SDPA never makes them).
@@ -167,8 +174,7 @@ cudaError_t launch_bwd_variant_of(const fc_bwd_params &p, const fc_device_facts 
         return p.fwd.causal ? launch_bwd_varlen<Elem, kHeadDim, true>(p, dev, stream)
                             : launch_bwd_varlen<Elem, kHeadDim, false>(p, dev, stream);
     if (p.fwd.band_ == FC_BAND_GENERAL_)
-        return p.fwd.softcap != 0.f ? launch_bwd<Elem, kHeadDim, true, kMaskNone, true, true>(p, dev, stream)
-                                    : launch_bwd<Elem, kHeadDim, true, kMaskNone, true>(p, dev, stream);
+        return launch_bwd_capped_or_not<Elem, kHeadDim, true, kMaskNone, true>(p, dev, stream);
     if (p.fwd.softcap != 0.f)  // (no mask: c_src/bwd.c)
         return p.fwd.causal ? launch_bwd<Elem, kHeadDim, true, kMaskNone, false, true>(p, dev, stream)
                             : launch_bwd<Elem, kHeadDim, false, kMaskNone, false, true>(p, dev, stream);
@@ -188,22 +194,14 @@ cudaError_t launch_bwd_variant_of(const fc_bwd_params &p, const fc_device_facts 
 // (c_src/bwd.c: that variant with a softcap spilled).
 template <typename Elem>
 cudaError_t launch_bwd_d256(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
-    const bool softcap = p.fwd.softcap != 0.f;
     if (p.fwd.band_ == FC_BAND_GENERAL_)  // (no mask with it: c_src/bwd.c)
-        return softcap ? launch_bwd<Elem, 256, true, kMaskNone, true, true>(p, dev, stream)
-                       : launch_bwd<Elem, 256, true, kMaskNone, true>(p, dev, stream);
+        return launch_bwd_capped_or_not<Elem, 256, true, kMaskNone, true>(p, dev, stream);
     switch (p.fwd.mask_kind) {
-    case FC_MASK_BOOL:
-        return softcap ? launch_bwd<Elem, 256, false, kMaskBool, false, true>(p, dev, stream)
-                       : launch_bwd<Elem, 256, false, kMaskBool>(p, dev, stream);
-    case FC_MASK_ADDITIVE:
-        return launch_bwd<Elem, 256, false, kMaskAdditive>(p, dev, stream);
+    case FC_MASK_BOOL: return launch_bwd_capped_or_not<Elem, 256, false, kMaskBool>(p, dev, stream);
+    case FC_MASK_ADDITIVE: return launch_bwd<Elem, 256, false, kMaskAdditive>(p, dev, stream);
     default:
-        if (softcap)
-            return p.fwd.causal ? launch_bwd<Elem, 256, true, kMaskNone, false, true>(p, dev, stream)
-                                : launch_bwd<Elem, 256, false, kMaskNone, false, true>(p, dev, stream);
-        return p.fwd.causal ? launch_bwd<Elem, 256, true, kMaskNone>(p, dev, stream)
-                            : launch_bwd<Elem, 256, false, kMaskNone>(p, dev, stream);
+        return p.fwd.causal ? launch_bwd_capped_or_not<Elem, 256, true, kMaskNone>(p, dev, stream)
+                            : launch_bwd_capped_or_not<Elem, 256, false, kMaskNone>(p, dev, stream);
     }
 }
 
