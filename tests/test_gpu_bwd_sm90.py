@@ -1,4 +1,4 @@
-"""GPU tests of the Hopper backward family (kernels/sm90/bwd_kernel.cuh) against float64.
+"""GPU tests of the Hopper backward family (kernels/sm90/bwd_*.cuh) against float64.
 
 What it checks, on an sm_90 device (elsewhere each test skips with a reason, tests/gpu_gate.py):
   * dq, dk, dv of torch.ops.flashcore.sdpa_bwd_kernel (which runs the sm90 family there unless

@@ -52,12 +52,13 @@
 // multiplies them by P^T in place: no second array of registers.
 #pragma once
 
-#include "sm90/bwd_kernel.cuh"
+#include "sm90/bwd_producer.cuh"
+#include "sm90/bwd_steps.cuh"
 
 namespace flashcore {
 namespace sm90_bwd {
 
-// The dQ writer's step at D=256 (sm90/bwd_kernel.cuh's write_dq): the step's dQ, staged over its
+// The dQ writer's step at D=256 (sm90/bwd_producer.cuh's write_dq): the step's dQ, staged over its
 // (Q, dO) stage, added to the accumulator one row at a time (1 KB each); then its arrival frees
 // the stage (with the consumer threads').
 template <typename T>
