@@ -7,7 +7,8 @@
  *
  *   nvcc -O2 -o build/bwd_probe tools/bwd_probe.c -Ic_src -Lpython/flashcore -lflashcore \
  *        -Xlinker -rpath=python/flashcore && build/bwd_probe [S ...]
- * PROBE_FAMILIES=sm90 (or sm80) times one family only; PROBE_DIMS=128 (or 64) one head dim.
+ * PROBE_FAMILIES=sm90 (or sm80) times one family only; PROBE_DIMS=128 (or 64, 256) one head dim
+ * (D=256: the sm90 family alone has a backward kernel).
  */
 #include "flashcore.h"
 
@@ -112,12 +113,13 @@ int main(int argc, char **argv) {
     const char *only = getenv("PROBE_FAMILIES");
     const fc_family families[2] = {FC_FAMILY_SM90, FC_FAMILY_SM80};
     const char *dims = getenv("PROBE_DIMS"); /* e.g. "128": only that head dim */
-    for (int d = 64; d <= 128; d *= 2)
+    for (int d = 64; d <= 256; d *= 2)
         for (int causal = 0; causal <= 1; ++causal)
             if (dims == NULL || atoi(dims) == d)
             for (int i = 0; i < nlens; ++i)
                 for (int f = 0; f < 2; ++f)
-                    if (only == NULL || strcmp(only, families[f] == FC_FAMILY_SM90 ? "sm90" : "sm80") == 0)
+                    if ((only == NULL || strcmp(only, families[f] == FC_FAMILY_SM90 ? "sm90" : "sm80") == 0) &&
+                        (d < 256 || families[f] == FC_FAMILY_SM90))
                         run(lens[i], d, causal, families[f]);
     return 0;
 }
