@@ -20,7 +20,7 @@ What it measures
             Hkv = 32 or 8, D=128
             (memory-bound: compare `us` with the row's `floor_us`, the Q+K+V+O bytes at 3.0 TB/s).
     masked: a HuggingFace-style bool attn_mask of shape (B, 1, S, S) (causal, and each batch
-            left-padded by a different amount), 16k tokens, S 4k at D 64/128 and S 1k at D 128;
+            left-padded by a different amount), 16k tokens, S 4k at D 64/128/256 and S 1k at D 128;
             labels end in "bmask". The same mask goes to every implementation (flash takes none:
             skipped).
             TFLOP/s counts all S*S pairs (no implementation skips masked tiles).
@@ -50,7 +50,7 @@ What it measures
                       the backend refuses the shape)
     Shapes: 16k tokens per batch (B = 16384/S, H = 2048/D), S in 1k 2k 4k 8k 16k, D in 64 128,
     causal and not; D=256 (H=8) at S 1k-16k, causal and not; GQA 32:8 causal (B=4, S=4k, D=128);
-    the masked prefill (the bool mask above, B=4, H=16, S=4k, D=128); the small shape (B=1, H=8,
+    the masked prefill (the bool mask above, B=4, S=4k: H=16 at D=128, H=8 at D=256); the small shape (B=1, H=8,
     S=512, D=64), causal and not. --quick: S=4k D=128 only, causal and not.
     Checked first: dq, dk, dv vs the reference backend's, max abs diff relative to
     max(1, max|ref|). Each flashcore row records in `path` what flashcore.explain_backward()
@@ -222,6 +222,7 @@ def bwd_shape_set(quick, bf16, extra=False):
         out.append(Shape(4, 32, 8, 4096, 4096, 128, True, dt))  # GQA 32:8, Llama-3-8B's heads
         # HuggingFace's padded prefill mask; causality is in the mask, as in the forward rows.
         out.append(Shape(4, 16, 16, 4096, 4096, 128, False, dt, mask=True))
+        out.append(Shape(4, 8, 8, 4096, 4096, 256, False, dt, mask=True))  # Gemma-like heads
         if extra:  # 64 heads of 32; 32 heads of 80 (Phi-2) and of 96 (Phi-3-mini)
             for D, H in ((32, 64), (80, 32), (96, 32)):
                 for causal in (False, True):
@@ -255,7 +256,7 @@ def shape_set(quick, bf16, extra):
                             # can be bound by the host, so these rows are also timed in a graph.
                             out.append(Shape(B, 32, hkv, 1, sk, 128, False, dt, graph=kv_bytes <= 1 << 28))
         # attn_mask (issue 3): HuggingFace's padded prefill, kept to a few shapes for time.
-        for S, D in ((4096, 64), (4096, 128), (1024, 128)) if not quick else ((4096, 128),):
+        for S, D in ((4096, 64), (4096, 128), (1024, 128), (4096, 256)) if not quick else ((4096, 128),):
             B, H = 16384 // S, 2048 // D
             out.append(Shape(B, H, H, S, S, D, False, dt, mask=True))
         if extra:
