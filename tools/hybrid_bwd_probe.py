@@ -13,7 +13,8 @@ forward's lead. This probe answers, per shape and backend (cuDNN for Hq = Hkv; f
     (B, H, Sq) natural-log LSE, and their largest difference (also as if it were base 2);
   * whether the backend's backward op accepts FlashCore's out and LSE (laid out as its own), and
     its gradients' largest difference from the same backward fed its own forward (and, for
-    small shapes, from a float64 reference);
+    small shapes, from a float64 reference); and whether the call the prepared hybrid patch
+    makes (docs/experiments/prepared/) runs and agrees;
   * times (CUDA-event medians, interleaved): FlashCore's forward, the backend's forward, its
     backward fed either forward, FlashCore's backward kernel; the pairs' sums and ratios.
 
@@ -65,6 +66,19 @@ def flash_backward(dout, q, k, v, out, lse, rest, causal):
 BACKENDS = {"cudnn": (cudnn_forward, cudnn_backward), "flash": (flash_forward, flash_backward)}
 
 
+def patch_convention_backward(backend, dout, q, k, v, out, lse, causal):
+    """The call docs/experiments/prepared/hybrid-training-route.patch makes (its _aten_backward):
+    FlashCore's (B, H, Sq) LSE as is (flash) or with a trailing 1 (cuDNN), no cumulative lengths,
+    empty RNG tensors (no dropout), the lengths from the shapes."""
+    no_rng = torch.empty(0, dtype=torch.int64, device=q.device)
+    sq, sk = q.shape[-2], k.shape[-2]
+    if backend == "cudnn":
+        return aten._scaled_dot_product_cudnn_attention_backward(
+            dout, q, k, v, out, lse.unsqueeze(-1), no_rng, no_rng, None, None, None, sq, sk, 0.0, causal)
+    return aten._scaled_dot_product_flash_attention_backward(
+        dout, q, k, v, out, lse, None, None, sq, sk, 0.0, causal, no_rng, no_rng)
+
+
 def as_layout_of(lse_fc, lse_theirs):
     """FlashCore's (B, H, Sq) LSE laid out as the backend's logsumexp (same sizes and strides)."""
     return torch.empty_strided(lse_theirs.shape, lse_theirs.stride(), dtype=lse_theirs.dtype,
@@ -112,6 +126,11 @@ def probe(backend, d, s, causal, iters, hkv=None):
     grads_theirs = backward(dout, q, k, v, out_b, lse_b, rest, causal)
     row["hybrid"] = "ran"
     row["grad_max_diff_vs_their_pair"] = max_diff(grads_hybrid, grads_theirs)
+    try:
+        grads_patch = patch_convention_backward(backend, dout, q, k, v, out_fc, lse_fc, causal)
+        row["patch_convention"] = f"ran, grads vs their pair {max_diff(grads_patch, grads_theirs):.1e}"
+    except RuntimeError as e:
+        row["patch_convention"] = f"refused: {str(e).splitlines()[0][:200]}"
     if b * h * s * s <= 2 ** 27:
         ref = float64_grads(q, k, v, dout, causal)
         row["grad_max_diff_hybrid_vs_f64"] = max_diff(grads_hybrid, ref)
@@ -144,7 +163,7 @@ def report(row):
     print(f"{head}  lse diff {row['lse_max_diff']:.1e}  grads vs their pair {row['grad_max_diff_vs_their_pair']:.1e}  "
           f"hybrid {row['hybrid_speedup']:.3f}  FlashCore pair {row['fc_pair_speedup']:.3f}  "
           f"(us: fc fwd {us['fc_fwd']:.0f}, their fwd {us['their_fwd']:.0f}, their bwd {us['their_bwd']:.0f} / "
-          f"fed fc {us['their_bwd_fed_fc']:.0f}, fc bwd {us['fc_bwd']:.0f})")
+          f"fed fc {us['their_bwd_fed_fc']:.0f}, fc bwd {us['fc_bwd']:.0f}); the patch's call: {row['patch_convention']}")
 
 
 def main():
