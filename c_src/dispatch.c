@@ -97,6 +97,9 @@ static const kernel_entry *find_kernel(fc_family family, const fc_params *p) {
     return NULL;
 }
 
+/* The head dims whose Hopper forward has the masked configuration (kMasked). */
+static int sm90_has_mask_tiles(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+
 /* The sm80 family reads any attn_mask (a mask tile per K/V tile, kernels/fwd_sm80.cuh). The
  * Hopper forward reads bool masks whose tiles TMA can bring (fc_mask_tiles_fit_), alongside
  * each V tile, at D=64, 128 and 256, in its non-causal configuration (kMasked in
@@ -106,7 +109,7 @@ static const kernel_entry *find_kernel(fc_family family, const fc_params *p) {
 static int family_takes_mask(fc_family family, const fc_params *p) {
     if (p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80) return 1;
     if (family == FC_FAMILY_DECODE) return !p->causal;
-    return family == FC_FAMILY_SM90 && (p->head_dim == 64 || p->head_dim == 128 || p->head_dim == 256) && !p->causal &&
+    return family == FC_FAMILY_SM90 && sm90_has_mask_tiles(p->head_dim) && !p->causal &&
            p->band_ != FC_BAND_GENERAL_ && p->softcap == 0.0f && p->sinks == NULL && fc_mask_tiles_fit_(p);
 }
 
@@ -195,7 +198,7 @@ static int sm80_masked_slower_than_fallback(fc_family family, const fc_params *p
         p->band_ == FC_BAND_GENERAL_ || p->softcap != 0.0f || p->sinks != NULL ||
         !fc_family_runs_on_(FC_FAMILY_SM90, cc_major, cc_minor))
         return 0;
-    return p->mask_kind == FC_MASK_ADDITIVE || p->head_dim == 64 || p->head_dim == 128 || p->head_dim == 256 ||
+    return p->mask_kind == FC_MASK_ADDITIVE || sm90_has_mask_tiles(p->head_dim) ||
            p->mask_stride_q == 0 || p->seqlen_q == 1;
 }
 

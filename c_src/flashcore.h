@@ -323,8 +323,8 @@ cudaError_t fc_last_cuda_error(void);
  *     in fp32 through bulk reductions in any order, so dq may differ in its last bits from run to
  *     run (dk, dv do not). Takes a mask (bool or additive, any strides, as the forward) when the
  *     call is not causal, and a band (a window or bottom-right causal; not with a mask); at
- *     D=256 (a kernel of its own) no packed rows (FC_UNSUPPORTED_HEAD_DIM) and no softcap with
- *     an additive mask (FC_UNSUPPORTED_SOFTCAP). The
+ *     D=256 (a kernel of its own, packed rows too) no softcap with an additive mask
+ *     (FC_UNSUPPORTED_SOFTCAP). The
  *     sm80-class family declines a band (FC_UNSUPPORTED_BAND), so a deterministic call with one
  *     is declined too.
  *     AUTO picks it on sm_90 unless `deterministic` is set.
