@@ -237,25 +237,32 @@ int fc_decode_packs_for_sm90(const fc_params *p) {
         p->block_table != NULL || p->cu_seq_q != NULL)
         return 0;
     fc_params packed = *p;
-    fc_pack_decode_gqa(&packed);
+    if (!fc_pack_decode_gqa(&packed)) return 0;
     return fc_packed_rows_valid_(&packed) && family_takes_layout(FC_FAMILY_SM90, &packed);
 }
 
-void fc_pack_decode_gqa(fc_params *p) {
+int fc_pack_decode_gqa(fc_params *p) {
     const int64_t group = p->heads_q / p->heads_kv;
+    /* The head strides grow by the group: where a product passes int64 (an unused lse's stride
+     * is not validated) the call cannot be packed. */
+    int64_t q_stride_h = 0, o_stride_h = 0, lse_stride_h = 0;
+    if (__builtin_mul_overflow(p->q_stride_h, group, &q_stride_h) || __builtin_mul_overflow(p->o_stride_h, group, &o_stride_h) ||
+        __builtin_mul_overflow(p->lse_stride_h, group, &lse_stride_h))
+        return 0;
     /* Query head h = hk * group + j of batch b sits at b * q_stride_b + (hk * group + j) *
      * q_stride_h: row j of KV head hk's block, rows q_stride_h apart, blocks group * q_stride_h. */
     p->seqlen_q = group;
     p->heads_q = p->heads_kv;
     p->q_stride_s = p->q_stride_h;
-    p->q_stride_h *= group;
+    p->q_stride_h = q_stride_h;
     p->o_stride_s = p->o_stride_h;
-    p->o_stride_h *= group;
+    p->o_stride_h = o_stride_h;
     p->lse_stride_s = p->lse_stride_h;
-    p->lse_stride_h *= group;
+    p->lse_stride_h = lse_stride_h;
     /* A resolved struct's rows now number `group`, all seeing every key (packed calls have no
      * band): the band's lower edge moves with them. */
     if (p->band_ == FC_BAND_NONE_) p->band_lo_ = (int)(1 - group);
+    return 1;
 }
 
 /* fc_decode_packs_for_sm90 for the call being decided, worked out the first time a rule asks

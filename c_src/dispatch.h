@@ -42,9 +42,10 @@ int fc_sm90_decode_splits(const fc_params *p, int sm_count, int forced, int pack
  * of `group` rows per KV head (fc_pack_decode_gqa rewrites sizes and strides to that equivalent
  * call: K/V are then read once per KV head), unless a packed slice would pass the kernels' int
  * offsets. See sm90_reads_decode_faster in dispatch.c. For validated (resolved) params; the
- * library asks it at most once per call, through fc_dispatch. */
+ * library asks it at most once per call, through fc_dispatch. fc_pack_decode_gqa returns 0 and
+ * leaves p as it was where a packed head stride would pass int64. */
 int fc_decode_packs_for_sm90(const fc_params *p);
-void fc_pack_decode_gqa(fc_params *p);
+int fc_pack_decode_gqa(fc_params *p);
 
 /* On the library's own copy of a validated struct, before anything reads `causal`: a band that is
  * every key (NONE) or plain top-left causal (CAUSAL) becomes exactly that (causal 0 or 1, no

@@ -409,7 +409,7 @@ FC_API fc_status fc_sdpa_plan(const fc_params *user, int cc_major, int cc_minor,
     }
     if (splits > 1) plan->workspace_bytes = fc_decode_workspace_bytes(&run, splits);
     if (run.cu_seq_q != NULL) plan->workspace_bytes = fc_varlen_workspace_bytes(&run);
-    if (packs) fc_pack_decode_gqa(&run);
+    if (packs) (void)fc_pack_decode_gqa(&run);  /* (packs: it packs) */
     plan->params = run;
     plan->family = family;
     plan->splits = splits;

@@ -258,7 +258,7 @@ static int packs_by_validation(const fc_params *r) {
         r->block_table != NULL || r->cu_seq_q != NULL)
         return 0;
     fc_params packed = *r;
-    fc_pack_decode_gqa(&packed);
+    if (!fc_pack_decode_gqa(&packed)) return 0;  /* (a head stride x the group passes int64) */
     packed.band_ = packed.band_lo_ = packed.band_hi_ = 0;
     return fc_params_validate(&packed) == FC_OK && sm90_takes(&packed);
 }
@@ -278,7 +278,7 @@ static void check_launch(const fc_params *p, fc_family family, int head_dim, fc_
     fc_params packed;
     if (family == FC_FAMILY_SM90 && fc_decode_packs_for_sm90(e)) {
         packed = *e;
-        fc_pack_decode_gqa(&packed);
+        REQUIRE(fc_pack_decode_gqa(&packed));
         e = &packed;
     }
     if (e->cu_seq_q != NULL || (e->batch <= 65535 && e->heads_q <= 65535)) {  /* (packed: one 1-D grid) */
@@ -2028,7 +2028,7 @@ static void check_decode_packing(void) {
                 REQUIRE(fc_decode_packs_for_sm90(&p) == (group > 1));
                 REQUIRE(fc_decode_packs_for_sm90(&p) == packs_by_validation(&p));
                 fc_params packed = p;
-                fc_pack_decode_gqa(&packed);
+                REQUIRE(fc_pack_decode_gqa(&packed));
                 REQUIRE(packed.heads_q == heads_kv && packed.heads_kv == heads_kv && packed.seqlen_q == group);
                 for (int64_t b = 0; b < p.batch; ++b)
                     for (int64_t h = 0; h < p.heads_q; ++h) {

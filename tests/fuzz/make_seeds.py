@@ -8,6 +8,7 @@ Seeds are valid structs in the layouts callers pass (contiguous, HuggingFace-tra
 broadcast K/V, padded rows, GQA, causal, bf16, D=128, LSE) plus one of each rejection, so the
 fuzzer starts on both sides of every check.
 """
+import base64
 import os
 import struct
 import sys
@@ -286,7 +287,7 @@ SEEDS = {
 }
 
 # Inputs that once broke a property checked with FC_FUZZ_STRICT=1 (see fuzz_params.c's header),
-# all fixed in c_src/ (A-F 2026-11-26, G 2026-11-27): kept as seeds so the fuzzer starts from
+# all fixed in c_src/ (A-F 2026-11-26, G 2026-11-27, H 2026-11-29): kept as seeds so the fuzzer starts from
 # them every run.
 FIXED_BUGS = {
     # A: accepted, but the sm80 kernel's int n_blocks = (seqlen_k + 63) / 64 overflows
@@ -316,6 +317,12 @@ FIXED_BUGS = {
     #    check: signed overflow when dlse's largest element offset is INT64_MAX, here
     #    (B - 1) * dlse_stride_b with B = 2. Found by the first backward fuzz run (seed 20261126).
     "known_bug_G_dlse_offset_int64_max": backward(dlse=True, dlse_strides=(INT64_MAX, 0, 0)),
+    # H: fc_pack_decode_gqa multiplied the head strides by the group without an overflow check: a
+    #    one-row GQA call (group 2) with no lse and an lse head stride near INT64_MAX (not
+    #    validated when lse is NULL). Found after the forty-ninth session's dispatch.c edit moved
+    #    the fixed-seed run onto it (the fuzzer's raw bytes); such calls now run unpacked.
+    "known_bug_H_packed_decode_stride_overflow": base64.b64decode(
+        "AQMEAQHA/7wCAAAAAAAAAAAAAAAGAAMCAGTA/v8AIQAAAAAAAAACACBhAAAA"),
 }
 SEEDS.update({name.replace("known_bug_", "fixed_bug_"): data for name, data in FIXED_BUGS.items()})
 # One reproducer per bug still open (FC_FUZZ_STRICT=1 runs each and reports it).
