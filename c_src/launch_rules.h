@@ -179,7 +179,8 @@ static inline int64_t fc_sm80_bwd_workspace_bytes(const fc_params *f, int determ
 /* Keys per CTA of the Hopper backward: its grid is one dimension of (key block, KV head, batch).
  * D=256 takes 64 (kernels/sm90/bwd_d256.cuh: its dK and dV of 64 keys fill the registers). At
  * D=256 the dq accumulator's rows hold their 16-byte chunks permuted within each 128 bytes (chunk
- * c of row r at c ^ (r % 8)): the kernel's staging layout, reduced row by row. */
+ * c of row r at c ^ (r % 8)) and are not padded (D of the D + FC_SM90_BWD_DQ_PAD floats a row the
+ * workspace keeps): the kernel's staging layout, 16 rows to a bulk reduction. */
 #define FC_SM90_BWD_KEY_BLOCK 128
 #define FC_SM90_BWD_KEY_BLOCK_D256 64
 /* The key block at a head dim, as a constant expression (the kernels' traits) and as a function. */

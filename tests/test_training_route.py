@@ -223,7 +223,25 @@ def test_d256_masked_route_by_length(monkeypatch):
         route = _ops.training_route(q, k, v, mask, False, None, False)
         assert (route.to_aten, route.path) == (not takes, "sm90-masked"), keys
         assert takes or f"fewer than {fewest} keys" in route.note
-    assert _ops.training_table_entry((9, 0), "sm90-masked-additive", 256)[0] is False
+    entry = _ops.training_table_entry((9, 0), "sm90-masked-additive", 256)
+    assert entry is _ops.TRAINING_TABLE[((9, 0), "sm90-masked-additive", 256)] and entry[0] is True
+    assert _ops.training_table_entry((9, 0), "sm90-masked-additive", 128)[0] is False
+
+
+def test_d256_unmasked_route_by_length(monkeypatch):
+    """D=256 without a mask takes its own entry: FlashCore's pair from its fewest keys (4096 when
+    written: causal steps at 2048 keys measured 0.99x PyTorch's), PyTorch below, saying why; the
+    entry is D=256's alone (D=128 keeps the sm90 entry)."""
+    FakeCard(monkeypatch, (9, 0), kernel(SM90))
+    entry = _ops.TRAINING_TABLE[((9, 0), "sm90", 256)]
+    assert _ops.training_table_entry((9, 0), "sm90", 256) is entry and entry[0] is True
+    assert _ops.training_table_entry((9, 0), "sm90", 128) is _ops.TRAINING_TABLE[((9, 0), "sm90")]
+    fewest = entry[2]
+    for keys, takes in ((2 * fewest, True), (fewest, True), (fewest - 1, False)):
+        for causal in (False, True):
+            route = _ops.training_route(*inputs(Sq=3, Sk=keys, D=256), None, causal, None, False)
+            assert (route.to_aten, route.path) == (not takes, "sm90"), (keys, causal)
+            assert takes or f"fewer than {fewest} keys" in route.note
 
 
 def test_unlisted_device_keeps_flashcore_and_says_so(monkeypatch):

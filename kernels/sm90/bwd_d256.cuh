@@ -24,9 +24,9 @@
 // and two (Q, dO) stages of 64 KB: it is staged over the step's own stage once both warpgroups'
 // GEMMs are done with it, in rows of 1 KB whose 16-byte chunks are permuted within each 128 bytes
 // by the row (chunk c of row r at c ^ (r % 8), so that a warp's stores of 8 rows hit every bank
-// once per half). The dQ writer adds each row to the accumulator with one bulk reduction (the
-// accumulator keeps the permutation; the dq conversion undoes it, sm90/bwd_rows.cuh's
-// dq_chunk_at), then releases the stage to the step loaders.
+// once per half). The dQ writer adds them to the accumulator 16 rows to a bulk reduction (the
+// accumulator's rows are the staging's, unpadded and permuted; the dq conversion undoes the
+// permutation, sm90/bwd_rows.cuh's dq_chunk_at), then releases the stage to the step loaders.
 //
 // dK and dV leave from registers at the tile's end (dK scaled), keys past Sk not written.
 //
@@ -59,17 +59,21 @@ namespace flashcore {
 namespace sm90_bwd {
 
 // The dQ writer's step at D=256 (sm90/bwd_producer.cuh's write_dq): the step's dQ, staged over its
-// (Q, dO) stage, added to the accumulator one row at a time (1 KB each); then its arrival frees
-// the stage (with the consumer threads').
+// (Q, dO) stage, added to the accumulator kReducedRows rows (16 KB) at a time: the accumulator's
+// D=256 rows are unpadded, so the staging and the accumulator hold the same bytes in the same
+// order. (One bulk reduction per 1 KB row capped the kernel: the reductions' count, not their
+// bytes, docs/experiments/backward.md.) Then its arrival frees the stage (with the consumer threads').
 template <typename T>
 __device__ __forceinline__ void reduce_staged_rows(BwdBarriers &bars, unsigned char *smem, float *rows, int step_all) {
-    constexpr int kRowBytes = T::kHeadDim * 4;
+    constexpr int kRowBytes = T::kHeadDim * 4, kReducedRows = 16;
+    static_assert(kDqPitch<T::kHeadDim> == T::kHeadDim, "the accumulator's rows are contiguous, as the staging's");
+    static_assert(T::kBlockM % kReducedRows == 0);
     const int stage = step_all % T::kStages;
     const uint32_t staged = smem_addr(smem + T::kOffQ + stage * T::kStageStride);
-#pragma unroll 1
-    for (int r = 0; r < T::kBlockM; ++r)
+#pragma unroll
+    for (int r = 0; r < T::kBlockM; r += kReducedRows)
         asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                     ::"l"(rows + r * kDqPitch<T::kHeadDim>), "r"(staged + r * kRowBytes), "n"(kRowBytes)
+                     ::"l"(rows + r * T::kHeadDim), "r"(staged + r * kRowBytes), "n"(kReducedRows * kRowBytes)
                      : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the staging is read

@@ -63,9 +63,12 @@ constexpr int kRowTermsBytes = 2 * FC_SM90_BWD_ROW_BLOCK * 4;
 // kPacked: a step's rows start anywhere, and a bulk copy at a 16-byte boundary: the step copies
 // kPackedRowSpan rows' (delta, LSE2) pairs from its first row rounded down to even.
 constexpr int kPackedRowSpan = FC_SM90_BWD_ROW_BLOCK + 2;
-// Floats per row of the dq accumulator (its rows are padded like the kernel's staging).
+// Floats per row of the dq accumulator. D=64/128: padded like the kernel's staging, so that a
+// staged block is one bulk reduction. D=256: not padded (its staging rows are 1 KB, permuted
+// instead), so that a run of rows is contiguous and one bulk reduction takes several (the
+// workspace keeps FC_SM90_BWD_DQ_PAD floats a row regardless: they go unused).
 template <int kHeadDim>
-constexpr int kDqPitch = kHeadDim + FC_SM90_BWD_DQ_PAD;
+constexpr int kDqPitch = kHeadDim == 256 ? kHeadDim : kHeadDim + FC_SM90_BWD_DQ_PAD;
 template <bool kPacked = false>
 __host__ __device__ inline Workspace workspace_of(const fc_bwd_params &p) {
     const int64_t padded = kPacked ? fc_sm90_bwd_varlen_rows(p.fwd.total_q) : fc_sm90_bwd_padded_seqlen(&p.fwd);
@@ -135,7 +138,8 @@ __global__ void __launch_bounds__(128) row_terms_kernel(const fc_bwd_params p) {
         ws.dq_accum + ws.dq_at(static_cast<int64_t>(batch) * f.heads_q + head, row, kDqPitch<kHeadDim>));
     const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
     dq_row[2 * chunk] = dq_row[2 * chunk + 1] = zero;
-    if (chunk == 0) dq_row[kHeadDim / 4] = dq_row[kHeadDim / 4 + 1] = zero;  // the row's padding
+    if constexpr (kDqPitch<kHeadDim> > kHeadDim)
+        if (chunk == 0) dq_row[kHeadDim / 4] = dq_row[kHeadDim / 4 + 1] = zero;  // the row's padding
     if (chunk != 0) return;
     float lse2 = INFINITY;
     if (real) {

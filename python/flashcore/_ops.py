@@ -501,12 +501,13 @@ TRAINING_TABLE = {
     # PyTorch ops, against aten's fused backward kernels.
     ((9, 0), "sm90"): (True, "", 2048),
     ((9, 0), "sm90", 64): (True, "", 1024),
-    # D=256 (the sm90 family's own kernel, kernels/sm90/bwd_d256.cuh): the backward 0.84-1.00x
-    # cuDNN's on the H200 over 1k-16k keys, causal or not, fp16/bf16
-    # (bench/results/nvidia-h200_2026-11-29_1115_bwd_d256_sweep.json), so fwd + bwd is below
-    # PyTorch's from 2k keys: PyTorch's, as before that kernel existed (FLASHCORE_TRAINING=flashcore runs it).
-    ((9, 0), "sm90", 256): (False, "D=256's sm90 backward ran at 0.84-1.00x cuDNN's on the H200, "
-                                   "docs/experiments/backward.md"),
+    # D=256 (the sm90 family's own kernel, kernels/sm90/bwd_d256.cuh): since the fiftieth session
+    # (its dQ reduced 16 rows to a bulk reduction) the backward 1.09-1.31x cuDNN's on the H200 over
+    # 1k-16k keys (bench/results/bwd_d256_nvidia-h200_2026-11-29_2258_reduce16.json); the training
+    # step (tools/masked_step_vs_aten.py, bf16, 16k tokens, PyTorch's time / FlashCore's pair)
+    # non-causal 1.06 / 1.11 / 1.12x at 1k / 2k / 4k keys, causal 0.87 / 0.99 / 1.08x
+    # (..._2258_reduce16_steps.json): FlashCore from 4096 keys.
+    ((9, 0), "sm90", 256): (True, "", 4096),
     # sm80 also holds the head dims only that family has, 32 / 80 / 96 (its backward since the
     # forty-sixth session): on the H200 0.46-1.12x cuDNN's backward and 0.46-0.73x PyTorch's
     # training step, unmasked or with HuggingFace's padding mask
@@ -539,6 +540,10 @@ TRAINING_TABLE = {
     # 4096; a key-padding mask 1.02x, 1.07x, 1.07x. (Additive masks keep the additive entry.)
     ((9, 0), "sm90-masked-additive"): (False, "0.52-0.87x PyTorch's training step with an additive "
                                               "mask on the H100, docs/experiments/forward-masks.md"),
+    # D=256 with an additive mask (forward in the sm80-class family, backward the D=256 kernel):
+    # the same run as the unmasked D=256 entry, HuggingFace's padded causal mask 1.08 / 1.12 /
+    # 1.13x at 1k / 2k / 4k keys, a key-padding mask 1.01 / 1.00 / 1.08x: from 1024 keys.
+    ((9, 0), "sm90-masked-additive", 256): (True, "", 1024),
     ((9, 0), "python"): (False, "an unfused fp32 recomputation"),
     # Ada (sm_89): no Ada card has been lent. Its kernels, run on an H200 (FLASHCORE_FAMILY=sm80)
     # against PyTorch's flash backend (FlashAttention-2, what PyTorch trains with on Ada), same
