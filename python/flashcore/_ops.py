@@ -502,7 +502,7 @@ TRAINING_TABLE = {
     ((9, 0), "sm90"): (True, "", 2048),
     ((9, 0), "sm90", 64): (True, "", 1024),
     # D=256 (the sm90 family's own kernel, kernels/sm90/bwd_d256.cuh): since the fiftieth session
-    # (its dQ reduced 16 rows to a bulk reduction) the backward 1.09-1.31x cuDNN's on the H200 over
+    # (its dQ reduced 16 rows to a bulk reduction) the backward 1.09-1.34x cuDNN's on the H200 over
     # 1k-16k keys (bench/results/bwd_d256_nvidia-h200_2026-11-29_2258_reduce16.json); the training
     # step (tools/masked_step_vs_aten.py, bf16, 16k tokens, PyTorch's time / FlashCore's pair)
     # non-causal 1.06 / 1.11 / 1.12x at 1k / 2k / 4k keys, causal 0.87 / 0.99 / 1.08x
