@@ -65,7 +65,9 @@ Method
     compared with the reference backend's (cuDNN, else flash, else efficient) and the
     max abs diff printed. A flashcore output is produced right after filling the caching
     allocator with NaN, so unwritten elements show up. Rows that are wrong (NaN or diff
-    above tolerance) are flagged WRONG and NOT timed.
+    above tolerance) are flagged WRONG and NOT timed (--time-wrong times them anyway, still
+    WRONG: for an experiment tree that computes wrong results on purpose, e.g. a kernel with
+    a stage left out, timed beside its peers).
   * flashcore.explain() is asked for each flashcore row; a row that does not run a
     FlashCore kernel is timed but marked "fallback".
   * Eager timing: 5 warm-up calls, then 30 timed calls (--warmup/--iters); each timed call
@@ -139,6 +141,7 @@ IMPLS = ["cudnn", "flash", "efficient", "flashcore", "flashcore-sm80"]  # cuDNN 
 REF_ORDER = ["cudnn", "flash", "efficient"]
 RESULTS_DIR = os.path.join(REPO, "bench", "results")  # the measured runs; never a dry run's
 TOL = {"fp16": 1e-2, "bf16": 4e-2}  # max abs diff vs the reference backend that counts as WRONG
+TIME_WRONG = False  # --time-wrong: WRONG rows are timed too (status "WRONG (timed)"), never NaN ones
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 FLUSH_BYTES = 256 << 20
 GRAPH_CALLS = 20
@@ -533,10 +536,12 @@ def base_row(s, pass_, impl_name, path, **extra):
 
 
 def judge(row, nan, ref, what):
-    """Set row["status"] from the check against the reference; False: wrong, never time it."""
+    """Set row["status"] from the check against the reference; False: wrong, never time it
+    (--time-wrong: time a wrong row without NaN anyway, its status "WRONG (timed)")."""
     if nan or (row["maxdiff"] is not None and not row["maxdiff"] <= TOL[row["dtype"]]):
-        row["status"] = "WRONG" + (f" (NaN in {what})" if nan else "")
-        return False
+        timed = TIME_WRONG and not nan
+        row["status"] = "WRONG" + (f" (NaN in {what})" if nan else " (timed)" if timed else "")
+        return timed
     if ref is None:
         row["status"] = "unverified"
     elif row["path"] is not None and not row["path"].startswith("kernel"):
@@ -782,7 +787,8 @@ def summary(rows, impls):
     """TFLOP/s pivot: one line per shape, one column per impl."""
     names = [i.name for i in impls]
     tag = DRY_TAG if any(r.get("dry_run") for r in rows) else ""
-    print(f"\n{tag}TFLOP/s summary (WRONG rows never timed: 'WRONG'; skipped: '-'; fallback: '*')")
+    print(f"\n{tag}TFLOP/s summary (WRONG rows never timed: 'WRONG'; skipped: '-'; fallback: '*'"
+          f"{'; timed WRONG rows: !' if TIME_WRONG else ''})")
     print(f"{tag}{'shape':<32} {'dtype':<5} {'causal':<6} " + " ".join(f"{n:>15}" for n in names))
     keyed = {}
     for r in rows:
@@ -799,7 +805,8 @@ def summary(rows, impls):
             if r is None or r["us"] is None:
                 cells.append("WRONG" if r is not None and r["status"].startswith("WRONG") else "-")
             else:
-                cells.append(f"{r['tflops']:.1f}" + ("*" if r["status"] == "fallback" else ""))
+                cells.append(f"{r['tflops']:.1f}" + ("*" if r["status"] == "fallback" else
+                                                     "!" if r["status"].startswith("WRONG") else ""))
         row_tag = DRY_TAG if any(r.get("dry_run") for r in by.values()) else ""
         print(f"{row_tag}{label:<32} {dt:<5} {str(causal):<6} " + " ".join(f"{c:>15}" for c in cells))
 
@@ -935,10 +942,16 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="no GPU: fake timings (tests the plumbing)")
     ap.add_argument("--no-bwd", action="store_true", help="leave out the backward rows")
     ap.add_argument("--bwd-only", action="store_true", help="only the backward rows")
+    ap.add_argument("--time-wrong", action="store_true",
+                    help="time rows that fail the correctness check too (an experiment tree wrong on "
+                         "purpose); they stay WRONG, 'WRONG (timed)' in the JSON, '!' in the summary, "
+                         "and the exit status stays 1")
     ap.add_argument("--plot", action="store_true",
                     help="after the run, draw the JSON as a PNG beside it (bench/plot.py; needs "
                          "matplotlib, the [bench] extra)")
     args = ap.parse_args(argv)
+    global TIME_WRONG
+    TIME_WRONG = args.time_wrong
 
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1 (got {args.rounds})")
@@ -1024,7 +1037,8 @@ def main(argv=None):
     wrong = [r for r in rows if r["status"].startswith("WRONG")]
     print(f"\n{DRY_TAG if args.dry_run else ''}{len(rows)} rows, {len(shapes)} fwd + "
           f"{len(bwd_shapes)} bwd shapes, {elapsed:.1f} s"
-          + (f"; {len(wrong)} WRONG rows (not timed)" if wrong else ""))
+          + (f"; {len(wrong)} WRONG rows ({'timed: --time-wrong' if TIME_WRONG else 'not timed'})"
+             if wrong else ""))
 
     if args.dry_run and not args.json and not args.no_json:
         # Fake timings never land among the results by default: only where --json points.

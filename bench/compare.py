@@ -46,11 +46,12 @@ def load(path):
     return rows, bool(data.get("dry_run")) or any(r.get("dry_run") for r in rows)
 
 
-def ratios(rows, impl, ref):
-    """{row key: ref_us / impl_us} for the rows where both ran and were timed."""
+def ratios(rows, impl, ref, allow_wrong=False):
+    """{row key: ref_us / impl_us} for the rows where both ran and were timed (allow_wrong: also
+    rows bench.py --time-wrong timed though they failed its check)."""
     times = {}
     for r in rows:
-        if r.get("status") == "ok" and r.get("us"):
+        if (r.get("status") == "ok" or (allow_wrong and r.get("status") == "WRONG (timed)")) and r.get("us"):
             times[(row_key(r), r["impl"])] = r["us"]
     out = {}
     for (key, name), us in times.items():
@@ -68,13 +69,16 @@ def main(argv=None):
     ap.add_argument("--causal", choices=["yes", "no"], help="only causal (yes) or non-causal (no) rows")
     ap.add_argument("--allow-dry", action="store_true",
                     help="accept dry-run JSONs (fake timings; their columns are tagged DRY)")
+    ap.add_argument("--allow-wrong", action="store_true",
+                    help="also rate rows that bench.py --time-wrong timed though they failed its "
+                         "correctness check (an experiment tree wrong on purpose)")
     args = ap.parse_args(argv)
 
     per_file, dry_files = [], set()
     for path in args.files:
         try:
             rows, dry = load(path)
-            r = ratios(rows, args.impl, args.ref)
+            r = ratios(rows, args.impl, args.ref, args.allow_wrong)
         except (OSError, ValueError, KeyError) as e:
             print(f"compare: cannot read {path}: {e}", file=sys.stderr)
             return 2

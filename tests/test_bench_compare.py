@@ -69,3 +69,24 @@ def test_dry_run_json_is_refused_unless_allowed(tmp_path):
     assert res.returncode == 0, res.stderr
     header = res.stdout.splitlines()[1]
     assert "DRY dry" in header and "DRY nvidia" not in header
+
+
+def test_timed_wrong_rows_count_only_with_allow_wrong(tmp_path):
+    """bench.py --time-wrong's rows ("WRONG (timed)": an experiment tree wrong on purpose) are
+    rated only under --allow-wrong; untimed WRONG rows never are."""
+    data = json.loads(FINAL.read_text())
+    shape = dict(B=4, Hq=16, Hkv=16, Sq=4096, Sk=4096, D=128, causal=True)
+    for r in data["rows"]:
+        if r["impl"] == "flashcore" and r.get("pass", "fwd") == "fwd" and not r.get("mask") \
+                and all(r[k] == v for k, v in shape.items()):
+            r["status"] = "WRONG (timed)"
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps(data))
+    match = ("--causal", "yes", "--match", r"^B=4 H=16 S=4096 D=128$")
+    res = run(wrong, *match)
+    assert res.returncode == 2 and "no shape left" in res.stderr, res.stderr
+    res = run(wrong, *match, "--allow-wrong")
+    assert res.returncode == 0, res.stderr
+    (line,) = [ln for ln in res.stdout.splitlines() if ln.startswith("B=4 H=16 S=4096 D=128 ")]
+    want = us(FINAL, "cudnn", **shape) / us(FINAL, "flashcore", **shape)
+    assert float(line.split()[-1]) == round(want, 3)

@@ -278,3 +278,20 @@ def test_missing_matplotlib_is_one_clear_line(tmp_path):
             "plot: matplotlib is not installed; install the bench extra "
             "(pip install 'flashcore[bench]', or pip install matplotlib)"]
     assert not (tmp_path / "fwd.png").exists() and not (tmp_path / "d.json").exists()
+
+
+def test_time_wrong_times_wrong_rows_and_keeps_them_wrong(bench, monkeypatch):
+    """judge: a row past the tolerance is WRONG and not timed; under --time-wrong it is timed
+    ("WRONG (timed)"); a NaN row is never timed."""
+    def row(maxdiff):
+        return dict(dtype="fp16", maxdiff=maxdiff, path="kernel sm90", status="ok")
+    monkeypatch.setattr(bench, "TIME_WRONG", False)
+    r = row(1.0)
+    assert bench.judge(r, False, "ref", "output") is False and r["status"] == "WRONG"
+    monkeypatch.setattr(bench, "TIME_WRONG", True)
+    r = row(1.0)
+    assert bench.judge(r, False, "ref", "output") is True and r["status"] == "WRONG (timed)"
+    r = row(None)
+    assert bench.judge(r, True, "ref", "output") is False and r["status"] == "WRONG (NaN in output)"
+    r = row(1e-3)
+    assert bench.judge(r, False, "ref", "output") is True and r["status"] == "ok"

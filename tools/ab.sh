@@ -10,6 +10,8 @@
 #   twice, e.g. AB_ENV_b="FLASHCORE_SM90_SHORT=1" for a run-time switch).
 #   AB_IMPL / AB_REF pick the compared impl and its reference (default flashcore against cudnn;
 #   e.g. AB_IMPL=flashcore-sm80 AB_REF=flash with --impls flash,flashcore-sm80).
+#   AB_TIME_WRONG=1: trees that compute wrong results on purpose (a stage left out, to see what it
+#   costs) are timed anyway: bench.py --time-wrong, compare.py --allow-wrong.
 #   CMAKE_ARGS adds configure options (e.g. "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=fp16
 #   -DFLASHCORE_CUDA_ARCHS=90a" for a faster build when the bench rows need no more).
 # Make the trees with `git archive REV | tar -x -C DIR && git rev-parse REV > DIR/.git-sha` (the
@@ -46,9 +48,10 @@ for pass in $(seq 1 "${PASSES:-2}"); do
     tree=${TREES[$i]}; name=${LABELS[$i]}$pass
     echo "=== pass $pass, ${LABELS[$i]} ($(date +%T))"
     env_var=AB_ENV_${LABELS[$i]}
-    (cd "$tree" && env ${!env_var:-} PYTHONPATH=$tree/python timeout 300 "$PY" bench/bench.py "${ARGS[@]}" \
+    (cd "$tree" && env ${!env_var:-} PYTHONPATH=$tree/python timeout 300 "$PY" bench/bench.py "${ARGS[@]}" ${AB_TIME_WRONG:+--time-wrong} \
        --json "$OUT/$name.json") > "$OUT/$name.log" 2>&1 || { tail -n 20 "$OUT/$name.log"; echo "BENCH FAILED: $name"; }
     files+=("$OUT/$name.json")
   done
 done
-"$PY" "${TREES[0]}/bench/compare.py" "${files[@]}" --impl "${AB_IMPL:-flashcore}" ${AB_REF:+--ref "$AB_REF"} | tee "$OUT/ab.txt"
+"$PY" "${TREES[0]}/bench/compare.py" "${files[@]}" --impl "${AB_IMPL:-flashcore}" ${AB_REF:+--ref "$AB_REF"} \
+  ${AB_TIME_WRONG:+--allow-wrong} | tee "$OUT/ab.txt"
