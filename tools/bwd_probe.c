@@ -8,7 +8,10 @@
  *   nvcc -O2 -o build/bwd_probe tools/bwd_probe.c -Ic_src -Lpython/flashcore -lflashcore \
  *        -Xlinker -rpath=python/flashcore && build/bwd_probe [S ...]
  * PROBE_FAMILIES=sm90 (or sm80) times one family only; PROBE_DIMS=128 (or 64, 256) one head dim
- * (D=256: the sm90 family alone has a backward kernel).
+ * (D=256: the sm90 family alone has a backward kernel). PROBE_MASK=hf times the non-causal calls
+ * with HuggingFace's left-padded causal bool mask instead ((B, 1, S, S), sequence b padded by
+ * b S / 2B keys, bench.py's masked rows; the causal calls are left out), for Nsight Compute's
+ * pass over the masked kernels; TFLOP/s then counts every (query, key) pair, as bench.py does.
  */
 #include "flashcore.h"
 
@@ -44,12 +47,27 @@ static void fill_random(void *dst, size_t n) { /* fp16 in [-1, 1) from a fixed L
     free(h);
 }
 
+/* HuggingFace's left-padded causal mask as bytes, (B, 1, S, S): row i of sequence b sees keys
+ * j <= i from its padding on (b S / 2B keys), and itself. */
+static void *hf_mask(int64_t B, int64_t S) {
+    unsigned char *h = malloc((size_t)(B * S * S));
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < S; ++i)
+            for (int64_t j = 0; j < S; ++j)
+                h[(b * S + i) * S + j] = (unsigned char)(j <= i && (j >= b * S / (2 * B) || j == i));
+    void *d = NULL;
+    CHECK(cudaMalloc(&d, (size_t)(B * S * S)));
+    CHECK(cudaMemcpy(d, h, (size_t)(B * S * S), cudaMemcpyHostToDevice));
+    free(h);
+    return d;
+}
+
 static int cmp_float(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
     return (x > y) - (x < y);
 }
 
-static void run(int64_t S, int64_t D, int causal, fc_family family) {
+static void run(int64_t S, int64_t D, int causal, fc_family family, int masked) {
     const int64_t B = 16384 / S, H = 2048 / D;
     const size_t n = (size_t)(B * H * S * D);
     void *q, *k, *v, *o, *dout, *dq, *dk, *dv, *ws;
@@ -68,6 +86,11 @@ static void run(int64_t S, int64_t D, int causal, fc_family family) {
     p->scale = 0.125f; p->causal = causal; p->dtype = FC_DTYPE_FP16;
     b.dout = dout; b.dq = dq; b.dk = dk; b.dv = dv;
     fc_bwd_params_set_contiguous_strides(&b);
+    void *mask = masked ? hf_mask(B, S) : NULL;
+    if (masked) {
+        p->mask = mask; p->mask_kind = FC_MASK_BOOL;
+        p->mask_stride_b = S * S; p->mask_stride_h = 0; p->mask_stride_q = S; p->mask_stride_k = 1;
+    }
     fc_status st = fc_sdpa_fwd(p, 0);
     if (st != FC_OK) { fprintf(stderr, "fwd: %s\n", fc_status_string(st)); exit(1); }
     p->family = family;
@@ -95,10 +118,10 @@ static void run(int64_t S, int64_t D, int causal, fc_family family) {
     const double med = ms[kIters / 2] * 1e-3;
     const double flops = 2.5 * 4.0 * (double)B * H * S * S * D / (causal ? 2.0 : 1.0);
     printf("bwd %s D=%-3lld %-6s S=%-6lld %9.1f us %7.1f TFLOP/s\n", family == FC_FAMILY_SM90 ? "sm90" : "sm80",
-           (long long)D, causal ? "causal" : "full", (long long)S, med * 1e6, flops / med * 1e-12);
+           (long long)D, masked ? "hfmask" : causal ? "causal" : "full", (long long)S, med * 1e6, flops / med * 1e-12);
     fflush(stdout);
     cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); cudaFree(dout); cudaFree(dq); cudaFree(dk);
-    cudaFree(dv); cudaFree(lse); cudaFree(ws);
+    cudaFree(dv); cudaFree(lse); cudaFree(ws); cudaFree(mask);
     cudaEventDestroy(start); cudaEventDestroy(stop);
 }
 
@@ -113,13 +136,14 @@ int main(int argc, char **argv) {
     const char *only = getenv("PROBE_FAMILIES");
     const fc_family families[2] = {FC_FAMILY_SM90, FC_FAMILY_SM80};
     const char *dims = getenv("PROBE_DIMS"); /* e.g. "128": only that head dim */
+    const int masked = getenv("PROBE_MASK") != NULL && strcmp(getenv("PROBE_MASK"), "hf") == 0;
     for (int d = 64; d <= 256; d *= 2)
-        for (int causal = 0; causal <= 1; ++causal)
+        for (int causal = 0; causal <= (masked ? 0 : 1); ++causal)
             if (dims == NULL || atoi(dims) == d)
             for (int i = 0; i < nlens; ++i)
                 for (int f = 0; f < 2; ++f)
                     if ((only == NULL || strcmp(only, families[f] == FC_FAMILY_SM90 ? "sm90" : "sm80") == 0) &&
                         (d < 256 || families[f] == FC_FAMILY_SM90))
-                        run(lens[i], d, causal, families[f]);
+                        run(lens[i], d, causal, families[f], masked);
     return 0;
 }

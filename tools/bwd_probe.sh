@@ -4,7 +4,8 @@
 # NO_PEERS=1, PyTorch's cuDNN/flash backwards on the same shapes (tools/bwd_peers.py).
 # NCU=1 adds an Nsight Compute pass over one sm90 backward launch at S=4k (NCU_DIM, default 128;
 # NCU_CAUSAL=1 for causal; the first timed launch) to $OUT: the summary sections, and the stall
-# samples per SASS instruction as CSV ($OUT/bwd_source.csv).
+# samples per SASS instruction as CSV ($OUT/bwd_source.csv). PROBE_MASK=hf (bwd_probe.c) times and
+# profiles the masked kernels instead (HuggingFace's padded causal bool mask, non-causal calls).
 #   bash tools/bwd_probe.sh [S ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
