@@ -23,7 +23,7 @@ echo "trees ready ($(date +%T))"
 [ "${PREP_ONLY:-0}" = 1 ] && exit 0
 
 CMAKE_ARGS="-DFLASHCORE_HEAD_DIMS=64;128 -DFLASHCORE_CUDA_ARCHS=90a" FLASHCORE_TRAINING=flashcore AB_IMPL=flashcore \
-  bash tools/ab.sh _ma _mb -- --bwd-only --match bmask --bf16 --impls cudnn,flashcore > "$OUT/ab.log" 2>&1
+  bash tools/ab.sh _ma _mb -- --bwd-only --match "D=(64|128) bmask" --bf16 --impls cudnn,flashcore > "$OUT/ab.log" 2>&1
 tail -n 20 "$OUT/ab.log"
 rm -f "$OUT"/[ab][12].log
 {
