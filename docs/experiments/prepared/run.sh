@@ -14,11 +14,8 @@ P=docs/experiments/prepared
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 sha=$(cat .git-sha 2>/dev/null || echo unknown)
-for t in _pa _pb _pc; do
-  rm -rf "$t" && mkdir "$t"
-  tar --exclude=./_pa --exclude=./_pb --exclude=./_pc --exclude=./build --exclude=./build-probe --exclude=./.git \
-      --exclude=./gpu-out -cf - . | tar -xf - -C "$t"
-done
+. "$P/copy_tree.sh"
+for t in _pa _pb _pc; do copy_tree "$t"; done
 (cd _pb && patch -p1 -s < "../$P/sm90-bwd-d256-mask-tiles.patch") || { echo "PATCH FAILED: mask tiles"; exit 1; }
 (cd _pc && patch -p1 -s < "../$P/sm90-bwd-d256-mask-tiles.patch" &&
            patch -p1 -s < "../$P/sm90-bwd-d256-masked-row-reductions.patch") || { echo "PATCH FAILED: row reductions"; exit 1; }

@@ -12,11 +12,8 @@ P=docs/experiments/prepared
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 sha=$(cat .git-sha 2>/dev/null || echo unknown)
-for t in _ma _mb; do
-  rm -rf "$t" && mkdir "$t"
-  tar --exclude=./_ma --exclude=./_mb --exclude='./_p*' --exclude='./_rows*' --exclude=./build --exclude=./build-probe \
-      --exclude=./.git --exclude=./gpu-out -cf - . | tar -xf - -C "$t"
-done
+. "$P/copy_tree.sh"
+for t in _ma _mb; do copy_tree "$t"; done
 (cd _mb && patch -p1 -s < "../$P/sm90-bwd-mask-inside-causal.patch") || { echo "PATCH FAILED"; exit 1; }
 echo "$sha" > _ma/.git-sha; echo "$sha+mask-inside-causal" > _mb/.git-sha
 echo "trees ready ($(date +%T))"

@@ -6,11 +6,10 @@
 #   On the device: OUT=$OUT bash docs/experiments/prepared/run_rows.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
+. docs/experiments/prepared/copy_tree.sh
 for n in 16 32 64; do
   t=_rows$n
-  rm -rf "$t" && mkdir "$t"
-  tar --exclude='./_rows*' --exclude=./build --exclude=./build-probe --exclude=./.git --exclude=./gpu-out -cf - . |
-    tar -xf - -C "$t"
+  copy_tree "$t"
   sed -i "s/kReducedRows = 16;/kReducedRows = $n;/" "$t/kernels/sm90/bwd_d256.cuh"
   grep -q "kReducedRows = $n;" "$t/kernels/sm90/bwd_d256.cuh" || { echo "no kReducedRows in $t"; exit 1; }
   (cd "$t" && cmake -S . -B bp -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHCORE_CUDA_ARCHS=90a -DFLASHCORE_HEAD_DIMS=256 \
