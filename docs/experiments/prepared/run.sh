@@ -8,13 +8,7 @@
 #   On the device (~7 minutes): `git rev-parse HEAD > .git-sha` here first, then a device call
 #   with carry [".git-sha"]: OUT=$OUT bash docs/experiments/prepared/run.sh
 #   PREP_ONLY=1 makes the three trees and stops (a check on a machine without a GPU).
-set -uo pipefail
-cd "$(dirname "$0")/../../.."
-P=docs/experiments/prepared
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-sha=$(cat .git-sha 2>/dev/null || echo unknown)
-. "$P/copy_tree.sh"
+cd "$(dirname "$0")/../../.." && . docs/experiments/prepared/common.sh
 for t in _pa _pb _pc; do copy_tree "$t"; done
 (cd _pb && patch -p1 -s < "../$P/sm90-bwd-d256-mask-tiles.patch") || { echo "PATCH FAILED: mask tiles"; exit 1; }
 (cd _pc && patch -p1 -s < "../$P/sm90-bwd-d256-mask-tiles.patch" &&

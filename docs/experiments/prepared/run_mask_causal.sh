@@ -6,13 +6,7 @@
 # ~8 minutes on the H200 machine. Everything lands in $OUT.
 #   On the device: `git rev-parse HEAD > .git-sha` here first, carry [".git-sha"]:
 #   OUT=$OUT bash docs/experiments/prepared/run_mask_causal.sh   (PREP_ONLY=1: the trees alone)
-set -uo pipefail
-cd "$(dirname "$0")/../../.."
-P=docs/experiments/prepared
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-sha=$(cat .git-sha 2>/dev/null || echo unknown)
-. "$P/copy_tree.sh"
+cd "$(dirname "$0")/../../.." && . docs/experiments/prepared/common.sh
 for t in _ma _mb; do copy_tree "$t"; done
 (cd _mb && patch -p1 -s < "../$P/sm90-bwd-mask-inside-causal.patch") || { echo "PATCH FAILED"; exit 1; }
 echo "$sha" > _ma/.git-sha; echo "$sha+mask-inside-causal" > _mb/.git-sha

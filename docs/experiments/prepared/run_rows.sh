@@ -4,9 +4,7 @@
 # timings two passes each (1k / 4k / 16k keys, causal and not), then the C API test's backward
 # cases on the 32- and 64-row trees. ~3 minutes on the H200 machine.
 #   On the device: OUT=$OUT bash docs/experiments/prepared/run_rows.sh
-set -uo pipefail
-cd "$(dirname "$0")/../../.."
-. docs/experiments/prepared/copy_tree.sh
+cd "$(dirname "$0")/../../.." && . docs/experiments/prepared/common.sh
 for n in 16 32 64; do
   t=_rows$n
   copy_tree "$t"
