@@ -322,7 +322,9 @@ cudaError_t fc_last_cuda_error(void);
  *   - sm90 (TMA + wgmma, sm_90a; head dims 64, 128 and 256): one pass over key blocks, dq summed
  *     in fp32 through bulk reductions in any order, so dq may differ in its last bits from run to
  *     run (dk, dv do not). Takes a mask (bool or additive, any strides, as the forward) when the
- *     call is not causal, and a band (a window or bottom-right causal; not with a mask); at
+ *     call is not causal, or a bool mask TMA can read in tiles (fc_mask_tiles_fit_'s layout) with
+ *     top-left causal at D=64 / 128 (no softcap; the blocks above the diagonal skipped, the mask
+ *     applied to the rest), and a band (a window or bottom-right causal; not with a mask); at
  *     D=256 (a kernel of its own, packed rows too) no softcap with an additive mask
  *     (FC_UNSUPPORTED_SOFTCAP). The
  *     sm80-class family declines a band (FC_UNSUPPORTED_BAND), so a deterministic call with one
@@ -340,7 +342,8 @@ cudaError_t fc_last_cuda_error(void);
  */
 typedef struct fc_bwd_params {
     /* q, k, v, out (the forward's output), lse (required here), sizes and their strides, scale,
-     * causal, dtype, the mask (either family, not causal); family AUTO, SM80 or SM90.
+     * causal, dtype, the mask (either family, not causal; sm90: a bool mask in tiles with causal
+     * too, see above); family AUTO, SM80 or SM90.
      * fwd.workspace is not used. */
     fc_params fwd;
 

@@ -773,3 +773,25 @@ def test_gpu_route_matches_explain_backward(D, dtype, deterministic):
     short = entry is not None and len(entry) > 2 and k.shape[-2] < entry[2]
     assert said.startswith("aten:") is (entry is not None and (not entry[0] or short)), said
     assert route.to_aten is said.startswith("aten:"), (route, said)
+
+
+def test_mask_inside_causal_reads_each_mask_once():
+    """_mask_inside_causal: a bool mask with no kept pair above the top-left diagonal (HuggingFace's
+    padded causal mask, Sq != Sk too) is inside; one kept pair above it is not; the answer is kept
+    for the same tensor until it is written (its version counter), and other masks are read anew."""
+    S, B = 37, 3
+    i = torch.arange(S).view(-1, 1)
+    j = torch.arange(S).view(1, -1)
+    pad = torch.tensor([0, 5, 11]).view(-1, 1, 1, 1)
+    hf = ((j <= i) & ((j >= pad) | (j == i))).expand(B, 1, S, S).contiguous()
+    assert _ops._mask_inside_causal(hf)
+    assert _ops._last_causal_mask_check[1]() is hf
+    hf[1, 0, 3, 20] = True  # a write: the version moves, the mask is read again
+    assert not _ops._mask_inside_causal(hf)
+    rect = torch.ones(2, 1, 5, 9, dtype=torch.bool).tril()  # Sq < Sk, top-left: inside
+    assert _ops._mask_inside_causal(rect)
+    rect2 = rect.clone()
+    rect2[0, 0, 4, 5] = True
+    assert not _ops._mask_inside_causal(rect2)
+    assert not _ops._mask_inside_causal(torch.zeros(2, 2))  # not bool: never
+    assert _ops._mask_inside_causal(torch.zeros(4, 4, dtype=torch.bool))  # nothing kept: inside

@@ -34,9 +34,11 @@
 // the query tiles whose rows see a key of the block (tile_at), and the P warpgroup masks scores
 // per element in the steps an edge of the band crosses; a block no row sees writes zero dK and dV.
 //
-// Masks (kMask: kMaskBool or kMaskAdditive): the P warpgroup reads the step's mask elements from
-// global memory, as bwd_kernel's element-wise variants do (prefetched toward L1 before the score
-// GEMM); the dS warpgroup needs nothing of them (P^T is 0 where masked).
+// Masks: a bool mask whose layout TMA can read (kMaskBoolTiles) arrives with each
+// step's Q and dO as a tile of 64 queries x 64 keys (64-byte rows under the 64-byte swizzle,
+// BwdTraits::mask_byte); other masks (kMaskBool, kMaskAdditive) the P warpgroup reads element by
+// element from global memory, as bwd_kernel's element-wise variants do (prefetched toward L1
+// before the score GEMM). The dS warpgroup needs nothing of them (P^T is 0 where masked).
 //
 // Packed sequences (kVarlen): as bwd_kernel's, a tile is a listed key block (sm90/varlen_blocks.cuh,
 // 128 keys) and one of its two 64-key halves (varlen_tile_at), rows counted from the sequence's
@@ -223,7 +225,7 @@ __device__ __forceinline__ void p_step(BwdBarriers &bars, unsigned char *smem, c
                                        float scale_log2, int my_row, int col_in_tile, int lane, int seqlen_k, int seqlen_q) {
     const int stage = step_all % T::kStages;
     const int m_start = tile.steps.m_start(step, T::kBlockM);
-    constexpr bool kMaskElements = kMask != kMaskNone;
+    constexpr bool kMaskElements = kMask == kMaskBool || kMask == kMaskAdditive;
     const MaskSliceOf<Elem, kMask> mask(f, tile.batch,
                                         kMaskElements ? tile.steps.head_q(step, tile.head_kv, tile.group) : 0);
     if constexpr (kMaskElements) prefetch_step_mask(mask, f, m_start, tile.n_start, seqlen_k);
@@ -259,8 +261,9 @@ __device__ __forceinline__ void p_step(BwdBarriers &bars, unsigned char *smem, c
                                 : kCausal && m_start < n_start + T::kBlockN));
     uint32_t p_frag[4][4], unused_frag[4][4];
     float unused_dp[32];
+    [[maybe_unused]] const uint8_t *mask_tile = smem + T::kOffMask + stage * T::kMaskTileBytes;  // (kMaskBoolTiles)
     softmax<T, Elem, kCausal, kMask, kBand, false, kVarlen>(
-        p_frag, unused_frag, s, unused_dp, terms.delta, lse_of_tile, nullptr, mask, maps, f, scale_log2,
+        p_frag, unused_frag, s, unused_dp, terms.delta, lse_of_tile, mask_tile, mask, maps, f, scale_log2,
         masked_tile, m_start, n_start + my_row, my_row, col_in_tile, seqlen_k, seqlen_q);
     if constexpr (kSoftcap)
         put_capped_probs(s, px, thread);
@@ -375,7 +378,7 @@ __device__ __forceinline__ void consume_tiles(BwdBarriers &bars, unsigned char *
 template <typename Elem, bool kCausal, int kMask, bool kBand, bool kSoftcap, bool kVarlen = false>
 __global__ void __launch_bounds__(BwdTraits<256>::kThreads, 1)
 bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
-    using T = BwdTraits<256>;
+    using T = BwdTraits<256, kMask == kMaskBoolTiles>;
     static_assert(!kBand || (kCausal && kMask == kMaskNone), "a band runs in the causal configuration, without a mask");
     static_assert(!kVarlen || (kMask == kMaskNone && !kBand && !kSoftcap), "packed calls: causal or not, nothing else");
     extern __shared__ unsigned char smem_raw[];
@@ -401,7 +404,7 @@ bwd_kernel_d256(const __grid_constant__ BwdMaps maps, const fc_bwd_params p) {
         } else if (threadIdx.x == 64) {
             load_row_terms<T, kVarlen>(bars, smem, ws, p);
         } else if (threadIdx.x == 0) {
-            load_q_do<T, kMaskNone, kVarlen>(bars, smem, maps, p);
+            load_q_do<T, kMask, kVarlen>(bars, smem, maps, p);
         }
         return;
     }

@@ -67,7 +67,7 @@ cudaError_t launch_bwd(const fc_bwd_params &p, const fc_device_facts &dev, cudaS
         (err = sm90::make_map(&maps.mask, &maps.mask_order, f.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, f.seqlen_k,
                               f.seqlen_q, f.mask_stride_h != 0 ? f.heads_q : 1, f.mask_stride_b != 0 ? f.batch : 1,
                               f.mask_stride_q, f.mask_stride_h, f.mask_stride_b, T::kMaskBoxKeys, T::kBlockM,
-                              CU_TENSOR_MAP_SWIZZLE_NONE)) != cudaSuccess)
+                              T::kMaskSwizzle)) != cudaSuccess)
         return err;
 
     // Causal CTA order (bwd_kernel) over at least 32 key blocks: chunks of pairs whose Q and dO
@@ -167,7 +167,8 @@ cudaError_t launch_bwd_capped_or_not(const fc_bwd_params &p, const fc_device_fac
 
 // The variant for a call (each with or without a softcap): causal, a general band (p.fwd.band_, set by
 // fc_resolve_band_ in c_src/bwd.c; it comes with causal set), or one of the mask kinds (c_src/bwd.c sends masked
-// causal or banded calls elsewhere: PyTorch's SDPA never makes them).
+// banded calls elsewhere, and masked causal ones but for a bool mask in tiles: flashcore's op asks for those
+// where the mask lies inside the causal triangle).
 template <typename Elem, int kHeadDim>
 cudaError_t launch_bwd_variant_of(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     if (p.fwd.cu_seq_q != nullptr)  // (c_src/bwd.c: no mask, band or softcap with it)
@@ -180,6 +181,8 @@ cudaError_t launch_bwd_variant_of(const fc_bwd_params &p, const fc_device_facts 
                             : launch_bwd<Elem, kHeadDim, false, kMaskNone, false, true>(p, dev, stream);
     switch (p.fwd.mask_kind) {
     case FC_MASK_BOOL:
+        // (With causal: a mask in tiles, c_src/bwd.c's sm90_mask_causal; the causal tiles' steps only.)
+        if (p.fwd.causal) return launch_bwd<Elem, kHeadDim, true, kMaskBoolTiles>(p, dev, stream);
         return mask_tiles_fit(p.fwd) ? launch_bwd<Elem, kHeadDim, false, kMaskBoolTiles>(p, dev, stream)
                                      : launch_bwd<Elem, kHeadDim, false, kMaskBool>(p, dev, stream);
     case FC_MASK_ADDITIVE: return launch_bwd<Elem, kHeadDim, false, kMaskAdditive>(p, dev, stream);
@@ -190,14 +193,16 @@ cudaError_t launch_bwd_variant_of(const fc_bwd_params &p, const fc_device_facts 
 }
 
 // D=256's variants: causal, a general band or none, each with or without a softcap; a bool mask
-// (read element by element: no mask tiles), with or without one; an additive mask without one
-// (c_src/bwd.c: that variant with a softcap spilled).
+// in TMA tiles where its layout allows, else read element by element, each with or without a
+// softcap; an additive mask without one (c_src/bwd.c: that variant with a softcap spilled).
 template <typename Elem>
 cudaError_t launch_bwd_d256(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     if (p.fwd.band_ == FC_BAND_GENERAL_)  // (no mask with it: c_src/bwd.c)
         return launch_bwd_capped_or_not<Elem, 256, true, kMaskNone, true>(p, dev, stream);
     switch (p.fwd.mask_kind) {
-    case FC_MASK_BOOL: return launch_bwd_capped_or_not<Elem, 256, false, kMaskBool>(p, dev, stream);
+    case FC_MASK_BOOL:
+        return mask_tiles_fit(p.fwd) ? launch_bwd_capped_or_not<Elem, 256, false, kMaskBoolTiles>(p, dev, stream)
+                                     : launch_bwd_capped_or_not<Elem, 256, false, kMaskBool>(p, dev, stream);
     case FC_MASK_ADDITIVE: return launch_bwd<Elem, 256, false, kMaskAdditive>(p, dev, stream);
     default:
         return p.fwd.causal ? launch_bwd_capped_or_not<Elem, 256, true, kMaskNone>(p, dev, stream)

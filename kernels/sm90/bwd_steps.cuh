@@ -164,8 +164,7 @@ __device__ __forceinline__ void softmax(uint32_t (&p_frag)[4][4], uint32_t (&ds_
                 if (key < seqlen_k && query < static_cast<int>(f.seqlen_q)) x = mask.apply(x, query, key);
             } else if constexpr (kMask == kMaskBoolTiles) {
                 // The staged tile (zeros past Sk and Sq: masked, as those are anyway).
-                const int offset = (8 * j + col_in_tile + (e & 1)) * T::kMaskBoxKeys + key_in_cta + 8 * (e >> 1);
-                if (mask_tile[offset] == 0) x = -INFINITY;
+                if (mask_tile[T::mask_byte(8 * j + col_in_tile + (e & 1), key_in_cta + 8 * (e >> 1))] == 0) x = -INFINITY;
             }
             if constexpr (kBand) {
                 if (masked_tile && (key >= seqlen_k || key - query < f.band_lo_ || key - query > f.band_hi_)) x = -INFINITY;

@@ -89,16 +89,25 @@ struct BwdTraits {
     static constexpr int kOffDq = kOffPx + kPxBytes;
     static constexpr int kOffRowTerms = kOffDq + kDqStageBytes;
     // kMaskTiles (bool masks TMA can read): each step's mask tile, 64 query rows of kMaskBoxKeys
-    // bytes: the block's 128 keys and 16 more, so that rows 2 apart (a warp's reads) start 288
-    // bytes apart and fall in different banks.
-    static constexpr int kMaskBoxKeys = kBlockN + 16;
+    // bytes. D=64/128: the block's 128 keys and 16 more, so that rows 2 apart (a warp's reads)
+    // start 288 bytes apart and fall in different banks. D=256: the block's 64 keys under TMA's
+    // 64-byte swizzle, as the forward's D=256 tiles (no room for padding beside its stages), the
+    // tiles at a multiple of 512 bytes (the swizzle's period); mask_byte has the layout.
+    static constexpr int kMaskBoxKeys = kD256 ? kBlockN : kBlockN + 16;
     static constexpr int kMaskTileBytes = kMaskTiles ? kBlockM * kMaskBoxKeys : 0;
-    static constexpr int kOffMask = kOffRowTerms + kStages * kRowTermsSlotBytes;
+    static constexpr int kOffMask = (kOffRowTerms + kStages * kRowTermsSlotBytes + (kD256 && kMaskTiles ? 511 : 0)) /
+                                    (kD256 && kMaskTiles ? 512 : 1) * (kD256 && kMaskTiles ? 512 : 1);
+    static constexpr CUtensorMapSwizzle kMaskSwizzle = kD256 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_NONE;
     static constexpr int kSmemBytes = kOffMask + kStages * kMaskTileBytes + 1024 /* alignment */;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
     static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dims 64, 128 and 256");
     static_assert(kD256 || kBlockN == FC_VARLEN_BLOCK_ROWS, "a packed call's listed key blocks are the CTA's");
     static_assert(kSmemBytes <= 227 * 1024, "must fit Hopper's 227 KB per block");
+    // kMaskTiles: the byte of (query row, key) in a step's mask tile (D=256: 16-byte chunk c of
+    // row r at c ^ ((r / 2) % 4)).
+    __device__ static constexpr int mask_byte(int row, int key) {
+        return kD256 ? row * kMaskBoxKeys + ((((key >> 4) ^ (row >> 1)) & 3) << 4) + (key & 15) : row * kMaskBoxKeys + key;
+    }
     static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register budgets");
 };
 

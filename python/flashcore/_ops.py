@@ -47,6 +47,7 @@ float64 math end to end). Shape: the output's shape without its last dim.
 """
 import math
 import os
+import weakref
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -278,6 +279,37 @@ def _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mas
                              enable_gqa, deterministic, attn_mask, *band)[1] == 0)
 
 
+# The last mask _mask_inside_causal read: ((id, version, shape, strides, address), a weak
+# reference to it, the answer).
+_last_causal_mask_check = None
+
+
+def _mask_inside_causal(mask):
+    """True when a bool mask keeps no (query, key) pair above the top-left diagonal (key > query),
+    so that attention with it equals attention with it and causal together: the Hopper backward
+    then runs its causal masked variant, which skips the key blocks above the diagonal (c_src/bwd.c
+    sm90_mask_causal), with the same gradients. HuggingFace's padded causal masks are such masks.
+    One device reduction and one host sync per mask tensor: the answer is kept for the same tensor
+    object, not written since (its version counter), as varlen_attn's plan is (a model passes one
+    mask to every layer). False while a CUDA graph is being captured (no sync there)."""
+    global _last_causal_mask_check
+    if mask.dtype != torch.bool or mask.dim() < 2 or (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    try:
+        stamp = (id(mask), mask._version, tuple(mask.shape), tuple(mask.stride()), mask.data_ptr())
+    except RuntimeError:  # an inference tensor: no version counter, so nothing kept
+        stamp = None
+    last = _last_causal_mask_check
+    if stamp is not None and last is not None and last[0] == stamp and last[1]() is mask:
+        return last[2]
+    sq, sk = mask.shape[-2], mask.shape[-1]
+    above = torch.ones(sq, sk, dtype=torch.bool, device=mask.device).triu_(1)
+    inside = not bool((mask & above).any())
+    if stamp is not None:
+        _last_causal_mask_check = (stamp, weakref.ref(mask), inside)
+    return inside
+
+
 @torch.library.impl("flashcore::sdpa_bwd", ("cpu", "cuda"), lib=_lib)
 def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal, scale,
                    enable_gqa, grad_mask, window_left=-1, window_right=-1, bottom_right=False,
@@ -292,8 +324,17 @@ def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, i
     if query.is_cuda and grad_out.dim() >= 1 and grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()  # e.g. an expanded gradient; the kernel needs rows
     band = (window_left, window_right, bottom_right, softcap)
-    if _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
-                          scale, enable_gqa, deterministic, grad_mask, band):
+    # A bool mask inside the causal triangle (HuggingFace's padded causal masks) runs as causal
+    # with it where a kernel takes that: asked first, since the mask's check waits for the device.
+    as_causal = (attn_mask is not None and not is_causal and attn_mask.dtype == torch.bool
+                 and band == (-1, -1, False, 0.0)
+                 and _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, True,
+                                        scale, enable_gqa, deterministic, grad_mask, band)
+                 and _mask_inside_causal(attn_mask))
+    if as_causal:
+        is_causal = True
+    if as_causal or _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
+                                       scale, enable_gqa, deterministic, grad_mask, band):
         dq, dk, dv = _BWD_KERNEL(grad_out, query, key, value, out, lse, grad_lse, is_causal,
                                  scale, enable_gqa, deterministic, attn_mask, *band)
         return dq, dk, dv, _dmask_like(attn_mask, grad_mask, query)

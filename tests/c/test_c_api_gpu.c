@@ -837,6 +837,17 @@ int main(void) {
         {1, 4, 2, 67, 99, 64, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
     };
     failed += run_bwd_table(kBwdCases, sizeof(kBwdCases) / sizeof(kBwdCases[0]), BWD_AUTO);
+    /* Causal with a bool mask in tiles: the sm90 family's causal masked variant (c_src/bwd.c
+     * sm90_mask_causal; the forward runs in the sm80-class family), AUTO only (the sm80-class
+     * family declines it): random masks reaching past the diagonal (mask and causal both
+     * apply), Sq != Sk both ways, GQA, ragged key blocks, many steps per CTA. */
+    static const test_case kBwdMaskCausalCases[] = {
+        {2, 4, 2, 200, 256, 64, 1, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 4, 1, 300, 320, 128, 1, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 2, 2, 130, 96, 128, 1, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 2, 1, 600, 608, 64, 1, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
+    };
+    failed += run_bwd_table(kBwdMaskCausalCases, sizeof(kBwdMaskCausalCases) / sizeof(kBwdMaskCausalCases[0]), BWD_AUTO);
     for (size_t i = 0; i < sizeof(kBwdBandCases) / sizeof(kBwdBandCases[0]); ++i)
         failed += run_bwd_case(&kBwdBandCases[i].tc, &kBwdBandCases[i].band, BWD_AUTO, 0.0f);
     /* D=256 (the sm90 family's own kernel, 64-key blocks): ragged, Sq != Sk both ways, GQA 4:1,
@@ -925,10 +936,12 @@ int main(void) {
     for (size_t i = 0; i < sizeof(kBwdD256BandCases) / sizeof(kBwdD256BandCases[0]); ++i)
         failed += run_bwd_case(&kBwdD256BandCases[i].tc, &kBwdD256BandCases[i].band, BWD_AUTO,
                                kBwdD256BandCases[i].softcap);
-    /* D=256 with a mask (the sm90 family's kernel reads it element by element): bool in every
-     * layout and additive, GQA, Sq != Sk both ways, a CTA through many steps, rows that see no key. */
+    /* D=256 with a mask (the sm90 family's kernel: bool masks with 16-byte rows in TMA tiles,
+     * the others element by element): bool in every layout and additive, GQA, Sq != Sk both ways,
+     * a CTA through many steps, rows that see no key, a ragged last key block in tiles. */
     static const test_case kBwdD256MaskCases[] = {
         {2, 4, 2, 100, 256, 256, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 4, 2, 300, 272, 256, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
         {1, 2, 1, 300, 257, 256, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
         {1, 2, 1, 77, 140, 256, 0, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_QK_PADDED},
         {1, 4, 2, 67, 99, 256, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_TRANSPOSED},

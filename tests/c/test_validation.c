@@ -788,6 +788,35 @@ static void check_bwd(void) {
         CHECK_STATUS("bwd mask, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_OK);
         b.fwd.causal = 1;
         CHECK_STATUS("bwd mask, causal, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
+        /* A bool mask in tiles (rows a multiple of 16 bytes apart) with causal: the Hopper
+         * family's causal masked variant (D=64 / 128), never the sm80-class family's; a softcap
+         * with it, rows TMA cannot tile, or determinism, declined. */
+        b = valid_bwd_params();
+        b_mask(&b);
+        b.fwd.mask_stride_k = 1;
+        b.fwd.mask_stride_q = 304;
+        b.fwd.mask_stride_h = 0;
+        b.fwd.mask_stride_b = 100 * 304;
+        b.fwd.causal = 1;
+        if (hopper_built) {
+            CHECK_STATUS("bwd mask tiles, causal", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+            CHECK_FAMILY("bwd family: mask tiles, causal", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+            b.fwd.softcap = 30.0f;
+            CHECK_STATUS("bwd mask tiles, causal, softcap", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_MASK);
+            b.fwd.softcap = 0.0f;
+            b.fwd.mask_stride_q = 300;
+            b.fwd.mask_stride_b = 100 * 300;
+            CHECK_STATUS("bwd mask, 300-byte rows, causal", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_MASK);
+            b.fwd.mask_stride_q = 304;
+            b.fwd.mask_stride_b = 100 * 304;
+            b_deterministic(&b);
+            CHECK_STATUS("bwd mask tiles, causal, deterministic", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_MASK);
+            b.deterministic = 0;
+        }
+        if (ada_built)
+            CHECK_STATUS("bwd mask tiles, causal: Ada", fc_sdpa_bwd_support(&b, 8, 9), FC_UNSUPPORTED_MASK);
+        b_force_sm80(&b);
+        CHECK_STATUS("bwd mask tiles, causal, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
     }
     /* A softcap: the sm90 family without a mask; the sm80-class family with or without one
      * (there with dQ in a pass of its own, fc_sm80_bwd_one_pass). */

@@ -605,11 +605,18 @@ static int sm90_takes(const fc_params *p) {
  * TMA can bring the mask in tiles: keys contiguous (stride 1), rows a positive multiple of 16
  * bytes apart (no broadcast queries), head and batch strides 16-byte multiples (0: broadcast),
  * the base 16-byte aligned. Additive masks, and every other masked call, stay in sm80. */
+static int mask_tiles_layout(const fc_params *p);
 static int sm90_takes_mask(const fc_params *p) {
     const fc_params r = resolved_of(p);
     if (r.mask_kind != FC_MASK_BOOL) return 0;
     if (r.head_dim != 64 && r.head_dim != 128 && r.head_dim != 256) return 0;
     if (r.causal || r.band_ == FC_BAND_GENERAL_ || r.softcap != 0.0f || r.sinks != NULL) return 0;
+    return mask_tiles_layout(&r);
+}
+
+/* The layout half of the rule above (TMA can bring the bool mask in tiles), for a resolved call. */
+static int mask_tiles_layout(const fc_params *p) {
+    const fc_params r = *p;
     const int keys_contiguous = r.mask_stride_k == 1;
     const int rows_tiled = r.mask_stride_q > 0 && r.mask_stride_q % 16 == 0;
     const int heads_tiled = r.mask_stride_h >= 0 && r.mask_stride_h % 16 == 0;
@@ -793,6 +800,14 @@ static int bwd_sm90_takes(const fc_bwd_params *b) {
     return ctas <= INT32_MAX && packed_tiles <= INT32_MAX;
 }
 
+/* The sm90 backward's causal masked variant (c_src/bwd.c sm90_mask_causal): a bool mask in TMA
+ * tiles at D=64 / 128, top-left causal (no general band), no softcap. */
+static int bwd_sm90_mask_causal(const fc_params *f) {
+    const fc_params r = resolved_of(f);
+    return r.mask_kind == FC_MASK_BOOL && (r.head_dim == 64 || r.head_dim == 128) && r.band_ != FC_BAND_GENERAL_ &&
+           r.softcap == 0.0f && mask_tiles_layout(&r);
+}
+
 /* The sm90 family's softcap: no mask but at D=256 with a bool mask. */
 static int sm90_softcap_mask_ok(const fc_params *f) {
     return f->mask_kind == FC_MASK_NONE || (f->head_dim == 256 && f->mask_kind == FC_MASK_BOOL);
@@ -854,7 +869,7 @@ static fc_status bwd_packed_status(const fc_bwd_params *b, int cc) {
         return mask && rf.causal ? FC_UNSUPPORTED_MASK : general ? FC_UNSUPPORTED_BAND : FC_UNSUPPORTED_VARLEN;
     case FC_FAMILY_SM90:
         if (!bwd_family_runs_on(FC_FAMILY_SM90, cc)) return FC_UNSUPPORTED_FAMILY;
-        if (mask && rf.causal) return FC_UNSUPPORTED_MASK;
+        if (mask && rf.causal && !bwd_sm90_mask_causal(f)) return FC_UNSUPPORTED_MASK;
         if (softcap && !sm90_softcap_mask_ok(f)) return FC_UNSUPPORTED_SOFTCAP;
         if (!plain) return FC_UNSUPPORTED_VARLEN;
         if (!bwd_built(FC_FAMILY_SM90, f->head_dim, f->dtype)) return FC_UNSUPPORTED_HEAD_DIM;
@@ -910,7 +925,8 @@ static void bwd_supported_is_runnable(const fc_bwd_params *b, int cc, fc_family 
     REQUIRE(fam == FC_FAMILY_SM80 || fam == FC_FAMILY_SM90);
     REQUIRE(f->dtype == FC_DTYPE_FP16 || f->dtype == FC_DTYPE_BF16);
     const fc_params rf = resolved_of(f);
-    REQUIRE(f->mask_kind == FC_MASK_NONE || !rf.causal); /* masks: either family, not causal */
+    /* masks: either family, not causal (but the sm90 family's causal masked variant) */
+    REQUIRE(f->mask_kind == FC_MASK_NONE || !rf.causal || (fam == FC_FAMILY_SM90 && bwd_sm90_mask_causal(f)));
     if (rf.band_ == FC_BAND_GENERAL_) REQUIRE(fam == FC_FAMILY_SM90 && f->mask_kind == FC_MASK_NONE);
     if (f->softcap != 0.0f && fam == FC_FAMILY_SM90) REQUIRE(sm90_softcap_mask_ok(f)); /* (sm80: masks too) */
     if (f->cu_seq_q != NULL)  /* packed: the sm90 family, nothing but causal */
@@ -1548,7 +1564,7 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         /* The choice, modelled: AUTO takes the sm90 family where it runs the call and determinism
          * is not asked for, else the sm80-class one; a forced sm80 / sm90 family runs where it
          * can, or the call is declined (never moved to the other family). Masks: either family,
-         * not with causal. */
+         * not with causal (but the sm90 family's causal masked variant, bwd_sm90_mask_causal). */
         /* (causal and the band as the library resolves them: a general band, sm90 only) */
         const fc_params rf = resolved_of(f);
         const int general = rf.band_ == FC_BAND_GENERAL_;
@@ -1561,7 +1577,10 @@ static void check_bwd(const fc_bwd_params *b, int device) {
         const int packed_plain = f->mask_kind == FC_MASK_NONE && !softcap && !general && f->sinks == NULL;
         const int sm80 = dtype_ok && (f->mask_kind == FC_MASK_NONE || !rf.causal) && !general && !paged && !packed &&
                          bwd_family_possible(b, FC_FAMILY_SM80, cc);
-        const int sm90 = dtype_ok && (f->mask_kind == FC_MASK_NONE || (!rf.causal && (!softcap || sm90_softcap_mask_ok(f)))) && !paged &&
+        const int sm90 = dtype_ok &&
+                         (f->mask_kind == FC_MASK_NONE || (!rf.causal && (!softcap || sm90_softcap_mask_ok(f))) ||
+                          bwd_sm90_mask_causal(f)) &&
+                         !paged &&
                          (!packed || packed_plain) &&
                          bwd_family_possible(b, FC_FAMILY_SM90, cc);
         REQUIRE((sup == FC_UNSUPPORTED_PAGED) == paged);
