@@ -52,8 +52,8 @@ typedef enum fc_family {
 /* Kinds of attention mask, a (B, Hq, Sq, Sk) view through mask_stride_* (any strides, 0 for
  * a broadcast dim, no alignment requirement). Which forward family takes which mask
  * (dispatch.c, family_takes_mask): the sm80 family any; the decode kernels any, without
- * `causal`; the sm90 family bool masks whose tiles TMA can read (D = 64 / 128 / 256, no causal, band,
- * softcap or sinks). A forced family that does not take the call's mask gives
+ * `causal`; the sm90 family bool masks whose tiles TMA can read (D = 64 / 128 / 256, no band,
+ * softcap or sinks; with top-left `causal` at D = 64 / 128 only). A forced family that does not take the call's mask gives
  * FC_UNSUPPORTED_MASK (the backward: see fc_bwd_params). A mask may be combined with `causal`
  * (PyTorch forbids that; here both apply). */
 typedef enum fc_mask_kind {

@@ -566,3 +566,86 @@ def test_explain_with_and_without_lse():
         torch.testing.assert_close(out, flashcore.sdpa(q, k, v, attn_mask=mask), atol=2e-3, rtol=0)
     finally:
         del os.environ["FLASHCORE_TRAINING"]
+
+
+# --------------------------------------------------------------------------- masks inside causal
+
+def hf_padded_causal(B, Sq, Sk):
+    """HuggingFace's left-padded causal bool mask (B, 1, Sq, Sk), top-left: row i keeps keys
+    pad_b <= j <= i (and its own key), so no kept pair lies above the diagonal."""
+    i = torch.arange(Sq, device=DEVICE).view(-1, 1)
+    j = torch.arange(Sk, device=DEVICE).view(1, -1)
+    pad = (torch.arange(B, device=DEVICE) * (Sq // (2 * B))).view(-1, 1, 1, 1)
+    return (j <= i) & ((j >= pad) | (j == i))
+
+
+def sm90_forward_is_causal(call):
+    """kCausal of the one sm90 forward kernel call() launches (its third template argument)."""
+    names = [n for n, _ in launched_kernels(call) if "sm90::fwd_kernel" in n]
+    assert len(names) == 1, names
+    return names[0].split("fwd_kernel<")[1].replace(" ", "").split(",")[2] == "true"
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("Sq,Sk", [(320, 320), (300, 512), (512, 384)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_mask_inside_causal_forward(D, Sq, Sk, dtype):
+    """A bool mask inside the causal triangle (HuggingFace's padded causal mask) runs the Hopper
+    forward's causal configuration with the mask (its key blocks above the diagonal skipped), in
+    inference and in training's forward; a mask with one kept pair above the diagonal runs the
+    non-causal one. Outputs (and the LSE of the training forward, through the gradients) match
+    the reference either way."""
+    if not HOPPER:
+        pytest.skip("the causal masked configuration is the Hopper family's")
+    skip_unless_built(D, dtype)
+    B, H = 2, 4
+    q, k, v = (torch.randn(B, H, S, D, dtype=dtype, device=DEVICE) for S in (Sq, Sk, Sk))
+    inside = hf_padded_causal(B, Sq, Sk)
+    outside = inside.clone()
+    outside[1, 0, Sq // 2, Sq // 2 + 7] = True  # one kept pair above the diagonal
+    for mask, causal in ((inside, True), (outside, False)):
+        out = {}
+        assert sm90_forward_is_causal(lambda: out.update(o=flashcore.sdpa(q, k, v, attn_mask=mask))) is causal
+        ref_hi = reference(q, k, v, mask, None, torch.float64)
+        tol = 2 * (reference(q, k, v, mask, None, dtype).double() - ref_hi).abs().max().item() + ATOL[dtype]
+        err = (out["o"].double() - ref_hi).abs().max().item()
+        assert err <= tol, (causal, err, tol)
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        os.environ["FLASHCORE_TRAINING"] = "flashcore"
+        try:
+            assert sm90_forward_is_causal(
+                lambda: out.update(t=flashcore.sdpa(qg, kg, vg, attn_mask=mask))) is causal
+        finally:
+            del os.environ["FLASHCORE_TRAINING"]
+        assert (out["t"].detach().double() - ref_hi).abs().max().item() <= tol
+        g = torch.randn_like(out["t"])
+        out["t"].backward(g)
+        qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+        keep = torch.zeros(mask.shape, dtype=torch.float64, device=DEVICE).masked_fill(~mask, NEG_INF)
+        s = qd @ kd.transpose(-1, -2) / math.sqrt(D) + keep
+        (torch.softmax(s, -1) @ vd).backward(g.double())
+        for got, want in ((qg.grad, qd.grad), (kg.grad, kd.grad), (vg.grad, vd.grad)):
+            scale = want.abs().max().item()
+            assert (got.double() - want).abs().max().item() <= 0.02 * scale + 0.02, (causal, scale)
+
+
+def test_mask_inside_causal_forward_in_cuda_graph():
+    """Under CUDA-graph capture the mask is not read (no wait for the device there): the call
+    runs as written, non-causal with its mask, and replays the same answer."""
+    if not HOPPER:
+        pytest.skip("the causal masked configuration is the Hopper family's")
+    skip_unless_built(64, torch.float16)
+    q, k, v = (torch.randn(2, 4, 320, 64, dtype=torch.float16, device=DEVICE) for _ in range(3))
+    mask = hf_padded_causal(2, 320, 320)
+    eager = flashcore.sdpa(q, k, v, attn_mask=mask)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        flashcore.sdpa(q, k, v, attn_mask=mask)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flashcore.sdpa(q, k, v, attn_mask=mask)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, eager, atol=2e-3, rtol=0)

@@ -795,3 +795,27 @@ def test_mask_inside_causal_reads_each_mask_once():
     assert not _ops._mask_inside_causal(rect2)
     assert not _ops._mask_inside_causal(torch.zeros(2, 2))  # not bool: never
     assert _ops._mask_inside_causal(torch.zeros(4, 4, dtype=torch.bool))  # nothing kept: inside
+
+
+def test_mask_inside_causal_key_padding_needs_no_read():
+    """A mask with one row for every query (key padding, (B, 1, 1, Sk)) keeps keys above row 0's
+    diagonal: not inside, answered from its shape (no reduction, no wait for the device), and
+    nothing is cached for it."""
+    before = _ops._last_causal_mask_check
+    keys = torch.ones(3, 1, 1, 40, dtype=torch.bool)
+    assert not _ops._mask_inside_causal(keys)
+    assert _ops._last_causal_mask_check is before
+
+
+def test_forward_mask_as_causal_only_for_eager_cuda_bool_masks():
+    """_forward_mask_as_causal (the forward's switch to causal with the mask) declines on the CPU,
+    for additive masks, with is_causal set, for short query sequences and other head dims, before
+    it would ask explain or read the mask."""
+    q = torch.randn(1, 2, 300, 64)
+    hf = torch.ones(300, 300, dtype=torch.bool).tril()
+    assert not _ops._forward_mask_as_causal(q, q, q, hf, False, None, False)  # CPU
+    assert not _ops._forward_mask_as_causal(q, q, q, None, False, None, False)
+    assert not _ops._forward_mask_as_causal(q, q, q, hf, True, None, False)
+    assert not _ops._forward_mask_as_causal(q, q, q, hf.float(), False, None, False)
+    meta = torch.empty(1, 2, 300, 64, device="meta")
+    assert not _ops._forward_mask_as_causal(meta, meta, meta, hf.to("meta"), False, None, False)

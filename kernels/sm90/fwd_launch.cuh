@@ -293,11 +293,13 @@ cudaError_t launch_fwd(const fc_params &p, const fc_device_facts &dev, cudaStrea
         if (p.band_ == FC_BAND_GENERAL_)
             return p.softcap != 0.f ? launch_fwd_config<Elem, kHeadDim, true, kLong, true, true>(p, stream, device, sms)
                                     : launch_fwd_config<Elem, kHeadDim, true, kLong, true>(p, stream, device, sms);
-    // A bool mask whose tiles TMA reads (c_src/dispatch.c: non-causal, no band, softcap or
-    // sinks): the masked configuration.
+    // A bool mask whose tiles TMA reads (c_src/dispatch.c: no band, softcap or sinks; top-left
+    // causal or none, causal at D=64 / 128 only): the masked configuration.
     if (p.mask_kind != FC_MASK_NONE) {
         if constexpr (!kCausal)
             return launch_fwd_config<Elem, kHeadDim, false, kMasked>(p, stream, device, sms);
+        else if constexpr (kHeadDim != 256)
+            return launch_fwd_config<Elem, kHeadDim, true, kMasked>(p, stream, device, sms);
         return cudaErrorInvalidValue;  // (dispatch never sends one)
     }
     // A softcap: the LONG configuration (no D=64 small-grid shapes).

@@ -355,7 +355,10 @@ __device__ __forceinline__ bool online_softmax(int n, float (&rescale)[2], bool 
                 if ((keep >> 8) == 0) s[j * 4 + 2 * h + 1] = -INFINITY;
             }
         }
-    } else if (ragged || crosses_diagonal) {
+    }
+    // Causal with a mask (kMaskTiles, c_src/dispatch.c: top-left): the diagonal's compare on top
+    // of the mask tile (the tile's bounds fill has already masked keys past Sk).
+    if (K::kMaskTiles ? kCausal && crosses_diagonal : ragged || crosses_diagonal) {
         // This thread's columns are n_start + col_in_tile + c, c = j * 8 + (e & 1) a
         // compile-time constant; row h keeps those with c < valid[h] (keys before
         // seqlen_k and, causal, up to the row itself): one compare with an immediate and

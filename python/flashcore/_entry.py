@@ -23,6 +23,8 @@ try:
     _INFERENCE = torch.ops.flashcore._sdpa_inference.default
 except (AttributeError, RuntimeError):  # the package runs without its compiled library
     _INFERENCE = None
+else:
+    from ._ops import _forward_as_causal, _forward_mask_as_causal
 
 
 def records_grad(query, key, value, attn_mask=None) -> bool:
@@ -43,6 +45,11 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     if _INFERENCE is None or records_grad(query, key, value, attn_mask):
         return torch.ops.flashcore.sdpa(query, key, value, attn_mask, dropout_p, is_causal,
                                         scale=scale, enable_gqa=enable_gqa)
+    # A bool mask inside the causal triangle (HuggingFace's padded causal masks): the kernel's
+    # causal configuration with the mask, its key blocks above the diagonal skipped (_ops).
+    if (attn_mask is not None and attn_mask.dtype == torch.bool and dropout_p == 0.0
+            and _forward_mask_as_causal(query, key, value, attn_mask, is_causal, scale, enable_gqa)):
+        return _forward_as_causal(query, key, value, attn_mask, scale, enable_gqa)[0]
     if scale is None and not enable_gqa:
         return _INFERENCE(query, key, value, attn_mask, dropout_p, is_causal)
     return _INFERENCE(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,

@@ -295,6 +295,8 @@ def _mask_inside_causal(mask):
     global _last_causal_mask_check
     if mask.dtype != torch.bool or mask.dim() < 2 or (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
         return False
+    if mask.shape[-2] == 1 and mask.shape[-1] > 1:
+        return False  # one row for every query (key padding): row 0 keeps keys past 0, or no key at all
     try:
         stamp = (id(mask), mask._version, tuple(mask.shape), tuple(mask.stride()), mask.data_ptr())
     except RuntimeError:  # an inference tensor: no version counter, so nothing kept
@@ -308,6 +310,49 @@ def _mask_inside_causal(mask):
     if stamp is not None:
         _last_causal_mask_check = (stamp, weakref.ref(mask), inside)
     return inside
+
+
+# Forward calls shorter than this many query rows do not ask whether their mask lies inside the
+# causal triangle: with one or two query blocks there are few key blocks to skip, and the check
+# waits for the device once per mask tensor (decoding passes a new mask at every step).
+_MASK_AS_CAUSAL_MIN_ROWS = 256
+
+
+def _forward_mask_as_causal(query, key, value, attn_mask, is_causal, scale, enable_gqa):
+    """True when a forward with this bool attn_mask (and no is_causal) may run as top-left causal
+    with the mask: a kernel takes that call (the Hopper family at D=64 / 128, c_src/dispatch.c),
+    and the mask keeps no pair above the diagonal (_mask_inside_causal), so that the result is
+    the same while the key blocks above the diagonal are skipped. Eager CUDA tensors only: under
+    torch.compile's tracing (fake or functional tensors) and CUDA-graph capture the call runs as
+    written. (explain's plan with the LSE: _forward_as_causal calls sdpa_fwd.)"""
+    if (attn_mask is None or is_causal or torch.compiler.is_compiling() or attn_mask.dtype != torch.bool
+            or not query.is_cuda or type(query) is not torch.Tensor or type(attn_mask) is not torch.Tensor
+            or query.dim() != 4 or query.shape[-2] < _MASK_AS_CAUSAL_MIN_ROWS
+            or query.shape[-1] not in (64, 128)):
+        return False
+    # explain's answer, kept by everything it reads (its call costs host time that short training
+    # steps wait for; a model asks the same layouts at every layer and step).
+    plan_key = (_layout_key(query), _layout_key(key), _layout_key(value), _layout_key(attn_mask), scale,
+                enable_gqa, os.environ.get("FLASHCORE_FAMILY"))
+    runs = _FWD_AS_CAUSAL_RUNS.get(plan_key)
+    if runs is None:
+        if len(_FWD_AS_CAUSAL_RUNS) >= _ROUTES_MAX:
+            _FWD_AS_CAUSAL_RUNS.clear()
+        runs = _FWD_AS_CAUSAL_RUNS[plan_key] = EXPLAIN(
+            query, key, value, attn_mask, 0.0, False, scale=scale, enable_gqa=enable_gqa, window_left=-1,
+            window_right=0, lse=True) == (2, 0)
+    return runs and _mask_inside_causal(attn_mask)
+
+
+# _forward_mask_as_causal's explain answers (bounded as _ROUTES).
+_FWD_AS_CAUSAL_RUNS = {}
+
+
+def _forward_as_causal(query, key, value, attn_mask, scale, enable_gqa):
+    """sdpa_fwd's (out, LSE) of a call _forward_mask_as_causal allows: the mask with a top-left
+    causal band (window (-1, 0)), which the C layer resolves to causal."""
+    return _SDPA_FWD(query, key, value, attn_mask, 0.0, False, scale=scale, enable_gqa=enable_gqa,
+                     window_left=-1, window_right=0)
 
 
 @torch.library.impl("flashcore::sdpa_bwd", ("cpu", "cuda"), lib=_lib)
@@ -837,7 +882,10 @@ class _SdpaTraining(torch.autograd.Function):
     def forward(ctx, query, key, value, attn_mask, is_causal, scale, enable_gqa):
         kw = {} if scale is None and not enable_gqa else dict(scale=scale, enable_gqa=enable_gqa)
         with torch._C._AutoDispatchBelowAutograd():
-            out, lse = _SDPA_FWD(query, key, value, attn_mask, 0.0, is_causal, **kw)
+            if _forward_mask_as_causal(query, key, value, attn_mask, is_causal, scale, enable_gqa):
+                out, lse = _forward_as_causal(query, key, value, attn_mask, scale, enable_gqa)
+            else:
+                out, lse = _SDPA_FWD(query, key, value, attn_mask, 0.0, is_causal, **kw)
         ctx.save_for_backward(query, key, value, out, lse, attn_mask)
         ctx.is_causal, ctx.scale, ctx.enable_gqa = is_causal, scale, enable_gqa
         ctx.set_materialize_grads(False)

@@ -7,8 +7,8 @@
  * Masked cases (bool and additive attn_mask, in three layouts that take the sm80 kernel's three
  * ways of copying mask tiles: 16-byte cp.async, narrower cp.async on misaligned rows, and element
  * by element for a transposed mask; under AUTO on Hopper a bool mask whose tiles TMA can bring,
- * (B, 1, Sq, Sk) with 16-byte rows at D=64 / 128 and no causal, runs in the sm90 family's masked
- * configuration instead) include fully masked rows (output exactly 0, LSE -inf) and -inf
+ * (B, 1, Sq, Sk) with 16-byte rows at D=64 / 128 (causal too) and D=256 (no causal), runs in the
+ * sm90 family's masked configuration instead) include fully masked rows (output exactly 0, LSE -inf) and -inf
  * additive entries; compute-sanitizer runs this file in ci/gpu.sh. Every forward case asks for
  * the LSE, so AUTO runs its masked calls on Hopper as well; for each, the same call without the
  * LSE must be declined there exactly where AUTO leaves it to PyTorch's SDPA
@@ -744,6 +744,12 @@ int main(void) {
         {1, 8, 2, 1, 5000, 64, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_TRANSPOSED},
         {2, 4, 4, 2, 777, 128, 0, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_QK_PADDED},
         {1, 2, 2, 150, 150, 64, 1, FC_DTYPE_FP16, FC_MASK_ADDITIVE, MASK_BHQK}, /* causal + mask (C API) */
+        /* causal with a bool mask in tiles (under AUTO on Hopper the sm90 family's causal masked
+         * configuration, D=64 / 128): Sq < Sk, Sq > Sk, ragged ends, GQA */
+        {2, 4, 2, 200, 256, 64, 1, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 4, 1, 300, 320, 128, 1, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 2, 2, 130, 96, 128, 1, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 2, 1, 600, 608, 64, 1, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
         /* head dims 32, 80, 96 (sm80 family only, on Hopper too) and 256 (sm90 under AUTO on
          * Hopper, sm80 forced or on Ada): ragged tiles, GQA, causal, a mask */
         {1, 4, 2, 127, 1000, 32, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},

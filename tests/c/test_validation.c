@@ -126,6 +126,8 @@ static void m_mask_tiles_d256(fc_params *p) { m_head_dim_256(p); m_mask_tiles(p)
 static void m_mask_tiles_d256_force_sm90(fc_params *p) { m_mask_tiles_d256(p); p->family = FC_FAMILY_SM90; }
 static void m_mask_tiles_causal(fc_params *p) { m_mask_tiles(p); p->causal = 1; }
 static void m_mask_tiles_causal_force_sm90(fc_params *p) { m_mask_tiles_causal(p); p->family = FC_FAMILY_SM90; }
+static void m_mask_tiles_causal_d256_force_sm90(fc_params *p) { m_mask_tiles_d256_force_sm90(p); p->causal = 1; }
+static void m_mask_tiles_causal_bottom_right_force_sm90(fc_params *p) { m_mask_tiles_causal_force_sm90(p); p->alignment = FC_ALIGN_BOTTOM_RIGHT; }
 static void m_mask_tiles_window(fc_params *p) { m_mask_tiles(p); p->windowed = 1; p->window_left = 16; p->window_right = 0; }
 static void m_mask_tiles_window_force_sm90(fc_params *p) { m_mask_tiles_window(p); p->family = FC_FAMILY_SM90; }
 static void m_mask_tiles_softcap(fc_params *p) { m_mask_tiles(p); p->softcap = 30.0f; }
@@ -340,7 +342,8 @@ static const validation_case kCases[] = {
     {"head_dim 256, forced sm80", m_head_dim_256_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"head_dim 32, forced decode, Sq = 4", m_head_dim_32_force_decode, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_FAMILY},
     /* Masks run in the sm80 family; on Hopper the sm90 family takes bool masks whose tiles TMA
-     * can bring (D=64 / 128, no causal, band, softcap or sinks: the m_mask_tiles rows below);
+     * can bring (D=64 / 128 / 256, no band, softcap or sinks, top-left causal at D=64 / 128
+     * only: the m_mask_tiles rows below);
      * the decode family takes any mask without causal (the decode-sized rows). Under AUTO on Hopper the sm80 family runs the others for calls
      * that want the LSE (the "lse" rows; without it: the "no lse" rows further down). */
     {"additive (Sq, Sk) mask, lse", m_mask_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
@@ -366,8 +369,10 @@ static const validation_case kCases[] = {
     {"mask tiles, D=64, forced sm90", m_mask_tiles_d64_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, D=256 (auto: sm90)", m_mask_tiles_d256, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask tiles, D=256, forced sm90", m_mask_tiles_d256_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
-    {"mask tiles, causal (auto: sm80)", m_mask_tiles_causal, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
-    {"mask tiles, causal, forced sm90", m_mask_tiles_causal_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, causal (auto: sm90)", m_mask_tiles_causal, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
+    {"mask tiles, causal, forced sm90", m_mask_tiles_causal_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, causal, D=256, forced sm90", m_mask_tiles_causal_d256_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, bottom-right causal, forced sm90", m_mask_tiles_causal_bottom_right_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, window (no family)", m_mask_tiles_window, FC_OK, FC_UNSUPPORTED_BAND, FC_UNSUPPORTED_ARCH},
     {"mask tiles, window, forced sm90", m_mask_tiles_window_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, softcap (auto: sm80)", m_mask_tiles_softcap, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
@@ -1059,7 +1064,8 @@ int main(void) {
     }
 
     /* On Hopper, AUTO runs a masked call in the sm90 family where it takes the mask (a bool mask
-     * in TMA-sized tiles, D=64 / 128 / 256, no causal, band, softcap or sinks), decode-sized calls in
+     * in TMA-sized tiles, D=64 / 128 / 256, no band, softcap or sinks, top-left causal at D=64 /
+     * 128 only), decode-sized calls in
      * the decode kernels (any mask, no causal), else in the sm80 family: at D=64 / 128 for calls that
      * want the LSE or have a causal flag, softcap (or a band or sinks, which no family takes with
      * a mask); others it leaves to PyTorch's SDPA (none: FC_UNSUPPORTED_SLOWER_MASK). */
@@ -1075,7 +1081,7 @@ int main(void) {
             {"mask tiles, forced sm90", m_mask_tiles_force_sm90, FC_FAMILY_SM90},
             {"mask tiles, broadcast (B, H), forced", m_mask_tiles_broadcast_force_sm90, FC_FAMILY_SM90},
             {"mask tiles, decode-sized call (auto)", m_mask_tiles_decode_shape, FC_FAMILY_DECODE},
-            {"mask tiles, causal (auto)", m_mask_tiles_causal, FC_FAMILY_SM80},
+            {"mask tiles, causal (auto)", m_mask_tiles_causal, FC_FAMILY_SM90},
             {"mask tiles, softcap (auto)", m_mask_tiles_softcap, FC_FAMILY_SM80},
             {"mask tiles, K/V broadcast, lse (auto)", m_mask_tiles_broadcast_kv_lse, FC_FAMILY_SM80},
             {"mask tiles, K/V broadcast, no lse (auto)", m_mask_tiles_broadcast_kv, FC_FAMILY_AUTO},

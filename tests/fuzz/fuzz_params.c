@@ -600,8 +600,9 @@ static int sm90_takes(const fc_params *p) {
 
 /* The sm90 forward's mask rule (dispatch.c family_takes_mask; kMasked in
  * kernels/sm90/fwd_traits.cuh), re-stated for a masked call: the Hopper family takes a bool mask
- * only, at D=64, 128 and 256, with the call as the library resolves it free of causal (which a
- * general band also sets) and of any general band, with no softcap and no sinks, and only where
+ * only, at D=64, 128 and 256, with the call as the library resolves it free of any general band
+ * and, at D=256, of causal (top-left causal it takes at D=64 and 128), with no softcap and no
+ * sinks, and only where
  * TMA can bring the mask in tiles: keys contiguous (stride 1), rows a positive multiple of 16
  * bytes apart (no broadcast queries), head and batch strides 16-byte multiples (0: broadcast),
  * the base 16-byte aligned. Additive masks, and every other masked call, stay in sm80. */
@@ -610,7 +611,8 @@ static int sm90_takes_mask(const fc_params *p) {
     const fc_params r = resolved_of(p);
     if (r.mask_kind != FC_MASK_BOOL) return 0;
     if (r.head_dim != 64 && r.head_dim != 128 && r.head_dim != 256) return 0;
-    if (r.causal || r.band_ == FC_BAND_GENERAL_ || r.softcap != 0.0f || r.sinks != NULL) return 0;
+    if ((r.causal && r.head_dim == 256) || r.band_ == FC_BAND_GENERAL_ || r.softcap != 0.0f || r.sinks != NULL)
+        return 0;
     return mask_tiles_layout(&r);
 }
 
@@ -2160,8 +2162,11 @@ static void check_mask_rule(void) {
                         if (change == kMaskKeep || change == kMaskWholeWindow || change == kMaskBroadcastHB ||
                             change == kMaskKvBroadcast || change == kMaskNegativeScale)
                             REQUIRE(takes == (kDims[d] == 64 || kDims[d] == 128 || kDims[d] == 256));
-                        else if (change == kMaskWindow || change == kMaskBottomRight) /* (one row: every key) */
-                            REQUIRE(!takes || resolved_of(p).band_ == FC_BAND_NONE_);
+                        else if (change == kMaskCausal) /* top-left causal: D=64 / 128 */
+                            REQUIRE(takes == (kDims[d] == 64 || kDims[d] == 128));
+                        else if (change == kMaskWindow || change == kMaskBottomRight) /* (one row: every key, or key 0) */
+                            REQUIRE(!takes || resolved_of(p).band_ == FC_BAND_NONE_ ||
+                                    (resolved_of(p).band_ == FC_BAND_CAUSAL_ && (kDims[d] == 64 || kDims[d] == 128)));
                         else
                             REQUIRE(!takes);
                         /* AUTO's masked speed rule, case by case: on sm_90, without an LSE, a call the
