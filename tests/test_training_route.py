@@ -784,17 +784,17 @@ def test_mask_inside_causal_reads_each_mask_once():
     j = torch.arange(S).view(1, -1)
     pad = torch.tensor([0, 5, 11]).view(-1, 1, 1, 1)
     hf = ((j <= i) & ((j >= pad) | (j == i))).expand(B, 1, S, S).contiguous()
-    assert _ops._mask_inside_causal(hf)
+    assert _ops._mask_inside_causal(hf, S, S)
     assert _ops._last_causal_mask_check[1]() is hf
     hf[1, 0, 3, 20] = True  # a write: the version moves, the mask is read again
-    assert not _ops._mask_inside_causal(hf)
+    assert not _ops._mask_inside_causal(hf, S, S)
     rect = torch.ones(2, 1, 5, 9, dtype=torch.bool).tril()  # Sq < Sk, top-left: inside
-    assert _ops._mask_inside_causal(rect)
+    assert _ops._mask_inside_causal(rect, 5, 9)
     rect2 = rect.clone()
     rect2[0, 0, 4, 5] = True
-    assert not _ops._mask_inside_causal(rect2)
-    assert not _ops._mask_inside_causal(torch.zeros(2, 2))  # not bool: never
-    assert _ops._mask_inside_causal(torch.zeros(4, 4, dtype=torch.bool))  # nothing kept: inside
+    assert not _ops._mask_inside_causal(rect2, 5, 9)
+    assert not _ops._mask_inside_causal(torch.zeros(2, 2), 2, 2)  # not bool: never
+    assert _ops._mask_inside_causal(torch.zeros(4, 4, dtype=torch.bool), 4, 4)  # nothing kept: inside
 
 
 def test_mask_inside_causal_key_padding_needs_no_read():
@@ -803,8 +803,18 @@ def test_mask_inside_causal_key_padding_needs_no_read():
     nothing is cached for it."""
     before = _ops._last_causal_mask_check
     keys = torch.ones(3, 1, 1, 40, dtype=torch.bool)
-    assert not _ops._mask_inside_causal(keys)
+    assert not _ops._mask_inside_causal(keys, 40, 40)
     assert _ops._last_causal_mask_check is before
+
+
+def test_mask_inside_causal_reads_the_broadcast_mask():
+    """A mask broadcast over the keys ((Sq, 1): a kept row keeps every key, those above the
+    diagonal too) is not inside, though its own (Sq, 1) shape has nothing above a diagonal; its
+    fully masked rows alone would be, but the answer is False without reading it (always safe:
+    the call then runs as written)."""
+    rows = torch.ones(6, 1, dtype=torch.bool)
+    assert not _ops._mask_inside_causal(rows, 6, 6)
+    assert _ops._mask_inside_causal(torch.ones(6, 1, dtype=torch.bool), 6, 1)  # one key: key 0 only
 
 
 def test_forward_mask_as_causal_only_for_eager_cuda_bool_masks():

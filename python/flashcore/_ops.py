@@ -284,9 +284,10 @@ def _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mas
 _last_causal_mask_check = None
 
 
-def _mask_inside_causal(mask):
-    """True when a bool mask keeps no (query, key) pair above the top-left diagonal (key > query),
-    so that attention with it equals attention with it and causal together: the Hopper backward
+def _mask_inside_causal(mask, seqlen_q, seqlen_k):
+    """True when a bool mask, broadcast to (..., seqlen_q, seqlen_k) (the call's lengths), keeps no
+    (query, key) pair above the top-left diagonal (key > query), so that attention with it equals
+    attention with it and causal together: the Hopper backward
     then runs its causal masked variant, which skips the key blocks above the diagonal (c_src/bwd.c
     sm90_mask_causal), with the same gradients. HuggingFace's padded causal masks are such masks.
     One device reduction and one host sync per mask tensor: the answer is kept for the same tensor
@@ -295,8 +296,10 @@ def _mask_inside_causal(mask):
     global _last_causal_mask_check
     if mask.dtype != torch.bool or mask.dim() < 2 or (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
         return False
-    if mask.shape[-2] == 1 and mask.shape[-1] > 1:
-        return False  # one row for every query (key padding): row 0 keeps keys past 0, or no key at all
+    if mask.shape[-2] != seqlen_q or mask.shape[-1] != seqlen_k:
+        # Broadcast over the queries (key padding: row 0 keeps keys past 0, or no key at all) or
+        # over the keys (a kept row keeps every key): answered without reading it.
+        return False
     try:
         stamp = (id(mask), mask._version, tuple(mask.shape), tuple(mask.stride()), mask.data_ptr())
     except RuntimeError:  # an inference tensor: no version counter, so nothing kept
@@ -304,8 +307,7 @@ def _mask_inside_causal(mask):
     last = _last_causal_mask_check
     if stamp is not None and last is not None and last[0] == stamp and last[1]() is mask:
         return last[2]
-    sq, sk = mask.shape[-2], mask.shape[-1]
-    above = torch.ones(sq, sk, dtype=torch.bool, device=mask.device).triu_(1)
+    above = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=mask.device).triu_(1)
     inside = not bool((mask & above).any())
     if stamp is not None:
         _last_causal_mask_check = (stamp, weakref.ref(mask), inside)
@@ -341,7 +343,7 @@ def _forward_mask_as_causal(query, key, value, attn_mask, is_causal, scale, enab
         runs = _FWD_AS_CAUSAL_RUNS[plan_key] = EXPLAIN(
             query, key, value, attn_mask, 0.0, False, scale=scale, enable_gqa=enable_gqa, window_left=-1,
             window_right=0, lse=True) == (2, 0)
-    return runs and _mask_inside_causal(attn_mask)
+    return runs and _mask_inside_causal(attn_mask, query.shape[-2], key.shape[-2])
 
 
 # _forward_mask_as_causal's explain answers (bounded as _ROUTES).
@@ -375,7 +377,7 @@ def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, i
                  and band == (-1, -1, False, 0.0)
                  and _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, True,
                                         scale, enable_gqa, deterministic, grad_mask, band)
-                 and _mask_inside_causal(attn_mask))
+                 and _mask_inside_causal(attn_mask, query.shape[-2], key.shape[-2]))
     if as_causal:
         is_causal = True
     if as_causal or _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
