@@ -53,6 +53,9 @@ def step_arguments(description):
     ap.add_argument("--lengths", default="1024,4096")
     ap.add_argument("--forms", default="hf,keys")
     ap.add_argument("--iters", type=int, default=9)
+    ap.add_argument("--queue", type=int, default=1,
+                    help="steps issued back to back per timed sample (1: call by call, each step's "
+                         "host time exposed; e.g. 8: as in a model, where the host runs ahead)")
     ap.add_argument("--json")
     return ap
 
@@ -96,7 +99,7 @@ def main():
             route = step(flashcore.sdpa)
             pair = with_env("FLASHCORE_TRAINING", "flashcore", step(flashcore.sdpa))
             aten = step(F.scaled_dot_product_attention, backend)
-            t_route, t_pair, t_aten = medians([route, pair, aten], args.iters)
+            t_route, t_pair, t_aten = medians([route, pair, aten], args.iters, args.queue)
             path = flashcore.explain_training(q, k, v, attn_mask=m, is_causal=causal)
             name = f"{form} B={B} H={H} S={S} D={D}"
             print(f"{name:34s} {kind:8s} {t_route:9.1f} {t_pair:9.1f} {t_aten:9.1f}"
@@ -106,7 +109,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(card=torch.cuda.get_device_name(), torch=torch.__version__, aten_backend=args.aten_backend,
-                           family=os.environ.get("FLASHCORE_FAMILY", "auto"), rows=rows), f, indent=1)
+                           family=os.environ.get("FLASHCORE_FAMILY", "auto"), queue=args.queue, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

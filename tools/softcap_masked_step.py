@@ -45,7 +45,7 @@ def main():
             return run
         capped = step(lambda: flashcore.attention(q, k, v, attn_mask=m, softcap=args.softcap))
         plain = step(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m))
-        t_kernel, t_python, t_sdpa = medians([capped, python_backward(capped), plain], args.iters)
+        t_kernel, t_python, t_sdpa = medians([capped, python_backward(capped), plain], args.iters, args.queue)
         name = f"{form} B={B} H={H} S={S} D={D}"
         print(f"{name:30s} {t_kernel:10.1f} {t_python:10.1f} {t_sdpa:9.1f} {t_python / t_kernel:8.2f}"
               f" {t_kernel / t_sdpa:9.2f}")
