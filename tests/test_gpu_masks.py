@@ -649,3 +649,36 @@ def test_mask_inside_causal_forward_in_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, eager, atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_mask_broadcast_over_keys_runs_as_written(D):
+    """A bool mask broadcast over the keys ((B, 1, Sq, 1): a kept row keeps every key) is not
+    inside the causal triangle, though its own shape has nothing above a diagonal: the call runs
+    as written (its output and gradients against float64), not as causal with the mask."""
+    if not HOPPER:
+        pytest.skip("the causal masked configuration is the Hopper family's")
+    skip_unless_built(D, torch.float16)
+    B, H, S = 2, 4, 320
+    q, k, v = (torch.randn(B, H, S, D, dtype=torch.float16, device=DEVICE) for _ in range(3))
+    rows = torch.rand(B, 1, S, 1, device=DEVICE) > 0.2
+    out = {}
+    assert not sm90_forward_is_causal(lambda: out.update(o=flashcore.sdpa(q, k, v, attn_mask=rows)))
+    ref_hi = reference(q, k, v, rows, None, torch.float64)
+    tol = 2 * (reference(q, k, v, rows, None, torch.float16).double() - ref_hi).abs().max().item() + ATOL[torch.float16]
+    assert (out["o"].double() - ref_hi).abs().max().item() <= tol
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    os.environ["FLASHCORE_TRAINING"] = "flashcore"
+    try:
+        o = flashcore.sdpa(qg, kg, vg, attn_mask=rows)
+    finally:
+        del os.environ["FLASHCORE_TRAINING"]
+    g = torch.randn_like(o)
+    o.backward(g)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    keep = torch.zeros(rows.shape, dtype=torch.float64, device=DEVICE).masked_fill(~rows, NEG_INF)
+    p = torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(D) + keep, -1)
+    p = torch.where(torch.isnan(p), torch.zeros_like(p), p)  # fully masked rows: zeros
+    (p @ vd).backward(g.double())
+    for got, want in ((qg.grad, qd.grad), (kg.grad, kd.grad), (vg.grad, vd.grad)):
+        assert (got.double() - want).abs().max().item() <= 0.02 * want.abs().max().item() + 0.02
