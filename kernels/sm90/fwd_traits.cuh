@@ -31,7 +31,7 @@ namespace ptx = cuda::ptx;
 // waves (kTiny), and one-wave grids of such blocks (kPair); see fc_sm90_d64_config in
 // c_src/launch_rules.c. Only D=64 has the last three. kMasked: a bool attn_mask read in tiles that
 // ride each V tile's load (D=64: kShort's blocks; D=128 and 256: their one configuration;
-// non-causal only).
+// with causal or without: c_src/dispatch.c's family_takes_mask says at which head dims).
 constexpr int kLong = 0, kShort = 1, kTiny = 2, kPair = 3, kMasked = 4;
 template <int kHeadDim, bool kCausal, int kShape = kLong>
 struct FwdConfig;
