@@ -829,3 +829,13 @@ def test_forward_mask_as_causal_only_for_eager_cuda_bool_masks():
     assert not _ops._forward_mask_as_causal(q, q, q, hf.float(), False, None, False)
     meta = torch.empty(1, 2, 300, 64, device="meta")
     assert not _ops._forward_mask_as_causal(meta, meta, meta, hf.to("meta"), False, None, False)
+
+
+def test_mask_may_lie_inside_causal_reads_shapes_only():
+    """The callers' cheap first question: a bool mask with the call's rows and columns may lie
+    inside the causal triangle; one broadcast over either, another dtype or rank, may not."""
+    assert _ops._mask_may_lie_inside_causal(torch.ones(2, 1, 5, 9, dtype=torch.bool), 5, 9)
+    assert not _ops._mask_may_lie_inside_causal(torch.ones(2, 1, 1, 9, dtype=torch.bool), 5, 9)
+    assert not _ops._mask_may_lie_inside_causal(torch.ones(2, 1, 5, 1, dtype=torch.bool), 5, 9)
+    assert not _ops._mask_may_lie_inside_causal(torch.ones(5, 9), 5, 9)
+    assert not _ops._mask_may_lie_inside_causal(torch.ones(9, dtype=torch.bool), 1, 9)

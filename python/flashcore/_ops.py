@@ -284,6 +284,16 @@ def _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mas
 _last_causal_mask_check = None
 
 
+def _mask_may_lie_inside_causal(mask, seqlen_q, seqlen_k) -> bool:
+    """What _mask_inside_causal can answer without reading the mask: a bool mask with a row per
+    query and a column per key of the call. One broadcast over the queries (key padding: row 0
+    keeps keys past 0, or no key at all) or over the keys (a kept row keeps every key) is taken
+    as not inside: always safe, the call then runs as written. Cheap: the callers ask it before
+    anything that costs host time."""
+    return (mask.dtype == torch.bool and mask.dim() >= 2 and mask.shape[-2] == seqlen_q
+            and mask.shape[-1] == seqlen_k)
+
+
 def _mask_inside_causal(mask, seqlen_q, seqlen_k):
     """True when a bool mask, broadcast to (..., seqlen_q, seqlen_k) (the call's lengths), keeps no
     (query, key) pair above the top-left diagonal (key > query), so that attention with it equals
@@ -295,11 +305,8 @@ def _mask_inside_causal(mask, seqlen_q, seqlen_k):
     object, not written since (its version counter), as varlen_attn's plan is (a model passes one
     mask to every layer). False while a CUDA graph is being captured (no sync there)."""
     global _last_causal_mask_check
-    if mask.dtype != torch.bool or mask.dim() < 2 or (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return False
-    if mask.shape[-2] != seqlen_q or mask.shape[-1] != seqlen_k:
-        # Broadcast over the queries (key padding: row 0 keeps keys past 0, or no key at all) or
-        # over the keys (a kept row keeps every key): answered without reading it.
+    if not _mask_may_lie_inside_causal(mask, seqlen_q, seqlen_k) or (
+            mask.is_cuda and torch.cuda.is_current_stream_capturing()):
         return False
     try:
         stamp = (id(mask), mask._version, tuple(mask.shape), tuple(mask.stride()), mask.data_ptr())
@@ -331,7 +338,8 @@ def _forward_mask_as_causal(query, key, value, attn_mask, is_causal, scale, enab
     if (attn_mask is None or is_causal or torch.compiler.is_compiling() or attn_mask.dtype != torch.bool
             or not query.is_cuda or type(query) is not torch.Tensor or type(attn_mask) is not torch.Tensor
             or query.dim() != 4 or query.shape[-2] < _MASK_AS_CAUSAL_MIN_ROWS
-            or query.shape[-1] not in (64, 128)):
+            or query.shape[-1] not in (64, 128)
+            or not _mask_may_lie_inside_causal(attn_mask, query.shape[-2], key.shape[-2])):
         return False
     # explain's answer, kept by everything it reads (its call costs host time that short training
     # steps wait for; a model asks the same layouts at every layer and step).
@@ -374,7 +382,8 @@ def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, i
     band = (window_left, window_right, bottom_right, softcap)
     # A bool mask inside the causal triangle (HuggingFace's padded causal masks) runs as causal
     # with it where a kernel takes that: asked first, since the mask's check waits for the device.
-    as_causal = (attn_mask is not None and not is_causal and attn_mask.dtype == torch.bool
+    as_causal = (attn_mask is not None and not is_causal
+                 and _mask_may_lie_inside_causal(attn_mask, query.shape[-2], key.shape[-2])
                  and band == (-1, -1, False, 0.0)
                  and _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, True,
                                         scale, enable_gqa, deterministic, grad_mask, band)
