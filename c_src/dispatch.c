@@ -103,7 +103,7 @@ static int sm90_has_mask_tiles(int64_t head_dim) { return head_dim == 64 || head
 /* The sm80 family reads any attn_mask (a mask tile per K/V tile, kernels/fwd_sm80.cuh). The
  * Hopper forward reads bool masks whose tiles TMA can bring (fc_mask_tiles_fit_), alongside
  * each V tile, at D=64, 128 and 256 (kMasked in kernels/sm90/fwd_traits.cuh): no band, softcap
- * or sinks with it; top-left causal too at D=64 and 128 (the causal configuration's key range,
+ * or sinks with it; top-left causal too (the causal configuration's key range,
  * the mask applied inside it: flashcore's op asks for that where the mask lies inside the causal
  * triangle, as HuggingFace's padded causal masks do). The decode kernels read any mask element
  * by element beside their scores (kMasked in kernels/decode_sm80.cuh), without the causal flag
@@ -111,8 +111,7 @@ static int sm90_has_mask_tiles(int64_t head_dim) { return head_dim == 64 || head
 static int family_takes_mask(fc_family family, const fc_params *p) {
     if (p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80) return 1;
     if (family == FC_FAMILY_DECODE) return !p->causal;
-    return family == FC_FAMILY_SM90 && sm90_has_mask_tiles(p->head_dim) &&
-           (!p->causal || p->head_dim == 64 || p->head_dim == 128) && p->band_ != FC_BAND_GENERAL_ &&
+    return family == FC_FAMILY_SM90 && sm90_has_mask_tiles(p->head_dim) && p->band_ != FC_BAND_GENERAL_ &&
            p->softcap == 0.0f && p->sinks == NULL && fc_mask_tiles_fit_(p);
 }
 

@@ -53,7 +53,7 @@ typedef enum fc_family {
  * a broadcast dim, no alignment requirement). Which forward family takes which mask
  * (dispatch.c, family_takes_mask): the sm80 family any; the decode kernels any, without
  * `causal`; the sm90 family bool masks whose tiles TMA can read (D = 64 / 128 / 256, no band,
- * softcap or sinks; with top-left `causal` at D = 64 / 128 only). A forced family that does not take the call's mask gives
+ * softcap or sinks; `causal` top-left only). A forced family that does not take the call's mask gives
  * FC_UNSUPPORTED_MASK (the backward: see fc_bwd_params). A mask may be combined with `causal`
  * (PyTorch forbids that; here both apply). */
 typedef enum fc_mask_kind {
@@ -323,7 +323,7 @@ cudaError_t fc_last_cuda_error(void);
  *     in fp32 through bulk reductions in any order, so dq may differ in its last bits from run to
  *     run (dk, dv do not). Takes a mask (bool or additive, any strides, as the forward) when the
  *     call is not causal, or a bool mask TMA can read in tiles (fc_mask_tiles_fit_'s layout) with
- *     top-left causal at D=64 / 128 (no softcap; the blocks above the diagonal skipped, the mask
+ *     top-left causal (no softcap; the blocks above the diagonal skipped, the mask
  *     applied to the rest), and a band (a window or bottom-right causal; not with a mask); at
  *     D=256 (a kernel of its own, packed rows too) no softcap with an additive mask
  *     (FC_UNSUPPORTED_SOFTCAP). The

@@ -586,7 +586,7 @@ def sm90_forward_is_causal(call):
     return names[0].split("fwd_kernel<")[1].replace(" ", "").split(",")[2] == "true"
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("Sq,Sk", [(320, 320), (300, 512), (512, 384)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_mask_inside_causal_forward(D, Sq, Sk, dtype):
@@ -604,6 +604,8 @@ def test_mask_inside_causal_forward(D, Sq, Sk, dtype):
     outside = inside.clone()
     outside[1, 0, Sq // 2, Sq // 2 + 7] = True  # one kept pair above the diagonal
     for mask, causal in ((inside, True), (outside, False)):
+        said = flashcore.explain(q, k, v, attn_mask=mask)
+        assert said.startswith("kernel sm90") and ("as causal" in said) is causal, said
         out = {}
         assert sm90_forward_is_causal(lambda: out.update(o=flashcore.sdpa(q, k, v, attn_mask=mask))) is causal
         ref_hi = reference(q, k, v, mask, None, torch.float64)
@@ -676,9 +678,10 @@ def test_mask_broadcast_over_keys_runs_as_written(D):
     g = torch.randn_like(o)
     o.backward(g)
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    keep = torch.zeros(rows.shape, dtype=torch.float64, device=DEVICE).masked_fill(~rows, NEG_INF)
-    p = torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(D) + keep, -1)
-    p = torch.where(torch.isnan(p), torch.zeros_like(p), p)  # fully masked rows: zeros
+    # A finite fill, then the fully masked rows zeroed by a product: an all -inf row's softmax is
+    # NaN, and NaN's gradient survives torch.where, so that reference's gradients would be NaN.
+    scores = (qd @ kd.transpose(-1, -2) / math.sqrt(D)).masked_fill(~rows, torch.finfo(torch.float64).min)
+    p = torch.softmax(scores, -1) * rows  # a row this mask drops keeps no key: zeros
     (p @ vd).backward(g.double())
     for got, want in ((qg.grad, qd.grad), (kg.grad, kd.grad), (vg.grad, vd.grad)):
         assert (got.double() - want).abs().max().item() <= 0.02 * want.abs().max().item() + 0.02

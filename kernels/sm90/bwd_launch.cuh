@@ -194,13 +194,16 @@ cudaError_t launch_bwd_variant_of(const fc_bwd_params &p, const fc_device_facts 
 
 // D=256's variants: causal, a general band or none, each with or without a softcap; a bool mask
 // in TMA tiles where its layout allows, else read element by element, each with or without a
-// softcap; an additive mask without one (c_src/bwd.c: that variant with a softcap spilled).
+// softcap, and in tiles with causal (no softcap); an additive mask without one (c_src/bwd.c: that
+// variant with a softcap spilled).
 template <typename Elem>
 cudaError_t launch_bwd_d256(const fc_bwd_params &p, const fc_device_facts &dev, cudaStream_t stream) {
     if (p.fwd.band_ == FC_BAND_GENERAL_)  // (no mask with it: c_src/bwd.c)
         return launch_bwd_capped_or_not<Elem, 256, true, kMaskNone, true>(p, dev, stream);
     switch (p.fwd.mask_kind) {
     case FC_MASK_BOOL:
+        // (With causal: a mask in tiles without a softcap, c_src/bwd.c's sm90_mask_causal.)
+        if (p.fwd.causal) return launch_bwd<Elem, 256, true, kMaskBoolTiles>(p, dev, stream);
         return mask_tiles_fit(p.fwd) ? launch_bwd_capped_or_not<Elem, 256, false, kMaskBoolTiles>(p, dev, stream)
                                      : launch_bwd_capped_or_not<Elem, 256, false, kMaskBool>(p, dev, stream);
     case FC_MASK_ADDITIVE: return launch_bwd<Elem, 256, false, kMaskAdditive>(p, dev, stream);

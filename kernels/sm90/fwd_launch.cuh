@@ -294,14 +294,8 @@ cudaError_t launch_fwd(const fc_params &p, const fc_device_facts &dev, cudaStrea
             return p.softcap != 0.f ? launch_fwd_config<Elem, kHeadDim, true, kLong, true, true>(p, stream, device, sms)
                                     : launch_fwd_config<Elem, kHeadDim, true, kLong, true>(p, stream, device, sms);
     // A bool mask whose tiles TMA reads (c_src/dispatch.c: no band, softcap or sinks; top-left
-    // causal or none, causal at D=64 / 128 only): the masked configuration.
-    if (p.mask_kind != FC_MASK_NONE) {
-        if constexpr (!kCausal)
-            return launch_fwd_config<Elem, kHeadDim, false, kMasked>(p, stream, device, sms);
-        else if constexpr (kHeadDim != 256)
-            return launch_fwd_config<Elem, kHeadDim, true, kMasked>(p, stream, device, sms);
-        return cudaErrorInvalidValue;  // (dispatch never sends one)
-    }
+    // causal or none): the masked configuration.
+    if (p.mask_kind != FC_MASK_NONE) return launch_fwd_config<Elem, kHeadDim, kCausal, kMasked>(p, stream, device, sms);
     // A softcap: the LONG configuration (no D=64 small-grid shapes).
     if (p.softcap != 0.f) return launch_fwd_config<Elem, kHeadDim, kCausal, kLong, false, true>(p, stream, device, sms);
     if constexpr (kHeadDim == 64) {

@@ -181,12 +181,19 @@ def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
     forward that also returns the LSE, which still runs it). Raises for the same bad
     inputs ``sdpa`` raises for (an install without FlashCore's library checks nothing: ``"fallback: <why>"``
     for every call). A CausalBias ``attn_mask`` (``causal_upper_left`` / ``causal_lower_right``)
-    is answered for the call it stands for (_causal_bias.py)."""
+    is answered for the call it stands for (_causal_bias.py). A bool mask that keeps no pair above
+    the diagonal (HuggingFace's padded causal mask), which sdpa runs as causal with the mask, is
+    read to say so (once per mask tensor, a wait for the device; _ops._forward_mask_as_causal)."""
     if not band and _causal_bias.is_causal_bias(attn_mask):
         return _causal_bias.explain_causal_bias(_explain_words, query, key, value, attn_mask,
                                                 dropout_p, is_causal, scale, enable_gqa)
-    return _explain_words(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                          **band)
+    words = _explain_words(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                           **band)
+    if (not band and words == "kernel sm90" and dropout_p == 0.0 and not FALLBACK_ONLY
+            and _ops._forward_mask_as_causal(query, key, value, attn_mask, is_causal, scale, enable_gqa)):
+        return ("kernel sm90 (as causal: this bool mask keeps no pair above the diagonal, so the key "
+                "blocks above it are skipped)")
+    return words
 
 
 def _explain_words(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

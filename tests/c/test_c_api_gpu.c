@@ -750,6 +750,8 @@ int main(void) {
         {1, 4, 1, 300, 320, 128, 1, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
         {1, 2, 2, 130, 96, 128, 1, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
         {1, 2, 1, 600, 608, 64, 1, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 4, 2, 300, 320, 256, 1, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
+        {2, 2, 1, 130, 96, 256, 1, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
         /* head dims 32, 80, 96 (sm80 family only, on Hopper too) and 256 (sm90 under AUTO on
          * Hopper, sm80 forced or on Ada): ragged tiles, GQA, causal, a mask */
         {1, 4, 2, 127, 1000, 32, 1, FC_DTYPE_FP16, FC_MASK_NONE, 0},
@@ -844,7 +846,7 @@ int main(void) {
     };
     failed += run_bwd_table(kBwdCases, sizeof(kBwdCases) / sizeof(kBwdCases[0]), BWD_AUTO);
     /* Causal with a bool mask in tiles: the sm90 family's causal masked variant (c_src/bwd.c
-     * sm90_mask_causal; the forward runs in the sm80-class family), AUTO only (the sm80-class
+     * sm90_mask_causal; the forward's causal masked configuration too), AUTO only (the sm80-class
      * family declines it): random masks reaching past the diagonal (mask and causal both
      * apply), Sq != Sk both ways, GQA, ragged key blocks, many steps per CTA. */
     static const test_case kBwdMaskCausalCases[] = {
@@ -852,6 +854,8 @@ int main(void) {
         {1, 4, 1, 300, 320, 128, 1, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
         {1, 2, 2, 130, 96, 128, 1, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
         {1, 2, 1, 600, 608, 64, 1, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
+        {1, 4, 2, 300, 320, 256, 1, FC_DTYPE_FP16, FC_MASK_BOOL, MASK_BHQK},
+        {2, 2, 1, 130, 96, 256, 1, FC_DTYPE_BF16, FC_MASK_BOOL, MASK_BHQK},
     };
     failed += run_bwd_table(kBwdMaskCausalCases, sizeof(kBwdMaskCausalCases) / sizeof(kBwdMaskCausalCases[0]), BWD_AUTO);
     for (size_t i = 0; i < sizeof(kBwdBandCases) / sizeof(kBwdBandCases[0]); ++i)

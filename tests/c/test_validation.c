@@ -342,8 +342,8 @@ static const validation_case kCases[] = {
     {"head_dim 256, forced sm80", m_head_dim_256_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"head_dim 32, forced decode, Sq = 4", m_head_dim_32_force_decode, FC_OK, FC_UNSUPPORTED_HEAD_DIM, FC_UNSUPPORTED_FAMILY},
     /* Masks run in the sm80 family; on Hopper the sm90 family takes bool masks whose tiles TMA
-     * can bring (D=64 / 128 / 256, no band, softcap or sinks, top-left causal at D=64 / 128
-     * only: the m_mask_tiles rows below);
+     * can bring (D=64 / 128 / 256, no band, softcap or sinks, top-left causal or none: the
+     * m_mask_tiles rows below);
      * the decode family takes any mask without causal (the decode-sized rows). Under AUTO on Hopper the sm80 family runs the others for calls
      * that want the LSE (the "lse" rows; without it: the "no lse" rows further down). */
     {"additive (Sq, Sk) mask, lse", m_mask_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
@@ -371,7 +371,7 @@ static const validation_case kCases[] = {
     {"mask tiles, D=256, forced sm90", m_mask_tiles_d256_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, causal (auto: sm90)", m_mask_tiles_causal, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask tiles, causal, forced sm90", m_mask_tiles_causal_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
-    {"mask tiles, causal, D=256, forced sm90", m_mask_tiles_causal_d256_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
+    {"mask tiles, causal, D=256, forced sm90", m_mask_tiles_causal_d256_force_sm90, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, bottom-right causal, forced sm90", m_mask_tiles_causal_bottom_right_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask tiles, window (no family)", m_mask_tiles_window, FC_OK, FC_UNSUPPORTED_BAND, FC_UNSUPPORTED_ARCH},
     {"mask tiles, window, forced sm90", m_mask_tiles_window_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
@@ -794,7 +794,7 @@ static void check_bwd(void) {
         b.fwd.causal = 1;
         CHECK_STATUS("bwd mask, causal, forced sm80", fc_sdpa_bwd_support(&b, cc_major, cc_minor), FC_UNSUPPORTED_MASK);
         /* A bool mask in tiles (rows a multiple of 16 bytes apart) with causal: the Hopper
-         * family's causal masked variant (D=64 / 128), never the sm80-class family's; a softcap
+         * family's causal masked variant (D=64 / 128 / 256), never the sm80-class family's; a softcap
          * with it, rows TMA cannot tile, or determinism, declined. */
         b = valid_bwd_params();
         b_mask(&b);
@@ -817,6 +817,13 @@ static void check_bwd(void) {
             b_deterministic(&b);
             CHECK_STATUS("bwd mask tiles, causal, deterministic", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_MASK);
             b.deterministic = 0;
+            if (!fc_test_left_out(256, b.fwd.dtype)) {  /* D=256's kernel: the same rule */
+                fc_bwd_params b256 = b;
+                b256.fwd.head_dim = 256;
+                fc_bwd_params_set_contiguous_strides(&b256);
+                CHECK_STATUS("bwd mask tiles, causal, D=256", fc_sdpa_bwd_support(&b256, 9, 0), FC_OK);
+                CHECK_FAMILY("bwd family: mask tiles, causal, D=256", fc_sdpa_bwd_family(&b256, 9, 0), FC_FAMILY_SM90);
+            }
         }
         if (ada_built)
             CHECK_STATUS("bwd mask tiles, causal: Ada", fc_sdpa_bwd_support(&b, 8, 9), FC_UNSUPPORTED_MASK);
@@ -1064,8 +1071,8 @@ int main(void) {
     }
 
     /* On Hopper, AUTO runs a masked call in the sm90 family where it takes the mask (a bool mask
-     * in TMA-sized tiles, D=64 / 128 / 256, no band, softcap or sinks, top-left causal at D=64 /
-     * 128 only), decode-sized calls in
+     * in TMA-sized tiles, D=64 / 128 / 256, no band, softcap or sinks, top-left causal or none),
+     * decode-sized calls in
      * the decode kernels (any mask, no causal), else in the sm80 family: at D=64 / 128 for calls that
      * want the LSE or have a causal flag, softcap (or a band or sinks, which no family takes with
      * a mask); others it leaves to PyTorch's SDPA (none: FC_UNSUPPORTED_SLOWER_MASK). */

@@ -601,8 +601,7 @@ static int sm90_takes(const fc_params *p) {
 /* The sm90 forward's mask rule (dispatch.c family_takes_mask; kMasked in
  * kernels/sm90/fwd_traits.cuh), re-stated for a masked call: the Hopper family takes a bool mask
  * only, at D=64, 128 and 256, with the call as the library resolves it free of any general band
- * and, at D=256, of causal (top-left causal it takes at D=64 and 128), with no softcap and no
- * sinks, and only where
+ * (top-left causal it takes), with no softcap and no sinks, and only where
  * TMA can bring the mask in tiles: keys contiguous (stride 1), rows a positive multiple of 16
  * bytes apart (no broadcast queries), head and batch strides 16-byte multiples (0: broadcast),
  * the base 16-byte aligned. Additive masks, and every other masked call, stay in sm80. */
@@ -611,8 +610,7 @@ static int sm90_takes_mask(const fc_params *p) {
     const fc_params r = resolved_of(p);
     if (r.mask_kind != FC_MASK_BOOL) return 0;
     if (r.head_dim != 64 && r.head_dim != 128 && r.head_dim != 256) return 0;
-    if ((r.causal && r.head_dim == 256) || r.band_ == FC_BAND_GENERAL_ || r.softcap != 0.0f || r.sinks != NULL)
-        return 0;
+    if (r.band_ == FC_BAND_GENERAL_ || r.softcap != 0.0f || r.sinks != NULL) return 0;
     return mask_tiles_layout(&r);
 }
 
@@ -803,11 +801,11 @@ static int bwd_sm90_takes(const fc_bwd_params *b) {
 }
 
 /* The sm90 backward's causal masked variant (c_src/bwd.c sm90_mask_causal): a bool mask in TMA
- * tiles at D=64 / 128, top-left causal (no general band), no softcap. */
+ * tiles at D=64 / 128 / 256, top-left causal (no general band), no softcap. */
 static int bwd_sm90_mask_causal(const fc_params *f) {
     const fc_params r = resolved_of(f);
-    return r.mask_kind == FC_MASK_BOOL && (r.head_dim == 64 || r.head_dim == 128) && r.band_ != FC_BAND_GENERAL_ &&
-           r.softcap == 0.0f && mask_tiles_layout(&r);
+    return r.mask_kind == FC_MASK_BOOL && (r.head_dim == 64 || r.head_dim == 128 || r.head_dim == 256) &&
+           r.band_ != FC_BAND_GENERAL_ && r.softcap == 0.0f && mask_tiles_layout(&r);
 }
 
 /* The sm90 family's softcap: no mask but at D=256 with a bool mask. */
@@ -2162,11 +2160,10 @@ static void check_mask_rule(void) {
                         if (change == kMaskKeep || change == kMaskWholeWindow || change == kMaskBroadcastHB ||
                             change == kMaskKvBroadcast || change == kMaskNegativeScale)
                             REQUIRE(takes == (kDims[d] == 64 || kDims[d] == 128 || kDims[d] == 256));
-                        else if (change == kMaskCausal) /* top-left causal: D=64 / 128 */
-                            REQUIRE(takes == (kDims[d] == 64 || kDims[d] == 128));
+                        else if (change == kMaskCausal) /* top-left causal */
+                            REQUIRE(takes == (kDims[d] == 64 || kDims[d] == 128 || kDims[d] == 256));
                         else if (change == kMaskWindow || change == kMaskBottomRight) /* (one row: every key, or key 0) */
-                            REQUIRE(!takes || resolved_of(p).band_ == FC_BAND_NONE_ ||
-                                    (resolved_of(p).band_ == FC_BAND_CAUSAL_ && (kDims[d] == 64 || kDims[d] == 128)));
+                            REQUIRE(!takes || resolved_of(p).band_ != FC_BAND_GENERAL_);
                         else
                             REQUIRE(!takes);
                         /* AUTO's masked speed rule, case by case: on sm_90, without an LSE, a call the
