@@ -211,12 +211,16 @@ def test_sm80_only_head_dims_have_their_own_entries():
 
 
 def test_d256_masked_route_by_length(monkeypatch):
-    """D=256 with a bool padding mask (both passes in the sm90 family) takes the masked entry of
-    every head dim: FlashCore's pair from 1024 keys (measured 1.02-1.37x PyTorch's step at
-    1024-4096), PyTorch below, saying why; additive masks stay on PyTorch."""
+    """D=256 with a bool padding mask (both passes in the sm90 family) takes its own masked
+    entry: FlashCore's pair from 1024 keys (measured 1.02-1.37x PyTorch's step at 1024-4096; 512
+    not measured, where the other head dims' entry starts), PyTorch below, saying why; additive
+    masks stay on PyTorch."""
     FakeCard(monkeypatch, (9, 0), kernel(SM90))
-    assert _ops.training_table_entry((9, 0), "sm90-masked", 256) is _ops.TRAINING_TABLE[((9, 0), "sm90-masked")]
-    fewest = _ops.TRAINING_TABLE[((9, 0), "sm90-masked")][2]
+    entry = _ops.training_table_entry((9, 0), "sm90-masked", 256)
+    assert entry is _ops.TRAINING_TABLE[((9, 0), "sm90-masked", 256)] and entry[:2] == (True, "")
+    assert _ops.training_table_entry((9, 0), "sm90-masked", 128) is _ops.TRAINING_TABLE[((9, 0), "sm90-masked")]
+    fewest = entry[2]
+    assert fewest > _ops.TRAINING_TABLE[((9, 0), "sm90-masked")][2]
     for keys, takes in ((4096, True), (fewest, True), (fewest - 1, False)):
         q, k, v = inputs(Sq=3, Sk=keys, D=256)
         mask = torch.ones(2, 1, 1, keys, dtype=torch.bool)
@@ -508,11 +512,11 @@ def test_explain_training_strings(monkeypatch):
         "docs/experiments/backward.md)")
     torch.use_deterministic_algorithms(False)
 
-    q5, k5, v5 = inputs(Sk=512)  # 512 keys: fewer than the masked entry's
-    assert _ops.TRAINING_TABLE[((9, 0), "sm90-masked")] == (True, "", 1024)
-    assert flashcore.explain_training(q5, k5, v5, torch.ones(9, 512, dtype=torch.bool)) == (
+    q5, k5, v5 = inputs(Sk=256)  # 256 keys: fewer than the masked entry's
+    assert _ops.TRAINING_TABLE[((9, 0), "sm90-masked")] == (True, "", 512)
+    assert flashcore.explain_training(q5, k5, v5, torch.ones(9, 256, dtype=torch.bool)) == (
         "aten: FlashCore's backward here would be the sm90 kernel with a mask, not faster "
-        "than PyTorch's on this device (fewer than 1024 keys: fwd + bwd not measured faster than "
+        "than PyTorch's on this device (fewer than 512 keys: fwd + bwd not measured faster than "
         "aten's there, docs/experiments/backward.md)")
     mask = torch.ones(9, 2048, dtype=torch.bool)
     assert flashcore.explain_training(q, k, v, mask) == (

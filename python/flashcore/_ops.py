@@ -628,14 +628,22 @@ TRAINING_TABLE = {
     # (from the op's copy where its layout has none): HuggingFace's left-padded causal mask
     # 1.20-1.37x at 1024 keys and 1.55-1.72x at 4096, a dense random (B, 1, S, S) mask
     # 1.36-1.68x at 1024-4096, a key-padding mask (B, 1, 1, S) 1.04-1.18x at 1024 and
-    # 1.35-1.36x at 4096 (0.84-1.05x before the backward's copy). Shorter: not measured.
-    # Additive masks (forward in the sm80-class family, backward element by element): 0.52-0.87x.
-    ((9, 0), "sm90-masked"): (True, "", 1024),
-    # D=256 with a bool mask takes the same entry: both passes in the sm90 family since the
-    # forty-ninth session (the forward's 64-key mask tiles), bf16, 16k tokens, H200, one run
+    # 1.35-1.36x at 4096 (0.84-1.05x before the backward's copy). At 512 keys (H200, fifty-second
+    # session, results/masked_step_short_nvidia-h200_2026-11-30_0318_q{1,8}.json): the pair
+    # 1.24-1.76x (D=64) and 1.13-1.26x (D=128) PyTorch's with 8 steps queued, 0.96-1.34x call by
+    # call, where the aten route ran 0.86-0.92x (its output's layout copy): from 512 keys.
+    # Shorter: not measured. Additive masks (forward in the sm80-class family, backward element
+    # by element): 0.52-0.87x.
+    ((9, 0), "sm90-masked"): (True, "", 512),
+    # D=256 with a bool mask: both passes in the sm90 family since the forty-ninth session (the
+    # forward's 64-key mask tiles), bf16, 16k tokens, H200, one run
     # (bench/results/masked_step_d256_nvidia-h200_2026-11-29_2043.json; PyTorch's time / the
     # route's): HuggingFace's padded causal mask 1.27x at 1024 keys, 1.37x at 2048, 1.34x at
-    # 4096; a key-padding mask 1.02x, 1.07x, 1.07x. (Additive masks keep the additive entry.)
+    # 4096; a key-padding mask 1.02x, 1.07x, 1.07x (since the fifty-second session's skip of a
+    # causal mask's empty blocks the padded causal mask 2.07x at 1024 and 3.85x at 4096,
+    # masked_step_d256_mask_causal_nvidia-h200_2026-11-30_0300.json). 512 keys: not measured.
+    # (Additive masks keep the additive entry.)
+    ((9, 0), "sm90-masked", 256): (True, "", 1024),
     ((9, 0), "sm90-masked-additive"): (False, "0.52-0.87x PyTorch's training step with an additive "
                                               "mask on the H100, docs/experiments/forward-masks.md"),
     # D=256 with an additive mask (forward in the sm80-class family, backward the D=256 kernel):
