@@ -2,8 +2,8 @@
 
   * flashcore::sdpa_fwd returns (out, lse): out equal to aten's SDPA bit for bit (the CPU path
     is aten), lse equal to a float64 log-sum-exp of the scaled, masked scores;
-  * outputs are contiguous whatever the input layout, and the fakes give the same sizes, strides
-    and dtypes (torch.library.opcheck with every test util, for every op);
+  * 4-D outputs lie in storage ordered as the query's (tests/sdpa_layout.py), and the fakes give
+    the same sizes, strides and dtypes (torch.library.opcheck with every test util, for every op);
   * gradients through torch.ops.flashcore.sdpa equal F.scaled_dot_product_attention's in float64,
     and torch.autograd.gradcheck passes (causal with Sq != Sk, GQA, scale, masks with and
     without a mask gradient, broadcast batch, 3-D, fully masked rows, dropout via aten);
@@ -149,7 +149,7 @@ def test_fwd_out_and_lse(name, dtype):
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
     assert torch.equal(out, expected)
     assert torch.equal(torch.ops.flashcore.sdpa(q, k, v, mask, **kw), expected)
-    assert has_sdpa_layout(out) and lse.is_contiguous()
+    assert has_sdpa_layout(out, q) and lse.is_contiguous()
     assert lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
     assert lse.shape == out.shape[:-1]
     ref = ref_lse(q, k, mask, **kw)
@@ -177,9 +177,43 @@ def test_outputs_in_sdpa_layout_for_any_input_layout(name, transposed):
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
     for out in (torch.ops.flashcore.sdpa(q, k, v, mask, **kw),
                 torch.ops.flashcore.sdpa_fwd(q, k, v, mask, **kw)[0]):
-        assert has_sdpa_layout(out) and torch.equal(out, expected)
-        # (B, S, H, D) storage: the usual next step is a view, not a copy.
-        assert out.transpose(1, 2).is_contiguous()
+        assert has_sdpa_layout(out, q) and torch.equal(out, expected)
+        # The query's storage order: (B, S, H, D) views give an output whose usual next step is
+        # a view, not a copy; contiguous queries a contiguous output, as PyTorch's cuDNN gives.
+        assert out.transpose(1, 2).is_contiguous() if transposed else out.is_contiguous()
+
+
+def _query_in_storage_order(order, B=2, H=3, S=5, D=8):
+    """A (B, H, S, D) query whose storage holds its dims in `order` (a permutation of 0..3)."""
+    sizes = (B, H, S, D)
+    storage = torch.randn([sizes[i] for i in order], dtype=torch.float64)
+    return storage.permute([order.index(i) for i in range(4)])
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (0, 2, 1, 3), (1, 0, 2, 3), (2, 0, 1, 3),
+                                   (2, 1, 0, 3), (1, 2, 0, 3)])
+@pytest.mark.parametrize("S", [1, 5])
+def test_output_follows_any_query_storage_order(order, S):
+    """Every storage order of the query's batch, head and sequence dims (and a length of 1, whose
+    stride ties with a neighbour's): the output follows it, from the op and from its fake, and
+    the output of the aten fallback is in it too."""
+    q = _query_in_storage_order(order, S=S)
+    k = v = torch.randn(2, 3, 7, 8, dtype=torch.float64)
+    expected = F.scaled_dot_product_attention(q, k, v)
+    for op in (torch.ops.flashcore.sdpa, lambda *a: torch.ops.flashcore.sdpa_fwd(*a)[0]):
+        out = op(q, k, v)
+        assert torch.equal(out, expected) and has_sdpa_layout(out, q), (order, out.stride())
+    torch.library.opcheck(torch.ops.flashcore.sdpa.default, (q, k, v), test_utils=ALL_UTILS)
+
+
+def test_sliced_query_output_is_dense():
+    """A query sliced out of a fused projection (not dense: (B, S, 3, H, D) storage) gets a dense
+    output in its dims' order, (B, S, H, D)."""
+    qkv = torch.randn(2, 5, 3, 4, 8, dtype=torch.float64)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    out = torch.ops.flashcore.sdpa(q, k, v)
+    assert out.stride() == (5 * 4 * 8, 8, 4 * 8, 1) and has_sdpa_layout(out, q)
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v))
 
 
 def test_fwd_rejects_dropout():
@@ -290,7 +324,7 @@ def test_dropout_grads_go_through_aten():
     torch.manual_seed(1)
     ref = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
     expected = torch.autograd.grad(ref.sum(), (q, k, v))
-    assert torch.equal(out, ref) and has_sdpa_layout(out)
+    assert torch.equal(out, ref) and has_sdpa_layout(out, q)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
 

@@ -386,7 +386,7 @@ def test_kernel_lse_and_out(dtype, layout):
         v = torch.randn(B, Hkv, S, D, dtype=dtype, device=DEVICE)
     for causal in (False, True):
         out, lse = FWD(q, k, v, is_causal=causal, enable_gqa=True)
-        assert has_sdpa_layout(out) and lse.is_contiguous()
+        assert has_sdpa_layout(out, q) and lse.is_contiguous()
         assert lse.dtype == torch.float32 and lse.shape == (B, Hq, S)
         assert torch.equal(out, torch.ops.flashcore.sdpa(q, k, v, is_causal=causal,
                                                          enable_gqa=True))
@@ -668,3 +668,22 @@ def test_reduce_overhead_cuda_graphs(train):
                 y_ref = model(x)
         _close(y, y_ref, dtype)
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_training_route_to_aten_keeps_atens_output(layout, monkeypatch):
+    """A training call sent to aten returns aten's output as it is, for either query layout: the
+    op's layout is the query's storage order, which PyTorch's cuDNN and flash backends give, so
+    no copy (its strides are F.scaled_dot_product_attention's, its graph node aten's)."""
+    monkeypatch.setenv("FLASHCORE_TRAINING", "aten")
+    B, H, S, D = 2, 4, 256, 64
+    shape = (B, S, H, D) if layout == "bshd" else (B, H, S, D)
+    q, k, v = (torch.randn(shape, dtype=torch.bfloat16, device=DEVICE) for _ in range(3))
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = flashcore.sdpa(q, k, v, is_causal=True)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert has_sdpa_layout(out, q) and out.stride() == ref.stride()
+    assert type(out.grad_fn) is type(ref.grad_fn), (out.grad_fn, ref.grad_fn)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)

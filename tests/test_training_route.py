@@ -133,7 +133,7 @@ def grads_match_aten(q, k, v, **kw):
     for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(out, ref)
-    assert has_sdpa_layout(out)
+    assert has_sdpa_layout(out, q)
     return out
 
 
@@ -427,7 +427,7 @@ def test_stand_ins_have_the_call_layout_and_cost_no_memory(monkeypatch):
         assert (got.shape, got.stride(), got.dtype) == (real.shape, real.stride(), real.dtype)
     for name in ("out", "grad_out"):  # what the forward and autograd will give: sdpa's layout
         got = call[name]
-        assert got.shape == (B, Hq, Sq, D) and got.dtype == torch.float16 and has_sdpa_layout(got)
+        assert got.shape == (B, Hq, Sq, D) and got.dtype == torch.float16 and has_sdpa_layout(got, q)
     lse = call["lse"]
     assert lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32 and lse.is_contiguous()
     assert call["grad_lse"] is None

@@ -12,7 +12,7 @@
 //                        dropout_p must be 0 (flashcore.sdpa sends dropout to aten's autograd).
 //   flashcore::explain - same arguments, returns (family, reason) from the same decision
 //                        function; the Python package turns it into a sentence.
-// Output layout: a 4-D out is (B, Hq, Sq, D) over (B, Sq, Hq, D)-ordered storage (new_output),
+// Output layout: a 4-D out is (B, Hq, Sq, D) over storage ordered as the query's (new_output),
 // from every path; other ranks are contiguous. The fakes in python/flashcore/_ops.py promise
 // the same. Autograd, fakes and the backward op live in Python.
 //
@@ -37,6 +37,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "config.h"
@@ -62,27 +63,65 @@ using torch::stable::Tensor;
 
 // ---- the output's layout --------------------------------------------------------------------
 
-// A 4-D output is (B, H, S, D) over storage ordered (B, S, H, D), the layout aten's fused CUDA
-// backends return: a caller's usual next step, out.transpose(1, 2).reshape(B, S, H * D), is
-// then a view instead of a copy, and a fallback returns aten's output without copying it.
-Tensor new_output(int64_t B, int64_t H, int64_t S, int64_t D, const Tensor& like) {
-  return torch::stable::transpose(
-      torch::stable::empty({B, S, H, D}, like.scalar_type(), std::nullopt, like.device()), 1, 2);
+// A 4-D output (B, H, S, D) lies in storage ordered as the query's: its batch, head and
+// sequence dims in the order of the query's strides (largest first, equal strides keeping the
+// order B, H, S), head_dim innermost, densely packed. PyTorch's cuDNN and flash backends return
+// that layout, so a fallback keeps aten's output as it is, and a caller gets what PyTorch's SDPA
+// would give (HuggingFace's transposed views: (B, S, H, D) storage, whose usual next step
+// out.transpose(1, 2).reshape(B, S, H * D) is a view). python/flashcore/_layout.py is the same
+// rule for the fakes.
+
+// The query's dims 0, 1, 2 (batch, heads, sequence), outermost first.
+std::array<int, 3> output_order(const Tensor& q) {
+  std::array<int, 3> order = {0, 1, 2};
+  if (q.dim() != 4) return order;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return q.stride(a) > q.stride(b); });
+  return order;
 }
 
-// aten's output in new_output's layout: as it is where it already has those strides (sizes
-// of 1 included, so the fake's strides always hold), else copied; other ranks contiguous.
-Tensor in_output_layout(const Tensor& aten_out) {
+// The strides of a (B, H, S, D) output for query q (torch.empty's, which count an empty dim as 1).
+std::array<int64_t, 4> output_strides(const Tensor& q, int64_t B, int64_t H, int64_t S, int64_t D) {
+  const int64_t sizes[4] = {B, H, S, D};
+  std::array<int64_t, 4> strides = {0, 0, 0, 1};
+  int64_t step = std::max<int64_t>(D, 1);
+  const std::array<int, 3> order = output_order(q);
+  for (int p = 2; p >= 0; --p) {
+    strides[order[p]] = step;
+    step *= std::max<int64_t>(sizes[order[p]], 1);
+  }
+  return strides;
+}
+
+// An uninitialised (B, H, S, D) output in that layout: storage allocated in the query's order,
+// then transposed back to (B, H, S, D).
+Tensor new_output(int64_t B, int64_t H, int64_t S, int64_t D, const Tensor& q) {
+  const int64_t sizes[3] = {B, H, S};
+  std::array<int, 3> held = output_order(q);  // held[p]: the dim at storage position p
+  Tensor out = torch::stable::empty({sizes[held[0]], sizes[held[1]], sizes[held[2]], D},
+                                    q.scalar_type(), std::nullopt, q.device());
+  for (int dim = 0; dim < 3; ++dim) {
+    int p = dim;
+    while (held[p] != dim) ++p;
+    if (p != dim) {
+      out = torch::stable::transpose(out, dim, p);
+      std::swap(held[dim], held[p]);
+    }
+  }
+  return out;
+}
+
+// aten's output in new_output's layout: as it is where it already has those strides (sizes of
+// 1 included, so the fake's strides always hold), else copied; other ranks contiguous.
+Tensor in_output_layout(const Tensor& aten_out, const Tensor& q) {
   if (aten_out.dim() != 4) return torch::stable::contiguous(aten_out);
   const int64_t B = aten_out.size(0), H = aten_out.size(1), S = aten_out.size(2),
                 D = aten_out.size(3);
-  // (torch.empty's strides, which count an empty dim as size 1)
-  const int64_t h = std::max<int64_t>(H, 1), s = std::max<int64_t>(S, 1), d = std::max<int64_t>(D, 1);
-  const int64_t want[4] = {s * h * d, d, h * d, 1};
+  const std::array<int64_t, 4> want = output_strides(q, B, H, S, D);
   bool same = true;
   for (int i = 0; i < 4; ++i) same = same && aten_out.stride(i) == want[i];
   if (same) return aten_out;
-  Tensor out = new_output(B, H, S, D, aten_out);
+  Tensor out = new_output(B, H, S, D, q);
   torch::stable::copy_(out, aten_out);
   return out;
 }
@@ -305,7 +344,9 @@ Decision decide(const Tensor& q, const Tensor& k, const Tensor& v,
   d.p.v_stride_s = stride_or_0(v, 2); d.p.v_stride_d = D == 1 ? 1 : v.stride(3);
   // out (new_output's layout) and lse (contiguous (B, Hq, Sq)), allocated only if the kernel runs.
   d.p.out = stand_in<void>();
-  d.p.o_stride_d = 1; d.p.o_stride_h = D; d.p.o_stride_s = Hq * D; d.p.o_stride_b = Sq * Hq * D;
+  const std::array<int64_t, 4> o_strides = output_strides(q, B, Hq, Sq, D);
+  d.p.o_stride_b = o_strides[0]; d.p.o_stride_h = o_strides[1];
+  d.p.o_stride_s = o_strides[2]; d.p.o_stride_d = o_strides[3];
   if (want_lse) {
     d.p.lse = stand_in<float>();
     d.p.lse_stride_s = 1; d.p.lse_stride_h = Sq; d.p.lse_stride_b = Hq * Sq;
@@ -600,7 +641,7 @@ Tensor sdpa(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask, double dro
   if (d.reason != kKernel) {
     check_forced_family(d);
     if (nothing_to_compute(q, k, v)) return trivial_output(q, v);
-    return in_output_layout(aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
+    return in_output_layout(aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa), q);
   }
   return run_kernel(d, q, mask, nullptr);
 }
@@ -642,7 +683,7 @@ std::tuple<Tensor, Tensor> forward_with_lse(Tensor q, Tensor k, Tensor v, std::o
              "calls in PyTorch");
     is_causal = band == FC_BAND_TOP_LEFT_CAUSAL;
     if (nothing_to_compute(q, k, v)) return {trivial_output(q, v), trivial_lse(q)};
-    Tensor out = in_output_layout(aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
+    Tensor out = in_output_layout(aten_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa), q);
     Tensor lse = fallback_lse(q, k, mask, is_causal, scale, enable_gqa, out);
     return {out, lse};
   }

@@ -44,7 +44,7 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
         _warn_once_on_cuda()
     return in_output_layout(torch.ops.aten.scaled_dot_product_attention(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-        enable_gqa=enable_gqa))
+        enable_gqa=enable_gqa), query)
 
 
 _lib.impl("sdpa", _sdpa, "CompositeImplicitAutograd")

@@ -39,7 +39,7 @@ SDPA for both passes: aten where FlashCore's backward for the call would be slow
 PyTorch's on this device (TRAINING_TABLE below, FLASHCORE_TRAINING to override).
 
 Every op has a fake (meta) implementation here giving the real op's sizes, strides and dtypes:
-sdpa's and sdpa_fwd's 4-D output lies in (B, S, H, D)-ordered storage (_layout.py, from every
+sdpa's and sdpa_fwd's 4-D output lies in storage ordered as the query's (_layout.py, from every
 path, fallbacks included); every other tensor output is contiguous.
 
 The LSE is float32, except for float64 inputs where it is float64 (so gradcheck in float64 sees
@@ -880,7 +880,7 @@ def _explain_bwd_ahead(q_layout, k_layout, v_layout, is_causal, scale, enable_gq
             out_sizes = _out_shape(q, k, v, enable_gqa)
         except RuntimeError:  # sizes that do not broadcast: the call itself will say so
             return _REASON_SHAPES, 0
-        out = _stand_in(out_sizes, output_strides(out_sizes), q.dtype, q.device)
+        out = _stand_in(out_sizes, output_strides(out_sizes, q), q.dtype, q.device)
         lse_sizes = out_sizes[:-1]
         lse = _stand_in(lse_sizes, contiguous_strides(lse_sizes), _lse_dtype(q.dtype), q.device)
         mask = None if mask_layout is None else _stand_in(*mask_layout)
@@ -928,10 +928,11 @@ def _sdpa_autograd(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_
         if dropout_p > 0.0 or _training_goes_to_aten(query, key, value, attn_mask, is_causal,
                                                      scale, enable_gqa):
             # aten's differentiable SDPA for both passes (with dropout: aten owns the dropout
-            # RNG and its backward); the result in sdpa's layout (_layout.py).
+            # RNG and its backward); the result in sdpa's layout (_layout.py: the query's, as
+            # aten's cuDNN and flash backends give it, so usually as it is).
             return in_output_layout(torch.ops.aten.scaled_dot_product_attention(
                 query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                enable_gqa=enable_gqa))
+                enable_gqa=enable_gqa), query)
         return _SdpaTraining.apply(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     # No gradient to record: straight to the kernels below Autograd. This runs on every
     # inference call, so it avoids what costs Python time and is not needed here (CPU, per
