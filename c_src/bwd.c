@@ -157,22 +157,15 @@ static int sm90_takes_layout(const fc_bwd_params *p) {
     return fc_sm90_takes_layout_(&p->fwd) && fc_sm90_takes_layout_(&as_dout);
 }
 
-/* A causal call with a bool mask the Hopper backward takes (kMaskBoolTiles with causal): D=64 / 128 /
- * 256, the mask in TMA tiles (fc_mask_tiles_fit_), top-left causal (no general band), no softcap. */
-static int sm90_mask_causal(const fc_params *f) {
-    return f->mask_kind == FC_MASK_BOOL && (f->head_dim == 64 || f->head_dim == 128 || f->head_dim == 256) &&
-           f->band_ != FC_BAND_GENERAL_ && f->softcap == 0.0f && fc_mask_tiles_fit_(f);
-}
-
 /* Can `family` run validated params here? FC_OK and its entry, or the FC_UNSUPPORTED_* reason. */
 static fc_status family_runs(fc_family family, const fc_bwd_params *p, int cc_major, int cc_minor,
                              const bwd_entry **entry) {
     if (!fc_family_runs_on_(family, cc_major, cc_minor)) return FC_UNSUPPORTED_FAMILY;
     /* Masks: both families, not with causal (PyTorch's SDPA never asks for both), but for the
-     * Hopper family's bool mask tiles (D=64 / 128 / 256) with top-left causal and no softcap: a mask
+     * Hopper family's bool mask tiles (fc_sm90_bool_mask_tiles_, top-left causal at most): a mask
      * inside the causal triangle then runs as causal with its mask, the empty tiles above the
      * diagonal skipped (flashcore's op asks so, python/flashcore/_ops.py). */
-    if (p->fwd.mask_kind != FC_MASK_NONE && p->fwd.causal && !(family == FC_FAMILY_SM90 && sm90_mask_causal(&p->fwd)))
+    if (p->fwd.mask_kind != FC_MASK_NONE && p->fwd.causal && !(family == FC_FAMILY_SM90 && fc_sm90_bool_mask_tiles_(&p->fwd)))
         return FC_UNSUPPORTED_MASK;
     /* A window or bottom-right causal band (dispatch.h; with a mask, declined just above, as it
      * comes with causal set): the Hopper family's kBand variant only. So a deterministic call

@@ -97,29 +97,35 @@ static const kernel_entry *find_kernel(fc_family family, const fc_params *p) {
     return NULL;
 }
 
-/* The head dims whose Hopper forward has the masked configuration (kMasked). */
+/* The head dims whose Hopper kernels read bool masks in tiles (both passes). */
 static int sm90_has_mask_tiles(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
+/* The Hopper family's bool mask tiles, one rule for both passes (the forward's kMasked in
+ * kernels/sm90/fwd_traits.cuh, the backward's kMaskBoolTiles): a bool mask whose tiles TMA can
+ * bring (fc_mask_tiles_fit_) at D=64, 128 or 256, with top-left causal or none (the causal
+ * configuration's key range, the mask applied inside it: flashcore's op asks for that where the
+ * mask lies inside the causal triangle, as HuggingFace's padded causal masks do), no general
+ * band and no softcap. */
+int fc_sm90_bool_mask_tiles_(const fc_params *p) {
+    return p->mask_kind == FC_MASK_BOOL && sm90_has_mask_tiles(p->head_dim) && p->band_ != FC_BAND_GENERAL_ &&
+           p->softcap == 0.0f && fc_mask_tiles_fit_(p);
+}
+
 /* The sm80 family reads any attn_mask (a mask tile per K/V tile, kernels/fwd_sm80.cuh). The
- * Hopper forward reads bool masks whose tiles TMA can bring (fc_mask_tiles_fit_), alongside
- * each V tile, at D=64, 128 and 256 (kMasked in kernels/sm90/fwd_traits.cuh): no band, softcap
- * or sinks with it; top-left causal too (the causal configuration's key range,
- * the mask applied inside it: flashcore's op asks for that where the mask lies inside the causal
- * triangle, as HuggingFace's padded causal masks do). The decode kernels read any mask element
- * by element beside their scores (kMasked in kernels/decode_sm80.cuh), without the causal flag
- * (PyTorch never passes both). */
+ * Hopper forward reads bool masks in tiles (fc_sm90_bool_mask_tiles_), alongside each V tile,
+ * without sinks. The decode kernels read any mask element by element beside their scores
+ * (kMasked in kernels/decode_sm80.cuh), without the causal flag (PyTorch never passes both). */
 static int family_takes_mask(fc_family family, const fc_params *p) {
     if (p->mask_kind == FC_MASK_NONE || family == FC_FAMILY_SM80) return 1;
     if (family == FC_FAMILY_DECODE) return !p->causal;
-    return family == FC_FAMILY_SM90 && sm90_has_mask_tiles(p->head_dim) && p->band_ != FC_BAND_GENERAL_ &&
-           p->softcap == 0.0f && p->sinks == NULL && fc_mask_tiles_fit_(p);
+    return family == FC_FAMILY_SM90 && p->sinks == NULL && fc_sm90_bool_mask_tiles_(p);
 }
 
 /* A general band (a window, or causal aligned bottom-right with seqlen_q != seqlen_k; dispatch.h)
  * runs in the Hopper family's forward, whose key loop starts and ends at the band's edges
  * (kernels/sm90/fwd_kernel.cuh), and in the decode kernels, whose causal variant reads only the band's
- * keys (kernels/decode_sm80.cuh). Neither takes it with a mask (the Hopper forward's mask tiles run
- * only in its non-causal configuration), so a band with a mask runs nowhere. */
+ * keys (kernels/decode_sm80.cuh). Neither takes it with a mask (the Hopper forward's mask tiles
+ * run with top-left causal at most), so a band with a mask runs nowhere. */
 /* Attention sinks: the Hopper forward's epilogue alone adds them (kernels/sm90/fwd_kernel.cuh). */
 static int family_takes_sinks(fc_family family, const fc_params *p) {
     return p->sinks == NULL || family == FC_FAMILY_SM90;

@@ -68,6 +68,9 @@ unsigned long long fc_validations_on_thread_(void);
 int fc_family_runs_on_(fc_family family, int cc_major, int cc_minor);
 /* Defined in dispatch.c: can the Hopper family's TMA tensor maps take these strides and scale? */
 int fc_sm90_takes_layout_(const fc_params *p);
+/* Defined in dispatch.c, for both passes: does the Hopper family read this call's bool mask in
+ * TMA tiles (the forward's kMasked, the backward's kMaskBoolTiles), causal or not? */
+int fc_sm90_bool_mask_tiles_(const fc_params *p);
 
 #ifdef __cplusplus
 }

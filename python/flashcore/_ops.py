@@ -330,7 +330,8 @@ _MASK_AS_CAUSAL_MIN_ROWS = 256
 
 def _forward_mask_as_causal(query, key, value, attn_mask, is_causal, scale, enable_gqa):
     """True when a forward with this bool attn_mask (and no is_causal) may run as top-left causal
-    with the mask: a kernel takes that call (the Hopper family, c_src/dispatch.c),
+    with the mask: a kernel takes that call (the Hopper family's mask tiles, c_src/dispatch.c's
+    fc_sm90_bool_mask_tiles_, which alone says which head dims),
     and the mask keeps no pair above the diagonal (_mask_inside_causal), so that the result is
     the same while the key blocks above the diagonal are skipped. Eager CUDA tensors only: under
     torch.compile's tracing (fake or functional tensors) and CUDA-graph capture the call runs as
@@ -338,7 +339,6 @@ def _forward_mask_as_causal(query, key, value, attn_mask, is_causal, scale, enab
     if (attn_mask is None or is_causal or torch.compiler.is_compiling() or attn_mask.dtype != torch.bool
             or not query.is_cuda or type(query) is not torch.Tensor or type(attn_mask) is not torch.Tensor
             or query.dim() != 4 or query.shape[-2] < _MASK_AS_CAUSAL_MIN_ROWS
-            or query.shape[-1] not in (64, 128, 256)
             or not _mask_may_lie_inside_causal(attn_mask, query.shape[-2], key.shape[-2])):
         return False
     # explain's answer, kept by everything it reads (its call costs host time that short training
