@@ -469,3 +469,19 @@ def test_compiled_graph_calls_flashcore_ops():
                        backend=aot_autograd(fw_compiler=compiler, bw_compiler=compiler))
     fn(q, k, v).sum().backward()
     assert "flashcore.sdpa_fwd.default" in seen and "flashcore.sdpa_bwd.default" in seen
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["contig", "transposed"])
+def test_inductor_output_layout_matches_eager(transposed):
+    """Compiled by inductor with dynamic shapes, the op's output has eager's strides (the query's
+    storage order, which the fake promises and the compiled graph assumes), with and without
+    gradients, and the same values."""
+    q, k, v, mask, kw = make("gqa_causal", torch.float32, requires_grad=True, transposed=transposed)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a, b, c: torch.ops.flashcore.sdpa(a, b, c, **kw), fullgraph=True,
+                       dynamic=True)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            out, ref = fn(q, k, v), torch.ops.flashcore.sdpa(q, k, v, **kw)
+        assert out.stride() == ref.stride() and has_sdpa_layout(out, q), (grad, out.stride())
+        torch.testing.assert_close(out, ref)
