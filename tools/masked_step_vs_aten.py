@@ -56,18 +56,26 @@ def step_arguments(description):
     ap.add_argument("--queue", type=int, default=1,
                     help="steps issued back to back per timed sample (1: call by call, each step's "
                          "host time exposed; e.g. 8: as in a model, where the host runs ahead)")
+    ap.add_argument("--layout", choices=["bhsd", "bshd"], default="bhsd",
+                    help="q, k, v and the output's gradient: contiguous (B, H, S, D) tensors, or "
+                         "(B, S, H, D) storage seen as (B, H, S, D), as models pass them")
     ap.add_argument("--json")
     return ap
 
 
 def step_cases(args, dtype):
     """(D, S, B, H, q, k, v, g, form) for each head dim, length and mask form of the options:
-    B = 16k tokens / S, H = 2048 / D; q, k, v require grad, g is the output's gradient."""
+    B = 16k tokens / S, H = 2048 / D; q, k, v require grad, g is the output's gradient; all four
+    in the layout --layout names."""
+    def tensor(B, H, S, D):
+        if args.layout == "bshd":
+            return torch.randn(B, S, H, D, device="cuda", dtype=dtype).transpose(1, 2)
+        return torch.randn(B, H, S, D, device="cuda", dtype=dtype)
     for D in (int(d) for d in args.dims.split(",")):
         for S in (int(s) for s in args.lengths.split(",")):
             H, B = 2048 // D, max(1, 16384 // S)
-            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-            g = torch.randn(B, H, S, D, device="cuda", dtype=dtype)
+            q, k, v = (tensor(B, H, S, D).requires_grad_() for _ in range(3))
+            g = tensor(B, H, S, D)
             for form in args.forms.split(","):
                 yield D, S, B, H, q, k, v, g, form
 
@@ -80,7 +88,7 @@ def main():
                "math": SDPBackend.MATH}.get(args.aten_backend)
     dtype = torch.bfloat16
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "bf16, fwd + bwd, aten backend",
-          args.aten_backend, "FLASHCORE_FAMILY", os.environ.get("FLASHCORE_FAMILY", "auto"))
+          args.aten_backend, "FLASHCORE_FAMILY", os.environ.get("FLASHCORE_FAMILY", "auto"), "layout", args.layout)
     print(f"{'case':34s} {'mask':8s} {'route us':>9s} {'fc pair':>9s} {'sdpa us':>9s} {'route':>6s} {'pair':>6s}  path")
     rows = []
     for D, S, B, H, q, k, v, g, form in step_cases(args, dtype):
@@ -109,7 +117,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(card=torch.cuda.get_device_name(), torch=torch.__version__, aten_backend=args.aten_backend,
-                           family=os.environ.get("FLASHCORE_FAMILY", "auto"), queue=args.queue, rows=rows), f, indent=1)
+                           family=os.environ.get("FLASHCORE_FAMILY", "auto"), queue=args.queue,
+                           layout=args.layout, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def main():
                          python_us=t_python, sdpa_no_softcap_us=t_sdpa))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(card=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+            json.dump(dict(card=torch.cuda.get_device_name(), torch=torch.__version__, queue=args.queue,
+                           layout=args.layout, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
