@@ -453,9 +453,10 @@ def test_stand_ins_keep_misalignment(monkeypatch):
 def test_broadcast_sizes_do_not_reach_explain_bwd(monkeypatch):
     card = FakeCard(monkeypatch, (9, 0), kernel(SM90))
     q = torch.randn(2, 4, 9, 64)
-    k = v = torch.randn(3, 4, 9, 64)  # batch 2 vs 3: sdpa itself raises for this
-    route = _ops.training_route(q, k, v, None, False, None, False)
-    assert (route.path, route.reason, card.calls) == ("python", 3, [])
+    k = v = torch.randn(3, 4, 9, 64)  # batch 2 vs 3: the op's own check raises, naming key
+    with pytest.raises(RuntimeError, match=r"key must have the same batch size \(dim 0\) as query"):
+        _ops.training_route(q, k, v, None, False, None, False)
+    assert card.calls == []
     q3 = torch.randn(4, 9, 64)  # not 4-D: no backward kernel
     route = _ops.training_route(q3, q3, q3, None, False, None, False)
     assert (route.path, route.reason, card.calls) == ("python", 2, [])
@@ -843,3 +844,24 @@ def test_mask_may_lie_inside_causal_reads_shapes_only():
     assert not _ops._mask_may_lie_inside_causal(torch.ones(2, 1, 5, 1, dtype=torch.bool), 5, 9)
     assert not _ops._mask_may_lie_inside_causal(torch.ones(5, 9), 5, 9)
     assert not _ops._mask_may_lie_inside_causal(torch.ones(9, dtype=torch.bool), 1, 9)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(key=torch.randn(2, 4, 9, 128, dtype=torch.float64)), r"key must have the same dtype as query"),
+    (dict(key=torch.randn(2, 3, 9, 128)), r"key has 3 heads and query has 4"),
+    (dict(attn_mask=torch.ones(7, 9, dtype=torch.bool)), r"attn_mask of shape \[7, 9\] does not broadcast"),
+    (dict(attn_mask=torch.ones(9, 9, dtype=torch.int32)), r"attn_mask must be bool, float32"),
+    (dict(dropout_p=1.5), r"dropout_p: dropout probability has to be between 0 and 1"),
+    (dict(dropout_p=0.1, attn_mask=torch.ones(7, 9, dtype=torch.bool)), r"attn_mask of shape \[7, 9\]"),
+])
+def test_training_calls_raise_the_ops_messages(bad, message):
+    """A training call with bad arguments raises the op's message naming the argument, whichever
+    route it would take (on the CPU every call goes to aten, whose messages name none)."""
+    q = torch.randn(2, 4, 9, 128, requires_grad=True)
+    args = dict(key=torch.randn(2, 4, 9, 128), value=torch.randn(2, 4, 9, 128))
+    args.update(bad)
+    key, value = args.pop("key"), args.pop("value")
+    if key.shape[1] != 4:
+        value = torch.randn(key.shape)
+    with pytest.raises(RuntimeError, match=message):
+        flashcore.sdpa(q, key, value, **args)

@@ -178,6 +178,30 @@ bool status_means_fallback(fc_status s) {
   }
 }
 
+// A 4-D call's attn_mask must broadcast to the scores, (batch, heads, query length, key length),
+// batch and heads broadcast over query, key and value as aten's (check_args has checked that
+// they do; under GQA the query's heads): each of the mask's sizes, aligned from the right, that
+// size or 1. (aten raises too, with a message about "tensor a" and "tensor b" that names neither.)
+void check_mask_broadcasts(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
+                           bool enable_gqa) {
+  auto broadcast = [&](int d) {
+    return q.size(d) != 1 ? q.size(d) : k.size(d) != 1 ? k.size(d) : v.size(d);
+  };
+  const int64_t scores[4] = {broadcast(0), enable_gqa ? q.size(1) : broadcast(1), q.size(2), k.size(2)};
+  bool fits = mask.dim() <= 4;
+  for (int64_t i = 1; fits && i <= mask.dim(); ++i) {
+    const int64_t m = mask.size(mask.dim() - i), s = scores[4 - i];
+    fits = m == s || m == 1;
+  }
+  if (fits) return;
+  std::string shape = "[";
+  for (int64_t i = 0; i < mask.dim(); ++i) shape += (i ? ", " : "") + std::to_string(mask.size(i));
+  FC_CHECK(false, "flashcore.sdpa: attn_mask of shape ", shape, "] does not broadcast to the "
+           "scores' (batch, heads, query length, key length) = [", scores[0], ", ",
+           scores[1], ", ", scores[2], ", ", scores[3], "]: each of its sizes, from the right, must "
+           "be that size or 1");
+}
+
 // Raise for inputs aten rejects too, where a clear message helps (on torch < 2.13 an aten error
 // raised through the dispatcher shim loses its message).
 void check_args(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -231,6 +255,7 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v,
                  "enable_gqa=True (query heads a multiple of ", names[i], "'s)");
       }
     }
+    if (mask.has_value()) check_mask_broadcasts(*mask, q, k, v, enable_gqa);
   }
 }
 

@@ -756,6 +756,9 @@ def training_route(query, key, value, attn_mask, is_causal, scale, enable_gqa,
                  bool(is_causal), scale, bool(enable_gqa), bool(deterministic))
     route = _ROUTES.get(cache_key)
     if route is None:
+        # The op's own checks first, once per layout (a bad call raises before it is cached): a
+        # call sent to aten would otherwise get aten's messages, which do not name the argument.
+        _check_inputs(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
         if len(_ROUTES) >= _ROUTES_MAX:
             _ROUTES.clear()
         route = _ROUTES[cache_key] = _decide_route(*cache_key)
@@ -925,6 +928,8 @@ def _sdpa_autograd(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_
     if attn_mask is not None and type(attn_mask) is not torch.Tensor and is_causal_bias(attn_mask):
         raise ValueError(CAUSAL_BIAS_IN_OP)
     if torch.is_grad_enabled() and torch._C._any_requires_grad(query, key, value, attn_mask):
+        if dropout_p != 0.0:  # the op's checks (the route's cache does them for the others)
+            _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if dropout_p > 0.0 or _training_goes_to_aten(query, key, value, attn_mask, is_causal,
                                                      scale, enable_gqa):
             # aten's differentiable SDPA for both passes (with dropout: aten owns the dropout
