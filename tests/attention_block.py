@@ -18,3 +18,23 @@ class Attention(torch.nn.Module):
         k, v = self.kv(x).view(b, s, 2, self.hkv, self.d).permute(2, 0, 3, 1, 4)
         o = torch.ops.flashcore.sdpa(q, k, v, is_causal=True, enable_gqa=True)
         return self.o(o.transpose(1, 2).reshape(b, s, self.h * self.d))
+
+
+def compiled_matches_eager(model, backend, lengths, device="cpu", dtype=torch.float32, atol=1e-5,
+                           rtol=1e-5):
+    """torch.compile(fullgraph=True, dynamic=True) of `model` with `backend`, forward and
+    backward (input and parameter gradients) for inputs (2, S, dim) of each length, against the
+    eager model; returns the compiled module."""
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=backend)
+    dim = model.q.in_features
+    for s in lengths:
+        x = torch.randn(2, s, dim, device=device, dtype=dtype, requires_grad=True)
+        y = compiled(x)
+        gy = torch.randn_like(y)
+        got = torch.autograd.grad(y, [x, *model.parameters()], gy)
+        y_ref = model(x)
+        expected = torch.autograd.grad(y_ref, [x, *model.parameters()], gy)
+        torch.testing.assert_close(y, y_ref, atol=atol, rtol=rtol)
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, atol=atol, rtol=rtol)
+    return compiled

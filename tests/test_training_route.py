@@ -38,7 +38,7 @@ if importlib.util.find_spec("flashcore") is None:
     sys.path.insert(0, _REPO_PYTHON)
 import flashcore  # noqa: E402
 from flashcore import _ops  # noqa: E402
-from attention_block import Attention as _AttentionBlock  # noqa: E402
+from attention_block import Attention as _AttentionBlock, compiled_matches_eager  # noqa: E402
 from sdpa_layout import has_sdpa_layout  # noqa: E402
 
 EXPLAIN_BWD = torch.ops.flashcore.explain_bwd.default
@@ -693,17 +693,7 @@ def _compiled_training(lengths, atol=1e-5, rtol=1e-5):
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounterWithBackend(
         aot_autograd(fw_compiler=compiler, bw_compiler=compiler))
-    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
-    for s in lengths:
-        x = torch.randn(2, s, 32, requires_grad=True)
-        y = compiled(x)
-        gy = torch.randn_like(y)
-        got = torch.autograd.grad(y, [x, *model.parameters()], gy)
-        y_ref = model(x)
-        expected = torch.autograd.grad(y_ref, [x, *model.parameters()], gy)
-        torch.testing.assert_close(y, y_ref, atol=atol, rtol=rtol)
-        for g, e in zip(got, expected):
-            torch.testing.assert_close(g, e, atol=atol, rtol=rtol)
+    compiled_matches_eager(model, counter, lengths, atol=atol, rtol=rtol)
     return counter, targets
 
 
