@@ -96,11 +96,12 @@ def _out_shape(q, k, v, enable_gqa):
 
 def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """Raise what the real op raises for bad inputs. A fake is also the op's Meta kernel, which
-    a call mixing meta and other devices reaches: real tensors there go through the C++ checks
-    (explain's kernel reads only metadata); fake tensors (tracing) get the dtype/device checks."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    a call mixing meta and other devices reaches, and the training route asks this once per
+    layout: plain tensors (real or meta) go through the C++ checks (explain's kernel reads only
+    metadata); any subclass (fake or functional tensors while tracing, DTensor) gets the
+    dtype/device checks."""
     tensors = (query, key, value, attn_mask)
-    if not any(isinstance(t, FakeTensor) for t in tensors):
+    if all(t is None or type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors):
         EXPLAIN.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *tensors,
                            dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         return
