@@ -206,6 +206,26 @@ def test_output_follows_any_query_storage_order(order, S):
     torch.library.opcheck(torch.ops.flashcore.sdpa.default, (q, k, v), test_utils=ALL_UTILS)
 
 
+@pytest.mark.parametrize("q_shape, kv_shape, q_transposed", [
+    ((4, 8, 16), (2, 4, 8, 16), True), ((4, 8, 16), (2, 4, 8, 16), False),
+    ((2, 4, 8, 16), (4, 8, 16), True)])
+def test_mixed_ranks_output_layout(q_shape, kv_shape, q_transposed):
+    """A 3-D query beside 4-D key and value (a 4-D output: batch from key) gets the contiguous
+    order; a 4-D query beside 3-D ones its own. The op and its fake agree (opcheck)."""
+    q = torch.randn(q_shape, dtype=torch.float64)
+    if q_transposed:
+        q = q.transpose(-3, -2).contiguous().transpose(-3, -2)
+    k = v = torch.randn(kv_shape, dtype=torch.float64)
+    out = torch.ops.flashcore.sdpa(q, k, v)
+    assert out.dim() == 4 and torch.equal(out, F.scaled_dot_product_attention(q, k, v))
+    if q.dim() != 4:
+        assert out.is_contiguous()
+    else:
+        assert has_sdpa_layout(out, q)
+    for op in (torch.ops.flashcore.sdpa.default, torch.ops.flashcore.sdpa_fwd.default):
+        torch.library.opcheck(op, (q, k, v), test_utils=ALL_UTILS)
+
+
 def test_sliced_query_output_is_dense():
     """A query sliced out of a fused projection (not dense: (B, S, 3, H, D) storage) gets a dense
     output in its dims' order, (B, S, H, D)."""

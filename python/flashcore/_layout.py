@@ -16,8 +16,11 @@ import torch
 
 def output_order(query):
     """The query's batch, head and sequence dims (0, 1, 2), outermost first: a stable sort by
-    stride, largest first. Strides may be symbolic (torch.compile): the comparisons then guard
-    on the order, which the query's layout fixes."""
+    stride, largest first (a query of another rank beside 4-D key and value: that order).
+    Strides may be symbolic (torch.compile): the comparisons then guard on the order, which the
+    query's layout fixes."""
+    if query.dim() != 4:
+        return [0, 1, 2]
     strides = query.stride()
     return sorted(range(3), key=lambda i: strides[i], reverse=True)
 
