@@ -2,7 +2,8 @@
 # The device call that measures f70b3b3 (the output in the query's storage order; landed without
 # a GPU) against the layout before it, on one machine (~4 minutes on the H200 machine): one 90a
 # build at D=64/128; the op library and package copied aside as tree b (this tree), rebuilt with
-# output-layout-f70b3b3.patch reversed as tree a (only flashcore_op.cpp recompiles), then b again. Then, a b a b:
+# output-layout-f70b3b3.patch reversed as tree a (the patch holds the change's layout parts as
+# they stand at the session's HEAD; only flashcore_op.cpp recompiles), then b again. Then, a b a b:
 # tools/masked_step_vs_aten.py at 512 / 1024 keys with 8 steps queued (its additive rows go to
 # aten through the op: the route's copy, gone in b for these contiguous inputs) and
 # tools/attention_out_vs_aten.py (HuggingFace's views: unchanged); then the layout tests on b.
@@ -26,10 +27,10 @@ echo "=== build b ($(date +%T))"
 build || { tail -n 30 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
 rm -rf _lay_a _lay_b && mkdir _lay_a _lay_b && cp -r python/flashcore _lay_b/
 echo "=== build a: the patch reversed ($(date +%T))"
-patch -p1 -R -s < "$P/output-layout-f70b3b3.patch" || { echo "REVERSE PATCH FAILED"; exit 1; }
-build || { tail -n 30 "$OUT/build.log"; echo "BUILD FAILED (a)"; patch -p1 -s < "$P/output-layout-f70b3b3.patch"; exit 1; }
+patch -p1 -R -s --no-backup-if-mismatch < "$P/output-layout-f70b3b3.patch" || { echo "REVERSE PATCH FAILED"; exit 1; }
+build || { tail -n 30 "$OUT/build.log"; echo "BUILD FAILED (a)"; patch -p1 -s --no-backup-if-mismatch < "$P/output-layout-f70b3b3.patch"; exit 1; }
 cp -r python/flashcore _lay_a/
-patch -p1 -s < "$P/output-layout-f70b3b3.patch" || { echo "PATCH FAILED"; exit 1; }
+patch -p1 -s --no-backup-if-mismatch < "$P/output-layout-f70b3b3.patch" || { echo "PATCH FAILED"; exit 1; }
 # b's op library back in python/flashcore (the tests' conftest imports the in-tree package).
 build || { tail -n 30 "$OUT/build.log"; echo "BUILD FAILED (b again)"; exit 1; }
 rm -f "$OUT/build.log"
