@@ -181,7 +181,7 @@ cudaError_t launch_bwd_variant_of(const fc_bwd_params &p, const fc_device_facts 
                             : launch_bwd<Elem, kHeadDim, false, kMaskNone, false, true>(p, dev, stream);
     switch (p.fwd.mask_kind) {
     case FC_MASK_BOOL:
-        // (With causal: a mask in tiles, c_src/bwd.c's sm90_mask_causal; the causal tiles' steps only.)
+        // (With causal: a mask in tiles, c_src/dispatch.c's fc_sm90_bool_mask_tiles_; the causal tiles' steps only.)
         if (p.fwd.causal) return launch_bwd<Elem, kHeadDim, true, kMaskBoolTiles>(p, dev, stream);
         return mask_tiles_fit(p.fwd) ? launch_bwd<Elem, kHeadDim, false, kMaskBoolTiles>(p, dev, stream)
                                      : launch_bwd<Elem, kHeadDim, false, kMaskBool>(p, dev, stream);
@@ -202,7 +202,7 @@ cudaError_t launch_bwd_d256(const fc_bwd_params &p, const fc_device_facts &dev, 
         return launch_bwd_capped_or_not<Elem, 256, true, kMaskNone, true>(p, dev, stream);
     switch (p.fwd.mask_kind) {
     case FC_MASK_BOOL:
-        // (With causal: a mask in tiles without a softcap, c_src/bwd.c's sm90_mask_causal.)
+        // (With causal: a mask in tiles without a softcap, c_src/dispatch.c's fc_sm90_bool_mask_tiles_.)
         if (p.fwd.causal) return launch_bwd<Elem, 256, true, kMaskBoolTiles>(p, dev, stream);
         return mask_tiles_fit(p.fwd) ? launch_bwd_capped_or_not<Elem, 256, false, kMaskBoolTiles>(p, dev, stream)
                                      : launch_bwd_capped_or_not<Elem, 256, false, kMaskBool>(p, dev, stream);

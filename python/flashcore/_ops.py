@@ -299,8 +299,8 @@ def _mask_inside_causal(mask, seqlen_q, seqlen_k):
     """True when a bool mask, broadcast to (..., seqlen_q, seqlen_k) (the call's lengths), keeps no
     (query, key) pair above the top-left diagonal (key > query), so that attention with it equals
     attention with it and causal together: the Hopper kernels then run their causal masked
-    variants, which skip the key blocks above the diagonal (c_src/dispatch.c family_takes_mask,
-    c_src/bwd.c sm90_mask_causal), with the same results. HuggingFace's padded causal masks are
+    variants, which skip the key blocks above the diagonal (c_src/dispatch.c
+    fc_sm90_bool_mask_tiles_, for both passes), with the same results. HuggingFace's padded causal masks are
     such masks.
     One device reduction and one host sync per mask tensor: the answer is kept for the same tensor
     object, not written since (its version counter), as varlen_attn's plan is (a model passes one

@@ -845,8 +845,8 @@ int main(void) {
         {1, 4, 2, 67, 99, 64, 0, FC_DTYPE_BF16, FC_MASK_ADDITIVE, MASK_TRANSPOSED},
     };
     failed += run_bwd_table(kBwdCases, sizeof(kBwdCases) / sizeof(kBwdCases[0]), BWD_AUTO);
-    /* Causal with a bool mask in tiles: the sm90 family's causal masked variant (c_src/bwd.c
-     * sm90_mask_causal; the forward's causal masked configuration too), AUTO only (the sm80-class
+    /* Causal with a bool mask in tiles: the sm90 family's causal masked variant (c_src/dispatch.c
+     * fc_sm90_bool_mask_tiles_; the forward's causal masked configuration too), AUTO only (the sm80-class
      * family declines it): random masks reaching past the diagonal (mask and causal both
      * apply), Sq != Sk both ways, GQA, ragged key blocks, many steps per CTA. */
     static const test_case kBwdMaskCausalCases[] = {

@@ -800,7 +800,7 @@ static int bwd_sm90_takes(const fc_bwd_params *b) {
     return ctas <= INT32_MAX && packed_tiles <= INT32_MAX;
 }
 
-/* The sm90 backward's causal masked variant (c_src/bwd.c sm90_mask_causal): a bool mask in TMA
+/* The sm90 backward's causal masked variant (c_src/dispatch.c fc_sm90_bool_mask_tiles_): a bool mask in TMA
  * tiles at D=64 / 128 / 256, top-left causal (no general band), no softcap. */
 static int bwd_sm90_mask_causal(const fc_params *f) {
     const fc_params r = resolved_of(f);
