@@ -55,10 +55,11 @@ else  # the build, the SASS counts, the C tests and the sanitizers, up to the ma
 step "build"
 # FLASHCORE_CUDA_ARCHS / FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES trim the build as in CMakeLists.txt
 # (the default, 89;90a, took ~5 min of device time on the H200 machine).
+# An unset variable drops its cache entry (-U), so a trimmed build left in build/ by an earlier
+# call on the same machine does not trim this one.
+cache_arg() { if [ -n "${!1:-}" ]; then echo "-D$1=${!1}"; else echo "-U$1"; fi; }
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v "$PY")" \
-  ${FLASHCORE_CUDA_ARCHS:+"-DFLASHCORE_CUDA_ARCHS=$FLASHCORE_CUDA_ARCHS"} \
-  ${FLASHCORE_HEAD_DIMS:+"-DFLASHCORE_HEAD_DIMS=$FLASHCORE_HEAD_DIMS"} \
-  ${FLASHCORE_DTYPES:+"-DFLASHCORE_DTYPES=$FLASHCORE_DTYPES"} \
+  "$(cache_arg FLASHCORE_CUDA_ARCHS)" "$(cache_arg FLASHCORE_HEAD_DIMS)" "$(cache_arg FLASHCORE_DTYPES)" \
   > "$OUT/build.log" 2>&1 && cmake --build build >> "$OUT/build.log" 2>&1
 if [ $? -ne 0 ]; then tail -n 40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; fi
 grep TOOLCHAIN python/flashcore/_build_config.py | tee -a "$OUT/machine.txt"

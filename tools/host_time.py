@@ -30,11 +30,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashcore  # noqa: F401  (registers torch.ops.flashcore)
 
-SHAPES = [  # (label, B, Hq, Hkv, Sq, Sk, D)
-    ("decode B=1 32/8 1k D=128", 1, 32, 8, 1, 1024, 128),
-    ("decode B=8 32/8 1k D=128", 8, 32, 8, 1, 1024, 128),
-    ("decode B=1 32/32 1k D=128", 1, 32, 32, 1, 1024, 128),
-    ("small B=1 H=8 512 D=64", 1, 8, 8, 512, 512, 64),
+SHAPES = [  # (label, B, Hq, Hkv, Sq, Sk, D, mask): mask None or "additive" ((B, 1, Sq, Sk), bf16)
+    ("decode B=1 32/8 1k D=128", 1, 32, 8, 1, 1024, 128, None),
+    ("decode B=8 32/8 1k D=128", 8, 32, 8, 1, 1024, 128, None),
+    ("decode B=1 32/32 1k D=128", 1, 32, 32, 1, 1024, 128, None),
+    ("small B=1 H=8 512 D=64", 1, 8, 8, 512, 512, 64, None),
+    # an additive mask: the op sends it to aten on Hopper, so this is the fallback's host time
+    ("additive B=1 H=8 512 D=64", 1, 8, 8, 512, 512, 64, "additive"),
 ]
 
 
@@ -60,24 +62,25 @@ def host_us(fn, calls):
     return best
 
 
-def entries(q, k, v, gqa):
+def entries(q, k, v, gqa, mask):
     op = torch.ops.flashcore.sdpa.default
     handle = op._handle
     keyset = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
     kw = dict(enable_gqa=True) if gqa else {}
     out = {
-        "flashcore.sdpa()": lambda: flashcore.sdpa(q, k, v, enable_gqa=gqa),
-        "ops.flashcore.sdpa": lambda: op(q, k, v, **kw),
-        "below autograd": lambda: handle.redispatch_boxed(keyset, q, k, v, None, 0.0, False, **kw),
-        "explain": lambda: torch.ops.flashcore.explain(q, k, v, None, 0.0, False, **kw),
-        "F.sdpa default": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa),
+        "flashcore.sdpa()": lambda: flashcore.sdpa(q, k, v, attn_mask=mask, enable_gqa=gqa),
+        "ops.flashcore.sdpa": lambda: op(q, k, v, mask, **kw),
+        "below autograd": lambda: handle.redispatch_boxed(keyset, q, k, v, mask, 0.0, False, **kw),
+        "explain": lambda: torch.ops.flashcore.explain(q, k, v, mask, 0.0, False, **kw),
+        "F.sdpa default": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa),
         "empty_like": lambda: torch.empty_like(q),
         "neg": lambda: q.neg(),
     }
-    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
         def forced(backend=backend):
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         try:
             forced()
             out[f"F.sdpa {name}"] = forced
@@ -95,13 +98,17 @@ def main():
           f"(best of 5 rounds of {args.calls}), GPU us per call beside it")
     rows = []
     with torch.no_grad():
-        for label, b, hq, hkv, sq, sk, d in SHAPES:
+        for label, b, hq, hkv, sq, sk, d, mask_kind in SHAPES:
             q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
             v = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
-            path = flashcore.explain(q, k, v, enable_gqa=hq != hkv)
+            mask = None
+            if mask_kind == "additive":
+                keep = torch.ones(sq, sk, device="cuda", dtype=torch.bool).tril(sk - sq)
+                mask = torch.zeros(b, 1, sq, sk, device="cuda", dtype=torch.bfloat16).masked_fill(~keep, -1e4)
+            path = flashcore.explain(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)
             print(f"\n{label}  (flashcore: {path})")
-            for name, fn in entries(q, k, v, hq != hkv).items():
+            for name, fn in entries(q, k, v, hq != hkv, mask).items():
                 host, gpu = host_us(fn, args.calls)
                 print(f"  {name:20s} host {host:7.2f} us   gpu {gpu:7.2f} us")
                 rows.append(dict(shape=label, entry=name, host_us=host, gpu_us=gpu))

@@ -718,6 +718,66 @@ static void check_plan(void) {
                  FC_ERR_NULL_POINTER);
 }
 
+/* D=256: the Hopper family's kernel, masks (not with causal), a band and a softcap (not with
+ * an additive mask) taken, no packed rows (no kernel for that head dim then); none in the
+ * sm80-class family. */
+static void check_bwd_head_dim_256(int hopper_built, int ada_built, int cc_major, int cc_minor) {
+    fc_bwd_params b = valid_bwd_params();
+    b_head_dim_256(&b);
+    CHECK_STATUS("bwd head dim 256: validate", fc_bwd_params_validate(&b), FC_OK);
+    if (fc_test_left_out(256, b.fwd.dtype)) {
+        printf("skip bwd head dim 256: not in this build (FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES)\n");
+        return;
+    }
+    if (hopper_built) {
+        CHECK_STATUS("bwd head dim 256: support", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+        CHECK_FAMILY("bwd head dim 256: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+        b.fwd.causal = 1;
+        CHECK_STATUS("bwd head dim 256, causal", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+        b.fwd.softcap = 30.0f;
+        CHECK_STATUS("bwd head dim 256, causal, softcap", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+        CHECK_FAMILY("bwd head dim 256, softcap: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+        b.fwd.windowed = 1, b.fwd.window_left = 16, b.fwd.window_right = 0;  /* Gemma 2's sliding layers */
+        CHECK_STATUS("bwd head dim 256, window, softcap", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+        CHECK_FAMILY("bwd head dim 256, window, softcap: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+        b.fwd.softcap = 0.0f;
+        CHECK_STATUS("bwd head dim 256, window", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+        b_deterministic(&b);
+        CHECK_STATUS("bwd head dim 256, window, deterministic", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_BAND);
+        b.deterministic = 0;
+        b.fwd.windowed = 0, b.fwd.window_left = b.fwd.window_right = -1;
+        b.fwd.softcap = 30.0f;
+        b_mask(&b);
+        b.fwd.causal = 0;
+        CHECK_STATUS("bwd head dim 256, softcap, bool mask", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+        CHECK_FAMILY("bwd head dim 256, softcap, bool mask: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
+        b.fwd.mask_kind = FC_MASK_ADDITIVE;
+        if (fc_sdpa_bwd_support(&b, 9, 0) == FC_OK) {  /* (no kernel: the op's Python backward) */
+            fprintf(stderr, "FAIL bwd head dim 256, softcap, additive mask: supported\n");
+            ++failures;
+        }
+        b.fwd.softcap = 0.0f;
+        CHECK_STATUS("bwd head dim 256, additive mask", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+        b = valid_bwd_params();
+        b_head_dim_256(&b);
+    }
+    if (ada_built) CHECK_STATUS("bwd head dim 256: Ada", fc_sdpa_bwd_support(&b, 8, 9), FC_UNSUPPORTED_HEAD_DIM);
+    CHECK_STATUS("bwd head dim 256: sm_80", fc_sdpa_bwd_support(&b, 8, 0), FC_UNSUPPORTED_ARCH);
+    b_deterministic(&b);
+    CHECK_STATUS("bwd head dim 256, deterministic", fc_sdpa_bwd_support(&b, cc_major, cc_minor),
+                 hopper_built || ada_built ? FC_UNSUPPORTED_HEAD_DIM : FC_UNSUPPORTED_ARCH);
+    b.deterministic = 0;
+    b_mask(&b);
+    CHECK_STATUS("bwd head dim 256, mask", fc_sdpa_bwd_support(&b, cc_major, cc_minor),
+                 hopper_built ? FC_OK : ada_built ? FC_UNSUPPORTED_HEAD_DIM : FC_UNSUPPORTED_ARCH);
+    if (hopper_built) {
+        b_force_sm90(&b);
+        CHECK_STATUS("bwd head dim 256, mask, forced sm90", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
+        b.fwd.causal = 1;
+        CHECK_STATUS("bwd head dim 256, mask and causal", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_MASK);
+    }
+}
+
 static void check_bwd(void) {
     /* Which device the backward kernels run on in this build (D=64 fp16 is in every build
      * that has any backward kernel). */
@@ -871,61 +931,7 @@ static void check_bwd(void) {
             }
         }
     }
-    /* D=256: the Hopper family's kernel, masks (not with causal), a band and a softcap (not with
-     * an additive mask) taken, no packed rows (no kernel for that head dim then); none in the
-     * sm80-class family. */
-    {
-        fc_bwd_params b = valid_bwd_params();
-        b_head_dim_256(&b);
-        CHECK_STATUS("bwd head dim 256: validate", fc_bwd_params_validate(&b), FC_OK);
-        if (hopper_built) {
-            CHECK_STATUS("bwd head dim 256: support", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
-            CHECK_FAMILY("bwd head dim 256: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
-            b.fwd.causal = 1;
-            CHECK_STATUS("bwd head dim 256, causal", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
-            b.fwd.softcap = 30.0f;
-            CHECK_STATUS("bwd head dim 256, causal, softcap", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
-            CHECK_FAMILY("bwd head dim 256, softcap: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
-            b.fwd.windowed = 1, b.fwd.window_left = 16, b.fwd.window_right = 0;  /* Gemma 2's sliding layers */
-            CHECK_STATUS("bwd head dim 256, window, softcap", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
-            CHECK_FAMILY("bwd head dim 256, window, softcap: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
-            b.fwd.softcap = 0.0f;
-            CHECK_STATUS("bwd head dim 256, window", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
-            b_deterministic(&b);
-            CHECK_STATUS("bwd head dim 256, window, deterministic", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_BAND);
-            b.deterministic = 0;
-            b.fwd.windowed = 0, b.fwd.window_left = b.fwd.window_right = -1;
-            b.fwd.softcap = 30.0f;
-            b_mask(&b);
-            b.fwd.causal = 0;
-            CHECK_STATUS("bwd head dim 256, softcap, bool mask", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
-            CHECK_FAMILY("bwd head dim 256, softcap, bool mask: family", fc_sdpa_bwd_family(&b, 9, 0), FC_FAMILY_SM90);
-            b.fwd.mask_kind = FC_MASK_ADDITIVE;
-            if (fc_sdpa_bwd_support(&b, 9, 0) == FC_OK) {  /* (no kernel: the op's Python backward) */
-                fprintf(stderr, "FAIL bwd head dim 256, softcap, additive mask: supported\n");
-                ++failures;
-            }
-            b.fwd.softcap = 0.0f;
-            CHECK_STATUS("bwd head dim 256, additive mask", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
-            b = valid_bwd_params();
-            b_head_dim_256(&b);
-        }
-        if (ada_built) CHECK_STATUS("bwd head dim 256: Ada", fc_sdpa_bwd_support(&b, 8, 9), FC_UNSUPPORTED_HEAD_DIM);
-        CHECK_STATUS("bwd head dim 256: sm_80", fc_sdpa_bwd_support(&b, 8, 0), FC_UNSUPPORTED_ARCH);
-        b_deterministic(&b);
-        CHECK_STATUS("bwd head dim 256, deterministic", fc_sdpa_bwd_support(&b, cc_major, cc_minor),
-                     hopper_built || ada_built ? FC_UNSUPPORTED_HEAD_DIM : FC_UNSUPPORTED_ARCH);
-        b.deterministic = 0;
-        b_mask(&b);
-        CHECK_STATUS("bwd head dim 256, mask", fc_sdpa_bwd_support(&b, cc_major, cc_minor),
-                     hopper_built ? FC_OK : ada_built ? FC_UNSUPPORTED_HEAD_DIM : FC_UNSUPPORTED_ARCH);
-        if (hopper_built) {
-            b_force_sm90(&b);
-            CHECK_STATUS("bwd head dim 256, mask, forced sm90", fc_sdpa_bwd_support(&b, 9, 0), FC_OK);
-            b.fwd.causal = 1;
-            CHECK_STATUS("bwd head dim 256, mask and causal", fc_sdpa_bwd_support(&b, 9, 0), FC_UNSUPPORTED_MASK);
-        }
-    }
+    check_bwd_head_dim_256(hopper_built, ada_built, cc_major, cc_minor);
     CHECK_STATUS("bwd NULL params: validate", fc_bwd_params_validate(NULL), FC_ERR_NULL_PARAMS);
     CHECK_STATUS("bwd NULL params: support", fc_sdpa_bwd_support(NULL, 9, 0), FC_ERR_NULL_PARAMS);
     CHECK_STATUS("bwd NULL params: launch", fc_sdpa_bwd(NULL, 0), FC_ERR_NULL_PARAMS);
