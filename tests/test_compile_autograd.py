@@ -226,6 +226,31 @@ def test_mixed_ranks_output_layout(q_shape, kv_shape, q_transposed):
         torch.library.opcheck(op, (q, k, v), test_utils=ALL_UTILS)
 
 
+@pytest.mark.parametrize("orders", [((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3)),
+                                    ((0, 2, 1, 3), (0, 2, 1, 3), (0, 2, 1, 3)),
+                                    ((0, 2, 1, 3), (2, 0, 1, 3), (1, 0, 2, 3))])
+def test_grads_follow_each_inputs_storage_order(orders):
+    """dq, dk, dv lie as query, key and value do, each after its own input (what PyTorch's cuDNN
+    and flash backwards give; a (B, S, H, D) view's gradient then needs no copy): from the
+    backward ops on the CPU (the Python reference) and from their fakes (opcheck), and the values
+    are aten's."""
+    q, k, v = (_query_in_storage_order(o, S=S).requires_grad_() for o, S in zip(orders, (5, 7, 7)))
+    out, lse = torch.ops.flashcore.sdpa_fwd(q, k, v, None, 0.0, True)
+    g = torch.randn_like(out)
+    grads = torch.ops.flashcore.sdpa_bwd(g, q, k, v, out, lse, None, None, True, None, False, False)[:3]
+    kernel_grads = torch.ops.flashcore.sdpa_bwd_kernel(g, q, k, v, out, lse, None, True, None, False)
+    expected = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), g)
+    for got in (grads, kernel_grads):
+        for t, like, ref in zip(got, (q, k, v), expected):
+            assert has_sdpa_layout(t, like), (orders, t.stride(), like.stride())
+            torch.testing.assert_close(t, ref)
+    detached = [t.detach() for t in (g, q, k, v, out, lse)]
+    torch.library.opcheck(torch.ops.flashcore.sdpa_bwd.default,
+                          (*detached, None, None, True, None, False, False), test_utils=ALL_UTILS)
+    torch.library.opcheck(torch.ops.flashcore.sdpa_bwd_kernel.default,
+                          (*detached, None, True, None, False), test_utils=ALL_UTILS)
+
+
 def test_sliced_query_output_is_dense():
     """A query sliced out of a fused projection (not dense: (B, S, 3, H, D) storage) gets a dense
     output in its dims' order, (B, S, H, D)."""

@@ -687,3 +687,39 @@ def test_training_route_to_aten_keeps_atens_output(layout, monkeypatch):
     assert has_sdpa_layout(out, q) and out.stride() == ref.stride()
     assert type(out.grad_fn) is type(ref.grad_fn), (out.grad_fn, ref.grad_fn)
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
+def test_kernel_grads_follow_each_inputs_layout(D, deterministic):
+    """The backward kernels write dq, dk, dv laid out as query, key and value (each its own
+    storage order, as PyTorch's cuDNN and flash backwards give them): HuggingFace's (B, S, H, D)
+    views get (B, S, H, D)-ordered gradients, no copy on their way to the projections. A GQA
+    call with a (B, S, H, D) query, a contiguous key and a head-major value, by default (the
+    card's family) and deterministically (the sm80-class family; D=256 the Python backward);
+    the values against the same path on contiguous copies and against aten's float32 ones."""
+    dtype = torch.bfloat16
+    require_kernel(D, dtype)
+    B, Hq, Hkv, Sq, Sk = 2, 8, 2, 200, 333
+    q = torch.randn(B, Sq, Hq, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+    k = torch.randn(B, Hkv, Sk, D, dtype=dtype, device=DEVICE)
+    v = torch.randn(Hkv, B, Sk, D, dtype=dtype, device=DEVICE).transpose(0, 1)
+    g = torch.randn(B, Sq, Hq, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+    out, lse = FWD(q, k, v, is_causal=True, enable_gqa=True)
+    args = (None, None, True, None, True, False)
+    if KERNEL_CARD and not deterministic:
+        assert_backward_kernel(g, q, k, v, is_causal=True, enable_gqa=True)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        grads = BWD(g, q, k, v, out, lse, *args)[:3]
+        dense = BWD(*(t.contiguous() for t in (g, q, k, v, out, lse)), *args)[:3]
+    finally:
+        torch.use_deterministic_algorithms(was)
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(F.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True),
+                              leaves, g.float())
+    for t, like, d, r in zip(grads, (q, k, v), dense, ref):
+        assert has_sdpa_layout(t, like), (t.stride(), like.stride())
+        _close(t.float(), d.float(), dtype)
+        _close(t.float(), r, dtype)

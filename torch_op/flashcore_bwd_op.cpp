@@ -5,8 +5,8 @@
 //                              enable_gqa, deterministic=False, attn_mask=None) -> (dq, dk, dv)
 //       CUDA: fills an fc_bwd_params from the tensors' real strides and runs fc_sdpa_bwd on the
 //       current stream (workspace from PyTorch's caching allocator, so CUDA-graph safe). Raises
-//       if no kernel covers the call: ask explain_bwd first. dq, dk, dv are contiguous, in
-//       query's dtype. `deterministic` (torch.are_deterministic_algorithms_enabled() from the
+//       if no kernel covers the call: ask explain_bwd first. dq, dk, dv lie as query, key and
+//       value do (layout.h: each one's storage order, densely packed), in query's dtype. `deterministic` (torch.are_deterministic_algorithms_enabled() from the
 //       Python caller) asks for bitwise reproducible gradients: the C layer then runs the
 //       sm80-class family, not the sm90 one (whose dq is summed with fp32 reductions in any order).
 //       attn_mask: as the forward's (bool, or query's dtype added to the scores; any broadcast
@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "flashcore.h"
+#include "layout.h"
 #include "mask_copy.h"
 #include "op_common.h"
 #include "reasons.h"
@@ -47,6 +48,8 @@ namespace {
 
 using flashcore_op::compute_capability;
 using flashcore_op::fail;
+using flashcore_op::new_output;
+using flashcore_op::output_strides;
 using flashcore_op::stride_or_0;
 using flashcore_op::make_mask_copy;
 using flashcore_op::mask_copy_affordable;
@@ -172,15 +175,17 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
     d.p.dlse_stride_b = stride_or_0(*dlse, 0); d.p.dlse_stride_h = stride_or_0(*dlse, 1);
     d.p.dlse_stride_s = stride_or_0(*dlse, 2);
   }
-  // dq, dk, dv: contiguous, allocated only if the kernel runs. A stand-in pointer (the caching
-  // allocator's blocks are 512-byte aligned) lets the support query check everything else.
+  // dq, dk, dv: laid out as q, k, v (new_output; HuggingFace's transposed views then get their
+  // gradients without a copy), allocated only if the kernel runs. A stand-in pointer (the
+  // caching allocator's blocks are 512-byte aligned) lets the support query check the rest.
   d.p.dq = d.p.dk = d.p.dv = flashcore_op::stand_in<void>();
   {
-    d.p.dq_stride_d = d.p.dk_stride_d = d.p.dv_stride_d = 1;
-    d.p.dq_stride_s = D; d.p.dq_stride_h = Sq * D; d.p.dq_stride_b = Hq * Sq * D;
-    d.p.dk_stride_s = d.p.dv_stride_s = D;
-    d.p.dk_stride_h = d.p.dv_stride_h = Sk * D;
-    d.p.dk_stride_b = d.p.dv_stride_b = Hkv * Sk * D;
+    const std::array<int64_t, 4> dq_st = output_strides(q, B, Hq, Sq, D),
+                                 dk_st = output_strides(k, B, Hkv, Sk, D),
+                                 dv_st = output_strides(v, B, Hkv, Sk, D);
+    d.p.dq_stride_b = dq_st[0]; d.p.dq_stride_h = dq_st[1]; d.p.dq_stride_s = dq_st[2]; d.p.dq_stride_d = 1;
+    d.p.dk_stride_b = dk_st[0]; d.p.dk_stride_h = dk_st[1]; d.p.dk_stride_s = dk_st[2]; d.p.dk_stride_d = 1;
+    d.p.dv_stride_b = dv_st[0]; d.p.dv_stride_h = dv_st[1]; d.p.dv_stride_s = dv_st[2]; d.p.dv_stride_d = 1;
   }
 
   const auto [major, minor] = compute_capability(q.get_device_index());
@@ -223,12 +228,10 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd_kernel(Tensor dout, Tensor q, Tensor
   std::optional<Tensor> mask_copy;
   if (d.mask_copy.planned) mask_copy = make_mask_copy(d.mask_copy, *mask, &d.p.fwd);
   const fc_params& f = d.p.fwd;
-  Tensor dq = torch::stable::empty({f.batch, f.heads_q, f.seqlen_q, f.head_dim}, q.scalar_type(),
-                                   std::nullopt, q.device());
-  Tensor dk = torch::stable::empty({f.batch, f.heads_kv, f.seqlen_k, f.head_dim}, q.scalar_type(),
-                                   std::nullopt, q.device());
-  Tensor dv = torch::stable::empty({f.batch, f.heads_kv, f.seqlen_k, f.head_dim}, q.scalar_type(),
-                                   std::nullopt, q.device());
+  // (decide_bwd planned these strides; k and v have q's dtype there.)
+  Tensor dq = new_output(f.batch, f.heads_q, f.seqlen_q, f.head_dim, q);
+  Tensor dk = new_output(f.batch, f.heads_kv, f.seqlen_k, f.head_dim, k);
+  Tensor dv = new_output(f.batch, f.heads_kv, f.seqlen_k, f.head_dim, v);
   d.p.dq = dq.data_ptr();
   d.p.dk = dk.data_ptr();
   d.p.dv = dv.data_ptr();

@@ -12,7 +12,7 @@
 //                        dropout_p must be 0 (flashcore.sdpa sends dropout to aten's autograd).
 //   flashcore::explain - same arguments, returns (family, reason) from the same decision
 //                        function; the Python package turns it into a sentence.
-// Output layout: a 4-D out is (B, Hq, Sq, D) over storage ordered as the query's (new_output),
+// Output layout: a 4-D out is (B, Hq, Sq, D) over storage ordered as the query's (layout.h),
 // from every path; other ranks are contiguous. The fakes in python/flashcore/_ops.py promise
 // the same. Autograd, fakes and the backward op live in Python.
 //
@@ -42,6 +42,7 @@
 
 #include "config.h"
 #include "flashcore.h"
+#include "layout.h"
 #include "mask_copy.h"
 #include "op_common.h"
 #include "reasons.h"
@@ -51,6 +52,9 @@ namespace {
 using flashcore_op::compute_capability;
 using flashcore_op::fail;
 using flashcore_op::family_from_config;
+using flashcore_op::in_output_layout;
+using flashcore_op::new_output;
+using flashcore_op::output_strides;
 using flashcore_op::make_mask_copy;
 using flashcore_op::mask_copy_affordable;
 using flashcore_op::mask_copy_layout;
@@ -60,71 +64,6 @@ using flashcore_op::stride_or_0;
 
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
-
-// ---- the output's layout --------------------------------------------------------------------
-
-// A 4-D output (B, H, S, D) lies in storage ordered as the query's: its batch, head and
-// sequence dims in the order of the query's strides (largest first, equal strides keeping the
-// order B, H, S), head_dim innermost, densely packed. PyTorch's cuDNN and flash backends return
-// that layout, so a fallback keeps aten's output as it is, and a caller gets what PyTorch's SDPA
-// would give (HuggingFace's transposed views: (B, S, H, D) storage, whose usual next step
-// out.transpose(1, 2).reshape(B, S, H * D) is a view). python/flashcore/_layout.py is the same
-// rule for the fakes.
-
-// The query's dims 0, 1, 2 (batch, heads, sequence), outermost first.
-std::array<int, 3> output_order(const Tensor& q) {
-  std::array<int, 3> order = {0, 1, 2};
-  if (q.dim() != 4) return order;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return q.stride(a) > q.stride(b); });
-  return order;
-}
-
-// The strides of a (B, H, S, D) output for query q (torch.empty's, which count an empty dim as 1).
-std::array<int64_t, 4> output_strides(const Tensor& q, int64_t B, int64_t H, int64_t S, int64_t D) {
-  const int64_t sizes[4] = {B, H, S, D};
-  std::array<int64_t, 4> strides = {0, 0, 0, 1};
-  int64_t step = std::max<int64_t>(D, 1);
-  const std::array<int, 3> order = output_order(q);
-  for (int p = 2; p >= 0; --p) {
-    strides[order[p]] = step;
-    step *= std::max<int64_t>(sizes[order[p]], 1);
-  }
-  return strides;
-}
-
-// An uninitialised (B, H, S, D) output in that layout: storage allocated in the query's order,
-// then transposed back to (B, H, S, D).
-Tensor new_output(int64_t B, int64_t H, int64_t S, int64_t D, const Tensor& q) {
-  const int64_t sizes[3] = {B, H, S};
-  std::array<int, 3> held = output_order(q);  // held[p]: the dim at storage position p
-  Tensor out = torch::stable::empty({sizes[held[0]], sizes[held[1]], sizes[held[2]], D},
-                                    q.scalar_type(), std::nullopt, q.device());
-  for (int dim = 0; dim < 3; ++dim) {
-    int p = dim;
-    while (held[p] != dim) ++p;
-    if (p != dim) {
-      out = torch::stable::transpose(out, dim, p);
-      std::swap(held[dim], held[p]);
-    }
-  }
-  return out;
-}
-
-// aten's output in new_output's layout: as it is where it already has those strides (sizes of
-// 1 included, so the fake's strides always hold), else copied; other ranks contiguous.
-Tensor in_output_layout(const Tensor& aten_out, const Tensor& q) {
-  if (aten_out.dim() != 4) return torch::stable::contiguous(aten_out);
-  const int64_t B = aten_out.size(0), H = aten_out.size(1), S = aten_out.size(2),
-                D = aten_out.size(3);
-  const std::array<int64_t, 4> want = output_strides(q, B, H, S, D);
-  bool same = true;
-  for (int i = 0; i < 4; ++i) same = same && aten_out.stride(i) == want[i];
-  if (same) return aten_out;
-  Tensor out = new_output(B, H, S, D, q);
-  torch::stable::copy_(out, aten_out);
-  return out;
-}
 
 // ---- reasons -------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""The layout of flashcore.sdpa's output, defined once for the Python side (the C++ op's is
-output_order / new_output / in_output_layout in torch_op/flashcore_op.cpp).
+"""The layout of flashcore.sdpa's output and of its backward's gradients, defined once for the
+Python side (the C++ op's is output_order / new_output / in_output_layout in torch_op/layout.h).
 
 A 4-D output (B, H, S, D) lies in storage ordered as the query's: its batch, head and sequence
 dims in the order of the query's strides (largest first; equal strides keep the order B, H, S),
@@ -8,8 +8,11 @@ return (cuDNN's `alloc_with_matching_layout`), so a call sent to aten keeps aten
 without copying it, and a caller gets what PyTorch's SDPA would give: HuggingFace's transposed
 (B, S, H, D) views get (B, S, H, D) storage (`out.transpose(1, 2).reshape(B, S, H * D)` is a
 view), contiguous queries a contiguous output. Other ranks are contiguous, and so is sdpa_fwd's
-LSE (B, H, S). The fakes promise exactly these strides, so every path must give them; the
-helpers below are the one place the Python side spells them out.
+LSE (B, H, S). The backward's dq, dk and dv follow the same rule, each after its own input
+(dq as the query, dk as the key, dv as the value), as PyTorch's cuDNN and flash backwards give
+them: a transposed view's gradient then reaches its projection without a copy. The fakes
+promise exactly these strides, so every path must give them; the helpers below are the one
+place the Python side spells them out.
 """
 import torch
 

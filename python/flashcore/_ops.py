@@ -40,7 +40,8 @@ PyTorch's on this device (TRAINING_TABLE below, FLASHCORE_TRAINING to override).
 
 Every op has a fake (meta) implementation here giving the real op's sizes, strides and dtypes:
 sdpa's and sdpa_fwd's 4-D output lies in storage ordered as the query's (_layout.py, from every
-path, fallbacks included); every other tensor output is contiguous.
+path, fallbacks included), and sdpa_bwd's and sdpa_bwd_kernel's dq, dk, dv each in its input's
+order; every other tensor output is contiguous.
 
 The LSE is float32, except for float64 inputs where it is float64 (so gradcheck in float64 sees
 float64 math end to end). Shape: the output's shape without its last dim.
@@ -188,6 +189,13 @@ _lib.define(
     "float softcap=0.) -> (Tensor, Tensor, Tensor, Tensor)")
 
 
+def _grads_like(query, key, value):
+    """Uninitialised dq, dk, dv, each laid out as its input (_layout.py's rule; the C++ backward's
+    new_output), in the query's dtype."""
+    return (new_output(query, query.shape), new_output(key, key.shape).to(query.dtype),
+            new_output(value, value.shape).to(query.dtype))
+
+
 def _dmask_like(attn_mask, grad_mask, query):
     if grad_mask:
         return torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=attn_mask.device)
@@ -198,8 +206,7 @@ def _dmask_like(attn_mask, grad_mask, query):
 def _sdpa_bwd_fake(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal, scale,
                    enable_gqa, grad_mask, window_left=-1, window_right=-1, bottom_right=False,
                    softcap=0.0):
-    return (query.new_empty(query.shape), key.new_empty(key.shape),
-            value.new_empty(value.shape), _dmask_like(attn_mask, grad_mask, query))
+    return (*_grads_like(query, key, value), _dmask_like(attn_mask, grad_mask, query))
 
 
 _BWD_KERNEL = torch.ops.flashcore.sdpa_bwd_kernel.default
@@ -210,7 +217,7 @@ _EXPLAIN_BWD = torch.ops.flashcore.explain_bwd.default
 def _sdpa_bwd_kernel_fake(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
                           enable_gqa, deterministic=False, attn_mask=None, window_left=-1,
                           window_right=-1, bottom_right=False, softcap=0.0):
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+    return _grads_like(query, key, value)
 
 
 # flashcore::_paged_decode (torch_op/paged_op.cpp; flashcore.varlen_attn's fused paged decode):
@@ -372,7 +379,9 @@ def _sdpa_bwd_impl(grad_out, query, key, value, out, lse, grad_lse, attn_mask, i
                    enable_gqa, grad_mask, window_left=-1, window_right=-1, bottom_right=False,
                    softcap=0.0):
     """The fused backward kernel where it covers the call (see _kernel_bwd_covers), else the
-    Python backward. Both give dq, dk, dv contiguous in the inputs' dtypes.
+    Python backward. Both give dq, dk, dv laid out as query, key and value (_layout.py: each
+    one's storage order, densely packed; what PyTorch's cuDNN and flash backwards give), in the
+    inputs' dtypes.
 
     Determinism follows torch.use_deterministic_algorithms, read here, when the backward runs
     (this op is opaque to torch.compile, so compiled code reads it at run time too): when it is
@@ -486,9 +495,9 @@ def _sdpa_bwd_python(grad_out, query, key, value, out, lse, grad_lse, attn_mask,
     if gqa:  # sum over the query heads of each group
         dk = dk.unflatten(-3, (key.shape[-3], group)).sum(-3)
         dv = dv.unflatten(-3, (value.shape[-3], group)).sum(-3)
-    dq = dq.sum_to_size(query.shape).to(query.dtype).contiguous()
-    dk = dk.sum_to_size(key.shape).to(key.dtype).contiguous()
-    dv = dv.sum_to_size(value.shape).to(value.dtype).contiguous()
+    dq = in_output_layout(dq.sum_to_size(query.shape).to(query.dtype), query)
+    dk = in_output_layout(dk.sum_to_size(key.shape).to(key.dtype), key)
+    dv = in_output_layout(dv.sum_to_size(value.shape).to(value.dtype), value)
     if not grad_mask:
         dmask = query.new_empty((0,))
     elif sq == 0:
@@ -633,18 +642,15 @@ TRAINING_TABLE = {
     # session, results/masked_step_short_nvidia-h200_2026-11-30_0318_q{1,8}.json): the pair
     # 1.24-1.76x (D=64) and 1.13-1.26x (D=128) PyTorch's with 8 steps queued, 0.96-1.34x call by
     # call, where the aten route ran 0.86-0.92x (its output's layout copy): from 512 keys.
-    # Shorter: not measured. Additive masks (forward in the sm80-class family, backward element
-    # by element): 0.52-0.87x.
+    # Shorter (fifty-third session, ..._2026-11-30_*short*.json): at 256 keys the pair 0.82-1.30x
+    # (D=64/128; 0.82-1.0x with (B, S, H, D) views): PyTorch's. D=256 (both passes in the sm90
+    # family since the forty-ninth session): HuggingFace's padded causal mask 2.07x at 1024 keys
+    # and 3.85x at 4096, a key-padding mask 1.02-1.07x at 1024-4096
+    # (masked_step_d256*_nvidia-h200_2026-11-29_2043.json, ..._2026-11-30_0300.json); at 512 keys
+    # 1.94x / 1.36x (HF / key padding) with contiguous inputs, 1.48x / 1.05x with (B, S, H, D)
+    # views, at 256 keys 0.86-1.47x: the same entry. Additive masks (forward in the sm80-class
+    # family, backward element by element): 0.52-0.87x.
     ((9, 0), "sm90-masked"): (True, "", 512),
-    # D=256 with a bool mask: both passes in the sm90 family since the forty-ninth session (the
-    # forward's 64-key mask tiles), bf16, 16k tokens, H200, one run
-    # (bench/results/masked_step_d256_nvidia-h200_2026-11-29_2043.json; PyTorch's time / the
-    # route's): HuggingFace's padded causal mask 1.27x at 1024 keys, 1.37x at 2048, 1.34x at
-    # 4096; a key-padding mask 1.02x, 1.07x, 1.07x (since the fifty-second session's skip of a
-    # causal mask's empty blocks the padded causal mask 2.07x at 1024 and 3.85x at 4096,
-    # masked_step_d256_mask_causal_nvidia-h200_2026-11-30_0300.json). 512 keys: not measured.
-    # (Additive masks keep the additive entry.)
-    ((9, 0), "sm90-masked", 256): (True, "", 1024),
     ((9, 0), "sm90-masked-additive"): (False, "0.52-0.87x PyTorch's training step with an additive "
                                               "mask on the H100, docs/experiments/forward-masks.md"),
     # D=256 with an additive mask (forward in the sm80-class family, backward the D=256 kernel):
