@@ -118,7 +118,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump(dict(card=torch.cuda.get_device_name(), torch=torch.__version__, aten_backend=args.aten_backend,
                            family=os.environ.get("FLASHCORE_FAMILY", "auto"), queue=args.queue,
-                           layout=args.layout, rows=rows), f, indent=1)
+                           layout=args.layout, commit=os.environ.get("FLASHCORE_SHA", "unknown"),
+                           rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
