@@ -98,12 +98,16 @@ step "pytest"
 # One pytest process per file: a crash (a signal inside a library) then costs one file's
 # results, not the rest of the suite's.
 : > "$OUT/pytest.log"
+# Each file's seconds are printed beside it: the whole suite takes longer than one 600 s device
+# call, so a session splits it across calls with PYTEST_FILES by these numbers.
 for f in ${PYTEST_FILES:-tests/test_*.py}; do
+  t0=$SECONDS
   PYTHONUNBUFFERED=1 timeout ${PYTEST_TIMEOUT:-300} "$PY" -m pytest "$f" -q -ra -p no:cacheprovider \
     ${KEXPR:+-k "$KEXPR"} >> "$OUT/pytest.log" 2>&1
   rc=$?
   # 5: no test selected in this file (a -k expression); not a failure.
-  if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then status=1; echo "FAILED: $f (rc $rc)"; else echo "ok: $f"; fi
+  if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then status=1; echo "FAILED: $f (rc $rc, $((SECONDS - t0)) s)"
+  else echo "ok: $f ($((SECONDS - t0)) s)"; fi
 done
 grep -E "^(FAILED|ERROR)|Fatal Python error" "$OUT/pytest.log" | cut -c1-200 | head -n 20
 
