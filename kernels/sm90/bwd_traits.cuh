@@ -95,8 +95,9 @@ struct BwdTraits {
     // tiles at a multiple of 512 bytes (the swizzle's period); mask_byte has the layout.
     static constexpr int kMaskBoxKeys = kD256 ? kBlockN : kBlockN + 16;
     static constexpr int kMaskTileBytes = kMaskTiles ? kBlockM * kMaskBoxKeys : 0;
-    static constexpr int kOffMask = (kOffRowTerms + kStages * kRowTermsSlotBytes + (kD256 && kMaskTiles ? 511 : 0)) /
-                                    (kD256 && kMaskTiles ? 512 : 1) * (kD256 && kMaskTiles ? 512 : 1);
+    static constexpr int kMaskTileAlign = kD256 && kMaskTiles ? 512 : 1;
+    static constexpr int kOffMask = (kOffRowTerms + kStages * kRowTermsSlotBytes + kMaskTileAlign - 1) /
+                                    kMaskTileAlign * kMaskTileAlign;
     static constexpr CUtensorMapSwizzle kMaskSwizzle = kD256 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_NONE;
     static constexpr int kSmemBytes = kOffMask + kStages * kMaskTileBytes + 1024 /* alignment */;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
