@@ -707,7 +707,8 @@ def test_kernel_grads_follow_each_inputs_layout(D, deterministic):
     g = torch.randn(B, Sq, Hq, D, dtype=dtype, device=DEVICE).transpose(1, 2)
     out, lse = FWD(q, k, v, is_causal=True, enable_gqa=True)
     args = (None, None, True, None, True, False)
-    if KERNEL_CARD and not deterministic:
+    hopper = GPU and torch.cuda.get_device_capability() == (9, 0)
+    if KERNEL_CARD and not deterministic and (D != 256 or hopper):  # (D=256: Hopper's family only)
         assert_backward_kernel(g, q, k, v, is_causal=True, enable_gqa=True)
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(deterministic)
