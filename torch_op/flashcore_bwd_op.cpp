@@ -6,7 +6,8 @@
 //       CUDA: fills an fc_bwd_params from the tensors' real strides and runs fc_sdpa_bwd on the
 //       current stream (workspace from PyTorch's caching allocator, so CUDA-graph safe). Raises
 //       if no kernel covers the call: ask explain_bwd first. dq, dk, dv lie as query, key and
-//       value do (layout.h: each one's storage order, densely packed), in query's dtype. `deterministic` (torch.are_deterministic_algorithms_enabled() from the
+//       value do (layout.h: each one's storage order, densely packed), in query's dtype.
+//       `deterministic` (torch.are_deterministic_algorithms_enabled() from the
 //       Python caller) asks for bitwise reproducible gradients: the C layer then runs the
 //       sm80-class family, not the sm90 one (whose dq is summed with fp32 reductions in any order).
 //       attn_mask: as the forward's (bool, or query's dtype added to the scores; any broadcast
@@ -30,6 +31,7 @@
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
 
+#include <array>
 #include <cmath>
 #include <mutex>
 #include <optional>
@@ -74,6 +76,14 @@ void fill4(const Tensor& t, int64_t* b, int64_t* h, int64_t* s, int64_t* d) {
   *h = stride_or_0(t, 1);
   *s = stride_or_0(t, 2);
   *d = t.size(3) == 1 ? 1 : t.stride(3);
+}
+
+// A gradient's strides (layout.h's output_strides) into its four fc_bwd_params fields.
+void fill4(const std::array<int64_t, 4>& st, int64_t* b, int64_t* h, int64_t* s, int64_t* d) {
+  *b = st[0];
+  *h = st[1];
+  *s = st[2];
+  *d = st[3];
 }
 
 struct BwdDecision {
@@ -179,14 +189,12 @@ BwdDecision decide_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, con
   // gradients without a copy), allocated only if the kernel runs. A stand-in pointer (the
   // caching allocator's blocks are 512-byte aligned) lets the support query check the rest.
   d.p.dq = d.p.dk = d.p.dv = flashcore_op::stand_in<void>();
-  {
-    const std::array<int64_t, 4> dq_st = output_strides(q, B, Hq, Sq, D),
-                                 dk_st = output_strides(k, B, Hkv, Sk, D),
-                                 dv_st = output_strides(v, B, Hkv, Sk, D);
-    d.p.dq_stride_b = dq_st[0]; d.p.dq_stride_h = dq_st[1]; d.p.dq_stride_s = dq_st[2]; d.p.dq_stride_d = 1;
-    d.p.dk_stride_b = dk_st[0]; d.p.dk_stride_h = dk_st[1]; d.p.dk_stride_s = dk_st[2]; d.p.dk_stride_d = 1;
-    d.p.dv_stride_b = dv_st[0]; d.p.dv_stride_h = dv_st[1]; d.p.dv_stride_s = dv_st[2]; d.p.dv_stride_d = 1;
-  }
+  fill4(output_strides(q, B, Hq, Sq, D), &d.p.dq_stride_b, &d.p.dq_stride_h, &d.p.dq_stride_s,
+        &d.p.dq_stride_d);
+  fill4(output_strides(k, B, Hkv, Sk, D), &d.p.dk_stride_b, &d.p.dk_stride_h, &d.p.dk_stride_s,
+        &d.p.dk_stride_d);
+  fill4(output_strides(v, B, Hkv, Sk, D), &d.p.dv_stride_b, &d.p.dv_stride_h, &d.p.dv_stride_s,
+        &d.p.dv_stride_d);
 
   const auto [major, minor] = compute_capability(q.get_device_index());
   const fc_status s = fc_sdpa_bwd_support(&d.p, major, minor);
