@@ -40,7 +40,7 @@ static const char *const kStatusStrings[FC_STATUS_COUNT_] = {
     [FC_ERR_BAD_FAMILY] = "family is not a valid fc_family",
     [FC_ERR_BAD_WORKSPACE] = "workspace_bytes is negative or workspace is not 16-byte aligned (backward: or missing, or smaller than fc_sdpa_bwd_workspace_size)",
     [FC_ERR_BAD_SCALE] = "scale must be finite",
-    [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice of q, k, v, out or the mask exceeds 2^31-1 elements, the backward's batch or heads_q exceeds 65535 (CUDA's grid limit), or an offset overflows 64 bits",
+    [FC_ERR_OFFSET_OVERFLOW] = "tensor too large: an offset inside one (batch, head) slice of q, k, v, out or the mask exceeds 2^31-1 elements, the backward's batch or heads_q exceeds 65535 (CUDA's grid limit), or an offset overflows 64 bits (or the address space, sinks included)",
     [FC_UNSUPPORTED_DTYPE] = "no kernel for this dtype (fp16 and bf16 only)",
     [FC_UNSUPPORTED_HEAD_DIM] = "no kernel for this head_dim in the selected family",
     [FC_UNSUPPORTED_MASK] = "no kernel family here takes this attention mask with this call: the sm80 family takes any (head dims 32, 64, 80, 96, 128, 256); the sm90 family only bool masks at head dims 64, 128 and 256 whose key rows are contiguous and whose base and row strides are 16-byte multiples, without a band, softcap or sinks (is_causal top-left only); the decode family (at most 16 query rows) any mask without is_causal; the backward (fc_sdpa_bwd): either family, any mask without is_causal (the sm90 family also a bool mask it reads in tiles with top-left is_causal, no softcap)",
@@ -294,6 +294,12 @@ FC_API fc_status fc_params_validate(const fc_params *p) {
         const fc_status s = check_offsets(&mask, p->mask, p->mask_kind == FC_MASK_BOOL ? 1 : elem);
         if (s != FC_OK) return s;
     }
+    /* The sinks' (heads_q,) floats, as the block table's entries: the last one's address does
+     * not wrap (a launch per slice of heads moves the pointer by the slice's first head). */
+    int64_t last_sink = 0;
+    if (p->sinks != NULL && (__builtin_mul_overflow(p->heads_q - 1, (int64_t)4, &last_sink) ||
+                             (uint64_t)last_sink > UINTPTR_MAX - (uintptr_t)p->sinks))
+        return FC_ERR_OFFSET_OVERFLOW;
     if (p->seqlen_q > FC_MAX_SEQLEN || p->seqlen_k > FC_MAX_SEQLEN) return FC_ERR_OFFSET_OVERFLOW;
     /* The persistent kernels number their (64-row query block, head, batch) tiles in an int. */
     int64_t slices = 0, tiles = 0;

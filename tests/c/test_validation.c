@@ -109,6 +109,9 @@ static void m_mask_slice_overflow(fc_params *p) { m_mask(p); p->mask_stride_q = 
 static void m_mask_key_overflow(fc_params *p) { m_mask(p); p->mask_stride_q = 0; p->mask_stride_k = (int64_t)1 << 23; }
 static void m_mask_int64_overflow(fc_params *p) { m_mask(p); p->mask_stride_h = INT64_MAX / 4; }
 static void m_mask_address_wraps(fc_params *p) { m_mask(p); p->mask = (const void *)(uintptr_t)0xffffffffffff0000ull; p->mask_stride_b = (int64_t)1 << 20; }
+/* The sinks' last float past the end of the address space (valid_params' 8 query heads). */
+static void m_sinks_address_wraps(fc_params *p) { p->sinks = (const float *)(uintptr_t)0xfffffffffffffff0ull; }
+static void m_sinks_last_addressable(fc_params *p) { p->heads_q = p->heads_kv = 4; p->sinks = (const float *)(uintptr_t)0xfffffffffffffff0ull; }
 static void m_mask_size1_huge_strides(fc_params *p) { m_mask(p); p->seqlen_q = 1; p->mask_stride_q = INT64_MAX; p->q_stride_s = 3; p->o_stride_s = 5; }
 static void m_mask_force_sm90(fc_params *p) { m_mask(p); p->family = FC_FAMILY_SM90; }
 static void m_mask_force_sm80(fc_params *p) { m_bool_mask_bhqk(p); p->family = FC_FAMILY_SM80; }
@@ -357,6 +360,8 @@ static const validation_case kCases[] = {
     {"mask slice offset past 2^31 (keys)", m_mask_key_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
     {"mask offset overflows int64", m_mask_int64_overflow, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
     {"mask last byte wraps the address space", m_mask_address_wraps, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"sinks' last float wraps the address space", m_sinks_address_wraps, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW, FC_ERR_OFFSET_OVERFLOW},
+    {"sinks' last float the address space's last", m_sinks_last_addressable, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask, Sq 1, huge unused row stride, lse", m_mask_size1_huge_strides_lse, FC_OK, FC_OK, FC_UNSUPPORTED_ARCH},
     {"mask, forced sm90", m_mask_force_sm90, FC_OK, FC_UNSUPPORTED_MASK, FC_UNSUPPORTED_FAMILY},
     {"mask, forced sm80", m_mask_force_sm80, FC_OK, FC_OK, FC_UNSUPPORTED_FAMILY},

@@ -577,6 +577,11 @@ static void accepted_is_consistent(const fc_params *p) {
         REQUIRE(last <= INT64_MAX);
         REQUIRE((i128)(uintptr_t)p->mask + last * melem + melem - 1 <= (i128)UINTPTR_MAX);
     }
+    /* The sinks' (Hq,) floats: aligned, the last one addressable. */
+    if (p->sinks != NULL) {
+        REQUIRE(((uintptr_t)p->sinks & 3u) == 0);
+        REQUIRE((i128)(uintptr_t)p->sinks + ((i128)p->heads_q - 1) * 4 + 3 <= (i128)UINTPTR_MAX);
+    }
     /* The kernels cast seqlen_q and seqlen_k to int and number (64-row query block, head,
      * batch) tiles in an int. (Batch and heads past CUDA's grid limit run in slices.) */
     REQUIRE(p->seqlen_q <= INT32_MAX && p->seqlen_k <= INT32_MAX);

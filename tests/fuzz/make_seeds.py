@@ -287,7 +287,7 @@ SEEDS = {
 }
 
 # Inputs that once broke a property checked with FC_FUZZ_STRICT=1 (see fuzz_params.c's header),
-# all fixed in c_src/ (A-F 2026-11-26, G 2026-11-27, H 2026-11-29): kept as seeds so the fuzzer starts from
+# all fixed in c_src/ (A-F 2026-11-26, G 2026-11-27, H 2026-11-29, I 2026-11-30): kept as seeds so the fuzzer starts from
 # them every run.
 FIXED_BUGS = {
     # A: accepted, but the sm80 kernel's int n_blocks = (seqlen_k + 63) / 64 overflows
@@ -323,6 +323,11 @@ FIXED_BUGS = {
     #    the fixed-seed run onto it (the fuzzer's raw bytes); such calls now run unpacked.
     "known_bug_H_packed_decode_stride_overflow": base64.b64decode(
         "AQMEAQHA/7wCAAAAAAAAAAAAAAAGAAMCAGTA/v8AIQAAAAAAAAACACBhAAAA"),
+    # I: a sinks pointer near the top of the address space (0xff..f0) on a call of 19857404 query
+    #    heads, launched in slices of 65535 heads: sinks + h0 wrapped (UBSan pointer overflow in
+    #    launch_slice); validation now checks the last sink's address as the block table's.
+    #    Found by a random-seed run in the fifty-third session (seed 7798).
+    "known_bug_I_sinks_address_wraps": base64.b64decode("cQHB//z/LgEAAAAAAAEBAAFZAAAACAA4AAAANgD9FhQBAAAAAQA="),
 }
 SEEDS.update({name.replace("known_bug_", "fixed_bug_"): data for name, data in FIXED_BUGS.items()})
 # One reproducer per bug still open (FC_FUZZ_STRICT=1 runs each and reports it).
