@@ -144,7 +144,9 @@ def _check_offsets_meta(name, t, device, batch=None):
     if batch is None and t.numel() < 1:
         _fail(f"{name} must have N + 1 >= 1 entries (offsets starting at 0), got none")
     if batch is not None and t.numel() != batch:
-        _fail(f"{name} must have {batch} entries (one per sequence, as cu_seq_q says), "
+        what = ("as many offsets as cu_seq_q" if name.startswith("cu_seq") else
+                "one per sequence, as cu_seq_q says")
+        _fail(f"{name} must have {batch} {'entry' if batch == 1 else 'entries'} ({what}), "
               f"got {t.numel()}")
 
 
