@@ -201,6 +201,30 @@ def test_bad_arguments_name_the_argument(kwargs, match):
         flashcore.attention(q, k, v, **kwargs)
 
 
+@pytest.mark.parametrize("case", ["mask with a window", "mask with a softcap", "heads with a softcap",
+                                  "mask with a window, compiled"])
+def test_bad_tensors_get_the_ops_messages(case):
+    """Where PyTorch computes with the tensors before a FlashCore op would (the band joined to the
+    mask, a softcap no kernel takes), bad tensors get the op's messages, which name the argument,
+    not PyTorch's broadcasting errors; under torch.compile too (the fake checks them)."""
+    q, k, v = (t.detach() for t in _inputs(5, 9, 2, 2))
+    mask = torch.ones(5, 10, dtype=torch.bool)  # one key too many
+    if case == "heads with a softcap":
+        k, v = k[:, :1].expand(2, 3, 9, 16), v[:, :1].expand(2, 3, 9, 16)
+        call, match = lambda: flashcore.attention(q, k, v, softcap=5.0), "key has 3 heads and query has 2"
+    elif case == "mask with a softcap":
+        call, match = lambda: flashcore.attention(q, k, v, mask, softcap=5.0), r"attn_mask of shape \[5, 10\]"
+    else:
+        call, match = lambda: flashcore.attention(q, k, v, mask, window_size=(2, 0)), r"attn_mask of shape \[5, 10\]"
+    if case.endswith("compiled"):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda q, k, v, m: flashcore.attention(q, k, v, m, window_size=(2, 0)),
+                                 fullgraph=True, backend="eager")
+        call = lambda: compiled(q, k, v, mask)
+    with pytest.raises(RuntimeError, match=match):
+        call()
+
+
 def test_the_op_refuses_a_band_without_a_kernel():
     """sdpa_fwd itself never drops a band aten cannot express (attention passes a mask instead)."""
     q, k, v = (t.detach() for t in _inputs(8, 8, 1, 1))

@@ -101,6 +101,15 @@ def _with_band(attn_mask, band, query, key):
     return attn_mask.masked_fill(~keep, float("-inf"))
 
 
+def _check_inputs(query, key, value, attn_mask, scale, enable_gqa):
+    """The op's checks of the tensors (shapes, heads, dtypes, the mask's broadcast), for the paths
+    where PyTorch computes with them before any FlashCore op would: bad inputs then get the op's
+    messages, which name the argument. (The library's module, imported here: without the library
+    flashcore.attention is PyTorch's SDPA and never comes here.)"""
+    from ._ops import _check_inputs as check
+    check(query, key, value, attn_mask, 0.0, False, scale, enable_gqa)
+
+
 def _kernel_runs(explained) -> bool:
     """Whether torch.ops.flashcore.explain's (family, reason) means a kernel runs the call: reason
     0, or a kernel with a note (a masked call in the sm80 family, and why sm90 did not take it)."""
@@ -141,6 +150,8 @@ def _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_lef
                 **band_kwargs, **softcap_kwargs)):
             mask, causal, kwargs = None, is_causal, band_kwargs
         else:  # (built only here: an Sq x Sk mask costs more than many a kernel)
+            if attn_mask is not None:  # the op's checks first: the mask meets the band here
+                _check_inputs(query, key, value, attn_mask, scale, enable_gqa)
             mask, causal, kwargs = _with_band(attn_mask, band, query, key), False, {}
     if softcap and query.is_cuda and _kernel_runs(explain(
             query, key, value, mask, 0.0, causal, scale=scale, enable_gqa=enable_gqa,
@@ -210,6 +221,8 @@ def attention_fwd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     mask, causal, kwargs = _plan(query, key, value, attn_mask, is_causal, scale, enable_gqa,
                                  window_left, window_right, bottom_right, sinks, softcap)
     if softcap and "softcap" not in kwargs:  # no kernel takes it: the band is in the mask
+        # (PyTorch computes it: the op's checks first, so that bad inputs get its messages)
+        _check_inputs(query, key, value, mask, scale, enable_gqa)
         out, lse = _softcap_reference(query, key, value, mask, causal, scale, enable_gqa, softcap)
         return _with_sinks(out, lse, sinks) if sinks is not None else (out, lse)
     kernel_sinks = kwargs.pop("sinks", None)
@@ -226,6 +239,7 @@ def attention_fwd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 @attention_fwd.register_fake
 def _attention_fwd_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left,
                         window_right, bottom_right, sinks, softcap):
+    _check_inputs(query, key, value, attn_mask, scale, enable_gqa)
     return torch.ops.flashcore.sdpa_fwd(query, key, value, None, 0.0, False, scale=scale,
                                         enable_gqa=enable_gqa)
 
