@@ -195,7 +195,8 @@ def _check_arguments(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return
         if seqused_k is None:
             _fail("block_table needs seqused_k (the number of valid keys of each sequence)")
         if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
-            _fail("block_table must be an int32 tensor")
+            _fail("block_table must be an int32 tensor, got "
+                  + (str(block_table.dtype) if isinstance(block_table, torch.Tensor) else type(block_table).__name__))
         if block_table.dim() != 2 or block_table.shape[0] != n_offsets - 1:
             _fail(f"block_table must be 2-D (N={n_offsets - 1}, max_pages_per_seq), got shape "
                   f"{tuple(block_table.shape)}")
