@@ -724,39 +724,3 @@ def test_kernel_grads_follow_each_inputs_layout(D, deterministic):
         assert has_sdpa_layout(t, like), (t.stride(), like.stride())
         _close(t.float(), d.float(), dtype)
         _close(t.float(), r, dtype)
-
-
-def test_backward_asks_explain_bwd_once_per_layout(monkeypatch):
-    """The backward's explain_bwd answer is kept by the tensors' layouts and the flags: a second
-    step with the same layouts asks nothing (a model's layers repeat them every step); a
-    transposed query, another causal flag or a forced family asks again. The gradients are the
-    kernel's either way."""
-    from flashcore import _ops
-    if not KERNEL_CARD:
-        pytest.skip("no backward kernel runs on this card")
-    require_kernel(64, torch.float16)
-    calls = []
-    real = _ops._EXPLAIN_BWD
-    monkeypatch.setattr(_ops, "_EXPLAIN_BWD", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(_ops, "_BWD_KERNEL_RUNS", {})
-
-    def step(q, causal=True):
-        q, k, v = (t.detach().requires_grad_() for t in (q, q[:, :2], q[:, :2]))
-        torch.ops.flashcore.sdpa(q, k, v, is_causal=causal, enable_gqa=True).sum().backward()
-        return q.grad
-
-    q = torch.randn(2, 4, 300, 64, dtype=torch.float16, device=DEVICE)
-    first = step(q)
-    kept = _ops._BWD_KERNEL_RUNS
-    assert list(kept.values()) == [True]
-    asked = len(calls)
-    again = step(q.clone())
-    assert len(calls) == asked and len(kept) == 1  # same layouts: nothing asked
-    torch.testing.assert_close(again, first, atol=ATOL[torch.float16], rtol=0)
-    step(q.transpose(1, 2).contiguous().transpose(1, 2))
-    assert len(kept) == 2
-    step(q, causal=False)
-    assert len(kept) == 3
-    monkeypatch.setenv("FLASHCORE_FAMILY", "sm80")
-    step(q)
-    assert len(kept) == 4

@@ -280,29 +280,11 @@ def _sdpa_bwd_kernel_cpu(grad_out, query, key, value, out, lse, grad_lse, is_cau
 def _kernel_bwd_covers(grad_out, query, key, value, out, lse, grad_lse, attn_mask, is_causal,
                        scale, enable_gqa, deterministic, grad_mask, band=(-1, -1, False, 0.0)):
     """True when sdpa_bwd_kernel runs a CUDA kernel for these tensors (cheap checks first). A
-    mask that needs its own gradient goes to the Python backward (the kernels give none).
-    explain_bwd's answer is kept by everything it reads (_layout_key of each tensor, the flags,
-    FLASHCORE_FAMILY), as the forward's _forward_mask_as_causal keeps explain's: a model's layers
-    ask the same layouts at every step, and each answer costs a call into C++."""
-    if grad_mask or not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16):
-        return False
-    tensors = (grad_out, query, key, value, out, lse, grad_lse, attn_mask)
-    if not all(t is None or type(t) is torch.Tensor for t in tensors):  # a subclass: ask each time
-        return _EXPLAIN_BWD(*tensors[:7], is_causal, scale, enable_gqa, deterministic, attn_mask,
-                            *band)[1] == 0
-    plan_key = (tuple(None if t is None else _layout_key(t) for t in tensors), is_causal, scale,
-                enable_gqa, deterministic, tuple(band), os.environ.get("FLASHCORE_FAMILY"))
-    runs = _BWD_KERNEL_RUNS.get(plan_key)
-    if runs is None:
-        if len(_BWD_KERNEL_RUNS) >= _ROUTES_MAX:
-            _BWD_KERNEL_RUNS.clear()
-        runs = _BWD_KERNEL_RUNS[plan_key] = _EXPLAIN_BWD(
-            *tensors[:7], is_causal, scale, enable_gqa, deterministic, attn_mask, *band)[1] == 0
-    return runs
-
-
-# _kernel_bwd_covers's explain_bwd answers (bounded as _ROUTES).
-_BWD_KERNEL_RUNS = {}
+    mask that needs its own gradient goes to the Python backward (the kernels give none)."""
+    return (not grad_mask and query.is_cuda
+            and query.dtype in (torch.float16, torch.bfloat16)
+            and _EXPLAIN_BWD(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
+                             enable_gqa, deterministic, attn_mask, *band)[1] == 0)
 
 
 # The last mask _mask_inside_causal read: ((id, version, shape, strides, address), a weak
